@@ -1,0 +1,328 @@
+//! `ToolContext`: everything a tool call may know about the loop it runs for — the canonical
+//! worktree root, the sandbox, read stamps, the loop's configured commands, the catalog
+//! limits, and (inside a run) the port to the coordinator.
+//!
+//! One context per loop (or per `tool exec` / MCP session). It is shared by reference between
+//! concurrent read-only calls, so its mutable parts sit behind short-lived locks.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use crate::catalog::{Catalog, ToolSpec};
+use crate::coordination::Coordination;
+use crate::error::{ToolError, display_path};
+use crate::sandbox::resolve_in;
+
+/// Hash of the exact bytes the model saw (or that the loop itself wrote).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Stamp(pub String);
+
+impl Stamp {
+    /// The stamp of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Stamp(sha256_hex(bytes))
+    }
+}
+
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The commands a loop type configures for the `build`, `test` and `validate` tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoopCommands {
+    /// Shell command of the `build` tool.
+    pub build: Option<String>,
+    /// Shell command of the `test` tool.
+    pub test: Option<String>,
+    /// Shell command of the `validate` tool (and of the loop's validation step).
+    pub validate: Option<String>,
+}
+
+/// How a stamp check for an edit came out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StampCheck {
+    /// The file is what the loop last saw.
+    Current,
+    /// The loop never read (or wrote) this file, or its stamp was dropped.
+    NeverRead,
+    /// The file changed since.
+    Stale,
+}
+
+/// The per-loop execution context of every tool call.
+pub struct ToolContext {
+    root: PathBuf,
+    exec_id: String,
+    sandbox: bool,
+    catalog: Arc<Catalog>,
+    commands: LoopCommands,
+    stamps: Mutex<HashMap<PathBuf, Stamp>>,
+    changed_since_read: Mutex<Vec<PathBuf>>,
+    completion: Mutex<Option<String>>,
+    coordination: Option<Arc<dyn Coordination>>,
+    commit_cache: Mutex<Option<Option<String>>>,
+}
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("root", &self.root)
+            .field("exec_id", &self.exec_id)
+            .field("sandbox", &self.sandbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToolContext {
+    /// A context for `worktree` (which must exist), sandbox on, default catalog.
+    pub fn new(worktree: &Path, exec_id: impl Into<String>) -> Result<Self, ToolError> {
+        let root = worktree.canonicalize().map_err(|e| {
+            ToolError::failed(
+                format!("opening worktree '{}'", worktree.display()),
+                e,
+                "Pass an existing directory as the worktree.",
+            )
+        })?;
+        if !root.is_dir() {
+            return Err(ToolError::Unavailable {
+                message: format!("worktree '{}' is not a directory", worktree.display()),
+            });
+        }
+        Ok(Self {
+            root,
+            exec_id: exec_id.into(),
+            sandbox: true,
+            catalog: Arc::new(Catalog::default()),
+            commands: LoopCommands::default(),
+            stamps: Mutex::new(HashMap::new()),
+            changed_since_read: Mutex::new(Vec::new()),
+            completion: Mutex::new(None),
+            coordination: None,
+            commit_cache: Mutex::new(None),
+        })
+    }
+
+    /// Turns the sandbox off (paths may then leave the worktree). Only for trusted setups.
+    pub fn with_sandbox(mut self, enabled: bool) -> Self {
+        self.sandbox = enabled;
+        self
+    }
+
+    /// Uses `catalog` for per-tool limits.
+    pub fn with_catalog(mut self, catalog: Arc<Catalog>) -> Self {
+        self.catalog = catalog;
+        self
+    }
+
+    /// Sets the commands of `build`, `test` and `validate`.
+    pub fn with_commands(mut self, commands: LoopCommands) -> Self {
+        self.commands = commands;
+        self
+    }
+
+    /// Connects the coordination tools to a coordinator.
+    pub fn with_coordination(mut self, port: Arc<dyn Coordination>) -> Self {
+        self.coordination = Some(port);
+        self
+    }
+
+    /// The canonical worktree root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The loop's exec id (its name in the run).
+    pub fn exec_id(&self) -> &str {
+        &self.exec_id
+    }
+
+    /// Whether the sandbox is enforced.
+    pub fn sandbox_enabled(&self) -> bool {
+        self.sandbox
+    }
+
+    /// The catalog in force.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Limits of `tool` from the catalog.
+    pub fn spec(&self, tool: &str) -> ToolSpec {
+        self.catalog.spec(tool)
+    }
+
+    /// The loop's configured commands.
+    pub fn commands(&self) -> &LoopCommands {
+        &self.commands
+    }
+
+    /// Resolves a model-given path to the real path it designates, refusing escapes.
+    pub fn resolve(&self, input: &str) -> Result<PathBuf, ToolError> {
+        if self.sandbox {
+            resolve_in(&self.root, input)
+        } else if input.contains('\0') {
+            Err(ToolError::SandboxViolation {
+                path: input.to_string(),
+                detail: " (it contains a NUL byte)".to_string(),
+            })
+        } else {
+            Ok(self.root.join(input))
+        }
+    }
+
+    /// `path` relative to the worktree root when inside it, for messages and output.
+    pub fn display(&self, path: &Path) -> String {
+        display_path(&self.root, path)
+    }
+
+    /// Records that the loop saw (or wrote) exactly `content` at `path`.
+    pub fn record_stamp(&self, path: &Path, content: &[u8]) {
+        let stamp = Stamp::of(content);
+        lock(&self.stamps).insert(path.to_path_buf(), stamp);
+    }
+
+    /// The stamp held for `path`, if any.
+    pub fn stamp(&self, path: &Path) -> Option<Stamp> {
+        lock(&self.stamps).get(path).cloned()
+    }
+
+    /// Whether `path` currently holds what the loop last saw.
+    pub fn check_stamp(&self, path: &Path, current_content: &[u8]) -> StampCheck {
+        match self.stamp(path) {
+            None => StampCheck::NeverRead,
+            Some(s) if s == Stamp::of(current_content) => StampCheck::Current,
+            Some(_) => StampCheck::Stale,
+        }
+    }
+
+    /// Paths this loop holds a stamp for (what a file watcher needs to care about).
+    pub fn stamped_paths(&self) -> Vec<PathBuf> {
+        lock(&self.stamps).keys().cloned().collect()
+    }
+
+    /// Called when something outside the loop may have changed `path`: drops the stamp if
+    /// the content on disk really differs (a touch that changes nothing is not a change) and
+    /// remembers the path for the next model turn. Returns whether the stamp was dropped.
+    pub fn note_outside_change(&self, path: &Path) -> bool {
+        let Some(stamp) = self.stamp(path) else {
+            return false;
+        };
+        let now = std::fs::read(path).ok().map(|b| Stamp::of(&b));
+        if now.as_ref() == Some(&stamp) {
+            return false;
+        }
+        lock(&self.stamps).remove(path);
+        let mut changed = lock(&self.changed_since_read);
+        if !changed.iter().any(|p| p == path) {
+            changed.push(path.to_path_buf());
+        }
+        true
+    }
+
+    /// Paths whose stamp was dropped since the last call (each reported once).
+    pub fn take_changed_since_read(&self) -> Vec<PathBuf> {
+        std::mem::take(&mut *lock(&self.changed_since_read))
+    }
+
+    /// Records a `complete_task` summary for the engine.
+    pub fn mark_completed(&self, summary: &str) {
+        *lock(&self.completion) = Some(summary.to_string());
+    }
+
+    /// Takes the pending `complete_task` summary, if the model called it.
+    pub fn take_completion(&self) -> Option<String> {
+        lock(&self.completion).take()
+    }
+
+    /// The coordinator port, or a clear error outside a run.
+    pub fn coordination(&self) -> Result<&Arc<dyn Coordination>, ToolError> {
+        self.coordination.as_ref().ok_or_else(|| ToolError::Unavailable {
+            message: "coordination is not available: this tool only works for a loop inside a `taskdaemon run`, where other loops exist. Continue without it.".to_string(),
+        })
+    }
+
+    /// Forgets the cached worktree commit (call after anything that may commit).
+    pub fn invalidate_commit(&self) {
+        *lock(&self.commit_cache) = None;
+    }
+
+    /// The worktree's HEAD commit, cached until `invalidate_commit`; `None` outside git.
+    pub fn worktree_commit(&self) -> Option<String> {
+        let mut cache = lock(&self.commit_cache);
+        if let Some(c) = cache.as_ref() {
+            return c.clone();
+        }
+        let out = std::process::Command::new("git")
+            .args(["rev-parse", "--verify", "-q", "HEAD"])
+            .current_dir(&self.root)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok();
+        let commit = out
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty());
+        *cache = Some(commit.clone());
+        commit
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking holder poisoned it: the guarded maps
+/// stay consistent because every critical section is a single insert/remove/read.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_track_content_not_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let p = ctx.resolve("a.txt").unwrap();
+        std::fs::write(&p, "one").unwrap();
+        assert_eq!(ctx.check_stamp(&p, b"one"), StampCheck::NeverRead);
+        ctx.record_stamp(&p, b"one");
+        assert_eq!(ctx.check_stamp(&p, b"one"), StampCheck::Current);
+        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Stale);
+        // A touch that leaves the bytes alone is not a change.
+        std::fs::write(&p, "one").unwrap();
+        assert!(!ctx.note_outside_change(&p));
+        std::fs::write(&p, "two").unwrap();
+        assert!(ctx.note_outside_change(&p));
+        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::NeverRead);
+        assert_eq!(ctx.take_changed_since_read(), vec![p.clone()]);
+        assert!(ctx.take_changed_since_read().is_empty());
+    }
+
+    #[test]
+    fn missing_worktree_is_an_error() {
+        let err = ToolContext::new(Path::new("/definitely/not/here"), "t").unwrap_err();
+        assert!(err.to_string().contains("existing directory"));
+    }
+
+    #[test]
+    fn coordination_outside_a_run_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let err = ctx.coordination().err().unwrap();
+        assert!(err.to_string().contains("taskdaemon run"));
+    }
+
+    #[test]
+    fn completion_is_taken_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        ctx.mark_completed("done");
+        assert_eq!(ctx.take_completion().as_deref(), Some("done"));
+        assert_eq!(ctx.take_completion(), None);
+    }
+}

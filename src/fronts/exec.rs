@@ -1,0 +1,128 @@
+//! `taskdaemon tool exec`: one JSON call per input line, one flushed JSON answer per call,
+//! all against ONE `ToolContext`, each answered before the next line is read.
+//!
+//! Request:  `{"id": "...", "name": "read_file", "input": {...}}`
+//! Answer:   `{"id": "...", "is_error": bool, "content": "..."}`
+//!
+//! A line that is not a request still gets an answer (`is_error: true`, with the `id` when
+//! one could be read), so a caller never waits for a reply that will not come. Blank lines
+//! are skipped.
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::context::ToolContext;
+use crate::receipts::ReceiptLog;
+use crate::registry::ToolSet;
+
+/// Serves the exec protocol until `input` ends.
+pub async fn serve<R, W>(
+    input: R,
+    mut output: W,
+    ctx: &ToolContext,
+    tools: &ToolSet,
+    receipts: Option<&ReceiptLog>,
+) -> std::io::Result<()>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut lines = input.lines();
+    while let Some(line) = lines.next_line().await? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = answer_line(&line, ctx, tools, receipts).await;
+        let mut text = answer.to_string();
+        text.push('\n');
+        output.write_all(text.as_bytes()).await?;
+        output.flush().await?;
+    }
+    Ok(())
+}
+
+async fn answer_line(
+    line: &str,
+    ctx: &ToolContext,
+    tools: &ToolSet,
+    receipts: Option<&ReceiptLog>,
+) -> Value {
+    let request: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => {
+            return error_answer(
+                Value::Null,
+                format!(
+                    "invalid request line: {e}. Send one JSON object per line: {{\"id\": \"...\", \"name\": \"tool\", \"input\": {{...}}}}"
+                ),
+            );
+        }
+    };
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let Some(name) = request.get("name").and_then(Value::as_str) else {
+        return error_answer(
+            id,
+            "request has no string \"name\"; say which tool to call".to_string(),
+        );
+    };
+    let input = request.get("input").cloned().unwrap_or_else(|| json!({}));
+    let call_id = match &id {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    };
+    let outcome = tools.call(ctx, call_id.as_deref(), name, input).await;
+    if let Some(log) = receipts
+        && let Err(e) = log.append(&outcome.receipt)
+    {
+        tracing::error!("could not append receipt to {}: {e}", log.path().display());
+    }
+    json!({"id": id, "is_error": outcome.is_error, "content": outcome.content})
+}
+
+fn error_answer(id: Value, content: String) -> Value {
+    json!({"id": id, "is_error": true, "content": content})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn run(lines: &str) -> Vec<Value> {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "exec").unwrap();
+        let tools = ToolSet::all();
+        let mut out = Vec::new();
+        serve(lines.as_bytes(), &mut out, &ctx, &tools, None)
+            .await
+            .unwrap();
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn bad_lines_still_get_answers() {
+        let answers = run("not json\n\n{\"id\": 7}\n{\"id\": \"x\", \"name\": \"nope\"}\n").await;
+        assert_eq!(answers.len(), 3);
+        assert_eq!(answers[0]["id"], Value::Null);
+        assert!(
+            answers[0]["content"]
+                .as_str()
+                .unwrap()
+                .contains("invalid request line")
+        );
+        assert_eq!(answers[1]["id"], 7);
+        assert!(answers[1]["content"].as_str().unwrap().contains("\"name\""));
+        assert_eq!(answers[2]["id"], "x");
+        assert_eq!(answers[2]["is_error"], true);
+        assert!(
+            answers[2]["content"]
+                .as_str()
+                .unwrap()
+                .contains("unknown tool 'nope'")
+        );
+    }
+}

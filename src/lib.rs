@@ -1,0 +1,21 @@
+//! TaskDaemon runs many LLM coding loops ("Ralph loops") in parallel git worktrees.
+//!
+//! Layers, from the bottom: `sandbox`/`text`/`process` (pure helpers), `tools` (one tool per
+//! file, knowing nothing of actors or providers), `registry` (the single call path with
+//! validation, limits and receipts), and the fronts in `fronts` (`tool exec`, MCP, replay).
+//! See ARCHITECTURE.md for the boundaries and invariants.
+
+pub mod catalog;
+pub mod context;
+pub mod coordination;
+pub mod error;
+pub mod formats;
+pub mod fronts;
+pub mod lang;
+pub mod process;
+pub mod receipts;
+pub mod registry;
+pub mod sandbox;
+pub mod suggest;
+pub mod text;
+pub mod tools;

@@ -1,0 +1,1 @@
+//! PLACEHOLDER: process running (process groups, timeout kill, bounded capture).

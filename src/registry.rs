@@ -1,0 +1,418 @@
+//! `ToolSet`: the tools one loop may call, and the single path every call takes —
+//! lookup, schema validation, timeout, panic guard, output cap, receipt.
+//!
+//! Loops, `tool exec`, MCP and replay all call tools through `ToolSet::call`, so limits and
+//! receipts cannot differ between fronts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::context::ToolContext;
+use crate::error::{ArgumentProblem, ToolError};
+use crate::receipts::{Receipt, hash_output, hash_value};
+use crate::text::head_tail;
+use crate::tools::{Tool, ToolOutput, builtin_tools};
+
+/// Extra time a self-timing tool (a command) gets before the registry's watchdog fires.
+const WATCHDOG_GRACE: Duration = Duration::from_secs(10);
+
+/// Name, description and input schema of a tool, as shown to models.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolDefinition {
+    /// Tool name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its input.
+    pub input_schema: Value,
+}
+
+/// The result of one call as the model sees it, plus its receipt.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    /// Text for the model, capped to the tool's output limit.
+    pub content: String,
+    /// Whether it is an error result.
+    pub is_error: bool,
+    /// The call's receipt.
+    pub receipt: Receipt,
+}
+
+struct Entry {
+    tool: Arc<dyn Tool>,
+    validator: jsonschema::Validator,
+}
+
+/// A set of tools with compiled input validators.
+pub struct ToolSet {
+    entries: BTreeMap<String, Entry>,
+    order: Vec<String>,
+}
+
+impl std::fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolSet")
+            .field("tools", &self.order)
+            .finish()
+    }
+}
+
+/// Every built-in tool name, in catalog order.
+pub fn builtin_names() -> Vec<&'static str> {
+    builtin_tools().iter().map(|t| t.name()).collect()
+}
+
+impl ToolSet {
+    /// All built-in tools.
+    pub fn all() -> Self {
+        Self::from_tools(builtin_tools()).unwrap_or_else(|e| {
+            // The built-in schemas are ours and covered by tests; reaching this is a bug.
+            panic!("a built-in tool schema does not compile: {e}")
+        })
+    }
+
+    /// The built-in tools named in `names`, in that order. An unknown or repeated name is
+    /// an error that names the closest valid tool (never a silent drop).
+    pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<Self, String> {
+        let mut available: HashMap<&'static str, Arc<dyn Tool>> =
+            builtin_tools().into_iter().map(|t| (t.name(), t)).collect();
+        let known: Vec<&'static str> = builtin_names();
+        let mut chosen = Vec::new();
+        for name in names {
+            let name = name.as_ref();
+            match available.remove(name) {
+                Some(t) => chosen.push(t),
+                None if known.contains(&name) => {
+                    return Err(format!("tool '{name}' is listed twice"));
+                }
+                None => {
+                    let hint = crate::suggest::closest(name, known.iter().copied())
+                        .map(|s| format!(" (did you mean '{s}'?)"))
+                        .unwrap_or_default();
+                    return Err(format!(
+                        "unknown tool '{name}'{hint}; known tools: {}",
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+        Self::from_tools(chosen)
+    }
+
+    /// A set of arbitrary tools (tests use this to add tools of their own).
+    pub fn from_tools(tools: Vec<Arc<dyn Tool>>) -> Result<Self, String> {
+        let mut entries = BTreeMap::new();
+        let mut order = Vec::new();
+        for tool in tools {
+            let schema = tool.input_schema();
+            let validator = jsonschema::validator_for(&schema)
+                .map_err(|e| format!("schema of tool '{}' is invalid: {e}", tool.name()))?;
+            order.push(tool.name().to_string());
+            entries.insert(tool.name().to_string(), Entry { tool, validator });
+        }
+        Ok(Self { entries, order })
+    }
+
+    /// Tool names in set order.
+    pub fn names(&self) -> &[String] {
+        &self.order
+    }
+
+    /// The tool called `name`, if in the set.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.entries.get(name).map(|e| &e.tool)
+    }
+
+    /// Definitions in set order.
+    pub fn definitions(&self) -> Vec<ToolDefinition> {
+        self.order
+            .iter()
+            .filter_map(|n| self.entries.get(n))
+            .map(|e| ToolDefinition {
+                name: e.tool.name().to_string(),
+                description: e.tool.description().to_string(),
+                input_schema: e.tool.input_schema(),
+            })
+            .collect()
+    }
+
+    /// Checks `input` against the schema of `name`, listing every problem with its pointer.
+    pub fn validate(&self, name: &str, input: &Value) -> Result<(), ToolError> {
+        let entry = self.entries.get(name).ok_or_else(|| self.unknown(name))?;
+        let problems: Vec<ArgumentProblem> = entry
+            .validator
+            .iter_errors(input)
+            .map(|e| ArgumentProblem {
+                pointer: e.instance_path().as_str().to_string(),
+                message: e.to_string(),
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ToolError::InvalidArguments {
+                tool: name.to_string(),
+                problems,
+            })
+        }
+    }
+
+    fn unknown(&self, name: &str) -> ToolError {
+        ToolError::UnknownTool {
+            name: name.to_string(),
+            available: self.order.join(", "),
+        }
+    }
+
+    /// Runs one call with every guard and returns what the model sees plus a receipt.
+    pub async fn call(
+        &self,
+        ctx: &ToolContext,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+    ) -> CallOutcome {
+        let started = Instant::now();
+        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let input_hash = hash_value(&input);
+        let spec = ctx.spec(name);
+        let result = self.run_guarded(ctx, name, input.clone()).await;
+        let latency_ms = started.elapsed().as_millis() as u64;
+        let (full, is_error, effects, error_kind) = match result {
+            Ok(out) => (out.content, out.is_error, out.effects, None),
+            Err(e) => (e.to_string(), true, Vec::new(), Some(e.kind().to_string())),
+        };
+        if effects
+            .iter()
+            .any(|e| matches!(e, crate::receipts::SideEffect::CommandRun { .. }))
+        {
+            // A command may have committed; the next receipt must not reuse a stale HEAD.
+            ctx.invalidate_commit();
+        }
+        let output_hash = hash_output(&full, is_error);
+        let output_bytes = full.len();
+        let content = head_tail(&full, spec.max_output_bytes);
+        let output_capped = content.len() != full.len();
+        let receipt = Receipt {
+            id: uuid::Uuid::now_v7().to_string(),
+            call_id: call_id.map(str::to_string),
+            exec_id: ctx.exec_id().to_string(),
+            tool: name.to_string(),
+            input,
+            input_hash,
+            output_hash,
+            is_error,
+            error_kind,
+            output_bytes,
+            output_capped,
+            latency_ms,
+            side_effects: effects,
+            time,
+            commit: ctx.worktree_commit(),
+        };
+        CallOutcome {
+            content,
+            is_error,
+            receipt,
+        }
+    }
+
+    /// Lookup, validation, timeout and panic guard around `execute`.
+    async fn run_guarded(
+        &self,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+    ) -> Result<ToolOutput, ToolError> {
+        let entry = self.entries.get(name).ok_or_else(|| self.unknown(name))?;
+        self.validate(name, &input)?;
+        let spec = ctx.spec(name);
+        let limit = Duration::from_millis(spec.timeout_ms);
+        let watchdog = if entry.tool.enforces_own_timeout() {
+            limit + WATCHDOG_GRACE
+        } else {
+            limit
+        };
+        let run = std::panic::AssertUnwindSafe(entry.tool.execute(input, ctx)).catch_unwind();
+        match tokio::time::timeout(watchdog, run).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic)) => Err(ToolError::failed(
+                format!("tool {name}"),
+                format!("it panicked: {}", panic_message(&panic)),
+                "This is a bug in the tool; try a different approach or other arguments.",
+            )),
+            Err(_) => Err(ToolError::Timeout {
+                timeout_ms: watchdog.as_millis() as u64,
+                detail: format!(" ({name})"),
+            }),
+        }
+    }
+}
+
+/// The message of a caught panic payload.
+pub fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use serde_json::json;
+
+    struct Echo;
+    #[async_trait]
+    impl Tool for Echo {
+        fn name(&self) -> &'static str {
+            "echo"
+        }
+        fn description(&self) -> &'static str {
+            "echo"
+        }
+        fn input_schema(&self) -> Value {
+            json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":1}},"required":["text"],"additionalProperties":false})
+        }
+        async fn execute(
+            &self,
+            input: Value,
+            _ctx: &ToolContext,
+        ) -> crate::error::ToolResult<ToolOutput> {
+            let text = input["text"].as_str().unwrap_or_default();
+            if text == "panic" {
+                panic!("boom");
+            }
+            if text == "sleep" {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+            Ok(ToolOutput::text(text.repeat(1000)))
+        }
+    }
+
+    fn ctx(dir: &std::path::Path) -> ToolContext {
+        ToolContext::new(dir, "tester").unwrap()
+    }
+
+    #[tokio::test]
+    async fn invalid_input_lists_pointers() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let out = set
+            .call(&ctx(dir.path()), None, "echo", json!({"n": 0, "x": 1}))
+            .await;
+        assert!(out.is_error);
+        assert!(out.content.contains("at /n:"), "{}", out.content);
+        assert!(out.content.contains("\"text\" is a required property"));
+        assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+    }
+
+    #[tokio::test]
+    async fn unknown_tool_names_the_available_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let out = set.call(&ctx(dir.path()), None, "nope", json!({})).await;
+        assert!(out.is_error);
+        assert!(out.content.contains("Available tools: echo"));
+    }
+
+    #[tokio::test]
+    async fn panic_becomes_an_error_and_the_set_still_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let c = ctx(dir.path());
+        let out = set.call(&c, None, "echo", json!({"text": "panic"})).await;
+        assert!(out.is_error);
+        assert!(out.content.contains("panicked: boom"));
+        let out = set
+            .call(&c, Some("id1"), "echo", json!({"text": "a"}))
+            .await;
+        assert!(!out.is_error);
+        assert_eq!(out.receipt.call_id.as_deref(), Some("id1"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn catalog_timeout_applies() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let out = set
+            .call(&ctx(dir.path()), None, "echo", json!({"text": "sleep"}))
+            .await;
+        assert!(out.is_error);
+        assert_eq!(out.receipt.error_kind.as_deref(), Some("timeout"));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_but_hashed_in_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut catalog = crate::catalog::Catalog::default();
+        let mut o = BTreeMap::new();
+        o.insert(
+            "read_file".to_string(),
+            crate::catalog::ToolSpecOverride {
+                max_output_bytes: Some(300),
+                ..Default::default()
+            },
+        );
+        catalog.apply_overrides(&o).unwrap();
+        let c = ToolContext::new(dir.path(), "t")
+            .unwrap()
+            .with_catalog(Arc::new(catalog));
+        // The unknown tool "echo" gets the default cap; use a renamed echo via read_file's cap.
+        struct Big;
+        #[async_trait]
+        impl Tool for Big {
+            fn name(&self) -> &'static str {
+                "read_file"
+            }
+            fn description(&self) -> &'static str {
+                "big"
+            }
+            fn input_schema(&self) -> Value {
+                json!({"type":"object"})
+            }
+            async fn execute(
+                &self,
+                _input: Value,
+                _ctx: &ToolContext,
+            ) -> crate::error::ToolResult<ToolOutput> {
+                Ok(ToolOutput::text(format!("HEAD{}TAIL", "x".repeat(5000))))
+            }
+        }
+        let set = ToolSet::from_tools(vec![Arc::new(Big)]).unwrap();
+        let out = set.call(&c, None, "read_file", json!({})).await;
+        assert!(out.content.len() <= 360);
+        assert!(out.content.starts_with("HEAD") && out.content.ends_with("TAIL"));
+        assert!(out.receipt.output_capped);
+        assert_eq!(out.receipt.output_bytes, 5008);
+        assert_eq!(
+            out.receipt.output_hash,
+            hash_output(&format!("HEAD{}TAIL", "x".repeat(5000)), false)
+        );
+    }
+
+    #[test]
+    fn from_names_refuses_unknown_and_duplicate_names() {
+        let err = ToolSet::from_names(&["read_file", "grpe"]).unwrap_err();
+        assert!(err.contains("did you mean 'grep'"), "{err}");
+        let err = ToolSet::from_names(&["grep", "grep"]).unwrap_err();
+        assert!(err.contains("twice"));
+        let set = ToolSet::from_names(&["grep", "read_file"]).unwrap();
+        assert_eq!(set.names(), &["grep".to_string(), "read_file".to_string()]);
+    }
+
+    #[test]
+    fn every_builtin_schema_compiles_and_names_are_unique() {
+        let set = ToolSet::all();
+        assert_eq!(set.names().len(), builtin_tools().len());
+    }
+}

@@ -1,0 +1,32 @@
+//! PLACEHOLDER: `write_file` — to be implemented (must not land as is).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::context::ToolContext;
+use crate::error::{ToolError, ToolResult};
+use crate::tools::{Tool, ToolOutput};
+
+/// The `write_file` tool.
+pub struct WriteFile;
+
+#[async_trait]
+impl Tool for WriteFile {
+    fn name(&self) -> &'static str {
+        "write_file"
+    }
+
+    fn description(&self) -> &'static str {
+        "PLACEHOLDER"
+    }
+
+    fn input_schema(&self) -> Value {
+        json!({"type": "object", "properties": {}})
+    }
+
+    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        Err(ToolError::Unavailable {
+            message: "PLACEHOLDER not implemented".into(),
+        })
+    }
+}
