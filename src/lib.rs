@@ -6,6 +6,7 @@
 //! See ARCHITECTURE.md for the boundaries and invariants.
 
 pub mod catalog;
+pub mod config;
 pub mod context;
 pub mod coordination;
 pub mod error;

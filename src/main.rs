@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 
-use taskdaemon::catalog::default_tool_set;
+use taskdaemon::catalog::{Catalog, default_tool_set};
+use taskdaemon::config::Config;
 use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::receipts::ReceiptLog;
@@ -57,6 +58,9 @@ enum ToolsCommand {
         /// Only the default tools of this built-in loop type (plan, spec, phase, code, ralph).
         #[arg(long)]
         loop_type: Option<String>,
+        /// taskdaemon.yml whose catalog overrides the limits shown by `--format json`.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -87,6 +91,9 @@ struct SessionArgs {
     /// The worktree the tools are confined to.
     #[arg(long)]
     worktree: PathBuf,
+    /// taskdaemon.yml whose `catalog` overrides tool timeouts, caps and lanes.
+    #[arg(short, long)]
+    config: Option<PathBuf>,
     /// Only these tools (comma-separated); an unknown name is an error.
     #[arg(long, value_delimiter = ',')]
     tools: Option<Vec<String>>,
@@ -119,8 +126,10 @@ impl SessionArgs {
             Some(names) => ToolSet::from_names(names)?,
             None => ToolSet::all(),
         };
+        let catalog = load_catalog(self.config.as_deref())?;
         let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
             .map_err(|e| e.to_string())?
+            .with_catalog(Arc::new(catalog))
             .with_commands(LoopCommands {
                 build: self.build_cmd.clone(),
                 test: self.test_cmd.clone(),
@@ -138,6 +147,14 @@ impl SessionArgs {
             tools,
             receipts,
         })
+    }
+}
+
+/// The default catalog, with the overrides of `config` when given.
+fn load_catalog(config: Option<&std::path::Path>) -> Result<Catalog, String> {
+    match config {
+        Some(path) => Config::load(path)?.catalog(),
+        None => Ok(Catalog::default()),
     }
 }
 
@@ -177,6 +194,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                     format,
                     tools,
                     loop_type,
+                    config,
                 },
         } => {
             let set = match (tools, loop_type) {
@@ -192,7 +210,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                 }
                 (None, None) => ToolSet::all(),
             };
-            let catalog = taskdaemon::catalog::Catalog::default();
+            let catalog = load_catalog(config.as_deref())?;
             let value = render(&set.definitions(), format, &catalog);
             let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
             println!("{text}");
