@@ -15,9 +15,10 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -31,8 +32,13 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long to wait for the killed main process to be reaped before giving up on its status.
 const REAP_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Size of one read from a pipe; large reads keep a command that prints gigabytes cheap.
-const READ_CHUNK: usize = 64 * 1024;
+/// Size of one read from a pipe: with the larger pipe below, a command that prints
+/// gigabytes is read in few, large chunks.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Pipe capacity requested for stdout and stderr (Linux's default limit for unprivileged
+/// processes is 1 MiB).
+const PIPE_SIZE: libc::c_int = 1024 * 1024;
 
 /// Room a rendered stream may take beyond its cap for the omission marker.
 const MARKER_SLACK: usize = 64;
@@ -212,6 +218,15 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
     let mut stderr_buf = HeadTailBuffer::new(cap);
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
+    for fd in [
+        stdout.as_ref().map(AsRawFd::as_raw_fd),
+        stderr.as_ref().map(AsRawFd::as_raw_fd),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        enlarge_pipe(fd);
+    }
 
     let (status, timed_out) = {
         let io = async {
@@ -253,7 +268,7 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
 
     Ok(RunOutput {
         exit_code: status.and_then(|s| s.code()),
-        signal: status.and_then(|s: ExitStatus| s.signal()),
+        signal: status.and_then(|s| s.signal()),
         timed_out,
         stdout: StreamCapture::from_buffer(&stdout_buf, cap),
         stderr: StreamCapture::from_buffer(&stderr_buf, cap),
@@ -274,6 +289,15 @@ async fn pump<R: AsyncRead + Unpin>(reader: Option<R>, buffer: &mut HeadTailBuff
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return,
         }
+    }
+}
+
+/// Asks for a larger pipe so a command that prints a lot is read in big chunks (fewer
+/// wakeups and buffer pushes). Best effort: the kernel may cap or refuse it.
+fn enlarge_pipe(fd: RawFd) {
+    // SAFETY: F_SETPIPE_SZ on a pipe we own; failure leaves the pipe as it was.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_SIZE);
     }
 }
 
