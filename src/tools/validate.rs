@@ -1,11 +1,17 @@
-//! PLACEHOLDER: `validate` — to be implemented (must not land as is).
+//! `validate`: runs the loop's configured validation command in the worktree root — the
+//! same command the loop's own validation step runs, so the model can check before it
+//! declares the task complete.
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::context::ToolContext;
-use crate::error::{ToolError, ToolResult};
+use crate::error::ToolResult;
+use crate::tools::run_command::{configured_schema, execute_configured};
 use crate::tools::{Tool, ToolOutput};
+
+/// The tool's name.
+pub const NAME: &str = "validate";
 
 /// The `validate` tool.
 pub struct Validate;
@@ -13,20 +19,93 @@ pub struct Validate;
 #[async_trait]
 impl Tool for Validate {
     fn name(&self) -> &'static str {
-        "validate"
+        NAME
     }
 
     fn description(&self) -> &'static str {
-        "PLACEHOLDER"
+        "Run this loop's validation command (the check that decides whether the task is done) \
+         in the worktree root. Takes no command. The result says \"validation passed\" or \
+         \"validation failed (exit code N)\", then the command's stdout and stderr (long output \
+         keeps its beginning and end). If no validation command is configured, use run_command."
     }
 
     fn input_schema(&self) -> Value {
-        json!({"type": "object", "properties": {}})
+        configured_schema(NAME)
     }
 
-    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        Err(ToolError::Unavailable {
-            message: "PLACEHOLDER not implemented".into(),
-        })
+    fn enforces_own_timeout(&self) -> bool {
+        true
+    }
+
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        execute_configured(
+            NAME,
+            "validation",
+            ctx.commands().validate.as_deref(),
+            input,
+            ctx,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    use crate::context::LoopCommands;
+
+    fn ctx_with(dir: &std::path::Path, validate: Option<&str>) -> ToolContext {
+        ToolContext::new(dir, "t")
+            .unwrap()
+            .with_commands(LoopCommands {
+                build: Some("echo WRONG-TOOL".into()),
+                test: Some("echo WRONG-TOOL".into()),
+                validate: validate.map(str::to_string),
+            })
+    }
+
+    #[tokio::test]
+    async fn runs_the_validation_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Validate
+            .execute(json!({}), &ctx_with(dir.path(), Some("echo all good")))
+            .await
+            .unwrap();
+        assert_eq!(
+            ok.content,
+            "validation passed\ncommand: echo all good\n--- stdout ---\nall good\n"
+        );
+        let failed = Validate
+            .execute(
+                json!({"timeout_ms": 100}),
+                &ctx_with(dir.path(), Some("sleep 5")),
+            )
+            .await
+            .unwrap();
+        assert!(failed.is_error);
+        assert!(
+            failed
+                .content
+                .starts_with("validation timed out after 100 ms"),
+            "{}",
+            failed.content
+        );
+    }
+
+    #[tokio::test]
+    async fn unconfigured_validation_points_to_run_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Validate
+            .execute(json!({}), &ctx_with(dir.path(), None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "unavailable");
+        assert!(
+            err.to_string()
+                .contains("no validate command is configured")
+        );
+        assert!(err.to_string().contains("use run_command"));
     }
 }
