@@ -465,39 +465,63 @@ fn line_numbers(bytes: &[u8], positions: &[usize]) -> Vec<usize> {
 /// Why an `old_string` may have missed, as advice for the next attempt.
 fn not_found_hint(content: &str, old: &str, several: bool) -> String {
     let mut hint = String::new();
-    if has_line_number_prefixes(old) {
-        hint.push_str("It seems to include read_file's line-number prefixes (number and tab); leave those out. ");
-    }
-    if let Some(at) = loose_find(content, old, Loose::Whitespace) {
-        let line = line_numbers(content.as_bytes(), &[at])[0];
+    let line_of = |at: usize| line_numbers(content.as_bytes(), &[at])[0];
+    let stripped = strip_line_number_prefixes(old);
+    let candidate = match &stripped {
+        Some(text) => {
+            hint.push_str("It seems to include read_file's line-number prefixes (number and tab); leave those out. ");
+            match content.find(text.as_str()) {
+                Some(at) => {
+                    let _ = write!(hint, "Without them it matches at line {}.", line_of(at));
+                    return finish_hint(hint, several);
+                }
+                None => text.as_str(),
+            }
+        }
+        None => old,
+    };
+    if let Some(at) = loose_find(content, candidate, Loose::Whitespace) {
         let _ = write!(
             hint,
-            "Text that differs only in whitespace (indentation, tabs, line breaks, trailing spaces) starts at line {line}; copy it exactly from read_file output."
+            "Text that differs only in whitespace (indentation, tabs, line breaks, trailing spaces) starts at line {}; copy it exactly from read_file output.",
+            line_of(at)
         );
-    } else if let Some(at) = loose_find(content, old, Loose::Case) {
-        let line = line_numbers(content.as_bytes(), &[at])[0];
+    } else if let Some(at) = loose_find(content, candidate, Loose::Case) {
         let _ = write!(
             hint,
-            "Text that differs only in upper/lower case starts at line {line}; copy it exactly from read_file output."
+            "Text that differs only in upper/lower case starts at line {}; copy it exactly from read_file output.",
+            line_of(at)
         );
     } else {
         hint.push_str(
             "Read the file again with read_file and copy the exact text, including whitespace.",
         );
     }
+    finish_hint(hint, several)
+}
+
+fn finish_hint(mut hint: String, several: bool) -> String {
     if several {
         hint.push_str(" Edits apply in order, so each old_string must match the text as the earlier edits left it.");
     }
     hint
 }
 
-/// Whether every line of `s` starts like a line of read_file output (`   12\t`).
-fn has_line_number_prefixes(s: &str) -> bool {
-    s.lines().all(|l| {
-        let rest = l.trim_start_matches(' ');
+/// `s` without read_file's `   12\t` prefixes, when every line has one.
+fn strip_line_number_prefixes(s: &str) -> Option<String> {
+    let mut out = Vec::new();
+    for line in s.split('\n') {
+        let rest = line.trim_start_matches(' ');
         let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        digits > 0 && rest[digits..].starts_with('\t')
-    })
+        if line.is_empty() && !out.is_empty() {
+            // A trailing newline leaves one empty piece.
+            out.push("");
+            continue;
+        }
+        let body = rest[digits..].strip_prefix('\t').filter(|_| digits > 0)?;
+        out.push(body);
+    }
+    Some(out.join("\n"))
 }
 
 /// A looser way to compare text, for hints only.
@@ -669,8 +693,8 @@ fn line_ranges(bytes: &[u8], ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
         };
         let last = last.min(total);
         match out.last_mut() {
-            // Two changes on one line are one changed line.
-            Some(prev) if first <= prev.1 => prev.1 = prev.1.max(last),
+            // Changes on the same or adjacent lines read best as one range.
+            Some(prev) if first <= prev.1 + 1 => prev.1 = prev.1.max(last),
             _ => out.push((first, last)),
         }
     }
@@ -679,4 +703,517 @@ fn line_ranges(bytes: &[u8], ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
 
 fn count_nl(bytes: &[u8]) -> usize {
     bytes.iter().map(|&b| usize::from(b == b'\n')).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::ToolSet;
+    use crate::tools::read_file::ReadFile;
+    use crate::tools::write_file::WriteFile;
+    use std::os::unix::fs::symlink;
+    use std::path::PathBuf;
+
+    fn setup() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "test").unwrap();
+        (dir, ctx)
+    }
+
+    async fn read(ctx: &ToolContext, path: &str) {
+        let out = ReadFile.execute(json!({"path": path}), ctx).await.unwrap();
+        assert!(!out.is_error);
+    }
+
+    /// Puts a file on disk (as the user would) and reads it (as the model must).
+    async fn put_read(ctx: &ToolContext, rel: &str, content: &str) -> PathBuf {
+        let p = ctx.root().join(rel);
+        std::fs::write(&p, content).unwrap();
+        read(ctx, rel).await;
+        p
+    }
+
+    async fn edit(ctx: &ToolContext, input: Value) -> ToolResult<ToolOutput> {
+        EditFile.execute(input, ctx).await
+    }
+
+    fn on_disk(p: &Path) -> String {
+        std::fs::read_to_string(p).unwrap()
+    }
+
+    use std::path::Path;
+
+    #[tokio::test]
+    async fn one_edit_replaces_reports_and_shows_the_result() {
+        let (_d, ctx) = setup();
+        let body: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+        let p = put_read(&ctx, "f.txt", &body).await;
+        let out = edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "line 6\n", "new_string": "six\nsix and a half\n"}),
+        )
+        .await
+        .unwrap();
+        let expected = body.replace("line 6\n", "six\nsix and a half\n");
+        assert_eq!(on_disk(&p), expected);
+        assert_eq!(
+            out.content,
+            "Edited 'f.txt': 1 replacement. Changed lines (as the file is now): 6-7.\n\
+             \x20    3\tline 3\n     4\tline 4\n     5\tline 5\n     6\tsix\n     7\tsix and a half\n\
+             \x20    8\tline 7\n     9\tline 8\n    10\tline 9"
+        );
+        assert_eq!(
+            out.effects,
+            vec![SideEffect::FileWritten {
+                path: "f.txt".into(),
+                hash: sha256_hex(expected.as_bytes()),
+            }]
+        );
+        // The edit refreshed the stamp: a second edit needs no new read.
+        edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "six\n", "new_string": "6\n"}),
+        )
+        .await
+        .unwrap();
+        assert!(on_disk(&p).contains("\n6\nsix and a half\n"));
+    }
+
+    #[tokio::test]
+    async fn replace_all_changes_every_occurrence() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.rs", "let a = 1;\nlet b = a;\nfoo(a);\n").await;
+        let out = edit(
+            &ctx,
+            json!({"path": "f.rs", "old_string": "a", "new_string": "alpha", "replace_all": true}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(on_disk(&p), "let alpha = 1;\nlet b = alpha;\nfoo(alpha);\n");
+        assert!(
+            out.content.starts_with(
+                "Edited 'f.rs': 3 replacements. Changed lines (as the file is now): 1-3."
+            ),
+            "{}",
+            out.content
+        );
+    }
+
+    #[tokio::test]
+    async fn an_ambiguous_old_string_lists_its_lines_and_writes_nothing() {
+        let (_d, ctx) = setup();
+        let body = "x\n".repeat(12);
+        let p = put_read(&ctx, "f.txt", &body).await;
+        let err = edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "x", "new_string": "y"}),
+        )
+        .await
+        .unwrap_err();
+        let msg = err.to_string();
+        assert_eq!(err.kind(), "invalid_arguments");
+        assert!(
+            msg.contains("at /old_string: old_string matches 12 places"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("(at lines 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...)"),
+            "{msg}"
+        );
+        assert!(msg.contains("replace_all"), "{msg}");
+        assert_eq!(on_disk(&p), body);
+    }
+
+    #[tokio::test]
+    async fn several_edits_apply_in_order() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.txt", "alpha\nbeta\ngamma\ndelta\n").await;
+        let out = edit(
+            &ctx,
+            json!({"path": "f.txt", "edits": [
+                {"old_string": "alpha", "new_string": "ALPHA"},
+                // Sees the first edit's result.
+                {"old_string": "ALPHA\nbeta", "new_string": "AB"},
+                {"old_string": "a", "new_string": "4", "replace_all": true}
+            ]}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(on_disk(&p), "AB\ng4mm4\ndelt4\n");
+        assert!(
+            out.content.starts_with(
+                "Edited 'f.txt': 5 replacements from 3 edits (edits[0]: 1, edits[1]: 1, edits[2]: 3). Changed lines (as the file is now): 1-3."
+            ),
+            "{}",
+            out.content
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_edit_in_a_list_writes_nothing() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.txt", "one\ntwo\n").await;
+        let err = edit(
+            &ctx,
+            json!({"path": "f.txt", "edits": [
+                {"old_string": "one", "new_string": "1"},
+                {"old_string": "three", "new_string": "3"}
+            ]}),
+        )
+        .await
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("at /edits/1/old_string: edits[1] was not found"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("No edit was applied; the file is unchanged."),
+            "{msg}"
+        );
+        assert!(msg.contains("Edits apply in order"), "{msg}");
+        assert_eq!(on_disk(&p), "one\ntwo\n");
+        // The stamp still holds: the next, correct call works.
+        edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "one", "new_string": "1"}),
+        )
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn not_found_hints_at_whitespace_case_and_line_numbers() {
+        let (_d, ctx) = setup();
+        put_read(
+            &ctx,
+            "f.rs",
+            "fn main() {\n\tlet x = 1;\n    Println!(\"hi\");\n}\n",
+        )
+        .await;
+        let cases = [
+            ("let  x = 1;", "differs only in whitespace", "line 2"),
+            (
+                "println!(\"hi\");",
+                "differs only in upper/lower case",
+                "line 3",
+            ),
+            (
+                "     2\tlet x = 1;",
+                "line-number prefixes",
+                "Without them it matches at line 2",
+            ),
+            ("     2\tlet  x = 1;", "line-number prefixes", "whitespace"),
+            ("nothing like it", "Read the file again", ""),
+        ];
+        for (old, hint, line) in cases {
+            let err = edit(
+                &ctx,
+                json!({"path": "f.rs", "old_string": old, "new_string": "z"}),
+            )
+            .await
+            .unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains("old_string was not found in 'f.rs'"), "{msg}");
+            assert!(msg.contains(hint), "{old}: {msg}");
+            assert!(msg.contains(line), "{old}: {msg}");
+        }
+    }
+
+    #[tokio::test]
+    async fn crlf_files_match_plain_newlines() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "w.txt", "a\r\nb\r\nc\r\n").await;
+        let out = edit(
+            &ctx,
+            json!({"path": "w.txt", "old_string": "a\nb\n", "new_string": "x\ny\nz\n"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(on_disk(&p), "x\r\ny\r\nz\r\nc\r\n");
+        assert!(out.content.contains("written as \\r\\n"), "{}", out.content);
+        assert!(
+            out.content
+                .contains("Changed lines (as the file is now): 1-3."),
+            "{}",
+            out.content
+        );
+    }
+
+    #[tokio::test]
+    async fn argument_misuse_is_reported_with_pointers() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.txt", "text\n").await;
+        let cases = [
+            (
+                json!({"path": "f.txt", "old_string": "", "new_string": "x"}),
+                "/old_string",
+                "write_file",
+            ),
+            (
+                json!({"path": "f.txt", "old_string": "text", "new_string": "text"}),
+                "/new_string",
+                "identical",
+            ),
+            (
+                json!({"path": "f.txt"}),
+                "at /:",
+                "give old_string and new_string",
+            ),
+            (
+                json!({"path": "f.txt", "old_string": "text"}),
+                "/new_string",
+                "required",
+            ),
+            (
+                json!({"path": "f.txt", "new_string": "text"}),
+                "/old_string",
+                "required",
+            ),
+            (
+                json!({"path": "f.txt", "old_string": "a", "new_string": "b", "edits": [{"old_string": "t", "new_string": "T"}]}),
+                "/old_string",
+                "not both",
+            ),
+            (
+                json!({"path": "f.txt", "replace_all": true, "edits": [{"old_string": "t", "new_string": "T"}]}),
+                "/replace_all",
+                "inside each edit",
+            ),
+            (
+                json!({"path": "f.txt", "edits": []}),
+                "/edits",
+                "at least one",
+            ),
+            (
+                json!({"path": "f.txt", "edits": [{"old_string": "t", "new_string": "T"}, {"old_string": "", "new_string": "T"}]}),
+                "/edits/1/old_string",
+                "is empty",
+            ),
+        ];
+        for (input, pointer, words) in cases {
+            let err = edit(&ctx, input.clone()).await.unwrap_err();
+            assert_eq!(err.kind(), "invalid_arguments", "{input}");
+            let msg = err.to_string();
+            assert!(msg.contains(pointer), "{input}: {msg}");
+            assert!(msg.contains(words), "{input}: {msg}");
+        }
+        assert_eq!(on_disk(&p), "text\n");
+    }
+
+    #[tokio::test]
+    async fn the_schema_checks_types_and_the_list_shape() {
+        let (_d, ctx) = setup();
+        put_read(&ctx, "f.txt", "text\n").await;
+        let set = ToolSet::all();
+        for input in [
+            json!({"path": "f.txt", "edits": []}),
+            json!({"path": "f.txt", "edits": [{"old_string": "t"}]}),
+            json!({"path": "f.txt", "edits": [{"old_string": "t", "new_string": "T", "x": 1}]}),
+            json!({"path": "f.txt", "old_string": "t", "new_string": "T", "replace_all": "yes"}),
+        ] {
+            let out = set.call(&ctx, None, NAME, input.clone()).await;
+            assert!(out.is_error, "{input}");
+            assert_eq!(
+                out.receipt.error_kind.as_deref(),
+                Some("invalid_arguments"),
+                "{input}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_edit_without_a_read_is_refused() {
+        let (_d, ctx) = setup();
+        std::fs::write(ctx.root().join("f.txt"), "one\n").unwrap();
+        let err = edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "one", "new_string": "1"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), "edit_without_read");
+        assert!(err.to_string().contains("'f.txt'"));
+        assert_eq!(on_disk(&ctx.root().join("f.txt")), "one\n");
+    }
+
+    #[tokio::test]
+    async fn an_outside_change_makes_the_read_stale_until_read_again() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.txt", "one\n").await;
+        std::fs::write(&p, "one\ntwo\n").unwrap();
+        let input = json!({"path": "f.txt", "old_string": "one", "new_string": "1"});
+        let err = edit(&ctx, input.clone()).await.unwrap_err();
+        assert_eq!(err.kind(), "stale_read");
+        assert_eq!(on_disk(&p), "one\ntwo\n");
+        read(&ctx, "f.txt").await;
+        edit(&ctx, input).await.unwrap();
+        assert_eq!(on_disk(&p), "1\ntwo\n");
+    }
+
+    #[tokio::test]
+    async fn a_touch_with_identical_bytes_is_not_a_change() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.txt", "one\n").await;
+        std::fs::write(&p, "one\n").unwrap();
+        edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "one", "new_string": "1"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(on_disk(&p), "1\n");
+    }
+
+    #[tokio::test]
+    async fn a_file_written_by_the_loop_can_be_edited_without_a_read() {
+        let (_d, ctx) = setup();
+        WriteFile
+            .execute(json!({"path": "n.txt", "content": "draft\n"}), &ctx)
+            .await
+            .unwrap();
+        edit(
+            &ctx,
+            json!({"path": "n.txt", "old_string": "draft", "new_string": "final"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(on_disk(&ctx.root().join("n.txt")), "final\n");
+    }
+
+    #[tokio::test]
+    async fn non_text_missing_and_directory_targets_are_refused() {
+        let (_d, ctx) = setup();
+        let p = ctx.root().join("b.bin");
+        std::fs::write(&p, [0xffu8, 0xfe, b'a']).unwrap();
+        ctx.record_stamp(&p, &[0xff, 0xfe, b'a']);
+        let err = edit(
+            &ctx,
+            json!({"path": "b.bin", "old_string": "a", "new_string": "b"}),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("not UTF-8 text"), "{err}");
+
+        let err = edit(
+            &ctx,
+            json!({"path": "nope.txt", "old_string": "a", "new_string": "b"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), "not_found");
+        assert!(err.to_string().contains("use write_file"), "{err}");
+
+        std::fs::create_dir(ctx.root().join("d")).unwrap();
+        let err = edit(
+            &ctx,
+            json!({"path": "d", "old_string": "a", "new_string": "b"}),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("it is a directory"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn escapes_are_refused() {
+        let (_d, ctx) = setup();
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("t.txt");
+        std::fs::write(&target, "keep\n").unwrap();
+        symlink(&target, ctx.root().join("link")).unwrap();
+        // Even a stamp for the outside file must not open the door.
+        ctx.record_stamp(&target, b"keep\n");
+        let abs = target.to_str().unwrap().to_string();
+        for path in ["../t.txt", "/etc/passwd", abs.as_str(), "link"] {
+            let err = edit(
+                &ctx,
+                json!({"path": path, "old_string": "keep", "new_string": "gone"}),
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}");
+        }
+        assert_eq!(on_disk(&target), "keep\n");
+    }
+
+    #[tokio::test]
+    async fn deleting_text_reports_the_line_where_it_was() {
+        let (_d, ctx) = setup();
+        let p = put_read(&ctx, "f.txt", "a\nb\nc\nd\n").await;
+        let out = edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "b\nc\n", "new_string": ""}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(on_disk(&p), "a\nd\n");
+        assert!(
+            out.content
+                .contains("Changed line (as the file is now): 2."),
+            "{}",
+            out.content
+        );
+        let out = edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "a\nd\n", "new_string": ""}),
+        )
+        .await
+        .unwrap();
+        assert!(
+            out.content.ends_with("The file is now empty."),
+            "{}",
+            out.content
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_change_shows_a_bounded_snippet() {
+        let (_d, ctx) = setup();
+        put_read(&ctx, "f.txt", "start\nend\n").await;
+        let block: String = (1..=40).map(|i| format!("new {i}\n")).collect();
+        let out = edit(
+            &ctx,
+            json!({"path": "f.txt", "old_string": "start\n", "new_string": block}),
+        )
+        .await
+        .unwrap();
+        let numbered = out.content.lines().filter(|l| l.contains('\t')).count();
+        assert_eq!(numbered, SNIPPET_MAX_LINES);
+        assert!(
+            out.content
+                .contains("Changed lines (as the file is now): 1-40.")
+        );
+        assert!(
+            out.content
+                .ends_with("[... rest of the change not shown; use read_file to see it]")
+        );
+    }
+
+    #[test]
+    fn ranges_follow_later_edits() {
+        // "aXbXc": replace X by "12" at 1 and 3 -> "a12b12c".
+        let mut ranges = Vec::new();
+        remap_ranges(&mut ranges, &[1, 3], (1, 2), (0, 2));
+        assert_eq!(ranges, vec![(1, 3), (4, 6)]);
+        // Then "b" (at 3) becomes "" : the second range shifts left by one.
+        remap_ranges(&mut ranges, &[3], (1, 0), (0, 0));
+        assert_eq!(ranges, vec![(1, 5)]);
+        // An edit that swallows an earlier change covers it.
+        let mut ranges = vec![(2, 3)];
+        remap_ranges(&mut ranges, &[0], (5, 1), (0, 1));
+        assert_eq!(ranges, vec![(0, 1)]);
+        let lines = line_ranges(b"a\nb\nc\nd\n", &[(0, 1), (6, 6)]);
+        assert_eq!(lines, vec![(1, 1), (4, 4)]);
+        let lines = line_ranges(b"a\nb\nc\nd\n", &[(0, 1), (2, 3)]);
+        assert_eq!(lines, vec![(1, 2)]);
+    }
+
+    #[test]
+    fn loose_matching_maps_back_to_the_source() {
+        let hay = "x\n  foo   bar\nBAZ";
+        assert_eq!(loose_find(hay, "foo bar", Loose::Whitespace), Some(4));
+        assert_eq!(loose_find(hay, "baz", Loose::Case), Some(14));
+        assert_eq!(loose_find(hay, "   ", Loose::Whitespace), None);
+        assert_eq!(loose_find(hay, "qux", Loose::Case), None);
+    }
 }

@@ -356,3 +356,229 @@ pub(crate) fn human_size(bytes: u64) -> String {
     }
     format!("{value:.1} {}", UNITS[unit])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::ToolSet;
+    use std::os::unix::fs::symlink;
+
+    fn setup() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "test").unwrap();
+        (dir, ctx)
+    }
+
+    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) {
+        let p = ctx.root().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+
+    fn tree(ctx: &ToolContext) {
+        put(ctx, "b.rs", &[b'x'; 1300]);
+        put(ctx, "a.txt", b"hi");
+        put(ctx, "src/main.rs", b"fn main() {}\n");
+        put(ctx, "src/deep/er/x.py", b"print()\n");
+        put(ctx, "src/deep/er/most/y.go", b"package y\n");
+        put(ctx, ".hidden", b"h");
+    }
+
+    async fn list(ctx: &ToolContext, input: Value) -> ToolResult<ToolOutput> {
+        ListDirectory.execute(input, ctx).await
+    }
+
+    async fn text(ctx: &ToolContext, input: Value) -> String {
+        let out = list(ctx, input).await.unwrap();
+        assert!(!out.is_error && out.effects.is_empty());
+        out.content
+    }
+
+    #[tokio::test]
+    async fn lists_the_directory_itself_sorted_with_sizes_and_languages() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let out = text(&ctx, json!({})).await;
+        assert_eq!(
+            out,
+            "Directory '.':\na.txt  (2 B)\nb.rs  (1.3 KB, rust)\nsrc/\n[1 directory, 2 files]"
+        );
+        assert!(ListDirectory.read_only());
+    }
+
+    #[tokio::test]
+    async fn recursive_shows_an_indented_tree_down_to_max_depth() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert_eq!(
+            out,
+            "Directory '.' (recursive, max_depth 3):\n\
+             a.txt  (2 B)\n\
+             b.rs  (1.3 KB, rust)\n\
+             src/\n\
+             \x20 deep/\n\
+             \x20   er/  [not expanded: max_depth 3 reached]\n\
+             \x20 main.rs  (13 B, rust)\n\
+             [3 directories, 3 files]"
+        );
+        let out = text(
+            &ctx,
+            json!({"path": "src", "recursive": true, "max_depth": 10}),
+        )
+        .await;
+        assert!(
+            out.contains("\n    most/\n      y.go  (10 B, go)\n"),
+            "{out}"
+        );
+        assert!(out.contains("\n    x.py  (8 B, python)\n"), "{out}");
+        assert!(!out.contains("not expanded"));
+        let out = text(&ctx, json!({"recursive": true, "max_depth": 1})).await;
+        assert!(
+            out.contains("src/  [not expanded: max_depth 1 reached]"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn max_depth_without_recursive_is_ignored_and_says_so() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let out = text(&ctx, json!({"max_depth": 5})).await;
+        assert!(!out.contains("main.rs"));
+        assert!(out.ends_with("[max_depth only applies with recursive=true; this lists the directory's own entries. Pass recursive=true to go deeper.]"));
+    }
+
+    #[tokio::test]
+    async fn hidden_entries_only_on_request_and_git_never() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        put(&ctx, ".git/HEAD", b"ref: x\n");
+        put(&ctx, "src/.git", b"gitdir: elsewhere\n");
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert!(!out.contains(".hidden"));
+        let out = text(&ctx, json!({"recursive": true, "include_hidden": true})).await;
+        assert!(out.contains("\n.hidden  (1 B)\n"), "{out}");
+        assert!(!out.contains(".git"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn gitignore_is_respected_outside_git_and_from_ancestors_in_the_worktree() {
+        let outer = tempfile::tempdir().unwrap();
+        // An ignore file above the worktree must not hide anything.
+        std::fs::write(outer.path().join(".gitignore"), "*.md\n").unwrap();
+        let wt = outer.path().join("wt");
+        std::fs::create_dir(&wt).unwrap();
+        let ctx = ToolContext::new(&wt, "test").unwrap();
+        put(&ctx, ".gitignore", b"*.log\ntarget/\n!keep.log\n");
+        put(&ctx, "x.log", b"");
+        put(&ctx, "keep.log", b"");
+        put(&ctx, "README.md", b"");
+        put(&ctx, "target/debug/out", b"");
+        put(&ctx, "sub/y.log", b"");
+        put(&ctx, "sub/z.txt", b"");
+        put(&ctx, "sub/.ignore", b"z.txt\n");
+        put(&ctx, "sub/inner/w.txt", b"");
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert!(!out.contains("x.log") && !out.contains("y.log"), "{out}");
+        assert!(!out.contains("target") && !out.contains("z.txt"), "{out}");
+        assert!(
+            out.contains("keep.log") && out.contains("README.md"),
+            "{out}"
+        );
+        // Listing the subdirectory still applies the root's .gitignore.
+        let out = text(&ctx, json!({"path": "sub"})).await;
+        assert_eq!(out, "Directory 'sub':\ninner/\n[1 directory, 0 files]");
+        // Explicitly listing an ignored directory shows what is in it.
+        let out = text(&ctx, json!({"path": "target/debug"})).await;
+        assert!(out.contains("\nout  (0 B)"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn more_than_1000_entries_are_capped_with_a_count() {
+        let (_d, ctx) = setup();
+        for i in 0..1005 {
+            put(&ctx, &format!("f{i:04}.txt"), b"");
+        }
+        let out = text(&ctx, json!({})).await;
+        assert_eq!(out.lines().filter(|l| l.starts_with('f')).count(), 1000);
+        assert!(out.contains("f0999.txt") && !out.contains("f1000.txt"));
+        assert!(out.contains("[0 directories, 1005 files]"), "{out}");
+        assert!(
+            out.contains("[Showing the first 1000 entries; 5 more not shown. Narrow it"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_directory_says_so() {
+        let (_d, ctx) = setup();
+        std::fs::create_dir(ctx.root().join("e")).unwrap();
+        put(&ctx, "e/.only_hidden", b"");
+        let out = text(&ctx, json!({"path": "e"})).await;
+        assert!(out.starts_with("Directory 'e':\n(empty"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn files_missing_paths_and_escapes_are_errors() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let err = list(&ctx, json!({"path": "a.txt"})).await.unwrap_err();
+        assert!(err.to_string().contains("Use read_file"), "{err}");
+        let err = list(&ctx, json!({"path": "scr"})).await.unwrap_err();
+        assert_eq!(err.kind(), "not_found");
+        assert!(err.to_string().contains("Did you mean 'src'?"), "{err}");
+
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
+        symlink(outside.path(), ctx.root().join("out")).unwrap();
+        for path in ["..", "../x", "/etc", "out", "out/"] {
+            let err = list(&ctx, json!({"path": path})).await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}");
+        }
+        // A link inside the listing is shown, never followed.
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert!(
+            out.contains(&format!("\nout -> {}\n", outside.path().display())),
+            "{out}"
+        );
+        assert!(!out.contains("secret.txt"));
+        assert!(out.contains("1 symlink"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn the_schema_bounds_max_depth() {
+        let (_d, ctx) = setup();
+        let set = ToolSet::all();
+        for input in [
+            json!({"max_depth": 0}),
+            json!({"max_depth": 21}),
+            json!({"recursive": "yes"}),
+            json!({"depth": 2}),
+        ] {
+            let out = set.call(&ctx, None, NAME, input.clone()).await;
+            assert!(out.is_error, "{input}");
+            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        }
+        let out = set
+            .call(
+                &ctx,
+                None,
+                NAME,
+                json!({"recursive": true, "max_depth": 20}),
+            )
+            .await;
+        assert!(!out.is_error, "{}", out.content);
+    }
+
+    #[test]
+    fn sizes_read_like_people_write_them() {
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(1023), "1023 B");
+        assert_eq!(human_size(1024), "1.0 KB");
+        assert_eq!(human_size(1300), "1.3 KB");
+        assert_eq!(human_size(5 * 1024 * 1024 + 1), "5.0 MB");
+        assert_eq!(human_size(3 << 30), "3.0 GB");
+        assert_eq!(human_size(u64::MAX), "16777216.0 TB");
+    }
+}

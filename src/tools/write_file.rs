@@ -86,24 +86,20 @@ impl Tool for WriteFile {
         ctx.record_stamp(&real, bytes);
         let lines = content.lines().count();
         let size = bytes.len();
+        let what = format!(
+            "'{shown}' ({}, {})",
+            count(size, "byte"),
+            count(lines, "line")
+        );
         let text = match before {
             Before::Nothing {
                 parent_created: false,
-            } => format!(
-                "Created '{shown}' ({size} bytes, {lines} line{}).",
-                plural(lines)
-            ),
+            } => format!("Created {what}."),
             Before::Nothing {
                 parent_created: true,
-            } => format!(
-                "Created '{shown}' ({size} bytes, {lines} line{}) and its missing parent directories.",
-                plural(lines)
-            ),
+            } => format!("Created {what} and its missing parent directories."),
             Before::File { size: old } => {
-                format!(
-                    "Overwrote '{shown}' ({size} bytes, {lines} line{}; it had {old} bytes).",
-                    plural(lines)
-                )
+                format!("Overwrote {what}; it had {}.", count(old as usize, "byte"))
             }
         };
         Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {
@@ -113,8 +109,13 @@ impl Tool for WriteFile {
     }
 }
 
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
+/// `1 line`, `2 lines`.
+fn count(n: usize, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
 }
 
 /// Checks what is at `real`, creates missing parents and writes. Takes and gives back the
@@ -176,4 +177,167 @@ pub(crate) fn write_in_place(real: &Path, shown: &str, content: String) -> ToolR
     std::fs::write(real, content.as_bytes())
         .map_err(|e| ToolError::from_io("writing", shown, &e))?;
     Ok(content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::StampCheck;
+    use crate::registry::ToolSet;
+    use std::os::unix::fs::symlink;
+
+    fn setup() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "test").unwrap();
+        (dir, ctx)
+    }
+
+    async fn write(ctx: &ToolContext, path: &str, content: &str) -> ToolResult<ToolOutput> {
+        WriteFile
+            .execute(json!({"path": path, "content": content}), ctx)
+            .await
+    }
+
+    #[tokio::test]
+    async fn creates_a_file_and_its_parents_and_reports_the_effect() {
+        let (_d, ctx) = setup();
+        let out = write(&ctx, "a/b/c.txt", "one\ntwo\n").await.unwrap();
+        assert_eq!(
+            out.content,
+            "Created 'a/b/c.txt' (8 bytes, 2 lines) and its missing parent directories."
+        );
+        let real = ctx.root().join("a/b/c.txt");
+        assert_eq!(std::fs::read(&real).unwrap(), b"one\ntwo\n");
+        assert_eq!(
+            out.effects,
+            vec![SideEffect::FileWritten {
+                path: "a/b/c.txt".into(),
+                hash: sha256_hex(b"one\ntwo\n"),
+            }]
+        );
+        assert!(!out.is_error);
+        assert!(!WriteFile.read_only());
+    }
+
+    #[tokio::test]
+    async fn creating_beside_existing_files_and_overwriting_say_which() {
+        let (_d, ctx) = setup();
+        let out = write(&ctx, "x.txt", "1").await.unwrap();
+        assert_eq!(out.content, "Created 'x.txt' (1 byte, 1 line).");
+        let out = write(&ctx, "x.txt", "").await.unwrap();
+        assert_eq!(
+            out.content,
+            "Overwrote 'x.txt' (0 bytes, 0 lines); it had 1 byte."
+        );
+        assert_eq!(std::fs::read(ctx.root().join("x.txt")).unwrap(), b"");
+    }
+
+    #[tokio::test]
+    async fn its_own_write_refreshes_the_stamp() {
+        let (_d, ctx) = setup();
+        write(&ctx, "s.txt", "content\n").await.unwrap();
+        let real = ctx.root().join("s.txt");
+        assert_eq!(ctx.check_stamp(&real, b"content\n"), StampCheck::Current);
+        // Overwriting a file that was stamped with older content refreshes it too.
+        write(&ctx, "s.txt", "newer\n").await.unwrap();
+        assert_eq!(ctx.check_stamp(&real, b"newer\n"), StampCheck::Current);
+    }
+
+    #[tokio::test]
+    async fn directories_are_refused_clearly() {
+        let (_d, ctx) = setup();
+        std::fs::create_dir(ctx.root().join("src")).unwrap();
+        for path in ["src", ".", "src/.."] {
+            let err = write(&ctx, path, "x").await.unwrap_err();
+            assert_eq!(err.kind(), "failed", "{path}");
+            assert!(err.to_string().contains("it is a directory"), "{err}");
+        }
+        let err = write(&ctx, "newdir/", "x").await.unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+        assert!(err.to_string().contains("at /path"), "{err}");
+        assert!(!ctx.root().join("newdir").exists());
+    }
+
+    #[tokio::test]
+    async fn a_file_in_the_way_of_a_parent_is_a_clear_error() {
+        let (_d, ctx) = setup();
+        std::fs::write(ctx.root().join("f"), "x").unwrap();
+        let err = write(&ctx, "f/g.txt", "y").await.unwrap_err();
+        assert_eq!(err.kind(), "failed");
+        assert!(
+            err.to_string().contains("is a file, not a directory"),
+            "{err}"
+        );
+        let err = write(&ctx, "f/h/g.txt", "y").await.unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn escapes_are_refused_and_nothing_is_created_outside() {
+        let (_d, ctx) = setup();
+        let outside = tempfile::tempdir().unwrap();
+        let o = outside.path();
+        std::fs::write(o.join("existing.txt"), "keep").unwrap();
+        symlink(o.join("existing.txt"), ctx.root().join("link")).unwrap();
+        symlink(o.join("new.txt"), ctx.root().join("dangling")).unwrap();
+        symlink(o, ctx.root().join("dirlink")).unwrap();
+        let abs = o.join("abs.txt");
+        for path in [
+            "../x.txt",
+            "/etc/passwd",
+            abs.to_str().unwrap(),
+            "link",
+            "dangling",
+            "dirlink/sub/file.txt",
+            "dirlink/file.txt",
+        ] {
+            let err = write(&ctx, path, "pwned").await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(o.join("existing.txt")).unwrap(),
+            "keep"
+        );
+        let mut left: Vec<String> = std::fs::read_dir(o)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["existing.txt".to_string()]);
+        assert!(!ctx.root().parent().unwrap().join("x.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn a_dangling_symlink_inside_creates_its_target_inside() {
+        let (_d, ctx) = setup();
+        symlink("target.txt", ctx.root().join("alias.txt")).unwrap();
+        let out = write(&ctx, "alias.txt", "hi").await.unwrap();
+        assert_eq!(out.content, "Created 'target.txt' (2 bytes, 1 line).");
+        assert_eq!(
+            std::fs::read_to_string(ctx.root().join("target.txt")).unwrap(),
+            "hi"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_schema_requires_both_fields() {
+        let (_d, ctx) = setup();
+        let set = ToolSet::all();
+        for input in [
+            json!({"path": "a.txt"}),
+            json!({"content": "x"}),
+            json!({"path": "a.txt", "content": 3}),
+            json!({"path": "a.txt", "content": "x", "mode": "append"}),
+        ] {
+            let out = set.call(&ctx, None, NAME, input.clone()).await;
+            assert!(out.is_error, "{input}");
+            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        }
+        assert!(!ctx.root().join("a.txt").exists());
+        let out = set
+            .call(&ctx, None, NAME, json!({"path": "a.txt", "content": "x"}))
+            .await;
+        assert!(!out.is_error);
+        assert_eq!(out.receipt.side_effects.len(), 1);
+    }
 }
