@@ -84,8 +84,8 @@ impl Tool for WriteFile {
         })??;
         let bytes = content.as_bytes();
         ctx.record_stamp(&real, bytes);
-        let lines = content.lines().count();
-        let size = bytes.len();
+        let lines = content.lines().count() as u64;
+        let size = bytes.len() as u64;
         let what = format!(
             "'{shown}' ({}, {})",
             count(size, "byte"),
@@ -99,7 +99,7 @@ impl Tool for WriteFile {
                 parent_created: true,
             } => format!("Created {what} and its missing parent directories."),
             Before::File { size: old } => {
-                format!("Overwrote {what}; it had {}.", count(old as usize, "byte"))
+                format!("Overwrote {what}; it had {}.", count(old, "byte"))
             }
         };
         Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {
@@ -110,7 +110,7 @@ impl Tool for WriteFile {
 }
 
 /// `1 line`, `2 lines`.
-fn count(n: usize, unit: &str) -> String {
+fn count(n: u64, unit: &str) -> String {
     if n == 1 {
         format!("1 {unit}")
     } else {
