@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::context::{StampCheck, ToolContext, sha256_hex};
 use crate::error::{ArgumentProblem, ToolError, ToolResult};
 use crate::receipts::SideEffect;
-use crate::tools::read_file::{io_error, line_start, not_found, number_line, split_line};
+use crate::tools::read_file::{
+    count_lines, count_newlines, io_error, line_start, not_found, number_line, split_line,
+};
 use crate::tools::write_file::write_in_place;
 use crate::tools::{Tool, ToolOutput, args};
 
@@ -455,7 +457,7 @@ fn line_numbers(bytes: &[u8], positions: &[usize]) -> Vec<usize> {
     positions
         .iter()
         .map(|&p| {
-            line += bytes[at..p].iter().filter(|&&b| b == b'\n').count();
+            line += count_newlines(&bytes[at..p]);
             at = p;
             line
         })
@@ -652,7 +654,7 @@ fn report(
         out.push_str("\nThe file is now empty.");
         return out;
     }
-    let total_lines = crate::tools::read_file::count_lines(bytes);
+    let total_lines = count_lines(bytes);
     let from = first.saturating_sub(SNIPPET_CONTEXT).max(1);
     let to = (last + SNIPPET_CONTEXT)
         .min(total_lines)
@@ -678,16 +680,16 @@ fn report(
 /// 1-based inclusive line ranges of sorted, disjoint byte ranges. An empty range (a
 /// deletion) is the line where the text was removed.
 fn line_ranges(bytes: &[u8], ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let total = crate::tools::read_file::count_lines(bytes).max(1);
+    let total = count_lines(bytes).max(1);
     let mut line = 1;
     let mut at = 0;
     let mut out: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
     for &(s, e) in ranges {
-        line += count_nl(&bytes[at..s]);
+        line += count_newlines(&bytes[at..s]);
         at = s;
         let first = line.min(total);
         let last = if e > s {
-            line + count_nl(&bytes[s..e - 1])
+            line + count_newlines(&bytes[s..e - 1])
         } else {
             line
         };
@@ -701,10 +703,6 @@ fn line_ranges(bytes: &[u8], ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
     out
 }
 
-fn count_nl(bytes: &[u8]) -> usize {
-    bytes.iter().map(|&b| usize::from(b == b'\n')).sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -712,7 +710,7 @@ mod tests {
     use crate::tools::read_file::ReadFile;
     use crate::tools::write_file::WriteFile;
     use std::os::unix::fs::symlink;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
 
     fn setup() -> (tempfile::TempDir, ToolContext) {
         let dir = tempfile::tempdir().unwrap();
@@ -740,8 +738,6 @@ mod tests {
     fn on_disk(p: &Path) -> String {
         std::fs::read_to_string(p).unwrap()
     }
-
-    use std::path::Path;
 
     #[tokio::test]
     async fn one_edit_replaces_reports_and_shows_the_result() {

@@ -272,8 +272,8 @@ pub(crate) fn count_lines(bytes: &[u8]) -> usize {
     }
 }
 
-/// Written as a sum of comparisons so the compiler vectorises it.
-fn count_newlines(bytes: &[u8]) -> usize {
+/// Number of `\n` bytes, written as a sum of comparisons so the compiler vectorises it.
+pub(crate) fn count_newlines(bytes: &[u8]) -> usize {
     bytes.iter().map(|&b| usize::from(b == b'\n')).sum()
 }
 
