@@ -1,32 +1,584 @@
-//! PLACEHOLDER: `list_directory` — to be implemented (must not land as is).
+//! `list_directory`: the entries of a directory, or an indented tree of it, sorted by name,
+//! with sizes and language guesses, skipping what `.gitignore`/`.ignore` files exclude
+//! (also outside git repositories) and never showing `.git`.
+//!
+//! Only ignore files inside the worktree count: those of the listed directory and below
+//! (read by the walker) and those of its ancestors up to the worktree root (read here).
+//! Ignore files above the worktree and the user's global excludes are not read, so the same
+//! call lists the same entries on every machine.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use ignore::gitignore::Gitignore;
+use ignore::{Match, WalkBuilder};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult};
-use crate::tools::{Tool, ToolOutput};
+use crate::tools::read_file::{io_error, not_found};
+use crate::tools::{Tool, ToolOutput, args};
+
+const NAME: &str = "list_directory";
+
+/// Entries shown at most; the rest are counted.
+const MAX_ENTRIES: usize = 1000;
+
+/// Entries counted past the cap before giving up counting (a huge tree must not eat the
+/// call's time budget only to say how much it did not show).
+const MAX_COUNTED: usize = 100_000;
+
+const DEFAULT_DEPTH: u64 = 3;
+const MAX_DEPTH: u64 = 20;
 
 /// The `list_directory` tool.
 pub struct ListDirectory;
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListArgs {
+    #[serde(default = "default_path")]
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    max_depth: Option<u64>,
+    #[serde(default)]
+    include_hidden: bool,
+}
+
+fn default_path() -> String {
+    ".".to_string()
+}
+
+/// Everything the blocking walk needs, owned.
+#[derive(Debug)]
+struct Listing {
+    root: PathBuf,
+    dir: PathBuf,
+    shown: String,
+    recursive: bool,
+    depth: usize,
+    include_hidden: bool,
+    depth_ignored: bool,
+    ancestor_ignores: Vec<Gitignore>,
+}
+
 #[async_trait]
 impl Tool for ListDirectory {
     fn name(&self) -> &'static str {
-        "list_directory"
+        NAME
     }
 
     fn description(&self) -> &'static str {
-        "PLACEHOLDER"
+        "List a directory: its entries, or with recursive=true an indented tree down to max_depth levels. Directories end with '/', files show their size and a language guess, symlinks their target (not followed). Sorted by name; entries excluded by .gitignore/.ignore files are left out, and so are hidden ones unless include_hidden is true. At most 1000 entries are shown."
     }
 
     fn input_schema(&self) -> Value {
-        json!({"type": "object", "properties": {}})
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "Directory to list, relative to the worktree root (default \".\", the root)."
+                },
+                "recursive": {
+                    "type": "boolean",
+                    "description": "List subdirectories too, as an indented tree (default false)."
+                },
+                "max_depth": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_DEPTH,
+                    "description": "How many levels a recursive listing goes down; 1 is the directory's own entries (default 3). Only used when recursive is true."
+                },
+                "include_hidden": {
+                    "type": "boolean",
+                    "description": "Also list entries whose name starts with '.' (default false). .git is never listed."
+                }
+            },
+            "additionalProperties": false
+        })
     }
 
-    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        Err(ToolError::Unavailable {
-            message: "PLACEHOLDER not implemented".into(),
-        })
+    fn read_only(&self) -> bool {
+        true
+    }
+
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        let args: ListArgs = args::parse(NAME, input)?;
+        let dir = ctx.resolve(&args.path)?;
+        let shown = ctx.display(&dir);
+        match tokio::fs::metadata(&dir).await {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(ToolError::failed(
+                    format!("listing '{shown}'"),
+                    "it is a file, not a directory",
+                    "Use read_file to read it.",
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(not_found(
+                    &dir,
+                    &shown,
+                    "List its parent directory, or use glob to find it.",
+                ));
+            }
+            Err(e) => return Err(io_error("listing", &dir, &shown, &e)),
+        }
+        let depth = if args.recursive {
+            args.max_depth.unwrap_or(DEFAULT_DEPTH).clamp(1, MAX_DEPTH) as usize
+        } else {
+            1
+        };
+        let listing = Listing {
+            ancestor_ignores: ancestor_ignores(ctx.root(), &dir),
+            root: ctx.root().to_path_buf(),
+            dir,
+            shown: shown.clone(),
+            recursive: args.recursive,
+            depth,
+            include_hidden: args.include_hidden,
+            depth_ignored: !args.recursive && args.max_depth.is_some(),
+        };
+        let text = tokio::task::spawn_blocking(move || walk(listing))
+            .await
+            .map_err(|e| {
+                ToolError::failed(format!("listing '{shown}'"), e, "Try the call again.")
+            })?;
+        Ok(ToolOutput::text(text))
+    }
+}
+
+/// Ignore matchers of the directories from the worktree root down to `dir`'s parent,
+/// deepest first (the walker reads `dir`'s own files). `.ignore` comes before `.gitignore`
+/// at each level, as ripgrep ranks them.
+fn ancestor_ignores(root: &Path, dir: &Path) -> Vec<Gitignore> {
+    let mut out = Vec::new();
+    if dir == root || !dir.starts_with(root) {
+        return out;
+    }
+    let mut at = dir.parent();
+    while let Some(a) = at {
+        for name in [".ignore", ".gitignore"] {
+            let file = a.join(name);
+            if file.is_file() {
+                // A partly invalid ignore file still yields its valid globs.
+                out.push(Gitignore::new(&file).0);
+            }
+        }
+        if a == root {
+            break;
+        }
+        at = a.parent();
+    }
+    out
+}
+
+/// Whether ancestor ignore files exclude `path` (the deepest one with an opinion decides).
+fn excluded_by(ignores: &[Gitignore], path: &Path, is_dir: bool) -> bool {
+    for gi in ignores {
+        match gi.matched(path, is_dir) {
+            Match::Ignore(_) => return true,
+            Match::Whitelist(_) => return false,
+            Match::None => {}
+        }
+    }
+    false
+}
+
+/// Walks and renders the listing.
+fn walk(listing: Listing) -> String {
+    let Listing {
+        root,
+        dir,
+        shown,
+        recursive,
+        depth,
+        include_hidden,
+        depth_ignored,
+        ancestor_ignores,
+    } = listing;
+    let mut builder = WalkBuilder::new(&dir);
+    builder
+        .hidden(!include_hidden)
+        .parents(false)
+        .git_global(false)
+        .require_git(false)
+        .follow_links(false)
+        .max_depth(Some(depth))
+        .sort_by_file_name(|a, b| a.cmp(b))
+        .filter_entry(move |e| {
+            if e.file_name() == ".git" {
+                return false;
+            }
+            let is_dir = e.file_type().is_some_and(|t| t.is_dir());
+            !excluded_by(&ancestor_ignores, e.path(), is_dir)
+        });
+
+    let mut body = String::new();
+    let (mut dirs, mut files, mut links) = (0usize, 0usize, 0usize);
+    let mut seen = 0usize;
+    let mut errors = 0usize;
+    let mut first_error: Option<String> = None;
+    for item in builder.build() {
+        let entry = match item {
+            Ok(entry) => entry,
+            Err(e) => {
+                errors += 1;
+                if first_error.is_none() {
+                    first_error = Some(relative_message(&e.to_string(), &root));
+                }
+                continue;
+            }
+        };
+        if entry.depth() == 0 {
+            continue;
+        }
+        seen += 1;
+        let kind = entry.file_type();
+        let is_link = kind.is_some_and(|t| t.is_symlink());
+        let is_dir = kind.is_some_and(|t| t.is_dir());
+        match (is_link, is_dir) {
+            (true, _) => links += 1,
+            (false, true) => dirs += 1,
+            (false, false) => files += 1,
+        }
+        if seen > MAX_ENTRIES {
+            if seen >= MAX_ENTRIES + MAX_COUNTED {
+                break;
+            }
+            continue;
+        }
+        if recursive {
+            body.push_str(&"  ".repeat(entry.depth() - 1));
+        }
+        let name = entry.file_name().to_string_lossy();
+        if is_link {
+            let target = std::fs::read_link(entry.path())
+                .map(|t| t.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "?".to_string());
+            let _ = writeln!(body, "{name} -> {target}");
+        } else if is_dir {
+            let unexpanded = recursive
+                && entry.depth() == depth
+                && std::fs::read_dir(entry.path()).is_ok_and(|mut d| d.next().is_some());
+            if unexpanded {
+                let _ = writeln!(body, "{name}/  [not expanded: max_depth {depth} reached]");
+            } else {
+                let _ = writeln!(body, "{name}/");
+            }
+        } else {
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            match crate::lang::guess(entry.path()) {
+                Some(lang) => {
+                    let _ = writeln!(body, "{name}  ({}, {lang})", human_size(size));
+                }
+                None => {
+                    let _ = writeln!(body, "{name}  ({})", human_size(size));
+                }
+            }
+        }
+    }
+
+    let mut out = if recursive {
+        format!("Directory '{shown}' (recursive, max_depth {depth}):\n")
+    } else {
+        format!("Directory '{shown}':\n")
+    };
+    if seen == 0 {
+        out.push_str("(empty: no entries, apart from any hidden or ignored ones not listed)\n");
+    }
+    out.push_str(&body);
+    let mut summary = format!(
+        "{dirs} director{}, {files} file{}",
+        if dirs == 1 { "y" } else { "ies" },
+        if files == 1 { "" } else { "s" }
+    );
+    if links > 0 {
+        let _ = write!(
+            summary,
+            ", {links} symlink{}",
+            if links == 1 { "" } else { "s" }
+        );
+    }
+    if seen > 0 {
+        let _ = writeln!(out, "[{summary}]");
+    }
+    if seen > MAX_ENTRIES {
+        let more = seen - MAX_ENTRIES;
+        let at_least = if seen >= MAX_ENTRIES + MAX_COUNTED {
+            "at least "
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "[Showing the first {MAX_ENTRIES} entries; {at_least}{more} more not shown. Narrow it: list a subdirectory, use a smaller max_depth, or use glob with a pattern.]"
+        );
+    }
+    if errors > 0 {
+        let _ = writeln!(
+            out,
+            "[{errors} entr{} could not be read (first: {}).]",
+            if errors == 1 { "y" } else { "ies" },
+            first_error.unwrap_or_default()
+        );
+    }
+    if depth_ignored {
+        out.push_str("[max_depth only applies with recursive=true; this lists the directory's own entries. Pass recursive=true to go deeper.]\n");
+    }
+    if out.ends_with('\n') {
+        out.pop();
+    }
+    out
+}
+
+/// Walk errors name absolute paths; show them relative to the worktree root.
+fn relative_message(message: &str, root: &Path) -> String {
+    let prefix = format!("{}/", root.display());
+    message.replace(&prefix, "")
+}
+
+/// A byte count for people: `512 B`, `1.2 KB`, `3.4 MB` (powers of 1024).
+pub(crate) fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::ToolSet;
+    use std::os::unix::fs::symlink;
+
+    fn setup() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "test").unwrap();
+        (dir, ctx)
+    }
+
+    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) {
+        let p = ctx.root().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+
+    fn tree(ctx: &ToolContext) {
+        put(ctx, "b.rs", &[b'x'; 1300]);
+        put(ctx, "a.txt", b"hi");
+        put(ctx, "src/main.rs", b"fn main() {}\n");
+        put(ctx, "src/deep/er/x.py", b"print()\n");
+        put(ctx, "src/deep/er/most/y.go", b"package y\n");
+        put(ctx, ".hidden", b"h");
+    }
+
+    async fn list(ctx: &ToolContext, input: Value) -> ToolResult<ToolOutput> {
+        ListDirectory.execute(input, ctx).await
+    }
+
+    async fn text(ctx: &ToolContext, input: Value) -> String {
+        let out = list(ctx, input).await.unwrap();
+        assert!(!out.is_error && out.effects.is_empty());
+        out.content
+    }
+
+    #[tokio::test]
+    async fn lists_the_directory_itself_sorted_with_sizes_and_languages() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let out = text(&ctx, json!({})).await;
+        assert_eq!(
+            out,
+            "Directory '.':\na.txt  (2 B)\nb.rs  (1.3 KB, rust)\nsrc/\n[1 directory, 2 files]"
+        );
+        assert!(ListDirectory.read_only());
+    }
+
+    #[tokio::test]
+    async fn recursive_shows_an_indented_tree_down_to_max_depth() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert_eq!(
+            out,
+            "Directory '.' (recursive, max_depth 3):\n\
+             a.txt  (2 B)\n\
+             b.rs  (1.3 KB, rust)\n\
+             src/\n\
+             \x20 deep/\n\
+             \x20   er/  [not expanded: max_depth 3 reached]\n\
+             \x20 main.rs  (13 B, rust)\n\
+             [3 directories, 3 files]"
+        );
+        let out = text(
+            &ctx,
+            json!({"path": "src", "recursive": true, "max_depth": 10}),
+        )
+        .await;
+        assert!(
+            out.contains("\n    most/\n      y.go  (10 B, go)\n"),
+            "{out}"
+        );
+        assert!(out.contains("\n    x.py  (8 B, python)\n"), "{out}");
+        assert!(!out.contains("not expanded"));
+        let out = text(&ctx, json!({"recursive": true, "max_depth": 1})).await;
+        assert!(
+            out.contains("src/  [not expanded: max_depth 1 reached]"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn max_depth_without_recursive_is_ignored_and_says_so() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let out = text(&ctx, json!({"max_depth": 5})).await;
+        assert!(!out.contains("main.rs"));
+        assert!(out.ends_with("[max_depth only applies with recursive=true; this lists the directory's own entries. Pass recursive=true to go deeper.]"));
+    }
+
+    #[tokio::test]
+    async fn hidden_entries_only_on_request_and_git_never() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        put(&ctx, ".git/HEAD", b"ref: x\n");
+        put(&ctx, "src/.git", b"gitdir: elsewhere\n");
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert!(!out.contains(".hidden"));
+        let out = text(&ctx, json!({"recursive": true, "include_hidden": true})).await;
+        assert!(out.contains("\n.hidden  (1 B)\n"), "{out}");
+        assert!(!out.contains(".git"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn gitignore_is_respected_outside_git_and_from_ancestors_in_the_worktree() {
+        let outer = tempfile::tempdir().unwrap();
+        // An ignore file above the worktree must not hide anything.
+        std::fs::write(outer.path().join(".gitignore"), "*.md\n").unwrap();
+        let wt = outer.path().join("wt");
+        std::fs::create_dir(&wt).unwrap();
+        let ctx = ToolContext::new(&wt, "test").unwrap();
+        put(&ctx, ".gitignore", b"*.log\ntarget/\n!keep.log\n");
+        put(&ctx, "x.log", b"");
+        put(&ctx, "keep.log", b"");
+        put(&ctx, "README.md", b"");
+        put(&ctx, "target/debug/out", b"");
+        put(&ctx, "sub/y.log", b"");
+        put(&ctx, "sub/z.txt", b"");
+        put(&ctx, "sub/.ignore", b"z.txt\n");
+        put(&ctx, "sub/inner/w.txt", b"");
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert!(!out.contains("x.log") && !out.contains("y.log"), "{out}");
+        assert!(!out.contains("target") && !out.contains("z.txt"), "{out}");
+        assert!(
+            out.contains("keep.log") && out.contains("README.md"),
+            "{out}"
+        );
+        // Listing the subdirectory still applies the root's .gitignore.
+        let out = text(&ctx, json!({"path": "sub"})).await;
+        assert_eq!(out, "Directory 'sub':\ninner/\n[1 directory, 0 files]");
+        // Explicitly listing an ignored directory shows what is in it.
+        let out = text(&ctx, json!({"path": "target/debug"})).await;
+        assert!(out.contains("\nout  (0 B)"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn more_than_1000_entries_are_capped_with_a_count() {
+        let (_d, ctx) = setup();
+        for i in 0..1005 {
+            put(&ctx, &format!("f{i:04}.txt"), b"");
+        }
+        let out = text(&ctx, json!({})).await;
+        assert_eq!(out.lines().filter(|l| l.starts_with('f')).count(), 1000);
+        assert!(out.contains("f0999.txt") && !out.contains("f1000.txt"));
+        assert!(out.contains("[0 directories, 1005 files]"), "{out}");
+        assert!(
+            out.contains("[Showing the first 1000 entries; 5 more not shown. Narrow it"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_directory_says_so() {
+        let (_d, ctx) = setup();
+        std::fs::create_dir(ctx.root().join("e")).unwrap();
+        put(&ctx, "e/.only_hidden", b"");
+        let out = text(&ctx, json!({"path": "e"})).await;
+        assert!(out.starts_with("Directory 'e':\n(empty"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn files_missing_paths_and_escapes_are_errors() {
+        let (_d, ctx) = setup();
+        tree(&ctx);
+        let err = list(&ctx, json!({"path": "a.txt"})).await.unwrap_err();
+        assert!(err.to_string().contains("Use read_file"), "{err}");
+        let err = list(&ctx, json!({"path": "scr"})).await.unwrap_err();
+        assert_eq!(err.kind(), "not_found");
+        assert!(err.to_string().contains("Did you mean 'src'?"), "{err}");
+
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
+        symlink(outside.path(), ctx.root().join("out")).unwrap();
+        for path in ["..", "../x", "/etc", "out", "out/"] {
+            let err = list(&ctx, json!({"path": path})).await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}");
+        }
+        // A link inside the listing is shown, never followed.
+        let out = text(&ctx, json!({"recursive": true})).await;
+        assert!(
+            out.contains(&format!("\nout -> {}\n", outside.path().display())),
+            "{out}"
+        );
+        assert!(!out.contains("secret.txt"));
+        assert!(out.contains("1 symlink"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn the_schema_bounds_max_depth() {
+        let (_d, ctx) = setup();
+        let set = ToolSet::all();
+        for input in [
+            json!({"max_depth": 0}),
+            json!({"max_depth": 21}),
+            json!({"recursive": "yes"}),
+            json!({"depth": 2}),
+        ] {
+            let out = set.call(&ctx, None, NAME, input.clone()).await;
+            assert!(out.is_error, "{input}");
+            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        }
+        let out = set
+            .call(
+                &ctx,
+                None,
+                NAME,
+                json!({"recursive": true, "max_depth": 20}),
+            )
+            .await;
+        assert!(!out.is_error, "{}", out.content);
+    }
+
+    #[test]
+    fn sizes_read_like_people_write_them() {
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(1023), "1023 B");
+        assert_eq!(human_size(1024), "1.0 KB");
+        assert_eq!(human_size(1300), "1.3 KB");
+        assert_eq!(human_size(5 * 1024 * 1024 + 1), "5.0 MB");
+        assert_eq!(human_size(3 << 30), "3.0 GB");
+        assert_eq!(human_size(u64::MAX), "16777216.0 TB");
     }
 }

@@ -1,32 +1,772 @@
-//! PLACEHOLDER: `read_file` — to be implemented (must not land as is).
+//! `read_file`: a text file shown with line numbers (like `cat -n`), a window of lines at a
+//! time, within the catalog's output cap. Every successful text read records a stamp of the
+//! whole file, which `edit_file` requires.
+//!
+//! Also home of the small helpers the other file tools share: the numbered-line format, the
+//! line splitting rule (`\n`, with a `\r` before it dropped, as `str::lines`) and the
+//! not-found error with a "did you mean".
+
+use std::fmt::Write as _;
+use std::path::Path;
 
 use async_trait::async_trait;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult};
-use crate::tools::{Tool, ToolOutput};
+use crate::tools::list_directory::human_size;
+use crate::tools::{Tool, ToolOutput, args};
+
+const NAME: &str = "read_file";
+
+/// Lines longer than this many characters are cut in the output.
+pub(crate) const MAX_LINE_CHARS: usize = 2000;
+
+/// Lines shown when the call gives no `limit`.
+const DEFAULT_LIMIT: u64 = 2000;
+
+/// How much of the file's start is searched for a NUL byte (as git and grep do).
+const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+
+/// Room kept free under the output cap for the closing note.
+const FOOTER_RESERVE: usize = 300;
+
+/// Bytes counted per step when skipping to a line: large enough for the counting loop to
+/// vectorise, small enough that the final byte-by-byte scan stays short.
+const SKIP_CHUNK: usize = 64 * 1024;
 
 /// The `read_file` tool.
 pub struct ReadFile;
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    path: String,
+    #[serde(default = "default_offset")]
+    offset: u64,
+    #[serde(default = "default_limit")]
+    limit: u64,
+}
+
+fn default_offset() -> u64 {
+    1
+}
+
+fn default_limit() -> u64 {
+    DEFAULT_LIMIT
+}
+
+/// What a read produced, before the stamp is recorded.
+#[derive(Debug)]
+enum Shown {
+    /// Text the model saw (possibly a window of it): the stamp must be recorded.
+    Text(String),
+    /// A binary file: only described, so no stamp (edit_file cannot work on it anyway).
+    Binary(String),
+}
+
 #[async_trait]
 impl Tool for ReadFile {
     fn name(&self) -> &'static str {
-        "read_file"
+        NAME
     }
 
     fn description(&self) -> &'static str {
-        "PLACEHOLDER"
+        "Read a text file with line numbers, formatted like `cat -n` (right-aligned line number, a tab, the line). Shows up to `limit` lines starting at line `offset`; lines longer than 2000 characters are cut with a marker. When more lines remain, the output ends with the total line count and the offset to pass next. Binary files are described, not shown. edit_file only works on files you have read (or written) and that did not change since."
     }
 
     fn input_schema(&self) -> Value {
-        json!({"type": "object", "properties": {}})
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "Path of the file, relative to the worktree root (required)."
+                },
+                "offset": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "1-based number of the first line to show (default 1)."
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Maximum number of lines to show (default 2000)."
+                }
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
     }
 
-    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        Err(ToolError::Unavailable {
-            message: "PLACEHOLDER not implemented".into(),
-        })
+    fn read_only(&self) -> bool {
+        true
+    }
+
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        let args: ReadArgs = args::parse(NAME, input)?;
+        let real = ctx.resolve(&args.path)?;
+        let shown = ctx.display(&real);
+        let offset = to_usize(args.offset).max(1);
+        let limit = to_usize(args.limit).max(1);
+        let cap = ctx.spec(NAME).max_output_bytes;
+        let job = {
+            let real = real.clone();
+            let shown = shown.clone();
+            tokio::task::spawn_blocking(move || load(&real, &shown, offset, limit, cap))
+        };
+        let (bytes, result) = job.await.map_err(|e| {
+            ToolError::failed(format!("reading '{shown}'"), e, "Try the call again.")
+        })??;
+        match result {
+            Shown::Text(content) => {
+                ctx.record_stamp(&real, &bytes);
+                Ok(ToolOutput::text(content))
+            }
+            Shown::Binary(content) => Ok(ToolOutput::text(content)),
+        }
+    }
+}
+
+/// Numbers in JSON may exceed `usize` on small targets; saturate instead of failing.
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// Reads the file and renders the requested window. Returns the bytes too, so the caller
+/// stamps exactly what was read without reading twice.
+fn load(
+    real: &Path,
+    shown: &str,
+    offset: usize,
+    limit: usize,
+    cap: usize,
+) -> ToolResult<(Vec<u8>, Shown)> {
+    let meta = std::fs::metadata(real).map_err(|e| io_error("reading", real, shown, &e))?;
+    if meta.is_dir() {
+        return Err(ToolError::failed(
+            format!("reading '{shown}'"),
+            "it is a directory",
+            "Use list_directory to see its entries, then read_file on one of the files.",
+        ));
+    }
+    if !meta.is_file() {
+        return Err(ToolError::failed(
+            format!("reading '{shown}'"),
+            "it is not a regular file (a FIFO, socket or device)",
+            "Only regular files can be read; choose another path.",
+        ));
+    }
+    let bytes = std::fs::read(real).map_err(|e| io_error("reading", real, shown, &e))?;
+    let result = render(&bytes, shown, offset, limit, cap)?;
+    Ok((bytes, result))
+}
+
+/// Renders `bytes` as the model sees them.
+fn render(bytes: &[u8], shown: &str, offset: usize, limit: usize, cap: usize) -> ToolResult<Shown> {
+    if bytes[..bytes.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+        return Ok(Shown::Binary(binary_note(
+            shown,
+            bytes.len(),
+            "it contains NUL bytes",
+        )));
+    }
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let why = format!(
+                "it is not valid UTF-8 (first bad byte at offset {})",
+                e.valid_up_to()
+            );
+            return Ok(Shown::Binary(binary_note(shown, bytes.len(), &why)));
+        }
+    };
+    if text.is_empty() {
+        return Ok(Shown::Text(format!(
+            "'{shown}' is empty (0 bytes). Use write_file to give it content."
+        )));
+    }
+    let total = count_lines(bytes);
+    if offset > total {
+        return Err(ToolError::invalid(
+            NAME,
+            "/offset",
+            format!(
+                "offset {offset} is past the end of '{shown}', which has {total} line{}. Pass an offset from 1 to {total}.",
+                plural(total)
+            ),
+        ));
+    }
+
+    let start = line_start(bytes, offset - 1);
+    let budget = cap.saturating_sub(FOOTER_RESERVE);
+    let mut out = String::new();
+    let mut line_buf = String::new();
+    let mut shown_lines = 0usize;
+    let mut hit_cap = false;
+    let mut saw_crlf = false;
+    for raw in text[start..].split_inclusive('\n').take(limit) {
+        let (line, crlf) = split_line(raw);
+        saw_crlf |= crlf;
+        line_buf.clear();
+        number_line(&mut line_buf, offset + shown_lines, line);
+        // At least one line always goes out, or a tiny cap would make the model loop on
+        // the same offset forever; the registry's own cap still bounds what it sees.
+        if shown_lines > 0 && out.len() + line_buf.len() > budget {
+            hit_cap = true;
+            break;
+        }
+        out.push_str(&line_buf);
+        shown_lines += 1;
+    }
+
+    let last = offset + shown_lines - 1;
+    if hit_cap {
+        let _ = writeln!(
+            out,
+            "[Output limit of {cap} bytes reached: showing lines {offset}-{last} of {total}. Call read_file with offset={} to continue.]",
+            last + 1
+        );
+    } else if last < total {
+        let _ = writeln!(
+            out,
+            "[Showing lines {offset}-{last} of {total}. Call read_file with offset={} to read more.]",
+            last + 1
+        );
+    }
+    if saw_crlf {
+        out.push_str(
+            "[This file uses CRLF (\\r\\n) line endings; the \\r is not shown. edit_file matches \\n in old_string against \\r\\n.]\n",
+        );
+    }
+    // The last line's newline is noise for the model; keep output free of a trailing blank.
+    if out.ends_with('\n') {
+        out.pop();
+    }
+    Ok(Shown::Text(out))
+}
+
+fn binary_note(shown: &str, size: usize, why: &str) -> String {
+    let size = if size < 1024 {
+        human_size(size as u64)
+    } else {
+        format!("{}, {size} bytes", human_size(size as u64))
+    };
+    format!(
+        "'{shown}' is a binary file ({size}; {why}), not shown. If you need to inspect it, use run_command with `file` or `xxd | head`."
+    )
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// Number of lines as `str::lines` counts them: a final line without `\n` counts too.
+pub(crate) fn count_lines(bytes: &[u8]) -> usize {
+    let newlines = count_newlines(bytes);
+    match bytes.last() {
+        None => 0,
+        Some(b'\n') => newlines,
+        Some(_) => newlines + 1,
+    }
+}
+
+/// Number of `\n` bytes, written as a sum of comparisons so the compiler vectorises it.
+pub(crate) fn count_newlines(bytes: &[u8]) -> usize {
+    bytes.iter().map(|&b| usize::from(b == b'\n')).sum()
+}
+
+/// Byte index where the line after the first `skip` lines starts (`bytes.len()` if none).
+pub(crate) fn line_start(bytes: &[u8], skip: usize) -> usize {
+    if skip == 0 {
+        return 0;
+    }
+    let mut seen = 0usize;
+    let mut base = 0usize;
+    for chunk in bytes.chunks(SKIP_CHUNK) {
+        let here = count_newlines(chunk);
+        if seen + here < skip {
+            seen += here;
+            base += chunk.len();
+            continue;
+        }
+        for (i, &b) in chunk.iter().enumerate() {
+            if b == b'\n' {
+                seen += 1;
+                if seen == skip {
+                    return base + i + 1;
+                }
+            }
+        }
+    }
+    bytes.len()
+}
+
+/// One piece of `split_inclusive('\n')` as a line: without its `\n`, and without a `\r`
+/// right before that `\n`. Returns whether such a `\r` was dropped.
+pub(crate) fn split_line(raw: &str) -> (&str, bool) {
+    match raw.strip_suffix('\n') {
+        Some(l) => match l.strip_suffix('\r') {
+            Some(l) => (l, true),
+            None => (l, false),
+        },
+        None => (raw, false),
+    }
+}
+
+/// Appends `line` numbered as `cat -n` does (number right-aligned in 6 columns, a tab),
+/// cut after `MAX_LINE_CHARS` characters with a marker, and a newline.
+pub(crate) fn number_line(out: &mut String, number: usize, line: &str) {
+    let _ = write!(out, "{number:>6}\t");
+    match line.char_indices().nth(MAX_LINE_CHARS) {
+        Some((cut, _)) => {
+            let more = line[cut..].chars().count();
+            out.push_str(&line[..cut]);
+            let _ = write!(out, " [... line cut: {more} more characters]");
+        }
+        None => out.push_str(line),
+    }
+    out.push('\n');
+}
+
+/// Maps an I/O error on a file tool's path; a missing file names close matches in its
+/// directory, or says that the directory itself is missing.
+pub(crate) fn io_error(action: &str, real: &Path, shown: &str, err: &std::io::Error) -> ToolError {
+    if err.kind() == std::io::ErrorKind::NotFound {
+        return not_found(
+            real,
+            shown,
+            "Use list_directory or glob to find the right path.",
+        );
+    }
+    ToolError::from_io(action, shown, err)
+}
+
+/// A `NotFound` error for `real` with a "did you mean" from its directory, then `advice`.
+pub(crate) fn not_found(real: &Path, shown: &str, advice: &str) -> ToolError {
+    let hint = match (real.parent(), real.file_name().and_then(|n| n.to_str())) {
+        (Some(parent), Some(name)) => match std::fs::read_dir(parent) {
+            Ok(entries) => {
+                let names: Vec<String> = entries
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect();
+                let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+                // Sorted so that ties between equally close names resolve the same way.
+                sorted.sort_unstable();
+                match crate::suggest::closest(name, sorted) {
+                    Some(close) => {
+                        format!("Did you mean '{}'? {advice}", sibling_display(shown, close))
+                    }
+                    None => advice.to_string(),
+                }
+            }
+            Err(_) => format!(
+                "Its directory '{}' does not exist either. {advice}",
+                parent_display(shown)
+            ),
+        },
+        _ => advice.to_string(),
+    };
+    ToolError::NotFound {
+        path: shown.to_string(),
+        hint,
+    }
+}
+
+/// How a file named `name` next to `shown` is displayed.
+fn sibling_display(shown: &str, name: &str) -> String {
+    match Path::new(shown).parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.join(name).to_string_lossy().into_owned(),
+        _ => name.to_string(),
+    }
+}
+
+fn parent_display(shown: &str) -> String {
+    match Path::new(shown).parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_string_lossy().into_owned(),
+        _ => ".".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Catalog, ToolSpecOverride};
+    use crate::context::{Stamp, StampCheck};
+    use crate::registry::ToolSet;
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::symlink;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    fn setup() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "test").unwrap();
+        (dir, ctx)
+    }
+
+    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) -> PathBuf {
+        let p = ctx.root().join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    async fn read(ctx: &ToolContext, input: Value) -> ToolResult<ToolOutput> {
+        ReadFile.execute(input, ctx).await
+    }
+
+    async fn text(ctx: &ToolContext, input: Value) -> String {
+        let out = read(ctx, input).await.unwrap();
+        assert!(!out.is_error);
+        assert!(out.effects.is_empty(), "reading has no side effects");
+        out.content
+    }
+
+    fn numbered(range: std::ops::RangeInclusive<usize>) -> String {
+        range
+            .map(|n| format!("{n:>6}\tline {n}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn lines_file(ctx: &ToolContext, rel: &str, n: usize) -> PathBuf {
+        let body: String = (1..=n).map(|i| format!("line {i}\n")).collect();
+        put(ctx, rel, body.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn shows_numbered_lines_and_records_the_stamp() {
+        let (_d, ctx) = setup();
+        let p = put(&ctx, "src/a.txt", b"first\n\tsecond\n");
+        let out = text(&ctx, json!({"path": "src/a.txt"})).await;
+        assert_eq!(out, "     1\tfirst\n     2\t\tsecond");
+        assert_eq!(ctx.stamp(&p), Some(Stamp::of(b"first\n\tsecond\n")));
+        assert!(ReadFile.read_only());
+    }
+
+    #[tokio::test]
+    async fn a_last_line_without_newline_counts() {
+        let (_d, ctx) = setup();
+        put(&ctx, "a.txt", b"one\ntwo");
+        assert_eq!(
+            text(&ctx, json!({"path": "a.txt", "offset": 2})).await,
+            "     2\ttwo"
+        );
+    }
+
+    #[tokio::test]
+    async fn offset_and_limit_choose_the_window_and_say_how_to_continue() {
+        let (_d, ctx) = setup();
+        lines_file(&ctx, "f.txt", 10);
+        let out = text(&ctx, json!({"path": "f.txt", "offset": 3, "limit": 2})).await;
+        assert_eq!(
+            out,
+            format!(
+                "{}\n[Showing lines 3-4 of 10. Call read_file with offset=5 to read more.]",
+                numbered(3..=4)
+            )
+        );
+        // Reading to the end needs no note.
+        let out = text(&ctx, json!({"path": "f.txt", "offset": 9})).await;
+        assert_eq!(out, numbered(9..=10));
+    }
+
+    #[tokio::test]
+    async fn default_limit_is_2000_lines() {
+        let (_d, ctx) = setup();
+        lines_file(&ctx, "big.txt", 2500);
+        let out = text(&ctx, json!({"path": "big.txt"})).await;
+        assert!(out.contains("  2000\tline 2000\n"));
+        assert!(!out.contains("line 2001"));
+        assert!(out.ends_with(
+            "[Showing lines 1-2000 of 2500. Call read_file with offset=2001 to read more.]"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_partial_read_stamps_the_whole_file() {
+        let (_d, ctx) = setup();
+        let p = lines_file(&ctx, "f.txt", 50);
+        text(&ctx, json!({"path": "f.txt", "offset": 10, "limit": 1})).await;
+        let whole = std::fs::read(&p).unwrap();
+        assert_eq!(ctx.check_stamp(&p, &whole), StampCheck::Current);
+    }
+
+    #[tokio::test]
+    async fn offset_past_the_end_is_a_clear_error() {
+        let (_d, ctx) = setup();
+        let p = lines_file(&ctx, "f.txt", 3);
+        let err = read(&ctx, json!({"path": "f.txt", "offset": 4}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+        let msg = err.to_string();
+        assert!(msg.contains("at /offset"), "{msg}");
+        assert!(msg.contains("has 3 lines"), "{msg}");
+        assert!(msg.contains("from 1 to 3"), "{msg}");
+        assert_eq!(ctx.stamp(&p), None, "nothing was shown, nothing stamped");
+    }
+
+    #[tokio::test]
+    async fn long_lines_are_cut_on_a_char_boundary() {
+        let (_d, ctx) = setup();
+        let line = "é".repeat(2500);
+        put(&ctx, "wide.txt", format!("{line}\nshort\n").as_bytes());
+        let out = text(&ctx, json!({"path": "wide.txt"})).await;
+        let first = out.lines().next().unwrap();
+        assert_eq!(
+            first,
+            format!(
+                "     1\t{} [... line cut: 500 more characters]",
+                "é".repeat(2000)
+            )
+        );
+        assert!(out.ends_with("     2\tshort"));
+    }
+
+    #[tokio::test]
+    async fn a_line_of_exactly_2000_chars_is_whole() {
+        let (_d, ctx) = setup();
+        let line = "x".repeat(2000);
+        put(&ctx, "w.txt", line.as_bytes());
+        let out = text(&ctx, json!({"path": "w.txt"})).await;
+        assert_eq!(out, format!("     1\t{line}"));
+    }
+
+    fn capped(dir: &Path, cap: usize) -> ToolContext {
+        let mut catalog = Catalog::default();
+        let mut o = BTreeMap::new();
+        o.insert(
+            NAME.to_string(),
+            ToolSpecOverride {
+                max_output_bytes: Some(cap),
+                ..Default::default()
+            },
+        );
+        catalog.apply_overrides(&o).unwrap();
+        ToolContext::new(dir, "test")
+            .unwrap()
+            .with_catalog(Arc::new(catalog))
+    }
+
+    #[tokio::test]
+    async fn the_output_cap_stops_before_exceeding_and_says_where_to_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = capped(dir.path(), 1000);
+        lines_file(&ctx, "f.txt", 200);
+        let out = text(&ctx, json!({"path": "f.txt"})).await;
+        assert!(out.len() <= 1000, "{} bytes", out.len());
+        let last_line = out.lines().rev().nth(1).unwrap();
+        let last: usize = last_line
+            .split('\t')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(last > 10 && last < 200, "{last}");
+        let note = out.lines().last().unwrap();
+        assert_eq!(
+            note,
+            format!(
+                "[Output limit of 1000 bytes reached: showing lines 1-{last} of 200. Call read_file with offset={} to continue.]",
+                last + 1
+            )
+        );
+        // The suggested offset picks up right after.
+        let next = text(&ctx, json!({"path": "f.txt", "offset": last + 1})).await;
+        assert!(next.starts_with(&format!("{:>6}\tline {}\n", last + 1, last + 1)));
+    }
+
+    #[tokio::test]
+    async fn a_tiny_cap_still_shows_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = capped(dir.path(), 10);
+        lines_file(&ctx, "f.txt", 5);
+        let out = text(&ctx, json!({"path": "f.txt"})).await;
+        assert!(out.starts_with("     1\tline 1\n[Output limit"), "{out}");
+        assert!(out.contains("offset=2"));
+    }
+
+    #[tokio::test]
+    async fn binary_files_are_described_not_dumped_and_not_stamped() {
+        let (_d, ctx) = setup();
+        let mut nul = b"text".to_vec();
+        nul.push(0);
+        nul.extend_from_slice(b"SECRET");
+        let p = put(&ctx, "a.bin", &nul);
+        let out = text(&ctx, json!({"path": "a.bin"})).await;
+        assert!(out.contains("'a.bin' is a binary file (11 B"), "{out}");
+        assert!(out.contains("NUL"));
+        assert!(!out.contains("SECRET"));
+        assert_eq!(ctx.stamp(&p), None);
+
+        let mut latin1 = vec![b'a'; 2000];
+        latin1.push(0xE9);
+        latin1.extend_from_slice(b"HIDDEN");
+        put(&ctx, "l1.txt", &latin1);
+        let out = text(&ctx, json!({"path": "l1.txt"})).await;
+        assert!(out.contains("2.0 KB, 2007 bytes"), "{out}");
+        assert!(
+            out.contains("not valid UTF-8 (first bad byte at offset 2000)"),
+            "{out}"
+        );
+        assert!(!out.contains("HIDDEN"));
+    }
+
+    #[tokio::test]
+    async fn a_nul_after_the_first_8_kib_of_valid_utf8_is_still_text() {
+        let (_d, ctx) = setup();
+        let mut bytes = vec![b'a'; 9000];
+        bytes.push(b'\n');
+        bytes.push(0);
+        put(&ctx, "late.txt", &bytes);
+        let out = text(&ctx, json!({"path": "late.txt"})).await;
+        assert!(out.starts_with("     1\taaa"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn an_empty_file_says_so_and_is_stamped() {
+        let (_d, ctx) = setup();
+        let p = put(&ctx, "e.txt", b"");
+        let out = text(&ctx, json!({"path": "e.txt", "offset": 5})).await;
+        assert!(out.contains("'e.txt' is empty"), "{out}");
+        assert_eq!(ctx.check_stamp(&p, b""), StampCheck::Current);
+    }
+
+    #[tokio::test]
+    async fn crlf_is_hidden_and_noted() {
+        let (_d, ctx) = setup();
+        put(&ctx, "w.txt", b"a\r\nb\r\n");
+        let out = text(&ctx, json!({"path": "w.txt"})).await;
+        assert!(
+            out.starts_with("     1\ta\n     2\tb\n[This file uses CRLF"),
+            "{out:?}"
+        );
+        assert!(!out.contains('\r'));
+    }
+
+    #[tokio::test]
+    async fn a_directory_points_to_list_directory() {
+        let (_d, ctx) = setup();
+        std::fs::create_dir(ctx.root().join("src")).unwrap();
+        let err = read(&ctx, json!({"path": "src"})).await.unwrap_err();
+        assert_eq!(err.kind(), "failed");
+        assert!(err.to_string().contains("directory"));
+        assert!(err.to_string().contains("list_directory"));
+    }
+
+    #[tokio::test]
+    async fn a_fifo_is_refused_without_blocking() {
+        let (_d, ctx) = setup();
+        let p = ctx.root().join("pipe");
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path and a plain mode.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = read(&ctx, json!({"path": "pipe"})).await.unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn missing_files_suggest_a_close_name() {
+        let (_d, ctx) = setup();
+        put(&ctx, "src/main.rs", b"fn main() {}\n");
+        let err = read(&ctx, json!({"path": "src/mian.rs"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "not_found");
+        assert!(
+            err.to_string().contains("Did you mean 'src/main.rs'?"),
+            "{err}"
+        );
+        let err = read(&ctx, json!({"path": "nodir/x.rs"})).await.unwrap_err();
+        assert_eq!(err.kind(), "not_found");
+        assert!(
+            err.to_string().contains("'nodir' does not exist either"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn paths_outside_the_worktree_are_refused() {
+        let (_d, ctx) = setup();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), "secret").unwrap();
+        symlink(outside.path().join("secret.txt"), ctx.root().join("link")).unwrap();
+        symlink(outside.path(), ctx.root().join("dirlink")).unwrap();
+        for path in ["../x", "/etc/passwd", "link", "dirlink/secret.txt"] {
+            let err = read(&ctx, json!({"path": path})).await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}");
+            assert!(!err.to_string().contains("secret\n"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_symlink_inside_is_followed_and_stamped_at_its_target() {
+        let (_d, ctx) = setup();
+        let target = put(&ctx, "real.txt", b"x\n");
+        symlink("real.txt", ctx.root().join("alias.txt")).unwrap();
+        assert_eq!(text(&ctx, json!({"path": "alias.txt"})).await, "     1\tx");
+        assert!(ctx.stamp(&target).is_some());
+    }
+
+    #[tokio::test]
+    async fn the_schema_refuses_bad_numbers_and_unknown_fields() {
+        let (_d, ctx) = setup();
+        lines_file(&ctx, "f.txt", 3);
+        let set = ToolSet::all();
+        for input in [
+            json!({"path": "f.txt", "offset": 0}),
+            json!({"path": "f.txt", "limit": 0}),
+            json!({"path": "f.txt", "lines": 3}),
+            json!({}),
+        ] {
+            let out = set.call(&ctx, None, NAME, input.clone()).await;
+            assert!(out.is_error, "{input}");
+            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        }
+        let out = set
+            .call(
+                &ctx,
+                None,
+                NAME,
+                json!({"path": "f.txt", "offset": u64::MAX, "limit": u64::MAX}),
+            )
+            .await;
+        assert!(out.is_error);
+        assert!(out.content.contains("past the end"), "{}", out.content);
+    }
+
+    #[test]
+    fn line_helpers_agree_with_a_naive_count_across_chunks() {
+        let mut bytes = Vec::new();
+        for i in 0..30_000 {
+            bytes.extend_from_slice(format!("{i}\n").as_bytes());
+        }
+        bytes.extend_from_slice(b"tail");
+        assert!(bytes.len() > 2 * SKIP_CHUNK);
+        assert_eq!(count_lines(&bytes), 30_001);
+        let starts: Vec<usize> = std::iter::once(0)
+            .chain(
+                bytes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| **b == b'\n')
+                    .map(|(i, _)| i + 1),
+            )
+            .collect();
+        for skip in [0, 1, 2, 9_999, 12_345, 29_999, 30_000] {
+            assert_eq!(line_start(&bytes, skip), starts[skip], "skip {skip}");
+        }
+        assert_eq!(line_start(&bytes, 40_000), bytes.len());
+        assert_eq!(count_lines(b""), 0);
+        assert_eq!(count_lines(b"\n"), 1);
+        assert_eq!(split_line("a\r\n"), ("a", true));
+        assert_eq!(split_line("a\r"), ("a\r", false));
     }
 }

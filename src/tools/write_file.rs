@@ -1,32 +1,343 @@
-//! PLACEHOLDER: `write_file` — to be implemented (must not land as is).
+//! `write_file`: creates or replaces a whole file (creating missing parent directories
+//! inside the worktree), then refreshes the read stamp, because the loop's own write is not
+//! a change made underneath it.
+
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::context::ToolContext;
+use crate::context::{ToolContext, sha256_hex};
 use crate::error::{ToolError, ToolResult};
-use crate::tools::{Tool, ToolOutput};
+use crate::receipts::SideEffect;
+use crate::tools::{Tool, ToolOutput, args};
+
+const NAME: &str = "write_file";
 
 /// The `write_file` tool.
 pub struct WriteFile;
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+/// What was at the path before the write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Before {
+    Nothing { parent_created: bool },
+    File { size: u64 },
+}
+
 #[async_trait]
 impl Tool for WriteFile {
     fn name(&self) -> &'static str {
-        "write_file"
+        NAME
     }
 
     fn description(&self) -> &'static str {
-        "PLACEHOLDER"
+        "Write a whole file: creates it (and any missing parent directories) or replaces its entire content. To change part of an existing file, prefer edit_file. A file you wrote can be edited without reading it first."
     }
 
     fn input_schema(&self) -> Value {
-        json!({"type": "object", "properties": {}})
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "Path of the file, relative to the worktree root (required). Missing parent directories are created."
+                },
+                "content": {
+                    "type": "string",
+                    "description": "The complete new content of the file (required; may be empty)."
+                }
+            },
+            "required": ["path", "content"],
+            "additionalProperties": false
+        })
     }
 
-    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        Err(ToolError::Unavailable {
-            message: "PLACEHOLDER not implemented".into(),
-        })
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        let args: WriteArgs = args::parse(NAME, input)?;
+        if args.path.ends_with('/') {
+            return Err(ToolError::invalid(
+                NAME,
+                "/path",
+                format!(
+                    "'{}' ends with '/', which names a directory. Give the path of a file, e.g. '{}file.txt'.",
+                    args.path, args.path
+                ),
+            ));
+        }
+        let real = ctx.resolve(&args.path)?;
+        let shown = ctx.display(&real);
+        let job = {
+            let real = real.clone();
+            let shown = shown.clone();
+            tokio::task::spawn_blocking(move || write_new(&real, &shown, args.content))
+        };
+        let (content, before) = job.await.map_err(|e| {
+            ToolError::failed(format!("writing '{shown}'"), e, "Try the call again.")
+        })??;
+        let bytes = content.as_bytes();
+        ctx.record_stamp(&real, bytes);
+        let lines = content.lines().count() as u64;
+        let size = bytes.len() as u64;
+        let what = format!(
+            "'{shown}' ({}, {})",
+            count(size, "byte"),
+            count(lines, "line")
+        );
+        let text = match before {
+            Before::Nothing {
+                parent_created: false,
+            } => format!("Created {what}."),
+            Before::Nothing {
+                parent_created: true,
+            } => format!("Created {what} and its missing parent directories."),
+            Before::File { size: old } => {
+                format!("Overwrote {what}; it had {}.", count(old, "byte"))
+            }
+        };
+        Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {
+            path: shown,
+            hash: sha256_hex(bytes),
+        }))
+    }
+}
+
+/// `1 line`, `2 lines`.
+fn count(n: u64, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
+}
+
+/// Checks what is at `real`, creates missing parents and writes. Takes and gives back the
+/// content so a large write is never copied.
+fn write_new(real: &Path, shown: &str, content: String) -> ToolResult<(String, Before)> {
+    let before = match std::fs::metadata(real) {
+        Ok(meta) if meta.is_dir() => {
+            return Err(ToolError::failed(
+                format!("writing '{shown}'"),
+                "it is a directory",
+                format!(
+                    "Choose a file path, e.g. '{}/name.ext', or use list_directory to see what is inside.",
+                    shown.trim_end_matches('/')
+                ),
+            ));
+        }
+        Ok(meta) if !meta.is_file() => {
+            return Err(ToolError::failed(
+                format!("writing '{shown}'"),
+                "it is not a regular file (a FIFO, socket or device)",
+                "Choose another path.",
+            ));
+        }
+        Ok(meta) => Before::File { size: meta.len() },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // `real` is already resolved inside the worktree (every existing symlink on the
+            // way followed), so creating its parent cannot step outside.
+            let parent: Option<PathBuf> = real.parent().map(Path::to_path_buf);
+            let parent_created = match parent {
+                Some(p) if !p.is_dir() => {
+                    std::fs::create_dir_all(&p).map_err(|e| {
+                        ToolError::failed(
+                            format!("creating the parent directories of '{shown}'"),
+                            e,
+                            "A file may be in the way where a directory is needed; choose another path or check it with list_directory.",
+                        )
+                    })?;
+                    true
+                }
+                _ => false,
+            };
+            Before::Nothing { parent_created }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(ToolError::failed(
+                format!("writing '{shown}'"),
+                "a part of the path before the file name is a file, not a directory",
+                "Choose another path, or check the parts with list_directory.",
+            ));
+        }
+        Err(e) => return Err(ToolError::from_io("checking", shown, &e)),
+    };
+    write_in_place(real, shown, content).map(|c| (c, before))
+}
+
+/// Writes `content` to `real` in place (keeping the inode, so permissions and hard links
+/// survive) and hands the content back. Shared with `edit_file`.
+pub(crate) fn write_in_place(real: &Path, shown: &str, content: String) -> ToolResult<String> {
+    std::fs::write(real, content.as_bytes())
+        .map_err(|e| ToolError::from_io("writing", shown, &e))?;
+    Ok(content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::StampCheck;
+    use crate::registry::ToolSet;
+    use std::os::unix::fs::symlink;
+
+    fn setup() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "test").unwrap();
+        (dir, ctx)
+    }
+
+    async fn write(ctx: &ToolContext, path: &str, content: &str) -> ToolResult<ToolOutput> {
+        WriteFile
+            .execute(json!({"path": path, "content": content}), ctx)
+            .await
+    }
+
+    #[tokio::test]
+    async fn creates_a_file_and_its_parents_and_reports_the_effect() {
+        let (_d, ctx) = setup();
+        let out = write(&ctx, "a/b/c.txt", "one\ntwo\n").await.unwrap();
+        assert_eq!(
+            out.content,
+            "Created 'a/b/c.txt' (8 bytes, 2 lines) and its missing parent directories."
+        );
+        let real = ctx.root().join("a/b/c.txt");
+        assert_eq!(std::fs::read(&real).unwrap(), b"one\ntwo\n");
+        assert_eq!(
+            out.effects,
+            vec![SideEffect::FileWritten {
+                path: "a/b/c.txt".into(),
+                hash: sha256_hex(b"one\ntwo\n"),
+            }]
+        );
+        assert!(!out.is_error);
+        assert!(!WriteFile.read_only());
+    }
+
+    #[tokio::test]
+    async fn creating_beside_existing_files_and_overwriting_say_which() {
+        let (_d, ctx) = setup();
+        let out = write(&ctx, "x.txt", "1").await.unwrap();
+        assert_eq!(out.content, "Created 'x.txt' (1 byte, 1 line).");
+        let out = write(&ctx, "x.txt", "").await.unwrap();
+        assert_eq!(
+            out.content,
+            "Overwrote 'x.txt' (0 bytes, 0 lines); it had 1 byte."
+        );
+        assert_eq!(std::fs::read(ctx.root().join("x.txt")).unwrap(), b"");
+    }
+
+    #[tokio::test]
+    async fn its_own_write_refreshes_the_stamp() {
+        let (_d, ctx) = setup();
+        write(&ctx, "s.txt", "content\n").await.unwrap();
+        let real = ctx.root().join("s.txt");
+        assert_eq!(ctx.check_stamp(&real, b"content\n"), StampCheck::Current);
+        // Overwriting a file that was stamped with older content refreshes it too.
+        write(&ctx, "s.txt", "newer\n").await.unwrap();
+        assert_eq!(ctx.check_stamp(&real, b"newer\n"), StampCheck::Current);
+    }
+
+    #[tokio::test]
+    async fn directories_are_refused_clearly() {
+        let (_d, ctx) = setup();
+        std::fs::create_dir(ctx.root().join("src")).unwrap();
+        for path in ["src", ".", "src/.."] {
+            let err = write(&ctx, path, "x").await.unwrap_err();
+            assert_eq!(err.kind(), "failed", "{path}");
+            assert!(err.to_string().contains("it is a directory"), "{err}");
+        }
+        let err = write(&ctx, "newdir/", "x").await.unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+        assert!(err.to_string().contains("at /path"), "{err}");
+        assert!(!ctx.root().join("newdir").exists());
+    }
+
+    #[tokio::test]
+    async fn a_file_in_the_way_of_a_parent_is_a_clear_error() {
+        let (_d, ctx) = setup();
+        std::fs::write(ctx.root().join("f"), "x").unwrap();
+        let err = write(&ctx, "f/g.txt", "y").await.unwrap_err();
+        assert_eq!(err.kind(), "failed");
+        assert!(
+            err.to_string().contains("is a file, not a directory"),
+            "{err}"
+        );
+        let err = write(&ctx, "f/h/g.txt", "y").await.unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn escapes_are_refused_and_nothing_is_created_outside() {
+        let (_d, ctx) = setup();
+        let outside = tempfile::tempdir().unwrap();
+        let o = outside.path();
+        std::fs::write(o.join("existing.txt"), "keep").unwrap();
+        symlink(o.join("existing.txt"), ctx.root().join("link")).unwrap();
+        symlink(o.join("new.txt"), ctx.root().join("dangling")).unwrap();
+        symlink(o, ctx.root().join("dirlink")).unwrap();
+        let abs = o.join("abs.txt");
+        for path in [
+            "../x.txt",
+            "/etc/passwd",
+            abs.to_str().unwrap(),
+            "link",
+            "dangling",
+            "dirlink/sub/file.txt",
+            "dirlink/file.txt",
+        ] {
+            let err = write(&ctx, path, "pwned").await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(o.join("existing.txt")).unwrap(),
+            "keep"
+        );
+        let mut left: Vec<String> = std::fs::read_dir(o)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["existing.txt".to_string()]);
+        assert!(!ctx.root().parent().unwrap().join("x.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn a_dangling_symlink_inside_creates_its_target_inside() {
+        let (_d, ctx) = setup();
+        symlink("target.txt", ctx.root().join("alias.txt")).unwrap();
+        let out = write(&ctx, "alias.txt", "hi").await.unwrap();
+        assert_eq!(out.content, "Created 'target.txt' (2 bytes, 1 line).");
+        assert_eq!(
+            std::fs::read_to_string(ctx.root().join("target.txt")).unwrap(),
+            "hi"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_schema_requires_both_fields() {
+        let (_d, ctx) = setup();
+        let set = ToolSet::all();
+        for input in [
+            json!({"path": "a.txt"}),
+            json!({"content": "x"}),
+            json!({"path": "a.txt", "content": 3}),
+            json!({"path": "a.txt", "content": "x", "mode": "append"}),
+        ] {
+            let out = set.call(&ctx, None, NAME, input.clone()).await;
+            assert!(out.is_error, "{input}");
+            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        }
+        assert!(!ctx.root().join("a.txt").exists());
+        let out = set
+            .call(&ctx, None, NAME, json!({"path": "a.txt", "content": "x"}))
+            .await;
+        assert!(!out.is_error);
+        assert_eq!(out.receipt.side_effects.len(), 1);
     }
 }
