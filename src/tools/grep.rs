@@ -404,7 +404,7 @@ impl Tool for Grep {
                 });
                 return Ok((hits.into_iter().collect(), 0, binary));
             }
-            Ok(search_dir(
+            let (files, unreadable) = search_dir(
                 &base,
                 &root,
                 &matcher,
@@ -413,7 +413,8 @@ impl Tool for Grep {
                 context,
                 cap,
                 cancel,
-            ))
+            );
+            Ok((files, unreadable, false))
         })
         .await?;
 
@@ -456,9 +457,8 @@ impl Tool for Grep {
     }
 }
 
-/// Searches every eligible file under `base` in parallel; returns the files with matches,
-/// how many files could not be read, and `false` (binary detection only matters for a
-/// single-file search).
+/// Searches every eligible file under `base` in parallel; returns the files with matches
+/// and how many files could not be read.
 #[allow(clippy::too_many_arguments)]
 fn search_dir(
     base: &Path,
@@ -469,7 +469,7 @@ fn search_dir(
     context: usize,
     cap: usize,
     cancel: &AtomicBool,
-) -> (Vec<FileHits>, usize, bool) {
+) -> (Vec<FileHits>, usize) {
     let frontier = Frontier::new(cap);
     let unreadable = AtomicUsize::new(0);
     let walker = walk::builder(base, include_hidden, |_| true);
@@ -502,7 +502,7 @@ fn search_dir(
             WalkState::Continue
         }
     });
-    (files, unreadable.into_inner(), false)
+    (files, unreadable.into_inner())
 }
 
 #[cfg(test)]
@@ -818,6 +818,15 @@ mod tests {
         let (_d, wt) = tree(&[("src/a.rs", "one\ntwo\n")]);
         assert_eq!(
             grep(&wt, json!({"pattern": "two", "path": "src/a.rs"})).await,
+            "src/a.rs:2:two\n"
+        );
+        // file_pattern only filters directory walks; a file named in `path` is searched.
+        assert_eq!(
+            grep(
+                &wt,
+                json!({"pattern": "two", "path": "src/a.rs", "file_pattern": "*.py"})
+            )
+            .await,
             "src/a.rs:2:two\n"
         );
         let err = run(&Grep, &wt, json!({"pattern": "x", "path": "nope"}))
