@@ -1,32 +1,893 @@
-//! PLACEHOLDER: `grep` — to be implemented (must not land as is).
+//! `grep`: in-process regex search over a file or a gitignore-aware directory walk
+//! (grep-regex + grep-searcher, no `rg` binary), printed in ripgrep's `path:line:text` style.
+//!
+//! Determinism under a cap: files are searched in parallel, in no fixed order, yet the
+//! output must be the first `max_results` matching lines in path order every time. So the
+//! search keeps a *frontier*: once the files found so far hold more than `max_results`
+//! matches, the last file still needed becomes a threshold, and any file or directory that
+//! sorts after it (component-wise, the output order) is skipped. The threshold only moves
+//! earlier, so nothing skipped could ever have been shown: output is exactly what a full
+//! sequential search would print, and a capped search still stops early.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use async_trait::async_trait;
+use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
+use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
+use ignore::{DirEntry, WalkState};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::context::ToolContext;
-use crate::error::{ToolError, ToolResult};
-use crate::tools::{Tool, ToolOutput};
+use crate::context::{ToolContext, lock};
+use crate::error::{ToolError, ToolResult, display_path};
+use crate::text::floor_char_boundary;
+use crate::tools::{Tool, ToolOutput, args, walk};
+
+const TOOL: &str = "grep";
+const DEFAULT_MAX: u64 = 200;
+const MAX_MAX: u64 = 5000;
+const MAX_CONTEXT: u64 = 20;
+/// Longest line text shown; minified files would otherwise flood the output.
+const MAX_LINE_BYTES: usize = 500;
 
 /// The `grep` tool.
 pub struct Grep;
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrepArgs {
+    pattern: String,
+    #[serde(default = "default_path")]
+    path: String,
+    #[serde(default)]
+    file_pattern: Option<String>,
+    #[serde(default)]
+    context: u64,
+    #[serde(default)]
+    case_insensitive: bool,
+    #[serde(default = "default_max")]
+    max_results: u64,
+    #[serde(default)]
+    include_hidden: bool,
+}
+
+fn default_path() -> String {
+    ".".to_string()
+}
+
+fn default_max() -> u64 {
+    DEFAULT_MAX
+}
+
+/// One line of output for a file, or a gap between context groups.
+#[derive(Debug)]
+enum Item {
+    Line {
+        number: u64,
+        is_match: bool,
+        text: String,
+    },
+    Break,
+}
+
+/// What one file contributed.
+#[derive(Debug)]
+struct FileHits {
+    path: PathBuf,
+    items: Vec<Item>,
+    matches: usize,
+}
+
+/// Collects one file's matching and context lines.
+#[derive(Default)]
+struct FileSink {
+    items: Vec<Item>,
+    matches: usize,
+    binary: bool,
+}
+
+/// The text of a line without its terminator, cut to `MAX_LINE_BYTES` on a char boundary.
+fn line_text(bytes: &[u8]) -> String {
+    let bytes = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+    if bytes.len() <= MAX_LINE_BYTES {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    // Decode a little more than we keep so a char cut by the slice is dropped, not mangled.
+    let text = String::from_utf8_lossy(&bytes[..MAX_LINE_BYTES + 4]);
+    let end = floor_char_boundary(&text, MAX_LINE_BYTES);
+    format!(
+        "{} [... line cut, {} bytes in all]",
+        &text[..end],
+        bytes.len()
+    )
+}
+
+impl Sink for FileSink {
+    type Error = std::io::Error;
+
+    fn matched(&mut self, _: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, Self::Error> {
+        let first = mat.line_number().unwrap_or(0);
+        for (number, line) in (first..).zip(mat.lines()) {
+            self.items.push(Item::Line {
+                number,
+                is_match: true,
+                text: line_text(line),
+            });
+            self.matches += 1;
+        }
+        Ok(true)
+    }
+
+    fn context(&mut self, _: &Searcher, ctx: &SinkContext<'_>) -> Result<bool, Self::Error> {
+        self.items.push(Item::Line {
+            number: ctx.line_number().unwrap_or(0),
+            is_match: false,
+            text: line_text(ctx.bytes()),
+        });
+        Ok(true)
+    }
+
+    fn context_break(&mut self, _: &Searcher) -> Result<bool, Self::Error> {
+        self.items.push(Item::Break);
+        Ok(true)
+    }
+
+    fn binary_data(&mut self, _: &Searcher, _: u64) -> Result<bool, Self::Error> {
+        self.binary = true;
+        Ok(true)
+    }
+}
+
+/// Restricts a directory search to files whose name (pattern without '/') or path (relative
+/// to the search directory or to the worktree root) matches a glob.
+struct FileFilter {
+    set: GlobSet,
+    by_name: bool,
+}
+
+impl FileFilter {
+    fn new(pattern: &str) -> ToolResult<Self> {
+        let cleaned = pattern.trim_start_matches("./").trim_start_matches('/');
+        let glob = GlobBuilder::new(cleaned)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| ToolError::invalid(TOOL, "/file_pattern", e.to_string()))?;
+        let set = GlobSetBuilder::new()
+            .add(glob)
+            .build()
+            .map_err(|e| ToolError::invalid(TOOL, "/file_pattern", e.to_string()))?;
+        Ok(Self {
+            set,
+            by_name: !cleaned.contains('/'),
+        })
+    }
+
+    fn matches(&self, path: &Path, base: &Path, root: &Path) -> bool {
+        if self.by_name {
+            return path
+                .file_name()
+                .is_some_and(|n| self.set.is_match_candidate(&Candidate::new(n)));
+        }
+        let under = |dir: &Path| {
+            path.strip_prefix(dir)
+                .is_ok_and(|rel| self.set.is_match_candidate(&Candidate::new(rel)))
+        };
+        under(base) || (base != root && under(root))
+    }
+}
+
+/// The running frontier of a capped search (see the module docs).
+struct Frontier {
+    cap: usize,
+    counts: Mutex<(BTreeMap<PathBuf, usize>, usize)>,
+    threshold: RwLock<Option<PathBuf>>,
+    has_threshold: AtomicBool,
+}
+
+impl Frontier {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            counts: Mutex::new((BTreeMap::new(), 0)),
+            threshold: RwLock::new(None),
+            has_threshold: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether `path` sorts after every file the output can still need.
+    fn beyond(&self, path: &Path) -> bool {
+        if !self.has_threshold.load(Ordering::Acquire) {
+            return false;
+        }
+        let t = self.threshold.read().unwrap_or_else(|p| p.into_inner());
+        t.as_deref().is_some_and(|t| path > t)
+    }
+
+    /// Notes that `path` holds `n` matching lines and moves the threshold if it can.
+    fn record(&self, path: &Path, n: usize) {
+        let mut guard = lock(&self.counts);
+        let (counts, total) = &mut *guard;
+        counts.insert(path.to_path_buf(), n);
+        *total += n;
+        // Drop trailing files whose matches are no longer needed to exceed the cap.
+        while *total > self.cap {
+            let Some((_, &last)) = counts.last_key_value() else {
+                break;
+            };
+            if *total - last > self.cap {
+                counts.pop_last();
+                *total -= last;
+            } else {
+                break;
+            }
+        }
+        if *total > self.cap
+            && let Some((last, _)) = counts.last_key_value()
+        {
+            let mut t = self.threshold.write().unwrap_or_else(|p| p.into_inner());
+            *t = Some(last.clone());
+            self.has_threshold.store(true, Ordering::Release);
+        }
+    }
+}
+
+fn searcher(context: usize, per_file_cap: usize) -> Searcher {
+    SearcherBuilder::new()
+        .line_number(true)
+        .before_context(context)
+        .after_context(context)
+        .binary_detection(BinaryDetection::quit(b'\0'))
+        .max_matches(Some(per_file_cap as u64))
+        .build()
+}
+
+/// Renders files in path order up to `cap` matching lines; returns the text and whether
+/// matches were left out.
+fn render(mut files: Vec<FileHits>, root: &Path, cap: usize, context: usize) -> (String, bool) {
+    files.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    let mut out = String::new();
+    let mut shown = 0usize;
+    let mut capped = false;
+    for f in &files {
+        if shown >= cap {
+            capped = true;
+            break;
+        }
+        let path = display_path(root, &f.path);
+        if context > 0 && !out.is_empty() {
+            out.push_str("--\n");
+        }
+        let mut shown_here = 0usize;
+        // Once the cap is reached, only the last match's after-context may still follow.
+        let mut after_left: Option<usize> = None;
+        for item in &f.items {
+            match item {
+                Item::Break => {
+                    if after_left.is_some() {
+                        break;
+                    }
+                    out.push_str("--\n");
+                }
+                Item::Line {
+                    number,
+                    is_match: true,
+                    text,
+                } => {
+                    if shown >= cap {
+                        break;
+                    }
+                    shown += 1;
+                    shown_here += 1;
+                    if shown == cap {
+                        after_left = Some(context);
+                    }
+                    let _ = writeln!(out, "{path}:{number}:{text}");
+                }
+                Item::Line {
+                    number,
+                    is_match: false,
+                    text,
+                } => {
+                    if let Some(left) = after_left.as_mut() {
+                        if *left == 0 {
+                            break;
+                        }
+                        *left -= 1;
+                    }
+                    let _ = writeln!(out, "{path}-{number}-{text}");
+                }
+            }
+        }
+        if f.matches > shown_here {
+            capped = true;
+            break;
+        }
+    }
+    (out, capped)
+}
+
 #[async_trait]
 impl Tool for Grep {
     fn name(&self) -> &'static str {
-        "grep"
+        TOOL
     }
 
     fn description(&self) -> &'static str {
-        "PLACEHOLDER"
+        "Search file contents with a regular expression (Rust regex syntax, like ripgrep). Prints `path:line:text` for matching lines, `path-line-text` for context lines and `--` between groups, files in path order. Searches a file, or a directory recursively skipping .gitignore/.ignore'd, hidden and binary files. Narrow with `path` and `file_pattern` (e.g. \"*.rs\")."
     }
 
     fn input_schema(&self) -> Value {
-        json!({"type": "object", "properties": {}})
+        json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "pattern": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Regular expression (Rust regex syntax; escape literal `(`, `.`, `{` etc.). A match never spans lines. Required."
+                },
+                "path": {
+                    "type": "string",
+                    "description": "File or directory to search, relative to the worktree root. Default \".\" (the whole worktree)."
+                },
+                "file_pattern": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Only search files matching this glob: without '/' it matches the file name at any depth (\"*.rs\"), with '/' the path relative to `path` or to the worktree root (\"src/**/*.ts\"). Ignored when `path` is a file. Default: every file."
+                },
+                "context": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_CONTEXT,
+                    "description": "Lines of context shown before and after each match. Default 0, at most 20."
+                },
+                "case_insensitive": {
+                    "type": "boolean",
+                    "description": "Match letters regardless of case. Default false."
+                },
+                "max_results": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_MAX,
+                    "description": "Most matching lines to show (the first ones in path order). Default 200, at most 5000."
+                },
+                "include_hidden": {
+                    "type": "boolean",
+                    "description": "Also search hidden files and directories (names starting with '.'; .git is never searched). Default false."
+                }
+            },
+            "required": ["pattern"]
+        })
     }
 
-    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        Err(ToolError::Unavailable {
-            message: "PLACEHOLDER not implemented".into(),
+    fn read_only(&self) -> bool {
+        true
+    }
+
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        let a: GrepArgs = args::parse(TOOL, input)?;
+        let matcher = RegexMatcherBuilder::new()
+            .case_insensitive(a.case_insensitive)
+            .line_terminator(Some(b'\n'))
+            .build(&a.pattern)
+            .map_err(|e| ToolError::invalid(TOOL, "/pattern", e.to_string()))?;
+        let filter = a.file_pattern.as_deref().map(FileFilter::new).transpose()?;
+        let target = walk::target(ctx, TOOL, &a.path)?;
+        let cap = a.max_results.clamp(1, MAX_MAX) as usize;
+        let context = a.context.min(MAX_CONTEXT) as usize;
+        let root = ctx.root().to_path_buf();
+        let include_hidden = a.include_hidden;
+        let base = target.path.clone();
+        let is_dir = target.is_dir;
+        let walk_root = root.clone();
+
+        let (files, unreadable, binary) = walk::run_blocking(TOOL, move |cancel| {
+            let root = walk_root;
+            if !is_dir {
+                let mut sink = FileSink::default();
+                searcher(context, cap + 1)
+                    .search_path(&matcher, &base, &mut sink)
+                    .map_err(|e| {
+                        ToolError::from_io("searching", &display_path(&root, &base), &e)
+                    })?;
+                let binary = sink.binary && sink.matches == 0;
+                let hits = (sink.matches > 0).then_some(FileHits {
+                    path: base,
+                    items: sink.items,
+                    matches: sink.matches,
+                });
+                return Ok((hits.into_iter().collect(), 0, binary));
+            }
+            let (files, unreadable) = search_dir(
+                &base,
+                &root,
+                &matcher,
+                filter.as_ref(),
+                include_hidden,
+                context,
+                cap,
+                cancel,
+            );
+            Ok((files, unreadable, false))
         })
+        .await?;
+
+        if files.is_empty() {
+            let mut msg = format!("No matches for '{}' in '{}'", a.pattern, target.shown);
+            if binary {
+                msg.push_str(" (it is a binary file; its content is not searched)");
+            } else if is_dir {
+                if let Some(fp) = &a.file_pattern {
+                    let _ = write!(msg, " among files matching '{fp}'");
+                }
+                msg.push_str(". Files ignored by .gitignore/.ignore and binary files are skipped");
+                if !include_hidden {
+                    msg.push_str(", and so are hidden files (pass include_hidden: true)");
+                }
+            }
+            if !a.case_insensitive {
+                msg.push_str(". The search is case-sensitive (pass case_insensitive: true)");
+            }
+            msg.push('.');
+            if unreadable > 0 {
+                let _ = write!(msg, " {unreadable} files could not be read.");
+            }
+            return Ok(ToolOutput::text(msg));
+        }
+        let (mut out, capped) = render(files, &root, cap, context);
+        if capped {
+            let _ = writeln!(
+                out,
+                "[showing the first {cap} matching lines in path order; more matches exist. Narrow `path` or `file_pattern`, or make the pattern more specific]"
+            );
+        }
+        if unreadable > 0 {
+            let _ = writeln!(
+                out,
+                "[{unreadable} files could not be read and were skipped]"
+            );
+        }
+        Ok(ToolOutput::text(out))
+    }
+}
+
+/// Searches every eligible file under `base` in parallel; returns the files with matches
+/// and how many files could not be read.
+#[allow(clippy::too_many_arguments)]
+fn search_dir(
+    base: &Path,
+    root: &Path,
+    matcher: &RegexMatcher,
+    filter: Option<&FileFilter>,
+    include_hidden: bool,
+    context: usize,
+    cap: usize,
+    cancel: &AtomicBool,
+) -> (Vec<FileHits>, usize) {
+    let frontier = Frontier::new(cap);
+    let unreadable = AtomicUsize::new(0);
+    let walker = walk::builder(base, include_hidden, |_| true);
+    let files = walk::collect(&walker, cancel, || {
+        let mut searcher = searcher(context, cap + 1);
+        let frontier = &frontier;
+        let unreadable = &unreadable;
+        move |e: DirEntry, out: &mut Vec<FileHits>| {
+            if frontier.beyond(e.path()) {
+                return WalkState::Skip;
+            }
+            if !walk::is_file(&e) {
+                return WalkState::Continue;
+            }
+            if filter.is_some_and(|f| !f.matches(e.path(), base, root)) {
+                return WalkState::Continue;
+            }
+            let mut sink = FileSink::default();
+            if searcher.search_path(matcher, e.path(), &mut sink).is_err() {
+                unreadable.fetch_add(1, Ordering::Relaxed);
+            }
+            if sink.matches > 0 {
+                frontier.record(e.path(), sink.matches);
+                out.push(FileHits {
+                    path: e.into_path(),
+                    items: sink.items,
+                    matches: sink.matches,
+                });
+            }
+            WalkState::Continue
+        }
+    });
+    (files, unreadable.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::tools::walk::test_support::{
+        assert_escapes_refused, call, link_outside, run, tree, write,
+    };
+
+    async fn grep(wt: &Path, input: Value) -> String {
+        run(&Grep, wt, input).await.unwrap()
+    }
+
+    fn numbered(n: usize) -> String {
+        (1..=n).map(|i| format!("line {i}\n")).collect()
+    }
+
+    #[tokio::test]
+    async fn matches_print_path_line_text_in_path_order() {
+        let (_d, wt) = tree(&[
+            ("src/b.rs", "fn b() {}\nlet x = 1;\nfn bb() {}\n"),
+            ("src/a.rs", "fn a() {}\n"),
+            ("README.md", "no functions here\n"),
+        ]);
+        let out = grep(&wt, json!({"pattern": r"fn \w+"})).await;
+        assert_eq!(
+            out,
+            "src/a.rs:1:fn a() {}\nsrc/b.rs:1:fn b() {}\nsrc/b.rs:3:fn bb() {}\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn context_lines_appear_with_separators_between_groups_and_files() {
+        let mut body = numbered(20);
+        body = body
+            .replace("line 5\n", "line 5 HIT\n")
+            .replace("line 15\n", "line 15 HIT\n");
+        let (_d, wt) = tree(&[("a.txt", &body), ("b.txt", "x\nHIT\ny\n")]);
+        let out = grep(&wt, json!({"pattern": "HIT", "context": 2})).await;
+        assert_eq!(
+            out,
+            "a.txt-3-line 3\na.txt-4-line 4\na.txt:5:line 5 HIT\na.txt-6-line 6\na.txt-7-line 7\n--\n\
+             a.txt-13-line 13\na.txt-14-line 14\na.txt:15:line 15 HIT\na.txt-16-line 16\na.txt-17-line 17\n--\n\
+             b.txt-1-x\nb.txt:2:HIT\nb.txt-3-y\n"
+        );
+        // Without context there are no separators.
+        let out = grep(&wt, json!({"pattern": "HIT"})).await;
+        assert_eq!(
+            out,
+            "a.txt:5:line 5 HIT\na.txt:15:line 15 HIT\nb.txt:2:HIT\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn case_insensitive_option() {
+        let (_d, wt) = tree(&[("a.txt", "Hello\nhello\nHELLO\nbye\n")]);
+        assert_eq!(
+            grep(&wt, json!({"pattern": "hello"})).await,
+            "a.txt:2:hello\n"
+        );
+        assert_eq!(
+            grep(&wt, json!({"pattern": "hello", "case_insensitive": true})).await,
+            "a.txt:1:Hello\na.txt:2:hello\na.txt:3:HELLO\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn file_pattern_filters_by_name_or_path() {
+        let (_d, wt) = tree(&[
+            ("src/a.rs", "needle\n"),
+            ("src/web/b.ts", "needle\n"),
+            ("web/c.ts", "needle\n"),
+            ("notes.md", "needle\n"),
+        ]);
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle", "file_pattern": "*.ts"})).await,
+            "src/web/b.ts:1:needle\nweb/c.ts:1:needle\n"
+        );
+        assert_eq!(
+            grep(
+                &wt,
+                json!({"pattern": "needle", "file_pattern": "src/**/*.ts"})
+            )
+            .await,
+            "src/web/b.ts:1:needle\n"
+        );
+        // Relative to `path` as well as to the worktree root.
+        assert_eq!(
+            grep(
+                &wt,
+                json!({"pattern": "needle", "path": "src", "file_pattern": "web/*.ts"})
+            )
+            .await,
+            "src/web/b.ts:1:needle\n"
+        );
+        let out = grep(&wt, json!({"pattern": "needle", "file_pattern": "*.py"})).await;
+        assert!(out.contains("among files matching '*.py'"), "{out}");
+        let err = run(&Grep, &wt, json!({"pattern": "x", "file_pattern": "a[b"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+        assert!(err.to_string().contains("/file_pattern"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn max_results_shows_the_first_matches_in_path_order_and_says_more_exist() {
+        let (_d, wt) = tree(&[
+            ("a.txt", "m\nm\n"),
+            ("b.txt", "m\nm\nm\n"),
+            ("c.txt", "m\n"),
+        ]);
+        let out = grep(&wt, json!({"pattern": "m", "max_results": 3})).await;
+        assert!(
+            out.starts_with("a.txt:1:m\na.txt:2:m\nb.txt:1:m\n[showing the first 3 matching lines"),
+            "{out}"
+        );
+        assert!(out.contains("Narrow `path` or `file_pattern`"), "{out}");
+        // Exactly at the cap: nothing is hidden, so no note.
+        let out = grep(&wt, json!({"pattern": "m", "max_results": 6})).await;
+        assert!(!out.contains("showing the first"), "{out}");
+        assert_eq!(out.lines().count(), 6);
+    }
+
+    #[tokio::test]
+    async fn capped_parallel_search_is_deterministic_and_equals_a_sequential_one() {
+        let mut files = Vec::new();
+        for d in 0..12 {
+            for f in 0..25 {
+                files.push((
+                    format!("d{d:02}/f{f:02}.txt"),
+                    "hit\nmiss\nhit\n".to_string(),
+                ));
+            }
+        }
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let (_d, wt) = tree(&refs);
+        let mut expected = String::new();
+        let mut sorted: Vec<&String> = files.iter().map(|(p, _)| p).collect();
+        sorted.sort();
+        'outer: for p in sorted {
+            for line in [1, 3] {
+                if expected.lines().count() == 101 {
+                    break 'outer;
+                }
+                expected.push_str(&format!("{p}:{line}:hit\n"));
+            }
+        }
+        let expected: String = expected
+            .lines()
+            .take(101)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        for _ in 0..5 {
+            let out = grep(&wt, json!({"pattern": "hit", "max_results": 101})).await;
+            let body: String = out.lines().take(101).map(|l| format!("{l}\n")).collect();
+            assert_eq!(body, expected);
+            assert!(
+                out.lines()
+                    .nth(101)
+                    .unwrap()
+                    .starts_with("[showing the first 101")
+            );
+        }
+    }
+
+    #[test]
+    fn render_cuts_mid_file_after_the_last_matchs_context() {
+        let line = |number, is_match: bool| Item::Line {
+            number,
+            is_match,
+            text: if is_match { "M".into() } else { "c".into() },
+        };
+        let files = vec![FileHits {
+            path: PathBuf::from("/r/a"),
+            items: vec![line(1, true), line(2, false), line(3, true), line(4, false)],
+            matches: 2,
+        }];
+        let (out, capped) = render(files, Path::new("/r"), 1, 1);
+        assert_eq!(out, "a:1:M\na-2-c\n");
+        assert!(capped);
+    }
+
+    #[test]
+    fn frontier_threshold_only_moves_earlier() {
+        let f = Frontier::new(3);
+        f.record(Path::new("/r/m"), 2);
+        assert!(!f.beyond(Path::new("/r/z")));
+        f.record(Path::new("/r/z"), 2);
+        // m(2) + z(2) > 3: z is the last file needed.
+        assert!(f.beyond(Path::new("/r/zz")));
+        assert!(!f.beyond(Path::new("/r/y")));
+        f.record(Path::new("/r/a"), 5);
+        assert!(f.beyond(Path::new("/r/b")));
+        assert!(f.beyond(Path::new("/r/a/sub")));
+        assert!(!f.beyond(Path::new("/r/a")));
+    }
+
+    #[tokio::test]
+    async fn hidden_files_need_the_flag_and_git_is_never_searched() {
+        let (_d, wt) = tree(&[
+            (".hidden/a.txt", "needle\n"),
+            (".git/config", "needle\n"),
+            ("b.txt", "needle\n"),
+        ]);
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle"})).await,
+            "b.txt:1:needle\n"
+        );
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle", "include_hidden": true})).await,
+            ".hidden/a.txt:1:needle\nb.txt:1:needle\n"
+        );
+        let err = run(&Grep, &wt, json!({"pattern": "needle", "path": ".git"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+    }
+
+    #[tokio::test]
+    async fn ignored_files_are_not_searched_outside_git_and_inside() {
+        let files = [
+            (".gitignore", "ignored.txt\nbuild/\n"),
+            ("sub/.ignore", "local.txt\n"),
+            ("ignored.txt", "needle\n"),
+            ("build/out.txt", "needle\n"),
+            ("sub/local.txt", "needle\n"),
+            ("sub/kept.txt", "needle\n"),
+        ];
+        let (_d, wt) = tree(&files);
+        assert!(!wt.join(".git").exists());
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle"})).await,
+            "sub/kept.txt:1:needle\n"
+        );
+        std::fs::create_dir(wt.join(".git")).unwrap();
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle"})).await,
+            "sub/kept.txt:1:needle\n"
+        );
+        // A file named explicitly is searched even if ignored, as with rg.
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle", "path": "ignored.txt"})).await,
+            "ignored.txt:1:needle\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn binary_files_are_skipped() {
+        let (_d, wt) = tree(&[("text.txt", "needle\n")]);
+        std::fs::write(wt.join("bin.dat"), b"\0\x01needle\0").unwrap();
+        assert_eq!(
+            grep(&wt, json!({"pattern": "needle"})).await,
+            "text.txt:1:needle\n"
+        );
+        let out = grep(&wt, json!({"pattern": "needle", "path": "bin.dat"})).await;
+        assert!(out.contains("binary file"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn long_lines_are_cut_on_a_char_boundary() {
+        let long = format!("needle {}\n", "é".repeat(1000));
+        let (_d, wt) = tree(&[("a.txt", &long)]);
+        let out = grep(&wt, json!({"pattern": "needle"})).await;
+        assert!(out.len() < 700, "{}", out.len());
+        assert!(out.contains("[... line cut, 2007 bytes in all]"), "{out}");
+        assert!(!out.contains('\u{FFFD}'), "{out}");
+    }
+
+    #[tokio::test]
+    async fn no_match_is_plain_text_not_an_error() {
+        let (_d, wt) = tree(&[("a.txt", "hay\n")]);
+        let (is_error, out) = call(Arc::new(Grep), &wt, json!({"pattern": "needle"})).await;
+        assert!(!is_error);
+        assert!(out.starts_with("No matches for 'needle' in '.'"), "{out}");
+        assert!(out.contains("case_insensitive"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn invalid_regex_is_invalid_arguments_with_the_regex_error() {
+        let (_d, wt) = tree(&[("a.txt", "x\n")]);
+        let err = run(&Grep, &wt, json!({"pattern": "fn (\\w+"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+        assert!(err.to_string().contains("unclosed group"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn schema_limits_are_enforced() {
+        let (_d, wt) = tree(&[("a.txt", "x\n")]);
+        for bad in [
+            json!({"pattern": "x", "context": 21}),
+            json!({"pattern": "x", "max_results": 0}),
+            json!({"pattern": "x", "max_results": 5001}),
+            json!({"pattern": ""}),
+            json!({"pattern": "x", "other": true}),
+        ] {
+            let (is_error, out) = call(Arc::new(Grep), &wt, bad.clone()).await;
+            assert!(
+                is_error && out.contains("invalid arguments"),
+                "{bad}: {out}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn single_file_and_missing_paths() {
+        let (_d, wt) = tree(&[("src/a.rs", "one\ntwo\n")]);
+        assert_eq!(
+            grep(&wt, json!({"pattern": "two", "path": "src/a.rs"})).await,
+            "src/a.rs:2:two\n"
+        );
+        // file_pattern only filters directory walks; a file named in `path` is searched.
+        assert_eq!(
+            grep(
+                &wt,
+                json!({"pattern": "two", "path": "src/a.rs", "file_pattern": "*.py"})
+            )
+            .await,
+            "src/a.rs:2:two\n"
+        );
+        let err = run(&Grep, &wt, json!({"pattern": "x", "path": "nope"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "not_found");
+    }
+
+    #[tokio::test]
+    async fn escapes_are_refused() {
+        let (_d, wt) = tree(&[("a.txt", "x\n")]);
+        assert_escapes_refused(&Grep, &wt, json!({"pattern": "x"})).await;
+    }
+
+    #[tokio::test]
+    async fn symlinks_inside_the_tree_do_not_leak_outside_content() {
+        let (_d, wt) = tree(&[("a.txt", "SECRET_OUTSIDE is mentioned here too\n")]);
+        link_outside(&wt);
+        write(&wt, "inner/x.txt", "nothing\n");
+        for include_hidden in [false, true] {
+            let out = grep(
+                &wt,
+                json!({"pattern": "SECRET_OUTSIDE", "include_hidden": include_hidden}),
+            )
+            .await;
+            assert_eq!(out, "a.txt:1:SECRET_OUTSIDE is mentioned here too\n");
+        }
+    }
+
+    #[tokio::test]
+    async fn output_is_deterministic_and_sorted() {
+        let mut files = Vec::new();
+        for i in 0..200 {
+            files.push((format!("d{}/f{i}.txt", i % 9), format!("a\nhit {i}\n")));
+        }
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let (_d, wt) = tree(&refs);
+        let first = grep(&wt, json!({"pattern": "hit", "context": 1})).await;
+        for _ in 0..3 {
+            assert_eq!(
+                grep(&wt, json!({"pattern": "hit", "context": 1})).await,
+                first
+            );
+        }
+        let paths: Vec<PathBuf> = first
+            .lines()
+            .filter(|l| l.contains(":2:"))
+            .map(|l| PathBuf::from(l.split(':').next().unwrap()))
+            .collect();
+        assert_eq!(paths.len(), 200);
+        let mut sorted = paths.clone();
+        sorted.sort();
+        assert_eq!(paths, sorted);
+    }
+
+    #[test]
+    fn declares_read_only_and_a_closed_schema() {
+        assert!(Grep.read_only());
+        assert_eq!(Grep.input_schema()["additionalProperties"], json!(false));
     }
 }

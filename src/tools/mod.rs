@@ -31,6 +31,7 @@ pub mod share_data;
 pub mod symbols;
 pub mod test;
 pub mod validate;
+pub mod walk;
 pub mod web_fetch;
 pub mod web_search;
 pub mod write_file;

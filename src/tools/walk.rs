@@ -1,0 +1,363 @@
+//! The directory walk shared by `glob`, `grep` and `symbols`: gitignore-aware (also outside
+//! git repositories), never following symlinks, never entering `.git`, parallel, and
+//! cancellable; plus the blocking-task wrapper those tools run their walk in.
+//!
+//! Symlinks are not followed (`follow_links(false)`, the walker's default) and symlink
+//! entries are never handed to a tool as files: a link inside the worktree may point outside
+//! it, and the walk must not leak what lies there.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ignore::{DirEntry, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
+
+use crate::context::{ToolContext, lock};
+use crate::error::{ToolError, ToolResult};
+
+/// A walker over `base` with the filters every search tool shares.
+///
+/// Hidden entries are skipped unless `include_hidden`; `.gitignore`, `.ignore`, the global
+/// git excludes and `.git/info/exclude` apply even when `base` is not inside a git
+/// repository; `.git` itself is never entered. `keep` may prune more entries (directories
+/// it rejects are not descended into).
+pub fn builder<F>(base: &Path, include_hidden: bool, keep: F) -> WalkBuilder
+where
+    F: Fn(&DirEntry) -> bool + Send + Sync + 'static,
+{
+    let mut b = WalkBuilder::new(base);
+    b.hidden(!include_hidden)
+        .parents(true)
+        .ignore(true)
+        .git_ignore(true)
+        .git_global(true)
+        .git_exclude(true)
+        .require_git(false)
+        .follow_links(false)
+        .threads(0)
+        .filter_entry(move |e| e.file_name() != OsStr::new(".git") && keep(e));
+    b
+}
+
+/// Whether `entry` is a regular file (never a symlink, whatever it points at).
+pub fn is_file(entry: &DirEntry) -> bool {
+    entry.file_type().is_some_and(|t| t.is_file())
+}
+
+/// Walks in parallel and returns everything the per-thread visitors pushed, in no order
+/// (callers sort). `make_visitor` is called once per walker thread, so per-thread state
+/// (a searcher, buffers) lives in the closure it returns. Unreadable entries are skipped;
+/// the walk stops early once `cancel` is set.
+pub fn collect<T, V, M>(walk: &WalkBuilder, cancel: &AtomicBool, make_visitor: M) -> Vec<T>
+where
+    T: Send,
+    V: FnMut(DirEntry, &mut Vec<T>) -> WalkState + Send,
+    M: Fn() -> V,
+{
+    let out = Mutex::new(Vec::new());
+    let mut builder = Collector {
+        make_visitor,
+        out: &out,
+        cancel,
+    };
+    walk.build_parallel().visit(&mut builder);
+    out.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Builds one visitor per walker thread; each hands its results over when the thread ends.
+struct Collector<'s, T, M> {
+    make_visitor: M,
+    out: &'s Mutex<Vec<T>>,
+    cancel: &'s AtomicBool,
+}
+
+struct ThreadVisitor<'s, T: Send, V> {
+    visit: V,
+    local: Vec<T>,
+    out: &'s Mutex<Vec<T>>,
+    cancel: &'s AtomicBool,
+}
+
+impl<'s, T, V, M> ParallelVisitorBuilder<'s> for Collector<'s, T, M>
+where
+    T: Send + 's,
+    V: FnMut(DirEntry, &mut Vec<T>) -> WalkState + Send + 's,
+    M: Fn() -> V,
+{
+    fn build(&mut self) -> Box<dyn ParallelVisitor + 's> {
+        Box::new(ThreadVisitor {
+            visit: (self.make_visitor)(),
+            local: Vec::new(),
+            out: self.out,
+            cancel: self.cancel,
+        })
+    }
+}
+
+impl<T: Send, V> ParallelVisitor for ThreadVisitor<'_, T, V>
+where
+    V: FnMut(DirEntry, &mut Vec<T>) -> WalkState + Send,
+{
+    fn visit(&mut self, entry: Result<DirEntry, ignore::Error>) -> WalkState {
+        if self.cancel.load(Ordering::Relaxed) {
+            return WalkState::Quit;
+        }
+        match entry {
+            Ok(entry) => (self.visit)(entry, &mut self.local),
+            // Unreadable directories and vanished files are skipped, as `rg` does.
+            Err(_) => WalkState::Continue,
+        }
+    }
+}
+
+impl<T: Send, V> Drop for ThreadVisitor<'_, T, V> {
+    fn drop(&mut self) {
+        let mut out = lock(self.out);
+        out.append(&mut self.local);
+    }
+}
+
+/// Sets its flag when dropped: the registry drops a timed-out call's future, and the
+/// blocking walk behind it must then stop instead of running on unobserved.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs the CPU- and disk-bound `work` on the blocking pool so it does not stall the async
+/// workers, passing it a flag that turns true if the call is abandoned (timeout).
+pub async fn run_blocking<T, F>(tool: &str, work: F) -> ToolResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&AtomicBool) -> ToolResult<T> + Send + 'static,
+{
+    let flag = Arc::new(AtomicBool::new(false));
+    let guard = CancelOnDrop(flag.clone());
+    let joined = tokio::task::spawn_blocking(move || work(&flag)).await;
+    drop(guard);
+    match joined {
+        Ok(result) => result,
+        Err(e) => Err(ToolError::failed(
+            format!("tool {tool}"),
+            if e.is_panic() {
+                "it panicked".to_string()
+            } else {
+                e.to_string()
+            },
+            "This is a bug in the tool; try other arguments or a different approach.",
+        )),
+    }
+}
+
+/// A search base given by the model: the real path (inside the worktree) and what it is.
+pub struct Target {
+    /// Canonical path inside the worktree.
+    pub path: PathBuf,
+    /// Worktree-relative form for messages.
+    pub shown: String,
+    /// Whether it is a directory (else a file).
+    pub is_dir: bool,
+}
+
+/// Resolves `input` through the sandbox and checks that it exists and is not inside `.git`.
+pub fn target(ctx: &ToolContext, tool: &str, input: &str) -> ToolResult<Target> {
+    let path = ctx.resolve(input)?;
+    let shown = ctx.display(&path);
+    let meta = std::fs::metadata(&path).map_err(|e| ToolError::from_io("searching", &shown, &e))?;
+    let inside_git = path
+        .strip_prefix(ctx.root())
+        .is_ok_and(|rel| rel.components().any(|c| c.as_os_str() == ".git"));
+    if inside_git {
+        return Err(ToolError::invalid(
+            tool,
+            "/path",
+            format!(
+                "'{shown}' is inside .git, which {tool} never searches; use run_command with git to inspect repository internals"
+            ),
+        ));
+    }
+    Ok(Target {
+        path,
+        shown,
+        is_dir: meta.is_dir(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn names(dir: &Path, include_hidden: bool) -> Vec<String> {
+        let b = builder(dir, include_hidden, |_| true);
+        let cancel = AtomicBool::new(false);
+        let root = dir.to_path_buf();
+        let mut v: Vec<String> = collect(&b, &cancel, || {
+            let root = root.clone();
+            move |e: DirEntry, out: &mut Vec<String>| {
+                if is_file(&e) {
+                    out.push(e.path().strip_prefix(&root).unwrap().display().to_string());
+                }
+                WalkState::Continue
+            }
+        });
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn honours_ignore_files_outside_git_and_skips_dot_git() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        fs::create_dir_all(p.join(".git")).unwrap();
+        fs::create_dir_all(p.join("sub")).unwrap();
+        fs::write(p.join(".git/config"), "x").unwrap();
+        fs::write(p.join(".gitignore"), "ignored.txt\n").unwrap();
+        fs::write(p.join(".ignore"), "also.txt\n").unwrap();
+        fs::write(p.join("ignored.txt"), "x").unwrap();
+        fs::write(p.join("also.txt"), "x").unwrap();
+        fs::write(p.join("sub/kept.txt"), "x").unwrap();
+        fs::write(p.join(".hidden"), "x").unwrap();
+        assert_eq!(names(p, false), vec!["sub/kept.txt"]);
+        assert_eq!(
+            names(p, true),
+            vec![".gitignore", ".hidden", ".ignore", "sub/kept.txt"]
+        );
+    }
+
+    #[tokio::test]
+    async fn abandoned_call_cancels_its_blocking_work() {
+        let saw_cancel = Arc::new(AtomicBool::new(false));
+        let saw = saw_cancel.clone();
+        let work = run_blocking("t", move |cancel| {
+            let start = std::time::Instant::now();
+            while !cancel.load(Ordering::Relaxed) {
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    return Ok(());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            saw.store(true, Ordering::Relaxed);
+            Ok(())
+        });
+        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(50), work).await;
+        assert!(timed_out.is_err());
+        for _ in 0..400 {
+            if saw_cancel.load(Ordering::Relaxed) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        panic!("the blocking work never saw the cancel flag");
+    }
+
+    #[tokio::test]
+    async fn panicking_work_becomes_a_failed_error() {
+        let err = run_blocking::<(), _>("t", |_| panic!("boom"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "failed");
+        assert!(err.to_string().contains("panicked"), "{err}");
+    }
+
+    #[test]
+    fn cancelled_walk_yields_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("a"), "x").unwrap();
+        let cancel = AtomicBool::new(true);
+        let v: Vec<()> = collect(&builder(d.path(), false, |_| true), &cancel, || {
+            |_e: DirEntry, out: &mut Vec<()>| {
+                out.push(());
+                WalkState::Continue
+            }
+        });
+        assert!(v.is_empty());
+    }
+}
+
+/// Fixtures shared by the search tools' tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+
+    use serde_json::Value;
+
+    use crate::context::ToolContext;
+    use crate::error::ToolResult;
+    use crate::tools::Tool;
+
+    /// A temp dir holding a worktree `wt` (with `files` written into it) and, beside it, a
+    /// directory `outside` with a secret file. Returns the guard and the worktree path.
+    pub fn tree(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let wt = d.path().join("wt");
+        std::fs::create_dir_all(&wt).unwrap();
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(
+            outside.join("secret.rs"),
+            "// SECRET_OUTSIDE\nfn secret_outside() {}\n",
+        )
+        .unwrap();
+        for (path, content) in files {
+            write(&wt, path, content);
+        }
+        (d, wt)
+    }
+
+    /// Writes `content` at `rel` under `root`, creating parent directories.
+    pub fn write(root: &Path, rel: &str, content: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    /// Adds the symlinks of the sandbox tests: `out_dir` -> `../outside`,
+    /// `out_file.rs` -> `../outside/secret.rs`.
+    pub fn link_outside(wt: &Path) {
+        let outside = wt.parent().unwrap().join("outside");
+        std::os::unix::fs::symlink(&outside, wt.join("out_dir")).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret.rs"), wt.join("out_file.rs")).unwrap();
+    }
+
+    /// Runs `tool` directly on a fresh context for `wt`.
+    pub async fn run(tool: &dyn Tool, wt: &Path, input: Value) -> ToolResult<String> {
+        let ctx = ToolContext::new(wt, "test").unwrap();
+        tool.execute(input, &ctx).await.map(|o| {
+            assert!(!o.is_error);
+            o.content
+        })
+    }
+
+    /// Runs `tool` through the registry (schema validation included); returns
+    /// `(is_error, content)`.
+    pub async fn call(tool: std::sync::Arc<dyn Tool>, wt: &Path, input: Value) -> (bool, String) {
+        let ctx = ToolContext::new(wt, "test").unwrap();
+        let set = crate::registry::ToolSet::from_tools(vec![tool]).unwrap();
+        let name = set.names()[0].clone();
+        let out = set.call(&ctx, None, &name, input).await;
+        (out.is_error, out.content)
+    }
+
+    /// Asserts that the three kinds of escape are refused for `tool` given `path`.
+    pub async fn assert_escapes_refused(tool: &dyn Tool, wt: &Path, extra: Value) {
+        link_outside(wt);
+        for path in [
+            "../",
+            "../outside",
+            "/etc",
+            "out_dir",
+            "out_dir/secret.rs",
+            "out_file.rs",
+        ] {
+            let mut input = extra.clone();
+            input["path"] = Value::from(path);
+            let err = run(tool, wt, input).await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{path}: {err}");
+        }
+    }
+}
