@@ -168,7 +168,9 @@ pub struct Artifact<'a> {
 /// Writes `<kind>-<name>.json` and `<kind>-<name>.md` under [`ARTIFACT_DIR`], refreshes the
 /// read stamps of both and reports them; says "replacing" when one of them existed.
 pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<ToolOutput> {
-    let Artifact { tool, kind, name, .. } = *artifact;
+    let Artifact {
+        tool, kind, name, ..
+    } = *artifact;
     if !is_valid_name(name) {
         // Callers check first; this keeps a bad name from ever becoming a path.
         return Err(ToolError::invalid(
@@ -279,12 +281,31 @@ mod tests {
         for ok in ["a", "0", "auth-api", "x_1", &"a".repeat(64)] {
             assert!(is_valid_name(ok), "{ok}");
         }
-        for bad in ["", "-a", "_a", "A", "a b", "../x", "a/b", "é", &"a".repeat(65), "a."] {
+        for bad in [
+            "",
+            "-a",
+            "_a",
+            "A",
+            "a b",
+            "../x",
+            "a/b",
+            "é",
+            &"a".repeat(65),
+            "a.",
+        ] {
             assert!(!is_valid_name(bad), "{bad}");
         }
         // The schema pattern and the code check agree.
         let re = regex::Regex::new(NAME_PATTERN).unwrap();
-        for s in ["a", "-a", "auth-api", "A", &"a".repeat(64), &"a".repeat(65), "a/b"] {
+        for s in [
+            "a",
+            "-a",
+            "auth-api",
+            "A",
+            &"a".repeat(64),
+            &"a".repeat(65),
+            "a/b",
+        ] {
             assert_eq!(re.is_match(s), is_valid_name(s), "{s}");
         }
     }
@@ -296,7 +317,10 @@ mod tests {
         p.text("/title", "  ", "the title");
         p.unique_names(["a", "b", "a"], |i| format!("/specs/{i}/name"), "spec");
         let text = p.finish().unwrap_err().to_string();
-        assert!(text.contains("at /name: 'Bad Name' is not a valid name"), "{text}");
+        assert!(
+            text.contains("at /name: 'Bad Name' is not a valid name"),
+            "{text}"
+        );
         assert!(text.contains("at /title: the title is blank"));
         assert!(text.contains("at /specs/2/name: spec name 'a' is used twice"));
         assert!(Problems::new("t").finish().is_ok());
@@ -336,7 +360,10 @@ mod tests {
         let json_path = dir.path().join(".taskdaemon/artifacts/plan-p1.json");
         assert_eq!(std::fs::read_to_string(&json_path).unwrap(), "{}\n");
         let real = ctx.resolve(".taskdaemon/artifacts/plan-p1.md").unwrap();
-        assert_eq!(ctx.check_stamp(&real, b"# P\n"), crate::context::StampCheck::Current);
+        assert_eq!(
+            ctx.check_stamp(&real, b"# P\n"),
+            crate::context::StampCheck::Current
+        );
         assert_eq!(
             out.effects[1],
             SideEffect::FileWritten {
@@ -345,7 +372,11 @@ mod tests {
             }
         );
         let again = save(&ctx, &artifact("p1", "# P2\n")).await.unwrap();
-        assert!(again.content.contains("replacing the earlier one"), "{}", again.content);
+        assert!(
+            again.content.contains("replacing the earlier one"),
+            "{}",
+            again.content
+        );
         assert_eq!(std::fs::read_to_string(real).unwrap(), "# P2\n");
     }
 

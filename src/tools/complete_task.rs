@@ -104,7 +104,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(dir.path(), "t").unwrap();
         let set = ToolSet::from_tools(vec![Arc::new(CompleteTask)]).unwrap();
-        for bad in [json!({}), json!({"summary": ""}), json!({"summary": "x", "y": 1})] {
+        for bad in [
+            json!({}),
+            json!({"summary": ""}),
+            json!({"summary": "x", "y": 1}),
+        ] {
             let out = set.call(&ctx, None, TOOL, bad).await;
             assert!(out.is_error);
         }

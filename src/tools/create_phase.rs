@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use crate::context::ToolContext;
 use crate::error::ToolResult;
 use crate::tools::artifacts::{
-    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema,
-    one_line, save, text_schema,
+    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema, one_line,
+    save, text_schema,
 };
 use crate::tools::{Tool, ToolOutput, args};
 
@@ -136,10 +136,17 @@ fn check(phase: &Phase, ctx: &ToolContext) -> ToolResult<()> {
         p.push("/tasks", "a phase needs at least one task");
     }
     for (i, task) in phase.tasks.iter().enumerate() {
-        p.text(format!("/tasks/{i}/description"), &task.description, "the description");
+        p.text(
+            format!("/tasks/{i}/description"),
+            &task.description,
+            "the description",
+        );
         if let Some(file) = &task.file {
             if file.trim().is_empty() {
-                p.push(format!("/tasks/{i}/file"), "the file is blank; name a path or leave it out");
+                p.push(
+                    format!("/tasks/{i}/file"),
+                    "the file is blank; name a path or leave it out",
+                );
             } else if let Err(e) = ctx.resolve(file) {
                 p.push(format!("/tasks/{i}/file"), e.to_string());
             }
@@ -216,7 +223,8 @@ mod tests {
         );
         let base = dir.path().join(".taskdaemon/artifacts");
         let stored: Value =
-            serde_json::from_str(&std::fs::read_to_string(base.join("phase-lexer.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(base.join("phase-lexer.json")).unwrap())
+                .unwrap();
         assert_eq!(stored["kind"], "phase");
         assert_eq!(stored["tasks"][0]["action"], "create");
         assert_eq!(stored["tasks"][3]["file"], Value::Null);
@@ -239,8 +247,14 @@ mod tests {
         input["tasks"][2]["file"] = json!(" ");
         let (dir, out) = run(input).await;
         let text = out.unwrap_err().to_string();
-        assert!(text.contains("at /tasks/1/file: sandbox violation"), "{text}");
-        assert!(text.contains("at /tasks/2/file: the file is blank"), "{text}");
+        assert!(
+            text.contains("at /tasks/1/file: sandbox violation"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at /tasks/2/file: the file is blank"),
+            "{text}"
+        );
         assert!(!dir.path().join(".taskdaemon").exists());
     }
 
@@ -251,8 +265,14 @@ mod tests {
         input["tasks"] = json!([]);
         let (_d, out) = run(input).await;
         let text = out.unwrap_err().to_string();
-        assert!(text.contains("at /validation_command: the validation command is blank"), "{text}");
-        assert!(text.contains("at /tasks: a phase needs at least one task"), "{text}");
+        assert!(
+            text.contains("at /validation_command: the validation command is blank"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at /tasks: a phase needs at least one task"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -111,7 +111,11 @@ fn check(plan: &Plan) -> ToolResult<()> {
     for (i, spec) in plan.specs.iter().enumerate() {
         p.name(format!("/specs/{i}/name"), &spec.name);
         p.text(format!("/specs/{i}/title"), &spec.title, "the title");
-        p.text(format!("/specs/{i}/description"), &spec.description, "the description");
+        p.text(
+            format!("/specs/{i}/description"),
+            &spec.description,
+            "the description",
+        );
         for (j, dep) in spec.dependencies.iter().enumerate() {
             let pointer = format!("/specs/{i}/dependencies/{j}");
             if *dep == spec.name {
@@ -120,7 +124,10 @@ fn check(plan: &Plan) -> ToolResult<()> {
                 let known: Vec<&str> = plan.specs.iter().map(|s| s.name.as_str()).collect();
                 p.push(
                     pointer,
-                    format!("'{dep}' is not a spec of this plan; dependencies must be among: {}", known.join(", ")),
+                    format!(
+                        "'{dep}' is not a spec of this plan; dependencies must be among: {}",
+                        known.join(", ")
+                    ),
                 );
             }
         }
@@ -133,7 +140,10 @@ fn check(plan: &Plan) -> ToolResult<()> {
     if let Some((start, cycle)) = find_cycle(plan) {
         p.push(
             format!("/specs/{start}/dependencies"),
-            format!("the dependencies form a cycle ({}); remove one of them", cycle.join(" -> ")),
+            format!(
+                "the dependencies form a cycle ({}); remove one of them",
+                cycle.join(" -> ")
+            ),
         );
     }
     p.finish()
@@ -265,16 +275,27 @@ mod tests {
         );
         let base = dir.path().join(".taskdaemon/artifacts");
         let stored: Value =
-            serde_json::from_str(&std::fs::read_to_string(base.join("plan-auth.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(base.join("plan-auth.json")).unwrap())
+                .unwrap();
         assert_eq!(stored["kind"], "plan");
         assert_eq!(stored["specs"][0]["dependencies"], json!([]));
         assert_eq!(stored["specs"][2]["dependencies"], json!(["api", "db"]));
         let md = std::fs::read_to_string(base.join("plan-auth.md")).unwrap();
-        assert!(md.starts_with("# Plan: Add login\n\n- Name: `auth`\n- Specs: 3\n"), "{md}");
-        assert!(md.contains("### 2. Login API (`api`)\n\nPOST /login.\nReturns a token.\n\nDepends on: `db`\n"), "{md}");
+        assert!(
+            md.starts_with("# Plan: Add login\n\n- Name: `auth`\n- Specs: 3\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "### 2. Login API (`api`)\n\nPOST /login.\nReturns a token.\n\nDepends on: `db`\n"
+            ),
+            "{md}"
+        );
         assert!(md.contains("Depends on: nothing"));
         assert_eq!(out.effects.len(), 2);
-        assert!(matches!(&out.effects[0], SideEffect::FileWritten { path, .. } if path == ".taskdaemon/artifacts/plan-auth.json"));
+        assert!(
+            matches!(&out.effects[0], SideEffect::FileWritten { path, .. } if path == ".taskdaemon/artifacts/plan-auth.json")
+        );
     }
 
     #[tokio::test]
@@ -294,10 +315,16 @@ mod tests {
         input["specs"][0]["dependencies"] = json!(["db"]);
         let (dir, out) = run(input).await;
         let text = out.unwrap_err().to_string();
-        assert!(text.contains("at /specs/1/dependencies/1: 'nope' is not a spec of this plan"), "{text}");
+        assert!(
+            text.contains("at /specs/1/dependencies/1: 'nope' is not a spec of this plan"),
+            "{text}"
+        );
         assert!(text.contains("among: db, api, ui"));
         assert!(text.contains("at /specs/0/dependencies/0: spec 'db' cannot depend on itself"));
-        assert!(!dir.path().join(".taskdaemon").exists(), "nothing is written on error");
+        assert!(
+            !dir.path().join(".taskdaemon").exists(),
+            "nothing is written on error"
+        );
     }
 
     #[tokio::test]
@@ -306,7 +333,10 @@ mod tests {
         input["specs"][0]["dependencies"] = json!(["ui"]);
         let (_dir, out) = run(input).await;
         let text = out.unwrap_err().to_string();
-        assert!(text.contains("form a cycle (db -> ui -> api -> db)"), "{text}");
+        assert!(
+            text.contains("form a cycle (db -> ui -> api -> db)"),
+            "{text}"
+        );
         assert!(text.contains("at /specs/0/dependencies"), "{text}");
     }
 
@@ -320,7 +350,10 @@ mod tests {
         let err = out.unwrap_err();
         assert_eq!(err.kind(), "invalid_arguments");
         let text = err.to_string();
-        assert!(text.contains("at /specs/2/name: spec name 'db' is used twice"), "{text}");
+        assert!(
+            text.contains("at /specs/2/name: spec name 'db' is used twice"),
+            "{text}"
+        );
         assert!(text.contains("at /name: '../escape' is not a valid name"));
         assert!(text.contains("at /overview: the overview is blank"));
         assert!(!dir.path().join(".taskdaemon").exists());

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use crate::context::ToolContext;
 use crate::error::ToolResult;
 use crate::tools::artifacts::{
-    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema,
-    one_line, save, text_schema,
+    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema, one_line,
+    save, text_schema,
 };
 use crate::tools::{Tool, ToolOutput, args};
 
@@ -108,13 +108,19 @@ fn check(spec: &Spec) -> ToolResult<()> {
     if !(MIN_PHASES..=MAX_PHASES).contains(&n) {
         p.push(
             "/phases",
-            format!("a spec has {MIN_PHASES} to {MAX_PHASES} phases, not {n}; merge or split phases"),
+            format!(
+                "a spec has {MIN_PHASES} to {MAX_PHASES} phases, not {n}; merge or split phases"
+            ),
         );
     }
     for (i, phase) in spec.phases.iter().enumerate() {
         p.name(format!("/phases/{i}/name"), &phase.name);
         p.text(format!("/phases/{i}/title"), &phase.title, "the title");
-        p.text(format!("/phases/{i}/description"), &phase.description, "the description");
+        p.text(
+            format!("/phases/{i}/description"),
+            &phase.description,
+            "the description",
+        );
         p.text(
             format!("/phases/{i}/validation"),
             &phase.validation,
@@ -187,11 +193,15 @@ mod tests {
         );
         let base = dir.path().join(".taskdaemon/artifacts");
         let stored: Value =
-            serde_json::from_str(&std::fs::read_to_string(base.join("spec-parser.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(base.join("spec-parser.json")).unwrap())
+                .unwrap();
         assert_eq!(stored["kind"], "spec");
         assert_eq!(stored["phases"][1]["validation"], "cargo test grammar");
         let md = std::fs::read_to_string(base.join("spec-parser.md")).unwrap();
-        assert!(md.starts_with("# Spec: Config parser\n\n- Name: `parser`\n- Phases: 3\n"), "{md}");
+        assert!(
+            md.starts_with("# Spec: Config parser\n\n- Name: `parser`\n- Phases: 3\n"),
+            "{md}"
+        );
         assert!(md.contains("### 3. Do errors (`errors`)\n\nWork.\n\nValidation:\n\n```sh\ncargo test errors\n```\n"), "{md}");
         assert_eq!(out.effects.len(), 2);
     }
@@ -201,7 +211,11 @@ mod tests {
         let mut input = good();
         input["phases"] = json!([phase("a"), phase("b")]);
         let (_d, out) = run(input).await;
-        assert!(out.unwrap_err().to_string().contains("at /phases: a spec has 3 to 7 phases, not 2"));
+        assert!(
+            out.unwrap_err()
+                .to_string()
+                .contains("at /phases: a spec has 3 to 7 phases, not 2")
+        );
         let mut input = good();
         input["phases"] = json!((0..8).map(|i| phase(&format!("p{i}"))).collect::<Vec<_>>());
         let (_d, out) = run(input).await;
@@ -215,8 +229,14 @@ mod tests {
         input["phases"][2]["name"] = json!("lexer");
         let (dir, out) = run(input).await;
         let text = out.unwrap_err().to_string();
-        assert!(text.contains("at /phases/1/validation: the validation command is blank"), "{text}");
-        assert!(text.contains("at /phases/2/name: phase name 'lexer' is used twice"), "{text}");
+        assert!(
+            text.contains("at /phases/1/validation: the validation command is blank"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at /phases/2/name: phase name 'lexer' is used twice"),
+            "{text}"
+        );
         assert!(!dir.path().join(".taskdaemon").exists());
     }
 
@@ -225,9 +245,15 @@ mod tests {
         let set = ToolSet::from_tools(vec![Arc::new(CreateSpec)]).unwrap();
         assert!(set.validate(TOOL, &good()).is_ok());
         let mut bad = good();
-        bad["phases"][0].as_object_mut().unwrap().remove("validation");
+        bad["phases"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("validation");
         let err = set.validate(TOOL, &bad).unwrap_err().to_string();
-        assert!(err.contains("at /phases/0") && err.contains("validation"), "{err}");
+        assert!(
+            err.contains("at /phases/0") && err.contains("validation"),
+            "{err}"
+        );
         let mut bad = good();
         bad["phases"][0]["validation"] = json!("");
         assert!(set.validate(TOOL, &bad).is_err());

@@ -96,7 +96,9 @@ impl Tool for WebFetch {
                 return Err(ToolError::invalid(
                     TOOL,
                     "/max_bytes",
-                    format!("{n} is more than the allowed maximum of {cap_max}; pass {cap_max} or less, or omit it for the maximum"),
+                    format!(
+                        "{n} is more than the allowed maximum of {cap_max}; pass {cap_max} or less, or omit it for the maximum"
+                    ),
                 ));
             }
             Some(n) => n as usize,
@@ -107,12 +109,13 @@ impl Tool for WebFetch {
 }
 
 /// Parses `raw` as an absolute http(s) URL, or explains what is wrong with it.
-pub(crate) fn parse_http_url(tool: &str, pointer: &str, raw: &str) -> ToolResult<Url> {
+fn parse_http_url(tool: &str, pointer: &str, raw: &str) -> ToolResult<Url> {
     let url = Url::parse(raw.trim()).map_err(|e| {
+        let shown = truncate_to(raw, 200).unwrap_or(raw);
         ToolError::invalid(
             tool,
             pointer,
-            format!("'{raw}' is not an absolute URL ({e}); pass a full URL such as https://example.com/page"),
+            format!("'{shown}' is not an absolute URL ({e}); pass a full URL such as https://example.com/page"),
         )
     })?;
     match url.scheme() {
@@ -120,7 +123,9 @@ pub(crate) fn parse_http_url(tool: &str, pointer: &str, raw: &str) -> ToolResult
         other => Err(ToolError::invalid(
             tool,
             pointer,
-            format!("scheme '{other}' is not supported; only http:// and https:// URLs can be fetched"),
+            format!(
+                "scheme '{other}' is not supported; only http:// and https:// URLs can be fetched"
+            ),
         )),
     }
 }
@@ -179,7 +184,9 @@ pub(crate) fn request_error(url: &Url, err: &reqwest::Error, timeout: Duration) 
     if err.is_timeout() {
         return ToolError::Timeout {
             timeout_ms: timeout.as_millis() as u64,
-            detail: format!(" fetching {url}; the server is slow or unreachable, try another source"),
+            detail: format!(
+                " fetching {url}; the server is slow or unreachable, try another source"
+            ),
         };
     }
     let hint = if err.is_redirect() {
@@ -293,7 +300,11 @@ fn sniff(bytes: &[u8], declared_text: bool) -> Kind {
         .position(|b| !b.is_ascii_whitespace())
         .unwrap_or(without_bom.len());
     let trimmed = &without_bom[start..];
-    let lower: Vec<u8> = trimmed.iter().take(64).map(u8::to_ascii_lowercase).collect();
+    let lower: Vec<u8> = trimmed
+        .iter()
+        .take(64)
+        .map(u8::to_ascii_lowercase)
+        .collect();
     let html_starts: [&[u8]; 4] = [b"<!doctype html", b"<html", b"<head", b"<body"];
     if html_starts.iter().any(|s| lower.starts_with(s)) {
         return Kind::Html;
@@ -345,9 +356,9 @@ const MAX_HTML_DEPTH: usize = 512;
 /// Elements that never hold content or whose end tag may be left out; they do not add to
 /// the nesting depth estimate.
 const FLAT_ELEMENTS: &[&str] = &[
-    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
-    "track", "wbr", "p", "li", "dt", "dd", "tr", "td", "th", "option", "optgroup", "thead",
-    "tbody", "tfoot", "colgroup", "rb", "rt", "rp", "html", "head", "body", "!doctype",
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track",
+    "wbr", "p", "li", "dt", "dd", "tr", "td", "th", "option", "optgroup", "thead", "tbody",
+    "tfoot", "colgroup", "rb", "rt", "rp", "html", "head", "body", "!doctype",
 ];
 
 /// Elements whose content is not text for a reader.
@@ -395,8 +406,8 @@ fn scan_html(html: &[u8], mut on: impl FnMut(Piece<'_>)) {
             i = lt + 1;
             continue;
         }
-        let name = String::from_utf8_lossy(&html[name_start..name_start + name_len])
-            .to_ascii_lowercase();
+        let name =
+            String::from_utf8_lossy(&html[name_start..name_start + name_len]).to_ascii_lowercase();
         let gt = html[name_start..]
             .iter()
             .position(|&b| b == b'>')
@@ -439,8 +450,29 @@ fn nesting_depth(html: &[u8]) -> usize {
 /// runs of spaces are collapsed.
 pub(crate) fn strip_tags(html: &str) -> String {
     const BLOCKS: &[&str] = &[
-        "p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table",
-        "ul", "ol", "section", "article", "header", "footer", "blockquote", "hr", "dt", "dd",
+        "p",
+        "div",
+        "br",
+        "li",
+        "tr",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "pre",
+        "table",
+        "ul",
+        "ol",
+        "section",
+        "article",
+        "header",
+        "footer",
+        "blockquote",
+        "hr",
+        "dt",
+        "dd",
     ];
     let mut raw = String::with_capacity(html.len() / 2);
     scan_html(html.as_bytes(), |piece| match piece {
@@ -640,7 +672,9 @@ async fn render_body(
     let declared_text = content_type.map(essence).as_deref() == Some("text/plain");
     let kind = declared.unwrap_or_else(|| sniff(&body.bytes, declared_text));
     if kind == Kind::Binary {
-        let shown_type = content_type.map(essence).unwrap_or_else(|| "unknown".into());
+        let shown_type = content_type
+            .map(essence)
+            .unwrap_or_else(|| "unknown".into());
         let more = if body.truncated { "more than " } else { "" };
         return (
             Kind::Binary,
@@ -718,11 +752,18 @@ async fn fetch(
     let mut content = header(&final_url, url, status, &shown_ct);
 
     if status.is_client_error() || status.is_server_error() {
-        let (_, text, _) =
-            render_body(&mut resp, &final_url, content_type.as_deref(), ERROR_EXCERPT_BYTES).await;
+        let (_, text, _) = render_body(
+            &mut resp,
+            &final_url,
+            content_type.as_deref(),
+            ERROR_EXCERPT_BYTES,
+        )
+        .await;
         let hint = match status.as_u16() {
             401 | 403 => "The page needs access you do not have; use another source.",
-            404 | 410 => "The page does not exist; check the URL or find the right one with web_search.",
+            404 | 410 => {
+                "The page does not exist; check the URL or find the right one with web_search."
+            }
             429 => "The site is rate limiting; wait before retrying or use another source.",
             s if s >= 500 => "The server failed; retry later or use another source.",
             _ => "The request was refused; check the URL or use another source.",
@@ -740,7 +781,17 @@ async fn fetch(
         });
     }
 
-    let (kind, text, notes) = render_body(&mut resp, &final_url, content_type.as_deref(), max_bytes).await;
+    let (kind, mut text, mut notes) =
+        render_body(&mut resp, &final_url, content_type.as_deref(), max_bytes).await;
+    // The whole answer must fit the catalog cap, or the registry would cut it in the middle.
+    let overhead = content.len() + notes.iter().map(|n| n.len() + 1).sum::<usize>() + 400;
+    let room = cap_max.saturating_sub(overhead);
+    if let Some(cut) = truncate_to(&text, room) {
+        text = cut.to_string();
+        if !notes.iter().any(|n| n.starts_with("[cut:")) {
+            notes.insert(0, format!("[cut: the answer is limited to {cap_max} bytes in all. Fetch a more specific URL.]"));
+        }
+    }
     content.push('\n');
     content.push_str(text.trim_end());
     content.push('\n');
@@ -817,7 +868,10 @@ pub(crate) mod test_server {
                     seen.lock().unwrap().push(head);
                     let c = route(&path);
                     let len = c.body.len() * c.repeat;
-                    let mut out = format!("HTTP/1.1 {}\r\nContent-Length: {len}\r\nConnection: close\r\n", c.status);
+                    let mut out = format!(
+                        "HTTP/1.1 {}\r\nContent-Length: {len}\r\nConnection: close\r\n",
+                        c.status
+                    );
                     for (k, v) in &c.headers {
                         out.push_str(&format!("{k}: {v}\r\n"));
                     }
@@ -880,6 +934,11 @@ mod tests {
                 repeat: 50_000,
                 ..Canned::new("200 OK", "text/html", "<p>para</p>\n")
             },
+            "/huge" => Canned {
+                repeat: 64 * 1024,
+                ..Canned::new("200 OK", "text/plain", "z".repeat(1024))
+            },
+            "/medium" => Canned::new("200 OK", "text/plain", "m".repeat(1800)),
             "/empty" => Canned::new("200 OK", "text/plain", ""),
             "/redirect" => Canned {
                 headers: vec![("Location".into(), "/plain".into())],
@@ -909,7 +968,13 @@ mod tests {
         let out = call(&format!("{}/page", s.base), None).await.unwrap();
         assert!(!out.is_error);
         let c = &out.content;
-        assert!(c.starts_with(&format!("URL: {}/page\nStatus: 200 OK\nContent-Type: text/html; charset=utf-8\n", s.base)), "{c}");
+        assert!(
+            c.starts_with(&format!(
+                "URL: {}/page\nStatus: 200 OK\nContent-Type: text/html; charset=utf-8\n",
+                s.base
+            )),
+            "{c}"
+        );
         assert!(c.contains("Hello héllo"), "{c}");
         assert!(c.contains("First **para**."), "{c}");
         assert!(c.contains("See [the docs][1]."), "{c}");
@@ -924,7 +989,11 @@ mod tests {
     async fn html_without_content_type_is_sniffed() {
         let s = start(routes).await;
         let out = call(&format!("{}/sniffed", s.base), None).await.unwrap();
-        assert!(out.content.contains("Content-Type: (none)"), "{}", out.content);
+        assert!(
+            out.content.contains("Content-Type: (none)"),
+            "{}",
+            out.content
+        );
         assert!(out.content.contains("no type"));
         assert!(!out.content.contains("<p>"));
     }
@@ -933,9 +1002,16 @@ mod tests {
     async fn plain_text_and_json_pass_through() {
         let s = start(routes).await;
         let out = call(&format!("{}/plain", s.base), None).await.unwrap();
-        assert!(out.content.ends_with("\nline one\n<b>not a tag</b>\n"), "{}", out.content);
+        assert!(
+            out.content.ends_with("\nline one\n<b>not a tag</b>\n"),
+            "{}",
+            out.content
+        );
         let out = call(&format!("{}/json", s.base), None).await.unwrap();
-        assert!(out.content.contains("Content-Type: application/json\n\n{\"a\": [1, 2]}\n"));
+        assert!(
+            out.content
+                .contains("Content-Type: application/json\n\n{\"a\": [1, 2]}\n")
+        );
     }
 
     #[tokio::test]
@@ -943,10 +1019,20 @@ mod tests {
         let s = start(routes).await;
         let out = call(&format!("{}/png", s.base), None).await.unwrap();
         assert!(!out.is_error);
-        assert!(out.content.contains("binary content of type image/png, 6 bytes, not shown"), "{}", out.content);
+        assert!(
+            out.content
+                .contains("binary content of type image/png, 6 bytes, not shown"),
+            "{}",
+            out.content
+        );
         assert!(!out.content.contains("PNG"));
         let out = call(&format!("{}/octet", s.base), None).await.unwrap();
-        assert!(out.content.contains("binary content of type application/octet-stream, 4 bytes, not shown"), "{}", out.content);
+        assert!(
+            out.content
+                .contains("binary content of type application/octet-stream, 4 bytes, not shown"),
+            "{}",
+            out.content
+        );
     }
 
     #[tokio::test]
@@ -967,7 +1053,11 @@ mod tests {
         let out = call(&format!("{}/boom", s.base), None).await.unwrap();
         assert!(out.is_error);
         assert!(out.content.contains("HTTP error 503"));
-        assert!(out.content.len() < ERROR_EXCERPT_BYTES + 600, "{}", out.content.len());
+        assert!(
+            out.content.len() < ERROR_EXCERPT_BYTES + 600,
+            "{}",
+            out.content.len()
+        );
         assert!(out.content.contains("retry later"));
     }
 
@@ -980,24 +1070,125 @@ mod tests {
         let body = out.content.split_once("\n\n").unwrap().1;
         let text = body.lines().next().unwrap();
         assert_eq!(text, "é".repeat(500));
-        assert!(out.content.contains("only the first 1001 bytes of the body were read (max_bytes=1001)"), "{}", out.content);
+        assert!(
+            out.content
+                .contains("only the first 1001 bytes of the body were read (max_bytes=1001)"),
+            "{}",
+            out.content
+        );
         assert!(out.content.len() < 1001 + 400);
+    }
+
+    /// Peak resident memory of this process, in KiB (Linux).
+    fn peak_rss_kib() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    #[tokio::test]
+    async fn a_huge_body_does_not_raise_peak_memory_much() {
+        let s = start(routes).await;
+        // A first small fetch sets up the client (TLS roots and all), which is not the body.
+        call(&format!("{}/plain", s.base), None).await.unwrap();
+        let before = peak_rss_kib();
+        let out = call(&format!("{}/huge", s.base), None).await.unwrap();
+        let after = peak_rss_kib();
+        assert!(out.content.contains("[cut:"));
+        if let (Some(before), Some(after)) = (before, after) {
+            eprintln!("peak RSS before {before} KiB, after {after} KiB");
+            // 64 MiB were offered; keeping ~0.5 MB must not cost anywhere near that.
+            assert!(
+                after.saturating_sub(before) < 16 * 1024,
+                "{before} -> {after}"
+            );
+        }
     }
 
     #[tokio::test]
     async fn default_cap_is_the_catalog_maximum() {
         let s = start(routes).await;
         let out = call(&format!("{}/big", s.base), None).await.unwrap();
-        let cap = ToolContext::new(std::path::Path::new("."), "t").unwrap().spec(TOOL).max_output_bytes;
+        let cap = ToolContext::new(std::path::Path::new("."), "t")
+            .unwrap()
+            .spec(TOOL)
+            .max_output_bytes;
         assert!(out.content.contains(&format!("max_bytes={cap}")));
-        assert!(out.content.len() < cap + 500);
-        assert!(out.content.len() > cap - 10);
+        // Header and notes included, the answer fits the cap, so the registry never cuts it.
+        assert!(out.content.len() <= cap, "{}", out.content.len());
+        assert!(out.content.len() > cap - 1000);
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out_with_the_url_named() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock); // never answer
+            }
+        });
+        let mut catalog = crate::catalog::Catalog::default();
+        let mut overrides = std::collections::BTreeMap::new();
+        overrides.insert(
+            TOOL.to_string(),
+            crate::catalog::ToolSpecOverride {
+                timeout_ms: Some(300),
+                ..Default::default()
+            },
+        );
+        catalog.apply_overrides(&overrides).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t")
+            .unwrap()
+            .with_catalog(Arc::new(catalog));
+        let input = json!({"url": format!("http://{addr}/slow")});
+        let err = WebFetch.execute(input, &ctx).await.unwrap_err();
+        assert_eq!(err.kind(), "timeout");
+        assert!(
+            err.to_string()
+                .contains(&format!("fetching http://{addr}/slow")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_configured_cap_bounds_the_whole_answer() {
+        let s = start(routes).await;
+        let mut catalog = crate::catalog::Catalog::default();
+        let mut overrides = std::collections::BTreeMap::new();
+        overrides.insert(
+            TOOL.to_string(),
+            crate::catalog::ToolSpecOverride {
+                max_output_bytes: Some(2000),
+                ..Default::default()
+            },
+        );
+        catalog.apply_overrides(&overrides).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t")
+            .unwrap()
+            .with_catalog(Arc::new(catalog));
+        let input = json!({"url": format!("{}/medium", s.base)});
+        let out = WebFetch.execute(input, &ctx).await.unwrap();
+        assert!(out.content.len() <= 2000, "{}", out.content.len());
+        assert!(out.content.contains("mmmm"));
+        assert!(
+            out.content
+                .contains("[cut: the answer is limited to 2000 bytes in all")
+        );
+        let input = json!({"url": format!("{}/medium", s.base), "max_bytes": 2001});
+        let err = WebFetch.execute(input, &ctx).await.unwrap_err();
+        assert!(err.to_string().contains("allowed maximum of 2000"), "{err}");
     }
 
     #[tokio::test]
     async fn long_html_text_is_cut_to_max_bytes() {
         let s = start(routes).await;
-        let out = call(&format!("{}/bightml", s.base), Some(2000)).await.unwrap();
+        let out = call(&format!("{}/bightml", s.base), Some(2000))
+            .await
+            .unwrap();
         let body = out.content.split_once("\n\n").unwrap().1;
         assert!(body.contains("para"));
         assert!(!body.contains("<p>"));
@@ -1016,7 +1207,14 @@ mod tests {
     async fn redirect_reports_the_final_url() {
         let s = start(routes).await;
         let out = call(&format!("{}/redirect", s.base), None).await.unwrap();
-        assert!(out.content.starts_with(&format!("URL: {0}/plain (redirected from {0}/redirect)\nStatus: 200 OK", s.base)), "{}", out.content);
+        assert!(
+            out.content.starts_with(&format!(
+                "URL: {0}/plain (redirected from {0}/redirect)\nStatus: 200 OK",
+                s.base
+            )),
+            "{}",
+            out.content
+        );
         assert!(out.content.contains("line one"));
     }
 
@@ -1030,7 +1228,12 @@ mod tests {
 
     #[tokio::test]
     async fn bad_scheme_and_bad_url_are_invalid_arguments() {
-        for url in ["file:///etc/passwd", "ftp://example.com/x", "not a url", "javascript:alert(1)"] {
+        for url in [
+            "file:///etc/passwd",
+            "ftp://example.com/x",
+            "not a url",
+            "javascript:alert(1)",
+        ] {
             let err = call(url, None).await.unwrap_err();
             assert_eq!(err.kind(), "invalid_arguments", "{url}");
             assert!(err.to_string().contains("at /url"), "{err}");
@@ -1041,7 +1244,9 @@ mod tests {
 
     #[tokio::test]
     async fn max_bytes_above_the_catalog_cap_is_refused() {
-        let err = call("http://127.0.0.1:9/", Some(10_000_000)).await.unwrap_err();
+        let err = call("http://127.0.0.1:9/", Some(10_000_000))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), "invalid_arguments");
         assert!(err.to_string().contains("at /max_bytes"));
         let err = call("http://127.0.0.1:9/", Some(0)).await.unwrap_err();
@@ -1056,7 +1261,10 @@ mod tests {
         let err = call(&format!("http://{addr}/x"), None).await.unwrap_err();
         assert_eq!(err.kind(), "failed");
         let text = err.to_string();
-        assert!(text.contains(&format!("fetching http://{addr}/x")), "{text}");
+        assert!(
+            text.contains(&format!("fetching http://{addr}/x")),
+            "{text}"
+        );
         assert!(text.to_lowercase().contains("refused"), "{text}");
         assert!(text.contains("try another source"));
     }
@@ -1065,8 +1273,14 @@ mod tests {
     async fn schema_accepts_good_input_and_rejects_bad() {
         let set = ToolSet::from_tools(vec![Arc::new(WebFetch)]).unwrap();
         assert!(set.validate(TOOL, &json!({"url": "https://a.b/"})).is_ok());
-        assert!(set.validate(TOOL, &json!({"url": "https://a.b/", "max_bytes": 0})).is_err());
-        assert!(set.validate(TOOL, &json!({"url": "https://a.b/", "extra": 1})).is_err());
+        assert!(
+            set.validate(TOOL, &json!({"url": "https://a.b/", "max_bytes": 0}))
+                .is_err()
+        );
+        assert!(
+            set.validate(TOOL, &json!({"url": "https://a.b/", "extra": 1}))
+                .is_err()
+        );
         assert!(set.validate(TOOL, &json!({})).is_err());
         assert!(WebFetch.read_only());
     }
@@ -1085,8 +1299,14 @@ mod tests {
 
     #[test]
     fn kinds_from_types_and_sniffing() {
-        assert_eq!(kind_from_type(Some("TEXT/HTML; charset=x")), Some(Kind::Html));
-        assert_eq!(kind_from_type(Some("application/problem+json")), Some(Kind::Text));
+        assert_eq!(
+            kind_from_type(Some("TEXT/HTML; charset=x")),
+            Some(Kind::Html)
+        );
+        assert_eq!(
+            kind_from_type(Some("application/problem+json")),
+            Some(Kind::Text)
+        );
         assert_eq!(kind_from_type(Some("text/csv")), Some(Kind::Text));
         assert_eq!(kind_from_type(Some("application/pdf")), Some(Kind::Binary));
         assert_eq!(kind_from_type(Some("text/plain")), None);
@@ -1115,18 +1335,32 @@ mod tests {
         // html5ever needs time quadratic in the nesting depth (100 s for 50 000 levels in a
         // debug build), so such pages take the plain tag-stripping path instead.
         let depth = 200_000;
-        let html = format!("{}deep &amp; deeper{}", "<div>".repeat(depth), "</div>".repeat(depth));
+        let html = format!(
+            "{}deep &amp; deeper{}",
+            "<div>".repeat(depth),
+            "</div>".repeat(depth)
+        );
         let started = std::time::Instant::now();
         let text = html_to_text(html.into_bytes(), &base).await;
         assert!(started.elapsed() < Duration::from_secs(5));
-        assert!(text.contains("deep & deeper"), "{}", &text[..text.len().min(300)]);
+        assert!(
+            text.contains("deep & deeper"),
+            "{}",
+            &text[..text.len().min(300)]
+        );
         assert!(text.contains("nests too deeply"));
     }
 
     #[test]
     fn depth_estimate_ignores_flat_elements_and_hidden_content() {
-        assert_eq!(nesting_depth(b"<div><div><p>a<p>b<br><img src=x></div></div>"), 2);
-        assert_eq!(nesting_depth(b"<script>if (a<b) { '<div><div><div>' }</script><span/>"), 1);
+        assert_eq!(
+            nesting_depth(b"<div><div><p>a<p>b<br><img src=x></div></div>"),
+            2
+        );
+        assert_eq!(
+            nesting_depth(b"<script>if (a<b) { '<div><div><div>' }</script><span/>"),
+            1
+        );
         assert_eq!(nesting_depth(b"<!-- <div><div> --><b>x</b>"), 1);
         assert_eq!(nesting_depth(b"<b><b><b>"), 3);
         assert_eq!(nesting_depth(b"a < b and <> and <"), 0);
@@ -1138,7 +1372,10 @@ mod tests {
     fn strip_tags_keeps_text_and_lines() {
         let html = "<h1>Title</h1><p>One &amp; <b>two</b>&#33; &#x263A;</p>\
                     <style>p{}</style><ul><li>x</li><li>y &unknown; z &#xFFFFFFFF; &é;</li></ul>";
-        assert_eq!(strip_tags(html), "Title\nOne & two! \u{263A}\nx\ny &unknown; z &#xFFFFFFFF; &é;\n");
+        assert_eq!(
+            strip_tags(html),
+            "Title\nOne & two! \u{263A}\nx\ny &unknown; z &#xFFFFFFFF; &é;\n"
+        );
     }
 
     #[test]

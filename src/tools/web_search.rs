@@ -18,8 +18,7 @@ use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult};
 use crate::text::truncate_to;
 use crate::tools::web_fetch::{
-    client_for, decode_entities, read_capped, request_error, request_timeout,
-    strip_tags,
+    client_for, decode_entities, read_capped, request_error, request_timeout, strip_tags,
 };
 use crate::tools::{Tool, ToolOutput, args};
 
@@ -70,7 +69,11 @@ impl Provider {
 
 /// The provider the variables of `lookup` configure; blank values count as unset.
 pub(crate) fn provider_from(lookup: impl Fn(&str) -> Option<String>) -> Option<Provider> {
-    let get = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let get = |name: &str| {
+        lookup(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     if let Some(base) = get(SEARXNG_URL_VAR) {
         return Some(Provider::Searxng { base });
     }
@@ -179,11 +182,19 @@ impl Tool for WebSearch {
 }
 
 /// The tool's work, with the provider passed in (tests give their own).
-async fn run(provider: Option<Provider>, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+async fn run(
+    provider: Option<Provider>,
+    input: Value,
+    ctx: &ToolContext,
+) -> ToolResult<ToolOutput> {
     let args: Args = args::parse(TOOL, input)?;
     let query = args.query.trim();
     if query.is_empty() {
-        return Err(ToolError::invalid(TOOL, "/query", "the query is blank; pass words to search for"));
+        return Err(ToolError::invalid(
+            TOOL,
+            "/query",
+            "the query is blank; pass words to search for",
+        ));
     }
     let max = match args.max_results {
         None => DEFAULT_RESULTS,
@@ -286,7 +297,11 @@ async fn search(
         ));
     }
     if let Some(err) = body.interrupted {
-        return Err(ToolError::failed(action, format!("the reply broke off: {err}"), "Search again."));
+        return Err(ToolError::failed(
+            action,
+            format!("the reply broke off: {err}"),
+            "Search again.",
+        ));
     }
     let malformed = |e: serde_json::Error| {
         ToolError::failed(
@@ -314,10 +329,19 @@ async fn search(
     Ok(items
         .into_iter()
         .filter_map(|(title, url, snippet)| {
-            let url = url.map(|u| u.trim().to_string()).filter(|u| !u.is_empty())?;
-            let title = title.map(|t| clean(&t)).filter(|t| !t.is_empty()).unwrap_or_else(|| url.clone());
+            let url = url
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())?;
+            let title = title
+                .map(|t| clean(&t))
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| url.clone());
             let snippet = snippet.map(|s| clean(&s)).unwrap_or_default();
-            Some(Hit { title, url, snippet })
+            Some(Hit {
+                title,
+                url,
+                snippet,
+            })
         })
         .take(max)
         .collect())
@@ -377,12 +401,24 @@ mod tests {
             })).chain([json!({"title": "no url"})]).collect::<Vec<_>>()
         });
         match path {
-            p if p.starts_with("/sub/search?") => Canned::new("200 OK", "application/json", body.to_string()),
-            p if p.starts_with("/search?q=empty") => Canned::new("200 OK", "application/json", r#"{"results": []}"#),
-            p if p.starts_with("/search?q=broken") => Canned::new("200 OK", "application/json", "{\"results\": [ {"),
-            p if p.starts_with("/search?q=shape") => Canned::new("200 OK", "application/json", r#"{"answers": []}"#),
-            p if p.starts_with("/search?q=down") => Canned::new("502 Bad Gateway", "text/html", "<h1>upstream\n down</h1>"),
-            p if p.starts_with("/search?") => Canned::new("200 OK", "application/json", body.to_string()),
+            p if p.starts_with("/sub/search?") => {
+                Canned::new("200 OK", "application/json", body.to_string())
+            }
+            p if p.starts_with("/search?q=empty") => {
+                Canned::new("200 OK", "application/json", r#"{"results": []}"#)
+            }
+            p if p.starts_with("/search?q=broken") => {
+                Canned::new("200 OK", "application/json", "{\"results\": [ {")
+            }
+            p if p.starts_with("/search?q=shape") => {
+                Canned::new("200 OK", "application/json", r#"{"answers": []}"#)
+            }
+            p if p.starts_with("/search?q=down") => {
+                Canned::new("502 Bad Gateway", "text/html", "<h1>upstream\n down</h1>")
+            }
+            p if p.starts_with("/search?") => {
+                Canned::new("200 OK", "application/json", body.to_string())
+            }
             _ => Canned::new("404 Not Found", "text/plain", "no"),
         }
     }
@@ -392,10 +428,18 @@ mod tests {
             return Canned::new("404 Not Found", "text/plain", "wrong path");
         }
         if path.contains("q=nothing") {
-            return Canned::new("200 OK", "application/json", r#"{"type": "search", "query": {}}"#);
+            return Canned::new(
+                "200 OK",
+                "application/json",
+                r#"{"type": "search", "query": {}}"#,
+            );
         }
         if path.contains("q=denied") {
-            return Canned::new("401 Unauthorized", "application/json", r#"{"error": "bad token"}"#);
+            return Canned::new(
+                "401 Unauthorized",
+                "application/json",
+                r#"{"error": "bad token"}"#,
+            );
         }
         let body = json!({"web": {"results": [
             {"title": "Tokio <strong>docs</strong>", "url": "https://tokio.rs/", "description": "An <strong>async</strong> runtime"},
@@ -405,8 +449,10 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -421,29 +467,41 @@ mod tests {
     }
 
     fn brave(s: &Server) -> Option<Provider> {
-        provider_from(env(&[(BRAVE_KEY_VAR, "secret-key"), (BRAVE_URL_VAR, &s.base)]))
+        provider_from(env(&[
+            (BRAVE_KEY_VAR, "secret-key"),
+            (BRAVE_URL_VAR, &s.base),
+        ]))
     }
 
     #[tokio::test]
     async fn searxng_results_are_numbered_with_snippets() {
         let s = start(searx_routes).await;
-        let out = call(searx(&s), json!({"query": "rust async"})).await.unwrap();
+        let out = call(searx(&s), json!({"query": "rust async"}))
+            .await
+            .unwrap();
         assert!(!out.is_error);
         let c = &out.content;
         assert!(c.starts_with("Results for \"rust async\" (SearXNG):\n\n1. Result & 1 — https://example.com/1\n   Snippet 1 more\n"), "{c}");
         assert!(c.contains("5. Result & 5 — https://example.com/5"));
         assert!(!c.contains("6. "), "default is 5 results: {c}");
         let req = s.requests.lock().unwrap()[0].clone();
-        assert!(req.starts_with("GET /search?q=rust+async&format=json "), "{req}");
+        assert!(
+            req.starts_with("GET /search?q=rust+async&format=json "),
+            "{req}"
+        );
     }
 
     #[tokio::test]
     async fn max_results_limits_and_results_without_url_are_skipped() {
         let s = start(searx_routes).await;
-        let out = call(searx(&s), json!({"query": "q", "max_results": 2})).await.unwrap();
+        let out = call(searx(&s), json!({"query": "q", "max_results": 2}))
+            .await
+            .unwrap();
         assert!(out.content.contains("2. Result & 2"));
         assert!(!out.content.contains("3. "));
-        let out = call(searx(&s), json!({"query": "q", "max_results": 20})).await.unwrap();
+        let out = call(searx(&s), json!({"query": "q", "max_results": 20}))
+            .await
+            .unwrap();
         assert!(out.content.contains("8. Result & 8"));
         assert!(!out.content.contains("9. "), "{}", out.content);
         assert!(!out.content.contains("no url"));
@@ -461,14 +519,19 @@ mod tests {
     #[tokio::test]
     async fn brave_results_use_the_key_and_clean_snippets() {
         let s = start(brave_routes).await;
-        let out = call(brave(&s), json!({"query": "tokio", "max_results": 7})).await.unwrap();
+        let out = call(brave(&s), json!({"query": "tokio", "max_results": 7}))
+            .await
+            .unwrap();
         let c = &out.content;
         assert!(c.starts_with("Results for \"tokio\" (Brave Search):\n\n1. Tokio docs — https://tokio.rs/\n   An async runtime\n"), "{c}");
         // An empty title falls back to the URL; a long snippet is cut on a char boundary.
         assert!(c.contains("2. https://docs.rs/tokio — https://docs.rs/tokio\n"));
         assert!(c.contains(&format!("   {}…\n", "é".repeat(200))), "{c}");
         let req = s.requests.lock().unwrap()[0].to_lowercase();
-        assert!(req.starts_with("get /res/v1/web/search?q=tokio&count=7 "), "{req}");
+        assert!(
+            req.starts_with("get /res/v1/web/search?q=tokio&count=7 "),
+            "{req}"
+        );
         assert!(req.contains("x-subscription-token: secret-key"), "{req}");
     }
 
@@ -477,30 +540,50 @@ mod tests {
         let s = start(brave_routes).await;
         let out = call(brave(&s), json!({"query": "nothing"})).await.unwrap();
         assert!(!out.is_error);
-        assert!(out.content.starts_with("No results for \"nothing\" (Brave Search)"));
+        assert!(
+            out.content
+                .starts_with("No results for \"nothing\" (Brave Search)")
+        );
         let s = start(searx_routes).await;
         let out = call(searx(&s), json!({"query": "empty"})).await.unwrap();
-        assert!(out.content.starts_with("No results for \"empty\" (SearXNG)"));
+        assert!(
+            out.content
+                .starts_with("No results for \"empty\" (SearXNG)")
+        );
     }
 
     #[tokio::test]
     async fn nothing_configured_names_the_variables() {
         assert_eq!(provider_from(env(&[])), None);
-        assert_eq!(provider_from(env(&[(SEARXNG_URL_VAR, "  "), (BRAVE_URL_VAR, "http://x")])), None);
+        assert_eq!(
+            provider_from(env(&[(SEARXNG_URL_VAR, "  "), (BRAVE_URL_VAR, "http://x")])),
+            None
+        );
         let err = call(None, json!({"query": "x"})).await.unwrap_err();
         assert_eq!(err.kind(), "unavailable");
         let text = err.to_string();
-        assert!(text.contains(SEARXNG_URL_VAR) && text.contains(BRAVE_KEY_VAR), "{text}");
+        assert!(
+            text.contains(SEARXNG_URL_VAR) && text.contains(BRAVE_KEY_VAR),
+            "{text}"
+        );
         assert!(text.contains("web_fetch"));
     }
 
     #[test]
     fn searxng_wins_over_brave_and_brave_has_a_default_base() {
         let both = env(&[(SEARXNG_URL_VAR, "http://s"), (BRAVE_KEY_VAR, "k")]);
-        assert_eq!(provider_from(both), Some(Provider::Searxng { base: "http://s".into() }));
+        assert_eq!(
+            provider_from(both),
+            Some(Provider::Searxng {
+                base: "http://s".into()
+            })
+        );
         assert_eq!(
             provider_from(env(&[(BRAVE_KEY_VAR, " k ")])),
-            Some(Provider::Brave { base: BRAVE_DEFAULT_BASE.into(), key: "k".into() })
+            Some(Provider::Brave {
+                base: BRAVE_DEFAULT_BASE.into(),
+                key: "k".into()
+            })
         );
     }
 
@@ -510,9 +593,14 @@ mod tests {
         let err = call(searx(&s), json!({"query": "down"})).await.unwrap_err();
         assert_eq!(err.kind(), "failed");
         let text = err.to_string();
-        assert!(text.contains("SearXNG answered HTTP 502 Bad Gateway: upstream down."), "{text}");
+        assert!(
+            text.contains("SearXNG answered HTTP 502 Bad Gateway: upstream down."),
+            "{text}"
+        );
         let s = start(brave_routes).await;
-        let err = call(brave(&s), json!({"query": "denied"})).await.unwrap_err();
+        let err = call(brave(&s), json!({"query": "denied"}))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("HTTP 401"));
         assert!(err.to_string().contains(BRAVE_KEY_VAR));
     }
@@ -523,7 +611,10 @@ mod tests {
         for q in ["broken", "shape"] {
             let err = call(searx(&s), json!({"query": q})).await.unwrap_err();
             assert_eq!(err.kind(), "failed");
-            assert!(err.to_string().contains("not the JSON SearXNG should send"), "{err}");
+            assert!(
+                err.to_string().contains("not the JSON SearXNG should send"),
+                "{err}"
+            );
         }
     }
 
@@ -532,14 +623,24 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let err = call(Some(Provider::Searxng { base: format!("http://{addr}") }), json!({"query": "x"}))
-            .await
-            .unwrap_err();
+        let err = call(
+            Some(Provider::Searxng {
+                base: format!("http://{addr}"),
+            }),
+            json!({"query": "x"}),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.kind(), "failed");
         assert!(err.to_string().contains("refused"), "{err}");
-        let err = call(Some(Provider::Searxng { base: "ftp://x".into() }), json!({"query": "x"}))
-            .await
-            .unwrap_err();
+        let err = call(
+            Some(Provider::Searxng {
+                base: "ftp://x".into(),
+            }),
+            json!({"query": "x"}),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.kind(), "unavailable");
         assert!(err.to_string().contains(SEARXNG_URL_VAR));
     }
@@ -548,11 +649,19 @@ mod tests {
     async fn blank_query_and_out_of_range_counts_are_invalid() {
         let err = call(None, json!({"query": "   "})).await.unwrap_err();
         assert!(err.to_string().contains("at /query"));
-        let err = call(None, json!({"query": "x", "max_results": 21})).await.unwrap_err();
+        let err = call(None, json!({"query": "x", "max_results": 21}))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("at /max_results"));
         let set = ToolSet::from_tools(vec![Arc::new(WebSearch)]).unwrap();
-        assert!(set.validate(TOOL, &json!({"query": "x", "max_results": 20})).is_ok());
-        assert!(set.validate(TOOL, &json!({"query": "x", "max_results": 0})).is_err());
+        assert!(
+            set.validate(TOOL, &json!({"query": "x", "max_results": 20}))
+                .is_ok()
+        );
+        assert!(
+            set.validate(TOOL, &json!({"query": "x", "max_results": 0}))
+                .is_err()
+        );
         assert!(set.validate(TOOL, &json!({"query": ""})).is_err());
         assert!(set.validate(TOOL, &json!({"query": "x", "n": 1})).is_err());
     }
