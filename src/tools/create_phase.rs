@@ -1,32 +1,298 @@
-//! PLACEHOLDER: `create_phase` — to be implemented (must not land as is).
+//! `create_phase`: records a phase — an objective, concrete tasks (optionally naming the
+//! file each touches) and the command that validates it — as
+//! `.taskdaemon/artifacts/phase-<name>.json` and `.md`.
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::context::ToolContext;
-use crate::error::{ToolError, ToolResult};
-use crate::tools::{Tool, ToolOutput};
+use crate::error::ToolResult;
+use crate::tools::artifacts::{
+    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema, one_line,
+    save, text_schema,
+};
+use crate::tools::{Tool, ToolOutput, args};
+
+const TOOL: &str = "create_phase";
 
 /// The `create_phase` tool.
 pub struct CreatePhase;
 
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Phase {
+    name: String,
+    title: String,
+    objective: String,
+    tasks: Vec<Task>,
+    validation_command: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Task {
+    description: String,
+    #[serde(default)]
+    file: Option<String>,
+    #[serde(default)]
+    action: Option<Action>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Action {
+    Create,
+    Modify,
+    Delete,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::Modify => "modify",
+            Action::Delete => "delete",
+        }
+    }
+}
+
 #[async_trait]
 impl Tool for CreatePhase {
     fn name(&self) -> &'static str {
-        "create_phase"
+        TOOL
     }
 
     fn description(&self) -> &'static str {
-        "PLACEHOLDER"
+        "Create (or replace) a phase: its objective, the concrete tasks (each optionally naming \
+         the worktree file it creates, modifies or deletes) and the shell command that \
+         validates the phase. Written as .taskdaemon/artifacts/phase-<name>.json and .md."
     }
 
     fn input_schema(&self) -> Value {
-        json!({"type": "object", "properties": {}})
+        json!({
+            "type": "object",
+            "properties": {
+                "name": name_schema("Phase name, used in the artifact's file names"),
+                "title": text_schema("Phase title, one line."),
+                "objective": text_schema("What is true once the phase is done."),
+                "tasks": {
+                    "type": "array",
+                    "minItems": 1,
+                    "description": "The tasks in the order to do them. Required, at least one.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "description": text_schema("What to do."),
+                            "file": {
+                                "type": "string",
+                                "minLength": 1,
+                                "description": "Worktree-relative path of the file the task touches. Optional, default: none."
+                            },
+                            "action": {
+                                "type": "string",
+                                "enum": ["create", "modify", "delete"],
+                                "description": "What the task does to `file`. Optional, default: unspecified."
+                            }
+                        },
+                        "required": ["description"],
+                        "additionalProperties": false
+                    }
+                },
+                "validation_command": text_schema("Shell command, run in the worktree, that passes once the phase is done (e.g. \"cargo test lexer::\").")
+            },
+            "required": ["name", "title", "objective", "tasks", "validation_command"],
+            "additionalProperties": false
+        })
     }
 
-    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        Err(ToolError::Unavailable {
-            message: "PLACEHOLDER not implemented".into(),
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        let phase: Phase = args::parse(TOOL, input)?;
+        check(&phase, ctx)?;
+        let artifact = Artifact {
+            tool: TOOL,
+            kind: "phase",
+            name: &phase.name,
+            json: artifact_json("phase", &phase)?,
+            markdown: markdown(&phase),
+            summary: count(phase.tasks.len(), "task"),
+        };
+        save(ctx, &artifact).await
+    }
+}
+
+/// Names, blank texts, at least one task, and task files that stay in the worktree.
+fn check(phase: &Phase, ctx: &ToolContext) -> ToolResult<()> {
+    let mut p = Problems::new(TOOL);
+    p.name("/name", &phase.name);
+    p.text("/title", &phase.title, "the title");
+    p.text("/objective", &phase.objective, "the objective");
+    p.text(
+        "/validation_command",
+        &phase.validation_command,
+        "the validation command",
+    );
+    if phase.tasks.is_empty() {
+        p.push("/tasks", "a phase needs at least one task");
+    }
+    for (i, task) in phase.tasks.iter().enumerate() {
+        p.text(
+            format!("/tasks/{i}/description"),
+            &task.description,
+            "the description",
+        );
+        if let Some(file) = &task.file {
+            if file.trim().is_empty() {
+                p.push(
+                    format!("/tasks/{i}/file"),
+                    "the file is blank; name a path or leave it out",
+                );
+            } else if let Err(e) = ctx.resolve(file) {
+                p.push(format!("/tasks/{i}/file"), e.to_string());
+            }
+        }
+    }
+    p.finish()
+}
+
+/// The phase as readable Markdown.
+fn markdown(phase: &Phase) -> String {
+    let mut md = format!(
+        "# Phase: {}\n\n- Name: {}\n- Tasks: {}\n\n## Objective\n\n{}\n\n## Tasks\n\n",
+        one_line(&phase.title),
+        inline_code(&phase.name),
+        phase.tasks.len(),
+        phase.objective.trim()
+    );
+    for (i, task) in phase.tasks.iter().enumerate() {
+        let number = format!("{}. ", i + 1);
+        let target = match (task.action, &task.file) {
+            (Some(a), Some(f)) => format!("[{}] {}: ", a.as_str(), inline_code(f)),
+            (None, Some(f)) => format!("{}: ", inline_code(f)),
+            (Some(a), None) => format!("[{}] ", a.as_str()),
+            (None, None) => String::new(),
+        };
+        let indent = " ".repeat(number.len());
+        md.push_str(&format!(
+            "{number}{target}{}\n",
+            hang(&task.description, &indent)
+        ));
+    }
+    md.push_str(&format!(
+        "\n## Validation\n\n{}",
+        code_block(&phase.validation_command, "sh")
+    ));
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::ToolSet;
+    use std::sync::Arc;
+
+    fn good() -> Value {
+        json!({
+            "name": "lexer",
+            "title": "Write the lexer",
+            "objective": "Tokens come out of config text.",
+            "tasks": [
+                {"description": "Token types.", "file": "src/token.rs", "action": "create"},
+                {"description": "Wire it in.\nAlso export it.", "file": "src/lib.rs"},
+                {"description": "Drop the old one.", "action": "delete"},
+                {"description": "Think."}
+            ],
+            "validation_command": "cargo test lexer"
         })
+    }
+
+    async fn run(input: Value) -> (tempfile::TempDir, ToolResult<ToolOutput>) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let out = CreatePhase.execute(input, &ctx).await;
+        (dir, out)
+    }
+
+    #[tokio::test]
+    async fn writes_json_and_markdown() {
+        let (dir, out) = run(good()).await;
+        let out = out.unwrap();
+        assert_eq!(
+            out.content,
+            "Phase 'lexer' created (4 tasks).\nWrote .taskdaemon/artifacts/phase-lexer.json\nWrote .taskdaemon/artifacts/phase-lexer.md\n"
+        );
+        let base = dir.path().join(".taskdaemon/artifacts");
+        let stored: Value =
+            serde_json::from_str(&std::fs::read_to_string(base.join("phase-lexer.json")).unwrap())
+                .unwrap();
+        assert_eq!(stored["kind"], "phase");
+        assert_eq!(stored["tasks"][0]["action"], "create");
+        assert_eq!(stored["tasks"][3]["file"], Value::Null);
+        assert_eq!(stored["validation_command"], "cargo test lexer");
+        let md = std::fs::read_to_string(base.join("phase-lexer.md")).unwrap();
+        assert_eq!(
+            md,
+            "# Phase: Write the lexer\n\n- Name: `lexer`\n- Tasks: 4\n\n## Objective\n\nTokens come out of config text.\n\n## Tasks\n\n\
+             1. [create] `src/token.rs`: Token types.\n\
+             2. `src/lib.rs`: Wire it in.\n   Also export it.\n\
+             3. [delete] Drop the old one.\n\
+             4. Think.\n\n## Validation\n\n```sh\ncargo test lexer\n```\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn task_files_must_stay_in_the_worktree() {
+        let mut input = good();
+        input["tasks"][1]["file"] = json!("../../etc/passwd");
+        input["tasks"][2]["file"] = json!(" ");
+        let (dir, out) = run(input).await;
+        let text = out.unwrap_err().to_string();
+        assert!(
+            text.contains("at /tasks/1/file: sandbox violation"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at /tasks/2/file: the file is blank"),
+            "{text}"
+        );
+        assert!(!dir.path().join(".taskdaemon").exists());
+    }
+
+    #[tokio::test]
+    async fn blank_command_and_missing_tasks_are_refused() {
+        let mut input = good();
+        input["validation_command"] = json!(" \n");
+        input["tasks"] = json!([]);
+        let (_d, out) = run(input).await;
+        let text = out.unwrap_err().to_string();
+        assert!(
+            text.contains("at /validation_command: the validation command is blank"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at /tasks: a phase needs at least one task"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn schema_requires_command_and_a_task() {
+        let set = ToolSet::from_tools(vec![Arc::new(CreatePhase)]).unwrap();
+        assert!(set.validate(TOOL, &good()).is_ok());
+        for (field, value) in [
+            ("tasks", json!([])),
+            ("validation_command", json!("")),
+            ("name", json!("UPPER")),
+        ] {
+            let mut bad = good();
+            bad[field] = value;
+            assert!(set.validate(TOOL, &bad).is_err(), "{field}");
+        }
+        let mut bad = good();
+        bad["tasks"][0]["action"] = json!("rename");
+        assert!(set.validate(TOOL, &bad).is_err());
+        let mut bad = good();
+        bad.as_object_mut().unwrap().remove("validation_command");
+        assert!(set.validate(TOOL, &bad).is_err());
     }
 }

@@ -11,6 +11,7 @@ use crate::error::ToolResult;
 use crate::receipts::SideEffect;
 
 pub mod args;
+pub mod artifacts;
 
 pub mod broadcast_alert;
 pub mod build;

@@ -1,0 +1,395 @@
+//! What `create_plan`, `create_spec` and `create_phase` share: artifact names, argument
+//! checks that a JSON Schema cannot express, and writing an artifact as a JSON file plus a
+//! readable Markdown file under `.taskdaemon/artifacts/` in the worktree.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::context::{ToolContext, sha256_hex};
+use crate::error::{ArgumentProblem, ToolError, ToolResult};
+use crate::receipts::SideEffect;
+use crate::tools::ToolOutput;
+
+/// Worktree-relative directory holding artifacts.
+pub const ARTIFACT_DIR: &str = ".taskdaemon/artifacts";
+
+/// Pattern of artifact, spec and phase names. Names become file names, so the pattern also
+/// keeps them from escaping the artifact directory.
+pub const NAME_PATTERN: &str = "^[a-z0-9][a-z0-9_-]{0,63}$";
+
+/// Longest name [`NAME_PATTERN`] allows.
+const NAME_MAX: usize = 64;
+
+/// Whether `name` matches [`NAME_PATTERN`] (checked in code too: the tools may be called
+/// without schema validation, and a name is a file name).
+pub fn is_valid_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= NAME_MAX
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-')
+}
+
+/// Schema of a name property.
+pub fn name_schema(what: &str) -> Value {
+    json!({
+        "type": "string",
+        "pattern": NAME_PATTERN,
+        "description": format!("{what}: 1 to 64 of a-z, 0-9, '_' and '-', starting with a letter or digit (e.g. \"auth-api\"). Required, no default.")
+    })
+}
+
+/// Schema of a required, non-empty text property.
+pub fn text_schema(description: &str) -> Value {
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "description": format!("{description} Required, no default.")
+    })
+}
+
+/// Collects every problem of one input, so the model can fix them all in one retry.
+#[derive(Debug)]
+pub struct Problems {
+    tool: &'static str,
+    list: Vec<ArgumentProblem>,
+}
+
+impl Problems {
+    /// No problems yet, for `tool`.
+    pub fn new(tool: &'static str) -> Self {
+        Self {
+            tool,
+            list: Vec::new(),
+        }
+    }
+
+    /// Records a problem at `pointer`.
+    pub fn push(&mut self, pointer: impl Into<String>, message: impl Into<String>) {
+        self.list.push(ArgumentProblem {
+            pointer: pointer.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Checks a name against [`NAME_PATTERN`].
+    pub fn name(&mut self, pointer: impl Into<String>, name: &str) {
+        if !is_valid_name(name) {
+            self.push(
+                pointer,
+                format!("'{name}' is not a valid name; use 1 to 64 of a-z, 0-9, '_' and '-', starting with a letter or digit"),
+            );
+        }
+    }
+
+    /// Checks that a text is not blank.
+    pub fn text(&mut self, pointer: impl Into<String>, value: &str, what: &str) {
+        if value.trim().is_empty() {
+            self.push(pointer, format!("{what} is blank; write it out"));
+        }
+    }
+
+    /// Checks that names are unique within a list; `pointer_of(i)` points at item `i`'s name.
+    pub fn unique_names<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a str>,
+        pointer_of: impl Fn(usize) -> String,
+        what: &str,
+    ) {
+        let mut seen: Vec<&str> = Vec::new();
+        for (i, name) in names.into_iter().enumerate() {
+            if seen.contains(&name) {
+                self.push(
+                    pointer_of(i),
+                    format!("{what} name '{name}' is used twice; give each {what} its own name"),
+                );
+            } else {
+                seen.push(name);
+            }
+        }
+    }
+
+    /// `Ok` when nothing was found, else `InvalidArguments` listing everything.
+    pub fn finish(self) -> ToolResult<()> {
+        if self.list.is_empty() {
+            Ok(())
+        } else {
+            Err(ToolError::InvalidArguments {
+                tool: self.tool.to_string(),
+                problems: self.list,
+            })
+        }
+    }
+}
+
+/// The JSON written for an artifact: its kind, then the validated input.
+#[derive(Serialize)]
+struct Stored<'a, T: Serialize> {
+    kind: &'a str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+/// The pretty JSON of an artifact of `kind`.
+pub fn artifact_json<T: Serialize>(kind: &str, body: &T) -> ToolResult<String> {
+    serde_json::to_string_pretty(&Stored { kind, body })
+        .map(|mut s| {
+            s.push('\n');
+            s
+        })
+        .map_err(|e| {
+            ToolError::failed(
+                format!("serializing the {kind}"),
+                e,
+                "This is a bug in the tool; report it and continue.",
+            )
+        })
+}
+
+/// An artifact ready to be written.
+#[derive(Debug)]
+pub struct Artifact<'a> {
+    /// The tool writing it (for error messages).
+    pub tool: &'static str,
+    /// `plan`, `spec` or `phase`.
+    pub kind: &'static str,
+    /// Its name (checked against [`NAME_PATTERN`] again before it becomes a path).
+    pub name: &'a str,
+    /// The JSON file's content.
+    pub json: String,
+    /// The Markdown file's content.
+    pub markdown: String,
+    /// A few words on its content for the output, e.g. "3 specs".
+    pub summary: String,
+}
+
+/// Writes `<kind>-<name>.json` and `<kind>-<name>.md` under [`ARTIFACT_DIR`], refreshes the
+/// read stamps of both and reports them; says "replacing" when one of them existed.
+pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<ToolOutput> {
+    let Artifact {
+        tool, kind, name, ..
+    } = *artifact;
+    if !is_valid_name(name) {
+        // Callers check first; this keeps a bad name from ever becoming a path.
+        return Err(ToolError::invalid(
+            tool,
+            "/name",
+            format!("'{name}' is not a valid name; use 1 to 64 of a-z, 0-9, '_' and '-'"),
+        ));
+    }
+    let what = &artifact.summary;
+    let mut replaced = false;
+    let mut written = Vec::new();
+    for (ext, content) in [("json", &artifact.json), ("md", &artifact.markdown)] {
+        let rel = format!("{ARTIFACT_DIR}/{kind}-{name}.{ext}");
+        let path = ctx.resolve(&rel)?;
+        let shown = ctx.display(&path);
+        if let Some(dir) = path.parent() {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|e| ToolError::from_io("creating directory", ARTIFACT_DIR, &e))?;
+        }
+        replaced |= tokio::fs::try_exists(&path).await.unwrap_or(false);
+        tokio::fs::write(&path, content.as_bytes())
+            .await
+            .map_err(|e| ToolError::from_io("writing", &shown, &e))?;
+        // The loop wrote it, so it may edit it next without reading it first.
+        ctx.record_stamp(&path, content.as_bytes());
+        written.push((shown, sha256_hex(content.as_bytes())));
+    }
+    let mut title = kind.to_string();
+    if let Some(first) = title.get_mut(0..1) {
+        first.make_ascii_uppercase();
+    }
+    let verb = if replaced {
+        "saved, replacing the earlier one of that name"
+    } else {
+        "created"
+    };
+    let mut out = ToolOutput::text(String::new());
+    out.content = format!("{title} '{name}' {verb} ({what}).\n");
+    for (path, hash) in written {
+        out.content.push_str(&format!("Wrote {path}\n"));
+        out = out.with_effect(SideEffect::FileWritten { path, hash });
+    }
+    Ok(out)
+}
+
+/// `text` on one line (titles go into Markdown headings).
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` as a fenced code block whose fence no backtick run inside can close.
+pub fn code_block(text: &str, lang: &str) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        if c == '`' {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    let fence = "`".repeat(longest.max(2) + 1);
+    format!("{fence}{lang}\n{}\n{fence}\n", text.trim_end())
+}
+
+/// `text` as inline code that survives backticks inside it.
+pub fn inline_code(text: &str) -> String {
+    if text.contains('`') {
+        format!("`` {text} ``")
+    } else {
+        format!("`{text}`")
+    }
+}
+
+/// A multi-line `text` indented by `indent` after its first line (list item bodies).
+pub fn hang(text: &str, indent: &str) -> String {
+    text.trim()
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 || l.trim().is_empty() {
+                l.trim_end().to_string()
+            } else {
+                format!("{indent}{}", l.trim_end())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Plural-aware count: `count(3, "spec")` is "3 specs".
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_pattern() {
+        for ok in ["a", "0", "auth-api", "x_1", &"a".repeat(64)] {
+            assert!(is_valid_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "_a",
+            "A",
+            "a b",
+            "../x",
+            "a/b",
+            "é",
+            &"a".repeat(65),
+            "a.",
+        ] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+        // The schema pattern and the code check agree.
+        let re = regex::Regex::new(NAME_PATTERN).unwrap();
+        for s in [
+            "a",
+            "-a",
+            "auth-api",
+            "A",
+            &"a".repeat(64),
+            &"a".repeat(65),
+            "a/b",
+        ] {
+            assert_eq!(re.is_match(s), is_valid_name(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn problems_collect_everything() {
+        let mut p = Problems::new("create_plan");
+        p.name("/name", "Bad Name");
+        p.text("/title", "  ", "the title");
+        p.unique_names(["a", "b", "a"], |i| format!("/specs/{i}/name"), "spec");
+        let text = p.finish().unwrap_err().to_string();
+        assert!(
+            text.contains("at /name: 'Bad Name' is not a valid name"),
+            "{text}"
+        );
+        assert!(text.contains("at /title: the title is blank"));
+        assert!(text.contains("at /specs/2/name: spec name 'a' is used twice"));
+        assert!(Problems::new("t").finish().is_ok());
+    }
+
+    #[test]
+    fn markdown_helpers() {
+        assert_eq!(code_block("a ``` b\n", "sh"), "````sh\na ``` b\n````\n");
+        assert_eq!(code_block("cargo test", ""), "```\ncargo test\n```\n");
+        assert_eq!(inline_code("a`b"), "`` a`b ``");
+        assert_eq!(hang("one\ntwo\n\nthree", "   "), "one\n   two\n\n   three");
+        assert_eq!(one_line(" a\n b  c "), "a b c");
+        assert_eq!(count(1, "spec"), "1 spec");
+        assert_eq!(count(0, "task"), "0 tasks");
+    }
+
+    fn artifact<'a>(name: &'a str, markdown: &str) -> Artifact<'a> {
+        Artifact {
+            tool: "create_plan",
+            kind: "plan",
+            name,
+            json: "{}\n".into(),
+            markdown: markdown.into(),
+            summary: "1 spec".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn save_writes_both_files_stamps_them_and_says_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let out = save(&ctx, &artifact("p1", "# P\n")).await.unwrap();
+        assert_eq!(
+            out.content,
+            "Plan 'p1' created (1 spec).\nWrote .taskdaemon/artifacts/plan-p1.json\nWrote .taskdaemon/artifacts/plan-p1.md\n"
+        );
+        let json_path = dir.path().join(".taskdaemon/artifacts/plan-p1.json");
+        assert_eq!(std::fs::read_to_string(&json_path).unwrap(), "{}\n");
+        let real = ctx.resolve(".taskdaemon/artifacts/plan-p1.md").unwrap();
+        assert_eq!(
+            ctx.check_stamp(&real, b"# P\n"),
+            crate::context::StampCheck::Current
+        );
+        assert_eq!(
+            out.effects[1],
+            SideEffect::FileWritten {
+                path: ".taskdaemon/artifacts/plan-p1.md".into(),
+                hash: sha256_hex(b"# P\n")
+            }
+        );
+        let again = save(&ctx, &artifact("p1", "# P2\n")).await.unwrap();
+        assert!(
+            again.content.contains("replacing the earlier one"),
+            "{}",
+            again.content
+        );
+        assert_eq!(std::fs::read_to_string(real).unwrap(), "# P2\n");
+    }
+
+    #[tokio::test]
+    async fn save_refuses_bad_names_and_escaping_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let err = save(&ctx, &artifact("../x", "#")).await.unwrap_err();
+        assert_eq!(err.kind(), "invalid_arguments");
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join(".taskdaemon")).unwrap();
+        let err = save(&ctx, &artifact("x", "#")).await.unwrap_err();
+        assert_eq!(err.kind(), "sandbox_violation");
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+}
