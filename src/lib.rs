@@ -5,14 +5,18 @@
 //! validation, limits and receipts), and the fronts in `fronts` (`tool exec`, MCP, replay).
 //! See ARCHITECTURE.md for the boundaries and invariants.
 
+pub mod actors;
 pub mod catalog;
 pub mod config;
 pub mod context;
 pub mod coordination;
+pub mod engine;
 pub mod error;
+pub mod events;
 pub mod formats;
 pub mod fronts;
 pub mod lang;
+pub mod llm;
 pub mod process;
 pub mod receipts;
 pub mod registry;

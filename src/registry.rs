@@ -170,6 +170,7 @@ impl ToolSet {
     }
 
     /// Runs one call with every guard and returns what the model sees plus a receipt.
+    /// A panicking tool becomes an error result.
     pub async fn call(
         &self,
         ctx: &ToolContext,
@@ -177,12 +178,67 @@ impl ToolSet {
         name: &str,
         input: Value,
     ) -> CallOutcome {
+        self.call_with(ctx, call_id, name, input, PanicPolicy::Catch)
+            .await
+    }
+
+    /// Like [`ToolSet::call`], but a panicking tool unwinds into the caller. Tool lanes use
+    /// this so that the worker actor fails and its supervisor restarts it; the lane then
+    /// answers the call with [`ToolSet::failed_outcome`].
+    pub async fn call_propagating_panics(
+        &self,
+        ctx: &ToolContext,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+    ) -> CallOutcome {
+        self.call_with(ctx, call_id, name, input, PanicPolicy::Propagate)
+            .await
+    }
+
+    /// The outcome (and receipt) of a call that never produced a result of its own, e.g.
+    /// because the worker running it died.
+    pub fn failed_outcome(
+        &self,
+        ctx: &ToolContext,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+        error: ToolError,
+        latency: Duration,
+    ) -> CallOutcome {
+        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        self.outcome(ctx, call_id, name, input, Err(error), latency, time)
+    }
+
+    async fn call_with(
+        &self,
+        ctx: &ToolContext,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+        panics: PanicPolicy,
+    ) -> CallOutcome {
         let started = Instant::now();
         let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let result = self.run_guarded(ctx, name, input.clone(), panics).await;
+        self.outcome(ctx, call_id, name, input, result, started.elapsed(), time)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn outcome(
+        &self,
+        ctx: &ToolContext,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+        result: Result<ToolOutput, ToolError>,
+        latency: Duration,
+        time: String,
+    ) -> CallOutcome {
         let input_hash = hash_value(&input);
         let spec = ctx.spec(name);
-        let result = self.run_guarded(ctx, name, input.clone()).await;
-        let latency_ms = started.elapsed().as_millis() as u64;
+        let latency_ms = latency.as_millis() as u64;
         let (full, is_error, effects, error_kind) = match result {
             Ok(out) => (out.content, out.is_error, out.effects, None),
             Err(e) => (e.to_string(), true, Vec::new(), Some(e.kind().to_string())),
@@ -228,6 +284,7 @@ impl ToolSet {
         ctx: &ToolContext,
         name: &str,
         input: Value,
+        panics: PanicPolicy,
     ) -> Result<ToolOutput, ToolError> {
         let entry = self.entries.get(name).ok_or_else(|| self.unknown(name))?;
         self.validate(name, &input)?;
@@ -238,6 +295,15 @@ impl ToolSet {
         } else {
             limit
         };
+        let timed_out = || ToolError::Timeout {
+            timeout_ms: watchdog.as_millis() as u64,
+            detail: format!(" ({name})"),
+        };
+        if panics == PanicPolicy::Propagate {
+            return tokio::time::timeout(watchdog, entry.tool.execute(input, ctx))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()));
+        }
         let run = std::panic::AssertUnwindSafe(entry.tool.execute(input, ctx)).catch_unwind();
         match tokio::time::timeout(watchdog, run).await {
             Ok(Ok(result)) => result,
@@ -246,12 +312,18 @@ impl ToolSet {
                 format!("it panicked: {}", panic_message(&panic)),
                 "This is a bug in the tool; try a different approach or other arguments.",
             )),
-            Err(_) => Err(ToolError::Timeout {
-                timeout_ms: watchdog.as_millis() as u64,
-                detail: format!(" ({name})"),
-            }),
+            Err(_) => Err(timed_out()),
         }
     }
+}
+
+/// What to do when a tool panics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PanicPolicy {
+    /// Turn the panic into an error result.
+    Catch,
+    /// Let it unwind into the caller (a supervised worker).
+    Propagate,
 }
 
 /// The message of a caught panic payload.

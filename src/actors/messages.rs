@@ -1,0 +1,54 @@
+//! Messages that cross actor boundaries and are shared by several actors.
+
+use std::path::PathBuf;
+
+use ractor::RpcReplyPort;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Something waiting in a loop's inbox until its model's next turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum InboxItem {
+    /// Data another loop shared.
+    Share {
+        /// Sender.
+        from: String,
+        /// Kind of data.
+        data_type: String,
+        /// The data.
+        data: Value,
+    },
+    /// A broadcast alert (from a loop, or `taskdaemon` for system alerts).
+    Alert {
+        /// Sender.
+        from: String,
+        /// Event type.
+        event_type: String,
+        /// Message.
+        message: String,
+        /// Optional data.
+        data: Option<Value>,
+    },
+}
+
+/// Messages a loop actor handles.
+pub enum LoopMsg {
+    /// Put an item into the inbox.
+    Deliver(InboxItem),
+    /// A file under the loop's worktree changed on disk (from the watcher).
+    FileChanged(PathBuf),
+    /// Another loop asks a question; the reply is the answer text or why there is none.
+    Query {
+        /// Asking loop.
+        from: String,
+        /// The question.
+        question: String,
+        /// Where the answer goes.
+        reply: RpcReplyPort<Result<String, String>>,
+    },
+    /// Stop after the tool call in flight.
+    Stop,
+    /// Internal: the iteration task finished.
+    EngineDone(crate::engine::LoopEnd),
+}

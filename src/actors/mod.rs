@@ -1,0 +1,3 @@
+//! The actor runtime (ractor): one actor per file. See ARCHITECTURE.md for the tree.
+
+pub mod messages;
