@@ -132,6 +132,13 @@ pub enum EventKind {
         /// How many items.
         items: usize,
     },
+    /// A loop ended with items in its inbox that its model never saw.
+    InboxUnread {
+        /// Loop name.
+        loop_name: String,
+        /// How many items.
+        items: usize,
+    },
     /// A file a loop had read changed underneath it; its stamp was dropped.
     FileChanged {
         /// Loop name.

@@ -34,8 +34,6 @@ pub enum InboxItem {
 
 /// Messages a loop actor handles.
 pub enum LoopMsg {
-    /// Put an item into the inbox.
-    Deliver(InboxItem),
     /// A file under the loop's worktree changed on disk (from the watcher).
     FileChanged(PathBuf),
     /// Another loop asks a question; the reply is the answer text or why there is none.

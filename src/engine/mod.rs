@@ -1,7 +1,36 @@
-//! The Ralph iteration engine: fresh context per iteration, model turns with tool calls,
-//! validation, progress carried in files and notes rather than the model's memory.
+//! The Ralph iteration engine: each iteration starts from a fresh context (task, progress
+//! notes from earlier iterations, inbox), runs model turns with tool calls until the model
+//! ends its turn, calls `complete_task` or reaches the turn limit, then runs the validation
+//! command. Exit code equal to the success code completes the loop; otherwise the validation
+//! output becomes a progress note for the next iteration.
+//!
+//! The engine knows nothing about actors: tools run through a `ToolRunner` (the tool lanes in
+//! a run, a direct call in tests), inbox items come from a shared `Inbox`, and a stop request
+//! arrives on a watch channel. Independent read-only calls of one response run concurrently;
+//! calls that write run in order; a stop takes effect after the call in flight.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::actors::messages::InboxItem;
+use crate::catalog::Lane;
+use crate::context::{ToolContext, lock};
+use crate::events::{EventKind, EventLog};
+use crate::llm::{Block, LlmClient, LlmRequest, LlmResponse, Message, Purpose, Role};
+use crate::receipts::{ReceiptLog, SideEffect};
+use crate::registry::{CallOutcome, ToolSet};
+use crate::text::head_tail;
+
+pub mod prompt;
+pub mod transcript;
+
+use transcript::{TranscriptEntry, TranscriptSink};
 
 /// How a loop ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,4 +55,697 @@ pub enum LoopEnd {
         /// Iterations used.
         iterations: u32,
     },
+}
+
+impl LoopEnd {
+    /// `completed`, `failed` or `stopped`.
+    pub fn status(&self) -> &'static str {
+        match self {
+            LoopEnd::Completed { .. } => "completed",
+            LoopEnd::Failed { .. } => "failed",
+            LoopEnd::Stopped { .. } => "stopped",
+        }
+    }
+}
+
+/// Runs one tool call somewhere (a lane worker, or directly).
+#[async_trait]
+pub trait ToolRunner: Send + Sync {
+    /// Runs the call and returns its outcome.
+    async fn run(
+        &self,
+        ctx: Arc<ToolContext>,
+        tools: Arc<ToolSet>,
+        call_id: Option<String>,
+        name: String,
+        input: Value,
+    ) -> CallOutcome;
+}
+
+/// Runs calls in the caller's task (tests, and coordination tools).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DirectRunner;
+
+#[async_trait]
+impl ToolRunner for DirectRunner {
+    async fn run(
+        &self,
+        ctx: Arc<ToolContext>,
+        tools: Arc<ToolSet>,
+        call_id: Option<String>,
+        name: String,
+        input: Value,
+    ) -> CallOutcome {
+        tools.call(&ctx, call_id.as_deref(), &name, input).await
+    }
+}
+
+/// Items waiting for the loop's next model turn.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    items: Mutex<VecDeque<InboxItem>>,
+}
+
+impl Inbox {
+    /// Adds an item.
+    pub fn push(&self, item: InboxItem) {
+        lock(&self.items).push_back(item);
+    }
+
+    /// Takes every waiting item (each is shown exactly once).
+    pub fn drain(&self) -> Vec<InboxItem> {
+        lock(&self.items).drain(..).collect()
+    }
+
+    /// How many items wait.
+    pub fn len(&self) -> usize {
+        lock(&self.items).len()
+    }
+
+    /// Whether none wait.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Notes carried from one iteration to the next (and shown to query answerers).
+#[derive(Debug, Default)]
+pub struct Progress {
+    notes: Mutex<Vec<String>>,
+}
+
+impl Progress {
+    /// Adds a note.
+    pub fn push(&self, note: String) {
+        lock(&self.notes).push(note);
+    }
+
+    /// All notes so far.
+    pub fn notes(&self) -> Vec<String> {
+        lock(&self.notes).clone()
+    }
+}
+
+/// The per-loop settings of the engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Loop name (exec id).
+    pub name: String,
+    /// Loop type.
+    pub loop_type: String,
+    /// The task text.
+    pub task: String,
+    /// Iterations before the loop fails.
+    pub max_iterations: u32,
+    /// Model turns per iteration.
+    pub max_turns: u32,
+    /// Limit of one iteration's model turns (validation not included).
+    pub iteration_timeout: Option<Duration>,
+    /// Exit code of the validation command that means success.
+    pub success_code: i32,
+    /// System prompt template.
+    pub system_template: String,
+    /// First-message template of each iteration.
+    pub iteration_template: String,
+    /// Names of the other loops of the run (for the prompt).
+    pub peers: Vec<String>,
+}
+
+/// Everything one loop's engine works with.
+pub struct Engine {
+    /// Settings.
+    pub config: EngineConfig,
+    /// The loop's tool context (private to the loop).
+    pub ctx: Arc<ToolContext>,
+    /// The tools its model sees.
+    pub tools: Arc<ToolSet>,
+    /// The model.
+    pub llm: Arc<dyn LlmClient>,
+    /// Where tool calls run.
+    pub runner: Arc<dyn ToolRunner>,
+    /// Waiting shares and alerts.
+    pub inbox: Arc<Inbox>,
+    /// Notes across iterations.
+    pub progress: Arc<Progress>,
+    /// The run's events.
+    pub events: Arc<EventLog>,
+    /// The loop's transcript.
+    pub transcript: Arc<dyn TranscriptSink>,
+    /// The loop's receipts, if kept.
+    pub receipts: Option<Arc<ReceiptLog>>,
+    /// Becomes `true` when the loop must stop.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// Why an iteration's model turns ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TurnsEnded {
+    EndTurn,
+    CompleteTask,
+    MaxTurns,
+    Timeout,
+    Stopped,
+    ModelError(String),
+}
+
+impl TurnsEnded {
+    fn label(&self) -> &'static str {
+        match self {
+            TurnsEnded::EndTurn => "end_turn",
+            TurnsEnded::CompleteTask => "complete_task",
+            TurnsEnded::MaxTurns => "max_turns",
+            TurnsEnded::Timeout => "iteration_timeout",
+            TurnsEnded::Stopped => "stopped",
+            TurnsEnded::ModelError(_) => "model_error",
+        }
+    }
+}
+
+impl Engine {
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Runs iterations until the loop completes, fails or is stopped.
+    pub async fn run(self) -> LoopEnd {
+        let validation_tools = match ToolSet::from_names(&["validate"]) {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                return LoopEnd::Failed {
+                    iterations: 0,
+                    reason: e,
+                };
+            }
+        };
+        let mut last_failure = String::from("no iteration ran");
+        for iteration in 1..=self.config.max_iterations {
+            if self.stopped() {
+                return LoopEnd::Stopped {
+                    iterations: iteration - 1,
+                };
+            }
+            self.events.record(EventKind::IterationStarted {
+                loop_name: self.config.name.clone(),
+                iteration,
+            });
+            let (ended, completion) = match self.config.iteration_timeout {
+                Some(limit) => tokio::time::timeout(limit, self.iterate(iteration))
+                    .await
+                    .unwrap_or((TurnsEnded::Timeout, self.ctx.take_completion())),
+                None => self.iterate(iteration).await,
+            };
+            if ended == TurnsEnded::Stopped {
+                self.record_iteration_end(iteration, &ended, None, None);
+                return LoopEnd::Stopped {
+                    iterations: iteration,
+                };
+            }
+            if let TurnsEnded::ModelError(e) = &ended {
+                self.record_iteration_end(iteration, &ended, None, None);
+                return LoopEnd::Failed {
+                    iterations: iteration,
+                    reason: format!("the model call failed: {e}"),
+                };
+            }
+            let (passed, exit, output) = self
+                .validate(iteration, &validation_tools, completion.is_some())
+                .await;
+            self.record_iteration_end(iteration, &ended, exit, Some(passed));
+            if passed {
+                return LoopEnd::Completed {
+                    iterations: iteration,
+                    summary: completion,
+                };
+            }
+            let mut note = format!("Iteration {iteration} ended by {}", ended.label());
+            if completion.is_some() {
+                note.push_str("; you called complete_task, but validation did not pass, so the task is NOT complete");
+            }
+            match exit {
+                Some(code) => note.push_str(&format!(
+                    "; validation failed with exit code {code}:\n{output}"
+                )),
+                None if self.ctx.commands().validate.is_none() => {
+                    note.push_str("; complete_task was not called")
+                }
+                None => note.push_str(&format!("; validation did not finish:\n{output}")),
+            }
+            last_failure = note.clone();
+            self.progress.push(note);
+        }
+        LoopEnd::Failed {
+            iterations: self.config.max_iterations,
+            reason: format!(
+                "reached the maximum of {} iterations without passing validation. Last: {last_failure}",
+                self.config.max_iterations
+            ),
+        }
+    }
+
+    fn record_iteration_end(
+        &self,
+        iteration: u32,
+        ended: &TurnsEnded,
+        exit: Option<i32>,
+        passed: Option<bool>,
+    ) {
+        self.events.record(EventKind::IterationEnded {
+            loop_name: self.config.name.clone(),
+            iteration,
+            ended_by: ended.label().to_string(),
+            validation_exit: exit,
+            validation_passed: passed,
+        });
+    }
+
+    /// Runs the validation command (in the heavy lane); without one, passing means the
+    /// model called `complete_task`.
+    async fn validate(
+        &self,
+        iteration: u32,
+        validation_tools: &Arc<ToolSet>,
+        completed: bool,
+    ) -> (bool, Option<i32>, String) {
+        if self.ctx.commands().validate.is_none() {
+            return (completed, None, String::new());
+        }
+        let outcome = self
+            .runner
+            .run(
+                self.ctx.clone(),
+                validation_tools.clone(),
+                None,
+                "validate".to_string(),
+                json!({}),
+            )
+            .await;
+        self.keep_receipt(&outcome);
+        let exit = outcome.receipt.side_effects.iter().find_map(|e| match e {
+            SideEffect::CommandRun { exit_code, .. } => *exit_code,
+            _ => None,
+        });
+        let passed = exit == Some(self.config.success_code);
+        let output = head_tail(&outcome.content, 4_000);
+        self.transcript.record(
+            &self.config.name,
+            TranscriptEntry::Validation {
+                iteration,
+                exit_code: exit,
+                passed,
+                output: output.clone(),
+            },
+        );
+        (passed, exit, output)
+    }
+
+    fn keep_receipt(&self, outcome: &CallOutcome) {
+        if let Some(log) = &self.receipts
+            && let Err(e) = log.append(&outcome.receipt)
+        {
+            tracing::error!("loop {}: cannot append receipt: {e}", self.config.name);
+        }
+    }
+
+    fn render(&self, template: &str, iteration: u32) -> Result<String, String> {
+        let commands = self.ctx.commands();
+        prompt::render(
+            template,
+            &json!({
+                "loop_name": self.config.name,
+                "loop_type": self.config.loop_type,
+                "task": self.config.task,
+                "progress": self.progress.notes(),
+                "iteration": iteration,
+                "max_iterations": self.config.max_iterations,
+                "has_validation": commands.validate.is_some(),
+                "validation": commands.validate.clone().unwrap_or_default(),
+                "peers": self.config.peers,
+            }),
+        )
+    }
+
+    /// One iteration's model turns. Returns why they ended and the completion summary.
+    async fn iterate(&self, iteration: u32) -> (TurnsEnded, Option<String>) {
+        let system = match self.render(&self.config.system_template, iteration) {
+            Ok(s) => s,
+            Err(e) => return (TurnsEnded::ModelError(e), None),
+        };
+        let first = match self.render(&self.config.iteration_template, iteration) {
+            Ok(s) => s,
+            Err(e) => return (TurnsEnded::ModelError(e), None),
+        };
+        self.transcript.record(
+            &self.config.name,
+            TranscriptEntry::IterationStarted {
+                iteration,
+                system: system.clone(),
+            },
+        );
+        let definitions = self.tools.definitions();
+        let mut messages = vec![Message::user_text(first)];
+        let mut sent = 0usize;
+        for turn in 1..=self.config.max_turns {
+            if self.stopped() {
+                return (TurnsEnded::Stopped, self.ctx.take_completion());
+            }
+            self.attach_notices(&mut messages);
+            self.transcript.record(
+                &self.config.name,
+                TranscriptEntry::Request {
+                    iteration,
+                    turn,
+                    purpose: Purpose::Iteration,
+                    new_messages: messages[sent..].to_vec(),
+                },
+            );
+            sent = messages.len();
+            let request = LlmRequest {
+                loop_name: self.config.name.clone(),
+                purpose: Purpose::Iteration,
+                system: system.clone(),
+                messages: messages.clone(),
+                tools: definitions.clone(),
+            };
+            let mut stop = self.stop.clone();
+            let response = tokio::select! {
+                r = self.llm.complete(request) => r,
+                _ = stop.wait_for(|s| *s) => return (TurnsEnded::Stopped, self.ctx.take_completion()),
+            };
+            let response = match response {
+                Ok(r) => r,
+                Err(e) => {
+                    self.transcript.record(
+                        &self.config.name,
+                        TranscriptEntry::ModelError {
+                            iteration,
+                            error: e.to_string(),
+                        },
+                    );
+                    return (TurnsEnded::ModelError(e.to_string()), None);
+                }
+            };
+            self.transcript.record(
+                &self.config.name,
+                TranscriptEntry::Response {
+                    iteration,
+                    turn,
+                    response: response.clone(),
+                },
+            );
+            messages.push(assistant_message(&response));
+            if response.tool_calls.is_empty() {
+                return (TurnsEnded::EndTurn, self.ctx.take_completion());
+            }
+            let (results, stopped) = self.run_calls(iteration, turn, &response).await;
+            messages.push(Message {
+                role: Role::User,
+                content: results,
+            });
+            if let Some(summary) = self.ctx.take_completion() {
+                return (TurnsEnded::CompleteTask, Some(summary));
+            }
+            if stopped {
+                return (TurnsEnded::Stopped, None);
+            }
+        }
+        (TurnsEnded::MaxTurns, self.ctx.take_completion())
+    }
+
+    /// Adds waiting inbox items and file-change notices to the last user message, clearly
+    /// marked, exactly once.
+    fn attach_notices(&self, messages: &mut [Message]) {
+        let items = self.inbox.drain();
+        let changed = self.ctx.take_changed_since_read();
+        if items.is_empty() && changed.is_empty() {
+            return;
+        }
+        let mut text = String::new();
+        if !items.is_empty() {
+            text.push_str(&format!(
+                "[inbox: {} new message(s) from other loops]\n",
+                items.len()
+            ));
+            for item in &items {
+                text.push_str(&render_item(item));
+                text.push('\n');
+            }
+            self.events.record(EventKind::InboxShown {
+                loop_name: self.config.name.clone(),
+                items: items.len(),
+            });
+        }
+        if !changed.is_empty() {
+            let paths: Vec<String> = changed.iter().map(|p| self.ctx.display(p)).collect();
+            text.push_str(&format!(
+                "[files changed on disk since you read them; read them again before editing: {}]\n",
+                paths.join(", ")
+            ));
+        }
+        if let Some(last) = messages.last_mut() {
+            last.content.push(Block::Text {
+                text: text.trim_end().to_string(),
+            });
+        }
+    }
+
+    /// Runs the calls of one response: consecutive read-only calls concurrently, others in
+    /// order; stops after the call in flight when a stop arrives, and after complete_task.
+    async fn run_calls(
+        &self,
+        iteration: u32,
+        turn: u32,
+        response: &LlmResponse,
+    ) -> (Vec<Block>, bool) {
+        let calls = &response.tool_calls;
+        let mut results: Vec<Option<CallOutcome>> = vec![None; calls.len()];
+        let mut stopped = false;
+        let mut i = 0;
+        while i < calls.len() {
+            if self.stopped() {
+                stopped = true;
+                break;
+            }
+            let mut j = i + 1;
+            if self.concurrent_ok(&calls[i].name) {
+                while j < calls.len() && self.concurrent_ok(&calls[j].name) {
+                    j += 1;
+                }
+            }
+            let batch = calls[i..j].iter().map(|c| self.run_one(c));
+            let outcomes = futures::future::join_all(batch).await;
+            for (k, outcome) in outcomes.into_iter().enumerate() {
+                results[i + k] = Some(outcome);
+            }
+            let completed = calls[i..j].iter().any(|c| c.name == "complete_task");
+            i = j;
+            if completed {
+                break;
+            }
+        }
+        let mut blocks = Vec::with_capacity(calls.len());
+        for (call, outcome) in calls.iter().zip(results) {
+            let (content, is_error) = match outcome {
+                Some(o) => (o.content, o.is_error),
+                None if stopped => (
+                    "not run: the loop was stopped before this call".to_string(),
+                    true,
+                ),
+                None => (
+                    "not run: complete_task ended the iteration before this call".to_string(),
+                    true,
+                ),
+            };
+            self.transcript.record(
+                &self.config.name,
+                TranscriptEntry::ToolResult {
+                    iteration,
+                    turn,
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: content.clone(),
+                    is_error,
+                },
+            );
+            blocks.push(Block::ToolResult {
+                tool_use_id: call.id.clone(),
+                content,
+                is_error,
+            });
+        }
+        (blocks, stopped)
+    }
+
+    fn concurrent_ok(&self, name: &str) -> bool {
+        self.tools.get(name).is_some_and(|t| t.read_only())
+            && self.ctx.spec(name).lane != Lane::Coordinator
+    }
+
+    async fn run_one(&self, call: &crate::llm::ToolCall) -> CallOutcome {
+        let outcome = if self.ctx.spec(&call.name).lane == Lane::Coordinator
+            || self.tools.get(&call.name).is_none()
+        {
+            // Coordination tools talk to the coordinator, not to a worker lane; unknown names
+            // are answered by the registry without running anything.
+            DirectRunner
+                .run(
+                    self.ctx.clone(),
+                    self.tools.clone(),
+                    Some(call.id.clone()),
+                    call.name.clone(),
+                    call.input.clone(),
+                )
+                .await
+        } else {
+            self.runner
+                .run(
+                    self.ctx.clone(),
+                    self.tools.clone(),
+                    Some(call.id.clone()),
+                    call.name.clone(),
+                    call.input.clone(),
+                )
+                .await
+        };
+        self.keep_receipt(&outcome);
+        outcome
+    }
+}
+
+fn assistant_message(response: &LlmResponse) -> Message {
+    let mut content = Vec::new();
+    if let Some(text) = &response.text {
+        content.push(Block::Text { text: text.clone() });
+    }
+    for call in &response.tool_calls {
+        content.push(Block::ToolUse {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            input: call.input.clone(),
+        });
+    }
+    Message {
+        role: Role::Assistant,
+        content,
+    }
+}
+
+/// One inbox item as the model sees it.
+pub fn render_item(item: &InboxItem) -> String {
+    match item {
+        InboxItem::Share {
+            from,
+            data_type,
+            data,
+        } => format!("- share from `{from}` ({data_type}): {data}"),
+        InboxItem::Alert {
+            from,
+            event_type,
+            message,
+            data,
+        } => match data {
+            Some(d) => format!("- alert from `{from}` ({event_type}): {message} {d}"),
+            None => format!("- alert from `{from}` ({event_type}): {message}"),
+        },
+    }
+}
+
+/// Answers another loop's question with a side model call that sees this loop's task and
+/// progress; the model may use the read-only tools of `tools` on this loop's worktree.
+#[allow(clippy::too_many_arguments)]
+pub async fn answer_query(
+    config: &EngineConfig,
+    ctx: &ToolContext,
+    tools: &ToolSet,
+    llm: &dyn LlmClient,
+    progress: &Progress,
+    transcript: &dyn TranscriptSink,
+    from: &str,
+    question: &str,
+) -> Result<String, String> {
+    const MAX_ANSWER_TURNS: u32 = 4;
+    let system = prompt::render(
+        prompt::ANSWER_SYSTEM,
+        &json!({
+            "loop_name": config.name, "loop_type": config.loop_type, "from": from,
+            "task": config.task, "progress": progress.notes(),
+        }),
+    )?;
+    let read_only: Vec<_> = tools
+        .definitions()
+        .into_iter()
+        .filter(|d| tools.get(&d.name).is_some_and(|t| t.read_only()))
+        .filter(|d| ctx.spec(&d.name).lane != Lane::Coordinator)
+        .collect();
+    let purpose = Purpose::QueryAnswer {
+        from: from.to_string(),
+        question: question.to_string(),
+    };
+    let mut messages = vec![Message::user_text(format!(
+        "Question from loop `{from}`:\n{question}"
+    ))];
+    let mut sent = 0;
+    for turn in 1..=MAX_ANSWER_TURNS {
+        transcript.record(
+            &config.name,
+            TranscriptEntry::Request {
+                iteration: 0,
+                turn,
+                purpose: purpose.clone(),
+                new_messages: messages[sent..].to_vec(),
+            },
+        );
+        sent = messages.len();
+        let response = llm
+            .complete(LlmRequest {
+                loop_name: config.name.clone(),
+                purpose: purpose.clone(),
+                system: system.clone(),
+                messages: messages.clone(),
+                tools: read_only.clone(),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        transcript.record(
+            &config.name,
+            TranscriptEntry::Response {
+                iteration: 0,
+                turn,
+                response: response.clone(),
+            },
+        );
+        if response.tool_calls.is_empty() {
+            return Ok(response.text.unwrap_or_default());
+        }
+        messages.push(assistant_message(&response));
+        let mut results = Vec::new();
+        for call in &response.tool_calls {
+            let allowed = read_only.iter().any(|d| d.name == call.name);
+            let (content, is_error) = if allowed {
+                let o = tools
+                    .call(ctx, Some(&call.id), &call.name, call.input.clone())
+                    .await;
+                (o.content, o.is_error)
+            } else {
+                (
+                    format!(
+                        "'{}' is not available while answering a question: only read-only tools are",
+                        call.name
+                    ),
+                    true,
+                )
+            };
+            results.push(Block::ToolResult {
+                tool_use_id: call.id.clone(),
+                content,
+                is_error,
+            });
+        }
+        messages.push(Message {
+            role: Role::User,
+            content: results,
+        });
+    }
+    Err(format!(
+        "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
+    ))
 }
