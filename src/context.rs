@@ -62,6 +62,9 @@ pub struct ToolContext {
     catalog: Arc<Catalog>,
     commands: LoopCommands,
     stamps: Mutex<HashMap<PathBuf, Stamp>>,
+    /// Paths whose stamp an outside change dropped: an edit is refused as stale, not as
+    /// "never read", so the model learns what happened.
+    dropped: Mutex<std::collections::HashSet<PathBuf>>,
     changed_since_read: Mutex<Vec<PathBuf>>,
     completion: Mutex<Option<String>>,
     coordination: Option<Arc<dyn Coordination>>,
@@ -100,6 +103,7 @@ impl ToolContext {
             catalog: Arc::new(Catalog::default()),
             commands: LoopCommands::default(),
             stamps: Mutex::new(HashMap::new()),
+            dropped: Mutex::new(std::collections::HashSet::new()),
             changed_since_read: Mutex::new(Vec::new()),
             completion: Mutex::new(None),
             coordination: None,
@@ -183,6 +187,7 @@ impl ToolContext {
     /// Records that the loop saw (or wrote) exactly `content` at `path`.
     pub fn record_stamp(&self, path: &Path, content: &[u8]) {
         let stamp = Stamp::of(content);
+        lock(&self.dropped).remove(path);
         lock(&self.stamps).insert(path.to_path_buf(), stamp);
     }
 
@@ -194,6 +199,7 @@ impl ToolContext {
     /// Whether `path` currently holds what the loop last saw.
     pub fn check_stamp(&self, path: &Path, current_content: &[u8]) -> StampCheck {
         match self.stamp(path) {
+            None if lock(&self.dropped).contains(path) => StampCheck::Stale,
             None => StampCheck::NeverRead,
             Some(s) if s == Stamp::of(current_content) => StampCheck::Current,
             Some(_) => StampCheck::Stale,
@@ -217,6 +223,7 @@ impl ToolContext {
             return false;
         }
         lock(&self.stamps).remove(path);
+        lock(&self.dropped).insert(path.to_path_buf());
         let mut changed = lock(&self.changed_since_read);
         if !changed.iter().any(|p| p == path) {
             changed.push(path.to_path_buf());
@@ -298,7 +305,11 @@ mod tests {
         assert!(!ctx.note_outside_change(&p));
         std::fs::write(&p, "two").unwrap();
         assert!(ctx.note_outside_change(&p));
-        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::NeverRead);
+        // The stamp is gone, and an edit is told why: the file changed.
+        assert_eq!(ctx.stamp(&p), None);
+        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Stale);
+        ctx.record_stamp(&p, b"two");
+        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Current);
         assert_eq!(ctx.take_changed_since_read(), vec![p.clone()]);
         assert!(ctx.take_changed_since_read().is_empty());
     }

@@ -48,6 +48,9 @@ pub struct LoopSpec {
     pub subscriptions: Option<Vec<String>>,
     /// Told once when the loop ends.
     pub ended: Option<mpsc::UnboundedSender<(String, LoopEnd)>>,
+    /// When given, the engine waits until it reads `true` before its first iteration: a run
+    /// registers all its loops first, so every loop starts knowing its peers.
+    pub gate: Option<watch::Receiver<bool>>,
 }
 
 /// Aborts its task when dropped, so that no task outlives the actor that started it (also
@@ -142,7 +145,15 @@ impl Actor for LoopActor {
             receipts: spec.receipts.clone(),
             stop: state.stop.subscribe(),
         };
+        let gate = spec.gate.clone();
         let task = tokio::spawn(async move {
+            if let Some(mut gate) = gate
+                && gate.wait_for(|open| *open).await.is_err()
+            {
+                // The run went away before opening the gate.
+                let _ = myself.cast(LoopMsg::EngineDone(LoopEnd::Stopped { iterations: 0 }));
+                return;
+            }
             let end = engine.run().await;
             let _ = myself.cast(LoopMsg::EngineDone(end));
         });
