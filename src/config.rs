@@ -52,7 +52,7 @@ impl Config {
 
 /// Adds "did you mean" to serde's "unknown field `x`, expected one of `a`, `b`" messages,
 /// and drops the trailing "at line L column C" that the caller already shows as a prefix.
-fn with_suggestion(message: &str) -> String {
+pub(crate) fn with_suggestion(message: &str) -> String {
     let message = match message.rfind(" at line ") {
         Some(i) => &message[..i],
         None => message,
