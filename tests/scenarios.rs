@@ -1,0 +1,799 @@
+//! Multi-loop scenarios on real actors with the scripted provider, in temp worktrees. Each
+//! snapshots the normalised transcripts and events of its loops (insta, `snapshots/`).
+//!
+//! Determinism: loops are registered before any of them iterates (the runtime's start gate);
+//! where a scenario needs one loop to act after another, it waits on a flag file that the
+//! other loop (or the test, after seeing an event) creates — never on a bare sleep.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use taskdaemon::actors::coordinator::CoordinatorLimits;
+use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
+use taskdaemon::actors::loop_actor::LoopSpec;
+use taskdaemon::catalog::{Lane, default_tool_set};
+use taskdaemon::context::{LoopCommands, ToolContext};
+use taskdaemon::engine::transcript::{MemoryTranscripts, TranscriptEntry};
+use taskdaemon::engine::{EngineConfig, LoopEnd, prompt};
+use taskdaemon::error::ToolResult;
+use taskdaemon::events::{EventKind, EventLog};
+use taskdaemon::llm::scripted::ScriptedLlm;
+use taskdaemon::registry::ToolSet;
+use taskdaemon::tools::{Tool, ToolOutput, builtin_tools};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A tool that panics, to exercise worker supervision.
+struct Explode;
+
+#[async_trait]
+impl Tool for Explode {
+    fn name(&self) -> &'static str {
+        "explode"
+    }
+    fn description(&self) -> &'static str {
+        "Panics (test tool)."
+    }
+    fn input_schema(&self) -> Value {
+        json!({"type": "object", "additionalProperties": false})
+    }
+    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        panic!("explode was called");
+    }
+}
+
+struct LoopOpts {
+    worktree: &'static str,
+    validate: Option<&'static str>,
+    max_iterations: u32,
+    subscriptions: Option<Vec<String>>,
+    extra_tools: Vec<Arc<dyn Tool>>,
+}
+
+impl Default for LoopOpts {
+    fn default() -> Self {
+        Self {
+            worktree: "",
+            validate: None,
+            max_iterations: 3,
+            // Scenarios hear no alerts unless they say so: alerts from loops that end at
+            // different moments would land at different turns.
+            subscriptions: Some(Vec::new()),
+            extra_tools: Vec::new(),
+        }
+    }
+}
+
+struct Run {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    rt: Runtime,
+    llm: Arc<ScriptedLlm>,
+    events: Arc<EventLog>,
+    transcripts: Arc<MemoryTranscripts>,
+    names: Vec<String>,
+}
+
+impl Run {
+    async fn new(script: &str) -> Run {
+        Self::with_config(script, RuntimeConfig::default()).await
+    }
+
+    async fn with_config(script: &str, config: RuntimeConfig) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let events = Arc::new(EventLog::in_memory());
+        let rt = Runtime::start(config, events.clone()).await.unwrap();
+        Run {
+            _dir: dir,
+            root,
+            rt,
+            llm: Arc::new(ScriptedLlm::from_yaml(script, "script.yml").unwrap()),
+            events,
+            transcripts: Arc::new(MemoryTranscripts::new()),
+            names: Vec::new(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    async fn spawn(&mut self, name: &str, opts: LoopOpts) {
+        let wt_name = if opts.worktree.is_empty() { name } else { opts.worktree };
+        let wt = self.root.join(wt_name);
+        std::fs::create_dir_all(&wt).unwrap();
+        let ctx = self
+            .rt
+            .context(&wt, name)
+            .unwrap()
+            .with_commands(LoopCommands {
+                validate: opts.validate.map(str::to_string),
+                ..LoopCommands::default()
+            });
+        let set = default_tool_set("ralph").unwrap();
+        let mut tools: Vec<Arc<dyn Tool>> = builtin_tools()
+            .into_iter()
+            .filter(|t| set.contains(&t.name()))
+            .collect();
+        tools.extend(opts.extra_tools);
+        let spec = LoopSpec {
+            config: EngineConfig {
+                name: name.to_string(),
+                loop_type: "ralph".to_string(),
+                task: format!("Scenario task of {name}"),
+                max_iterations: opts.max_iterations,
+                max_turns: 10,
+                iteration_timeout: None,
+                success_code: 0,
+                system_template: prompt::DEFAULT_SYSTEM.to_string(),
+                iteration_template: prompt::DEFAULT_ITERATION.to_string(),
+                peers: Vec::new(),
+            },
+            ctx: Arc::new(ctx),
+            tools: Arc::new(ToolSet::from_tools(tools).unwrap()),
+            llm: self.llm.clone(),
+            runner: Arc::new(self.rt.lanes.clone()),
+            coordinator: self.rt.coordinator.clone(),
+            events: self.events.clone(),
+            transcript: self.transcripts.clone(),
+            receipts: None,
+            subscriptions: opts.subscriptions,
+            ended: None,
+            gate: None,
+        };
+        self.rt.spawn_loop(spec).await.unwrap();
+        self.names.push(name.to_string());
+    }
+
+    async fn wait(&mut self) -> BTreeMap<String, LoopEnd> {
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let ends = self.rt.wait_for(&names, WAIT).await;
+        assert_eq!(ends.len(), names.len(), "not every loop ended: {ends:?}");
+        ends
+    }
+
+    /// Waits until an event matching `pred` has been recorded.
+    async fn until_event(&self, what: &str, pred: impl Fn(&EventKind) -> bool) {
+        let started = Instant::now();
+        while !self.events.events().iter().any(|e| pred(&e.kind)) {
+            assert!(started.elapsed() < WAIT, "no event: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until `name`'s transcript has a tool result of `tool`.
+    async fn until_tool_result(&self, name: &str, tool: &str) {
+        let started = Instant::now();
+        loop {
+            let done = self.transcripts.of(name).iter().any(
+                |e| matches!(e, TranscriptEntry::ToolResult { name: n, .. } if n == tool),
+            );
+            if done {
+                return;
+            }
+            assert!(started.elapsed() < WAIT, "{name} never got a {tool} result");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until a flag file exists (a loop's command created it).
+    async fn until_file(&self, flag: &str) {
+        let started = Instant::now();
+        while !self.path(flag).exists() {
+            assert!(started.elapsed() < WAIT, "{flag} never appeared");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn touch(&self, flag: &str) {
+        std::fs::write(self.path(flag), "").unwrap();
+    }
+
+    /// Transcripts and events of every loop, with times, sequence numbers, query ids and
+    /// temp paths taken out, as YAML.
+    fn snapshot(&self, ends: &BTreeMap<String, LoopEnd>) -> String {
+        let events = self.events.events();
+        let mut out = serde_json::Map::new();
+        for name in &self.names {
+            let mut mine: Vec<Value> = Vec::new();
+            for e in &events {
+                let v = serde_json::to_value(&e.kind).unwrap();
+                let involved = ["loop_name", "from"]
+                    .iter()
+                    .any(|k| v.get(*k).and_then(Value::as_str) == Some(name));
+                let about_me = v.get("from").and_then(Value::as_str) == Some("taskdaemon")
+                    && v.get("message")
+                        .and_then(Value::as_str)
+                        .is_some_and(|m| m.contains(&format!("`{name}`")));
+                if involved || about_me {
+                    mine.push(v);
+                }
+            }
+            let transcript: Vec<Value> = self
+                .transcripts
+                .of(name)
+                .iter()
+                .map(|t| serde_json::to_value(t).unwrap())
+                .collect();
+            out.insert(
+                name.clone(),
+                json!({
+                    "end": ends.get(name),
+                    "transcript": transcript,
+                    "events": mine,
+                }),
+            );
+        }
+        let mut value = Value::Object(out);
+        normalise(&mut value, &self.root);
+        serde_yaml_ng::to_string(&value).unwrap()
+    }
+}
+
+fn normalise(v: &mut Value, root: &Path) {
+    let root = root.display().to_string();
+    match v {
+        Value::String(s) => {
+            if s.contains(&root) {
+                *s = s.replace(&root, "[RUN]");
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| normalise(x, Path::new(&root))),
+        Value::Object(m) => {
+            m.remove("id");
+            for x in m.values_mut() {
+                normalise(x, Path::new(&root));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn snap(name: &str, text: &str) {
+    insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+fn completed(ends: &BTreeMap<String, LoopEnd>, name: &str) -> bool {
+    matches!(ends.get(name), Some(LoopEnd::Completed { .. }))
+}
+
+fn requests_containing(run: &Run, name: &str, needle: &str) -> Vec<u32> {
+    run.transcripts
+        .of(name)
+        .iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::Request {
+                turn, new_messages, ..
+            } if serde_json::to_string(new_messages).unwrap().contains(needle) => Some(*turn),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tool_results(run: &Run, name: &str, tool: &str) -> Vec<(bool, String)> {
+    run.transcripts
+        .of(name)
+        .iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::ToolResult {
+                name: n,
+                content,
+                is_error,
+                ..
+            } if n == tool => Some((*is_error, content.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s01_query_and_use_the_reply() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - say: "Asking b for the port"
+      calls:
+        - query_loop: {target_exec_id: b, question: "Which port does the api listen on?"}
+    - calls:
+        - write_file: {path: client.txt, content: "port 8080\n"}
+        - complete_task: {summary: "client wired to port 8080"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../a/client.txt ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "api on 8080"}
+  answers:
+    - when: "port"
+      reply: "8080"
+"#,
+    )
+    .await;
+    run.spawn(
+        "a",
+        LoopOpts {
+            validate: Some("grep -q 8080 client.txt"),
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.spawn("b", LoopOpts::default()).await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    let replies = tool_results(&run, "a", "query_loop");
+    assert_eq!(replies.len(), 1);
+    assert!(!replies[0].0 && replies[0].1.contains("8080"), "{replies:?}");
+    snap("scenario_01_query", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s02_mutual_queries_at_the_same_moment() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - query_loop: {target_exec_id: b, question: "Who are you?", timeout_ms: 10000}
+    - calls:
+        - complete_task: {summary: "a knows b"}
+  answers:
+    - reply: "I am a"
+b:
+  turns:
+    - calls:
+        - query_loop: {target_exec_id: a, question: "Who are you?", timeout_ms: 10000}
+    - calls:
+        - complete_task: {summary: "b knows a"}
+  answers:
+    - reply: "I am b"
+"#,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("b", LoopOpts::default()).await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    for (me, other) in [("a", "b"), ("b", "a")] {
+        let r = tool_results(&run, me, "query_loop");
+        assert!(!r[0].0, "{me}: {r:?}");
+        assert!(r[0].1.contains(&format!("I am {other}")), "{me}: {r:?}");
+    }
+    snap("scenario_02_mutual_queries", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s03_share_shows_up_at_the_next_turn_exactly_once() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - share_data: {target_exec_ids: [b], data_type: api_schema, data: {port: 8080, path: "/v1"}}
+        - run_command: {command: "touch ../shared.flag"}
+    - calls:
+        - complete_task: {summary: "schema shared"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../shared.flag ]; do sleep 0.02; done"}
+    - calls:
+        - write_file: {path: schema.txt, content: "port 8080 path /v1\n"}
+    - calls:
+        - complete_task: {summary: "schema used"}
+"#,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("b", LoopOpts::default()).await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    assert_eq!(requests_containing(&run, "b", "share from `a`"), vec![2]);
+    snap("scenario_03_share", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s04_outside_change_refuses_the_edit_until_a_fresh_read() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - read_file: {path: notes.txt}
+    - calls:
+        - run_command: {command: "until [ -e ../changed.flag ]; do sleep 0.02; done"}
+    - calls:
+        - edit_file: {path: notes.txt, old_string: "beta", new_string: "BETA"}
+    - calls:
+        - read_file: {path: notes.txt}
+    - calls:
+        - edit_file: {path: notes.txt, old_string: "beta", new_string: "BETA"}
+    - calls:
+        - complete_task: {summary: "edited"}
+"#,
+    )
+    .await;
+    std::fs::create_dir_all(run.path("a")).unwrap();
+    std::fs::write(run.path("a/notes.txt"), "alpha\nbeta\n").unwrap();
+    run.spawn("a", LoopOpts::default()).await;
+    run.rt.release().await;
+    run.until_tool_result("a", "read_file").await;
+    std::fs::write(run.path("a/notes.txt"), "alpha\nbeta\ngamma (added by the user)\n").unwrap();
+    run.until_event("a's stamp dropped", |k| {
+        matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "a")
+    })
+    .await;
+    run.touch("changed.flag");
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a"), "{ends:?}");
+    let edits = tool_results(&run, "a", "edit_file");
+    assert!(edits[0].0 && edits[0].1.contains("changed on disk"), "{edits:?}");
+    assert!(!edits[1].0, "{edits:?}");
+    assert_eq!(requests_containing(&run, "a", "files changed on disk"), vec![3]);
+    assert_eq!(
+        std::fs::read_to_string(run.path("a/notes.txt")).unwrap(),
+        "alpha\nBETA\ngamma (added by the user)\n"
+    );
+    snap("scenario_04_outside_change", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s05_two_loops_one_worktree_a_write_makes_b_stale() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../go-a.flag ]; do sleep 0.02; done"}
+    - calls:
+        - write_file: {path: shared.txt, content: "written by a\n"}
+    - calls:
+        - complete_task: {summary: "a wrote"}
+b:
+  turns:
+    - calls:
+        - read_file: {path: shared.txt}
+    - calls:
+        - run_command: {command: "until [ -e ../go-b.flag ]; do sleep 0.02; done"}
+    - calls:
+        - edit_file: {path: shared.txt, old_string: "original", new_string: "edited by b"}
+    - calls:
+        - read_file: {path: shared.txt}
+    - calls:
+        - edit_file: {path: shared.txt, old_string: "written by a", new_string: "written by a, edited by b"}
+    - calls:
+        - complete_task: {summary: "b edited"}
+"#,
+    )
+    .await;
+    std::fs::create_dir_all(run.path("shared")).unwrap();
+    std::fs::write(run.path("shared/shared.txt"), "original\n").unwrap();
+    run.spawn(
+        "a",
+        LoopOpts {
+            worktree: "shared",
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.spawn(
+        "b",
+        LoopOpts {
+            worktree: "shared",
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.rt.release().await;
+    run.until_tool_result("b", "read_file").await;
+    run.touch("go-a.flag");
+    run.until_event("b's stamp dropped", |k| {
+        matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "b")
+    })
+    .await;
+    run.touch("go-b.flag");
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    let edits = tool_results(&run, "b", "edit_file");
+    assert!(edits[0].0 && edits[0].1.contains("changed on disk"), "{edits:?}");
+    assert!(!edits[1].0, "{edits:?}");
+    // a's own write is not a change underneath a.
+    assert!(!run.events.events().iter().any(
+        |e| matches!(&e.kind, EventKind::FileChanged { loop_name, .. } if loop_name == "a")
+    ));
+    snap("scenario_05_shared_worktree", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s06_a_panicking_worker_is_restarted_and_the_loop_finishes() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - explode: {}
+    - calls:
+        - write_file: {path: after.txt, content: "the lane still works\n"}
+        - read_file: {path: after.txt}
+    - calls:
+        - complete_task: {summary: "survived a crash"}
+"#,
+    )
+    .await;
+    run.spawn(
+        "a",
+        LoopOpts {
+            extra_tools: vec![Arc::new(Explode)],
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a"), "{ends:?}");
+    let boom = tool_results(&run, "a", "explode");
+    assert!(boom[0].0 && boom[0].1.contains("crash"), "{boom:?}");
+    assert_eq!(run.rt.lanes.restarts(Lane::NoNet), 1);
+    assert!(!tool_results(&run, "a", "read_file")[0].0);
+    snap("scenario_06_worker_panic", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s07_unknown_self_and_stopped_targets_fail_at_once() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - query_loop: {target_exec_id: ghost, question: "Anyone?", timeout_ms: 60000}
+        - query_loop: {target_exec_id: a, question: "Me?", timeout_ms: 60000}
+    - calls:
+        - run_command: {command: "until [ -e ../c-gone.flag ]; do sleep 0.02; done"}
+    - calls:
+        - query_loop: {target_exec_id: c, question: "Still there?", timeout_ms: 60000}
+    - calls:
+        - complete_task: {summary: "a tried"}
+c:
+  turns:
+    - calls:
+        - run_command: {command: "touch ../c-running.flag; until [ -e ../stop-c.flag ]; do sleep 0.02; done"}
+  answers:
+    - reply: "yes"
+"#,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("c", LoopOpts::default()).await;
+    let started = Instant::now();
+    run.rt.release().await;
+    run.until_file("c-running.flag").await;
+    run.rt.stop_loop("c").unwrap();
+    run.touch("stop-c.flag");
+    run.until_event("c unregistered", |k| {
+        matches!(k, EventKind::LoopUnregistered { loop_name } if loop_name == "c")
+    })
+    .await;
+    run.touch("c-gone.flag");
+    let ends = run.wait().await;
+    assert!(started.elapsed() < Duration::from_secs(30), "queries waited for their timeout");
+    assert!(completed(&ends, "a"), "{ends:?}");
+    assert!(matches!(ends["c"], LoopEnd::Stopped { .. }), "{ends:?}");
+    let r = tool_results(&run, "a", "query_loop");
+    assert!(r.iter().all(|(is_error, _)| *is_error), "{r:?}");
+    assert!(r[0].1.contains("unknown loop 'ghost'"), "{r:?}");
+    assert!(r[1].1.contains("cannot message itself"), "{r:?}");
+    assert!(r[2].1.contains("loop 'c' has stopped"), "{r:?}");
+    snap("scenario_07_unreachable_targets", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s08_broadcasts_and_system_alerts_reach_every_other_loop() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - broadcast_alert: {event_type: api_ready, message: "api is up on 8080"}
+        - run_command: {command: "touch ../alerted.flag"}
+    - calls:
+        - complete_task: {summary: "api ready"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../alerted.flag ]; do sleep 0.02; done"}
+    - calls:
+        - run_command: {command: "until [ -e ../go-b.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "b heard"}
+c:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../alerted.flag ]; do sleep 0.02; done"}
+    - calls:
+        - run_command: {command: "until [ -e ../go-c.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "c heard"}
+"#,
+    )
+    .await;
+    for name in ["a", "b", "c"] {
+        run.spawn(
+            name,
+            LoopOpts {
+                subscriptions: None,
+                ..LoopOpts::default()
+            },
+        )
+        .await;
+    }
+    run.rt.release().await;
+    let system_alert_about = |who: &'static str| {
+        move |k: &EventKind| {
+            matches!(k, EventKind::Alert { from, event_type, message, .. }
+                if from == "taskdaemon" && event_type == "loop_completed"
+                    && message.contains(&format!("`{who}`")))
+        }
+    };
+    run.until_event("a's completion alert", system_alert_about("a"))
+        .await;
+    run.touch("go-b.flag");
+    run.until_event("b's completion alert", system_alert_about("b"))
+        .await;
+    run.touch("go-c.flag");
+    let ends = run.wait().await;
+    assert!(ends.values().all(|e| matches!(e, LoopEnd::Completed { .. })), "{ends:?}");
+    for name in ["b", "c"] {
+        assert_eq!(requests_containing(&run, name, "api is up on 8080"), vec![2], "{name}");
+        assert_eq!(requests_containing(&run, name, "loop `a` completed"), vec![3], "{name}");
+    }
+    assert_eq!(requests_containing(&run, "c", "loop `b` completed"), vec![3]);
+    snap("scenario_08_alerts", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s09_rate_limit_answers_the_sender() {
+    let config = RuntimeConfig {
+        limits: CoordinatorLimits {
+            burst: 2,
+            per_second: 0.001,
+            ..CoordinatorLimits::default()
+        },
+        ..RuntimeConfig::default()
+    };
+    let mut run = Run::with_config(
+        r#"
+a:
+  turns:
+    - calls:
+        - share_data: {target_exec_ids: [b], data_type: note, data: "one"}
+        - share_data: {target_exec_ids: [b], data_type: note, data: "two"}
+        - share_data: {target_exec_ids: [b], data_type: note, data: "three"}
+        - run_command: {command: "touch ../shared.flag"}
+    - calls:
+        - complete_task: {summary: "sent what the limit allowed"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../shared.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "read my inbox"}
+"#,
+        config,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("b", LoopOpts::default()).await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    let shares = tool_results(&run, "a", "share_data");
+    assert!(!shares[0].0 && !shares[1].0, "{shares:?}");
+    assert!(shares[2].0 && shares[2].1.contains("NOT sent"), "{shares:?}");
+    assert_eq!(requests_containing(&run, "b", "\\\"two\\\""), vec![2]);
+    assert!(requests_containing(&run, "b", "three").is_empty());
+    snap("scenario_09_rate_limit", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s10_validation_fails_then_passes() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - write_file: {path: done.txt, content: "not yet\n"}
+        - complete_task: {summary: "done, I think"}
+    - calls:
+        - write_file: {path: done.txt, content: "ok\n"}
+        - complete_task: {summary: "really done"}
+"#,
+    )
+    .await;
+    run.spawn(
+        "a",
+        LoopOpts {
+            validate: Some("grep -q '^ok$' done.txt || { echo 'done.txt must say ok'; exit 3; }"),
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert_eq!(
+        ends["a"],
+        LoopEnd::Completed {
+            iterations: 2,
+            summary: Some("really done".into())
+        }
+    );
+    let it2 = run
+        .transcripts
+        .of("a")
+        .iter()
+        .find_map(|e| match e {
+            TranscriptEntry::Request {
+                iteration: 2,
+                turn: 1,
+                new_messages,
+                ..
+            } => Some(serde_json::to_string(new_messages).unwrap()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(it2.contains("validation did not pass"), "{it2}");
+    assert!(it2.contains("done.txt must say ok"), "{it2}");
+    snap("scenario_10_validation", &run.snapshot(&ends));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s11_stop_during_an_iteration_fails_queries_waiting_on_it() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - query_loop: {target_exec_id: b, question: "Slow question", timeout_ms: 60000}
+    - calls:
+        - complete_task: {summary: "a went on without the answer"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "touch ../b-running.flag; until [ -e ../stop-b.flag ]; do sleep 0.02; done"}
+    - calls:
+        - write_file: {path: never.txt, content: "b was stopped before this turn\n"}
+  answers:
+    - reply: "too late"
+      delay_ms: 60000
+"#,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("b", LoopOpts::default()).await;
+    let started = Instant::now();
+    run.rt.release().await;
+    run.until_event("a's query reached b", |k| {
+        matches!(k, EventKind::QueryAsked { from, .. } if from == "a")
+    })
+    .await;
+    run.until_file("b-running.flag").await;
+    run.rt.stop_loop("b").unwrap();
+    run.touch("stop-b.flag");
+    let ends = run.wait().await;
+    assert!(started.elapsed() < Duration::from_secs(30), "the query waited for its timeout");
+    assert!(completed(&ends, "a"), "{ends:?}");
+    assert_eq!(ends["b"], LoopEnd::Stopped { iterations: 1 });
+    let r = tool_results(&run, "a", "query_loop");
+    assert!(r[0].0 && r[0].1.contains("stopped"), "{r:?}");
+    assert!(!run.path("b/never.txt").exists());
+    snap("scenario_11_stop", &run.snapshot(&ends));
+}
