@@ -1,3 +1,4 @@
 //! The actor runtime (ractor): one actor per file. See ARCHITECTURE.md for the tree.
 
 pub mod messages;
+pub mod watcher;
