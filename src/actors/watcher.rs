@@ -734,7 +734,10 @@ mod tests {
     fn the_watch_limit_message_says_how_to_raise_it() {
         let err = notify::Error::new(notify::ErrorKind::MaxFilesWatch);
         let msg = watch_failure(Path::new("/w/tree"), &err);
-        assert!(msg.contains("/proc/sys/fs/inotify/max_user_watches"), "{msg}");
+        assert!(
+            msg.contains("/proc/sys/fs/inotify/max_user_watches"),
+            "{msg}"
+        );
         assert!(msg.contains("'/w/tree'"), "{msg}");
     }
 
