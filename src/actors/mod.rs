@@ -3,3 +3,4 @@
 pub mod coordinator;
 pub mod loop_actor;
 pub mod messages;
+pub mod watcher;
