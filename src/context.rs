@@ -65,6 +65,8 @@ pub struct ToolContext {
     /// Paths whose stamp an outside change dropped: an edit is refused as stale, not as
     /// "never read", so the model learns what happened.
     dropped: Mutex<std::collections::HashSet<PathBuf>>,
+    /// Paths the loop is writing right now: a change event for them is the loop's own.
+    writing: Mutex<std::collections::HashSet<PathBuf>>,
     changed_since_read: Mutex<Vec<PathBuf>>,
     completion: Mutex<Option<String>>,
     coordination: Option<Arc<dyn Coordination>>,
@@ -104,6 +106,7 @@ impl ToolContext {
             commands: LoopCommands::default(),
             stamps: Mutex::new(HashMap::new()),
             dropped: Mutex::new(std::collections::HashSet::new()),
+            writing: Mutex::new(std::collections::HashSet::new()),
             changed_since_read: Mutex::new(Vec::new()),
             completion: Mutex::new(None),
             coordination: None,
@@ -191,6 +194,38 @@ impl ToolContext {
         lock(&self.stamps).insert(path.to_path_buf(), stamp);
     }
 
+    /// Records the loop's own coming write of `content` at `path` before it happens and
+    /// returns the stamp it replaced: the watcher may report the write before the tool
+    /// returns, and the loop must then recognise those bytes as its own. Give the returned
+    /// value to [`ToolContext::undo_write_stamp`] if the write fails.
+    ///
+    /// Until [`ToolContext::finish_own_write`] (or `undo_write_stamp`), change notices for the
+    /// path are the loop's own and are ignored: a notice read while the bytes are half
+    /// written must not look like somebody else's change.
+    pub fn stamp_own_write(&self, path: &Path, content: &[u8]) -> Option<Stamp> {
+        let previous = self.stamp(path);
+        lock(&self.writing).insert(path.to_path_buf());
+        self.record_stamp(path, content);
+        previous
+    }
+
+    /// The loop's own write of `path` is complete.
+    pub fn finish_own_write(&self, path: &Path) {
+        lock(&self.writing).remove(path);
+    }
+
+    /// Puts back the stamp that [`ToolContext::stamp_own_write`] replaced (the write failed).
+    pub fn undo_write_stamp(&self, path: &Path, previous: Option<Stamp>) {
+        {
+            let mut stamps = lock(&self.stamps);
+            match previous {
+                Some(stamp) => stamps.insert(path.to_path_buf(), stamp),
+                None => stamps.remove(path),
+            };
+        }
+        self.finish_own_write(path);
+    }
+
     /// The stamp held for `path`, if any.
     pub fn stamp(&self, path: &Path) -> Option<Stamp> {
         lock(&self.stamps).get(path).cloned()
@@ -215,6 +250,9 @@ impl ToolContext {
     /// the content on disk really differs (a touch that changes nothing is not a change) and
     /// remembers the path for the next model turn. Returns whether the stamp was dropped.
     pub fn note_outside_change(&self, path: &Path) -> bool {
+        if lock(&self.writing).contains(path) {
+            return false;
+        }
         let Some(stamp) = self.stamp(path) else {
             return false;
         };
@@ -312,6 +350,30 @@ mod tests {
         assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Current);
         assert_eq!(ctx.take_changed_since_read(), vec![p.clone()]);
         assert!(ctx.take_changed_since_read().is_empty());
+    }
+
+    #[test]
+    fn the_loops_own_write_in_progress_is_not_an_outside_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let p = ctx.resolve("a.txt").unwrap();
+        std::fs::write(&p, "old").unwrap();
+        ctx.record_stamp(&p, b"old");
+        let previous = ctx.stamp_own_write(&p, b"new content");
+        // Half written: a notice now must not drop the stamp.
+        std::fs::write(&p, "new").unwrap();
+        assert!(!ctx.note_outside_change(&p));
+        std::fs::write(&p, "new content").unwrap();
+        ctx.finish_own_write(&p);
+        assert!(!ctx.note_outside_change(&p));
+        assert_eq!(ctx.check_stamp(&p, b"new content"), StampCheck::Current);
+        // A failed write puts the old stamp back and ends the "own write" window.
+        let prev2 = ctx.stamp_own_write(&p, b"never written");
+        ctx.undo_write_stamp(&p, prev2);
+        assert_eq!(ctx.check_stamp(&p, b"new content"), StampCheck::Current);
+        std::fs::write(&p, "someone else").unwrap();
+        assert!(ctx.note_outside_change(&p));
+        let _ = previous;
     }
 
     #[test]

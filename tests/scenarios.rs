@@ -104,7 +104,11 @@ impl Run {
     }
 
     async fn spawn(&mut self, name: &str, opts: LoopOpts) {
-        let wt_name = if opts.worktree.is_empty() { name } else { opts.worktree };
+        let wt_name = if opts.worktree.is_empty() {
+            name
+        } else {
+            opts.worktree
+        };
         let wt = self.root.join(wt_name);
         std::fs::create_dir_all(&wt).unwrap();
         let ctx = self
@@ -154,6 +158,8 @@ impl Run {
         let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
         let ends = self.rt.wait_for(&names, WAIT).await;
         assert_eq!(ends.len(), names.len(), "not every loop ended: {ends:?}");
+        // The loops' last system alerts are on their way to the coordinator.
+        self.rt.flush().await;
         ends
     }
 
@@ -170,9 +176,11 @@ impl Run {
     async fn until_tool_result(&self, name: &str, tool: &str) {
         let started = Instant::now();
         loop {
-            let done = self.transcripts.of(name).iter().any(
-                |e| matches!(e, TranscriptEntry::ToolResult { name: n, .. } if n == tool),
-            );
+            let done = self
+                .transcripts
+                .of(name)
+                .iter()
+                .any(|e| matches!(e, TranscriptEntry::ToolResult { name: n, .. } if n == tool));
             if done {
                 return;
             }
@@ -214,17 +222,20 @@ impl Run {
                     mine.push(v);
                 }
             }
-            let transcript: Vec<Value> = self
+            // Answers to other loops' questions run concurrently with the loop's own turns,
+            // so they are listed apart (each list keeps its own order).
+            let (answers, transcript): (Vec<Value>, Vec<Value>) = self
                 .transcripts
                 .of(name)
                 .iter()
                 .map(|t| serde_json::to_value(t).unwrap())
-                .collect();
+                .partition(|v| v["iteration"] == 0);
             out.insert(
                 name.clone(),
                 json!({
                     "end": ends.get(name),
                     "transcript": transcript,
+                    "answers": answers,
                     "events": mine,
                 }),
             );
@@ -238,11 +249,7 @@ impl Run {
 fn normalise(v: &mut Value, root: &Path) {
     let root = root.display().to_string();
     match v {
-        Value::String(s) => {
-            if s.contains(&root) {
-                *s = s.replace(&root, "[RUN]");
-            }
-        }
+        Value::String(s) if s.contains(&root) => *s = s.replace(&root, "[RUN]"),
         Value::Array(a) => a.iter_mut().for_each(|x| normalise(x, Path::new(&root))),
         Value::Object(m) => {
             m.remove("id");
@@ -271,7 +278,12 @@ fn requests_containing(run: &Run, name: &str, needle: &str) -> Vec<u32> {
         .filter_map(|e| match e {
             TranscriptEntry::Request {
                 turn, new_messages, ..
-            } if serde_json::to_string(new_messages).unwrap().contains(needle) => Some(*turn),
+            } if serde_json::to_string(new_messages)
+                .unwrap()
+                .contains(needle) =>
+            {
+                Some(*turn)
+            }
             _ => None,
         })
         .collect()
@@ -331,7 +343,10 @@ b:
     assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
     let replies = tool_results(&run, "a", "query_loop");
     assert_eq!(replies.len(), 1);
-    assert!(!replies[0].0 && replies[0].1.contains("8080"), "{replies:?}");
+    assert!(
+        !replies[0].0 && replies[0].1.contains("8080"),
+        "{replies:?}"
+    );
     snap("scenario_01_query", &run.snapshot(&ends));
 }
 
@@ -378,6 +393,8 @@ async fn s03_share_shows_up_at_the_next_turn_exactly_once() {
 a:
   turns:
     - calls:
+        - run_command: {command: "until [ -e ../b-waiting.flag ]; do sleep 0.02; done"}
+    - calls:
         - share_data: {target_exec_ids: [b], data_type: api_schema, data: {port: 8080, path: "/v1"}}
         - run_command: {command: "touch ../shared.flag"}
     - calls:
@@ -385,7 +402,7 @@ a:
 b:
   turns:
     - calls:
-        - run_command: {command: "until [ -e ../shared.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../b-waiting.flag; until [ -e ../shared.flag ]; do sleep 0.02; done"}
     - calls:
         - write_file: {path: schema.txt, content: "port 8080 path /v1\n"}
     - calls:
@@ -428,18 +445,29 @@ a:
     run.spawn("a", LoopOpts::default()).await;
     run.rt.release().await;
     run.until_tool_result("a", "read_file").await;
-    std::fs::write(run.path("a/notes.txt"), "alpha\nbeta\ngamma (added by the user)\n").unwrap();
-    run.until_event("a's stamp dropped", |k| {
-        matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "a")
-    })
+    std::fs::write(
+        run.path("a/notes.txt"),
+        "alpha\nbeta\ngamma (added by the user)\n",
+    )
+    .unwrap();
+    run.until_event(
+        "a's stamp dropped",
+        |k| matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "a"),
+    )
     .await;
     run.touch("changed.flag");
     let ends = run.wait().await;
     assert!(completed(&ends, "a"), "{ends:?}");
     let edits = tool_results(&run, "a", "edit_file");
-    assert!(edits[0].0 && edits[0].1.contains("changed on disk"), "{edits:?}");
+    assert!(
+        edits[0].0 && edits[0].1.contains("changed on disk"),
+        "{edits:?}"
+    );
     assert!(!edits[1].0, "{edits:?}");
-    assert_eq!(requests_containing(&run, "a", "files changed on disk"), vec![3]);
+    assert_eq!(
+        requests_containing(&run, "a", "files changed on disk"),
+        vec![3]
+    );
     assert_eq!(
         std::fs::read_to_string(run.path("a/notes.txt")).unwrap(),
         "alpha\nBETA\ngamma (added by the user)\n"
@@ -464,7 +492,7 @@ b:
     - calls:
         - read_file: {path: shared.txt}
     - calls:
-        - run_command: {command: "until [ -e ../go-b.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../b-heard.flag; until [ -e ../go-b.flag ]; do sleep 0.02; done"}
     - calls:
         - edit_file: {path: shared.txt, old_string: "original", new_string: "edited by b"}
     - calls:
@@ -497,20 +525,32 @@ b:
     run.rt.release().await;
     run.until_tool_result("b", "read_file").await;
     run.touch("go-a.flag");
-    run.until_event("b's stamp dropped", |k| {
-        matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "b")
-    })
+    run.until_event(
+        "b's stamp dropped",
+        |k| matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "b"),
+    )
+    .await;
+    run.until_event(
+        "a completed",
+        |k| matches!(k, EventKind::LoopCompleted { loop_name, .. } if loop_name == "a"),
+    )
     .await;
     run.touch("go-b.flag");
     let ends = run.wait().await;
     assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
     let edits = tool_results(&run, "b", "edit_file");
-    assert!(edits[0].0 && edits[0].1.contains("changed on disk"), "{edits:?}");
+    assert!(
+        edits[0].0 && edits[0].1.contains("changed on disk"),
+        "{edits:?}"
+    );
     assert!(!edits[1].0, "{edits:?}");
-    // a's own write is not a change underneath a.
-    assert!(!run.events.events().iter().any(
-        |e| matches!(&e.kind, EventKind::FileChanged { loop_name, .. } if loop_name == "a")
-    ));
+    // a's own write is not a change underneath a (and once a has ended, b's edits are no
+    // news to it).
+    assert!(
+        !run.events.events().iter().any(
+            |e| matches!(&e.kind, EventKind::FileChanged { loop_name, .. } if loop_name == "a")
+        )
+    );
     snap("scenario_05_shared_worktree", &run.snapshot(&ends));
 }
 
@@ -579,19 +619,23 @@ c:
     run.until_file("c-running.flag").await;
     run.rt.stop_loop("c").unwrap();
     run.touch("stop-c.flag");
-    run.until_event("c unregistered", |k| {
-        matches!(k, EventKind::LoopUnregistered { loop_name } if loop_name == "c")
-    })
+    run.until_event(
+        "c unregistered",
+        |k| matches!(k, EventKind::LoopUnregistered { loop_name } if loop_name == "c"),
+    )
     .await;
     run.touch("c-gone.flag");
     let ends = run.wait().await;
-    assert!(started.elapsed() < Duration::from_secs(30), "queries waited for their timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "queries waited for their timeout"
+    );
     assert!(completed(&ends, "a"), "{ends:?}");
     assert!(matches!(ends["c"], LoopEnd::Stopped { .. }), "{ends:?}");
     let r = tool_results(&run, "a", "query_loop");
     assert!(r.iter().all(|(is_error, _)| *is_error), "{r:?}");
     assert!(r[0].1.contains("unknown loop 'ghost'"), "{r:?}");
-    assert!(r[1].1.contains("cannot message itself"), "{r:?}");
+    assert!(r[1].1.contains("is this loop itself"), "{r:?}");
     assert!(r[2].1.contains("loop 'c' has stopped"), "{r:?}");
     snap("scenario_07_unreachable_targets", &run.snapshot(&ends));
 }
@@ -603,24 +647,26 @@ async fn s08_broadcasts_and_system_alerts_reach_every_other_loop() {
 a:
   turns:
     - calls:
+        - run_command: {command: "until [ -e ../b-waiting.flag ] && [ -e ../c-waiting.flag ]; do sleep 0.02; done"}
+    - calls:
         - broadcast_alert: {event_type: api_ready, message: "api is up on 8080"}
-        - run_command: {command: "touch ../alerted.flag"}
+        - run_command: {command: "touch ../alerted.flag; until [ -e ../b-heard.flag ] && [ -e ../c-heard.flag ]; do sleep 0.02; done"}
     - calls:
         - complete_task: {summary: "api ready"}
 b:
   turns:
     - calls:
-        - run_command: {command: "until [ -e ../alerted.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../b-waiting.flag; until [ -e ../alerted.flag ]; do sleep 0.02; done"}
     - calls:
-        - run_command: {command: "until [ -e ../go-b.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../b-heard.flag; until [ -e ../go-b.flag ]; do sleep 0.02; done"}
     - calls:
         - complete_task: {summary: "b heard"}
 c:
   turns:
     - calls:
-        - run_command: {command: "until [ -e ../alerted.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../c-waiting.flag; until [ -e ../alerted.flag ]; do sleep 0.02; done"}
     - calls:
-        - run_command: {command: "until [ -e ../go-c.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../c-heard.flag; until [ -e ../go-c.flag ]; do sleep 0.02; done"}
     - calls:
         - complete_task: {summary: "c heard"}
 "#,
@@ -651,12 +697,27 @@ c:
         .await;
     run.touch("go-c.flag");
     let ends = run.wait().await;
-    assert!(ends.values().all(|e| matches!(e, LoopEnd::Completed { .. })), "{ends:?}");
+    assert!(
+        ends.values()
+            .all(|e| matches!(e, LoopEnd::Completed { .. })),
+        "{ends:?}"
+    );
     for name in ["b", "c"] {
-        assert_eq!(requests_containing(&run, name, "api is up on 8080"), vec![2], "{name}");
-        assert_eq!(requests_containing(&run, name, "loop `a` completed"), vec![3], "{name}");
+        assert_eq!(
+            requests_containing(&run, name, "api is up on 8080"),
+            vec![2],
+            "{name}"
+        );
+        assert_eq!(
+            requests_containing(&run, name, "loop `a` completed"),
+            vec![3],
+            "{name}"
+        );
     }
-    assert_eq!(requests_containing(&run, "c", "loop `b` completed"), vec![3]);
+    assert_eq!(
+        requests_containing(&run, "c", "loop `b` completed"),
+        vec![3]
+    );
     snap("scenario_08_alerts", &run.snapshot(&ends));
 }
 
@@ -675,6 +736,8 @@ async fn s09_rate_limit_answers_the_sender() {
 a:
   turns:
     - calls:
+        - run_command: {command: "until [ -e ../b-waiting.flag ]; do sleep 0.02; done"}
+    - calls:
         - share_data: {target_exec_ids: [b], data_type: note, data: "one"}
         - share_data: {target_exec_ids: [b], data_type: note, data: "two"}
         - share_data: {target_exec_ids: [b], data_type: note, data: "three"}
@@ -684,7 +747,7 @@ a:
 b:
   turns:
     - calls:
-        - run_command: {command: "until [ -e ../shared.flag ]; do sleep 0.02; done"}
+        - run_command: {command: "touch ../b-waiting.flag; until [ -e ../shared.flag ]; do sleep 0.02; done"}
     - calls:
         - complete_task: {summary: "read my inbox"}
 "#,
@@ -698,7 +761,10 @@ b:
     assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
     let shares = tool_results(&run, "a", "share_data");
     assert!(!shares[0].0 && !shares[1].0, "{shares:?}");
-    assert!(shares[2].0 && shares[2].1.contains("NOT sent"), "{shares:?}");
+    assert!(
+        shares[2].0 && shares[2].1.contains("NOT sent"),
+        "{shares:?}"
+    );
     assert_eq!(requests_containing(&run, "b", "\\\"two\\\""), vec![2]);
     assert!(requests_containing(&run, "b", "three").is_empty());
     snap("scenario_09_rate_limit", &run.snapshot(&ends));
@@ -781,15 +847,19 @@ b:
     run.spawn("b", LoopOpts::default()).await;
     let started = Instant::now();
     run.rt.release().await;
-    run.until_event("a's query reached b", |k| {
-        matches!(k, EventKind::QueryAsked { from, .. } if from == "a")
-    })
+    run.until_event(
+        "a's query reached b",
+        |k| matches!(k, EventKind::QueryAsked { from, .. } if from == "a"),
+    )
     .await;
     run.until_file("b-running.flag").await;
     run.rt.stop_loop("b").unwrap();
     run.touch("stop-b.flag");
     let ends = run.wait().await;
-    assert!(started.elapsed() < Duration::from_secs(30), "the query waited for its timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the query waited for its timeout"
+    );
     assert!(completed(&ends, "a"), "{ends:?}");
     assert_eq!(ends["b"], LoopEnd::Stopped { iterations: 1 });
     let r = tool_results(&run, "a", "query_loop");

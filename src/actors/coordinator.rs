@@ -254,9 +254,14 @@ impl CoordState {
         Ok(())
     }
 
-    fn unregister(&mut self, name: &str) {
+    fn unregister(&mut self, name: &str, crashed: bool) {
         if let Some(entry) = self.loops.remove(name) {
-            self.gone.insert(name.to_string(), entry.status);
+            let status = match entry.status.as_str() {
+                _ if crashed => "crashed".to_string(),
+                "running" => "stopped".to_string(),
+                other => other.to_string(),
+            };
+            self.gone.insert(name.to_string(), status);
             self.events.record(EventKind::LoopUnregistered {
                 loop_name: name.to_string(),
             });
@@ -387,9 +392,9 @@ impl Actor for Coordinator {
         state: &mut CoordState,
     ) -> Result<(), ActorProcessingErr> {
         // We only monitor loop actors: when one ends, for whatever reason, it leaves the run.
-        let cell = match event {
-            SupervisionEvent::ActorTerminated(cell, _, _)
-            | SupervisionEvent::ActorFailed(cell, _) => cell,
+        let (cell, crashed) = match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, false),
+            SupervisionEvent::ActorFailed(cell, _) => (cell, true),
             _ => return Ok(()),
         };
         let id = cell.get_id();
@@ -399,7 +404,7 @@ impl Actor for Coordinator {
             .find(|(_, e)| e.actor.get_id() == id)
             .map(|(n, _)| n.clone());
         if let Some(name) = name {
-            state.unregister(&name);
+            state.unregister(&name, crashed);
         }
         Ok(())
     }
@@ -469,13 +474,9 @@ fn handle_query(
                     "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
                     timeout.as_millis()
                 )),
-                Ok(CallResult::SenderError) | Err(_) => Err(format!(
-                    "loop '{target}' stopped before answering; continue without the answer"
-                )),
+                Ok(CallResult::SenderError) | Err(_) => Err(stopped_before_answering(&target)),
             },
-            _ = cancel_rx => Err(format!(
-                "loop '{target}' stopped while your query was waiting; continue without the answer"
-            )),
+            _ = cancel_rx => Err(stopped_before_answering(&target)),
         };
         match &result {
             Ok(answer) => events.record(EventKind::QueryAnswered {
@@ -494,6 +495,12 @@ fn handle_query(
         let _ = reply.send(result.map_err(|message| ToolError::Unavailable { message }));
         let _ = coordinator.cast(CoordMsg::QueryDone { id, target });
     });
+}
+
+/// The one message for a query whose target went away: whether the reply port was dropped
+/// or the coordinator cancelled the wait, the asker learns the same thing.
+fn stopped_before_answering(target: &str) -> String {
+    format!("loop '{target}' stopped before answering your query; continue without the answer")
 }
 
 fn handle_share(

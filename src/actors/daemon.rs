@@ -17,10 +17,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
 use tokio::sync::{mpsc, watch};
 
-use crate::actors::coordinator::{CoordMsg, Coordinator, CoordinatorArgs, CoordinatorLimits, CoordinatorPort};
+use crate::actors::coordinator::{
+    CoordMsg, Coordinator, CoordinatorArgs, CoordinatorLimits, CoordinatorPort,
+};
 use crate::actors::loop_actor::{LoopActor, LoopSpec};
 use crate::actors::messages::LoopMsg;
 use crate::actors::tool_lanes::{LaneSizes, ToolLanes};
@@ -250,6 +254,13 @@ impl Runtime {
     /// is flushed first, so the "loop started" alerts of all registered loops are already in
     /// their recipients' inboxes when the first model turn happens.
     pub async fn release(&self) {
+        self.flush().await;
+        self.gate.send_replace(true);
+    }
+
+    /// Returns once the coordinator has handled every message sent to it before this call
+    /// (e.g. the system alerts of loops that just ended).
+    pub async fn flush(&self) {
         let _ = self
             .coordinator
             .call(
@@ -260,7 +271,6 @@ impl Runtime {
                 None,
             )
             .await;
-        self.gate.send_replace(true);
     }
 
     /// Asks a loop to stop after its tool call in flight.

@@ -169,7 +169,8 @@ impl Actor for LoopActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             LoopMsg::FileChanged(path) => {
-                if state.spec.ctx.note_outside_change(&path) {
+                // An ended loop edits nothing more: a change is no news to it.
+                if state.end.is_none() && state.spec.ctx.note_outside_change(&path) {
                     state.spec.events.record(EventKind::FileChanged {
                         loop_name: state.spec.config.name.clone(),
                         path: state.spec.ctx.display(&path),

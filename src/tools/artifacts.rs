@@ -192,11 +192,14 @@ pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<Tool
                 .map_err(|e| ToolError::from_io("creating directory", ARTIFACT_DIR, &e))?;
         }
         replaced |= tokio::fs::try_exists(&path).await.unwrap_or(false);
-        tokio::fs::write(&path, content.as_bytes())
-            .await
-            .map_err(|e| ToolError::from_io("writing", &shown, &e))?;
-        // The loop wrote it, so it may edit it next without reading it first.
-        ctx.record_stamp(&path, content.as_bytes());
+        // The loop writes it, so it may edit it next without reading it first; stamped
+        // before the write so the watcher sees the loop's own bytes.
+        let previous = ctx.stamp_own_write(&path, content.as_bytes());
+        if let Err(e) = tokio::fs::write(&path, content.as_bytes()).await {
+            ctx.undo_write_stamp(&path, previous);
+            return Err(ToolError::from_io("writing", &shown, &e));
+        }
+        ctx.finish_own_write(&path);
         written.push((shown, sha256_hex(content.as_bytes())));
     }
     let mut title = kind.to_string();

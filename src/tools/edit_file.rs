@@ -197,19 +197,30 @@ impl Tool for EditFile {
             applied.push(done);
         }
 
+        let previous = ctx.stamp_own_write(&real, content.as_bytes());
         let job = {
             let real = real.clone();
             let shown = shown.clone();
             tokio::task::spawn_blocking(move || write_in_place(&real, &shown, content))
         };
-        let content = job.await.map_err(|e| {
-            ToolError::failed(
-                format!("writing '{shown}'"),
-                e,
-                "Read the file again and retry.",
-            )
-        })??;
-        ctx.record_stamp(&real, content.as_bytes());
+        let written = job
+            .await
+            .map_err(|e| {
+                ToolError::failed(
+                    format!("writing '{shown}'"),
+                    e,
+                    "Read the file again and retry.",
+                )
+            })
+            .and_then(|r| r);
+        let content = match written {
+            Ok(c) => c,
+            Err(e) => {
+                ctx.undo_write_stamp(&real, previous);
+                return Err(e);
+            }
+        };
+        ctx.finish_own_write(&real);
 
         let text = report(&shown, &content, &edits, &applied, &ranges);
         Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {

@@ -74,16 +74,25 @@ impl Tool for WriteFile {
         }
         let real = ctx.resolve(&args.path)?;
         let shown = ctx.display(&real);
+        let previous = ctx.stamp_own_write(&real, args.content.as_bytes());
         let job = {
             let real = real.clone();
             let shown = shown.clone();
             tokio::task::spawn_blocking(move || write_new(&real, &shown, args.content))
         };
-        let (content, before) = job.await.map_err(|e| {
-            ToolError::failed(format!("writing '{shown}'"), e, "Try the call again.")
-        })??;
+        let written = job
+            .await
+            .map_err(|e| ToolError::failed(format!("writing '{shown}'"), e, "Try the call again."))
+            .and_then(|r| r);
+        let (content, before) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                ctx.undo_write_stamp(&real, previous);
+                return Err(e);
+            }
+        };
+        ctx.finish_own_write(&real);
         let bytes = content.as_bytes();
-        ctx.record_stamp(&real, bytes);
         let lines = content.lines().count() as u64;
         let size = bytes.len() as u64;
         let what = format!(
