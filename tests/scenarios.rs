@@ -50,6 +50,8 @@ struct LoopOpts {
     worktree: &'static str,
     validate: Option<&'static str>,
     max_iterations: u32,
+    max_turns: u32,
+    iteration_timeout: Option<Duration>,
     subscriptions: Option<Vec<String>>,
     extra_tools: Vec<Arc<dyn Tool>>,
 }
@@ -60,6 +62,8 @@ impl Default for LoopOpts {
             worktree: "",
             validate: None,
             max_iterations: 3,
+            max_turns: 10,
+            iteration_timeout: None,
             // Scenarios hear no alerts unless they say so: alerts from loops that end at
             // different moments would land at different turns.
             subscriptions: Some(Vec::new()),
@@ -131,8 +135,8 @@ impl Run {
                 loop_type: "ralph".to_string(),
                 task: format!("Scenario task of {name}"),
                 max_iterations: opts.max_iterations,
-                max_turns: 10,
-                iteration_timeout: None,
+                max_turns: opts.max_turns,
+                iteration_timeout: opts.iteration_timeout,
                 success_code: 0,
                 system_template: prompt::DEFAULT_SYSTEM.to_string(),
                 iteration_template: prompt::DEFAULT_ITERATION.to_string(),
@@ -866,4 +870,286 @@ b:
     assert!(r[0].0 && r[0].1.contains("stopped"), "{r:?}");
     assert!(!run.path("b/never.txt").exists());
     snap("scenario_11_stop", &run.snapshot(&ends));
+}
+
+/// A tool that sleeps and records how many of its calls overlapped.
+struct Slow {
+    name: &'static str,
+    read_only: bool,
+    running: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait]
+impl Tool for Slow {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn description(&self) -> &'static str {
+        "Sleeps 150 ms (test tool)."
+    }
+    fn input_schema(&self) -> Value {
+        json!({"type": "object", "additionalProperties": false})
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.running.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(now, SeqCst);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        self.running.fetch_sub(1, SeqCst);
+        Ok(ToolOutput::text(self.name))
+    }
+}
+
+fn slow(name: &'static str, read_only: bool) -> (Arc<Slow>, Arc<std::sync::atomic::AtomicUsize>) {
+    let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    (
+        Arc::new(Slow {
+            name,
+            read_only,
+            running: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            peak: peak.clone(),
+        }),
+        peak,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_only_calls_of_one_response_overlap_and_writes_do_not() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - look: {}
+        - look: {}
+        - look: {}
+        - poke: {}
+        - poke: {}
+    - calls:
+        - complete_task: {summary: "done"}
+"#,
+    )
+    .await;
+    let (look, look_peak) = slow("look", true);
+    let (poke, poke_peak) = slow("poke", false);
+    run.spawn(
+        "a",
+        LoopOpts {
+            extra_tools: vec![look, poke],
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a"), "{ends:?}");
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(look_peak.load(SeqCst), 3, "read-only calls ran one by one");
+    assert_eq!(poke_peak.load(SeqCst), 1, "writing calls overlapped");
+    // Results come back in call order whatever finished first.
+    let names: Vec<String> = run
+        .transcripts
+        .of("a")
+        .iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::ToolResult { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["look", "look", "look", "poke", "poke", "complete_task"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_iterations_fail_the_loop_with_the_reason() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - complete_task: {summary: "first try"}
+    - calls:
+        - complete_task: {summary: "second try"}
+"#,
+    )
+    .await;
+    run.spawn(
+        "a",
+        LoopOpts {
+            validate: Some("echo 'tests: 3 failed'; exit 1"),
+            max_iterations: 2,
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    let LoopEnd::Failed { iterations, reason } = &ends["a"] else {
+        panic!("{ends:?}");
+    };
+    assert_eq!(*iterations, 2);
+    assert!(reason.contains("maximum of 2 iterations"), "{reason}");
+    assert!(reason.contains("tests: 3 failed"), "{reason}");
+    assert!(run.events.events().iter().any(|e| matches!(&e.kind,
+        EventKind::LoopFailed { loop_name, .. } if loop_name == "a")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_turns_and_iteration_timeout_end_an_iteration() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls: [{list_directory: {}}]
+    - calls: [{list_directory: {}}]
+    - calls: [{complete_task: {summary: "second iteration"}}]
+b:
+  turns:
+    - calls:
+        - run_command: {command: "echo $$ > ../b.pid; exec sleep 5"}
+    - calls:
+        - complete_task: {summary: "after the timeout"}
+"#,
+    )
+    .await;
+    run.spawn(
+        "a",
+        LoopOpts {
+            max_turns: 2,
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.spawn(
+        "b",
+        LoopOpts {
+            iteration_timeout: Some(Duration::from_millis(300)),
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    let started = Instant::now();
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the timeout did not cut the command"
+    );
+    // The abandoned command does not run on in its lane worker.
+    let pid = std::fs::read_to_string(run.path("b.pid")).unwrap();
+    let stat = format!("/proc/{}/stat", pid.trim());
+    let alive = || {
+        std::fs::read_to_string(&stat)
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    };
+    let waited = Instant::now();
+    while alive() && waited.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!alive(), "the timed-out command is still running");
+    let ended_by = |name: &str| -> Vec<String> {
+        run.events
+            .events()
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::IterationEnded {
+                    loop_name,
+                    ended_by,
+                    ..
+                } if loop_name == name => Some(ended_by.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(ended_by("a"), ["max_turns", "complete_task"]);
+    assert_eq!(ended_by("b"), ["iteration_timeout", "complete_task"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payload_limit_subscriptions_and_listing() {
+    let config = RuntimeConfig {
+        limits: CoordinatorLimits {
+            max_payload_bytes: 64,
+            ..CoordinatorLimits::default()
+        },
+        ..RuntimeConfig::default()
+    };
+    let mut run = Run::with_config(
+        r#"
+a:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../b-waiting.flag ] && [ -e ../c-waiting.flag ]; do sleep 0.02; done"}
+    - calls:
+        - list_loops: {}
+        - share_data: {target_exec_ids: [b], data_type: big, data: "0123456789012345678901234567890123456789012345678901234567890123456789"}
+        - broadcast_alert: {event_type: build_broken, message: "main is red"}
+        - broadcast_alert: {event_type: docs_updated, message: "see README"}
+        - run_command: {command: "touch ../sent.flag"}
+    - calls:
+        - complete_task: {summary: "done"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "touch ../b-waiting.flag; until [ -e ../sent.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "b"}
+c:
+  turns:
+    - calls:
+        - run_command: {command: "touch ../c-waiting.flag; until [ -e ../sent.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "c"}
+"#,
+        config,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn(
+        "b",
+        LoopOpts {
+            subscriptions: Some(vec!["build_broken".into()]),
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.spawn(
+        "c",
+        LoopOpts {
+            subscriptions: None,
+            ..LoopOpts::default()
+        },
+    )
+    .await;
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(
+        ends.values()
+            .all(|e| matches!(e, LoopEnd::Completed { .. })),
+        "{ends:?}"
+    );
+    let listing = &tool_results(&run, "a", "list_loops")[0].1;
+    assert!(
+        listing.contains("b") && listing.contains("c") && listing.contains("ralph"),
+        "{listing}"
+    );
+    let share = &tool_results(&run, "a", "share_data")[0];
+    assert!(
+        share.0 && share.1.contains("over the limit of 64 bytes"),
+        "{share:?}"
+    );
+    // b listens to build_broken only; c hears everything (including a's start alert).
+    assert_eq!(requests_containing(&run, "b", "main is red"), vec![2]);
+    assert!(requests_containing(&run, "b", "see README").is_empty());
+    assert_eq!(requests_containing(&run, "c", "main is red"), vec![2]);
+    assert_eq!(requests_containing(&run, "c", "see README"), vec![2]);
+    assert!(requests_containing(&run, "b", "0123456789").is_empty());
 }

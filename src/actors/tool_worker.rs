@@ -57,18 +57,21 @@ impl Actor for ToolWorker {
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
         let WorkerMsg::Run { job, reply } = message;
-        let outcome = job
-            .tools
-            .call_propagating_panics(
-                &job.ctx,
-                job.call_id.as_deref(),
-                &job.name,
-                // The pool keeps the job (and so this input) to answer for us if the tool
-                // panics; the registry needs an owned input, hence this one copy.
-                job.input.clone(),
-            )
-            .await;
-        reply.answer(outcome);
+        let call = job.tools.call_propagating_panics(
+            &job.ctx,
+            job.call_id.as_deref(),
+            &job.name,
+            // The pool keeps the job (and so this input) to answer for us if the tool
+            // panics; the registry needs an owned input, hence this one copy.
+            job.input.clone(),
+        );
+        // A caller that gave up (its iteration timed out, its loop stopped) no longer wants
+        // the result: dropping the call ends it (a command's process group is killed) and
+        // frees the worker for the next job.
+        tokio::select! {
+            outcome = call => reply.answer(outcome),
+            () = caller_gone(&reply) => {}
+        }
         // Release our share of the call before reporting, so that once the pool has taken
         // the report nothing of the call is left anywhere.
         drop((job, reply));
@@ -79,5 +82,18 @@ impl Actor for ToolWorker {
             worker,
         });
         Ok(())
+    }
+}
+
+/// How often a running call checks whether its caller still waits.
+const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Resolves once nobody waits for the call's outcome any more.
+async fn caller_gone(reply: &ReplySlot) {
+    loop {
+        tokio::time::sleep(ABANDON_POLL).await;
+        if reply.abandoned() {
+            return;
+        }
     }
 }
