@@ -29,7 +29,7 @@ pub const SYSTEM_SENDER: &str = "taskdaemon";
 
 /// Limits the coordinator enforces per sender.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CoordinatorLimits {
     /// Messages (queries, shares, alerts) a loop may send in a burst.
     pub burst: u32,
