@@ -46,6 +46,12 @@ pub struct Config {
     /// The git repository the loops work on (default: the one holding the config file),
     /// relative to the config file.
     pub repo: Option<PathBuf>,
+    /// Run on a fresh git copy of `repo` made inside the run directory (samples, demos):
+    /// the original gains no branch and its checkout stays untouched.
+    #[serde(default)]
+    pub copy_repo: bool,
+    /// The model provider.
+    pub llm: Option<crate::llm::config::LlmConfig>,
     /// Loops and model calls at once.
     #[serde(default)]
     pub concurrency: Concurrency,

@@ -222,7 +222,7 @@ pub fn render(report: &ReplayReport) -> String {
 }
 
 /// Copies a directory tree, keeping symlinks as symlinks (never following them out).
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     let mut stack: Vec<(PathBuf, PathBuf)> = vec![(from.to_path_buf(), to.to_path_buf())];
     while let Some((src, dst)) = stack.pop() {

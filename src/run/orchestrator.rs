@@ -1,0 +1,616 @@
+//! `taskdaemon run`: loads `taskdaemon.yml`, prepares a worktree per loop, starts the loops
+//! as their dependencies complete (at most `max-loops` at once), commits and optionally
+//! merges each loop's work when it ends, records everything under the run directory, and
+//! stops cleanly on Ctrl-C.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::actors::daemon::{Runtime, RuntimeConfig};
+use crate::actors::loop_actor::LoopSpec;
+use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
+use crate::context::LoopCommands;
+use crate::engine::{EngineConfig, LoopEnd};
+use crate::events::EventLog;
+use crate::registry::ToolSet;
+use crate::run::progress::{Progress, ProgressMode};
+use crate::run::record::{
+    LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, new_run_id, now_rfc3339,
+};
+use crate::run::worktree::{MergeOutcome, Repo, Worktree};
+
+/// What `taskdaemon run` was asked to do.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The config file.
+    pub config: PathBuf,
+    /// Only these loops (and what they depend on); empty = all.
+    pub only: Vec<String>,
+    /// Where the run record goes (default `<repo>/.taskdaemon/runs/<run-id>`).
+    pub run_dir: Option<PathBuf>,
+    /// How progress is shown.
+    pub progress: ProgressMode,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The run id.
+    pub run_id: String,
+    /// Where its record is.
+    pub run_dir: PathBuf,
+    /// Final status per loop.
+    pub loops: BTreeMap<String, LoopStatus>,
+    /// Whether Ctrl-C ended it.
+    pub interrupted: bool,
+}
+
+impl RunReport {
+    /// 0 when every loop completed, 130 after Ctrl-C, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        if self.interrupted {
+            130
+        } else if self.loops.values().all(|s| *s == LoopStatus::Completed) {
+            0
+        } else {
+            1
+        }
+    }
+}
+
+/// Where one loop works.
+struct Place {
+    dir: PathBuf,
+    /// The git worktree, when the loop has one (own or shared); `None` for `repo` mode.
+    worktree: Option<Arc<Worktree>>,
+    base: String,
+}
+
+struct Plan {
+    config: Config,
+    base_dir: PathBuf,
+    types: BTreeMap<String, LoopType>,
+    loops: Vec<LoopDef>,
+}
+
+/// Loads the config and picks the loops to run (`only` plus their dependencies).
+fn plan(options: &RunOptions) -> Result<Plan, String> {
+    let config = Config::load(&options.config)?;
+    let base_dir = options
+        .config
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", options.config.display()))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let types = config.loop_types()?;
+    if config.loops.is_empty() {
+        return Err(format!(
+            "{}: no loops to run; add a `loops:` list",
+            options.config.display()
+        ));
+    }
+    let mut wanted: BTreeSet<String> = BTreeSet::new();
+    if options.only.is_empty() {
+        wanted.extend(config.loops.iter().map(|l| l.name.clone()));
+    } else {
+        let by_name: BTreeMap<&str, &LoopDef> =
+            config.loops.iter().map(|l| (l.name.as_str(), l)).collect();
+        let mut stack: Vec<String> = options.only.clone();
+        while let Some(n) = stack.pop() {
+            let Some(def) = by_name.get(n.as_str()) else {
+                return Err(format!(
+                    "--loop {n}: no such loop in {}; loops: {}",
+                    options.config.display(),
+                    by_name.keys().copied().collect::<Vec<_>>().join(", ")
+                ));
+            };
+            if wanted.insert(n.clone()) {
+                stack.extend(def.depends_on.iter().cloned());
+            }
+        }
+    }
+    let loops = config
+        .loops
+        .iter()
+        .filter(|l| wanted.contains(&l.name))
+        .cloned()
+        .collect();
+    Ok(Plan {
+        config,
+        base_dir,
+        types,
+        loops,
+    })
+}
+
+/// Runs the loops of a config to the end and returns the report.
+pub async fn run(options: RunOptions) -> Result<RunReport, String> {
+    let Plan {
+        config,
+        base_dir,
+        types,
+        loops,
+    } = plan(&options)?;
+    let run_id = new_run_id();
+    let run_dir = match &options.run_dir {
+        Some(d) => d.clone(),
+        None => {
+            let root = base_dir.join(".taskdaemon");
+            std::fs::create_dir_all(&root)
+                .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+            // Keep run records, worktrees and copies out of the user's `git status`.
+            let ignore = root.join(".gitignore");
+            if !ignore.exists() {
+                let _ = std::fs::write(&ignore, "*\n");
+            }
+            root.join("runs").join(&run_id)
+        }
+    };
+    std::fs::create_dir_all(&run_dir)
+        .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    let mut repo_dir = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
+    if config.copy_repo {
+        repo_dir = fresh_copy(&repo_dir, &run_dir.join("repo")).await?;
+    }
+    let repo = Repo::open(&repo_dir).await.map_err(|e| e.to_string())?;
+    let default_base = repo
+        .head_branch()
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or_else(|| "HEAD".to_string());
+    let record = RunRecord::create(
+        &run_dir,
+        &run_id,
+        RunMeta {
+            config: Some(options.config.display().to_string()),
+            loops: loops
+                .iter()
+                .map(|l| (l.name.clone(), l.loop_type.clone()))
+                .collect(),
+        },
+    )?;
+    let record = Arc::new(record);
+    let events = Arc::new(EventLog::new());
+    events.subscribe(record.events_listener());
+    let progress = Arc::new(Progress::new(
+        options.progress,
+        &loops
+            .iter()
+            .map(|l| (l.name.clone(), types[&l.loop_type].max_iterations))
+            .collect::<Vec<_>>(),
+        record.clone(),
+    ));
+    {
+        let p = progress.clone();
+        events.subscribe(move |e| p.on_event(e));
+    }
+    let in_flight = Arc::new(Semaphore::new(config.concurrency.max_model_calls));
+    let llm_config = config.llm.clone().ok_or_else(|| {
+        format!(
+            "{}: no `llm:` section; for an offline run use `llm: {{provider: scripted, script: script.yml}}`",
+            options.config.display()
+        )
+    })?;
+    let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
+    let catalog = Arc::new(config.catalog()?);
+    let mut rt = Runtime::start(
+        RuntimeConfig {
+            lanes: config.lanes,
+            limits: config.limits,
+            watch_files: true,
+        },
+        events.clone(),
+    )
+    .await?;
+
+    let names: Vec<String> = loops.iter().map(|l| l.name.clone()).collect();
+    let mut status: BTreeMap<String, LoopStatus> = names
+        .iter()
+        .map(|n| (n.clone(), LoopStatus::Pending))
+        .collect();
+    let mut places: BTreeMap<String, Place> = BTreeMap::new();
+    let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
+    let mut interrupted = false;
+    let mut released = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+
+    loop {
+        block_orphans(&loops, &mut status, &record, &progress);
+        let running = status.values().filter(|s| **s == LoopStatus::Running).count();
+        let mut free = config.concurrency.max_loops.saturating_sub(running);
+        for def in &loops {
+            if free == 0 || interrupted {
+                break;
+            }
+            if status[&def.name] != LoopStatus::Pending
+                || !def
+                    .depends_on
+                    .iter()
+                    .all(|d| status.get(d) == Some(&LoopStatus::Completed))
+            {
+                continue;
+            }
+            let started = start_loop(
+                def,
+                &types[&def.loop_type],
+                &config,
+                &names,
+                &repo,
+                &run_id,
+                &run_dir,
+                &default_base,
+                &mut shared,
+                &rt,
+                &llm,
+                &catalog,
+                &events,
+                &progress,
+                &record,
+            )
+            .await;
+            match started {
+                Ok((spec, place)) => {
+                    let _ = record.update_loop(&def.name, |s| {
+                        s.branch = place.worktree.as_ref().map(|w| w.branch().to_string());
+                        s.worktree = Some(place.dir.display().to_string());
+                        s.started_at = Some(now_rfc3339());
+                        s.status = LoopStatus::Running;
+                    });
+                    places.insert(def.name.clone(), place);
+                    rt.spawn_loop(spec).await?;
+                    status.insert(def.name.clone(), LoopStatus::Running);
+                    free -= 1;
+                }
+                Err(why) => {
+                    status.insert(def.name.clone(), LoopStatus::Failed);
+                    let _ = record.update_loop(&def.name, |s| {
+                        s.status = LoopStatus::Failed;
+                        s.reason = Some(why.clone());
+                    });
+                    progress.set_status(&def.name, "failed", &why);
+                }
+            }
+        }
+        if !released {
+            rt.release().await;
+            released = true;
+        }
+        if !status.values().any(|s| *s == LoopStatus::Running) {
+            break;
+        }
+        let ended = tokio::select! {
+            e = rt.next_end(Duration::from_secs(3600)) => e,
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                for (name, s) in &status {
+                    if *s == LoopStatus::Running {
+                        let _ = rt.stop_loop(name);
+                    }
+                }
+                continue;
+            }
+        };
+        let Some((name, end)) = ended else {
+            continue;
+        };
+        let final_status = finish_loop(&name, &end, &loops, &config, &places, &repo, &record, &progress).await;
+        status.insert(name, final_status);
+    }
+
+    // Loops never started (interrupted, or waiting on a loop that did not complete).
+    for (name, s) in status.iter_mut() {
+        if *s == LoopStatus::Pending {
+            *s = if interrupted {
+                LoopStatus::Stopped
+            } else {
+                LoopStatus::Blocked
+            };
+            let st = *s;
+            let _ = record.update_loop(name, |l| {
+                l.status = st;
+                l.reason.get_or_insert_with(|| "never started".to_string());
+            });
+        }
+    }
+    rt.flush().await;
+    rt.shutdown().await;
+    if !config.keep_worktrees {
+        for place in places.values() {
+            if let Some(wt) = &place.worktree {
+                let _ = repo.remove_worktree(wt, true).await;
+            }
+        }
+        let _ = std::fs::remove_dir(run_dir.join("worktrees"));
+    }
+    let run_status = if interrupted {
+        RunStatus::Stopped
+    } else {
+        record.summary().status_from_loops()
+    };
+    record.finish(run_status)?;
+    Ok(RunReport {
+        run_id,
+        run_dir,
+        loops: status,
+        interrupted,
+    })
+}
+
+/// Copies `src` (without its `.git`) to `dest` and makes the copy a git repository with one
+/// commit on `main`, so a run on it leaves the original untouched.
+async fn fresh_copy(src: &Path, dest: &Path) -> Result<PathBuf, String> {
+    crate::fronts::replay::copy_tree(src, dest)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dest.display()))?;
+    let _ = std::fs::remove_dir_all(dest.join(".git"));
+    let git = |args: &[&str]| {
+        let mut c = tokio::process::Command::new("git");
+        c.args(["-c", "user.name=TaskDaemon", "-c", "user.email=taskdaemon@localhost"])
+            .args(args)
+            .current_dir(dest)
+            .stdin(std::process::Stdio::null());
+        c
+    };
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"][..],
+        &["commit", "-q", "-m", "sample project"][..],
+    ] {
+        let out = git(args)
+            .output()
+            .await
+            .map_err(|e| format!("cannot run git: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "git {} failed in {}: {}",
+                args.join(" "),
+                dest.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    Ok(dest.to_path_buf())
+}
+
+/// Marks pending loops whose dependency can no longer complete as blocked.
+fn block_orphans(
+    loops: &[LoopDef],
+    status: &mut BTreeMap<String, LoopStatus>,
+    record: &RunRecord,
+    progress: &Progress,
+) {
+    loop {
+        let mut changed = false;
+        for def in loops {
+            if status[&def.name] != LoopStatus::Pending {
+                continue;
+            }
+            let dead = def.depends_on.iter().find(|d| {
+                matches!(
+                    status.get(*d),
+                    Some(LoopStatus::Failed | LoopStatus::Blocked | LoopStatus::Stopped)
+                )
+            });
+            if let Some(dep) = dead {
+                let why = format!("its dependency `{dep}` did not complete");
+                status.insert(def.name.clone(), LoopStatus::Blocked);
+                let _ = record.update_loop(&def.name, |s| {
+                    s.status = LoopStatus::Blocked;
+                    s.reason = Some(why.clone());
+                });
+                progress.set_status(&def.name, "blocked", &why);
+                changed = true;
+            }
+        }
+        if !changed {
+            return;
+        }
+    }
+}
+
+/// Prepares a loop's place, context, tools and engine settings.
+#[allow(clippy::too_many_arguments)]
+async fn start_loop(
+    def: &LoopDef,
+    loop_type: &LoopType,
+    config: &Config,
+    names: &[String],
+    repo: &Repo,
+    run_id: &str,
+    run_dir: &Path,
+    default_base: &str,
+    shared: &mut BTreeMap<String, Arc<Worktree>>,
+    rt: &Runtime,
+    llm: &Arc<dyn crate::llm::LlmClient>,
+    catalog: &Arc<crate::catalog::Catalog>,
+    events: &Arc<EventLog>,
+    progress: &Arc<Progress>,
+    record: &Arc<RunRecord>,
+) -> Result<(LoopSpec, Place), String> {
+    let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
+    let place = match def.worktree.clone().unwrap_or(WorktreeMode::Own) {
+        WorktreeMode::Own => {
+            let dir = run_dir.join("worktrees").join(&def.name);
+            let wt = repo
+                .add_worktree(run_id, &def.name, Some(&base), &dir)
+                .await
+                .map_err(|e| format!("cannot create the worktree of {}: {e}", def.name))?;
+            Place {
+                dir,
+                worktree: Some(Arc::new(wt)),
+                base,
+            }
+        }
+        WorktreeMode::Shared(group) => {
+            let wt = match shared.get(&group) {
+                Some(w) => w.clone(),
+                None => {
+                    let dir = run_dir.join("worktrees").join(format!("shared-{group}"));
+                    let w = Arc::new(
+                        repo.add_worktree(run_id, &format!("shared-{group}"), Some(&base), &dir)
+                            .await
+                            .map_err(|e| format!("cannot create the shared worktree {group}: {e}"))?,
+                    );
+                    shared.insert(group.clone(), w.clone());
+                    w
+                }
+            };
+            Place {
+                dir: wt.path().to_path_buf(),
+                worktree: Some(wt),
+                base,
+            }
+        }
+        WorktreeMode::Repo => Place {
+            dir: repo.root().to_path_buf(),
+            worktree: None,
+            base,
+        },
+    };
+    let validation = def.validation.clone().or_else(|| loop_type.validation.clone());
+    let ctx = rt
+        .context(&place.dir, &def.name)
+        .map_err(|e| e.to_string())?
+        .with_catalog(catalog.clone())
+        .with_commands(LoopCommands {
+            build: loop_type.build.clone(),
+            test: loop_type.test.clone(),
+            validate: validation,
+        });
+    let tools = ToolSet::from_names(&loop_type.tools)?;
+    let receipts = record.receipts_for(&def.name)?;
+    let spec = LoopSpec {
+        config: EngineConfig {
+            name: def.name.clone(),
+            loop_type: loop_type.name.clone(),
+            task: def.task.clone(),
+            max_iterations: loop_type.max_iterations,
+            max_turns: loop_type.max_turns,
+            iteration_timeout: loop_type.iteration_timeout,
+            success_code: loop_type.success_code,
+            system_template: loop_type.system_prompt.clone(),
+            iteration_template: loop_type.iteration_prompt.clone(),
+            peers: names.iter().filter(|n| **n != def.name).cloned().collect(),
+        },
+        ctx: Arc::new(ctx),
+        tools: Arc::new(tools),
+        llm: llm.clone(),
+        runner: Arc::new(rt.lanes.clone()),
+        coordinator: rt.coordinator.clone(),
+        events: events.clone(),
+        transcript: progress.clone(),
+        receipts: Some(receipts),
+        subscriptions: loop_type.subscriptions.clone(),
+        ended: None,
+        gate: None,
+    };
+    let _ = config;
+    Ok((spec, place))
+}
+
+/// Commits a loop's work, merges it when asked, and returns its final status.
+#[allow(clippy::too_many_arguments)]
+async fn finish_loop(
+    name: &str,
+    end: &LoopEnd,
+    loops: &[LoopDef],
+    config: &Config,
+    places: &BTreeMap<String, Place>,
+    repo: &Repo,
+    record: &RunRecord,
+    progress: &Progress,
+) -> LoopStatus {
+    let mut status = match end {
+        LoopEnd::Completed { .. } => LoopStatus::Completed,
+        LoopEnd::Failed { .. } => LoopStatus::Failed,
+        LoopEnd::Stopped { .. } => LoopStatus::Stopped,
+    };
+    let _ = record.update_loop(name, |s| {
+        s.apply_end(end);
+        s.mark_ended(&now_rfc3339());
+    });
+    let Some(place) = places.get(name) else {
+        return status;
+    };
+    let Some(wt) = &place.worktree else {
+        return status;
+    };
+    let message = match end {
+        LoopEnd::Completed { summary, .. } => format!(
+            "taskdaemon: {name} completed\n\n{}",
+            summary.as_deref().unwrap_or("")
+        ),
+        other => format!("taskdaemon: {name} {} (work in progress)", other.status()),
+    };
+    if let Err(e) = wt.commit_all(&message).await {
+        let why = format!("could not commit its work: {e}");
+        let _ = record.update_loop(name, |s| s.reason = Some(why.clone()));
+        progress.set_status(name, status.as_str(), &why);
+        return status;
+    }
+    let wants_merge = loops
+        .iter()
+        .find(|l| l.name == name)
+        .and_then(|l| l.merge)
+        .unwrap_or(config.merge);
+    if status == LoopStatus::Completed && wants_merge {
+        let outcome = repo.merge_branch(wt.branch(), &place.base).await;
+        let summary = match outcome {
+            Ok(MergeOutcome::Merged { commit }) => MergeSummary {
+                merged: true,
+                into: Some(place.base.clone()),
+                commit: Some(commit),
+                detail: None,
+            },
+            Ok(MergeOutcome::Conflict { files }) => {
+                status = LoopStatus::Blocked;
+                MergeSummary {
+                    merged: false,
+                    into: Some(place.base.clone()),
+                    commit: None,
+                    detail: Some(format!(
+                        "merge conflict (aborted, nothing changed) in: {}",
+                        files.join(", ")
+                    )),
+                }
+            }
+            Ok(MergeOutcome::Blocked { reason }) => {
+                status = LoopStatus::Blocked;
+                MergeSummary {
+                    merged: false,
+                    into: Some(place.base.clone()),
+                    commit: None,
+                    detail: Some(reason),
+                }
+            }
+            Err(e) => {
+                status = LoopStatus::Blocked;
+                MergeSummary {
+                    merged: false,
+                    into: Some(place.base.clone()),
+                    commit: None,
+                    detail: Some(e.to_string()),
+                }
+            }
+        };
+        let detail = summary.detail.clone().unwrap_or_default();
+        let _ = record.update_loop(name, |s| {
+            s.status = status;
+            if status == LoopStatus::Blocked {
+                s.reason = summary.detail.clone();
+            }
+            s.merge = Some(summary);
+        });
+        if status == LoopStatus::Blocked {
+            progress.set_status(name, "blocked", &detail);
+        } else {
+            progress.set_status(name, "completed", &format!("merged into {}", place.base));
+        }
+    }
+    status
+}

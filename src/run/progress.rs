@@ -1,0 +1,283 @@
+//! Live progress of a run: one line per loop (status, iteration/max, current tool, elapsed,
+//! last coordination message), redrawn in place on a terminal; plain log lines otherwise;
+//! JSON event lines with `--json`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::context::lock;
+use crate::engine::transcript::{TranscriptEntry, TranscriptSink};
+use crate::events::{Event, EventKind};
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Lines redrawn in place (a terminal).
+    Live,
+    /// One log line per notable event (not a terminal).
+    Plain,
+    /// Every event as a JSON line.
+    Json,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Row {
+    status: String,
+    iteration: u32,
+    max_iterations: u32,
+    tool: String,
+    started: Option<Instant>,
+    ended: Option<Instant>,
+    last: String,
+}
+
+/// The progress display; also a transcript sink (to learn each loop's current tool).
+pub struct Progress {
+    mode: ProgressMode,
+    rows: Mutex<BTreeMap<String, Row>>,
+    drawn: Mutex<usize>,
+    inner: Arc<dyn TranscriptSink>,
+}
+
+impl Progress {
+    /// A display for `loops` (name, max iterations) that forwards transcripts to `inner`.
+    pub fn new(mode: ProgressMode, loops: &[(String, u32)], inner: Arc<dyn TranscriptSink>) -> Self {
+        let rows = loops
+            .iter()
+            .map(|(n, max)| {
+                (
+                    n.clone(),
+                    Row {
+                        status: "pending".into(),
+                        max_iterations: *max,
+                        ..Row::default()
+                    },
+                )
+            })
+            .collect();
+        Self {
+            mode,
+            rows: Mutex::new(rows),
+            drawn: Mutex::new(0),
+            inner,
+        }
+    }
+
+    /// Sets a loop's status from outside the event stream (blocked, merge results...).
+    pub fn set_status(&self, name: &str, status: &str, note: &str) {
+        {
+            let mut rows = lock(&self.rows);
+            let row = rows.entry(name.to_string()).or_default();
+            row.status = status.to_string();
+            if !note.is_empty() {
+                row.last = note.to_string();
+            }
+            if row.ended.is_none() {
+                row.ended = Some(Instant::now());
+            }
+        }
+        if self.mode == ProgressMode::Plain {
+            self.print_line(&format!("{name}: {status}{}", sep(note)));
+        }
+        self.redraw();
+    }
+
+    /// Takes one run event.
+    pub fn on_event(&self, event: &Event) {
+        if self.mode == ProgressMode::Json {
+            if let Ok(line) = serde_json::to_string(event) {
+                self.print_line(&line);
+            }
+            return;
+        }
+        let mut plain: Option<String> = None;
+        {
+            let mut rows = lock(&self.rows);
+            let mut row = |name: &str| -> &mut Row { rows.entry(name.to_string()).or_default() };
+            match &event.kind {
+                EventKind::LoopStarted { loop_name, .. } => {
+                    let r = row(loop_name);
+                    r.status = "running".into();
+                    r.started = Some(Instant::now());
+                    plain = Some(format!("{loop_name}: started"));
+                }
+                EventKind::IterationStarted {
+                    loop_name,
+                    iteration,
+                } => row(loop_name).iteration = *iteration,
+                EventKind::IterationEnded {
+                    loop_name,
+                    iteration,
+                    ended_by,
+                    validation_exit,
+                    validation_passed,
+                } => {
+                    let v = match (validation_passed, validation_exit) {
+                        (Some(true), _) => "validation passed".to_string(),
+                        (Some(false), Some(code)) => format!("validation failed (exit {code})"),
+                        (Some(false), None) => "not complete".to_string(),
+                        (None, _) => String::new(),
+                    };
+                    row(loop_name).last = format!("iteration {iteration}: {ended_by} {v}");
+                    plain = Some(format!("{loop_name}: iteration {iteration} ended by {ended_by}{}", sep(&v)));
+                }
+                EventKind::LoopCompleted {
+                    loop_name, summary, ..
+                } => {
+                    let r = row(loop_name);
+                    r.status = "completed".into();
+                    r.ended = Some(Instant::now());
+                    r.tool.clear();
+                    plain = Some(format!(
+                        "{loop_name}: completed{}",
+                        sep(summary.as_deref().unwrap_or(""))
+                    ));
+                }
+                EventKind::LoopFailed { loop_name, reason } => {
+                    let r = row(loop_name);
+                    r.status = "failed".into();
+                    r.ended = Some(Instant::now());
+                    r.last = reason.lines().next().unwrap_or("").to_string();
+                    plain = Some(format!("{loop_name}: failed: {reason}"));
+                }
+                EventKind::LoopStopped { loop_name } => {
+                    let r = row(loop_name);
+                    r.status = "stopped".into();
+                    r.ended = Some(Instant::now());
+                    plain = Some(format!("{loop_name}: stopped"));
+                }
+                EventKind::QueryAsked { from, to, question, .. } => {
+                    row(from).last = format!("asked {to}: {}", short(question));
+                    plain = Some(format!("{from} -> {to}: query: {}", short(question)));
+                }
+                EventKind::QueryAnswered { from, to, reply, .. } => {
+                    row(from).last = format!("{to} answered: {}", short(reply));
+                    plain = Some(format!("{to} -> {from}: answer: {}", short(reply)));
+                }
+                EventKind::QueryFailed { from, to, error, .. } => {
+                    row(from).last = format!("query to {to} failed");
+                    plain = Some(format!("{from} -> {to}: query failed: {}", short(error)));
+                }
+                EventKind::Shared {
+                    from,
+                    to,
+                    data_type,
+                    error,
+                    ..
+                } => {
+                    row(from).last = format!("shared {data_type} with {to}");
+                    plain = Some(match error {
+                        None => format!("{from} -> {to}: shared {data_type}"),
+                        Some(e) => format!("{from} -> {to}: share refused: {}", short(e)),
+                    });
+                }
+                EventKind::Alert {
+                    from,
+                    event_type,
+                    message,
+                    recipients,
+                    ..
+                } => {
+                    if from != "taskdaemon" {
+                        row(from).last = format!("alert {event_type}");
+                    }
+                    plain = Some(format!(
+                        "{from}: alert {event_type} to {} loop(s): {}",
+                        recipients.len(),
+                        short(message)
+                    ));
+                }
+                EventKind::FileChanged { loop_name, path } => {
+                    row(loop_name).last = format!("{path} changed on disk");
+                }
+                _ => {}
+            }
+        }
+        if self.mode == ProgressMode::Plain {
+            if let Some(line) = plain {
+                self.print_line(&line);
+            }
+        } else {
+            self.redraw();
+        }
+    }
+
+    fn print_line(&self, line: &str) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+
+    /// Redraws the live table in place.
+    fn redraw(&self) {
+        if self.mode != ProgressMode::Live {
+            return;
+        }
+        let rows = lock(&self.rows);
+        let mut drawn = lock(&self.drawn);
+        let mut text = String::new();
+        if *drawn > 0 {
+            text.push_str(&format!("\x1b[{}A", *drawn));
+        }
+        let width = rows.keys().map(|k| k.len()).max().unwrap_or(4).max(4);
+        for (name, r) in rows.iter() {
+            let elapsed = match (r.started, r.ended) {
+                (Some(s), Some(e)) => e.duration_since(s).as_secs(),
+                (Some(s), None) => s.elapsed().as_secs(),
+                _ => 0,
+            };
+            let tool = if r.status == "running" && !r.tool.is_empty() {
+                format!(" [{}]", r.tool)
+            } else {
+                String::new()
+            };
+            text.push_str(&format!(
+                "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{tool}  {}\n",
+                r.status,
+                r.iteration,
+                r.max_iterations,
+                elapsed,
+                short(&r.last),
+            ));
+        }
+        *drawn = rows.len();
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+    }
+}
+
+impl TranscriptSink for Progress {
+    fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+        if let TranscriptEntry::Response { iteration, response, .. } = &entry
+            && *iteration > 0
+        {
+            let tool = response
+                .tool_calls
+                .last()
+                .map(|c| c.name.clone())
+                .unwrap_or_default();
+            lock(&self.rows).entry(loop_name.to_string()).or_default().tool = tool;
+            self.redraw();
+        }
+        self.inner.record(loop_name, entry);
+    }
+}
+
+fn sep(note: &str) -> String {
+    if note.is_empty() {
+        String::new()
+    } else {
+        format!(": {note}")
+    }
+}
+
+fn short(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("");
+    match crate::text::truncate_to(line, 60) {
+        Some(cut) => format!("{cut}…"),
+        None => line.to_string(),
+    }
+}
