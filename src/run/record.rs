@@ -1,0 +1,829 @@
+//! The run record: what `taskdaemon run` leaves on disk, and the tolerant readers that
+//! `status`, `logs` and outside tests use to read it back.
+//!
+//! Layout of a run directory (`.taskdaemon/runs/<run-id>/`, or `--run-dir DIR`):
+//!
+//! ```text
+//! summary.json                    RunSummary: per loop status, iterations, validation, timings
+//! events.jsonl                    one Event per line: loop lifecycle, every coordination message
+//! loops/<name>/transcript.jsonl   one TranscriptEntry per line: requests, responses, tool results
+//! loops/<name>/receipts.jsonl     one Receipt per tool call
+//! ```
+//!
+//! The JSONL files are append-only and written while the run goes: each line is one write on
+//! an append-mode handle, so a crash leaves at most a torn last line, which every reader here
+//! reports instead of failing on. `summary.json` is replaced whole (temporary file + rename),
+//! so a reader sees the previous or the next version, never half of one. Nothing here keeps
+//! events or transcripts in memory: only the summary (one entry per loop) and one open handle
+//! per file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::context::lock;
+use crate::engine::LoopEnd;
+use crate::engine::transcript::{TranscriptEntry, TranscriptSink};
+use crate::events::{Event, EventKind};
+use crate::llm::Usage;
+use crate::receipts::{Receipt, ReceiptLog};
+
+/// The run's summary file, replaced atomically on every change.
+pub const SUMMARY_FILE: &str = "summary.json";
+/// The run's event log.
+pub const EVENTS_FILE: &str = "events.jsonl";
+/// The directory holding one subdirectory per loop.
+pub const LOOPS_DIR: &str = "loops";
+/// A loop's transcript, inside `loops/<name>/`.
+pub const TRANSCRIPT_FILE: &str = "transcript.jsonl";
+/// A loop's receipts, inside `loops/<name>/`.
+pub const RECEIPTS_FILE: &str = "receipts.jsonl";
+/// The version written into `summary.json`; readers of other versions know to look twice.
+pub const SUMMARY_VERSION: u32 = 1;
+
+/// Where a project's runs live: `<project>/.taskdaemon/runs`.
+pub fn runs_root(project: &Path) -> PathBuf {
+    project.join(".taskdaemon").join("runs")
+}
+
+/// A fresh run id, `YYYYMMDD-HHMMSS-xxxx` (UTC time, then 4 random hex digits), so that
+/// sorting run ids by name sorts runs by start time.
+pub fn new_run_id() -> String {
+    // The last bytes of a v7 UUID are random (the first ones hold the time and a counter).
+    let random = uuid::Uuid::now_v7();
+    let bytes = random.as_bytes();
+    format!(
+        "{}-{:02x}{:02x}",
+        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+        bytes[14],
+        bytes[15]
+    )
+}
+
+/// Now, in the format events use (RFC 3339, UTC, milliseconds).
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Milliseconds from `start` to `end` (RFC 3339 times); `None` when either does not parse.
+pub fn duration_between(start: &str, end: &str) -> Option<u64> {
+    let start = chrono::DateTime::parse_from_rfc3339(start).ok()?;
+    let end = chrono::DateTime::parse_from_rfc3339(end).ok()?;
+    Some(u64::try_from((end - start).num_milliseconds()).unwrap_or(0))
+}
+
+/// Where a loop stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopStatus {
+    /// Known from the config, not started yet.
+    #[default]
+    Pending,
+    /// Its actor is running iterations.
+    Running,
+    /// Validation passed.
+    Completed,
+    /// It gave up (max iterations, model errors...).
+    Failed,
+    /// It waits on something it cannot get (a dependency that failed, say).
+    Blocked,
+    /// It was stopped on request.
+    Stopped,
+}
+
+impl LoopStatus {
+    /// The lowercase name used in `summary.json` and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoopStatus::Pending => "pending",
+            LoopStatus::Running => "running",
+            LoopStatus::Completed => "completed",
+            LoopStatus::Failed => "failed",
+            LoopStatus::Blocked => "blocked",
+            LoopStatus::Stopped => "stopped",
+        }
+    }
+
+    /// Whether the loop will not run again in this run.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            LoopStatus::Completed | LoopStatus::Failed | LoopStatus::Stopped
+        )
+    }
+}
+
+/// Where the whole run stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Still going (or it crashed: `ended_at` is then missing too).
+    #[default]
+    Running,
+    /// Every loop completed.
+    Completed,
+    /// At least one loop failed or was blocked.
+    Failed,
+    /// The run was stopped before its loops finished.
+    Stopped,
+}
+
+impl RunStatus {
+    /// The lowercase name used in `summary.json` and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Stopped => "stopped",
+        }
+    }
+}
+
+/// The last validation result of a loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationSummary {
+    /// Exit code (`None`: killed, timed out, or no command ran).
+    pub exit_code: Option<i32>,
+    /// Whether it passed.
+    pub passed: bool,
+}
+
+/// What happened when a loop's branch was merged back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MergeSummary {
+    /// Whether the merge went through.
+    pub merged: bool,
+    /// The branch merged into.
+    pub into: Option<String>,
+    /// The resulting commit, when merged.
+    pub commit: Option<String>,
+    /// Why not, or what else to know (conflicting paths...).
+    pub detail: Option<String>,
+}
+
+/// One loop's entry in `summary.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoopSummary {
+    /// Loop name (its exec id).
+    pub name: String,
+    /// Loop type.
+    pub loop_type: String,
+    /// Where it stands.
+    pub status: LoopStatus,
+    /// Iterations run so far.
+    pub iterations: u32,
+    /// The latest validation result.
+    pub validation: Option<ValidationSummary>,
+    /// Its git branch.
+    pub branch: Option<String>,
+    /// Its worktree directory.
+    pub worktree: Option<String>,
+    /// When it (last) started (RFC 3339).
+    pub started_at: Option<String>,
+    /// When it ended (RFC 3339).
+    pub ended_at: Option<String>,
+    /// `ended_at - started_at`.
+    pub duration_ms: Option<u64>,
+    /// The model's completion summary.
+    pub summary: Option<String>,
+    /// Why it failed, was blocked or was stopped.
+    pub reason: Option<String>,
+    /// Tokens of every model call made for it (iterations and query answers).
+    pub usage: Usage,
+    /// Merge of its branch, when one was attempted.
+    pub merge: Option<MergeSummary>,
+}
+
+impl LoopSummary {
+    /// A pending loop.
+    pub fn pending(name: &str, loop_type: &str) -> Self {
+        LoopSummary {
+            name: name.to_string(),
+            loop_type: loop_type.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// Marks the loop ended at `time` and computes its duration.
+    pub fn mark_ended(&mut self, time: &str) {
+        self.ended_at = Some(time.to_string());
+        self.duration_ms = self
+            .started_at
+            .as_deref()
+            .and_then(|start| duration_between(start, time));
+    }
+
+    /// Records how the engine ended the loop (status, iterations, summary or reason).
+    pub fn apply_end(&mut self, end: &LoopEnd) {
+        match end {
+            LoopEnd::Completed {
+                iterations,
+                summary,
+            } => {
+                self.status = LoopStatus::Completed;
+                self.iterations = *iterations;
+                self.summary = summary.clone();
+            }
+            LoopEnd::Failed { iterations, reason } => {
+                self.status = LoopStatus::Failed;
+                self.iterations = *iterations;
+                self.reason = Some(reason.clone());
+            }
+            LoopEnd::Stopped { iterations } => {
+                self.status = LoopStatus::Stopped;
+                self.iterations = *iterations;
+            }
+        }
+    }
+}
+
+/// The content of `summary.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunSummary {
+    /// Format version ([`SUMMARY_VERSION`]).
+    pub version: u32,
+    /// The run id (the directory name under `.taskdaemon/runs/`).
+    pub run_id: String,
+    /// The config file the run came from.
+    pub config: Option<String>,
+    /// When the run started (RFC 3339).
+    pub started_at: String,
+    /// When it finished (missing while running, or after a crash).
+    pub ended_at: Option<String>,
+    /// Where it stands.
+    pub status: RunStatus,
+    /// Every loop, by name.
+    pub loops: BTreeMap<String, LoopSummary>,
+}
+
+impl RunSummary {
+    /// The status the loops imply: failed if any failed or is blocked, completed if all
+    /// completed, stopped otherwise (some loops never finished).
+    pub fn status_from_loops(&self) -> RunStatus {
+        let statuses = || self.loops.values().map(|l| l.status);
+        if statuses().any(|s| matches!(s, LoopStatus::Failed | LoopStatus::Blocked)) {
+            RunStatus::Failed
+        } else if statuses().all(|s| s == LoopStatus::Completed) {
+            RunStatus::Completed
+        } else {
+            RunStatus::Stopped
+        }
+    }
+}
+
+/// What the run is, for [`RunRecord::create`].
+#[derive(Debug, Clone, Default)]
+pub struct RunMeta {
+    /// The config file the run came from.
+    pub config: Option<String>,
+    /// Loops known at the start, `(name, loop type)`; each is recorded as pending.
+    pub loops: Vec<(String, String)>,
+}
+
+/// A run being recorded. Cheap to clone: clones share the same files.
+///
+/// Besides what callers write through [`RunRecord::update_loop`], the record keeps the
+/// summary in step with what it sees: loop lifecycle events (started, iteration ended,
+/// completed, failed, stopped) update status, iterations, validation and timings, and every
+/// model response adds its token usage.
+#[derive(Clone)]
+pub struct RunRecord {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RunRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRecord")
+            .field("dir", &self.inner.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    dir: PathBuf,
+    events: Mutex<File>,
+    summary: Mutex<RunSummary>,
+    transcripts: Mutex<HashMap<String, Arc<Mutex<File>>>>,
+    receipts: Mutex<HashMap<String, Arc<ReceiptLog>>>,
+    write_errors: AtomicU64,
+}
+
+impl RunRecord {
+    /// Starts the record of a new run in `dir` (created if needed; it may exist, but must not
+    /// already hold a run) and writes the initial summary.
+    pub fn create(dir: &Path, run_id: &str, meta: RunMeta) -> Result<RunRecord, String> {
+        if dir.join(SUMMARY_FILE).exists() {
+            return Err(format!(
+                "{} already holds a run (it has a {SUMMARY_FILE}); choose another directory, or resume that run",
+                dir.display()
+            ));
+        }
+        let loops_dir = dir.join(LOOPS_DIR);
+        std::fs::create_dir_all(&loops_dir)
+            .map_err(|e| format!("cannot create the run directory {}: {e}", dir.display()))?;
+        let mut summary = RunSummary {
+            version: SUMMARY_VERSION,
+            run_id: run_id.to_string(),
+            config: meta.config,
+            started_at: now_rfc3339(),
+            ..RunSummary::default()
+        };
+        for (name, loop_type) in &meta.loops {
+            let loop_dir = loop_dir(dir, name)?;
+            std::fs::create_dir_all(&loop_dir)
+                .map_err(|e| format!("cannot create {}: {e}", loop_dir.display()))?;
+            summary
+                .loops
+                .insert(name.clone(), LoopSummary::pending(name, loop_type));
+        }
+        let events = open_append(&dir.join(EVENTS_FILE))?;
+        write_summary(dir, &summary)?;
+        Ok(Self::from_parts(dir, events, summary))
+    }
+
+    /// Reopens the record of an earlier run to go on with it: the summary is read back and
+    /// marked running again, and later lines are appended after what is there (a torn last
+    /// line is closed off first so that the next line starts clean).
+    pub fn open_existing(dir: &Path) -> Result<RunRecord, String> {
+        let mut summary = read_summary(dir)?;
+        summary.status = RunStatus::Running;
+        summary.ended_at = None;
+        let events = open_append(&dir.join(EVENTS_FILE))?;
+        write_summary(dir, &summary)?;
+        Ok(Self::from_parts(dir, events, summary))
+    }
+
+    fn from_parts(dir: &Path, events: File, summary: RunSummary) -> Self {
+        RunRecord {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                events: Mutex::new(events),
+                summary: Mutex::new(summary),
+                transcripts: Mutex::new(HashMap::new()),
+                receipts: Mutex::new(HashMap::new()),
+                write_errors: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// A copy of the current summary.
+    pub fn summary(&self) -> RunSummary {
+        lock(&self.inner.summary).clone()
+    }
+
+    /// How many writes failed so far (each is logged; the run goes on without them).
+    pub fn write_errors(&self) -> u64 {
+        self.inner.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// A listener for [`crate::events::EventLog::subscribe`] that appends every event to
+    /// `events.jsonl` and keeps the summary in step with loop lifecycle events.
+    pub fn events_listener(&self) -> impl Fn(&Event) + Send + Sync + 'static {
+        let inner = self.inner.clone();
+        move |event: &Event| inner.on_event(event)
+    }
+
+    /// The receipt log of `loop_name` (`loops/<name>/receipts.jsonl`), opened once and shared.
+    pub fn receipts_for(&self, loop_name: &str) -> Result<Arc<ReceiptLog>, String> {
+        let mut logs = lock(&self.inner.receipts);
+        if let Some(log) = logs.get(loop_name) {
+            return Ok(log.clone());
+        }
+        let path = loop_dir(&self.inner.dir, loop_name)?.join(RECEIPTS_FILE);
+        close_torn_line(&path)?;
+        let log = ReceiptLog::open(&path)
+            .map(Arc::new)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        logs.insert(loop_name.to_string(), log.clone());
+        Ok(log)
+    }
+
+    /// Changes one loop's summary (adding it, pending, when it is new) and rewrites
+    /// `summary.json`. The entry keeps `name` as its name whatever `change` does.
+    /// `change` must not record events: it runs under the summary's lock.
+    pub fn update_loop(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut LoopSummary),
+    ) -> Result<(), String> {
+        self.inner.update_loop(name, change)
+    }
+
+    /// Marks the run finished with `status` and writes the final summary.
+    pub fn finish(&self, status: RunStatus) -> Result<(), String> {
+        let mut summary = lock(&self.inner.summary);
+        summary.status = status;
+        summary.ended_at = Some(now_rfc3339());
+        write_summary(&self.inner.dir, &summary)
+    }
+}
+
+impl Inner {
+    fn update_loop(&self, name: &str, change: impl FnOnce(&mut LoopSummary)) -> Result<(), String> {
+        let mut summary = lock(&self.summary);
+        let entry = summary
+            .loops
+            .entry(name.to_string())
+            .or_insert_with(|| LoopSummary::pending(name, ""));
+        change(entry);
+        entry.name = name.to_string();
+        write_summary(&self.dir, &summary)
+    }
+
+    fn write_failed(&self, what: String) {
+        // The first failure is loud; repeats (a full disk fails every write) stay quiet.
+        if self.write_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::error!("run record {}: {what}", self.dir.display());
+        } else {
+            tracing::debug!("run record {}: {what}", self.dir.display());
+        }
+    }
+
+    fn on_event(&self, event: &Event) {
+        if let Err(e) = append_line(&self.events, event) {
+            self.write_failed(format!("cannot append to {EVENTS_FILE}: {e}"));
+        }
+        let time = event.time.as_str();
+        let result = match &event.kind {
+            EventKind::LoopStarted {
+                loop_name,
+                loop_type,
+            } => self.update_loop(loop_name, |s| {
+                s.status = LoopStatus::Running;
+                s.loop_type = loop_type.clone();
+                s.started_at = Some(time.to_string());
+                s.ended_at = None;
+                s.duration_ms = None;
+            }),
+            EventKind::IterationEnded {
+                loop_name,
+                iteration,
+                validation_exit,
+                validation_passed,
+                ..
+            } => self.update_loop(loop_name, |s| {
+                s.iterations = s.iterations.max(*iteration);
+                if let Some(passed) = validation_passed {
+                    s.validation = Some(ValidationSummary {
+                        exit_code: *validation_exit,
+                        passed: *passed,
+                    });
+                }
+            }),
+            EventKind::LoopCompleted {
+                loop_name,
+                iterations,
+                summary,
+            } => self.update_loop(loop_name, |s| {
+                s.status = LoopStatus::Completed;
+                s.iterations = *iterations;
+                s.summary = summary.clone();
+                s.mark_ended(time);
+            }),
+            EventKind::LoopFailed { loop_name, reason } => self.update_loop(loop_name, |s| {
+                s.status = LoopStatus::Failed;
+                s.reason = Some(reason.clone());
+                s.mark_ended(time);
+            }),
+            EventKind::LoopStopped { loop_name } => self.update_loop(loop_name, |s| {
+                s.status = LoopStatus::Stopped;
+                s.mark_ended(time);
+            }),
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            self.write_failed(e);
+        }
+    }
+
+    fn transcript_file(&self, loop_name: &str) -> Result<Arc<Mutex<File>>, String> {
+        let mut files = lock(&self.transcripts);
+        if let Some(f) = files.get(loop_name) {
+            return Ok(f.clone());
+        }
+        let dir = loop_dir(&self.dir, loop_name)?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let file = Arc::new(Mutex::new(open_append(&dir.join(TRANSCRIPT_FILE))?));
+        files.insert(loop_name.to_string(), file.clone());
+        Ok(file)
+    }
+}
+
+impl TranscriptSink for RunRecord {
+    fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+        let inner = &self.inner;
+        match inner.transcript_file(loop_name) {
+            // The map's lock is released here: loops write their own files in parallel.
+            Ok(file) => {
+                if let Err(e) = append_line(&file, &entry) {
+                    inner.write_failed(format!(
+                        "cannot append to the transcript of loop `{loop_name}`: {e}"
+                    ));
+                }
+            }
+            Err(e) => inner.write_failed(e),
+        }
+        if let TranscriptEntry::Response { response, .. } = &entry {
+            let usage = response.usage;
+            if let Err(e) = inner.update_loop(loop_name, |s| {
+                s.usage.input_tokens = s.usage.input_tokens.saturating_add(usage.input_tokens);
+                s.usage.output_tokens = s.usage.output_tokens.saturating_add(usage.output_tokens);
+            }) {
+                inner.write_failed(e);
+            }
+        }
+    }
+}
+
+/// `dir/loops/<name>`, refusing names that are not a single plain path component (a loop
+/// name must never place files outside the run directory).
+pub fn loop_dir(run_dir: &Path, loop_name: &str) -> Result<PathBuf, String> {
+    let plain = !loop_name.is_empty()
+        && loop_name != "."
+        && loop_name != ".."
+        && !loop_name
+            .chars()
+            .any(|c| c == '/' || c == '\\' || c.is_control());
+    if !plain {
+        return Err(format!(
+            "loop name {loop_name:?} cannot name a directory: use letters, digits, '-', '_' or '.' without slashes"
+        ));
+    }
+    Ok(run_dir.join(LOOPS_DIR).join(loop_name))
+}
+
+/// Opens `path` for appending, creating it, after closing off a torn last line.
+fn open_append(path: &Path) -> Result<File, String> {
+    close_torn_line(path)?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+/// Ends a file that does not end with a newline (a line torn by a crash) with one, so that
+/// the next line appended to it parses. The torn line itself stays, and readers report it.
+fn close_torn_line(path: &Path) -> Result<(), String> {
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot open {}: {e}", path.display())),
+    };
+    end_with_newline(&mut file)
+        .map_err(|e| format!("cannot repair the last line of {}: {e}", path.display()))
+}
+
+fn end_with_newline(file: &mut File) -> std::io::Result<()> {
+    if file.seek(SeekFrom::End(0))? == 0 {
+        return Ok(());
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last)?;
+    if last[0] != b'\n' {
+        file.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Appends `value` as one JSON line with a single write.
+fn append_line(file: &Mutex<File>, value: &impl Serialize) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let mut f = lock(file);
+    f.write_all(&line)?;
+    f.flush()
+}
+
+/// Replaces `summary.json` atomically: readers see the old or the new file, never a mix.
+fn write_summary(dir: &Path, summary: &RunSummary) -> Result<(), String> {
+    let path = dir.join(SUMMARY_FILE);
+    let tmp = dir.join(format!("{SUMMARY_FILE}.tmp"));
+    let mut text = serde_json::to_vec_pretty(summary)
+        .map_err(|e| format!("cannot serialize the run summary: {e}"))?;
+    text.push(b'\n');
+    std::fs::write(&tmp, &text)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// What reading a JSONL file found.
+#[derive(Debug)]
+pub struct JsonlRead<T> {
+    /// The lines that parsed, in file order.
+    pub items: Vec<T>,
+    /// Lines that did not: (1-based line number, what was wrong). A line torn by a crash
+    /// (the last one, without its newline) shows up here.
+    pub bad_lines: Vec<(usize, String)>,
+}
+
+impl<T> Default for JsonlRead<T> {
+    fn default() -> Self {
+        JsonlRead {
+            items: Vec::new(),
+            bad_lines: Vec::new(),
+        }
+    }
+}
+
+/// Calls `each` with every non-blank line of the JSONL file at `path`, parsed, in order
+/// (1-based line number, the value or why the line is unreadable). Reads one line at a time,
+/// so memory stays bounded by the longest line.
+pub fn for_each_jsonl<T: DeserializeOwned>(
+    path: &Path,
+    mut each: impl FnMut(usize, Result<T, String>),
+) -> Result<(), String> {
+    let file = File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    let mut number = 0usize;
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if n == 0 {
+            return Ok(());
+        }
+        number += 1;
+        let complete = line.last() == Some(&b'\n');
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let parsed = serde_json::from_slice::<T>(&line).map_err(|e| {
+            if complete {
+                format!("invalid line: {e}")
+            } else {
+                format!("incomplete last line (the writer stopped in the middle of it): {e}")
+            }
+        });
+        each(number, parsed);
+    }
+}
+
+/// Reads a whole JSONL file, keeping the lines that parse and reporting the others.
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<JsonlRead<T>, String> {
+    let mut out = JsonlRead::default();
+    for_each_jsonl(path, |number, parsed| match parsed {
+        Ok(item) => out.items.push(item),
+        Err(e) => out.bad_lines.push((number, e)),
+    })?;
+    Ok(out)
+}
+
+/// Reads a run's `events.jsonl`.
+pub fn read_events(run_dir: &Path) -> Result<JsonlRead<Event>, String> {
+    read_jsonl(&run_dir.join(EVENTS_FILE))
+}
+
+/// The path of a loop's transcript in a run.
+pub fn transcript_path(run_dir: &Path, loop_name: &str) -> Result<PathBuf, String> {
+    Ok(loop_dir(run_dir, loop_name)?.join(TRANSCRIPT_FILE))
+}
+
+/// Reads a loop's `transcript.jsonl`.
+pub fn read_transcript(
+    run_dir: &Path,
+    loop_name: &str,
+) -> Result<JsonlRead<TranscriptEntry>, String> {
+    read_jsonl(&transcript_path(run_dir, loop_name)?)
+}
+
+/// Reads a loop's `receipts.jsonl`.
+pub fn read_receipts(run_dir: &Path, loop_name: &str) -> Result<JsonlRead<Receipt>, String> {
+    read_jsonl(&loop_dir(run_dir, loop_name)?.join(RECEIPTS_FILE))
+}
+
+/// Reads a run's `summary.json`.
+pub fn read_summary(run_dir: &Path) -> Result<RunSummary, String> {
+    let path = run_dir.join(SUMMARY_FILE);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "{} is not a run directory: it has no {SUMMARY_FILE}",
+                run_dir.display()
+            ));
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    serde_json::from_slice(&text)
+        .map_err(|e| format!("{} is not a run summary: {e}", path.display()))
+}
+
+/// The loops of a run: those in its summary and those with a directory under `loops/`,
+/// sorted.
+pub fn loop_names(run_dir: &Path, summary: Option<&RunSummary>) -> Vec<String> {
+    let mut names: Vec<String> = summary
+        .map(|s| s.loops.keys().cloned().collect())
+        .unwrap_or_default();
+    if let Ok(entries) = std::fs::read_dir(run_dir.join(LOOPS_DIR)) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir())
+                && let Some(name) = entry.file_name().to_str()
+            {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_have_the_documented_shape() {
+        let id = new_run_id();
+        let re = regex::Regex::new(r"^\d{8}-\d{6}-[0-9a-f]{4}$").unwrap();
+        assert!(re.is_match(&id), "{id}");
+    }
+
+    #[test]
+    fn loop_names_that_would_escape_are_refused() {
+        let run = Path::new("/r");
+        for bad in ["", ".", "..", "a/b", "../x", "a\\b", "a\0b", "a\nb"] {
+            assert!(loop_dir(run, bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            loop_dir(run, "api-v2.x").unwrap(),
+            Path::new("/r/loops/api-v2.x")
+        );
+    }
+
+    #[test]
+    fn durations_are_computed_from_rfc3339_times() {
+        assert_eq!(
+            duration_between("2025-01-01T00:00:00.000Z", "2025-01-01T00:01:05.250Z"),
+            Some(65_250)
+        );
+        assert_eq!(duration_between("garbage", "2025-01-01T00:00:00Z"), None);
+        // A clock that went backwards gives zero, not a wrapped huge number.
+        assert_eq!(
+            duration_between("2025-01-01T00:00:01Z", "2025-01-01T00:00:00Z"),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn run_status_follows_the_loops() {
+        let mut s = RunSummary::default();
+        for (name, status) in [("a", LoopStatus::Completed), ("b", LoopStatus::Completed)] {
+            let mut l = LoopSummary::pending(name, "t");
+            l.status = status;
+            s.loops.insert(name.into(), l);
+        }
+        assert_eq!(s.status_from_loops(), RunStatus::Completed);
+        s.loops.get_mut("b").unwrap().status = LoopStatus::Stopped;
+        assert_eq!(s.status_from_loops(), RunStatus::Stopped);
+        s.loops.get_mut("a").unwrap().status = LoopStatus::Blocked;
+        assert_eq!(s.status_from_loops(), RunStatus::Failed);
+    }
+
+    #[test]
+    fn apply_end_records_each_kind_of_end() {
+        let mut l = LoopSummary::pending("a", "t");
+        l.apply_end(&LoopEnd::Failed {
+            iterations: 3,
+            reason: "max iterations".into(),
+        });
+        assert_eq!(
+            (l.status, l.iterations, l.reason.as_deref()),
+            (LoopStatus::Failed, 3, Some("max iterations"))
+        );
+        l.apply_end(&LoopEnd::Completed {
+            iterations: 4,
+            summary: Some("done".into()),
+        });
+        assert_eq!(
+            (l.status, l.iterations, l.summary.as_deref()),
+            (LoopStatus::Completed, 4, Some("done"))
+        );
+        l.apply_end(&LoopEnd::Stopped { iterations: 5 });
+        assert_eq!((l.status, l.iterations), (LoopStatus::Stopped, 5));
+    }
+}

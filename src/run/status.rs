@@ -1,0 +1,574 @@
+//! `taskdaemon status` and `taskdaemon logs`: what a recorded run looks like to a person.
+//! Pure functions from a run directory to text; the CLI only prints what they return.
+//!
+//! Both accept a project directory (its `.taskdaemon/runs` is used), a runs root, or a run
+//! directory, and an optional run id; without one, the newest run is shown (run ids sort by
+//! start time).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::engine::transcript::TranscriptEntry;
+use crate::llm::{Block, Purpose, Role, StopReason};
+use crate::text::head_tail;
+
+use super::record::{
+    LoopStatus, LoopSummary, RunSummary, SUMMARY_FILE, duration_between, for_each_jsonl,
+    loop_names, read_summary, runs_root, transcript_path,
+};
+
+/// How many run ids an error message lists.
+const LISTED_RUNS: usize = 10;
+
+/// The runs under `root` (directories holding a `summary.json`), oldest first.
+pub fn list_runs(root: &Path) -> Result<Vec<String>, String> {
+    let entries = std::fs::read_dir(root).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "no runs: {} does not exist (`taskdaemon run` creates it)",
+                root.display()
+            )
+        } else {
+            format!("cannot list {}: {e}", root.display())
+        }
+    })?;
+    let mut runs: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().join(SUMMARY_FILE).is_file())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
+    runs.sort();
+    Ok(runs)
+}
+
+/// Finds the run directory meant by `path` (a project, a runs root or a run directory)
+/// and `run` (a run id; the newest run when `None`).
+pub fn resolve_run_dir(path: &Path, run: Option<&str>) -> Result<PathBuf, String> {
+    let is_run = path.join(SUMMARY_FILE).is_file();
+    if is_run && run.is_none_or(|id| path.file_name().is_some_and(|n| n == id)) {
+        return Ok(path.to_path_buf());
+    }
+    let root = if is_run {
+        // A run directory and another run's id: look beside it.
+        path.parent().unwrap_or(path).to_path_buf()
+    } else if runs_root(path).is_dir() {
+        runs_root(path)
+    } else {
+        path.to_path_buf()
+    };
+    let runs = list_runs(&root)?;
+    match run {
+        Some(id) if runs.iter().any(|r| r == id) => Ok(root.join(id)),
+        Some(id) => Err(format!(
+            "no run `{id}` in {}; {}",
+            root.display(),
+            available(&runs)
+        )),
+        None => runs.last().map(|r| root.join(r)).ok_or_else(|| {
+            format!(
+                "no runs in {} yet: `taskdaemon run` records one there",
+                root.display()
+            )
+        }),
+    }
+}
+
+fn available(runs: &[String]) -> String {
+    if runs.is_empty() {
+        return "there are no runs there yet".to_string();
+    }
+    let shown = &runs[runs.len().saturating_sub(LISTED_RUNS)..];
+    let older = runs.len() - shown.len();
+    let mut text = format!("available runs (newest last): {}", shown.join(", "));
+    if older > 0 {
+        let _ = write!(text, " (and {older} older)");
+    }
+    text
+}
+
+/// The status of a run: a table of its loops (name, type, status, iterations, validation,
+/// branch, duration), or with `json` the run's `summary.json` as it is.
+pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<String, String> {
+    let dir = resolve_run_dir(path, run)?;
+    let summary = read_summary(&dir)?;
+    if json {
+        return serde_json::to_string_pretty(&summary)
+            .map(|mut s| {
+                s.push('\n');
+                s
+            })
+            .map_err(|e| format!("cannot serialize the summary: {e}"));
+    }
+    Ok(render_status(&summary, &super::record::now_rfc3339()))
+}
+
+/// The status table of `summary`; `now` (RFC 3339) gives running loops their elapsed time.
+pub fn render_status(summary: &RunSummary, now: &str) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "run {}  {}  started {}",
+        summary.run_id,
+        summary.status.as_str(),
+        summary.started_at
+    );
+    if let Some(end) = &summary.ended_at {
+        let _ = write!(out, "  ended {end}");
+        if let Some(ms) = duration_between(&summary.started_at, end) {
+            let _ = write!(out, "  ({})", human_duration(ms));
+        }
+    }
+    out.push('\n');
+    if let Some(config) = &summary.config {
+        let _ = writeln!(out, "config {config}");
+    }
+    out.push('\n');
+    if summary.loops.is_empty() {
+        out.push_str("no loops recorded yet\n");
+        return out;
+    }
+    let header = [
+        "LOOP",
+        "TYPE",
+        "STATUS",
+        "ITER",
+        "VALIDATION",
+        "BRANCH",
+        "DURATION",
+    ];
+    let rows: Vec<[String; 7]> = summary
+        .loops
+        .values()
+        .map(|l| {
+            [
+                l.name.clone(),
+                dash(&l.loop_type),
+                l.status.as_str().to_string(),
+                l.iterations.to_string(),
+                validation_cell(l),
+                dash(l.branch.as_deref().unwrap_or("")),
+                duration_cell(l, now),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: &[String]| {
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            // ITER is a number: right-aligned; the last column carries no padding.
+            if i == 3 {
+                let _ = write!(text, "{cell:>w$}  ");
+            } else if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&header.map(str::to_string));
+    for row in &rows {
+        line(row);
+    }
+    let mut notes = String::new();
+    for l in summary.loops.values() {
+        if let Some(reason) = &l.reason {
+            let _ = writeln!(notes, "{} {}: {}", l.status.as_str(), l.name, reason);
+        }
+        if let Some(merge) = &l.merge {
+            let into = merge.into.as_deref().unwrap_or("?");
+            let what = if merge.merged {
+                match &merge.commit {
+                    Some(commit) => format!("merged into {into} as {commit}"),
+                    None => format!("merged into {into}"),
+                }
+            } else {
+                format!("not merged into {into}")
+            };
+            let detail = merge
+                .detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            let _ = writeln!(notes, "merge {}: {what}{detail}", l.name);
+        }
+    }
+    if !notes.is_empty() {
+        out.push('\n');
+        out.push_str(&notes);
+    }
+    out.push('\n');
+    out.push_str(&totals(summary));
+    out
+}
+
+fn dash(s: &str) -> String {
+    if s.is_empty() { "-".into() } else { s.into() }
+}
+
+fn validation_cell(l: &LoopSummary) -> String {
+    match l.validation {
+        None => "-".into(),
+        Some(v) => {
+            let verdict = if v.passed { "passed" } else { "failed" };
+            match v.exit_code {
+                Some(code) => format!("{verdict} ({code})"),
+                None => format!("{verdict} (no exit code)"),
+            }
+        }
+    }
+}
+
+fn duration_cell(l: &LoopSummary, now: &str) -> String {
+    let ms = match (&l.started_at, l.duration_ms) {
+        (_, Some(ms)) => Some(ms),
+        (Some(start), None) if l.status == LoopStatus::Running => duration_between(start, now),
+        _ => None,
+    };
+    ms.map(human_duration).unwrap_or_else(|| "-".into())
+}
+
+fn totals(summary: &RunSummary) -> String {
+    let mut counts: Vec<(LoopStatus, usize)> = Vec::new();
+    for l in summary.loops.values() {
+        match counts.iter_mut().find(|(s, _)| *s == l.status) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((l.status, 1)),
+        }
+    }
+    counts.sort_by_key(|(s, _)| s.as_str());
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(s, n)| format!("{n} {}", s.as_str()))
+        .collect();
+    let (input, output) = summary.loops.values().fold((0u64, 0u64), |(i, o), l| {
+        (
+            i.saturating_add(l.usage.input_tokens),
+            o.saturating_add(l.usage.output_tokens),
+        )
+    });
+    format!(
+        "{} loop(s): {}; tokens {input} in, {output} out\n",
+        summary.loops.len(),
+        parts.join(", ")
+    )
+}
+
+/// `850ms`, `12s`, `1m 05s`, `2h 03m`.
+pub fn human_duration(ms: u64) -> String {
+    let secs = ms / 1000;
+    match secs {
+        0 => format!("{ms}ms"),
+        1..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m {:02}s", secs / 60, secs % 60),
+        _ => format!("{}h {:02}m", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+/// What `logs` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogsOptions {
+    /// Only this iteration (0: the loop's answers to other loops' queries).
+    pub iteration: Option<u32>,
+    /// Longest text shown for one message, tool input or result, in bytes (head and tail
+    /// kept); `None` shows everything.
+    pub max_content_bytes: Option<usize>,
+    /// Show each iteration's system prompt (otherwise only its size).
+    pub system: bool,
+}
+
+impl Default for LogsOptions {
+    fn default() -> Self {
+        LogsOptions {
+            iteration: None,
+            max_content_bytes: Some(2048),
+            system: false,
+        }
+    }
+}
+
+/// A loop's transcript, readably: iteration headers, each request's new messages, each
+/// response with its tool calls, tool results (✓ or ✗), validation results and model errors.
+/// Lines that could not be read (a torn last line after a crash) are reported at the end.
+pub fn logs_command(
+    path: &Path,
+    run: Option<&str>,
+    loop_name: &str,
+    options: &LogsOptions,
+) -> Result<String, String> {
+    let dir = resolve_run_dir(path, run)?;
+    let summary = read_summary(&dir).ok();
+    let known = loop_names(&dir, summary.as_ref());
+    if !known.iter().any(|n| n == loop_name) {
+        let list = if known.is_empty() {
+            "it has no loops".to_string()
+        } else {
+            format!("its loops: {}", known.join(", "))
+        };
+        return Err(format!(
+            "no loop `{loop_name}` in run {}; {list}",
+            dir.display()
+        ));
+    }
+    let transcript = transcript_path(&dir, loop_name)?;
+    if !transcript.is_file() {
+        return Ok(format!(
+            "loop `{loop_name}` has no transcript yet: it made no model call in this run\n"
+        ));
+    }
+    let mut view = LogView {
+        options,
+        out: String::new(),
+        shown_results: HashMap::new(),
+        call_names: HashMap::new(),
+    };
+    let mut bad = Vec::new();
+    for_each_jsonl::<TranscriptEntry>(&transcript, |number, entry| match entry {
+        Ok(entry) => {
+            if options.iteration.is_none_or(|i| i == iteration_of(&entry)) {
+                view.entry(&entry);
+            }
+        }
+        Err(e) => bad.push((number, e)),
+    })?;
+    let mut out = view.out;
+    if out.is_empty() {
+        out = match options.iteration {
+            Some(i) => format!("loop `{loop_name}` has nothing recorded for iteration {i}\n"),
+            None => format!("loop `{loop_name}`'s transcript is empty\n"),
+        };
+    }
+    if !bad.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n! {} line(s) of {} could not be read:",
+            bad.len(),
+            transcript.display()
+        );
+        for (number, e) in bad {
+            let _ = writeln!(out, "  line {number}: {e}");
+        }
+    }
+    Ok(out)
+}
+
+fn iteration_of(entry: &TranscriptEntry) -> u32 {
+    match entry {
+        TranscriptEntry::IterationStarted { iteration, .. }
+        | TranscriptEntry::Request { iteration, .. }
+        | TranscriptEntry::Response { iteration, .. }
+        | TranscriptEntry::ToolResult { iteration, .. }
+        | TranscriptEntry::Validation { iteration, .. }
+        | TranscriptEntry::ModelError { iteration, .. } => *iteration,
+    }
+}
+
+struct LogView<'a> {
+    options: &'a LogsOptions,
+    out: String,
+    /// Per iteration (query answers, iteration 0, interleave with the loop's own turns):
+    /// ids of tool results already shown from their own entry, so that the next request
+    /// (which carries the same results to the model) does not show them twice.
+    shown_results: HashMap<u32, Vec<String>>,
+    /// Per iteration: tool names by call id from the latest response, to name the results
+    /// that a request carries.
+    call_names: HashMap<u32, HashMap<String, String>>,
+}
+
+impl LogView<'_> {
+    fn cut(&self, text: &str) -> String {
+        match self.options.max_content_bytes {
+            Some(max) => head_tail(text, max),
+            None => text.to_string(),
+        }
+    }
+
+    fn indented(&mut self, text: &str) {
+        let text = self.cut(text);
+        if text.is_empty() {
+            self.out.push_str("    (empty)\n");
+        }
+        for line in text.lines() {
+            let _ = writeln!(self.out, "    {line}");
+        }
+    }
+
+    fn result(&mut self, ok: bool, name: &str, id: &str, content: &str) {
+        let mark = if ok { '✓' } else { '✗' };
+        let _ = writeln!(self.out, "{mark} {name} [{id}]");
+        self.indented(content);
+    }
+
+    fn entry(&mut self, entry: &TranscriptEntry) {
+        match entry {
+            TranscriptEntry::IterationStarted { iteration, system } => {
+                let _ = writeln!(self.out, "=== iteration {iteration} ===");
+                if self.options.system {
+                    self.out.push_str("system:\n");
+                    self.indented(system);
+                } else {
+                    let _ = writeln!(self.out, "(system prompt: {} bytes)", system.len());
+                }
+            }
+            TranscriptEntry::Request {
+                iteration,
+                turn,
+                purpose,
+                new_messages,
+            } => {
+                if let (Purpose::QueryAnswer { from, question }, 1) = (purpose, turn) {
+                    let _ = writeln!(self.out, "=== answering a query from `{from}` ===");
+                    self.out.push_str("question:\n");
+                    self.indented(question);
+                }
+                let _ = writeln!(
+                    self.out,
+                    "--- {}: request ---",
+                    turn_label(*iteration, *turn)
+                );
+                let shown = self.shown_results.remove(iteration).unwrap_or_default();
+                for message in new_messages {
+                    // The model's own messages were shown with its response.
+                    if message.role == Role::Assistant {
+                        continue;
+                    }
+                    for block in &message.content {
+                        match block {
+                            Block::Text { text } => {
+                                self.out.push_str("user:\n");
+                                self.indented(text);
+                            }
+                            Block::ToolResult {
+                                tool_use_id,
+                                content,
+                                is_error,
+                            } => {
+                                if shown.contains(tool_use_id) {
+                                    continue;
+                                }
+                                let name = self
+                                    .call_names
+                                    .get(iteration)
+                                    .and_then(|names| names.get(tool_use_id))
+                                    .cloned()
+                                    .unwrap_or_else(|| "result".into());
+                                self.result(!is_error, &name, tool_use_id, content);
+                            }
+                            Block::ToolUse { .. } => {}
+                        }
+                    }
+                }
+            }
+            TranscriptEntry::Response {
+                iteration,
+                turn,
+                response,
+            } => {
+                let stop = match &response.stop_reason {
+                    StopReason::EndTurn => "end_turn",
+                    StopReason::ToolUse => "tool_use",
+                    StopReason::MaxTokens => "max_tokens",
+                    StopReason::Other(s) => s.as_str(),
+                };
+                let _ = writeln!(
+                    self.out,
+                    "--- {}: response (stop: {stop}; tokens {} in, {} out) ---",
+                    turn_label(*iteration, *turn),
+                    response.usage.input_tokens,
+                    response.usage.output_tokens
+                );
+                if let Some(text) = response.text.as_deref().filter(|t| !t.is_empty()) {
+                    self.out.push_str("assistant:\n");
+                    self.indented(text);
+                }
+                let names = self.call_names.entry(*iteration).or_default();
+                names.clear();
+                for call in &response.tool_calls {
+                    names.insert(call.id.clone(), call.name.clone());
+                }
+                for call in &response.tool_calls {
+                    let input = self.cut(&call.input.to_string());
+                    let _ = writeln!(self.out, "→ {} [{}] {input}", call.name, call.id);
+                }
+            }
+            TranscriptEntry::ToolResult {
+                iteration,
+                call_id,
+                name,
+                content,
+                is_error,
+                ..
+            } => {
+                self.result(!is_error, name, call_id, content);
+                self.shown_results
+                    .entry(*iteration)
+                    .or_default()
+                    .push(call_id.clone());
+            }
+            TranscriptEntry::Validation {
+                exit_code,
+                passed,
+                output,
+                ..
+            } => {
+                let verdict = if *passed { "passed" } else { "failed" };
+                let code = match exit_code {
+                    Some(c) => format!("exit {c}"),
+                    None => "no exit code: killed, timed out or no command".to_string(),
+                };
+                let _ = writeln!(self.out, "validation: {verdict} ({code})");
+                self.indented(output);
+            }
+            TranscriptEntry::ModelError { iteration, error } => {
+                let what = if *iteration == 0 {
+                    "model error while answering a query"
+                } else {
+                    "model error"
+                };
+                let _ = writeln!(self.out, "✗ {what}: {error}");
+            }
+        }
+    }
+}
+
+/// `turn 2`, or `answer turn 2` for a query answer (iteration 0), whose turns interleave
+/// with the loop's own.
+fn turn_label(iteration: u32, turn: u32) -> String {
+    if iteration == 0 {
+        format!("answer turn {turn}")
+    } else {
+        format!("turn {turn}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(human_duration(850), "850ms");
+        assert_eq!(human_duration(12_400), "12s");
+        assert_eq!(human_duration(65_000), "1m 05s");
+        assert_eq!(human_duration(7_380_000), "2h 03m");
+    }
+
+    #[test]
+    fn availability_lists_the_newest_runs_only() {
+        let runs: Vec<String> = (0..12).map(|i| format!("r{i:02}")).collect();
+        let text = available(&runs);
+        assert!(
+            text.starts_with("available runs (newest last): r02, r03"),
+            "{text}"
+        );
+        assert!(text.ends_with("r11 (and 2 older)"), "{text}");
+        assert_eq!(available(&[]), "there are no runs there yet");
+    }
+}
