@@ -36,6 +36,39 @@ enum Command {
         #[command(subcommand)]
         command: ToolCommand,
     },
+    /// Run the loops of a taskdaemon.yml until each completed, failed or was blocked.
+    Run(RunArgs),
+    /// Show a run's loops (default: the newest run).
+    Status {
+        /// Run id (default: the newest).
+        run: Option<String>,
+        /// The project directory holding `.taskdaemon/runs`, a runs directory or a run directory.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Print summary.json instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a loop's transcript readably.
+    Logs {
+        /// Run id (`latest` for the newest).
+        run: String,
+        /// Loop name.
+        #[arg(name = "LOOP")]
+        loop_name: String,
+        /// The project directory holding `.taskdaemon/runs`, a runs directory or a run directory.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Only this iteration (0: the loop's answers to other loops' questions).
+        #[arg(long)]
+        iteration: Option<u32>,
+        /// Show messages and tool results in full instead of cutting them at 2 kB.
+        #[arg(long)]
+        full: bool,
+        /// Show each iteration's system prompt.
+        #[arg(long)]
+        system: bool,
+    },
     /// Serve the tools over MCP on stdio.
     Mcp(SessionArgs),
     /// Re-run recorded tool calls.
@@ -83,6 +116,23 @@ enum ReplayCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Options of `taskdaemon run`.
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// The run description.
+    #[arg(short, long, default_value = "taskdaemon.yml")]
+    config: PathBuf,
+    /// Only this loop (and the loops it depends on); repeat for several.
+    #[arg(long = "loop", value_name = "NAME")]
+    loops: Vec<String>,
+    /// Where to write the run record (default: .taskdaemon/runs/<run-id> beside the config).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Stream events as JSON lines instead of the progress display.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -158,6 +208,34 @@ fn load_catalog(config: Option<&std::path::Path>) -> Result<Catalog, String> {
     }
 }
 
+async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
+    use std::io::IsTerminal;
+    use taskdaemon::run::progress::ProgressMode;
+    let progress = if args.json {
+        ProgressMode::Json
+    } else if std::io::stdout().is_terminal() {
+        ProgressMode::Live
+    } else {
+        ProgressMode::Plain
+    };
+    let report = taskdaemon::run::orchestrator::run(taskdaemon::run::orchestrator::RunOptions {
+        config: args.config,
+        only: args.loops,
+        run_dir: args.run_dir,
+        progress,
+    })
+    .await?;
+    if !args.json {
+        println!();
+        match taskdaemon::run::status::status_command(&report.run_dir, None, false) {
+            Ok(table) => print!("{table}"),
+            Err(e) => eprintln!("taskdaemon: cannot read the run summary: {e}"),
+        }
+        println!("run record: {}", report.run_dir.display());
+    }
+    Ok(ExitCode::from(report.exit_code()))
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -231,6 +309,34 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             )
             .await
             .map_err(|e| format!("exec stream failed: {e}"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => run_command(args).await,
+        Command::Status { run, dir, json } => {
+            let text = taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs {
+            run,
+            loop_name,
+            dir,
+            iteration,
+            full,
+            system,
+        } => {
+            let mut options = taskdaemon::run::status::LogsOptions {
+                iteration,
+                system,
+                ..Default::default()
+            };
+            if full {
+                options.max_content_bytes = None;
+            }
+            let run = (run != "latest").then_some(run);
+            let text =
+                taskdaemon::run::status::logs_command(&dir, run.as_deref(), &loop_name, &options)?;
+            print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp(args) => {
