@@ -361,19 +361,8 @@ pub(crate) fn human_size(bytes: u64) -> String {
 mod tests {
     use super::*;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::{put, worktree as setup};
     use std::os::unix::fs::symlink;
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
-
-    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) {
-        let p = ctx.root().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, bytes).unwrap();
-    }
 
     fn tree(ctx: &ToolContext) {
         put(ctx, "b.rs", &[b'x'; 1300]);

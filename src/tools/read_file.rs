@@ -393,28 +393,12 @@ fn parent_display(shown: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Catalog, ToolSpecOverride};
+    use crate::catalog::ToolSpecOverride;
     use crate::context::{Stamp, StampCheck};
     use crate::registry::ToolSet;
-    use std::collections::BTreeMap;
+    use crate::tools::test_support::{put, with_limits, worktree as setup};
     use std::os::unix::fs::symlink;
     use std::path::PathBuf;
-    use std::sync::Arc;
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
-
-    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) -> PathBuf {
-        let p = ctx.root().join(rel);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).unwrap();
-        }
-        std::fs::write(&p, bytes).unwrap();
-        p
-    }
 
     async fn read(ctx: &ToolContext, input: Value) -> ToolResult<ToolOutput> {
         ReadFile.execute(input, ctx).await
@@ -539,19 +523,11 @@ mod tests {
     }
 
     fn capped(dir: &Path, cap: usize) -> ToolContext {
-        let mut catalog = Catalog::default();
-        let mut o = BTreeMap::new();
-        o.insert(
-            NAME.to_string(),
-            ToolSpecOverride {
-                max_output_bytes: Some(cap),
-                ..Default::default()
-            },
-        );
-        catalog.apply_overrides(&o).unwrap();
-        ToolContext::new(dir, "test")
-            .unwrap()
-            .with_catalog(Arc::new(catalog))
+        let limits = ToolSpecOverride {
+            max_output_bytes: Some(cap),
+            ..Default::default()
+        };
+        with_limits(dir, NAME, limits)
     }
 
     #[tokio::test]

@@ -900,7 +900,9 @@ pub(crate) mod test_server {
 mod tests {
     use super::test_server::{Canned, start};
     use super::*;
+    use crate::catalog::ToolSpecOverride;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::with_limits;
     use std::sync::Arc;
 
     fn routes(path: &str) -> Canned {
@@ -1129,20 +1131,12 @@ mod tests {
                 held.push(sock); // never answer
             }
         });
-        let mut catalog = crate::catalog::Catalog::default();
-        let mut overrides = std::collections::BTreeMap::new();
-        overrides.insert(
-            TOOL.to_string(),
-            crate::catalog::ToolSpecOverride {
-                timeout_ms: Some(300),
-                ..Default::default()
-            },
-        );
-        catalog.apply_overrides(&overrides).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t")
-            .unwrap()
-            .with_catalog(Arc::new(catalog));
+        let limits = ToolSpecOverride {
+            timeout_ms: Some(300),
+            ..Default::default()
+        };
+        let ctx = with_limits(dir.path(), TOOL, limits);
         let input = json!({"url": format!("http://{addr}/slow")});
         let err = WebFetch.execute(input, &ctx).await.unwrap_err();
         assert_eq!(err.kind(), "timeout");
@@ -1156,20 +1150,12 @@ mod tests {
     #[tokio::test]
     async fn a_configured_cap_bounds_the_whole_answer() {
         let s = start(routes).await;
-        let mut catalog = crate::catalog::Catalog::default();
-        let mut overrides = std::collections::BTreeMap::new();
-        overrides.insert(
-            TOOL.to_string(),
-            crate::catalog::ToolSpecOverride {
-                max_output_bytes: Some(2000),
-                ..Default::default()
-            },
-        );
-        catalog.apply_overrides(&overrides).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t")
-            .unwrap()
-            .with_catalog(Arc::new(catalog));
+        let limits = ToolSpecOverride {
+            max_output_bytes: Some(2000),
+            ..Default::default()
+        };
+        let ctx = with_limits(dir.path(), TOOL, limits);
         let input = json!({"url": format!("{}/medium", s.base)});
         let out = WebFetch.execute(input, &ctx).await.unwrap();
         assert!(out.content.len() <= 2000, "{}", out.content.len());

@@ -184,13 +184,8 @@ mod tests {
     use super::*;
     use crate::context::StampCheck;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::worktree as setup;
     use std::os::unix::fs::symlink;
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
 
     async fn write(ctx: &ToolContext, path: &str, content: &str) -> ToolResult<ToolOutput> {
         WriteFile

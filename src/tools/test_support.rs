@@ -1,0 +1,190 @@
+//! Test doubles and fixtures shared by the tools' unit tests: a scripted coordination port
+//! that records every call (for `query_loop`, `share_data`, `broadcast_alert`,
+//! `list_loops`), worktree contexts, and catalog overrides.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::catalog::{Catalog, ToolSpecOverride};
+use crate::context::ToolContext;
+use crate::coordination::{Coordination, Delivery, LoopInfo};
+use crate::error::ToolError;
+use crate::tools::Tool;
+
+/// One call the coordination port received.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Call {
+    Query {
+        from: String,
+        target: String,
+        question: String,
+        timeout: Duration,
+    },
+    Share {
+        from: String,
+        targets: Vec<String>,
+        data_type: String,
+        data: Value,
+    },
+    Alert {
+        from: String,
+        event_type: String,
+        message: String,
+        data: Option<Value>,
+    },
+    List {
+        from: String,
+    },
+}
+
+/// A coordination port with scripted answers that records every call.
+#[derive(Default)]
+pub(crate) struct FakeCoordination {
+    /// Every call received, in order (read with `calls()`).
+    pub calls: Mutex<Vec<Call>>,
+    /// The reply to every query.
+    pub reply: String,
+    /// Share targets whose delivery fails, with the reason.
+    pub undeliverable: Vec<(&'static str, &'static str)>,
+    /// Share targets the port gives no delivery report for.
+    pub unreported: Vec<&'static str>,
+    /// How many loops an alert reaches.
+    pub reach: usize,
+    /// What `list_loops` answers.
+    pub loops: Vec<LoopInfo>,
+    /// When set, every call (after being recorded) fails with the error this builds.
+    pub fail: Option<fn() -> ToolError>,
+}
+
+impl FakeCoordination {
+    /// The calls received so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn record(&self, call: Call) -> Result<(), ToolError> {
+        self.calls.lock().unwrap().push(call);
+        self.fail.map_or(Ok(()), |f| Err(f()))
+    }
+}
+
+#[async_trait]
+impl Coordination for FakeCoordination {
+    async fn query(
+        &self,
+        from: &str,
+        target: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<String, ToolError> {
+        self.record(Call::Query {
+            from: from.into(),
+            target: target.into(),
+            question: question.into(),
+            timeout,
+        })?;
+        Ok(self.reply.clone())
+    }
+
+    async fn share(
+        &self,
+        from: &str,
+        targets: &[String],
+        data_type: &str,
+        data: Value,
+    ) -> Result<Vec<Delivery>, ToolError> {
+        self.record(Call::Share {
+            from: from.into(),
+            targets: targets.to_vec(),
+            data_type: data_type.into(),
+            data,
+        })?;
+        Ok(targets
+            .iter()
+            .filter(|t| !self.unreported.contains(&t.as_str()))
+            .map(|t| Delivery {
+                target: t.clone(),
+                error: self
+                    .undeliverable
+                    .iter()
+                    .find(|(name, _)| name == t)
+                    .map(|(_, why)| why.to_string()),
+            })
+            .collect())
+    }
+
+    async fn alert(
+        &self,
+        from: &str,
+        event_type: &str,
+        message: &str,
+        data: Option<Value>,
+    ) -> Result<usize, ToolError> {
+        self.record(Call::Alert {
+            from: from.into(),
+            event_type: event_type.into(),
+            message: message.into(),
+            data,
+        })?;
+        Ok(self.reach)
+    }
+
+    async fn list_loops(&self, from: &str) -> Result<Vec<LoopInfo>, ToolError> {
+        self.record(Call::List { from: from.into() })?;
+        Ok(self.loops.clone())
+    }
+}
+
+/// A fresh worktree and a context for loop `exec_id` connected to `fake`.
+pub(crate) fn coordinated(
+    exec_id: &str,
+    fake: FakeCoordination,
+) -> (tempfile::TempDir, Arc<FakeCoordination>, ToolContext) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(fake);
+    let ctx = ToolContext::new(dir.path(), exec_id)
+        .unwrap()
+        .with_coordination(fake.clone());
+    (dir, fake, ctx)
+}
+
+/// Asserts that `tool`, called outside a run (no coordination port), says it only works
+/// inside `taskdaemon run`.
+pub(crate) async fn assert_unavailable_outside_a_run(tool: &dyn Tool, input: Value) {
+    let (_dir, ctx) = worktree();
+    let err = tool.execute(input, &ctx).await.unwrap_err();
+    assert_eq!(err.kind(), "unavailable");
+    assert!(err.to_string().contains("taskdaemon run"), "{err}");
+}
+
+/// A fresh empty worktree and a context for it (sandbox on, default catalog).
+pub(crate) fn worktree() -> (tempfile::TempDir, ToolContext) {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ToolContext::new(dir.path(), "test").unwrap();
+    (dir, ctx)
+}
+
+/// Writes `bytes` at `rel` in the context's worktree, creating parent directories; returns
+/// the real path.
+pub(crate) fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) -> PathBuf {
+    let p = ctx.root().join(rel);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// A context for `dir` whose catalog entry for `tool` is changed by `limits`.
+pub(crate) fn with_limits(dir: &Path, tool: &str, limits: ToolSpecOverride) -> ToolContext {
+    let mut catalog = Catalog::default();
+    let overrides = [(tool.to_string(), limits)].into_iter().collect();
+    catalog.apply_overrides(&overrides).unwrap();
+    ToolContext::new(dir, "test")
+        .unwrap()
+        .with_catalog(Arc::new(catalog))
+}
