@@ -1160,7 +1160,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::tools::walk::test_support::{assert_escapes_refused, call, link_outside, run, tree};
+    use crate::tools::walk::test_support::{
+        assert_escapes_refused, assert_schema_refuses, link_outside, run, tree,
+    };
 
     fn all() -> Filter {
         Filter {
@@ -1495,19 +1497,14 @@ mod tests {
             out.starts_with("No source files of a supported language"),
             "{out}"
         );
-        for bad in [
+        let bad = [
             json!({"kind": "widget"}),
             json!({"max_results": 0}),
             json!({"max_results": 5001}),
             json!({"name": ""}),
             json!({"extra": 1}),
-        ] {
-            let (is_error, out) = call(Arc::new(Symbols), &wt, bad.clone()).await;
-            assert!(
-                is_error && out.contains("invalid arguments"),
-                "{bad}: {out}"
-            );
-        }
+        ];
+        assert_schema_refuses(Arc::new(Symbols), &wt, &bad).await;
     }
 
     #[tokio::test]
@@ -1533,11 +1530,7 @@ mod tests {
                 format!("fn f{i}() {{}}\nstruct S{i};\n"),
             ));
         }
-        let refs: Vec<(&str, &str)> = files
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let (_d, wt) = tree(&refs);
+        let (_d, wt) = tree(&files);
         let first = symbols(&wt, json!({})).await;
         assert_eq!(symbols(&wt, json!({})).await, first);
         let keys: Vec<(PathBuf, usize)> = first

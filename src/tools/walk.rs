@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use ignore::{DirEntry, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
 
 use crate::context::{ToolContext, lock};
@@ -153,6 +154,28 @@ where
     }
 }
 
+/// A single glob as a matcher, `*` not crossing `/` (as in a shell and in .gitignore). A
+/// pattern that does not compile is an invalid argument at `pointer`.
+pub fn glob_set(tool: &str, pointer: &str, pattern: &str) -> ToolResult<GlobSet> {
+    let invalid = |e: globset::Error| ToolError::invalid(tool, pointer, e.to_string());
+    let glob = GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(invalid)?;
+    GlobSetBuilder::new().add(glob).build().map_err(invalid)
+}
+
+/// The part of a "nothing found" message that says what a walk skips, so the model knows
+/// when to widen the search: `Files ignored by .gitignore/.ignore{also} are skipped`, plus
+/// the hidden-files flag when it was off.
+pub fn skipped_note(also: &str, include_hidden: bool) -> String {
+    let mut note = format!("Files ignored by .gitignore/.ignore{also} are skipped");
+    if !include_hidden {
+        note.push_str(", and so are hidden files (pass include_hidden: true)");
+    }
+    note
+}
+
 /// A search base given by the model: the real path (inside the worktree) and what it is.
 pub struct Target {
     /// Canonical path inside the worktree.
@@ -292,7 +315,7 @@ pub(crate) mod test_support {
 
     /// A temp dir holding a worktree `wt` (with `files` written into it) and, beside it, a
     /// directory `outside` with a secret file. Returns the guard and the worktree path.
-    pub fn tree(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+    pub fn tree<P: AsRef<str>, C: AsRef<str>>(files: &[(P, C)]) -> (tempfile::TempDir, PathBuf) {
         let d = tempfile::tempdir().unwrap();
         let wt = d.path().join("wt");
         std::fs::create_dir_all(&wt).unwrap();
@@ -304,7 +327,7 @@ pub(crate) mod test_support {
         )
         .unwrap();
         for (path, content) in files {
-            write(&wt, path, content);
+            write(&wt, path.as_ref(), content.as_ref());
         }
         (d, wt)
     }
@@ -341,6 +364,21 @@ pub(crate) mod test_support {
         let name = set.names()[0].clone();
         let out = set.call(&ctx, None, &name, input).await;
         (out.is_error, out.content)
+    }
+
+    /// Asserts that the registry refuses each of `inputs` as invalid arguments.
+    pub async fn assert_schema_refuses(
+        tool: std::sync::Arc<dyn Tool>,
+        wt: &Path,
+        inputs: &[Value],
+    ) {
+        for bad in inputs {
+            let (is_error, out) = call(tool.clone(), wt, bad.clone()).await;
+            assert!(
+                is_error && out.contains("invalid arguments"),
+                "{bad}: {out}"
+            );
+        }
     }
 
     /// Asserts that the three kinds of escape are refused for `tool` given `path`.
