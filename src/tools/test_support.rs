@@ -188,3 +188,35 @@ pub(crate) fn with_limits(dir: &Path, tool: &str, limits: ToolSpecOverride) -> T
         .unwrap()
         .with_catalog(Arc::new(catalog))
 }
+
+/// Peak resident memory of this process so far (`VmHWM`), in KiB; `None` off Linux.
+pub(crate) fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Runs the test `name` (its full path, e.g. `tools::x::tests::y`) alone in a fresh process
+/// of this test binary, for measurements such as peak memory that tests running in
+/// parallel in the same process would disturb. Returns `true` inside that process, where
+/// the test does its work; in the calling test it waits for the child, fails if the child
+/// failed (or did not run the test), and returns `false`.
+pub(crate) fn run_isolated(name: &str) -> bool {
+    const VAR: &str = "TASKDAEMON_ISOLATED_TEST";
+    if std::env::var(VAR).as_deref() == Ok(name) {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(VAR, name)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "isolated run of {name} failed:\n{stdout}\n{stderr}"
+    );
+    eprintln!("{stderr}");
+    false
+}
