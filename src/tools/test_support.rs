@@ -220,3 +220,24 @@ pub(crate) fn run_isolated(name: &str) -> bool {
     eprintln!("{stderr}");
     false
 }
+
+/// A context for `dir` whose loop configures `command` for the tool `tool` (`build`, `test`
+/// or `validate`) and `echo WRONG-TOOL` for the other two, so a tool running a command not
+/// its own shows in the output.
+pub(crate) fn with_command(dir: &Path, tool: &str, command: Option<&str>) -> ToolContext {
+    let pick = |name: &str| {
+        if name == tool {
+            command.map(str::to_string)
+        } else {
+            Some("echo WRONG-TOOL".to_string())
+        }
+    };
+    assert!(["build", "test", "validate"].contains(&tool), "{tool}");
+    ToolContext::new(dir, "t")
+        .unwrap()
+        .with_commands(crate::context::LoopCommands {
+            build: pick("build"),
+            test: pick("test"),
+            validate: pick("validate"),
+        })
+}
