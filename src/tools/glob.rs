@@ -168,11 +168,12 @@ impl Tool for Glob {
         let hidden = a.include_hidden || plan.names_hidden;
         let base = target.path.clone();
         let root = ctx.root().to_path_buf();
+        let walk_root = root.clone();
         let prefix = plan.prefix.clone();
         let max_depth = plan.max_depth;
 
         let mut found = walk::run_blocking(TOOL, move |cancel| {
-            let mut walker = walk::builder(&base, hidden, move |e: &DirEntry| {
+            let mut walker = walk::builder(&walk_root, &base, hidden, move |e: &DirEntry| {
                 // Entries above the end of the literal prefix must lie on its route.
                 let d = e.depth();
                 d == 0 || d > prefix.len() || e.file_name() == prefix[d - 1].as_os_str()

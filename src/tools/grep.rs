@@ -465,7 +465,7 @@ fn search_dir(
 ) -> (Vec<FileHits>, usize) {
     let frontier = Frontier::new(cap);
     let unreadable = AtomicUsize::new(0);
-    let walker = walk::builder(base, include_hidden, |_| true);
+    let walker = walk::builder(root, base, include_hidden, |_| true);
     let files = walk::collect(&walker, cancel, || {
         let mut searcher = searcher(context, cap + 1);
         let frontier = &frontier;

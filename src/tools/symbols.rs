@@ -1060,10 +1060,11 @@ impl Tool for Symbols {
         }
 
         let base = target.path.clone();
+        let root_walk = root.clone();
         let (found, stats) = walk::run_blocking(TOOL, move |cancel| {
             let scanned = AtomicUsize::new(0);
             let skipped = AtomicUsize::new(0);
-            let walker = walk::builder(&base, false, |_| true);
+            let walker = walk::builder(&root_walk, &base, false, |_| true);
             let found: Vec<(PathBuf, Symbol)> = walk::collect(&walker, cancel, || {
                 let (filter, scanned, skipped) = (&filter, &scanned, &skipped);
                 move |e: DirEntry, out: &mut Vec<(PathBuf, Symbol)>| {
