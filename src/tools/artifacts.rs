@@ -327,15 +327,6 @@ pub fn hang(text: &str, indent: &str) -> String {
         .join("\n")
 }
 
-/// Plural-aware count: `count(3, "spec")` is "3 specs".
-pub fn count(n: usize, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,8 +388,6 @@ mod tests {
         assert_eq!(inline_code("a`b"), "`` a`b ``");
         assert_eq!(hang("one\ntwo\n\nthree", "   "), "one\n   two\n\n   three");
         assert_eq!(one_line(" a\n b  c "), "a b c");
-        assert_eq!(count(1, "spec"), "1 spec");
-        assert_eq!(count(0, "task"), "0 tasks");
     }
 
     fn artifact<'a>(name: &'a str, markdown: &str) -> Artifact<'a> {

@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::ToolResult;
+use crate::text::count;
 use crate::tools::artifacts::{
-    Body, Problems, code_block, count, create, hang, inline_code, markdown_head, name_schema,
-    text_schema,
+    Body, Problems, code_block, create, hang, inline_code, markdown_head, name_schema, text_schema,
 };
 use crate::tools::{Tool, ToolOutput};
 
@@ -185,7 +185,7 @@ impl Body for Phase {
     }
 
     fn summary(&self) -> String {
-        count(self.tasks.len(), "task")
+        count(self.tasks.len() as u64, "task")
     }
 }
 

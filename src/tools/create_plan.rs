@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::ToolResult;
+use crate::text::count;
 use crate::tools::artifacts::{
-    Body, Problems, count, create, hang, inline_code, markdown_head, name_schema, one_line,
-    text_schema,
+    Body, Problems, create, hang, inline_code, markdown_head, name_schema, one_line, text_schema,
 };
 use crate::tools::{Tool, ToolOutput};
 
@@ -179,7 +179,7 @@ impl Body for Plan {
     }
 
     fn summary(&self) -> String {
-        count(self.specs.len(), "spec")
+        count(self.specs.len() as u64, "spec")
     }
 }
 

@@ -7,9 +7,10 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::ToolResult;
+use crate::text::count;
 use crate::tools::artifacts::{
-    Body, Problems, code_block, count, create, hang, inline_code, markdown_head, name_schema,
-    one_line, text_schema,
+    Body, Problems, code_block, create, hang, inline_code, markdown_head, name_schema, one_line,
+    text_schema,
 };
 use crate::tools::{Tool, ToolOutput};
 
@@ -156,7 +157,7 @@ impl Body for Spec {
     }
 
     fn summary(&self) -> String {
-        count(self.phases.len(), "phase")
+        count(self.phases.len() as u64, "phase")
     }
 }
 

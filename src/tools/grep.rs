@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult, display_path};
-use crate::text::floor_char_boundary;
+use crate::text::{count, floor_char_boundary};
 use crate::tools::{Tool, ToolOutput, args, walk};
 
 const TOOL: &str = "grep";
@@ -429,7 +429,11 @@ impl Tool for Grep {
             }
             msg.push('.');
             if unreadable > 0 {
-                let _ = write!(msg, " {unreadable} files could not be read.");
+                let _ = write!(
+                    msg,
+                    " {} could not be read.",
+                    count(unreadable as u64, "file")
+                );
             }
             return Ok(ToolOutput::text(msg));
         }
@@ -443,7 +447,8 @@ impl Tool for Grep {
         if unreadable > 0 {
             let _ = writeln!(
                 out,
-                "[{unreadable} files could not be read and were skipped]"
+                "[skipped {}: could not be read]",
+                count(unreadable as u64, "file")
             );
         }
         Ok(ToolOutput::text(out))

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult, display_path};
-use crate::text::floor_char_boundary;
+use crate::text::{count, floor_char_boundary};
 use crate::tools::{Tool, ToolOutput, args, walk};
 
 const TOOL: &str = "symbols";
@@ -1148,8 +1148,9 @@ fn render(
     if let Some(n) = skipped.filter(|&n| n > 0) {
         let _ = write!(
             out,
-            "{}[{n} files were skipped: unreadable or larger than {} MiB]",
+            "{}[skipped {}: unreadable or larger than {} MiB]",
             if out.ends_with('\n') { "" } else { "\n" },
+            count(n as u64, "file"),
             MAX_FILE_BYTES / (1024 * 1024)
         );
     }
@@ -1506,6 +1507,23 @@ mod tests {
             json!({"extra": 1}),
         ];
         assert_schema_refuses(Arc::new(Symbols), &wt, &bad).await;
+    }
+
+    #[tokio::test]
+    async fn files_over_the_size_limit_are_skipped_with_a_note_or_refused_when_named() {
+        let (_d, wt) = tree(&[("a.rs", "fn a() {}\n")]);
+        let big = std::fs::File::create(wt.join("big.rs")).unwrap();
+        big.set_len(MAX_FILE_BYTES + 1).unwrap();
+        assert_eq!(
+            symbols(&wt, json!({})).await,
+            "a.rs:1: function a | fn a() {}\n[skipped 1 file: unreadable or larger than 4 MiB]"
+        );
+        let err = run(&Symbols, &wt, json!({"path": "big.rs"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "limit_exceeded");
+        assert!(err.to_string().contains("larger than 4 MiB"), "{err}");
+        assert!(err.to_string().contains("Use grep"), "{err}");
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::context::{ToolContext, sha256_hex};
 use crate::error::{ToolError, ToolResult};
 use crate::receipts::SideEffect;
+use crate::text::count;
 use crate::tools::{Tool, ToolOutput, args};
 
 const NAME: &str = "write_file";
@@ -106,15 +107,6 @@ impl Tool for WriteFile {
             path: shown,
             hash: sha256_hex(bytes),
         }))
-    }
-}
-
-/// `1 line`, `2 lines`.
-fn count(n: u64, unit: &str) -> String {
-    if n == 1 {
-        format!("1 {unit}")
-    } else {
-        format!("{n} {unit}s")
     }
 }
 
