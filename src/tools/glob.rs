@@ -238,7 +238,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::tools::walk::test_support::{
+    use crate::tools::test_support::{
         assert_escapes_refused, assert_schema_refuses, call, link_outside, run, tree,
     };
 

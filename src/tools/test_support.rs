@@ -1,6 +1,7 @@
 //! Test doubles and fixtures shared by the tools' unit tests: a scripted coordination port
 //! that records every call (for `query_loop`, `share_data`, `broadcast_alert`,
-//! `list_loops`), worktree contexts, and catalog overrides.
+//! `list_loops`), worktree contexts, catalog overrides, and the search tools' trees with
+//! links that point outside.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,7 @@ use serde_json::Value;
 use crate::catalog::{Catalog, ToolSpecOverride};
 use crate::context::ToolContext;
 use crate::coordination::{Coordination, Delivery, LoopInfo};
-use crate::error::ToolError;
+use crate::error::{ToolError, ToolResult};
 use crate::tools::Tool;
 
 /// One call the coordination port received.
@@ -171,12 +172,7 @@ pub(crate) fn worktree() -> (tempfile::TempDir, ToolContext) {
 /// Writes `bytes` at `rel` in the context's worktree, creating parent directories; returns
 /// the real path.
 pub(crate) fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) -> PathBuf {
-    let p = ctx.root().join(rel);
-    if let Some(parent) = p.parent() {
-        std::fs::create_dir_all(parent).unwrap();
-    }
-    std::fs::write(&p, bytes).unwrap();
-    p
+    write(ctx.root(), rel, bytes)
 }
 
 /// A context for `dir` whose catalog entry for `tool` is changed by `limits`.
@@ -240,4 +236,89 @@ pub(crate) fn with_command(dir: &Path, tool: &str, command: Option<&str>) -> Too
             test: pick("test"),
             validate: pick("validate"),
         })
+}
+
+// Search tools (`glob`, `grep`, `symbols`): a worktree with a secret beside it.
+
+/// A temp dir holding a worktree `wt` (with `files` written into it) and, beside it, a
+/// directory `outside` with a secret file. Returns the guard and the worktree path.
+pub(crate) fn tree<P: AsRef<str>, C: AsRef<str>>(files: &[(P, C)]) -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let wt = d.path().join("wt");
+    std::fs::create_dir_all(&wt).unwrap();
+    let outside = d.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(
+        outside.join("secret.rs"),
+        "// SECRET_OUTSIDE\nfn secret_outside() {}\n",
+    )
+    .unwrap();
+    for (path, content) in files {
+        write(&wt, path.as_ref(), content.as_ref());
+    }
+    (d, wt)
+}
+
+/// Writes `content` at `rel` under `root`, creating parent directories; returns the path.
+pub(crate) fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) -> PathBuf {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, content).unwrap();
+    p
+}
+
+/// Adds the symlinks of the sandbox tests: `out_dir` -> `../outside`,
+/// `out_file.rs` -> `../outside/secret.rs`.
+pub(crate) fn link_outside(wt: &Path) {
+    let outside = wt.parent().unwrap().join("outside");
+    std::os::unix::fs::symlink(&outside, wt.join("out_dir")).unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.rs"), wt.join("out_file.rs")).unwrap();
+}
+
+/// Runs `tool` directly on a fresh context for `wt`.
+pub(crate) async fn run(tool: &dyn Tool, wt: &Path, input: Value) -> ToolResult<String> {
+    let ctx = ToolContext::new(wt, "test").unwrap();
+    tool.execute(input, &ctx).await.map(|o| {
+        assert!(!o.is_error);
+        o.content
+    })
+}
+
+/// Runs `tool` through the registry (schema validation included); returns
+/// `(is_error, content)`.
+pub(crate) async fn call(tool: Arc<dyn Tool>, wt: &Path, input: Value) -> (bool, String) {
+    let ctx = ToolContext::new(wt, "test").unwrap();
+    let set = crate::registry::ToolSet::from_tools(vec![tool]).unwrap();
+    let name = set.names()[0].clone();
+    let out = set.call(&ctx, None, &name, input).await;
+    (out.is_error, out.content)
+}
+
+/// Asserts that the registry refuses each of `inputs` as invalid arguments.
+pub(crate) async fn assert_schema_refuses(tool: Arc<dyn Tool>, wt: &Path, inputs: &[Value]) {
+    for bad in inputs {
+        let (is_error, out) = call(tool.clone(), wt, bad.clone()).await;
+        assert!(
+            is_error && out.contains("invalid arguments"),
+            "{bad}: {out}"
+        );
+    }
+}
+
+/// Asserts that the three kinds of escape are refused for `tool` given `path`.
+pub(crate) async fn assert_escapes_refused(tool: &dyn Tool, wt: &Path, extra: Value) {
+    link_outside(wt);
+    for path in [
+        "../",
+        "../outside",
+        "/etc",
+        "out_dir",
+        "out_dir/secret.rs",
+        "out_file.rs",
+    ] {
+        let mut input = extra.clone();
+        input["path"] = Value::from(path);
+        let err = run(tool, wt, input).await.unwrap_err();
+        assert_eq!(err.kind(), "sandbox_violation", "{path}: {err}");
+    }
 }

@@ -309,9 +309,9 @@ mod tests {
 
     #[tokio::test]
     async fn ignore_files_count_from_the_worktree_root_down_and_nowhere_above() {
+        use crate::tools::test_support::{run, tree, write};
         use crate::tools::{glob::Glob, grep::Grep, symbols::Symbols};
         use serde_json::json;
-        use test_support::{run, tree, write};
         let (d, wt) = tree(&[
             (".gitignore", "gen.rs\n"),
             ("src/.ignore", "old/\n"),
@@ -408,103 +408,5 @@ mod tests {
             },
         );
         assert!(v.is_empty());
-    }
-}
-
-/// Fixtures shared by the search tools' tests.
-#[cfg(test)]
-pub(crate) mod test_support {
-    use std::path::{Path, PathBuf};
-
-    use serde_json::Value;
-
-    use crate::context::ToolContext;
-    use crate::error::ToolResult;
-    use crate::tools::Tool;
-
-    /// A temp dir holding a worktree `wt` (with `files` written into it) and, beside it, a
-    /// directory `outside` with a secret file. Returns the guard and the worktree path.
-    pub fn tree<P: AsRef<str>, C: AsRef<str>>(files: &[(P, C)]) -> (tempfile::TempDir, PathBuf) {
-        let d = tempfile::tempdir().unwrap();
-        let wt = d.path().join("wt");
-        std::fs::create_dir_all(&wt).unwrap();
-        let outside = d.path().join("outside");
-        std::fs::create_dir_all(&outside).unwrap();
-        std::fs::write(
-            outside.join("secret.rs"),
-            "// SECRET_OUTSIDE\nfn secret_outside() {}\n",
-        )
-        .unwrap();
-        for (path, content) in files {
-            write(&wt, path.as_ref(), content.as_ref());
-        }
-        (d, wt)
-    }
-
-    /// Writes `content` at `rel` under `root`, creating parent directories.
-    pub fn write(root: &Path, rel: &str, content: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
-    }
-
-    /// Adds the symlinks of the sandbox tests: `out_dir` -> `../outside`,
-    /// `out_file.rs` -> `../outside/secret.rs`.
-    pub fn link_outside(wt: &Path) {
-        let outside = wt.parent().unwrap().join("outside");
-        std::os::unix::fs::symlink(&outside, wt.join("out_dir")).unwrap();
-        std::os::unix::fs::symlink(outside.join("secret.rs"), wt.join("out_file.rs")).unwrap();
-    }
-
-    /// Runs `tool` directly on a fresh context for `wt`.
-    pub async fn run(tool: &dyn Tool, wt: &Path, input: Value) -> ToolResult<String> {
-        let ctx = ToolContext::new(wt, "test").unwrap();
-        tool.execute(input, &ctx).await.map(|o| {
-            assert!(!o.is_error);
-            o.content
-        })
-    }
-
-    /// Runs `tool` through the registry (schema validation included); returns
-    /// `(is_error, content)`.
-    pub async fn call(tool: std::sync::Arc<dyn Tool>, wt: &Path, input: Value) -> (bool, String) {
-        let ctx = ToolContext::new(wt, "test").unwrap();
-        let set = crate::registry::ToolSet::from_tools(vec![tool]).unwrap();
-        let name = set.names()[0].clone();
-        let out = set.call(&ctx, None, &name, input).await;
-        (out.is_error, out.content)
-    }
-
-    /// Asserts that the registry refuses each of `inputs` as invalid arguments.
-    pub async fn assert_schema_refuses(
-        tool: std::sync::Arc<dyn Tool>,
-        wt: &Path,
-        inputs: &[Value],
-    ) {
-        for bad in inputs {
-            let (is_error, out) = call(tool.clone(), wt, bad.clone()).await;
-            assert!(
-                is_error && out.contains("invalid arguments"),
-                "{bad}: {out}"
-            );
-        }
-    }
-
-    /// Asserts that the three kinds of escape are refused for `tool` given `path`.
-    pub async fn assert_escapes_refused(tool: &dyn Tool, wt: &Path, extra: Value) {
-        link_outside(wt);
-        for path in [
-            "../",
-            "../outside",
-            "/etc",
-            "out_dir",
-            "out_dir/secret.rs",
-            "out_file.rs",
-        ] {
-            let mut input = extra.clone();
-            input["path"] = Value::from(path);
-            let err = run(tool, wt, input).await.unwrap_err();
-            assert_eq!(err.kind(), "sandbox_violation", "{path}: {err}");
-        }
     }
 }
