@@ -200,7 +200,8 @@ fn load_in_chunks(
     let mut scan = Scan::new(req, meta.len());
     // The first `carried` bytes of `buf` are the start of a UTF-8 sequence that the previous
     // chunk cut; they are validated again with the bytes that complete them.
-    let mut buf = vec![0u8; UTF8_CARRY_ROOM + chunk.max(1)];
+    let chunk = chunk.max(1);
+    let mut buf = vec![0u8; UTF8_CARRY_ROOM + chunk];
     let mut carried = 0usize;
     loop {
         if cancel.load(Ordering::Relaxed) {
@@ -210,7 +211,7 @@ fn load_in_chunks(
                 "Read a smaller file or try again.",
             ));
         }
-        let n = fill(&mut file, &mut buf[carried..]).map_err(io)?;
+        let n = fill(&mut file, &mut buf[carried..carried + chunk]).map_err(io)?;
         let len = carried + n;
         let sniffed = usize::try_from(scan.bytes).unwrap_or(usize::MAX);
         let sniff = BINARY_SNIFF_BYTES.saturating_sub(sniffed).min(n);
@@ -432,6 +433,8 @@ impl Scan {
 struct LineHead {
     head: Vec<u8>,
     head_chars: usize,
+    /// A character past the limit was seen: nothing more is kept.
+    full: bool,
     more: usize,
     /// The last byte so far was `\r`: dropped if `\n` follows (CRLF), else part of the line.
     pending_cr: bool,
@@ -457,12 +460,15 @@ impl LineHead {
 
     fn add(&mut self, bytes: &[u8]) {
         let mut cut = 0;
-        if self.head_chars < MAX_LINE_CHARS {
+        if !self.full {
+            // Keep bytes up to the first character past the limit; the rest of the last
+            // kept character may only arrive with the next piece.
             cut = bytes.len();
             for (i, &b) in bytes.iter().enumerate() {
                 if is_char_start(b) {
                     if self.head_chars == MAX_LINE_CHARS {
                         cut = i;
+                        self.full = true;
                         break;
                     }
                     self.head_chars += 1;
