@@ -189,7 +189,12 @@ impl ToolContext {
 
     /// Records that the loop saw (or wrote) exactly `content` at `path`.
     pub fn record_stamp(&self, path: &Path, content: &[u8]) {
-        let stamp = Stamp::of(content);
+        self.record_stamp_hash(path, Stamp::of(content));
+    }
+
+    /// Records a stamp computed elsewhere (e.g. hashed while streaming a file too large to
+    /// hold in memory); the same as `record_stamp` with the bytes it was computed from.
+    pub fn record_stamp_hash(&self, path: &Path, stamp: Stamp) {
         lock(&self.dropped).remove(path);
         lock(&self.stamps).insert(path.to_path_buf(), stamp);
     }

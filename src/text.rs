@@ -53,6 +53,15 @@ pub fn head_tail(s: &str, max_bytes: usize) -> String {
     )
 }
 
+/// A count with its noun, plural unless it is one: `count(3, "file")` is "3 files",
+/// `count(1, "file")` is "1 file". For nouns whose plural adds an "s".
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    match n.into() {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
 /// A byte sink that keeps the first `cap/2` bytes and the last `cap/2` bytes of everything
 /// written to it, so memory stays bounded whatever the producer prints.
 #[derive(Debug)]
@@ -153,6 +162,13 @@ mod tests {
                 assert!(s.starts_with(cut));
             }
         }
+    }
+
+    #[test]
+    fn counts_are_plural_unless_one() {
+        assert_eq!(count(1u32, "spec"), "1 spec");
+        assert_eq!(count(0u32, "task"), "0 tasks");
+        assert_eq!(count(u64::MAX, "byte"), format!("{} bytes", u64::MAX));
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //! readable Markdown file under `.taskdaemon/artifacts/` in the worktree.
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::context::{ToolContext, sha256_hex};
 use crate::error::{ArgumentProblem, ToolError, ToolResult};
 use crate::receipts::SideEffect;
-use crate::tools::ToolOutput;
+use crate::tools::{ToolOutput, args};
 
 /// Worktree-relative directory holding artifacts.
 pub const ARTIFACT_DIR: &str = ".taskdaemon/artifacts";
@@ -124,6 +125,72 @@ impl Problems {
     }
 }
 
+/// The input of a `create_*` tool: an artifact with a name and a title, plus what makes
+/// each kind different (its checks, its Markdown, its summary).
+pub trait Body: DeserializeOwned + Serialize {
+    /// The tool that creates this kind of artifact.
+    const TOOL: &'static str;
+    /// `plan`, `spec` or `phase`: the JSON's `kind` and the files' prefix.
+    const KIND: &'static str;
+    /// The artifact's name (checked against [`NAME_PATTERN`] by [`create`]).
+    fn name(&self) -> &str;
+    /// The artifact's title (checked for blankness by [`create`]).
+    fn title(&self) -> &str;
+    /// Records every problem the schema cannot express beyond name and title.
+    fn check(&self, ctx: &ToolContext, problems: &mut Problems);
+    /// The artifact as readable Markdown.
+    fn markdown(&self) -> String;
+    /// A few words on the content for the output, e.g. "3 specs".
+    fn summary(&self) -> String;
+}
+
+/// The whole `execute` of a `create_*` tool: parse, check everything (reporting all
+/// problems at once, writing nothing on error), then save the JSON and Markdown files.
+pub async fn create<B: Body>(input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+    let body: B = args::parse(B::TOOL, input)?;
+    let mut problems = Problems::new(B::TOOL);
+    problems.name("/name", body.name());
+    problems.text("/title", body.title(), "the title");
+    body.check(ctx, &mut problems);
+    problems.finish()?;
+    let artifact = Artifact {
+        tool: B::TOOL,
+        kind: B::KIND,
+        name: body.name(),
+        json: artifact_json(B::KIND, &body)?,
+        markdown: body.markdown(),
+        summary: body.summary(),
+    };
+    save(ctx, &artifact).await
+}
+
+/// The top of an artifact's Markdown, the same for every kind: the heading, the name, how
+/// many `items` it has, its main text under `## {section}`, then the `## {items}` heading.
+pub fn markdown_head(
+    kind: &str,
+    title: &str,
+    name: &str,
+    (section, text): (&str, &str),
+    (items, count): (&str, usize),
+) -> String {
+    format!(
+        "# {}: {}\n\n- Name: {}\n- {items}: {count}\n\n## {section}\n\n{}\n\n## {items}\n",
+        capitalized(kind),
+        one_line(title),
+        inline_code(name),
+        text.trim()
+    )
+}
+
+/// `kind` with its first letter in upper case ("plan" -> "Plan").
+fn capitalized(kind: &str) -> String {
+    let mut title = kind.to_string();
+    if let Some(first) = title.get_mut(0..1) {
+        first.make_ascii_uppercase();
+    }
+    title
+}
+
 /// The JSON written for an artifact: its kind, then the validated input.
 #[derive(Serialize)]
 struct Stored<'a, T: Serialize> {
@@ -202,10 +269,7 @@ pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<Tool
         ctx.finish_own_write(&path);
         written.push((shown, sha256_hex(content.as_bytes())));
     }
-    let mut title = kind.to_string();
-    if let Some(first) = title.get_mut(0..1) {
-        first.make_ascii_uppercase();
-    }
+    let title = capitalized(kind);
     let verb = if replaced {
         "saved, replacing the earlier one of that name"
     } else {
@@ -264,15 +328,6 @@ pub fn hang(text: &str, indent: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// Plural-aware count: `count(3, "spec")` is "3 specs".
-pub fn count(n: usize, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
 }
 
 #[cfg(test)]
@@ -336,8 +391,6 @@ mod tests {
         assert_eq!(inline_code("a`b"), "`` a`b ``");
         assert_eq!(hang("one\ntwo\n\nthree", "   "), "one\n   two\n\n   three");
         assert_eq!(one_line(" a\n b  c "), "a b c");
-        assert_eq!(count(1, "spec"), "1 spec");
-        assert_eq!(count(0, "task"), "0 tasks");
     }
 
     fn artifact<'a>(name: &'a str, markdown: &str) -> Artifact<'a> {
@@ -394,5 +447,34 @@ mod tests {
         let err = save(&ctx, &artifact("x", "#")).await.unwrap_err();
         assert_eq!(err.kind(), "sandbox_violation");
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+}
+
+/// Fixtures shared by the `create_*` tools' tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    use serde_json::Value;
+
+    use crate::context::ToolContext;
+    use crate::error::ToolResult;
+    use crate::tools::{Tool, ToolOutput};
+
+    /// Runs `tool` on a fresh worktree; returns the worktree (to inspect, and to keep it
+    /// alive) and the result.
+    pub async fn run(tool: &dyn Tool, input: Value) -> (tempfile::TempDir, ToolResult<ToolOutput>) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let out = tool.execute(input, &ctx).await;
+        (dir, out)
+    }
+
+    /// The parsed JSON and the Markdown of the artifact `<stem>.json`/`.md` in `worktree`.
+    pub fn stored(worktree: &Path, stem: &str) -> (Value, String) {
+        let base = worktree.join(super::ARTIFACT_DIR);
+        let json = std::fs::read_to_string(base.join(format!("{stem}.json"))).unwrap();
+        let md = std::fs::read_to_string(base.join(format!("{stem}.md"))).unwrap();
+        (serde_json::from_str(&json).unwrap(), md)
     }
 }

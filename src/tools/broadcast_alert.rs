@@ -98,64 +98,28 @@ impl Tool for BroadcastAlert {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordination::{Coordination, Delivery, LoopInfo};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
+    use crate::tools::test_support::{
+        Call, FakeCoordination, assert_unavailable_outside_a_run, coordinated,
+    };
+    use std::sync::Arc;
 
-    /// One recorded alert: from, event type, message, data.
-    type Call = (String, String, String, Option<Value>);
-
-    /// Records alerts and reports `reach` loops reached (or an error when `None`).
-    struct Fake {
-        calls: Mutex<Vec<Call>>,
-        reach: Option<usize>,
-    }
-
-    #[async_trait]
-    impl Coordination for Fake {
-        async fn query(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<String, ToolError> {
-            unreachable!("broadcast_alert never queries")
-        }
-        async fn share(
-            &self,
-            _: &str,
-            _: &[String],
-            _: &str,
-            _: Value,
-        ) -> Result<Vec<Delivery>, ToolError> {
-            unreachable!("broadcast_alert never shares")
-        }
-        async fn alert(
-            &self,
-            from: &str,
-            event_type: &str,
-            message: &str,
-            data: Option<Value>,
-        ) -> Result<usize, ToolError> {
-            self.calls
-                .lock()
-                .unwrap()
-                .push((from.into(), event_type.into(), message.into(), data));
-            self.reach.ok_or_else(|| ToolError::LimitExceeded {
+    /// A port whose alerts reach `reach` loops, or fail when `None`.
+    fn setup(reach: Option<usize>) -> (tempfile::TempDir, Arc<FakeCoordination>, ToolContext) {
+        let fail: Option<fn() -> ToolError> = match reach {
+            Some(_) => None,
+            None => Some(|| ToolError::LimitExceeded {
                 what: "alert rate".into(),
                 hint: "Send fewer alerts.".into(),
-            })
-        }
-        async fn list_loops(&self, _: &str) -> Result<Vec<LoopInfo>, ToolError> {
-            unreachable!("broadcast_alert never lists")
-        }
-    }
-
-    fn setup(reach: Option<usize>) -> (tempfile::TempDir, Arc<Fake>, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(Fake {
-            calls: Mutex::new(Vec::new()),
-            reach,
-        });
-        let ctx = ToolContext::new(dir.path(), "api")
-            .unwrap()
-            .with_coordination(fake.clone());
-        (dir, fake, ctx)
+            }),
+        };
+        coordinated(
+            "api",
+            FakeCoordination {
+                reach: reach.unwrap_or(0),
+                fail,
+                ..FakeCoordination::default()
+            },
+        )
     }
 
     #[tokio::test]
@@ -173,17 +137,23 @@ mod tests {
             .execute(json!({"event_type": "done", "message": "m"}), &ctx)
             .await
             .unwrap();
-        let calls = fake.calls.lock().unwrap();
         assert_eq!(
-            calls[0],
-            (
-                "api".into(),
-                "api_ready".into(),
-                "API up".into(),
-                Some(json!({"port": 8080}))
-            )
+            fake.calls(),
+            [
+                Call::Alert {
+                    from: "api".into(),
+                    event_type: "api_ready".into(),
+                    message: "API up".into(),
+                    data: Some(json!({"port": 8080}))
+                },
+                Call::Alert {
+                    from: "api".into(),
+                    event_type: "done".into(),
+                    message: "m".into(),
+                    data: None
+                }
+            ]
         );
-        assert_eq!(calls[1].3, None);
     }
 
     #[tokio::test]
@@ -222,19 +192,16 @@ mod tests {
             text.contains("at /event_type") && text.contains("at /message"),
             "{text}"
         );
-        assert_eq!(fake.calls.lock().unwrap().len(), 1);
+        assert_eq!(fake.calls().len(), 1);
     }
 
     #[tokio::test]
     async fn outside_a_run_it_says_so() {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let err = BroadcastAlert
-            .execute(json!({"event_type": "x", "message": "m"}), &ctx)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), "unavailable");
-        assert!(err.to_string().contains("taskdaemon run"));
+        assert_unavailable_outside_a_run(
+            &BroadcastAlert,
+            json!({"event_type": "x", "message": "m"}),
+        )
+        .await;
     }
 
     #[tokio::test]

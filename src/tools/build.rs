@@ -45,17 +45,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    use crate::context::LoopCommands;
     use crate::receipts::SideEffect;
+    use crate::tools::test_support::with_command;
 
-    fn ctx_with(dir: &std::path::Path, build: Option<&str>) -> ToolContext {
-        ToolContext::new(dir, "t")
-            .unwrap()
-            .with_commands(LoopCommands {
-                build: build.map(str::to_string),
-                test: Some("echo WRONG-TOOL".into()),
-                validate: Some("echo WRONG-TOOL".into()),
-            })
+    fn ctx_with(dir: &std::path::Path, command: Option<&str>) -> ToolContext {
+        with_command(dir, NAME, command)
     }
 
     #[tokio::test]

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::ToolResult;
+use crate::text::count;
 use crate::tools::artifacts::{
-    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema, one_line,
-    save, text_schema,
+    Body, Problems, code_block, create, hang, inline_code, markdown_head, name_schema, text_schema,
 };
-use crate::tools::{Tool, ToolOutput, args};
+use crate::tools::{Tool, ToolOutput};
 
 const TOOL: &str = "create_phase";
 
@@ -107,88 +107,93 @@ impl Tool for CreatePhase {
     }
 
     async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        let phase: Phase = args::parse(TOOL, input)?;
-        check(&phase, ctx)?;
-        let artifact = Artifact {
-            tool: TOOL,
-            kind: "phase",
-            name: &phase.name,
-            json: artifact_json("phase", &phase)?,
-            markdown: markdown(&phase),
-            summary: count(phase.tasks.len(), "task"),
-        };
-        save(ctx, &artifact).await
+        create::<Phase>(input, ctx).await
     }
 }
 
-/// Names, blank texts, at least one task, and task files that stay in the worktree.
-fn check(phase: &Phase, ctx: &ToolContext) -> ToolResult<()> {
-    let mut p = Problems::new(TOOL);
-    p.name("/name", &phase.name);
-    p.text("/title", &phase.title, "the title");
-    p.text("/objective", &phase.objective, "the objective");
-    p.text(
-        "/validation_command",
-        &phase.validation_command,
-        "the validation command",
-    );
-    if phase.tasks.is_empty() {
-        p.push("/tasks", "a phase needs at least one task");
+impl Body for Phase {
+    const TOOL: &'static str = TOOL;
+    const KIND: &'static str = "phase";
+
+    fn name(&self) -> &str {
+        &self.name
     }
-    for (i, task) in phase.tasks.iter().enumerate() {
+
+    fn title(&self) -> &str {
+        &self.title
+    }
+
+    /// Blank texts, at least one task, and task files that stay in the worktree.
+    fn check(&self, ctx: &ToolContext, p: &mut Problems) {
+        p.text("/objective", &self.objective, "the objective");
         p.text(
-            format!("/tasks/{i}/description"),
-            &task.description,
-            "the description",
+            "/validation_command",
+            &self.validation_command,
+            "the validation command",
         );
-        if let Some(file) = &task.file {
-            if file.trim().is_empty() {
-                p.push(
-                    format!("/tasks/{i}/file"),
-                    "the file is blank; name a path or leave it out",
-                );
-            } else if let Err(e) = ctx.resolve(file) {
-                p.push(format!("/tasks/{i}/file"), e.to_string());
+        if self.tasks.is_empty() {
+            p.push("/tasks", "a phase needs at least one task");
+        }
+        for (i, task) in self.tasks.iter().enumerate() {
+            p.text(
+                format!("/tasks/{i}/description"),
+                &task.description,
+                "the description",
+            );
+            if let Some(file) = &task.file {
+                if file.trim().is_empty() {
+                    p.push(
+                        format!("/tasks/{i}/file"),
+                        "the file is blank; name a path or leave it out",
+                    );
+                } else if let Err(e) = ctx.resolve(file) {
+                    p.push(format!("/tasks/{i}/file"), e.to_string());
+                }
             }
         }
     }
-    p.finish()
-}
 
-/// The phase as readable Markdown.
-fn markdown(phase: &Phase) -> String {
-    let mut md = format!(
-        "# Phase: {}\n\n- Name: {}\n- Tasks: {}\n\n## Objective\n\n{}\n\n## Tasks\n\n",
-        one_line(&phase.title),
-        inline_code(&phase.name),
-        phase.tasks.len(),
-        phase.objective.trim()
-    );
-    for (i, task) in phase.tasks.iter().enumerate() {
-        let number = format!("{}. ", i + 1);
-        let target = match (task.action, &task.file) {
-            (Some(a), Some(f)) => format!("[{}] {}: ", a.as_str(), inline_code(f)),
-            (None, Some(f)) => format!("{}: ", inline_code(f)),
-            (Some(a), None) => format!("[{}] ", a.as_str()),
-            (None, None) => String::new(),
-        };
-        let indent = " ".repeat(number.len());
+    /// The phase as readable Markdown.
+    fn markdown(&self) -> String {
+        let mut md = markdown_head(
+            "phase",
+            &self.title,
+            &self.name,
+            ("Objective", &self.objective),
+            ("Tasks", self.tasks.len()),
+        );
+        md.push('\n');
+        for (i, task) in self.tasks.iter().enumerate() {
+            let number = format!("{}. ", i + 1);
+            let target = match (task.action, &task.file) {
+                (Some(a), Some(f)) => format!("[{}] {}: ", a.as_str(), inline_code(f)),
+                (None, Some(f)) => format!("{}: ", inline_code(f)),
+                (Some(a), None) => format!("[{}] ", a.as_str()),
+                (None, None) => String::new(),
+            };
+            let indent = " ".repeat(number.len());
+            md.push_str(&format!(
+                "{number}{target}{}\n",
+                hang(&task.description, &indent)
+            ));
+        }
         md.push_str(&format!(
-            "{number}{target}{}\n",
-            hang(&task.description, &indent)
+            "\n## Validation\n\n{}",
+            code_block(&self.validation_command, "sh")
         ));
+        md
     }
-    md.push_str(&format!(
-        "\n## Validation\n\n{}",
-        code_block(&phase.validation_command, "sh")
-    ));
-    md
+
+    fn summary(&self) -> String {
+        count(self.tasks.len() as u64, "task")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::registry::ToolSet;
+    use crate::tools::artifacts::test_support::{run, stored};
     use std::sync::Arc;
 
     fn good() -> Value {
@@ -206,30 +211,19 @@ mod tests {
         })
     }
 
-    async fn run(input: Value) -> (tempfile::TempDir, ToolResult<ToolOutput>) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let out = CreatePhase.execute(input, &ctx).await;
-        (dir, out)
-    }
-
     #[tokio::test]
     async fn writes_json_and_markdown() {
-        let (dir, out) = run(good()).await;
+        let (dir, out) = run(&CreatePhase, good()).await;
         let out = out.unwrap();
         assert_eq!(
             out.content,
             "Phase 'lexer' created (4 tasks).\nWrote .taskdaemon/artifacts/phase-lexer.json\nWrote .taskdaemon/artifacts/phase-lexer.md\n"
         );
-        let base = dir.path().join(".taskdaemon/artifacts");
-        let stored: Value =
-            serde_json::from_str(&std::fs::read_to_string(base.join("phase-lexer.json")).unwrap())
-                .unwrap();
+        let (stored, md) = stored(dir.path(), "phase-lexer");
         assert_eq!(stored["kind"], "phase");
         assert_eq!(stored["tasks"][0]["action"], "create");
         assert_eq!(stored["tasks"][3]["file"], Value::Null);
         assert_eq!(stored["validation_command"], "cargo test lexer");
-        let md = std::fs::read_to_string(base.join("phase-lexer.md")).unwrap();
         assert_eq!(
             md,
             "# Phase: Write the lexer\n\n- Name: `lexer`\n- Tasks: 4\n\n## Objective\n\nTokens come out of config text.\n\n## Tasks\n\n\
@@ -245,7 +239,7 @@ mod tests {
         let mut input = good();
         input["tasks"][1]["file"] = json!("../../etc/passwd");
         input["tasks"][2]["file"] = json!(" ");
-        let (dir, out) = run(input).await;
+        let (dir, out) = run(&CreatePhase, input).await;
         let text = out.unwrap_err().to_string();
         assert!(
             text.contains("at /tasks/1/file: sandbox violation"),
@@ -263,7 +257,7 @@ mod tests {
         let mut input = good();
         input["validation_command"] = json!(" \n");
         input["tasks"] = json!([]);
-        let (_d, out) = run(input).await;
+        let (_d, out) = run(&CreatePhase, input).await;
         let text = out.unwrap_err().to_string();
         assert!(
             text.contains("at /validation_command: the validation command is blank"),

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::ToolResult;
+use crate::text::count;
 use crate::tools::artifacts::{
-    Artifact, Problems, artifact_json, count, hang, inline_code, name_schema, one_line, save,
-    text_schema,
+    Body, Problems, create, hang, inline_code, markdown_head, name_schema, one_line, text_schema,
 };
-use crate::tools::{Tool, ToolOutput, args};
+use crate::tools::{Tool, ToolOutput};
 
 const TOOL: &str = "create_plan";
 
@@ -85,68 +85,102 @@ impl Tool for CreatePlan {
     }
 
     async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        let plan: Plan = args::parse(TOOL, input)?;
-        check(&plan)?;
-        let artifact = Artifact {
-            tool: TOOL,
-            kind: "plan",
-            name: &plan.name,
-            json: artifact_json("plan", &plan)?,
-            markdown: markdown(&plan),
-            summary: count(plan.specs.len(), "spec"),
-        };
-        save(ctx, &artifact).await
+        create::<Plan>(input, ctx).await
     }
 }
 
-/// Everything the schema cannot say: names, blank texts, unknown or cyclic dependencies.
-fn check(plan: &Plan) -> ToolResult<()> {
-    let mut p = Problems::new(TOOL);
-    p.name("/name", &plan.name);
-    p.text("/title", &plan.title, "the title");
-    p.text("/overview", &plan.overview, "the overview");
-    if plan.specs.is_empty() {
-        p.push("/specs", "a plan needs at least one spec");
+impl Body for Plan {
+    const TOOL: &'static str = TOOL;
+    const KIND: &'static str = "plan";
+
+    fn name(&self) -> &str {
+        &self.name
     }
-    for (i, spec) in plan.specs.iter().enumerate() {
-        p.name(format!("/specs/{i}/name"), &spec.name);
-        p.text(format!("/specs/{i}/title"), &spec.title, "the title");
-        p.text(
-            format!("/specs/{i}/description"),
-            &spec.description,
-            "the description",
-        );
-        for (j, dep) in spec.dependencies.iter().enumerate() {
-            let pointer = format!("/specs/{i}/dependencies/{j}");
-            if *dep == spec.name {
-                p.push(pointer, format!("spec '{dep}' cannot depend on itself"));
-            } else if !plan.specs.iter().any(|s| s.name == *dep) {
-                let known: Vec<&str> = plan.specs.iter().map(|s| s.name.as_str()).collect();
-                p.push(
-                    pointer,
-                    format!(
-                        "'{dep}' is not a spec of this plan; dependencies must be among: {}",
-                        known.join(", ")
-                    ),
-                );
+
+    fn title(&self) -> &str {
+        &self.title
+    }
+
+    /// Everything the schema cannot say: blank texts, spec names, unknown or cyclic
+    /// dependencies.
+    fn check(&self, _ctx: &ToolContext, p: &mut Problems) {
+        p.text("/overview", &self.overview, "the overview");
+        if self.specs.is_empty() {
+            p.push("/specs", "a plan needs at least one spec");
+        }
+        for (i, spec) in self.specs.iter().enumerate() {
+            p.name(format!("/specs/{i}/name"), &spec.name);
+            p.text(format!("/specs/{i}/title"), &spec.title, "the title");
+            p.text(
+                format!("/specs/{i}/description"),
+                &spec.description,
+                "the description",
+            );
+            for (j, dep) in spec.dependencies.iter().enumerate() {
+                let pointer = format!("/specs/{i}/dependencies/{j}");
+                if *dep == spec.name {
+                    p.push(pointer, format!("spec '{dep}' cannot depend on itself"));
+                } else if !self.specs.iter().any(|s| s.name == *dep) {
+                    let known: Vec<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
+                    p.push(
+                        pointer,
+                        format!(
+                            "'{dep}' is not a spec of this plan; dependencies must be among: {}",
+                            known.join(", ")
+                        ),
+                    );
+                }
             }
         }
-    }
-    p.unique_names(
-        plan.specs.iter().map(|s| s.name.as_str()),
-        |i| format!("/specs/{i}/name"),
-        "spec",
-    );
-    if let Some((start, cycle)) = find_cycle(plan) {
-        p.push(
-            format!("/specs/{start}/dependencies"),
-            format!(
-                "the dependencies form a cycle ({}); remove one of them",
-                cycle.join(" -> ")
-            ),
+        p.unique_names(
+            self.specs.iter().map(|s| s.name.as_str()),
+            |i| format!("/specs/{i}/name"),
+            "spec",
         );
+        if let Some((start, cycle)) = find_cycle(self) {
+            p.push(
+                format!("/specs/{start}/dependencies"),
+                format!(
+                    "the dependencies form a cycle ({}); remove one of them",
+                    cycle.join(" -> ")
+                ),
+            );
+        }
     }
-    p.finish()
+
+    /// The plan as readable Markdown.
+    fn markdown(&self) -> String {
+        let mut md = markdown_head(
+            "plan",
+            &self.title,
+            &self.name,
+            ("Overview", &self.overview),
+            ("Specs", self.specs.len()),
+        );
+        for (i, spec) in self.specs.iter().enumerate() {
+            let deps = if spec.dependencies.is_empty() {
+                "nothing".to_string()
+            } else {
+                spec.dependencies
+                    .iter()
+                    .map(|d| inline_code(d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            md.push_str(&format!(
+                "\n### {}. {} ({})\n\n{}\n\nDepends on: {deps}\n",
+                i + 1,
+                one_line(&spec.title),
+                inline_code(&spec.name),
+                hang(&spec.description, "")
+            ));
+        }
+        md
+    }
+
+    fn summary(&self) -> String {
+        count(self.specs.len() as u64, "spec")
+    }
 }
 
 /// The first dependency cycle among the specs, as the index of a spec on it and the names
@@ -208,41 +242,12 @@ fn find_cycle(plan: &Plan) -> Option<(usize, Vec<String>)> {
     None
 }
 
-/// The plan as readable Markdown.
-fn markdown(plan: &Plan) -> String {
-    let mut md = format!(
-        "# Plan: {}\n\n- Name: {}\n- Specs: {}\n\n## Overview\n\n{}\n\n## Specs\n",
-        one_line(&plan.title),
-        inline_code(&plan.name),
-        plan.specs.len(),
-        plan.overview.trim()
-    );
-    for (i, spec) in plan.specs.iter().enumerate() {
-        let deps = if spec.dependencies.is_empty() {
-            "nothing".to_string()
-        } else {
-            spec.dependencies
-                .iter()
-                .map(|d| inline_code(d))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        md.push_str(&format!(
-            "\n### {}. {} ({})\n\n{}\n\nDepends on: {deps}\n",
-            i + 1,
-            one_line(&spec.title),
-            inline_code(&spec.name),
-            hang(&spec.description, "")
-        ));
-    }
-    md
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::receipts::SideEffect;
     use crate::registry::ToolSet;
+    use crate::tools::artifacts::test_support::{run, stored};
     use std::sync::Arc;
 
     fn good() -> Value {
@@ -258,29 +263,18 @@ mod tests {
         })
     }
 
-    async fn run(input: Value) -> (tempfile::TempDir, ToolResult<ToolOutput>) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let out = CreatePlan.execute(input, &ctx).await;
-        (dir, out)
-    }
-
     #[tokio::test]
     async fn writes_json_and_markdown() {
-        let (dir, out) = run(good()).await;
+        let (dir, out) = run(&CreatePlan, good()).await;
         let out = out.unwrap();
         assert_eq!(
             out.content,
             "Plan 'auth' created (3 specs).\nWrote .taskdaemon/artifacts/plan-auth.json\nWrote .taskdaemon/artifacts/plan-auth.md\n"
         );
-        let base = dir.path().join(".taskdaemon/artifacts");
-        let stored: Value =
-            serde_json::from_str(&std::fs::read_to_string(base.join("plan-auth.json")).unwrap())
-                .unwrap();
+        let (stored, md) = stored(dir.path(), "plan-auth");
         assert_eq!(stored["kind"], "plan");
         assert_eq!(stored["specs"][0]["dependencies"], json!([]));
         assert_eq!(stored["specs"][2]["dependencies"], json!(["api", "db"]));
-        let md = std::fs::read_to_string(base.join("plan-auth.md")).unwrap();
         assert!(
             md.starts_with("# Plan: Add login\n\n- Name: `auth`\n- Specs: 3\n"),
             "{md}"
@@ -313,7 +307,7 @@ mod tests {
         let mut input = good();
         input["specs"][1]["dependencies"] = json!(["db", "nope"]);
         input["specs"][0]["dependencies"] = json!(["db"]);
-        let (dir, out) = run(input).await;
+        let (dir, out) = run(&CreatePlan, input).await;
         let text = out.unwrap_err().to_string();
         assert!(
             text.contains("at /specs/1/dependencies/1: 'nope' is not a spec of this plan"),
@@ -331,7 +325,7 @@ mod tests {
     async fn cycles_are_refused() {
         let mut input = good();
         input["specs"][0]["dependencies"] = json!(["ui"]);
-        let (_dir, out) = run(input).await;
+        let (_dir, out) = run(&CreatePlan, input).await;
         let text = out.unwrap_err().to_string();
         assert!(
             text.contains("form a cycle (db -> ui -> api -> db)"),
@@ -346,7 +340,7 @@ mod tests {
         input["specs"][2]["name"] = json!("db");
         input["name"] = json!("../escape");
         input["overview"] = json!("  ");
-        let (dir, out) = run(input).await;
+        let (dir, out) = run(&CreatePlan, input).await;
         let err = out.unwrap_err();
         assert_eq!(err.kind(), "invalid_arguments");
         let text = err.to_string();

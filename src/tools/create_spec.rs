@@ -7,11 +7,12 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::ToolResult;
+use crate::text::count;
 use crate::tools::artifacts::{
-    Artifact, Problems, artifact_json, code_block, count, hang, inline_code, name_schema, one_line,
-    save, text_schema,
+    Body, Problems, code_block, create, hang, inline_code, markdown_head, name_schema, one_line,
+    text_schema,
 };
-use crate::tools::{Tool, ToolOutput, args};
+use crate::tools::{Tool, ToolOutput};
 
 const TOOL: &str = "create_spec";
 
@@ -84,83 +85,87 @@ impl Tool for CreateSpec {
     }
 
     async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        let spec: Spec = args::parse(TOOL, input)?;
-        check(&spec)?;
-        let artifact = Artifact {
-            tool: TOOL,
-            kind: "spec",
-            name: &spec.name,
-            json: artifact_json("spec", &spec)?,
-            markdown: markdown(&spec),
-            summary: count(spec.phases.len(), "phase"),
-        };
-        save(ctx, &artifact).await
+        create::<Spec>(input, ctx).await
     }
 }
 
-/// Names, blank texts and commands, phase count and unique phase names.
-fn check(spec: &Spec) -> ToolResult<()> {
-    let mut p = Problems::new(TOOL);
-    p.name("/name", &spec.name);
-    p.text("/title", &spec.title, "the title");
-    p.text("/overview", &spec.overview, "the overview");
-    let n = spec.phases.len();
-    if !(MIN_PHASES..=MAX_PHASES).contains(&n) {
-        p.push(
-            "/phases",
-            format!(
-                "a spec has {MIN_PHASES} to {MAX_PHASES} phases, not {n}; merge or split phases"
-            ),
-        );
-    }
-    for (i, phase) in spec.phases.iter().enumerate() {
-        p.name(format!("/phases/{i}/name"), &phase.name);
-        p.text(format!("/phases/{i}/title"), &phase.title, "the title");
-        p.text(
-            format!("/phases/{i}/description"),
-            &phase.description,
-            "the description",
-        );
-        p.text(
-            format!("/phases/{i}/validation"),
-            &phase.validation,
-            "the validation command",
-        );
-    }
-    p.unique_names(
-        spec.phases.iter().map(|ph| ph.name.as_str()),
-        |i| format!("/phases/{i}/name"),
-        "phase",
-    );
-    p.finish()
-}
+impl Body for Spec {
+    const TOOL: &'static str = TOOL;
+    const KIND: &'static str = "spec";
 
-/// The spec as readable Markdown.
-fn markdown(spec: &Spec) -> String {
-    let mut md = format!(
-        "# Spec: {}\n\n- Name: {}\n- Phases: {}\n\n## Overview\n\n{}\n\n## Phases\n",
-        one_line(&spec.title),
-        inline_code(&spec.name),
-        spec.phases.len(),
-        spec.overview.trim()
-    );
-    for (i, phase) in spec.phases.iter().enumerate() {
-        md.push_str(&format!(
-            "\n### {}. {} ({})\n\n{}\n\nValidation:\n\n{}",
-            i + 1,
-            one_line(&phase.title),
-            inline_code(&phase.name),
-            hang(&phase.description, ""),
-            code_block(&phase.validation, "sh")
-        ));
+    fn name(&self) -> &str {
+        &self.name
     }
-    md
+
+    fn title(&self) -> &str {
+        &self.title
+    }
+
+    /// Blank texts and commands, phase count, phase names and their uniqueness.
+    fn check(&self, _ctx: &ToolContext, p: &mut Problems) {
+        p.text("/overview", &self.overview, "the overview");
+        let n = self.phases.len();
+        if !(MIN_PHASES..=MAX_PHASES).contains(&n) {
+            p.push(
+                "/phases",
+                format!(
+                    "a spec has {MIN_PHASES} to {MAX_PHASES} phases, not {n}; merge or split phases"
+                ),
+            );
+        }
+        for (i, phase) in self.phases.iter().enumerate() {
+            p.name(format!("/phases/{i}/name"), &phase.name);
+            p.text(format!("/phases/{i}/title"), &phase.title, "the title");
+            p.text(
+                format!("/phases/{i}/description"),
+                &phase.description,
+                "the description",
+            );
+            p.text(
+                format!("/phases/{i}/validation"),
+                &phase.validation,
+                "the validation command",
+            );
+        }
+        p.unique_names(
+            self.phases.iter().map(|ph| ph.name.as_str()),
+            |i| format!("/phases/{i}/name"),
+            "phase",
+        );
+    }
+
+    /// The spec as readable Markdown.
+    fn markdown(&self) -> String {
+        let mut md = markdown_head(
+            "spec",
+            &self.title,
+            &self.name,
+            ("Overview", &self.overview),
+            ("Phases", self.phases.len()),
+        );
+        for (i, phase) in self.phases.iter().enumerate() {
+            md.push_str(&format!(
+                "\n### {}. {} ({})\n\n{}\n\nValidation:\n\n{}",
+                i + 1,
+                one_line(&phase.title),
+                inline_code(&phase.name),
+                hang(&phase.description, ""),
+                code_block(&phase.validation, "sh")
+            ));
+        }
+        md
+    }
+
+    fn summary(&self) -> String {
+        count(self.phases.len() as u64, "phase")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::registry::ToolSet;
+    use crate::tools::artifacts::test_support::{run, stored};
     use std::sync::Arc;
 
     fn phase(name: &str) -> Value {
@@ -176,28 +181,17 @@ mod tests {
         })
     }
 
-    async fn run(input: Value) -> (tempfile::TempDir, ToolResult<ToolOutput>) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let out = CreateSpec.execute(input, &ctx).await;
-        (dir, out)
-    }
-
     #[tokio::test]
     async fn writes_json_and_markdown() {
-        let (dir, out) = run(good()).await;
+        let (dir, out) = run(&CreateSpec, good()).await;
         let out = out.unwrap();
         assert_eq!(
             out.content,
             "Spec 'parser' created (3 phases).\nWrote .taskdaemon/artifacts/spec-parser.json\nWrote .taskdaemon/artifacts/spec-parser.md\n"
         );
-        let base = dir.path().join(".taskdaemon/artifacts");
-        let stored: Value =
-            serde_json::from_str(&std::fs::read_to_string(base.join("spec-parser.json")).unwrap())
-                .unwrap();
+        let (stored, md) = stored(dir.path(), "spec-parser");
         assert_eq!(stored["kind"], "spec");
         assert_eq!(stored["phases"][1]["validation"], "cargo test grammar");
-        let md = std::fs::read_to_string(base.join("spec-parser.md")).unwrap();
         assert!(
             md.starts_with("# Spec: Config parser\n\n- Name: `parser`\n- Phases: 3\n"),
             "{md}"
@@ -210,7 +204,7 @@ mod tests {
     async fn phase_count_is_checked_in_code_too() {
         let mut input = good();
         input["phases"] = json!([phase("a"), phase("b")]);
-        let (_d, out) = run(input).await;
+        let (_d, out) = run(&CreateSpec, input).await;
         assert!(
             out.unwrap_err()
                 .to_string()
@@ -218,7 +212,7 @@ mod tests {
         );
         let mut input = good();
         input["phases"] = json!((0..8).map(|i| phase(&format!("p{i}"))).collect::<Vec<_>>());
-        let (_d, out) = run(input).await;
+        let (_d, out) = run(&CreateSpec, input).await;
         assert!(out.unwrap_err().to_string().contains("not 8"));
     }
 
@@ -227,7 +221,7 @@ mod tests {
         let mut input = good();
         input["phases"][1]["validation"] = json!("   ");
         input["phases"][2]["name"] = json!("lexer");
-        let (dir, out) = run(input).await;
+        let (dir, out) = run(&CreateSpec, input).await;
         let text = out.unwrap_err().to_string();
         assert!(
             text.contains("at /phases/1/validation: the validation command is blank"),

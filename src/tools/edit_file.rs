@@ -719,15 +719,10 @@ mod tests {
     use super::*;
     use crate::registry::ToolSet;
     use crate::tools::read_file::ReadFile;
+    use crate::tools::test_support::worktree as setup;
     use crate::tools::write_file::WriteFile;
     use std::os::unix::fs::symlink;
     use std::path::{Path, PathBuf};
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
 
     async fn read(ctx: &ToolContext, path: &str) {
         let out = ReadFile.execute(json!({"path": path}), ctx).await.unwrap();

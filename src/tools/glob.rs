@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
-use globset::{Candidate, GlobBuilder, GlobSetBuilder};
+use globset::Candidate;
 use ignore::{DirEntry, WalkState};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -150,14 +150,7 @@ impl Tool for Glob {
     async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
         let a: GlobArgs = args::parse(TOOL, input)?;
         let plan = plan(&a.pattern)?;
-        let glob = GlobBuilder::new(&plan.pattern)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| ToolError::invalid(TOOL, "/pattern", e.to_string()))?;
-        let matcher = GlobSetBuilder::new()
-            .add(glob)
-            .build()
-            .map_err(|e| ToolError::invalid(TOOL, "/pattern", e.to_string()))?;
+        let matcher = walk::glob_set(TOOL, "/pattern", &plan.pattern)?;
         let target = walk::target(ctx, TOOL, &a.path)?;
         if !target.is_dir {
             return Err(ToolError::invalid(
@@ -175,11 +168,12 @@ impl Tool for Glob {
         let hidden = a.include_hidden || plan.names_hidden;
         let base = target.path.clone();
         let root = ctx.root().to_path_buf();
+        let walk_root = root.clone();
         let prefix = plan.prefix.clone();
         let max_depth = plan.max_depth;
 
         let mut found = walk::run_blocking(TOOL, move |cancel| {
-            let mut walker = walk::builder(&base, hidden, move |e: &DirEntry| {
+            let mut walker = walk::builder(&walk_root, &base, hidden, move |e: &DirEntry| {
                 // Entries above the end of the literal prefix must lie on its route.
                 let d = e.depth();
                 d == 0 || d > prefix.len() || e.file_name() == prefix[d - 1].as_os_str()
@@ -203,12 +197,12 @@ impl Tool for Glob {
         .await?;
 
         if found.is_empty() {
-            let mut msg = format!("No files match '{}' under '{}'.", a.pattern, target.shown);
-            msg.push_str(" Files ignored by .gitignore/.ignore are skipped");
-            if !hidden {
-                msg.push_str(", and so are hidden files (pass include_hidden: true)");
-            }
-            msg.push_str(". `*` does not cross '/': use \"**/\" to match at any depth.");
+            let mut msg = format!(
+                "No files match '{}' under '{}'. {}. `*` does not cross '/': use \"**/\" to match at any depth.",
+                a.pattern,
+                target.shown,
+                walk::skipped_note("", hidden)
+            );
             // A literal pattern naming a directory is a common slip: glob lists files only.
             let named = target.path.join(&plan.pattern);
             if !has_glob_syntax(&plan.pattern)
@@ -244,7 +238,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::tools::walk::test_support::{assert_escapes_refused, call, link_outside, run, tree};
+    use crate::tools::test_support::{
+        assert_escapes_refused, assert_schema_refuses, call, link_outside, run, tree,
+    };
 
     fn files() -> Vec<(&'static str, &'static str)> {
         vec![
@@ -414,19 +410,14 @@ mod tests {
     #[tokio::test]
     async fn schema_limits_are_enforced() {
         let (_d, wt) = tree(&files());
-        for bad in [
+        let bad = [
             json!({"pattern": "*", "max_results": 0}),
             json!({"pattern": "*", "max_results": 10001}),
             json!({"pattern": ""}),
             json!({"pattern": "*", "bogus": 1}),
             json!({}),
-        ] {
-            let (is_error, out) = call(Arc::new(Glob), &wt, bad.clone()).await;
-            assert!(
-                is_error && out.contains("invalid arguments"),
-                "{bad}: {out}"
-            );
-        }
+        ];
+        assert_schema_refuses(Arc::new(Glob), &wt, &bad).await;
     }
 
     #[tokio::test]
@@ -470,8 +461,7 @@ mod tests {
         for i in (0..300).rev() {
             many.push((format!("d{}/f{i}.rs", i % 7), String::new()));
         }
-        let refs: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-        let (_d, wt) = tree(&refs);
+        let (_d, wt) = tree(&many);
         let first = glob(&wt, json!({"pattern": "**/*.rs"})).await;
         for _ in 0..3 {
             assert_eq!(glob(&wt, json!({"pattern": "**/*.rs"})).await, first);

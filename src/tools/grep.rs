@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use async_trait::async_trait;
-use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{Candidate, GlobSet};
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use ignore::{DirEntry, WalkState};
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult, display_path};
-use crate::text::floor_char_boundary;
+use crate::text::{count, floor_char_boundary};
 use crate::tools::{Tool, ToolOutput, args, walk};
 
 const TOOL: &str = "grep";
@@ -154,16 +154,8 @@ struct FileFilter {
 impl FileFilter {
     fn new(pattern: &str) -> ToolResult<Self> {
         let cleaned = pattern.trim_start_matches("./").trim_start_matches('/');
-        let glob = GlobBuilder::new(cleaned)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| ToolError::invalid(TOOL, "/file_pattern", e.to_string()))?;
-        let set = GlobSetBuilder::new()
-            .add(glob)
-            .build()
-            .map_err(|e| ToolError::invalid(TOOL, "/file_pattern", e.to_string()))?;
         Ok(Self {
-            set,
+            set: walk::glob_set(TOOL, "/file_pattern", cleaned)?,
             by_name: !cleaned.contains('/'),
         })
     }
@@ -426,17 +418,22 @@ impl Tool for Grep {
                 if let Some(fp) = &a.file_pattern {
                     let _ = write!(msg, " among files matching '{fp}'");
                 }
-                msg.push_str(". Files ignored by .gitignore/.ignore and binary files are skipped");
-                if !include_hidden {
-                    msg.push_str(", and so are hidden files (pass include_hidden: true)");
-                }
+                let _ = write!(
+                    msg,
+                    ". {}",
+                    walk::skipped_note(" and binary files", include_hidden)
+                );
             }
             if !a.case_insensitive {
                 msg.push_str(". The search is case-sensitive (pass case_insensitive: true)");
             }
             msg.push('.');
             if unreadable > 0 {
-                let _ = write!(msg, " {unreadable} files could not be read.");
+                let _ = write!(
+                    msg,
+                    " {} could not be read.",
+                    count(unreadable as u64, "file")
+                );
             }
             return Ok(ToolOutput::text(msg));
         }
@@ -450,7 +447,8 @@ impl Tool for Grep {
         if unreadable > 0 {
             let _ = writeln!(
                 out,
-                "[{unreadable} files could not be read and were skipped]"
+                "[skipped {}: could not be read]",
+                count(unreadable as u64, "file")
             );
         }
         Ok(ToolOutput::text(out))
@@ -472,7 +470,7 @@ fn search_dir(
 ) -> (Vec<FileHits>, usize) {
     let frontier = Frontier::new(cap);
     let unreadable = AtomicUsize::new(0);
-    let walker = walk::builder(base, include_hidden, |_| true);
+    let walker = walk::builder(root, base, include_hidden, |_| true);
     let files = walk::collect(&walker, cancel, || {
         let mut searcher = searcher(context, cap + 1);
         let frontier = &frontier;
@@ -510,8 +508,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::tools::walk::test_support::{
-        assert_escapes_refused, call, link_outside, run, tree, write,
+    use crate::tools::test_support::{
+        assert_escapes_refused, assert_schema_refuses, call, link_outside, run, tree, write,
     };
 
     async fn grep(wt: &Path, input: Value) -> String {
@@ -542,7 +540,7 @@ mod tests {
         body = body
             .replace("line 5\n", "line 5 HIT\n")
             .replace("line 15\n", "line 15 HIT\n");
-        let (_d, wt) = tree(&[("a.txt", &body), ("b.txt", "x\nHIT\ny\n")]);
+        let (_d, wt) = tree(&[("a.txt", body.as_str()), ("b.txt", "x\nHIT\ny\n")]);
         let out = grep(&wt, json!({"pattern": "HIT", "context": 2})).await;
         assert_eq!(
             out,
@@ -639,11 +637,7 @@ mod tests {
                 ));
             }
         }
-        let refs: Vec<(&str, &str)> = files
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let (_d, wt) = tree(&refs);
+        let (_d, wt) = tree(&files);
         let mut expected = String::new();
         let mut sorted: Vec<&String> = files.iter().map(|(p, _)| p).collect();
         sorted.sort();
@@ -798,19 +792,14 @@ mod tests {
     #[tokio::test]
     async fn schema_limits_are_enforced() {
         let (_d, wt) = tree(&[("a.txt", "x\n")]);
-        for bad in [
+        let bad = [
             json!({"pattern": "x", "context": 21}),
             json!({"pattern": "x", "max_results": 0}),
             json!({"pattern": "x", "max_results": 5001}),
             json!({"pattern": ""}),
             json!({"pattern": "x", "other": true}),
-        ] {
-            let (is_error, out) = call(Arc::new(Grep), &wt, bad.clone()).await;
-            assert!(
-                is_error && out.contains("invalid arguments"),
-                "{bad}: {out}"
-            );
-        }
+        ];
+        assert_schema_refuses(Arc::new(Grep), &wt, &bad).await;
     }
 
     #[tokio::test]
@@ -862,11 +851,7 @@ mod tests {
         for i in 0..200 {
             files.push((format!("d{}/f{i}.txt", i % 9), format!("a\nhit {i}\n")));
         }
-        let refs: Vec<(&str, &str)> = files
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let (_d, wt) = tree(&refs);
+        let (_d, wt) = tree(&files);
         let first = grep(&wt, json!({"pattern": "hit", "context": 1})).await;
         for _ in 0..3 {
             assert_eq!(

@@ -11,14 +11,15 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use ignore::WalkBuilder;
 use ignore::gitignore::Gitignore;
-use ignore::{Match, WalkBuilder};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult};
 use crate::tools::read_file::{io_error, not_found};
+use crate::tools::walk::{ancestor_ignores, excluded_by};
 use crate::tools::{Tool, ToolOutput, args};
 
 const NAME: &str = "list_directory";
@@ -150,43 +151,6 @@ impl Tool for ListDirectory {
             })?;
         Ok(ToolOutput::text(text))
     }
-}
-
-/// Ignore matchers of the directories from the worktree root down to `dir`'s parent,
-/// deepest first (the walker reads `dir`'s own files). `.ignore` comes before `.gitignore`
-/// at each level, as ripgrep ranks them.
-fn ancestor_ignores(root: &Path, dir: &Path) -> Vec<Gitignore> {
-    let mut out = Vec::new();
-    if dir == root || !dir.starts_with(root) {
-        return out;
-    }
-    let mut at = dir.parent();
-    while let Some(a) = at {
-        for name in [".ignore", ".gitignore"] {
-            let file = a.join(name);
-            if file.is_file() {
-                // A partly invalid ignore file still yields its valid globs.
-                out.push(Gitignore::new(&file).0);
-            }
-        }
-        if a == root {
-            break;
-        }
-        at = a.parent();
-    }
-    out
-}
-
-/// Whether ancestor ignore files exclude `path` (the deepest one with an opinion decides).
-fn excluded_by(ignores: &[Gitignore], path: &Path, is_dir: bool) -> bool {
-    for gi in ignores {
-        match gi.matched(path, is_dir) {
-            Match::Ignore(_) => return true,
-            Match::Whitelist(_) => return false,
-            Match::None => {}
-        }
-    }
-    false
 }
 
 /// Walks and renders the listing.
@@ -361,19 +325,8 @@ pub(crate) fn human_size(bytes: u64) -> String {
 mod tests {
     use super::*;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::{put, worktree as setup};
     use std::os::unix::fs::symlink;
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
-
-    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) {
-        let p = ctx.root().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, bytes).unwrap();
-    }
 
     fn tree(ctx: &ToolContext) {
         put(ctx, "b.rs", &[b'x'; 1300]);

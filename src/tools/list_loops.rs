@@ -149,46 +149,10 @@ fn render(all: &[LoopInfo], filter: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordination::{Coordination, Delivery};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    /// Lists a fixed set of loops and records who asked; errors when `loops` is `None`.
-    struct Fake {
-        asked_by: Mutex<Vec<String>>,
-        loops: Option<Vec<LoopInfo>>,
-    }
-
-    #[async_trait]
-    impl Coordination for Fake {
-        async fn query(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<String, ToolError> {
-            unreachable!("list_loops never queries")
-        }
-        async fn share(
-            &self,
-            _: &str,
-            _: &[String],
-            _: &str,
-            _: Value,
-        ) -> Result<Vec<Delivery>, ToolError> {
-            unreachable!("list_loops never shares")
-        }
-        async fn alert(
-            &self,
-            _: &str,
-            _: &str,
-            _: &str,
-            _: Option<Value>,
-        ) -> Result<usize, ToolError> {
-            unreachable!("list_loops never alerts")
-        }
-        async fn list_loops(&self, from: &str) -> Result<Vec<LoopInfo>, ToolError> {
-            self.asked_by.lock().unwrap().push(from.into());
-            self.loops.clone().ok_or_else(|| ToolError::Unavailable {
-                message: "the coordinator stopped".into(),
-            })
-        }
-    }
+    use crate::tools::test_support::{
+        Call, FakeCoordination, assert_unavailable_outside_a_run, coordinated,
+    };
+    use std::sync::Arc;
 
     fn info(name: &str, loop_type: &str, status: &str, task: &str) -> LoopInfo {
         LoopInfo {
@@ -199,16 +163,24 @@ mod tests {
         }
     }
 
-    fn setup(loops: Option<Vec<LoopInfo>>) -> (tempfile::TempDir, Arc<Fake>, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(Fake {
-            asked_by: Mutex::new(Vec::new()),
-            loops,
-        });
-        let ctx = ToolContext::new(dir.path(), "me")
-            .unwrap()
-            .with_coordination(fake.clone());
-        (dir, fake, ctx)
+    /// A port listing `loops`, or failing when `None`.
+    fn setup(
+        loops: Option<Vec<LoopInfo>>,
+    ) -> (tempfile::TempDir, Arc<FakeCoordination>, ToolContext) {
+        let fail: Option<fn() -> ToolError> = match loops {
+            Some(_) => None,
+            None => Some(|| ToolError::Unavailable {
+                message: "the coordinator stopped".into(),
+            }),
+        };
+        coordinated(
+            "me",
+            FakeCoordination {
+                loops: loops.unwrap_or_default(),
+                fail,
+                ..FakeCoordination::default()
+            },
+        )
     }
 
     fn sample() -> Vec<LoopInfo> {
@@ -231,7 +203,7 @@ mod tests {
              docs-writer  ralph  Failed     Write docs\n\
              web          code   running    Build the web UI\n"
         );
-        assert_eq!(fake.asked_by.lock().unwrap().as_slice(), ["me"]);
+        assert_eq!(fake.calls(), [Call::List { from: "me".into() }]);
     }
 
     #[tokio::test]
@@ -292,11 +264,7 @@ mod tests {
         let (_d, _f, ctx) = setup(None);
         let err = ListLoops.execute(json!({}), &ctx).await.unwrap_err();
         assert!(err.to_string().contains("coordinator stopped"));
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let err = ListLoops.execute(json!({}), &ctx).await.unwrap_err();
-        assert_eq!(err.kind(), "unavailable");
-        assert!(err.to_string().contains("taskdaemon run"));
+        assert_unavailable_outside_a_run(&ListLoops, json!({})).await;
     }
 
     #[tokio::test]

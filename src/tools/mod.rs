@@ -31,6 +31,8 @@ pub mod run_command_isolated;
 pub mod share_data;
 pub mod symbols;
 pub mod test;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod validate;
 pub mod walk;
 pub mod web_fetch;

@@ -125,66 +125,29 @@ impl Tool for QueryLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordination::{Coordination, Delivery, LoopInfo};
-    use std::sync::{Arc, Mutex};
+    use crate::tools::test_support::{
+        Call, FakeCoordination, assert_unavailable_outside_a_run, coordinated,
+    };
+    use std::sync::Arc;
 
-    /// Records queries; answers "8080", or an error for target "gone".
-    #[derive(Default)]
-    struct Fake {
-        calls: Mutex<Vec<(String, String, String, Duration)>>,
+    fn setup() -> (tempfile::TempDir, Arc<FakeCoordination>, ToolContext) {
+        coordinated(
+            "client",
+            FakeCoordination {
+                reply: "8080".into(),
+                ..FakeCoordination::default()
+            },
+        )
     }
 
-    #[async_trait]
-    impl Coordination for Fake {
-        async fn query(
-            &self,
-            from: &str,
-            target: &str,
-            question: &str,
-            timeout: Duration,
-        ) -> Result<String, ToolError> {
-            self.calls
-                .lock()
-                .unwrap()
-                .push((from.into(), target.into(), question.into(), timeout));
-            if target == "gone" {
-                return Err(ToolError::NotFound {
-                    path: target.into(),
-                    hint: "No loop of that name; call list_loops.".into(),
-                });
-            }
-            Ok("8080".into())
-        }
-        async fn share(
-            &self,
-            _: &str,
-            _: &[String],
-            _: &str,
-            _: Value,
-        ) -> Result<Vec<Delivery>, ToolError> {
-            unreachable!("query_loop never shares")
-        }
-        async fn alert(
-            &self,
-            _: &str,
-            _: &str,
-            _: &str,
-            _: Option<Value>,
-        ) -> Result<usize, ToolError> {
-            unreachable!("query_loop never alerts")
-        }
-        async fn list_loops(&self, _: &str) -> Result<Vec<LoopInfo>, ToolError> {
-            unreachable!("query_loop never lists")
-        }
-    }
-
-    fn setup() -> (tempfile::TempDir, Arc<Fake>, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(Fake::default());
-        let ctx = ToolContext::new(dir.path(), "client")
-            .unwrap()
-            .with_coordination(fake.clone());
-        (dir, fake, ctx)
+    fn timeouts(fake: &FakeCoordination) -> Vec<Duration> {
+        fake.calls()
+            .into_iter()
+            .map(|c| match c {
+                Call::Query { timeout, .. } => timeout,
+                other => panic!("query_loop only queries, got {other:?}"),
+            })
+            .collect()
     }
 
     #[tokio::test]
@@ -199,15 +162,14 @@ mod tests {
             .unwrap();
         assert_eq!(out.content, "Reply from api:\n8080");
         assert!(!out.is_error);
-        let calls = fake.calls.lock().unwrap();
         assert_eq!(
-            calls.as_slice(),
-            &[(
-                "client".into(),
-                "api".into(),
-                "Which port?".into(),
-                Duration::from_millis(30_000)
-            )]
+            fake.calls(),
+            [Call::Query {
+                from: "client".into(),
+                target: "api".into(),
+                question: "Which port?".into(),
+                timeout: Duration::from_millis(30_000)
+            }]
         );
     }
 
@@ -228,9 +190,10 @@ mod tests {
             )
             .await
             .unwrap();
-        let calls = fake.calls.lock().unwrap();
-        assert_eq!(calls[0].3, Duration::from_millis(300_000));
-        assert_eq!(calls[1].3, Duration::from_millis(1));
+        assert_eq!(
+            timeouts(&fake),
+            [Duration::from_millis(300_000), Duration::from_millis(1)]
+        );
     }
 
     #[tokio::test]
@@ -257,7 +220,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), "invalid_arguments");
-        assert!(fake.calls.lock().unwrap().is_empty());
+        assert!(fake.calls().is_empty());
     }
 
     #[tokio::test]
@@ -280,32 +243,38 @@ mod tests {
             let err = QueryLoop.execute(input, &ctx).await.unwrap_err();
             assert!(err.to_string().contains(&format!("at {pointer}")), "{err}");
         }
-        assert!(fake.calls.lock().unwrap().is_empty());
+        assert!(fake.calls().is_empty());
     }
 
     #[tokio::test]
     async fn port_errors_pass_through() {
-        let (_d, _fake, ctx) = setup();
+        let (_d, fake, ctx) = coordinated(
+            "client",
+            FakeCoordination {
+                fail: Some(|| ToolError::NotFound {
+                    path: "gone".into(),
+                    hint: "No loop of that name; call list_loops.".into(),
+                }),
+                ..FakeCoordination::default()
+            },
+        );
         let err = QueryLoop
             .execute(json!({"target_exec_id": "gone", "question": "q"}), &ctx)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), "not_found");
         assert!(err.to_string().contains("list_loops"));
+        assert_eq!(fake.calls().len(), 1);
     }
 
     #[tokio::test]
     async fn outside_a_run_it_says_so() {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let err = QueryLoop
-            .execute(json!({"target_exec_id": "api", "question": "q"}), &ctx)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), "unavailable");
-        assert!(err.to_string().contains("taskdaemon run"));
+        assert_unavailable_outside_a_run(
+            &QueryLoop,
+            json!({"target_exec_id": "api", "question": "q"}),
+        )
+        .await;
     }
-
     #[tokio::test]
     async fn schema_rejects_missing_and_extra_fields() {
         let set = crate::registry::ToolSet::from_tools(vec![Arc::new(QueryLoop)]).unwrap();

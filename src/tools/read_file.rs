@@ -2,21 +2,36 @@
 //! time, within the catalog's output cap. Every successful text read records a stamp of the
 //! whole file, which `edit_file` requires.
 //!
+//! Memory stays bounded whatever the file's size: the file is read once, a chunk at a time.
+//! Every chunk feeds an incremental SHA-256 (the stamp covers the whole file), the line
+//! count and a UTF-8 check; only the lines of the requested window are kept, each cut to
+//! `MAX_LINE_CHARS` characters as it arrives, and nothing more is kept once the output cap
+//! is reached. A 1 GB file costs one chunk plus about the cap.
+//!
+//! A file with invalid UTF-8 anywhere, even far past the window, counts as binary (the note
+//! gives the offset of the first bad byte) and is not stamped: the whole file is read for
+//! the stamp anyway, the same file must not be text for one window and binary for another,
+//! and `edit_file` only edits UTF-8 text, so a stamp would only lead to a failed edit. The
+//! read stops early at the first bad byte, or at a NUL in the first 8 KiB.
+//!
 //! Also home of the small helpers the other file tools share: the numbered-line format, the
 //! line splitting rule (`\n`, with a `\r` before it dropped, as `str::lines`) and the
 //! not-found error with a "did you mean".
 
 use std::fmt::Write as _;
+use std::io::Read as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
-use crate::context::ToolContext;
+use crate::context::{Stamp, ToolContext};
 use crate::error::{ToolError, ToolResult};
 use crate::tools::list_directory::human_size;
-use crate::tools::{Tool, ToolOutput, args};
+use crate::tools::{Tool, ToolOutput, args, walk};
 
 const NAME: &str = "read_file";
 
@@ -31,6 +46,13 @@ const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 
 /// Room kept free under the output cap for the closing note.
 const FOOTER_RESERVE: usize = 300;
+
+/// Bytes read per step: memory use is bounded by this plus the output cap, whatever the
+/// size of the file.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// Room before each chunk for the cut start of a UTF-8 sequence (at most 3 bytes).
+const UTF8_CARRY_ROOM: usize = 4;
 
 /// Bytes counted per step when skipping to a line: large enough for the counting loop to
 /// vectorise, small enough that the final byte-by-byte scan stays short.
@@ -60,8 +82,9 @@ fn default_limit() -> u64 {
 /// What a read produced, before the stamp is recorded.
 #[derive(Debug)]
 enum Shown {
-    /// Text the model saw (possibly a window of it): the stamp must be recorded.
-    Text(String),
+    /// Text the model saw (possibly a window of it) and the stamp of the whole file, which
+    /// must be recorded.
+    Text { content: String, stamp: Stamp },
     /// A binary file: only described, so no stamp (edit_file cannot work on it anyway).
     Binary(String),
 }
@@ -108,20 +131,18 @@ impl Tool for ReadFile {
         let args: ReadArgs = args::parse(NAME, input)?;
         let real = ctx.resolve(&args.path)?;
         let shown = ctx.display(&real);
-        let offset = to_usize(args.offset).max(1);
-        let limit = to_usize(args.limit).max(1);
-        let cap = ctx.spec(NAME).max_output_bytes;
-        let job = {
-            let real = real.clone();
-            let shown = shown.clone();
-            tokio::task::spawn_blocking(move || load(&real, &shown, offset, limit, cap))
+        let req = Request {
+            offset: to_usize(args.offset).max(1),
+            limit: to_usize(args.limit).max(1),
+            cap: ctx.spec(NAME).max_output_bytes,
         };
-        let (bytes, result) = job.await.map_err(|e| {
-            ToolError::failed(format!("reading '{shown}'"), e, "Try the call again.")
-        })??;
+        let result = {
+            let real = real.clone();
+            walk::run_blocking(NAME, move |cancel| load(&real, &shown, req, cancel)).await?
+        };
         match result {
-            Shown::Text(content) => {
-                ctx.record_stamp(&real, &bytes);
+            Shown::Text { content, stamp } => {
+                ctx.record_stamp_hash(&real, stamp);
                 Ok(ToolOutput::text(content))
             }
             Shown::Binary(content) => Ok(ToolOutput::text(content)),
@@ -134,15 +155,31 @@ fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// Reads the file and renders the requested window. Returns the bytes too, so the caller
-/// stamps exactly what was read without reading twice.
-fn load(
+/// What the model asked to see, and the output cap it must fit in.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    /// 1-based number of the first line shown.
+    offset: usize,
+    /// Most lines shown.
+    limit: usize,
+    /// The tool's output cap in bytes.
+    cap: usize,
+}
+
+/// Reads the file in one streaming pass (see the module docs) and renders the window.
+fn load(real: &Path, shown: &str, req: Request, cancel: &AtomicBool) -> ToolResult<Shown> {
+    load_in_chunks(real, shown, req, cancel, READ_CHUNK)
+}
+
+/// `load` reading `chunk` bytes at a time (tests use tiny chunks to cut lines, characters
+/// and CRLF pairs at every possible place).
+fn load_in_chunks(
     real: &Path,
     shown: &str,
-    offset: usize,
-    limit: usize,
-    cap: usize,
-) -> ToolResult<(Vec<u8>, Shown)> {
+    req: Request,
+    cancel: &AtomicBool,
+    chunk: usize,
+) -> ToolResult<Shown> {
     let meta = std::fs::metadata(real).map_err(|e| io_error("reading", real, shown, &e))?;
     if meta.is_dir() {
         return Err(ToolError::failed(
@@ -158,100 +195,310 @@ fn load(
             "Only regular files can be read; choose another path.",
         ));
     }
-    let bytes = std::fs::read(real).map_err(|e| io_error("reading", real, shown, &e))?;
-    let result = render(&bytes, shown, offset, limit, cap)?;
-    Ok((bytes, result))
-}
-
-/// Renders `bytes` as the model sees them.
-fn render(bytes: &[u8], shown: &str, offset: usize, limit: usize, cap: usize) -> ToolResult<Shown> {
-    if bytes[..bytes.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
-        return Ok(Shown::Binary(binary_note(
-            shown,
-            bytes.len(),
-            "it contains NUL bytes",
-        )));
-    }
-    let text = match std::str::from_utf8(bytes) {
-        Ok(t) => t,
-        Err(e) => {
-            let why = format!(
-                "it is not valid UTF-8 (first bad byte at offset {})",
-                e.valid_up_to()
-            );
-            return Ok(Shown::Binary(binary_note(shown, bytes.len(), &why)));
+    let io = |e: std::io::Error| io_error("reading", real, shown, &e);
+    let mut file = std::fs::File::open(real).map_err(io)?;
+    let mut scan = Scan::new(req, meta.len());
+    // The first `carried` bytes of `buf` are the start of a UTF-8 sequence that the previous
+    // chunk cut; they are validated again with the bytes that complete them.
+    let chunk = chunk.max(1);
+    let mut buf = vec![0u8; UTF8_CARRY_ROOM + chunk];
+    let mut carried = 0usize;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ToolError::failed(
+                format!("reading '{shown}'"),
+                "the call was abandoned",
+                "Read a smaller file or try again.",
+            ));
         }
-    };
-    if text.is_empty() {
-        return Ok(Shown::Text(format!(
-            "'{shown}' is empty (0 bytes). Use write_file to give it content."
-        )));
-    }
-    let total = count_lines(bytes);
-    if offset > total {
-        return Err(ToolError::invalid(
-            NAME,
-            "/offset",
-            format!(
-                "offset {offset} is past the end of '{shown}', which has {total} line{}. Pass an offset from 1 to {total}.",
-                plural(total)
-            ),
-        ));
-    }
-
-    let start = line_start(bytes, offset - 1);
-    let budget = cap.saturating_sub(FOOTER_RESERVE);
-    let mut out = String::new();
-    let mut line_buf = String::new();
-    let mut shown_lines = 0usize;
-    let mut hit_cap = false;
-    let mut saw_crlf = false;
-    for raw in text[start..].split_inclusive('\n').take(limit) {
-        let (line, crlf) = split_line(raw);
-        saw_crlf |= crlf;
-        line_buf.clear();
-        number_line(&mut line_buf, offset + shown_lines, line);
-        // At least one line always goes out, or a tiny cap would make the model loop on
-        // the same offset forever; the registry's own cap still bounds what it sees.
-        if shown_lines > 0 && out.len() + line_buf.len() > budget {
-            hit_cap = true;
+        let n = fill(&mut file, &mut buf[carried..carried + chunk]).map_err(io)?;
+        let len = carried + n;
+        let sniffed = usize::try_from(scan.bytes).unwrap_or(usize::MAX);
+        let sniff = BINARY_SNIFF_BYTES.saturating_sub(sniffed).min(n);
+        if buf[carried..carried + sniff].contains(&0) {
+            return Ok(binary(shown, meta.len(), "it contains NUL bytes"));
+        }
+        let next_carry = match std::str::from_utf8(&buf[..len]) {
+            Ok(_) => 0,
+            // The chunk ended inside a sequence; the next chunk may complete it.
+            Err(e) if e.error_len().is_none() && n > 0 => len - e.valid_up_to(),
+            Err(e) => {
+                let at = scan.bytes - carried as u64 + e.valid_up_to() as u64;
+                let why = format!("it is not valid UTF-8 (first bad byte at offset {at})");
+                return Ok(binary(shown, meta.len(), &why));
+            }
+        };
+        if n == 0 {
             break;
         }
-        out.push_str(&line_buf);
-        shown_lines += 1;
+        scan.feed(&buf[carried..len]);
+        buf.copy_within(len - next_carry..len, 0);
+        carried = next_carry;
     }
-
-    let last = offset + shown_lines - 1;
-    if hit_cap {
-        let _ = writeln!(
-            out,
-            "[Output limit of {cap} bytes reached: showing lines {offset}-{last} of {total}. Call read_file with offset={} to continue.]",
-            last + 1
-        );
-    } else if last < total {
-        let _ = writeln!(
-            out,
-            "[Showing lines {offset}-{last} of {total}. Call read_file with offset={} to read more.]",
-            last + 1
-        );
-    }
-    if saw_crlf {
-        out.push_str(
-            "[This file uses CRLF (\\r\\n) line endings; the \\r is not shown. edit_file matches \\n in old_string against \\r\\n.]\n",
-        );
-    }
-    // The last line's newline is noise for the model; keep output free of a trailing blank.
-    if out.ends_with('\n') {
-        out.pop();
-    }
-    Ok(Shown::Text(out))
+    scan.finish(shown)
 }
 
-fn binary_note(shown: &str, size: usize, why: &str) -> String {
+/// Reads until `buf` is full or the file ends; returns how many bytes were read.
+fn fill(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+fn binary(shown: &str, size: u64, why: &str) -> Shown {
+    Shown::Binary(binary_note(shown, size, why))
+}
+
+/// What one pass over the file has learned so far.
+struct Scan {
+    req: Request,
+    /// Bytes of numbered lines that fit under the cap with room left for the closing note.
+    budget: usize,
+    hasher: Sha256,
+    /// Bytes seen.
+    bytes: u64,
+    /// `\n` bytes seen: the 0-based number of the line the next byte belongs to.
+    newlines: usize,
+    /// The last byte seen.
+    last: Option<u8>,
+    /// The numbered lines of the window so far.
+    out: String,
+    shown_lines: usize,
+    hit_cap: bool,
+    saw_crlf: bool,
+    /// The window line being read.
+    line: LineHead,
+    /// Scratch space for rendering one line.
+    rendered: String,
+}
+
+impl Scan {
+    /// A scan of a file of about `size` bytes (it may change while being read).
+    fn new(req: Request, size: u64) -> Self {
+        let budget = req.cap.saturating_sub(FOOTER_RESERVE);
+        // Reserved once: growing by doubling would briefly hold two copies of the window.
+        // A numbered line is at most 8 times its bytes (an empty line becomes 8 bytes), and
+        // one line may go over the budget.
+        let longest_line = 16 + 4 * MAX_LINE_CHARS + 64;
+        let expected = usize::try_from(size.saturating_mul(8)).unwrap_or(usize::MAX);
+        Self {
+            req,
+            budget,
+            hasher: Sha256::new(),
+            bytes: 0,
+            newlines: 0,
+            last: None,
+            out: String::with_capacity(expected.min(budget + longest_line).saturating_add(64)),
+            shown_lines: 0,
+            hit_cap: false,
+            saw_crlf: false,
+            line: LineHead::default(),
+            rendered: String::new(),
+        }
+    }
+
+    /// Whether lines of the window may still be shown.
+    fn collecting(&self) -> bool {
+        !self.hit_cap && self.shown_lines < self.req.limit
+    }
+
+    /// Takes in the next bytes of the file.
+    fn feed(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+        self.bytes += chunk.len() as u64;
+        if let Some(&b) = chunk.last() {
+            self.last = Some(b);
+        }
+        let first = self.req.offset - 1;
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            if !self.collecting() {
+                self.newlines += count_newlines(rest);
+                return;
+            }
+            if self.newlines < first {
+                // Before the window: skip whole lines without looking at them.
+                let needed = first - self.newlines;
+                let here = count_newlines(rest);
+                if here < needed {
+                    self.newlines += here;
+                    return;
+                }
+                rest = &rest[line_start(rest, needed)..];
+                self.newlines = first;
+                continue;
+            }
+            match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.line.push(&rest[..i]);
+                    self.end_line(true);
+                    self.newlines += 1;
+                    rest = &rest[i + 1..];
+                }
+                None => {
+                    self.line.push(rest);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Numbers the line just read and adds it, unless it would break the output cap.
+    fn end_line(&mut self, newline: bool) {
+        self.saw_crlf |= self.line.end(newline);
+        self.rendered.clear();
+        write_numbered(
+            &mut self.rendered,
+            self.req.offset + self.shown_lines,
+            &String::from_utf8_lossy(&self.line.head),
+            self.line.more,
+        );
+        self.line = LineHead::default();
+        // At least one line always goes out, or a tiny cap would make the model loop on
+        // the same offset forever; the registry's own cap still bounds what it sees.
+        if self.shown_lines > 0 && self.out.len() + self.rendered.len() > self.budget {
+            self.hit_cap = true;
+            return;
+        }
+        self.out.push_str(&self.rendered);
+        self.shown_lines += 1;
+    }
+
+    /// The answer once the whole file has been read.
+    fn finish(mut self, shown: &str) -> ToolResult<Shown> {
+        let offset = self.req.offset;
+        let unterminated = self.last.is_some_and(|b| b != b'\n');
+        if unterminated && self.collecting() && self.newlines + 1 >= offset {
+            self.end_line(false);
+        }
+        let stamp = Stamp(hex::encode(self.hasher.finalize()));
+        if self.bytes == 0 {
+            let content =
+                format!("'{shown}' is empty (0 bytes). Use write_file to give it content.");
+            return Ok(Shown::Text { content, stamp });
+        }
+        let total = self.newlines + usize::from(unterminated);
+        if offset > total {
+            return Err(ToolError::invalid(
+                NAME,
+                "/offset",
+                format!(
+                    "offset {offset} is past the end of '{shown}', which has {total} line{}. Pass an offset from 1 to {total}.",
+                    plural(total)
+                ),
+            ));
+        }
+        let mut out = self.out;
+        let last = offset + self.shown_lines - 1;
+        if self.hit_cap {
+            let _ = writeln!(
+                out,
+                "[Output limit of {} bytes reached: showing lines {offset}-{last} of {total}. Call read_file with offset={} to continue.]",
+                self.req.cap,
+                last + 1
+            );
+        } else if last < total {
+            let _ = writeln!(
+                out,
+                "[Showing lines {offset}-{last} of {total}. Call read_file with offset={} to read more.]",
+                last + 1
+            );
+        }
+        if self.saw_crlf {
+            out.push_str(
+                "[This file uses CRLF (\\r\\n) line endings; the \\r is not shown. edit_file matches \\n in old_string against \\r\\n.]\n",
+            );
+        }
+        // The last line's newline is noise for the model; keep output free of a trailing blank.
+        if out.ends_with('\n') {
+            out.pop();
+        }
+        Ok(Shown::Text {
+            content: out,
+            stamp,
+        })
+    }
+}
+
+/// The shown part of one line read in pieces: its first `MAX_LINE_CHARS` characters and
+/// how many more there are, never the whole line (a minified file may be one huge line).
+#[derive(Debug, Default)]
+struct LineHead {
+    head: Vec<u8>,
+    head_chars: usize,
+    /// A character past the limit was seen: nothing more is kept.
+    full: bool,
+    more: usize,
+    /// The last byte so far was `\r`: dropped if `\n` follows (CRLF), else part of the line.
+    pending_cr: bool,
+}
+
+impl LineHead {
+    /// Adds the next bytes of the line (never a `\n`).
+    fn push(&mut self, piece: &[u8]) {
+        if piece.is_empty() {
+            return;
+        }
+        if std::mem::take(&mut self.pending_cr) {
+            self.add(b"\r");
+        }
+        match piece.split_last() {
+            Some((b'\r', body)) => {
+                self.add(body);
+                self.pending_cr = true;
+            }
+            _ => self.add(piece),
+        }
+    }
+
+    fn add(&mut self, bytes: &[u8]) {
+        let mut cut = 0;
+        if !self.full {
+            // Keep bytes up to the first character past the limit; the rest of the last
+            // kept character may only arrive with the next piece.
+            cut = bytes.len();
+            for (i, &b) in bytes.iter().enumerate() {
+                if is_char_start(b) {
+                    if self.head_chars == MAX_LINE_CHARS {
+                        cut = i;
+                        self.full = true;
+                        break;
+                    }
+                    self.head_chars += 1;
+                }
+            }
+            self.head.extend_from_slice(&bytes[..cut]);
+        }
+        self.more += bytes[cut..].iter().filter(|&&b| is_char_start(b)).count();
+    }
+
+    /// Ends the line (`newline`: with a `\n`); returns whether it ended in `\r\n`.
+    fn end(&mut self, newline: bool) -> bool {
+        let cr = std::mem::take(&mut self.pending_cr);
+        if cr && !newline {
+            self.add(b"\r");
+        }
+        cr && newline
+    }
+}
+
+/// Whether `b` starts a UTF-8 character (is not a continuation byte `0b10xx_xxxx`).
+fn is_char_start(b: u8) -> bool {
+    b & 0b1100_0000 != 0b1000_0000
+}
+
+fn binary_note(shown: &str, size: u64, why: &str) -> String {
     let size = if size < 1024 {
-        human_size(size as u64)
+        human_size(size)
     } else {
-        format!("{}, {size} bytes", human_size(size as u64))
+        format!("{}, {size} bytes", human_size(size))
     };
     format!(
         "'{shown}' is a binary file ({size}; {why}), not shown. If you need to inspect it, use run_command with `file` or `xxd | head`."
@@ -318,14 +565,18 @@ pub(crate) fn split_line(raw: &str) -> (&str, bool) {
 /// Appends `line` numbered as `cat -n` does (number right-aligned in 6 columns, a tab),
 /// cut after `MAX_LINE_CHARS` characters with a marker, and a newline.
 pub(crate) fn number_line(out: &mut String, number: usize, line: &str) {
-    let _ = write!(out, "{number:>6}\t");
     match line.char_indices().nth(MAX_LINE_CHARS) {
-        Some((cut, _)) => {
-            let more = line[cut..].chars().count();
-            out.push_str(&line[..cut]);
-            let _ = write!(out, " [... line cut: {more} more characters]");
-        }
-        None => out.push_str(line),
+        Some((cut, _)) => write_numbered(out, number, &line[..cut], line[cut..].chars().count()),
+        None => write_numbered(out, number, line, 0),
+    }
+}
+
+/// Appends the numbered line whose first characters are `head`, with a marker when `more`
+/// characters were cut off.
+fn write_numbered(out: &mut String, number: usize, head: &str, more: usize) {
+    let _ = write!(out, "{number:>6}\t{head}");
+    if more > 0 {
+        let _ = write!(out, " [... line cut: {more} more characters]");
     }
     out.push('\n');
 }
@@ -393,28 +644,13 @@ fn parent_display(shown: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Catalog, ToolSpecOverride};
-    use crate::context::{Stamp, StampCheck};
+    use crate::catalog::ToolSpecOverride;
+    use crate::context::StampCheck;
     use crate::registry::ToolSet;
-    use std::collections::BTreeMap;
+    use crate::tools::test_support::{put, with_limits, worktree as setup};
+    use proptest::prelude::*;
     use std::os::unix::fs::symlink;
     use std::path::PathBuf;
-    use std::sync::Arc;
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
-
-    fn put(ctx: &ToolContext, rel: &str, bytes: &[u8]) -> PathBuf {
-        let p = ctx.root().join(rel);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).unwrap();
-        }
-        std::fs::write(&p, bytes).unwrap();
-        p
-    }
 
     async fn read(ctx: &ToolContext, input: Value) -> ToolResult<ToolOutput> {
         ReadFile.execute(input, ctx).await
@@ -539,19 +775,11 @@ mod tests {
     }
 
     fn capped(dir: &Path, cap: usize) -> ToolContext {
-        let mut catalog = Catalog::default();
-        let mut o = BTreeMap::new();
-        o.insert(
-            NAME.to_string(),
-            ToolSpecOverride {
-                max_output_bytes: Some(cap),
-                ..Default::default()
-            },
-        );
-        catalog.apply_overrides(&o).unwrap();
-        ToolContext::new(dir, "test")
-            .unwrap()
-            .with_catalog(Arc::new(catalog))
+        let limits = ToolSpecOverride {
+            max_output_bytes: Some(cap),
+            ..Default::default()
+        };
+        with_limits(dir, NAME, limits)
     }
 
     #[tokio::test]
@@ -768,5 +996,171 @@ mod tests {
         assert_eq!(count_lines(b"\n"), 1);
         assert_eq!(split_line("a\r\n"), ("a", true));
         assert_eq!(split_line("a\r"), ("a\r", false));
+    }
+
+    /// The window as the whole-file renderer computed it before reads streamed (`None` for
+    /// an offset past the end): what the streaming reader must reproduce byte for byte.
+    fn reference(text: &str, offset: usize, limit: usize, cap: usize) -> Option<String> {
+        let bytes = text.as_bytes();
+        if text.is_empty() {
+            return Some("'f.txt' is empty (0 bytes). Use write_file to give it content.".into());
+        }
+        let total = count_lines(bytes);
+        if offset > total {
+            return None;
+        }
+        let start = line_start(bytes, offset - 1);
+        let budget = cap.saturating_sub(FOOTER_RESERVE);
+        let (mut out, mut line_buf) = (String::new(), String::new());
+        let (mut shown, mut hit_cap, mut crlf) = (0usize, false, false);
+        for raw in text[start..].split_inclusive('\n').take(limit) {
+            let (line, cr) = split_line(raw);
+            crlf |= cr;
+            line_buf.clear();
+            number_line(&mut line_buf, offset + shown, line);
+            if shown > 0 && out.len() + line_buf.len() > budget {
+                hit_cap = true;
+                break;
+            }
+            out.push_str(&line_buf);
+            shown += 1;
+        }
+        let last = offset + shown - 1;
+        if hit_cap {
+            out.push_str(&format!("[Output limit of {cap} bytes reached: showing lines {offset}-{last} of {total}. Call read_file with offset={} to continue.]\n", last + 1));
+        } else if last < total {
+            out.push_str(&format!("[Showing lines {offset}-{last} of {total}. Call read_file with offset={} to read more.]\n", last + 1));
+        }
+        if crlf {
+            out.push_str("[This file uses CRLF (\\r\\n) line endings; the \\r is not shown. edit_file matches \\n in old_string against \\r\\n.]\n");
+        }
+        if out.ends_with('\n') {
+            out.pop();
+        }
+        Some(out)
+    }
+
+    /// Streams `bytes` (written as `f.txt`) `chunk` bytes at a time.
+    fn stream(
+        bytes: &[u8],
+        chunk: usize,
+        offset: usize,
+        limit: usize,
+        cap: usize,
+    ) -> ToolResult<Shown> {
+        let (_d, ctx) = setup();
+        let p = put(&ctx, "f.txt", bytes);
+        let req = Request { offset, limit, cap };
+        load_in_chunks(&p, "f.txt", req, &AtomicBool::new(false), chunk)
+    }
+
+    /// Asserts that streaming `text` in chunks of every size in `chunks` shows what the
+    /// whole-file renderer shows, with the stamp of the whole file.
+    fn assert_matches_reference(
+        text: &str,
+        chunks: &[usize],
+        offset: usize,
+        limit: usize,
+        cap: usize,
+    ) {
+        let expected = reference(text, offset, limit, cap);
+        for &chunk in chunks {
+            match (
+                stream(text.as_bytes(), chunk, offset, limit, cap),
+                &expected,
+            ) {
+                (Ok(Shown::Text { content, stamp }), Some(want)) => {
+                    assert_eq!(
+                        &content, want,
+                        "chunk {chunk}, offset {offset}, limit {limit}, cap {cap}"
+                    );
+                    assert_eq!(stamp, Stamp::of(text.as_bytes()));
+                }
+                (Err(e), None) => assert_eq!(e.kind(), "invalid_arguments"),
+                (got, want) => panic!("chunk {chunk}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn streaming_in_any_chunks_matches_the_whole_file_renderer(
+            text in "[ab\r\n é€😀]{0,60}",
+            chunk in 1usize..9,
+            offset in 1usize..10,
+            limit in 1usize..10,
+            cap in prop_oneof![Just(100_000usize), 300usize..420],
+        ) {
+            assert_matches_reference(&text, &[chunk], offset, limit, cap);
+        }
+    }
+
+    #[test]
+    fn long_lines_and_crlf_are_cut_the_same_across_chunk_boundaries() {
+        let text = format!("{}\r\nshort\r\n{}€\r", "é".repeat(2500), "x".repeat(1999));
+        for offset in 1..=3 {
+            assert_matches_reference(&text, &[1, 2, 3, 7, 4096, READ_CHUNK], offset, 5, 100_000);
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_anywhere_is_binary_with_the_offset_of_the_first_bad_byte() {
+        // A bad byte far past the window still makes the file binary (see the module docs).
+        let mut bytes = "é".repeat(50_001).into_bytes();
+        bytes.push(0xFF);
+        bytes.extend_from_slice(b"\nmore text\n");
+        for chunk in [1, 2, 3, 5, READ_CHUNK] {
+            match stream(&bytes, chunk, 1, 1, 100_000) {
+                Ok(Shown::Binary(note)) => assert!(
+                    note.contains("not valid UTF-8 (first bad byte at offset 100002)"),
+                    "{note}"
+                ),
+                other => panic!("chunk {chunk}: {other:?}"),
+            }
+        }
+        // A file that ends inside a character is cut text, not text.
+        for chunk in [1, 2, 4, READ_CHUNK] {
+            match stream(b"abc\xC3", chunk, 1, 1, 100_000) {
+                Ok(Shown::Binary(note)) => assert!(note.contains("at offset 3"), "{note}"),
+                other => panic!("chunk {chunk}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn nul_bytes_count_only_in_the_first_8_kib_whatever_the_chunk_size() {
+        let mut early = vec![b'a'; 8191];
+        early.push(0);
+        let mut late = vec![b'a'; 8192];
+        late.push(0);
+        for chunk in [1, 1000, READ_CHUNK] {
+            assert!(matches!(
+                stream(&early, chunk, 1, 1, 100_000),
+                Ok(Shown::Binary(_))
+            ));
+            assert!(matches!(
+                stream(&late, chunk, 1, 1, 100_000),
+                Ok(Shown::Text { .. })
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_last_100_lines_of_a_10_mb_file_within_the_catalog_timeout() {
+        let (_d, ctx) = setup();
+        let p = lines_file(&ctx, "big.log", 1_000_000);
+        assert!(std::fs::metadata(&p).unwrap().len() > 9_000_000);
+        let out = ToolSet::all()
+            .call(
+                &ctx,
+                None,
+                NAME,
+                json!({"path": "big.log", "offset": 999_901}),
+            )
+            .await;
+        assert!(!out.is_error, "{}", out.content);
+        assert_eq!(out.content, numbered(999_901..=1_000_000));
+        let whole = std::fs::read(&p).unwrap();
+        assert_eq!(ctx.check_stamp(&p, &whole), StampCheck::Current);
     }
 }

@@ -314,9 +314,9 @@ fn push_stream(content: &mut String, name: &str, stream: &StreamCapture) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
-    use crate::catalog::{Catalog, ToolSpecOverride};
+    use crate::catalog::ToolSpecOverride;
+    use crate::tools::test_support::with_limits;
 
     fn ctx(dir: &Path) -> ToolContext {
         ToolContext::new(dir, "test").unwrap()
@@ -324,18 +324,12 @@ mod tests {
 
     /// A context whose run_command limits are `timeout_ms` and `max_output_bytes`.
     fn ctx_with_limits(dir: &Path, timeout_ms: u64, max_output_bytes: usize) -> ToolContext {
-        let mut catalog = Catalog::default();
-        let mut o = std::collections::BTreeMap::new();
-        o.insert(
-            NAME.to_string(),
-            ToolSpecOverride {
-                timeout_ms: Some(timeout_ms),
-                max_output_bytes: Some(max_output_bytes),
-                lane: None,
-            },
-        );
-        catalog.apply_overrides(&o).unwrap();
-        ctx(dir).with_catalog(Arc::new(catalog))
+        let limits = ToolSpecOverride {
+            timeout_ms: Some(timeout_ms),
+            max_output_bytes: Some(max_output_bytes),
+            lane: None,
+        };
+        with_limits(dir, NAME, limits)
     }
 
     async fn run(input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {

@@ -164,79 +164,38 @@ fn report(data_type: &str, targets: &[String], deliveries: &[Delivery]) -> ToolO
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordination::{Coordination, LoopInfo};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
+    use crate::tools::test_support::{
+        Call, FakeCoordination, assert_unavailable_outside_a_run, coordinated,
+    };
+    use std::sync::Arc;
 
-    /// One recorded share: from, targets, data type, data.
-    type Call = (String, Vec<String>, String, Value);
-
-    /// Records shares; "full" has a full inbox, "silent" gets no report, the rest succeed.
-    #[derive(Default)]
-    struct Fake {
-        calls: Mutex<Vec<Call>>,
-        fail_all: bool,
-    }
-
-    #[async_trait]
-    impl Coordination for Fake {
-        async fn query(&self, _: &str, _: &str, _: &str, _: Duration) -> Result<String, ToolError> {
-            unreachable!("share_data never queries")
-        }
-        async fn share(
-            &self,
-            from: &str,
-            targets: &[String],
-            data_type: &str,
-            data: Value,
-        ) -> Result<Vec<Delivery>, ToolError> {
-            self.calls.lock().unwrap().push((
-                from.into(),
-                targets.to_vec(),
-                data_type.into(),
-                data,
-            ));
-            if self.fail_all {
-                return Err(ToolError::LimitExceeded {
-                    what: "share rate".into(),
-                    hint: "Wait a moment.".into(),
-                });
-            }
-            Ok(targets
-                .iter()
-                .filter(|t| *t != "silent")
-                .map(|t| Delivery {
-                    target: t.clone(),
-                    error: (t == "full").then(|| "inbox full; the loop is not reading".to_string()),
-                })
-                .collect())
-        }
-        async fn alert(
-            &self,
-            _: &str,
-            _: &str,
-            _: &str,
-            _: Option<Value>,
-        ) -> Result<usize, ToolError> {
-            unreachable!("share_data never alerts")
-        }
-        async fn list_loops(&self, _: &str) -> Result<Vec<LoopInfo>, ToolError> {
-            unreachable!("share_data never lists")
+    /// "full" has a full inbox, "silent" gets no delivery report, the rest succeed.
+    fn fake() -> FakeCoordination {
+        FakeCoordination {
+            undeliverable: vec![("full", "inbox full; the loop is not reading")],
+            unreported: vec!["silent"],
+            ..FakeCoordination::default()
         }
     }
 
-    fn setup(fake: Fake) -> (tempfile::TempDir, Arc<Fake>, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = Arc::new(fake);
-        let ctx = ToolContext::new(dir.path(), "api")
-            .unwrap()
-            .with_coordination(fake.clone());
-        (dir, fake, ctx)
+    fn setup(fake: FakeCoordination) -> (tempfile::TempDir, Arc<FakeCoordination>, ToolContext) {
+        coordinated("api", fake)
+    }
+
+    /// The data of every share received.
+    fn shared_data(fake: &FakeCoordination) -> Vec<Value> {
+        fake.calls()
+            .into_iter()
+            .map(|c| match c {
+                Call::Share { data, .. } => data,
+                other => panic!("share_data only shares, got {other:?}"),
+            })
+            .collect()
     }
 
     #[tokio::test]
     async fn delivers_to_every_target_and_lists_them_sorted() {
-        let (_d, fake, ctx) = setup(Fake::default());
+        let (_d, fake, ctx) = setup(fake());
         let data = json!({"port": 8080, "routes": ["/a"]});
         let out = ShareData
             .execute(
@@ -250,21 +209,20 @@ mod tests {
             out.content,
             "Shared 'config' with 2 of 2 loops:\n  cli: delivered\n  web: delivered\n"
         );
-        let calls = fake.calls.lock().unwrap();
         assert_eq!(
-            calls[0],
-            (
-                "api".into(),
-                vec!["web".into(), "cli".into()],
-                "config".into(),
+            fake.calls(),
+            [Call::Share {
+                from: "api".into(),
+                targets: vec!["web".into(), "cli".into()],
+                data_type: "config".into(),
                 data
-            )
+            }]
         );
     }
 
     #[tokio::test]
     async fn any_json_value_is_data() {
-        let (_d, fake, ctx) = setup(Fake::default());
+        let (_d, fake, ctx) = setup(fake());
         for data in [
             json!(null),
             json!("text"),
@@ -282,13 +240,13 @@ mod tests {
                 out.content,
                 "Shared 't' with 1 of 1 loop:\n  web: delivered\n"
             );
-            assert_eq!(fake.calls.lock().unwrap().last().unwrap().3, data);
+            assert_eq!(shared_data(&fake).last(), Some(&data));
         }
     }
 
     #[tokio::test]
     async fn a_failed_delivery_makes_it_an_error_but_keeps_the_successes() {
-        let (_d, _fake, ctx) = setup(Fake::default());
+        let (_d, _fake, ctx) = setup(fake());
         let out = ShareData
             .execute(json!({"target_exec_ids": ["web", "full", "silent"], "data_type": "schema", "data": {}}), &ctx)
             .await
@@ -314,9 +272,12 @@ mod tests {
 
     #[tokio::test]
     async fn port_errors_pass_through() {
-        let (_d, _fake, ctx) = setup(Fake {
-            fail_all: true,
-            ..Fake::default()
+        let (_d, _fake, ctx) = setup(FakeCoordination {
+            fail: Some(|| ToolError::LimitExceeded {
+                what: "share rate".into(),
+                hint: "Wait a moment.".into(),
+            }),
+            ..fake()
         });
         let err = ShareData
             .execute(
@@ -330,7 +291,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_targets_are_refused_before_sending() {
-        let (_d, fake, ctx) = setup(Fake::default());
+        let (_d, fake, ctx) = setup(fake());
         let err = ShareData
             .execute(json!({"target_exec_ids": ["web", " web ", "api", ""], "data_type": " ", "data": 1}), &ctx)
             .await
@@ -363,22 +324,16 @@ mod tests {
             err.to_string()
                 .contains("at /target_exec_ids: name at least one loop")
         );
-        assert!(fake.calls.lock().unwrap().is_empty());
+        assert!(fake.calls().is_empty());
     }
 
     #[tokio::test]
     async fn outside_a_run_it_says_so() {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let err = ShareData
-            .execute(
-                json!({"target_exec_ids": ["web"], "data_type": "t", "data": 1}),
-                &ctx,
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), "unavailable");
-        assert!(err.to_string().contains("taskdaemon run"));
+        assert_unavailable_outside_a_run(
+            &ShareData,
+            json!({"target_exec_ids": ["web"], "data_type": "t", "data": 1}),
+        )
+        .await;
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult, display_path};
-use crate::text::floor_char_boundary;
+use crate::text::{count, floor_char_boundary};
 use crate::tools::{Tool, ToolOutput, args, walk};
 
 const TOOL: &str = "symbols";
@@ -1060,10 +1060,11 @@ impl Tool for Symbols {
         }
 
         let base = target.path.clone();
+        let root_walk = root.clone();
         let (found, stats) = walk::run_blocking(TOOL, move |cancel| {
             let scanned = AtomicUsize::new(0);
             let skipped = AtomicUsize::new(0);
-            let walker = walk::builder(&base, false, |_| true);
+            let walker = walk::builder(&root_walk, &base, false, |_| true);
             let found: Vec<(PathBuf, Symbol)> = walk::collect(&walker, cancel, || {
                 let (filter, scanned, skipped) = (&filter, &scanned, &skipped);
                 move |e: DirEntry, out: &mut Vec<(PathBuf, Symbol)>| {
@@ -1147,8 +1148,9 @@ fn render(
     if let Some(n) = skipped.filter(|&n| n > 0) {
         let _ = write!(
             out,
-            "{}[{n} files were skipped: unreadable or larger than {} MiB]",
+            "{}[skipped {}: unreadable or larger than {} MiB]",
             if out.ends_with('\n') { "" } else { "\n" },
+            count(n as u64, "file"),
             MAX_FILE_BYTES / (1024 * 1024)
         );
     }
@@ -1160,7 +1162,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::tools::walk::test_support::{assert_escapes_refused, call, link_outside, run, tree};
+    use crate::tools::test_support::{
+        assert_escapes_refused, assert_schema_refuses, link_outside, run, tree,
+    };
 
     fn all() -> Filter {
         Filter {
@@ -1495,19 +1499,31 @@ mod tests {
             out.starts_with("No source files of a supported language"),
             "{out}"
         );
-        for bad in [
+        let bad = [
             json!({"kind": "widget"}),
             json!({"max_results": 0}),
             json!({"max_results": 5001}),
             json!({"name": ""}),
             json!({"extra": 1}),
-        ] {
-            let (is_error, out) = call(Arc::new(Symbols), &wt, bad.clone()).await;
-            assert!(
-                is_error && out.contains("invalid arguments"),
-                "{bad}: {out}"
-            );
-        }
+        ];
+        assert_schema_refuses(Arc::new(Symbols), &wt, &bad).await;
+    }
+
+    #[tokio::test]
+    async fn files_over_the_size_limit_are_skipped_with_a_note_or_refused_when_named() {
+        let (_d, wt) = tree(&[("a.rs", "fn a() {}\n")]);
+        let big = std::fs::File::create(wt.join("big.rs")).unwrap();
+        big.set_len(MAX_FILE_BYTES + 1).unwrap();
+        assert_eq!(
+            symbols(&wt, json!({})).await,
+            "a.rs:1: function a | fn a() {}\n[skipped 1 file: unreadable or larger than 4 MiB]"
+        );
+        let err = run(&Symbols, &wt, json!({"path": "big.rs"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "limit_exceeded");
+        assert!(err.to_string().contains("larger than 4 MiB"), "{err}");
+        assert!(err.to_string().contains("Use grep"), "{err}");
     }
 
     #[tokio::test]
@@ -1533,11 +1549,7 @@ mod tests {
                 format!("fn f{i}() {{}}\nstruct S{i};\n"),
             ));
         }
-        let refs: Vec<(&str, &str)> = files
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let (_d, wt) = tree(&refs);
+        let (_d, wt) = tree(&files);
         let first = symbols(&wt, json!({})).await;
         assert_eq!(symbols(&wt, json!({})).await, first);
         let keys: Vec<(PathBuf, usize)> = first

@@ -54,16 +54,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    use crate::context::LoopCommands;
+    use crate::tools::test_support::with_command;
 
-    fn ctx_with(dir: &std::path::Path, validate: Option<&str>) -> ToolContext {
-        ToolContext::new(dir, "t")
-            .unwrap()
-            .with_commands(LoopCommands {
-                build: Some("echo WRONG-TOOL".into()),
-                test: Some("echo WRONG-TOOL".into()),
-                validate: validate.map(str::to_string),
-            })
+    fn ctx_with(dir: &std::path::Path, command: Option<&str>) -> ToolContext {
+        with_command(dir, NAME, command)
     }
 
     #[tokio::test]

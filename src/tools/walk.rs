@@ -5,39 +5,95 @@
 //! Symlinks are not followed (`follow_links(false)`, the walker's default) and symlink
 //! entries are never handed to a tool as files: a link inside the worktree may point outside
 //! it, and the walk must not leak what lies there.
+//!
+//! Only ignore files inside the worktree count (`list_directory` follows the same rule):
+//! those of the searched directory and below, read by the walker, and those of its
+//! ancestors up to the worktree root, read here. Ignore files above the worktree and the
+//! user's global git excludes are not read, so the same call finds the same files on every
+//! machine (receipts are replayed elsewhere), and a `*` in a home directory's `.gitignore`
+//! cannot hide a whole worktree.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ignore::{DirEntry, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use ignore::gitignore::Gitignore;
+use ignore::{DirEntry, Match, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
 
 use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult};
 
-/// A walker over `base` with the filters every search tool shares.
+/// A walker over `base` (inside the worktree `root`) with the filters every search tool
+/// shares.
 ///
-/// Hidden entries are skipped unless `include_hidden`; `.gitignore`, `.ignore`, the global
-/// git excludes and `.git/info/exclude` apply even when `base` is not inside a git
-/// repository; `.git` itself is never entered. `keep` may prune more entries (directories
-/// it rejects are not descended into).
-pub fn builder<F>(base: &Path, include_hidden: bool, keep: F) -> WalkBuilder
+/// Hidden entries are skipped unless `include_hidden`; `.gitignore` and `.ignore` files of
+/// the worktree apply (see the module docs), even outside a git repository; `.git` itself
+/// is never entered. `keep` may prune more entries (directories it rejects are not
+/// descended into).
+pub fn builder<F>(root: &Path, base: &Path, include_hidden: bool, keep: F) -> WalkBuilder
 where
     F: Fn(&DirEntry) -> bool + Send + Sync + 'static,
 {
+    let ancestors = ancestor_ignores(root, base);
     let mut b = WalkBuilder::new(base);
     b.hidden(!include_hidden)
-        .parents(true)
+        .parents(false)
         .ignore(true)
         .git_ignore(true)
-        .git_global(true)
+        .git_global(false)
         .git_exclude(true)
         .require_git(false)
         .follow_links(false)
         .threads(0)
-        .filter_entry(move |e| e.file_name() != OsStr::new(".git") && keep(e));
+        .filter_entry(move |e| {
+            if e.file_name() == OsStr::new(".git") {
+                return false;
+            }
+            let is_dir = e.file_type().is_some_and(|t| t.is_dir());
+            // The base itself was named by the model, so it is searched even if ignored.
+            (e.depth() == 0 || !excluded_by(&ancestors, e.path(), is_dir)) && keep(e)
+        });
     b
+}
+
+/// Ignore matchers of the directories from the worktree `root` down to `dir`'s parent,
+/// deepest first (a walk from `dir` reads `dir`'s own files). `.ignore` comes before
+/// `.gitignore` at each level, as ripgrep ranks them. Nothing above `root` is read.
+pub fn ancestor_ignores(root: &Path, dir: &Path) -> Vec<Gitignore> {
+    let mut out = Vec::new();
+    if dir == root || !dir.starts_with(root) {
+        return out;
+    }
+    let mut at = dir.parent();
+    while let Some(a) = at {
+        for name in [".ignore", ".gitignore"] {
+            let file = a.join(name);
+            if file.is_file() {
+                // A partly invalid ignore file still yields its valid globs.
+                out.push(Gitignore::new(&file).0);
+            }
+        }
+        if a == root {
+            break;
+        }
+        at = a.parent();
+    }
+    out
+}
+
+/// Whether the ancestor matchers exclude `path` (the deepest one with an opinion decides).
+/// A deeper ignore file below the walk's base cannot re-include what they exclude.
+pub fn excluded_by(ignores: &[Gitignore], path: &Path, is_dir: bool) -> bool {
+    for gi in ignores {
+        match gi.matched(path, is_dir) {
+            Match::Ignore(_) => return true,
+            Match::Whitelist(_) => return false,
+            Match::None => {}
+        }
+    }
+    false
 }
 
 /// Whether `entry` is a regular file (never a symlink, whatever it points at).
@@ -153,6 +209,28 @@ where
     }
 }
 
+/// A single glob as a matcher, `*` not crossing `/` (as in a shell and in .gitignore). A
+/// pattern that does not compile is an invalid argument at `pointer`.
+pub fn glob_set(tool: &str, pointer: &str, pattern: &str) -> ToolResult<GlobSet> {
+    let invalid = |e: globset::Error| ToolError::invalid(tool, pointer, e.to_string());
+    let glob = GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(invalid)?;
+    GlobSetBuilder::new().add(glob).build().map_err(invalid)
+}
+
+/// The part of a "nothing found" message that says what a walk skips, so the model knows
+/// when to widen the search: `Files ignored by .gitignore/.ignore{also} are skipped`, plus
+/// the hidden-files flag when it was off.
+pub fn skipped_note(also: &str, include_hidden: bool) -> String {
+    let mut note = format!("Files ignored by .gitignore/.ignore{also} are skipped");
+    if !include_hidden {
+        note.push_str(", and so are hidden files (pass include_hidden: true)");
+    }
+    note
+}
+
 /// A search base given by the model: the real path (inside the worktree) and what it is.
 pub struct Target {
     /// Canonical path inside the worktree.
@@ -193,7 +271,7 @@ mod tests {
     use std::fs;
 
     fn names(dir: &Path, include_hidden: bool) -> Vec<String> {
-        let b = builder(dir, include_hidden, |_| true);
+        let b = builder(dir, dir, include_hidden, |_| true);
         let cancel = AtomicBool::new(false);
         let root = dir.to_path_buf();
         let mut v: Vec<String> = collect(&b, &cancel, || {
@@ -227,6 +305,56 @@ mod tests {
             names(p, true),
             vec![".gitignore", ".hidden", ".ignore", "sub/kept.txt"]
         );
+    }
+
+    #[tokio::test]
+    async fn ignore_files_count_from_the_worktree_root_down_and_nowhere_above() {
+        use crate::tools::test_support::{run, tree, write};
+        use crate::tools::{glob::Glob, grep::Grep, symbols::Symbols};
+        use serde_json::json;
+        let (d, wt) = tree(&[
+            (".gitignore", "gen.rs\n"),
+            ("src/.ignore", "old/\n"),
+            ("src/lib.rs", "fn kept() {}\n"),
+            ("src/gen.rs", "fn generated() {}\n"),
+            ("src/deep/old/x.rs", "fn stale() {}\n"),
+        ]);
+        // Above the worktree: a home directory that ignores everything must not matter.
+        write(d.path(), ".gitignore", "*\n");
+        write(d.path(), ".ignore", "*.rs\n");
+        for path in [".", "src", "src/deep"] {
+            let found = run(&Glob, &wt, json!({"pattern": "**/*.rs", "path": path}))
+                .await
+                .unwrap();
+            let hits = run(&Grep, &wt, json!({"pattern": "fn ", "path": path}))
+                .await
+                .unwrap();
+            let outline = run(&Symbols, &wt, json!({"path": path})).await.unwrap();
+            for out in [&found, &hits, &outline] {
+                // The root's .gitignore and src/.ignore apply below them, whatever the base.
+                assert!(
+                    !out.contains("gen.rs") && !out.contains("old/"),
+                    "{path}: {out}"
+                );
+            }
+            if path != "src/deep" {
+                assert!(found.contains("src/lib.rs"), "{path}: {found}");
+                assert!(hits.contains("src/lib.rs:1:fn kept() {}"), "{path}: {hits}");
+                assert!(
+                    outline.contains("src/lib.rs:1: function kept"),
+                    "{path}: {outline}"
+                );
+            }
+        }
+        // A directory named as the base is searched even when ignored, as with rg.
+        let hits = run(
+            &Grep,
+            &wt,
+            json!({"pattern": "fn ", "path": "src/deep/old"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(hits, "src/deep/old/x.rs:1:fn stale() {}\n");
     }
 
     #[tokio::test]
@@ -269,95 +397,16 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("a"), "x").unwrap();
         let cancel = AtomicBool::new(true);
-        let v: Vec<()> = collect(&builder(d.path(), false, |_| true), &cancel, || {
-            |_e: DirEntry, out: &mut Vec<()>| {
-                out.push(());
-                WalkState::Continue
-            }
-        });
+        let v: Vec<()> = collect(
+            &builder(d.path(), d.path(), false, |_| true),
+            &cancel,
+            || {
+                |_e: DirEntry, out: &mut Vec<()>| {
+                    out.push(());
+                    WalkState::Continue
+                }
+            },
+        );
         assert!(v.is_empty());
-    }
-}
-
-/// Fixtures shared by the search tools' tests.
-#[cfg(test)]
-pub(crate) mod test_support {
-    use std::path::{Path, PathBuf};
-
-    use serde_json::Value;
-
-    use crate::context::ToolContext;
-    use crate::error::ToolResult;
-    use crate::tools::Tool;
-
-    /// A temp dir holding a worktree `wt` (with `files` written into it) and, beside it, a
-    /// directory `outside` with a secret file. Returns the guard and the worktree path.
-    pub fn tree(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
-        let d = tempfile::tempdir().unwrap();
-        let wt = d.path().join("wt");
-        std::fs::create_dir_all(&wt).unwrap();
-        let outside = d.path().join("outside");
-        std::fs::create_dir_all(&outside).unwrap();
-        std::fs::write(
-            outside.join("secret.rs"),
-            "// SECRET_OUTSIDE\nfn secret_outside() {}\n",
-        )
-        .unwrap();
-        for (path, content) in files {
-            write(&wt, path, content);
-        }
-        (d, wt)
-    }
-
-    /// Writes `content` at `rel` under `root`, creating parent directories.
-    pub fn write(root: &Path, rel: &str, content: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
-    }
-
-    /// Adds the symlinks of the sandbox tests: `out_dir` -> `../outside`,
-    /// `out_file.rs` -> `../outside/secret.rs`.
-    pub fn link_outside(wt: &Path) {
-        let outside = wt.parent().unwrap().join("outside");
-        std::os::unix::fs::symlink(&outside, wt.join("out_dir")).unwrap();
-        std::os::unix::fs::symlink(outside.join("secret.rs"), wt.join("out_file.rs")).unwrap();
-    }
-
-    /// Runs `tool` directly on a fresh context for `wt`.
-    pub async fn run(tool: &dyn Tool, wt: &Path, input: Value) -> ToolResult<String> {
-        let ctx = ToolContext::new(wt, "test").unwrap();
-        tool.execute(input, &ctx).await.map(|o| {
-            assert!(!o.is_error);
-            o.content
-        })
-    }
-
-    /// Runs `tool` through the registry (schema validation included); returns
-    /// `(is_error, content)`.
-    pub async fn call(tool: std::sync::Arc<dyn Tool>, wt: &Path, input: Value) -> (bool, String) {
-        let ctx = ToolContext::new(wt, "test").unwrap();
-        let set = crate::registry::ToolSet::from_tools(vec![tool]).unwrap();
-        let name = set.names()[0].clone();
-        let out = set.call(&ctx, None, &name, input).await;
-        (out.is_error, out.content)
-    }
-
-    /// Asserts that the three kinds of escape are refused for `tool` given `path`.
-    pub async fn assert_escapes_refused(tool: &dyn Tool, wt: &Path, extra: Value) {
-        link_outside(wt);
-        for path in [
-            "../",
-            "../outside",
-            "/etc",
-            "out_dir",
-            "out_dir/secret.rs",
-            "out_file.rs",
-        ] {
-            let mut input = extra.clone();
-            input["path"] = Value::from(path);
-            let err = run(tool, wt, input).await.unwrap_err();
-            assert_eq!(err.kind(), "sandbox_violation", "{path}: {err}");
-        }
     }
 }

@@ -900,7 +900,9 @@ pub(crate) mod test_server {
 mod tests {
     use super::test_server::{Canned, start};
     use super::*;
+    use crate::catalog::ToolSpecOverride;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::{peak_rss_kib, run_isolated, with_limits, worktree};
     use std::sync::Arc;
 
     fn routes(path: &str) -> Canned {
@@ -953,8 +955,7 @@ mod tests {
     }
 
     async fn call(url: &str, max_bytes: Option<u64>) -> ToolResult<ToolOutput> {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let (_dir, ctx) = worktree();
         let mut input = json!({ "url": url });
         if let Some(m) = max_bytes {
             input["max_bytes"] = json!(m);
@@ -1079,15 +1080,12 @@ mod tests {
         assert!(out.content.len() < 1001 + 400);
     }
 
-    /// Peak resident memory of this process, in KiB (Linux).
-    fn peak_rss_kib() -> Option<u64> {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
-    }
-
     #[tokio::test]
     async fn a_huge_body_does_not_raise_peak_memory_much() {
+        // Peak memory is per process: measure where no other test allocates meanwhile.
+        if !run_isolated("tools::web_fetch::tests::a_huge_body_does_not_raise_peak_memory_much") {
+            return;
+        }
         let s = start(routes).await;
         // A first small fetch sets up the client (TLS roots and all), which is not the body.
         call(&format!("{}/plain", s.base), None).await.unwrap();
@@ -1109,8 +1107,7 @@ mod tests {
     async fn default_cap_is_the_catalog_maximum() {
         let s = start(routes).await;
         let out = call(&format!("{}/big", s.base), None).await.unwrap();
-        let cap = ToolContext::new(std::path::Path::new("."), "t")
-            .unwrap()
+        let cap = crate::catalog::Catalog::default()
             .spec(TOOL)
             .max_output_bytes;
         assert!(out.content.contains(&format!("max_bytes={cap}")));
@@ -1129,20 +1126,12 @@ mod tests {
                 held.push(sock); // never answer
             }
         });
-        let mut catalog = crate::catalog::Catalog::default();
-        let mut overrides = std::collections::BTreeMap::new();
-        overrides.insert(
-            TOOL.to_string(),
-            crate::catalog::ToolSpecOverride {
-                timeout_ms: Some(300),
-                ..Default::default()
-            },
-        );
-        catalog.apply_overrides(&overrides).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t")
-            .unwrap()
-            .with_catalog(Arc::new(catalog));
+        let limits = ToolSpecOverride {
+            timeout_ms: Some(300),
+            ..Default::default()
+        };
+        let ctx = with_limits(dir.path(), TOOL, limits);
         let input = json!({"url": format!("http://{addr}/slow")});
         let err = WebFetch.execute(input, &ctx).await.unwrap_err();
         assert_eq!(err.kind(), "timeout");
@@ -1156,20 +1145,12 @@ mod tests {
     #[tokio::test]
     async fn a_configured_cap_bounds_the_whole_answer() {
         let s = start(routes).await;
-        let mut catalog = crate::catalog::Catalog::default();
-        let mut overrides = std::collections::BTreeMap::new();
-        overrides.insert(
-            TOOL.to_string(),
-            crate::catalog::ToolSpecOverride {
-                max_output_bytes: Some(2000),
-                ..Default::default()
-            },
-        );
-        catalog.apply_overrides(&overrides).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t")
-            .unwrap()
-            .with_catalog(Arc::new(catalog));
+        let limits = ToolSpecOverride {
+            max_output_bytes: Some(2000),
+            ..Default::default()
+        };
+        let ctx = with_limits(dir.path(), TOOL, limits);
         let input = json!({"url": format!("{}/medium", s.base)});
         let out = WebFetch.execute(input, &ctx).await.unwrap();
         assert!(out.content.len() <= 2000, "{}", out.content.len());

@@ -387,6 +387,7 @@ fn render(query: &str, label: &str, hits: &[Hit]) -> String {
 mod tests {
     use super::*;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::worktree;
     use crate::tools::web_fetch::test_server::{Canned, Server, start};
     use std::collections::HashMap;
     use std::sync::Arc;
@@ -457,8 +458,7 @@ mod tests {
     }
 
     async fn call(provider: Option<Provider>, input: Value) -> ToolResult<ToolOutput> {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let (_dir, ctx) = worktree();
         run(provider, input, &ctx).await
     }
 

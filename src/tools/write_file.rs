@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::context::{ToolContext, sha256_hex};
 use crate::error::{ToolError, ToolResult};
 use crate::receipts::SideEffect;
+use crate::text::count;
 use crate::tools::{Tool, ToolOutput, args};
 
 const NAME: &str = "write_file";
@@ -118,15 +119,6 @@ impl Tool for WriteFile {
     }
 }
 
-/// `1 line`, `2 lines`.
-fn count(n: u64, unit: &str) -> String {
-    if n == 1 {
-        format!("1 {unit}")
-    } else {
-        format!("{n} {unit}s")
-    }
-}
-
 /// Checks what is at `real`, creates missing parents and writes. Takes and gives back the
 /// content so a large write is never copied.
 fn write_new(real: &Path, shown: &str, content: String) -> ToolResult<(String, Before)> {
@@ -193,13 +185,8 @@ mod tests {
     use super::*;
     use crate::context::StampCheck;
     use crate::registry::ToolSet;
+    use crate::tools::test_support::worktree as setup;
     use std::os::unix::fs::symlink;
-
-    fn setup() -> (tempfile::TempDir, ToolContext) {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "test").unwrap();
-        (dir, ctx)
-    }
 
     async fn write(ctx: &ToolContext, path: &str, content: &str) -> ToolResult<ToolOutput> {
         WriteFile
