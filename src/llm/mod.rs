@@ -7,6 +7,10 @@ use serde_json::Value;
 
 use crate::registry::ToolDefinition;
 
+pub mod anthropic;
+pub mod config;
+pub mod http;
+pub mod openai;
 pub mod scripted;
 
 /// Why a model is called.
