@@ -222,7 +222,10 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
 
     loop {
         block_orphans(&loops, &mut status, &record, &progress);
-        let running = status.values().filter(|s| **s == LoopStatus::Running).count();
+        let running = status
+            .values()
+            .filter(|s| **s == LoopStatus::Running)
+            .count();
         let mut free = config.concurrency.max_loops.saturating_sub(running);
         for def in &loops {
             if free == 0 || interrupted {
@@ -299,7 +302,10 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         let Some((name, end)) = ended else {
             continue;
         };
-        let final_status = finish_loop(&name, &end, &loops, &config, &places, &repo, &record, &progress).await;
+        let final_status = finish_loop(
+            &name, &end, &loops, &config, &places, &repo, &record, &progress,
+        )
+        .await;
         status.insert(name, final_status);
     }
 
@@ -350,10 +356,15 @@ async fn fresh_copy(src: &Path, dest: &Path) -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(dest.join(".git"));
     let git = |args: &[&str]| {
         let mut c = tokio::process::Command::new("git");
-        c.args(["-c", "user.name=TaskDaemon", "-c", "user.email=taskdaemon@localhost"])
-            .args(args)
-            .current_dir(dest)
-            .stdin(std::process::Stdio::null());
+        c.args([
+            "-c",
+            "user.name=TaskDaemon",
+            "-c",
+            "user.email=taskdaemon@localhost",
+        ])
+        .args(args)
+        .current_dir(dest)
+        .stdin(std::process::Stdio::null());
         c
     };
     for args in [
@@ -454,7 +465,9 @@ async fn start_loop(
                     let w = Arc::new(
                         repo.add_worktree(run_id, &format!("shared-{group}"), Some(&base), &dir)
                             .await
-                            .map_err(|e| format!("cannot create the shared worktree {group}: {e}"))?,
+                            .map_err(|e| {
+                                format!("cannot create the shared worktree {group}: {e}")
+                            })?,
                     );
                     shared.insert(group.clone(), w.clone());
                     w
@@ -472,7 +485,10 @@ async fn start_loop(
             base,
         },
     };
-    let validation = def.validation.clone().or_else(|| loop_type.validation.clone());
+    let validation = def
+        .validation
+        .clone()
+        .or_else(|| loop_type.validation.clone());
     let ctx = rt
         .context(&place.dir, &def.name)
         .map_err(|e| e.to_string())?

@@ -43,7 +43,11 @@ pub struct Progress {
 
 impl Progress {
     /// A display for `loops` (name, max iterations) that forwards transcripts to `inner`.
-    pub fn new(mode: ProgressMode, loops: &[(String, u32)], inner: Arc<dyn TranscriptSink>) -> Self {
+    pub fn new(
+        mode: ProgressMode,
+        loops: &[(String, u32)],
+        inner: Arc<dyn TranscriptSink>,
+    ) -> Self {
         let rows = loops
             .iter()
             .map(|(n, max)| {
@@ -95,10 +99,13 @@ impl Progress {
         let mut plain: Option<String> = None;
         {
             let mut rows = lock(&self.rows);
-            let mut row = |name: &str| -> &mut Row { rows.entry(name.to_string()).or_default() };
+            let rows = &mut *rows;
+            fn row<'a>(rows: &'a mut BTreeMap<String, Row>, name: &str) -> &'a mut Row {
+                rows.entry(name.to_string()).or_default()
+            }
             match &event.kind {
                 EventKind::LoopStarted { loop_name, .. } => {
-                    let r = row(loop_name);
+                    let r = row(rows, loop_name);
                     r.status = "running".into();
                     r.started = Some(Instant::now());
                     plain = Some(format!("{loop_name}: started"));
@@ -106,7 +113,7 @@ impl Progress {
                 EventKind::IterationStarted {
                     loop_name,
                     iteration,
-                } => row(loop_name).iteration = *iteration,
+                } => row(rows, loop_name).iteration = *iteration,
                 EventKind::IterationEnded {
                     loop_name,
                     iteration,
@@ -120,13 +127,16 @@ impl Progress {
                         (Some(false), None) => "not complete".to_string(),
                         (None, _) => String::new(),
                     };
-                    row(loop_name).last = format!("iteration {iteration}: {ended_by} {v}");
-                    plain = Some(format!("{loop_name}: iteration {iteration} ended by {ended_by}{}", sep(&v)));
+                    row(rows, loop_name).last = format!("iteration {iteration}: {ended_by} {v}");
+                    plain = Some(format!(
+                        "{loop_name}: iteration {iteration} ended by {ended_by}{}",
+                        sep(&v)
+                    ));
                 }
                 EventKind::LoopCompleted {
                     loop_name, summary, ..
                 } => {
-                    let r = row(loop_name);
+                    let r = row(rows, loop_name);
                     r.status = "completed".into();
                     r.ended = Some(Instant::now());
                     r.tool.clear();
@@ -136,28 +146,34 @@ impl Progress {
                     ));
                 }
                 EventKind::LoopFailed { loop_name, reason } => {
-                    let r = row(loop_name);
+                    let r = row(rows, loop_name);
                     r.status = "failed".into();
                     r.ended = Some(Instant::now());
                     r.last = reason.lines().next().unwrap_or("").to_string();
                     plain = Some(format!("{loop_name}: failed: {reason}"));
                 }
                 EventKind::LoopStopped { loop_name } => {
-                    let r = row(loop_name);
+                    let r = row(rows, loop_name);
                     r.status = "stopped".into();
                     r.ended = Some(Instant::now());
                     plain = Some(format!("{loop_name}: stopped"));
                 }
-                EventKind::QueryAsked { from, to, question, .. } => {
-                    row(from).last = format!("asked {to}: {}", short(question));
+                EventKind::QueryAsked {
+                    from, to, question, ..
+                } => {
+                    row(rows, from).last = format!("asked {to}: {}", short(question));
                     plain = Some(format!("{from} -> {to}: query: {}", short(question)));
                 }
-                EventKind::QueryAnswered { from, to, reply, .. } => {
-                    row(from).last = format!("{to} answered: {}", short(reply));
+                EventKind::QueryAnswered {
+                    from, to, reply, ..
+                } => {
+                    row(rows, from).last = format!("{to} answered: {}", short(reply));
                     plain = Some(format!("{to} -> {from}: answer: {}", short(reply)));
                 }
-                EventKind::QueryFailed { from, to, error, .. } => {
-                    row(from).last = format!("query to {to} failed");
+                EventKind::QueryFailed {
+                    from, to, error, ..
+                } => {
+                    row(rows, from).last = format!("query to {to} failed");
                     plain = Some(format!("{from} -> {to}: query failed: {}", short(error)));
                 }
                 EventKind::Shared {
@@ -167,7 +183,7 @@ impl Progress {
                     error,
                     ..
                 } => {
-                    row(from).last = format!("shared {data_type} with {to}");
+                    row(rows, from).last = format!("shared {data_type} with {to}");
                     plain = Some(match error {
                         None => format!("{from} -> {to}: shared {data_type}"),
                         Some(e) => format!("{from} -> {to}: share refused: {}", short(e)),
@@ -181,7 +197,7 @@ impl Progress {
                     ..
                 } => {
                     if from != "taskdaemon" {
-                        row(from).last = format!("alert {event_type}");
+                        row(rows, from).last = format!("alert {event_type}");
                     }
                     plain = Some(format!(
                         "{from}: alert {event_type} to {} loop(s): {}",
@@ -190,7 +206,7 @@ impl Progress {
                     ));
                 }
                 EventKind::FileChanged { loop_name, path } => {
-                    row(loop_name).last = format!("{path} changed on disk");
+                    row(rows, loop_name).last = format!("{path} changed on disk");
                 }
                 _ => {}
             }
@@ -251,7 +267,11 @@ impl Progress {
 
 impl TranscriptSink for Progress {
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
-        if let TranscriptEntry::Response { iteration, response, .. } = &entry
+        if let TranscriptEntry::Response {
+            iteration,
+            response,
+            ..
+        } = &entry
             && *iteration > 0
         {
             let tool = response
@@ -259,7 +279,10 @@ impl TranscriptSink for Progress {
                 .last()
                 .map(|c| c.name.clone())
                 .unwrap_or_default();
-            lock(&self.rows).entry(loop_name.to_string()).or_default().tool = tool;
+            lock(&self.rows)
+                .entry(loop_name.to_string())
+                .or_default()
+                .tool = tool;
             self.redraw();
         }
         self.inner.record(loop_name, entry);
