@@ -20,6 +20,7 @@ pub mod llm;
 pub mod process;
 pub mod receipts;
 pub mod registry;
+pub mod run;
 pub mod sandbox;
 pub mod suggest;
 pub mod text;
