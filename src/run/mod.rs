@@ -1,4 +1,5 @@
-//! A run of loops: its on-disk record and the commands that read it back.
+//! A run of loops: the orchestrator behind `taskdaemon run`, its git worktrees, its on-disk
+//! record, the live progress display, and the commands that read a record back.
 
 pub mod orchestrator;
 pub mod progress;
