@@ -103,6 +103,9 @@ impl Config {
     /// concurrency, loop types (tools, templates, extends chains) and loops.
     fn check(&self) -> Result<(), String> {
         self.catalog()?;
+        if let Some(llm) = &self.llm {
+            llm.validate()?;
+        }
         self.lanes.validate().map_err(|e| format!("lanes: {e}"))?;
         if self.concurrency.max_loops == 0 || self.concurrency.max_model_calls == 0 {
             return Err("concurrency: max-loops and max-model-calls must be at least 1".into());
@@ -243,6 +246,21 @@ loops:
     #[test]
     fn empty_file_is_the_default() {
         assert_eq!(Config::parse("{}", "t.yml").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_readme_schema_example_loads() {
+        let readme =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+                .unwrap();
+        let start = readme
+            .find("```yaml\nrepo: .")
+            .expect("schema example in README")
+            + 8;
+        let len = readme[start..].find("```").unwrap();
+        let config = Config::parse(&readme[start..start + len], "README.md").unwrap();
+        assert_eq!(config.loops.len(), 1);
+        assert_eq!(config.loop_types().unwrap()["rust"].max_turns, 80);
     }
 
     #[test]
