@@ -120,10 +120,22 @@ pub enum EventKind {
         event_type: String,
         /// Message.
         message: String,
+        /// Optional data sent with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
         /// Loops that received it, sorted.
         recipients: Vec<String>,
         /// Error when the alert was refused.
         error: Option<String>,
+    },
+    /// A note carried into the loop's next iteration (what resume restores).
+    ProgressNoted {
+        /// Loop name.
+        loop_name: String,
+        /// The iteration that wrote it.
+        iteration: u32,
+        /// The note.
+        note: String,
     },
     /// Inbox items were shown to a loop's model.
     InboxShown {
@@ -195,6 +207,14 @@ impl EventLog {
     /// Adds a listener called with every later event, in order.
     pub fn subscribe(&self, listener: impl Fn(&Event) + Send + Sync + 'static) {
         lock(&self.listeners).push(Box::new(listener));
+    }
+
+    /// A log whose next event gets number `last_seq + 1` (a resumed run continues its
+    /// numbering).
+    pub fn continuing_after(last_seq: u64) -> Self {
+        let log = Self::new();
+        log.seq.store(last_seq, Ordering::SeqCst);
+        log
     }
 
     /// Records an event.

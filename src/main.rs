@@ -133,6 +133,11 @@ struct RunArgs {
     /// Stream events as JSON lines instead of the progress display.
     #[arg(long)]
     json: bool,
+    /// Continue an earlier run (its id under .taskdaemon/runs, or with --run-dir its
+    /// directory) after a crash or Ctrl-C: completed loops are not run again, the others go
+    /// on at their next iteration with their progress and their unseen messages.
+    #[arg(long, value_name = "RUN")]
+    resume: Option<String>,
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -223,6 +228,7 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
         only: args.loops,
         run_dir: args.run_dir,
         progress,
+        resume: args.resume,
     })
     .await?;
     if !args.json {

@@ -141,6 +141,7 @@ impl Run {
                 system_template: prompt::DEFAULT_SYSTEM.to_string(),
                 iteration_template: prompt::DEFAULT_ITERATION.to_string(),
                 peers: Vec::new(),
+                first_iteration: 1,
             },
             ctx: Arc::new(ctx),
             tools: Arc::new(ToolSet::from_tools(tools).unwrap()),
@@ -153,6 +154,8 @@ impl Run {
             subscriptions: opts.subscriptions,
             ended: None,
             gate: None,
+            initial_inbox: Vec::new(),
+            initial_progress: Vec::new(),
         };
         self.rt.spawn_loop(spec).await.unwrap();
         self.names.push(name.to_string());

@@ -577,6 +577,7 @@ fn handle_alert(
             from: from.to_string(),
             event_type: event_type.to_string(),
             message: message.to_string(),
+            data,
             recipients: Vec::new(),
             error: Some(err.to_string()),
         });
@@ -604,6 +605,7 @@ fn handle_alert(
         from: from.to_string(),
         event_type: event_type.to_string(),
         message: message.to_string(),
+        data,
         recipients: recipients.clone(),
         error: None,
     });

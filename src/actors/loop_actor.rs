@@ -51,6 +51,10 @@ pub struct LoopSpec {
     /// When given, the engine waits until it reads `true` before its first iteration: a run
     /// registers all its loops first, so every loop starts knowing its peers.
     pub gate: Option<watch::Receiver<bool>>,
+    /// Items delivered before a crash and never shown (a resumed run).
+    pub initial_inbox: Vec<crate::actors::messages::InboxItem>,
+    /// Progress notes of earlier iterations (a resumed run).
+    pub initial_progress: Vec<String>,
 }
 
 /// Aborts its task when dropped, so that no task outlives the actor that started it (also
@@ -89,6 +93,13 @@ impl Actor for LoopActor {
     ) -> Result<LoopState, ActorProcessingErr> {
         let name = spec.config.name.clone();
         let inbox = Arc::new(Inbox::default());
+        for item in &spec.initial_inbox {
+            inbox.push(item.clone());
+        }
+        let progress = Arc::new(Progress::default());
+        for note in &spec.initial_progress {
+            progress.push(note.clone());
+        }
         spec.coordinator
             .call(
                 |reply| CoordMsg::Register {
@@ -118,7 +129,7 @@ impl Actor for LoopActor {
         Ok(LoopState {
             spec,
             inbox,
-            progress: Arc::new(Progress::default()),
+            progress,
             stop,
             engine: None,
             answerers: Vec::new(),

@@ -169,6 +169,8 @@ pub struct EngineConfig {
     pub iteration_template: String,
     /// Names of the other loops of the run (for the prompt).
     pub peers: Vec<String>,
+    /// The number of the first iteration to run (greater than 1 when a run is resumed).
+    pub first_iteration: u32,
 }
 
 /// Everything one loop's engine works with.
@@ -238,7 +240,8 @@ impl Engine {
             }
         };
         let mut last_failure = String::from("no iteration ran");
-        for iteration in 1..=self.config.max_iterations {
+        let first = self.config.first_iteration.max(1);
+        for iteration in first..=self.config.max_iterations {
             if self.stopped() {
                 return LoopEnd::Stopped {
                     iterations: iteration - 1,
@@ -291,6 +294,11 @@ impl Engine {
                 None => note.push_str(&format!("; validation did not finish:\n{output}")),
             }
             last_failure = note.clone();
+            self.events.record(EventKind::ProgressNoted {
+                loop_name: self.config.name.clone(),
+                iteration,
+                note: note.clone(),
+            });
             self.progress.push(note);
         }
         LoopEnd::Failed {

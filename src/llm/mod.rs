@@ -175,4 +175,9 @@ pub enum LlmError {
 pub trait LlmClient: Send + Sync {
     /// Sends one request and returns the model's answer.
     async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError>;
+
+    /// A resumed run tells the provider how many iteration responses a loop already got
+    /// (from its transcript). Network models need nothing; the scripted provider continues
+    /// its script after them instead of replaying it from the start.
+    fn resume(&self, _loop_name: &str, _responses_seen: usize) {}
 }

@@ -182,6 +182,12 @@ impl LoopScript {
 
 #[async_trait]
 impl LlmClient for ScriptedLlm {
+    fn resume(&self, loop_name: &str, responses_seen: usize) {
+        if let Some(script) = self.loops.get(loop_name) {
+            *lock(&script.cursor) = responses_seen.min(script.turns.len());
+        }
+    }
+
     async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError> {
         let script = self.script(&request.loop_name)?;
         let input_tokens = estimate_input_tokens(&request);
@@ -743,6 +749,20 @@ client:
         assert!(timed_out.is_err());
         let r = llm.complete(iteration("a")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("next"));
+    }
+
+    #[test]
+    fn resume_continues_after_the_responses_already_given() {
+        let llm = ScriptedLlm::from_yaml(
+            "a:\n  turns:\n    - say: one\n    - say: two\n    - say: three\n",
+            "s.yml",
+        )
+        .unwrap();
+        llm.resume("a", 2);
+        assert_eq!(llm.turns_left("a"), 1);
+        llm.resume("a", 99);
+        assert_eq!(llm.turns_left("a"), 0);
+        llm.resume("nobody", 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

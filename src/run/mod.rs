@@ -4,5 +4,6 @@
 pub mod orchestrator;
 pub mod progress;
 pub mod record;
+pub mod resume;
 pub mod status;
 pub mod worktree;

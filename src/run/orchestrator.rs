@@ -34,6 +34,8 @@ pub struct RunOptions {
     pub run_dir: Option<PathBuf>,
     /// How progress is shown.
     pub progress: ProgressMode,
+    /// Continue this earlier run (its id, or its directory) instead of starting a new one.
+    pub resume: Option<String>,
 }
 
 /// How a run ended.
@@ -136,26 +138,51 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         types,
         loops,
     } = plan(&options)?;
-    let run_id = new_run_id();
-    let run_dir = match &options.run_dir {
-        Some(d) => d.clone(),
-        None => {
-            let root = base_dir.join(".taskdaemon");
-            std::fs::create_dir_all(&root)
-                .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-            // Keep run records, worktrees and copies out of the user's `git status`.
-            let ignore = root.join(".gitignore");
-            if !ignore.exists() {
-                let _ = std::fs::write(&ignore, "*\n");
+    let restored = match &options.resume {
+        Some(which) => {
+            let dir = match &options.run_dir {
+                Some(d) => d.clone(),
+                None => crate::run::status::resolve_run_dir(&base_dir, Some(which))?,
+            };
+            let restored = crate::run::resume::restore(&dir)?;
+            for warning in &restored.warnings {
+                eprintln!("taskdaemon: resume: {warning}");
             }
-            root.join("runs").join(&run_id)
+            Some((dir, restored))
+        }
+        None => None,
+    };
+    let (run_id, run_dir) = match &restored {
+        Some((dir, r)) => (r.run_id.clone(), dir.clone()),
+        None => {
+            let run_id = new_run_id();
+            let dir = match &options.run_dir {
+                Some(d) => d.clone(),
+                None => {
+                    let root = base_dir.join(".taskdaemon");
+                    std::fs::create_dir_all(&root)
+                        .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+                    // Keep run records, worktrees and copies out of the user's `git status`.
+                    let ignore = root.join(".gitignore");
+                    if !ignore.exists() {
+                        let _ = std::fs::write(&ignore, "*\n");
+                    }
+                    root.join("runs").join(&run_id)
+                }
+            };
+            (run_id, dir)
         }
     };
-    std::fs::create_dir_all(&run_dir)
-        .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
     let mut repo_dir = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
     if config.copy_repo {
-        repo_dir = fresh_copy(&repo_dir, &run_dir.join("repo")).await?;
+        let copy = run_dir.join("repo");
+        repo_dir = if restored.is_some() && copy.join(".git").exists() {
+            copy
+        } else {
+            std::fs::create_dir_all(&run_dir)
+                .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+            fresh_copy(&repo_dir, &copy).await?
+        };
     }
     let repo = Repo::open(&repo_dir).await.map_err(|e| e.to_string())?;
     let default_base = repo
@@ -163,19 +190,29 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         .await
         .map_err(|e| e.to_string())?
         .unwrap_or_else(|| "HEAD".to_string());
-    let record = RunRecord::create(
-        &run_dir,
-        &run_id,
-        RunMeta {
-            config: Some(options.config.display().to_string()),
-            loops: loops
-                .iter()
-                .map(|l| (l.name.clone(), l.loop_type.clone()))
-                .collect(),
-        },
-    )?;
+    let record = match &restored {
+        Some(_) => RunRecord::open_existing(&run_dir)?,
+        None => RunRecord::create(
+            &run_dir,
+            &run_id,
+            RunMeta {
+                config: Some(options.config.display().to_string()),
+                loops: loops
+                    .iter()
+                    .map(|l| (l.name.clone(), l.loop_type.clone()))
+                    .collect(),
+            },
+        )?,
+    };
     let record = Arc::new(record);
-    let events = Arc::new(EventLog::new());
+    let resume_state: BTreeMap<String, crate::run::resume::LoopResume> = restored
+        .as_ref()
+        .map(|(_, r)| r.loops.clone())
+        .unwrap_or_default();
+    let events = Arc::new(match &restored {
+        Some((_, r)) => EventLog::continuing_after(r.last_seq),
+        None => EventLog::new(),
+    });
     events.subscribe(record.events_listener());
     let progress = Arc::new(Progress::new(
         options.progress,
@@ -209,10 +246,24 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     .await?;
 
     let names: Vec<String> = loops.iter().map(|l| l.name.clone()).collect();
+    // A resumed run keeps what completed or failed; everything else starts (again) from its
+    // next iteration.
     let mut status: BTreeMap<String, LoopStatus> = names
         .iter()
-        .map(|n| (n.clone(), LoopStatus::Pending))
+        .map(|n| {
+            let s = match resume_state.get(n).map(|r| r.status) {
+                Some(LoopStatus::Completed) => LoopStatus::Completed,
+                Some(LoopStatus::Failed) => LoopStatus::Failed,
+                _ => LoopStatus::Pending,
+            };
+            (n.clone(), s)
+        })
         .collect();
+    for (name, r) in &resume_state {
+        if status.get(name) == Some(&LoopStatus::Pending) {
+            llm.resume(name, r.responses);
+        }
+    }
     let mut places: BTreeMap<String, Place> = BTreeMap::new();
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
     let mut interrupted = false;
@@ -241,6 +292,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             }
             let started = start_loop(
                 def,
+                resume_state.get(&def.name),
                 &types[&def.loop_type],
                 &config,
                 &names,
@@ -428,6 +480,7 @@ fn block_orphans(
 #[allow(clippy::too_many_arguments)]
 async fn start_loop(
     def: &LoopDef,
+    resume: Option<&crate::run::resume::LoopResume>,
     loop_type: &LoopType,
     config: &Config,
     names: &[String],
@@ -512,6 +565,7 @@ async fn start_loop(
             system_template: loop_type.system_prompt.clone(),
             iteration_template: loop_type.iteration_prompt.clone(),
             peers: names.iter().filter(|n| **n != def.name).cloned().collect(),
+            first_iteration: resume.map_or(1, |r| r.next_iteration),
         },
         ctx: Arc::new(ctx),
         tools: Arc::new(tools),
@@ -524,6 +578,8 @@ async fn start_loop(
         subscriptions: loop_type.subscriptions.clone(),
         ended: None,
         gate: None,
+        initial_inbox: resume.map(|r| r.unseen_inbox.clone()).unwrap_or_default(),
+        initial_progress: resume.map(|r| r.progress.clone()).unwrap_or_default(),
     };
     let _ = config;
     Ok((spec, place))
