@@ -39,14 +39,26 @@ pub struct Progress {
     rows: Mutex<BTreeMap<String, Row>>,
     drawn: Mutex<usize>,
     inner: Arc<dyn TranscriptSink>,
+    out: Mutex<Box<dyn Write + Send>>,
 }
 
 impl Progress {
-    /// A display for `loops` (name, max iterations) that forwards transcripts to `inner`.
+    /// A display on stdout for `loops` (name, max iterations) that forwards transcripts to
+    /// `inner`.
     pub fn new(
         mode: ProgressMode,
         loops: &[(String, u32)],
         inner: Arc<dyn TranscriptSink>,
+    ) -> Self {
+        Self::with_writer(mode, loops, inner, Box::new(std::io::stdout()))
+    }
+
+    /// The same, writing to `out`.
+    pub fn with_writer(
+        mode: ProgressMode,
+        loops: &[(String, u32)],
+        inner: Arc<dyn TranscriptSink>,
+        out: Box<dyn Write + Send>,
     ) -> Self {
         let rows = loops
             .iter()
@@ -66,6 +78,7 @@ impl Progress {
             rows: Mutex::new(rows),
             drawn: Mutex::new(0),
             inner,
+            out: Mutex::new(out),
         }
     }
 
@@ -221,7 +234,7 @@ impl Progress {
     }
 
     fn print_line(&self, line: &str) {
-        let mut out = std::io::stdout().lock();
+        let mut out = lock(&self.out);
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     }
@@ -259,7 +272,7 @@ impl Progress {
             ));
         }
         *drawn = rows.len();
-        let mut out = std::io::stdout().lock();
+        let mut out = lock(&self.out);
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
     }
@@ -302,5 +315,139 @@ fn short(text: &str) -> String {
     match crate::text::truncate_to(line, 60) {
         Some(cut) => format!("{cut}…"),
         None => line.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::transcript::NoTranscript;
+    use crate::llm::{LlmResponse, StopReason, ToolCall, Usage};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            lock(&self.0).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Buf {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&lock(&self.0)).into_owned()
+        }
+    }
+
+    fn event(seq: u64, kind: EventKind) -> Event {
+        Event {
+            seq,
+            time: "t".into(),
+            kind,
+        }
+    }
+
+    fn show(mode: ProgressMode) -> (Progress, Buf) {
+        let buf = Buf::default();
+        let p = Progress::with_writer(
+            mode,
+            &[("api".into(), 3), ("client".into(), 5)],
+            Arc::new(NoTranscript),
+            Box::new(buf.clone()),
+        );
+        p.on_event(&event(
+            1,
+            EventKind::LoopStarted {
+                loop_name: "api".into(),
+                loop_type: "code".into(),
+            },
+        ));
+        p.on_event(&event(
+            2,
+            EventKind::IterationStarted {
+                loop_name: "api".into(),
+                iteration: 2,
+            },
+        ));
+        p.record(
+            "api",
+            TranscriptEntry::Response {
+                iteration: 2,
+                turn: 1,
+                response: LlmResponse {
+                    text: None,
+                    tool_calls: vec![ToolCall {
+                        id: "1".into(),
+                        name: "grep".into(),
+                        input: serde_json::json!({}),
+                    }],
+                    stop_reason: StopReason::ToolUse,
+                    usage: Usage::default(),
+                },
+            },
+        );
+        p.on_event(&event(
+            3,
+            EventKind::QueryAsked {
+                id: 1,
+                from: "api".into(),
+                to: "client".into(),
+                question: "Which port?".into(),
+            },
+        ));
+        p.set_status("client", "blocked", "its dependency `x` did not complete");
+        (p, buf)
+    }
+
+    #[test]
+    fn live_mode_redraws_one_line_per_loop_in_place() {
+        let (_p, buf) = show(ProgressMode::Live);
+        let text = buf.text();
+        assert!(
+            text.contains("\x1b[2A"),
+            "moves the cursor back over its 2 lines: {text:?}"
+        );
+        let last_frame = text.rsplit("\x1b[2A").next().unwrap();
+        let lines: Vec<&str> = last_frame.lines().collect();
+        assert_eq!(lines.len(), 2, "{last_frame:?}");
+        assert!(
+            lines[0].contains("api") && lines[0].contains("running") && lines[0].contains(" 2/3")
+        );
+        assert!(
+            lines[0].contains("[grep]") && lines[0].contains("asked client: Which port?"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].contains("client")
+                && lines[1].contains("blocked")
+                && lines[1].contains("did not complete")
+        );
+    }
+
+    #[test]
+    fn plain_mode_prints_log_lines() {
+        let (_p, buf) = show(ProgressMode::Plain);
+        let text = buf.text();
+        assert!(!text.contains('\x1b'));
+        assert!(text.contains("api: started\n"));
+        assert!(text.contains("api -> client: query: Which port?\n"));
+        assert!(text.contains("client: blocked: its dependency `x` did not complete\n"));
+    }
+
+    #[test]
+    fn json_mode_streams_events() {
+        let (_p, buf) = show(ProgressMode::Json);
+        let events: Vec<serde_json::Value> = buf
+            .text()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[2]["event"], "query_asked");
     }
 }
