@@ -158,6 +158,20 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     })?;
     let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
     let catalog = Arc::new(config.catalog()?);
+    // The repository too (a copy of it is made in the run directory, so only its source can
+    // be checked here).
+    let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
+    let user_repo = if config.copy_repo {
+        if !source.is_dir() {
+            return Err(format!(
+                "repo: {} is not a directory; `repo` (relative to the config file) names the project to copy",
+                source.display()
+            ));
+        }
+        None
+    } else {
+        Some(Repo::open(&source).await.map_err(|e| e.to_string())?)
+    };
     let run_id = new_run_id();
     let run_dir = match &options.run_dir {
         Some(d) => d.clone(),
@@ -175,11 +189,13 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     };
     std::fs::create_dir_all(&run_dir)
         .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
-    let mut repo_dir = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
-    if config.copy_repo {
-        repo_dir = fresh_copy(&repo_dir, &run_dir.join("repo")).await?;
-    }
-    let repo = Repo::open(&repo_dir).await.map_err(|e| e.to_string())?;
+    let repo = match user_repo {
+        Some(repo) => repo,
+        None => {
+            let copy = fresh_copy(&source, &run_dir.join("repo")).await?;
+            Repo::open(&copy).await.map_err(|e| e.to_string())?
+        }
+    };
     let default_base = repo
         .head_branch()
         .await
