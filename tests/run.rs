@@ -940,6 +940,19 @@ fn a_missing_script_is_refused_naming_the_file() {
     );
 }
 
+#[test]
+fn a_missing_repository_is_refused_before_anything_is_written() {
+    let (project, _config, out) = startup_error("missing-repo.yml");
+    let repo = project.config_dir().join("../no-such-repo");
+    assert!(
+        out.stderr.contains(&format!(
+            "{} is not inside a git working tree",
+            repo.display()
+        )),
+        "{out}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. A real provider end to end.
 
