@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::Semaphore;
 
 use crate::actors::daemon::{Runtime, RuntimeConfig};
@@ -138,6 +139,41 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         types,
         loops,
     } = plan(&options)?;
+    // Listen for Ctrl-C from here on: the handler is installed on the first poll, and until
+    // then a Ctrl-C would kill the process with the default action, mid-setup, leaving a run
+    // record that says "running" forever.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut listening = true;
+    let mut interrupted = match (&mut ctrl_c).now_or_never() {
+        Some(result) => ctrl_c_ended(result, &mut listening),
+        None => false,
+    };
+    // Everything that can still refuse the config (the model client, the catalog) comes
+    // before anything is written, so a startup error leaves no run record behind.
+    let in_flight = Arc::new(Semaphore::new(config.concurrency.max_model_calls));
+    let llm_config = config.llm.clone().ok_or_else(|| {
+        format!(
+            "{}: no `llm:` section; for an offline run use `llm: {{provider: scripted, script: script.yml}}`",
+            options.config.display()
+        )
+    })?;
+    let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
+    let catalog = Arc::new(config.catalog()?);
+    // The repository too (a copy of it is made in the run directory, so only its source can
+    // be checked here).
+    let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
+    let user_repo = if config.copy_repo {
+        if !source.is_dir() {
+            return Err(format!(
+                "repo: {} is not a directory; `repo` (relative to the config file) names the project to copy",
+                source.display()
+            ));
+        }
+        None
+    } else {
+        Some(Repo::open(&source).await.map_err(|e| e.to_string())?)
+    };
     let restored = match &options.resume {
         Some(which) => {
             let dir = match &options.run_dir {
@@ -173,18 +209,21 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             (run_id, dir)
         }
     };
-    let mut repo_dir = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
-    if config.copy_repo {
-        let copy = run_dir.join("repo");
-        repo_dir = if restored.is_some() && copy.join(".git").exists() {
-            copy
-        } else {
-            std::fs::create_dir_all(&run_dir)
-                .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
-            fresh_copy(&repo_dir, &copy).await?
-        };
-    }
-    let repo = Repo::open(&repo_dir).await.map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&run_dir)
+        .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    let repo = match user_repo {
+        Some(repo) => repo,
+        None => {
+            let copy = run_dir.join("repo");
+            // A resumed run goes on in the copy it made the first time.
+            let copy = if restored.is_some() && copy.join(".git").exists() {
+                copy
+            } else {
+                fresh_copy(&source, &copy).await?
+            };
+            Repo::open(&copy).await.map_err(|e| e.to_string())?
+        }
+    };
     let default_base = repo
         .head_branch()
         .await
@@ -226,15 +265,6 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         let p = progress.clone();
         events.subscribe(move |e| p.on_event(e));
     }
-    let in_flight = Arc::new(Semaphore::new(config.concurrency.max_model_calls));
-    let llm_config = config.llm.clone().ok_or_else(|| {
-        format!(
-            "{}: no `llm:` section; for an offline run use `llm: {{provider: scripted, script: script.yml}}`",
-            options.config.display()
-        )
-    })?;
-    let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
-    let catalog = Arc::new(config.catalog()?);
     let mut rt = Runtime::start(
         RuntimeConfig {
             lanes: config.lanes,
@@ -266,19 +296,29 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     }
     let mut places: BTreeMap<String, Place> = BTreeMap::new();
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
-    let mut interrupted = false;
     let mut released = false;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    let mut stops_sent = false;
 
     loop {
-        block_orphans(&loops, &mut status, &record, &progress);
+        if listening && let Some(result) = (&mut ctrl_c).now_or_never() {
+            // Ctrl-C during setup, or while the previous loop's end was being handled.
+            interrupted = ctrl_c_ended(result, &mut listening);
+        }
+        if !interrupted {
+            // After Ctrl-C, loops stopped by it do not block the loops waiting on them: those
+            // are stopped too (below), as the user asked.
+            block_orphans(&loops, &mut status, &record, &progress);
+        }
         let running = status
             .values()
             .filter(|s| **s == LoopStatus::Running)
             .count();
         let mut free = config.concurrency.max_loops.saturating_sub(running);
         for def in &loops {
+            if listening && let Some(result) = (&mut ctrl_c).now_or_never() {
+                // Ctrl-C while the previous loop's worktree was being made.
+                interrupted = ctrl_c_ended(result, &mut listening);
+            }
             if free == 0 || interrupted {
                 break;
             }
@@ -332,6 +372,15 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 }
             }
         }
+        if interrupted && !stops_sent {
+            // Before the release, so that loops started just now stop before they begin.
+            for (name, s) in &status {
+                if *s == LoopStatus::Running {
+                    let _ = rt.stop_loop(name);
+                }
+            }
+            stops_sent = true;
+        }
         if !released {
             rt.release().await;
             released = true;
@@ -341,13 +390,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         }
         let ended = tokio::select! {
             e = rt.next_end(Duration::from_secs(3600)) => e,
-            _ = &mut ctrl_c, if !interrupted => {
-                interrupted = true;
-                for (name, s) in &status {
-                    if *s == LoopStatus::Running {
-                        let _ = rt.stop_loop(name);
-                    }
-                }
+            result = &mut ctrl_c, if listening => {
+                // The stops are sent at the top of the loop.
+                interrupted = ctrl_c_ended(result, &mut listening);
                 continue;
             }
         };
@@ -370,10 +415,16 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 LoopStatus::Blocked
             };
             let st = *s;
+            let why = if interrupted {
+                "never started: the run was interrupted"
+            } else {
+                "never started"
+            };
             let _ = record.update_loop(name, |l| {
                 l.status = st;
-                l.reason.get_or_insert_with(|| "never started".to_string());
+                l.reason.get_or_insert_with(|| why.to_string());
             });
+            progress.set_status(name, st.as_str(), why);
         }
     }
     rt.flush().await;
@@ -398,6 +449,19 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         loops: status,
         interrupted,
     })
+}
+
+/// Takes the result of the Ctrl-C future, which completes once: `true` when Ctrl-C was
+/// pressed, `false` when no listener could be installed (the run then goes on without one).
+fn ctrl_c_ended(result: std::io::Result<()>, listening: &mut bool) -> bool {
+    *listening = false;
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("cannot listen for Ctrl-C ({e}); Ctrl-C will not stop this run cleanly");
+            false
+        }
+    }
 }
 
 /// Copies `src` (without its `.git`) to `dest` and makes the copy a git repository with one

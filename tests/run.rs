@@ -1,0 +1,1174 @@
+//! `taskdaemon run` end to end: the real binary on real git repositories in temp directories,
+//! checked through its exit code, its run record (`summary.json`, `events.jsonl`, transcripts,
+//! receipts), git, and the `status` and `logs` commands.
+//!
+//! Each test builds its own repository (`<tmp>/user`, committed with a fixed identity passed
+//! per command) and copies one scenario of `tests/fixtures/run/` beside it (`<tmp>/config`).
+//! Every process the tests start gets `HOME`, `XDG_CONFIG_HOME` and `GIT_CONFIG_NOSYSTEM`
+//! pointing into the temp dir, so the machine's git config stays out; the test process's own
+//! environment is never changed (tests run in parallel). The only network use is the
+//! OpenAI-compatible server that one test starts on 127.0.0.1.
+//!
+//! Timeouts below are failure guards only: every run here takes well under a second or two.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use taskdaemon::engine::transcript::TranscriptEntry;
+use taskdaemon::receipts::Receipt;
+use tempfile::TempDir;
+
+/// Longest a run may take before the test gives up on it (a guard, not an expectation).
+const RUN_GUARD: Duration = Duration::from_secs(60);
+
+const USER_NAME: &str = "Test User";
+const USER_EMAIL: &str = "user@example.com";
+
+/// What a finished process left.
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A temp directory holding a user repository, a scenario's config files and a run directory.
+struct Project {
+    tmp: TempDir,
+}
+
+impl Project {
+    /// A repository `<tmp>/user` on `main` with one commit (README.md, shared.txt), and the
+    /// fixture directory `fixture` copied to `<tmp>/config` with `{{KEY}}` replaced by each
+    /// value of `vars` (`{{REPO}}` is always the user repository's path).
+    fn new(fixture: &str, vars: &[(&str, String)]) -> Project {
+        let project = Project::empty();
+        std::fs::create_dir_all(project.repo()).unwrap();
+        std::fs::write(project.repo().join("README.md"), "a test project\n").unwrap();
+        std::fs::write(project.repo().join("shared.txt"), "original\n").unwrap();
+        project.git(&["init", "--quiet", "-b", "main"]);
+        project.git(&["add", "-A"]);
+        project.commit("initial");
+
+        let mut vars: Vec<(&str, String)> = vars.to_vec();
+        vars.push(("REPO", project.repo().display().to_string()));
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/run")
+            .join(fixture);
+        std::fs::create_dir_all(project.config_dir()).unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let entry = entry.unwrap();
+            let mut text = std::fs::read_to_string(entry.path()).unwrap();
+            for (key, value) in &vars {
+                text = text.replace(&format!("{{{{{key}}}}}"), value);
+            }
+            assert!(
+                !text.contains("{{"),
+                "{}: a placeholder was not given a value",
+                entry.path().display()
+            );
+            std::fs::write(project.config_dir().join(entry.file_name()), text).unwrap();
+        }
+        project
+    }
+
+    /// Only the temp directory and its isolated home (no repository, no config).
+    fn empty() -> Project {
+        let project = Project {
+            tmp: tempfile::tempdir().unwrap(),
+        };
+        std::fs::create_dir_all(project.home().join(".config")).unwrap();
+        project
+    }
+
+    fn root(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    fn home(&self) -> PathBuf {
+        self.root().join("home")
+    }
+
+    /// The user's checkout.
+    fn repo(&self) -> PathBuf {
+        self.root().join("user")
+    }
+
+    fn config_dir(&self) -> PathBuf {
+        self.root().join("config")
+    }
+
+    fn config(&self) -> PathBuf {
+        self.config_dir().join("taskdaemon.yml")
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.root().join("run")
+    }
+
+    /// The isolating environment every child process gets.
+    fn isolate(&self, cmd: &mut Command) {
+        cmd.env("HOME", self.home())
+            .env("XDG_CONFIG_HOME", self.home().join(".config"))
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            // The OpenAI client sends this key when set; no test server needs one.
+            .env_remove("OPENAI_API_KEY");
+    }
+
+    fn git_command(&self, dir: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new("git");
+        cmd.args(["-c", &format!("user.name={USER_NAME}")])
+            .args(["-c", &format!("user.email={USER_EMAIL}")])
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null());
+        self.isolate(&mut cmd);
+        cmd
+    }
+
+    /// Runs git in the user's checkout; returns its trimmed stdout, panics when it fails.
+    fn git(&self, args: &[&str]) -> String {
+        self.git_in(&self.repo(), args)
+    }
+
+    fn git_in(&self, dir: &Path, args: &[&str]) -> String {
+        let out = self.git_command(dir, args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?} failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Whether git exits 0 in the user's checkout.
+    fn git_ok(&self, args: &[&str]) -> bool {
+        self.git_command(&self.repo(), args)
+            .output()
+            .unwrap()
+            .status
+            .success()
+    }
+
+    fn commit(&self, message: &str) {
+        self.git(&["commit", "--quiet", "-m", message]);
+    }
+
+    /// The user's `git status --porcelain` (untracked files included).
+    fn status(&self) -> String {
+        self.git(&["status", "--porcelain"])
+    }
+
+    /// Loop branches (`taskdaemon/...`), sorted.
+    fn loop_branches(&self) -> Vec<String> {
+        branch_list(&self.git(&[
+            "branch",
+            "--list",
+            "--format=%(refname:short)",
+            "taskdaemon/*",
+        ]))
+    }
+
+    /// `taskdaemon ARGS` started in `<tmp>` (not in the user's checkout: a default run
+    /// directory would land beside the config, never there).
+    fn taskdaemon(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
+        cmd.args(args)
+            .current_dir(self.root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        self.isolate(&mut cmd);
+        cmd
+    }
+
+    /// `taskdaemon run -c <config> --run-dir <run> EXTRA` to its end.
+    fn run(&self, config: &Path, extra: &[&str]) -> Outcome {
+        let (config, run_dir) = (path_arg(config), path_arg(&self.run_dir()));
+        let mut args = vec!["run", "-c", &config, "--run-dir", &run_dir];
+        args.extend_from_slice(extra);
+        finish(self.taskdaemon(&args).spawn().unwrap(), RUN_GUARD)
+    }
+
+    fn summary(&self) -> Value {
+        read_json(&self.run_dir().join("summary.json"))
+    }
+
+    fn events(&self) -> Vec<Value> {
+        read_jsonl(&self.run_dir().join("events.jsonl"))
+    }
+
+    fn transcript(&self, name: &str) -> PathBuf {
+        self.run_dir()
+            .join("loops")
+            .join(name)
+            .join("transcript.jsonl")
+    }
+}
+
+fn path_arg(path: &Path) -> String {
+    path.to_str().expect("temp paths are UTF-8").to_string()
+}
+
+fn branch_list(text: &str) -> Vec<String> {
+    let mut names: Vec<String> = text
+        .lines()
+        .map(|l| l.trim_start_matches(['*', '+', ' ']).trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Reads a pipe to its end on a thread (so that a chatty child never blocks on a full pipe).
+fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// Waits for `child` to exit, killing it (and failing the test) after `guard`.
+fn finish(mut child: Child, guard: Duration) -> Outcome {
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let Some(status) = wait_until_exit(&mut child, guard) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "the process was still running after {guard:?}; stdout so far:\n{}\nstderr:\n{}",
+            stdout.join().unwrap_or_default(),
+            stderr.join().unwrap_or_default()
+        )
+    };
+    Outcome {
+        code: status.code(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// The child's exit status, or `None` if it is still running after `limit`.
+fn wait_until_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+/// Every line of a JSONL file, each of which must parse.
+fn read_jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", path.display())))
+        .collect()
+}
+
+/// The `seq` of the first event matching `wanted` (every key/value of it).
+fn seq_of(events: &[Value], wanted: Value) -> u64 {
+    let wanted = wanted.as_object().unwrap();
+    events
+        .iter()
+        .find(|e| wanted.iter().all(|(k, v)| e.get(k) == Some(v)))
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no event matching {wanted:?} in {events:#?}"))
+}
+
+/// Events naming `loop_name` anywhere (as loop, sender, target or recipient).
+fn events_about<'a>(events: &'a [Value], loop_name: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| {
+            ["loop_name", "from", "to"]
+                .iter()
+                .any(|k| e.get(k).and_then(Value::as_str) == Some(loop_name))
+                || e["recipients"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|n| n == loop_name))
+        })
+        .collect()
+}
+
+fn loop_names(summary: &Value) -> BTreeSet<String> {
+    summary["loops"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. The quickstart of the repository.
+
+/// `git status --porcelain` and the loop branches of this repository (the project's own
+/// checkout). Read-only: `--no-optional-locks` keeps even `status` from refreshing the index.
+/// Only `taskdaemon/*` branches are compared: other branches of a shared repository may
+/// legitimately come and go while the test runs, and a run would only ever add loop branches.
+fn own_repository_state(project: &Project) -> (String, Vec<String>) {
+    let own = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = project.git_in(own, &["--no-optional-locks", "status", "--porcelain"]);
+    let branches = branch_list(&project.git_in(
+        own,
+        &[
+            "--no-optional-locks",
+            "branch",
+            "--list",
+            "--format=%(refname:short)",
+            "taskdaemon/*",
+        ],
+    ));
+    (status, branches)
+}
+
+#[test]
+fn the_quickstart_runs_offline_and_leaves_the_repository_alone() {
+    let project = Project::empty();
+    let before = own_repository_state(&project);
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("taskdaemon.yml");
+    let out = project.run(&config, &[]);
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(out.stdout.contains("run record:"), "{out}");
+    assert_eq!(own_repository_state(&project), before);
+
+    let summary = project.summary();
+    assert_eq!(summary["status"], "completed");
+    assert!(summary["ended_at"].is_string());
+    assert_eq!(
+        loop_names(&summary),
+        ["api", "client", "docs"].map(String::from).into()
+    );
+    let run_id = summary["run_id"].as_str().unwrap();
+    for (name, iterations) in [("api", 2), ("client", 1), ("docs", 1)] {
+        let l = &summary["loops"][name];
+        assert_eq!(l["status"], "completed", "{name}: {l:#}");
+        assert_eq!(l["iterations"], iterations, "{name}: {l:#}");
+        assert_eq!(l["validation"], json!({"exit_code": 0, "passed": true}));
+        assert_eq!(l["branch"], format!("taskdaemon/{run_id}/{name}"));
+        assert!(l["started_at"].is_string() && l["ended_at"].is_string());
+    }
+
+    let events = project.events();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let asked = seq_of(
+        &events,
+        json!({"event": "query_asked", "from": "client", "to": "api"}),
+    );
+    let answered = seq_of(
+        &events,
+        json!({"event": "query_answered", "from": "client", "to": "api", "reply": "8080"}),
+    );
+    assert!(asked < answered);
+    seq_of(
+        &events,
+        json!({"event": "shared", "from": "api", "to": "client", "data_type": "api_info", "error": null}),
+    );
+    let failed_validation = seq_of(
+        &events,
+        json!({"event": "iteration_ended", "loop_name": "api", "iteration": 1, "validation_passed": false}),
+    );
+    let passed_validation = seq_of(
+        &events,
+        json!({"event": "iteration_ended", "loop_name": "api", "iteration": 2, "validation_passed": true}),
+    );
+    assert!(failed_validation < passed_validation);
+    let docs_started = seq_of(
+        &events,
+        json!({"event": "loop_started", "loop_name": "docs"}),
+    );
+    for dep in ["api", "client"] {
+        let completed = seq_of(
+            &events,
+            json!({"event": "loop_completed", "loop_name": dep}),
+        );
+        assert!(
+            completed < docs_started,
+            "docs started before {dep} completed"
+        );
+    }
+
+    for name in ["api", "client", "docs"] {
+        let dir = project.run_dir().join("loops").join(name);
+        let transcript = std::fs::read_to_string(dir.join("transcript.jsonl")).unwrap();
+        let entries: Vec<TranscriptEntry> = transcript
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: {e}: {l}")))
+            .collect();
+        assert!(
+            entries
+                .iter()
+                .any(|e| matches!(e, TranscriptEntry::Response { .. })),
+            "{name}: no model response in its transcript"
+        );
+        let receipts = std::fs::read_to_string(dir.join("receipts.jsonl")).unwrap();
+        let receipts: Vec<Receipt> = receipts
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: {e}: {l}")))
+            .collect();
+        assert!(!receipts.is_empty(), "{name}: no receipts");
+    }
+
+    // The copy the loops worked on holds each loop's work on its branch.
+    let copy = project.run_dir().join("repo");
+    assert_eq!(
+        project.git_in(
+            &copy,
+            &["show", &format!("taskdaemon/{run_id}/api:server.conf")]
+        ),
+        "port=8080"
+    );
+
+    let dir = path_arg(&project.run_dir());
+    let status = finish(
+        project
+            .taskdaemon(&["status", "--dir", &dir])
+            .spawn()
+            .unwrap(),
+        RUN_GUARD,
+    );
+    assert_eq!(status.code, Some(0), "{status}");
+    assert!(status.stdout.contains(run_id), "{status}");
+    for name in ["api", "client", "docs"] {
+        let row = status
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name}: {status}"));
+        assert!(row.contains("completed"), "{row}");
+    }
+    let logs = finish(
+        project
+            .taskdaemon(&["logs", "latest", "api", "--dir", &dir])
+            .spawn()
+            .unwrap(),
+        RUN_GUARD,
+    );
+    assert_eq!(logs.code, Some(0), "{logs}");
+    for needle in [
+        "=== iteration 1 ===",
+        "=== iteration 2 ===",
+        "=== answering a query from `client` ===",
+        "→ edit_file",
+        "validation: failed (exit 1)",
+        "validation: passed (exit 0)",
+    ] {
+        assert!(logs.stdout.contains(needle), "{needle:?} missing:\n{logs}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Dependencies.
+
+#[test]
+fn a_failed_loop_blocks_its_dependents_which_never_start() {
+    let project = Project::new("deps", &[]);
+    let out = project.run(&project.config(), &[]);
+    assert_eq!(out.code, Some(1), "{out}");
+
+    let summary = project.summary();
+    assert_eq!(summary["status"], "failed");
+    let base = &summary["loops"]["base"];
+    assert_eq!(base["status"], "failed", "{base:#}");
+    assert_eq!(base["iterations"], 2);
+    assert_eq!(base["validation"], json!({"exit_code": 3, "passed": false}));
+    let reason = base["reason"].as_str().unwrap();
+    assert!(reason.contains("maximum of 2 iterations"), "{reason}");
+    // Its work in progress is kept on its branch.
+    let branch = base["branch"].as_str().unwrap();
+    assert_eq!(
+        project.git(&["show", &format!("{branch}:attempt.txt")]),
+        "attempt"
+    );
+
+    let after = &summary["loops"]["after"];
+    assert_eq!(after["status"], "blocked", "{after:#}");
+    assert_eq!(after["reason"], "its dependency `base` did not complete");
+    assert_eq!(after["iterations"], 0);
+    for never in ["started_at", "branch", "worktree"] {
+        assert!(after[never].is_null(), "{never}: {after:#}");
+    }
+    assert!(!project.transcript("after").exists());
+    assert!(
+        events_about(&project.events(), "after")
+            .iter()
+            .all(|e| e["event"] == "alert"),
+        "after appears in events other than alerts to it"
+    );
+    assert_eq!(
+        project.loop_branches(),
+        vec![branch.to_string()],
+        "only base got a branch"
+    );
+
+    let dir = path_arg(&project.run_dir());
+    let status = finish(
+        project
+            .taskdaemon(&["status", "--dir", &dir])
+            .spawn()
+            .unwrap(),
+        RUN_GUARD,
+    );
+    assert_eq!(status.code, Some(0), "{status}");
+    let row = status
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("after "))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(row.contains("blocked"), "{row}");
+    assert!(
+        status
+            .stdout
+            .contains("blocked after: its dependency `base` did not complete"),
+        "{status}"
+    );
+    // The run's own output ends with the same table.
+    assert!(out.stdout.contains("blocked after:"), "{out}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Merging.
+
+#[test]
+fn completed_loops_merge_and_a_conflicting_merge_blocks_without_leaving_a_mess() {
+    let project = Project::new("merge", &[]);
+    let initial = project.git(&["rev-parse", "main"]);
+    let out = project.run(&project.config(), &[]);
+    assert_eq!(out.code, Some(1), "{out}");
+    let summary = project.summary();
+
+    let one = &summary["loops"]["one"];
+    assert_eq!(one["status"], "completed", "{one:#}");
+    assert_eq!(one["merge"]["merged"], true, "{one:#}");
+    assert_eq!(one["merge"]["into"], "main");
+    assert_eq!(one["merge"]["commit"], project.git(&["rev-parse", "main"]));
+    assert_eq!(
+        project.git(&["show", "main:one.txt"]),
+        "one was here",
+        "one's file is in the base branch"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo().join("shared.txt")).unwrap(),
+        "from one\n"
+    );
+    assert_eq!(
+        project.git(&["log", "-1", "--format=%an <%ae>|%P", "main"]),
+        format!(
+            "TaskDaemon <taskdaemon@localhost>|{initial} {}",
+            project.git(&["rev-parse", one["branch"].as_str().unwrap()])
+        )
+    );
+
+    let two = &summary["loops"]["two"];
+    assert_eq!(two["status"], "blocked", "{two:#}");
+    assert_eq!(two["merge"]["merged"], false);
+    let detail = two["merge"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("conflict") && detail.contains("shared.txt"),
+        "{detail}"
+    );
+    assert_eq!(two["reason"].as_str(), Some(detail));
+    // Its work is still on its branch.
+    let two_branch = two["branch"].as_str().unwrap();
+    assert_eq!(
+        project.git(&["show", &format!("{two_branch}:shared.txt")]),
+        "from two"
+    );
+
+    // `merge: false` on the loop wins over the run's `merge: true`.
+    let three = &summary["loops"]["three"];
+    assert_eq!(three["status"], "completed", "{three:#}");
+    assert!(three["merge"].is_null(), "{three:#}");
+    assert!(!project.git_ok(&["cat-file", "-e", "main:three.txt"]));
+
+    assert!(!project.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
+    assert_eq!(project.status(), "");
+    assert_eq!(project.git(&["branch", "--show-current"]), "main");
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Worktrees.
+
+/// Runs the `worktrees` scenario with `keep_line` in its config; returns the project, the
+/// worktree directory of `solo` and its branch.
+fn run_solo(keep_line: &str) -> (Project, PathBuf, String) {
+    let project = Project::new("worktrees", &[("KEEP_WORKTREES", keep_line.to_string())]);
+    let out = project.run(&project.config(), &[]);
+    assert_eq!(out.code, Some(0), "{out}");
+    let solo = project.summary()["loops"]["solo"].clone();
+    let dir = PathBuf::from(solo["worktree"].as_str().unwrap());
+    let branch = solo["branch"].as_str().unwrap().to_string();
+    assert_eq!(project.loop_branches(), vec![branch.clone()]);
+    assert_eq!(
+        project.git(&["show", &format!("{branch}:solo.txt")]),
+        "solo"
+    );
+    assert_eq!(project.status(), "");
+    (project, dir, branch)
+}
+
+fn registered_worktrees(project: &Project) -> Vec<PathBuf> {
+    project
+        .git(&["worktree", "list", "--porcelain"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("worktree "))
+        .map(|p| PathBuf::from(p).canonicalize().unwrap_or(PathBuf::from(p)))
+        .collect()
+}
+
+#[test]
+fn keep_worktrees_keeps_the_directories_and_branches() {
+    let (project, dir, branch) = run_solo("keep-worktrees: true");
+    assert!(dir.join("solo.txt").is_file(), "{}", dir.display());
+    assert!(registered_worktrees(&project).contains(&dir.canonicalize().unwrap()));
+    assert_eq!(
+        project.git_in(&dir, &["branch", "--show-current"]),
+        branch,
+        "the kept worktree is on the loop's branch"
+    );
+}
+
+#[test]
+fn by_default_worktrees_are_removed_and_branches_stay() {
+    let (project, dir, _branch) = run_solo("");
+    assert!(!dir.exists(), "{} is still there", dir.display());
+    assert!(!project.run_dir().join("worktrees").exists());
+    assert_eq!(
+        registered_worktrees(&project),
+        vec![project.repo().canonicalize().unwrap()]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Selecting loops.
+
+#[test]
+fn loop_selection_runs_the_loop_and_its_dependencies_only() {
+    let project = Project::new("select", &[]);
+    let out = project.run(&project.config(), &["--loop", "b", "--json"]);
+    assert_eq!(out.code, Some(0), "{out}");
+    // --json: the events, one JSON object per line, and nothing else.
+    let printed: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(printed, project.events());
+
+    let summary = project.summary();
+    assert_eq!(summary["status"], "completed");
+    assert_eq!(loop_names(&summary), ["a", "b"].map(String::from).into());
+    for name in ["a", "b"] {
+        assert_eq!(summary["loops"][name]["status"], "completed");
+    }
+    let events = project.events();
+    assert!(events_about(&events, "c").is_empty(), "{events:#?}");
+    assert!(!project.run_dir().join("loops/c").exists());
+    let run_id = summary["run_id"].as_str().unwrap();
+    assert_eq!(
+        project.loop_branches(),
+        vec![
+            format!("taskdaemon/{run_id}/a"),
+            format!("taskdaemon/{run_id}/b")
+        ]
+    );
+
+    let again = Project::new("select", &[]);
+    let out = again.run(&again.config(), &["--loop", "d"]);
+    assert_eq!(out.code, Some(2), "{out}");
+    assert!(
+        out.stderr.contains("--loop d: no such loop") && out.stderr.contains("a, b, c"),
+        "{out}"
+    );
+    assert!(!again.run_dir().exists());
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Ctrl-C.
+
+fn wait_for_file(path: &Path, child: &mut Child, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !path.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "taskdaemon exited ({status}) before {} appeared",
+                path.display()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear within {limit:?}",
+            path.display()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
+    let root = tempfile::tempdir().unwrap();
+    let started = root.path().join("started");
+    let flag = root.path().join("flag");
+    let project = Project::new(
+        "interrupt",
+        &[("STARTED", path_arg(&started)), ("FLAG", path_arg(&flag))],
+    );
+    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
+    let mut child = project
+        .taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir])
+        .spawn()
+        .unwrap();
+    wait_for_file(&started, &mut child, RUN_GUARD);
+
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    // The command in flight keeps the run going: a stop takes effect after the call.
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "taskdaemon exited while the command was still running"
+    );
+    std::fs::write(&flag, "").unwrap();
+    let flagged = Instant::now();
+    let out = finish(child, RUN_GUARD);
+    let took = flagged.elapsed();
+    assert_eq!(out.code, Some(130), "{out}");
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?} after the flag"
+    );
+
+    let summary = project.summary();
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    assert!(summary["ended_at"].is_string());
+    let waiter = &summary["loops"]["waiter"];
+    assert_eq!(waiter["status"], "stopped", "{waiter:#}");
+    assert!(waiter["ended_at"].is_string(), "{waiter:#}");
+    assert_eq!(waiter["iterations"], 1);
+    let later = &summary["loops"]["later"];
+    assert_eq!(later["status"], "stopped", "{later:#}");
+    assert_eq!(later["reason"], "never started: the run was interrupted");
+    assert!(!project.transcript("later").exists());
+
+    // The command ran to its end and its result was recorded; the next turn never came.
+    let receipts = read_jsonl(&project.run_dir().join("loops/waiter/receipts.jsonl"));
+    let tools: Vec<&str> = receipts
+        .iter()
+        .map(|r| r["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["write_file", "run_command"]);
+    // Work in progress is committed on the loop's branch.
+    let branch = waiter["branch"].as_str().unwrap();
+    assert_eq!(
+        project.git(&["show", &format!("{branch}:notes.txt")]),
+        "work in progress"
+    );
+    assert_eq!(
+        project.git(&["log", "-1", "--format=%s", branch]),
+        "taskdaemon: waiter stopped (work in progress)"
+    );
+
+    let events = project.events();
+    let lifecycle: Vec<&str> = events
+        .iter()
+        .filter(|e| e["loop_name"] == "waiter")
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        lifecycle,
+        [
+            "loop_started",
+            "iteration_started",
+            "iteration_ended",
+            "loop_stopped",
+            "loop_unregistered"
+        ]
+    );
+    seq_of(
+        &events,
+        json!({"event": "iteration_ended", "loop_name": "waiter", "ended_by": "stopped", "validation_passed": null}),
+    );
+    let stopped = seq_of(
+        &events,
+        json!({"event": "loop_stopped", "loop_name": "waiter"}),
+    );
+    assert!(
+        events.iter().all(|e| e["seq"].as_u64().unwrap() <= stopped
+            || e["event"] == "alert"
+            || e["event"] == "loop_unregistered"),
+        "events after the stop: {events:#?}"
+    );
+}
+
+#[test]
+fn ctrl_c_during_setup_stops_the_run_cleanly() {
+    let root = tempfile::tempdir().unwrap();
+    let started = root.path().join("started");
+    let flag = root.path().join("flag");
+    let project = Project::new("interrupt-setup", &[]);
+    // Holds `git worktree add` (run for `first`, before any loop runs) until the flag exists.
+    let hook = project.repo().join(".git/hooks/post-checkout");
+    std::fs::create_dir_all(hook.parent().unwrap()).unwrap();
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\ntouch '{}'\nuntil [ -e '{}' ]; do sleep 0.05; done\n",
+            started.display(),
+            flag.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
+    let mut child = project
+        .taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir])
+        .spawn()
+        .unwrap();
+    wait_for_file(&started, &mut child, RUN_GUARD);
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    thread::sleep(Duration::from_millis(200));
+    std::fs::write(&flag, "").unwrap();
+    let out = finish(child, RUN_GUARD);
+    assert_eq!(out.code, Some(130), "{out}");
+
+    let summary = project.summary();
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    assert!(summary["ended_at"].is_string());
+    let first = &summary["loops"]["first"];
+    assert_eq!(first["status"], "stopped", "{first:#}");
+    assert!(first["ended_at"].is_string(), "{first:#}");
+    let second = &summary["loops"]["second"];
+    assert_eq!(second["status"], "stopped", "{second:#}");
+    assert_eq!(second["reason"], "never started: the run was interrupted");
+    assert!(second["branch"].is_null(), "{second:#}");
+    assert!(!project.transcript("second").exists());
+    assert!(
+        !project.run_dir().join("worktrees").exists(),
+        "the worktree of first was not removed"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Config errors.
+
+/// `taskdaemon run -c <fixture errors/NAME>`, which must fail at startup.
+fn startup_error(name: &str) -> (Project, PathBuf, Outcome) {
+    let project = Project::new("errors", &[]);
+    let config = project.config_dir().join(name);
+    let out = project.run(&config, &[]);
+    assert_eq!(out.code, Some(2), "{out}");
+    assert!(out.stdout.is_empty(), "{out}");
+    // Nothing was recorded and nothing happened in git.
+    assert!(
+        !project.run_dir().exists(),
+        "a run directory was left behind"
+    );
+    assert!(project.loop_branches().is_empty());
+    assert_eq!(project.status(), "");
+    (project, config, out)
+}
+
+#[test]
+fn an_unknown_key_is_refused_with_its_place_and_a_suggestion() {
+    let (_project, config, out) = startup_error("unknown-key.yml");
+    // `depends_on` is at line 7, column 5.
+    let place = format!("{}:7:5", config.display());
+    assert!(out.stderr.contains(&place), "{place} missing: {out}");
+    assert!(
+        out.stderr.contains("unknown field `depends_on`")
+            && out.stderr.contains("did you mean `depends-on`?"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_dependency_cycle_is_refused_naming_the_cycle() {
+    let (_project, _config, out) = startup_error("cycle.yml");
+    assert!(
+        out.stderr
+            .contains("depends-on forms a cycle: a -> c -> b -> a"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_missing_script_is_refused_naming_the_file() {
+    let (project, _config, out) = startup_error("missing-script.yml");
+    let script = project.config_dir().join("no-such-script.yml");
+    assert!(
+        out.stderr.contains(&script.display().to_string()) && out.stderr.contains("No such file"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_missing_repository_is_refused_before_anything_is_written() {
+    let (project, _config, out) = startup_error("missing-repo.yml");
+    let repo = project.config_dir().join("../no-such-repo");
+    assert!(
+        out.stderr.contains(&format!(
+            "{} is not inside a git working tree",
+            repo.display()
+        )),
+        "{out}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. A real provider end to end.
+
+/// One request the test server received.
+#[derive(Debug, Clone)]
+struct SeenRequest {
+    /// `POST /v1/chat/completions HTTP/1.1`.
+    line: String,
+    /// Header names, lowercased.
+    headers: Vec<String>,
+    /// The JSON body (`null` if it did not parse).
+    body: Value,
+}
+
+/// A one-thread HTTP/1.1 server on 127.0.0.1 answering every request with the replies given,
+/// in order (then plain "done" texts), one request per connection. Keeps every request it
+/// received; the test checks them (a panic in the server thread would only stall the client).
+struct ChatServer {
+    port: u16,
+    requests: Arc<Mutex<Vec<SeenRequest>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ChatServer {
+    fn start(replies: Vec<Value>) -> ChatServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen, stopping) = (requests.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            let mut replies = replies.into_iter();
+            while !stopping.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let reply = replies.next().unwrap_or_else(|| text_reply("done"));
+                        if let Some(request) = serve_one(stream, &reply) {
+                            seen.lock().unwrap().push(request);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+        });
+        ChatServer {
+            port,
+            requests,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    fn requests(&self) -> Vec<SeenRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ChatServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one request from `stream`, answers `reply`, and returns the request.
+fn serve_one(stream: TcpStream, reply: &Value) -> Option<SeenRequest> {
+    stream.set_nonblocking(false).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line).ok()?;
+    let mut headers = Vec::new();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            let name = name.trim().to_ascii_lowercase();
+            if name == "content-length" {
+                length = value.trim().parse().ok()?;
+            }
+            headers.push(name);
+        }
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body).ok()?;
+    let text = reply.to_string();
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    let mut stream = reader.into_inner();
+    stream.write_all(response.as_bytes()).ok()?;
+    stream.flush().ok()?;
+    Some(SeenRequest {
+        line: request_line.trim_end().to_string(),
+        headers,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    })
+}
+
+fn tool_call_reply(id: &str, name: &str, arguments: Value) -> Value {
+    json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "model": "test",
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments.to_string()}
+                }]
+            },
+            "finish_reason": "tool_calls"
+        }],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+    })
+}
+
+fn text_reply(text: &str) -> Value {
+    json!({
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop"
+        }],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    })
+}
+
+#[test]
+fn an_openai_compatible_server_drives_a_loop_to_completion() {
+    let server = ChatServer::start(vec![
+        tool_call_reply(
+            "call_write",
+            "write_file",
+            json!({"path": "hello.txt", "content": "hi\n"}),
+        ),
+        tool_call_reply(
+            "call_done",
+            "complete_task",
+            json!({"summary": "hello.txt says hi"}),
+        ),
+    ]);
+    let project = Project::new("openai", &[("BASE_URL", server.base_url())]);
+    let out = project.run(&project.config(), &[]);
+    assert_eq!(out.code, Some(0), "{out}");
+
+    let solo = &project.summary()["loops"]["solo"];
+    assert_eq!(solo["status"], "completed", "{solo:#}");
+    assert_eq!(solo["iterations"], 1);
+    assert_eq!(solo["summary"], "hello.txt says hi");
+    assert_eq!(
+        solo["usage"],
+        json!({"input_tokens": 200, "output_tokens": 20})
+    );
+    let branch = solo["branch"].as_str().unwrap();
+    assert_eq!(project.git(&["show", &format!("{branch}:hello.txt")]), "hi");
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    for r in &requests {
+        assert_eq!(r.line, "POST /v1/chat/completions HTTP/1.1");
+        // No key configured (and OPENAI_API_KEY unset): no Authorization header.
+        assert!(!r.headers.iter().any(|h| h == "authorization"), "{r:?}");
+    }
+    let first = &requests[0].body;
+    assert_eq!(first["model"], "test");
+    let tools: BTreeSet<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(tools.contains("write_file") && tools.contains("complete_task"));
+    assert_eq!(first["messages"][0]["role"], "system");
+    assert!(
+        first["messages"].to_string().contains("Write hello.txt"),
+        "the task is in the first request"
+    );
+
+    let second = requests[1].body["messages"].as_array().unwrap();
+    let call = second
+        .iter()
+        .find(|m| m["role"] == "assistant" && m["tool_calls"].is_array())
+        .unwrap_or_else(|| panic!("no assistant tool call: {second:#?}"));
+    assert_eq!(call["tool_calls"][0]["id"], "call_write");
+    let result = second
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("no tool result: {second:#?}"));
+    assert_eq!(result["tool_call_id"], "call_write");
+    let content = result["content"].as_str().unwrap();
+    assert!(
+        content.contains("hello.txt") && !content.starts_with("ERROR"),
+        "{content}"
+    );
+}
