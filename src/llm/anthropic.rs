@@ -19,7 +19,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
-use super::http::{ApiKey, HttpSettings, HttpTransport};
+use super::http::{ApiKey, HttpSettings, HttpTransport, quote_json};
 use super::{
     Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
 };
@@ -157,7 +157,8 @@ fn block_json(block: &Block) -> Option<Value> {
 
 /// Reads a Messages API reply.
 pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
-    let bad = |what: &str| LlmError::BadReply(format!("Anthropic reply {what}: {}", short(body)));
+    let bad =
+        |what: &str| LlmError::BadReply(format!("Anthropic reply {what}: {}", quote_json(body)));
     let blocks = body
         .get("content")
         .and_then(Value::as_array)
@@ -217,15 +218,6 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
             output_tokens: count("output_tokens"),
         },
     })
-}
-
-/// A reply quoted in an error, cut short.
-pub(crate) fn short(body: &Value) -> String {
-    let text = body.to_string();
-    match crate::text::truncate_to(&text, 300) {
-        Some(cut) => format!("{cut}…"),
-        None => text,
-    }
 }
 
 #[async_trait]

@@ -1,5 +1,5 @@
-//! The HTTP side shared by the network providers: one pooled reqwest client (rustls), a
-//! per-request timeout, retries with exponential backoff and full jitter, the run-wide limit
+//! The HTTP side shared by the network providers: pooled reqwest clients (rustls; one for
+//! loopback endpoints, which bypass proxies, one for the rest), a per-request timeout, retries with exponential backoff and full jitter, the run-wide limit
 //! on model calls in flight, a cap on the bytes read from a reply, and API keys (from an
 //! environment variable or a file; never printed).
 //!
@@ -491,7 +491,16 @@ pub fn api_error_message(status: StatusCode, body: &[u8]) -> String {
 
 /// Cuts server text for a message, on a character boundary.
 fn quote(text: &str) -> String {
-    match crate::text::truncate_to(text, ERROR_QUOTE_LIMIT) {
+    quote_limited(text, ERROR_QUOTE_LIMIT)
+}
+
+/// A JSON reply quoted in an error, cut short.
+pub(crate) fn quote_json(body: &Value) -> String {
+    quote_limited(&body.to_string(), 300)
+}
+
+fn quote_limited(text: &str, limit: usize) -> String {
+    match crate::text::truncate_to(text, limit) {
         Some(cut) => format!("{cut}…"),
         None => text.to_string(),
     }

@@ -34,8 +34,7 @@ use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
-use super::anthropic::short;
-use super::http::{ApiKey, HttpSettings, HttpTransport};
+use super::http::{ApiKey, HttpSettings, HttpTransport, quote_json};
 use super::{
     Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
 };
@@ -212,7 +211,7 @@ fn push_message(out: &mut Vec<Value>, role: Role, blocks: &[Block]) {
 /// Reads a Chat Completions reply.
 pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
     let bad =
-        |what: &str| LlmError::BadReply(format!("OpenAI-style reply {what}: {}", short(body)));
+        |what: &str| LlmError::BadReply(format!("OpenAI-style reply {what}: {}", quote_json(body)));
     let choice = body
         .get("choices")
         .and_then(Value::as_array)
