@@ -56,6 +56,23 @@ pub enum EventKind {
         /// Why.
         reason: String,
     },
+    /// The loop cannot go on: a dependency did not complete, or merging its branch
+    /// conflicted or was refused.
+    LoopBlocked {
+        /// Loop name.
+        loop_name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A completed loop's branch was merged into its base.
+    LoopMerged {
+        /// Loop name.
+        loop_name: String,
+        /// The base branch.
+        into: String,
+        /// The base's new tip.
+        commit: String,
+    },
     /// The loop was stopped on request.
     LoopStopped {
         /// Loop name.

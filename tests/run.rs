@@ -527,8 +527,8 @@ fn a_failed_loop_blocks_its_dependents_which_never_start() {
     assert!(
         events_about(&project.events(), "after")
             .iter()
-            .all(|e| e["event"] == "alert"),
-        "after appears in events other than alerts to it"
+            .all(|e| e["event"] == "alert" || e["event"] == "loop_blocked"),
+        "after appears in events other than alerts to it and its being blocked"
     );
     assert_eq!(
         project.loop_branches(),
@@ -559,6 +559,14 @@ fn a_failed_loop_blocks_its_dependents_which_never_start() {
     );
     // The run's own output ends with the same table.
     assert!(out.stdout.contains("blocked after:"), "{out}");
+    // And the events say it too.
+    let events = project.events();
+    assert!(
+        events.iter().any(|e| e["event"] == "loop_blocked"
+            && e["loop_name"] == "after"
+            && e["reason"].as_str().is_some_and(|r| r.contains("`base`"))),
+        "no loop_blocked event"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -619,6 +627,21 @@ fn completed_loops_merge_and_a_conflicting_merge_blocks_without_leaving_a_mess()
     assert!(!project.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
     assert_eq!(project.status(), "");
     assert_eq!(project.git(&["branch", "--show-current"]), "main");
+
+    // The events record the merge and the block.
+    let events = project.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "loop_merged" && e["loop_name"] == "one" && e["into"] == "main")
+    );
+    assert!(events.iter().any(|e| {
+        e["event"] == "loop_blocked"
+            && e["loop_name"] == "two"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("shared.txt"))
+    }));
 }
 
 // ---------------------------------------------------------------------------------------

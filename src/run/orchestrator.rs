@@ -16,7 +16,7 @@ use crate::actors::loop_actor::LoopSpec;
 use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
 use crate::context::LoopCommands;
 use crate::engine::{EngineConfig, LoopEnd};
-use crate::events::EventLog;
+use crate::events::{EventKind, EventLog};
 use crate::registry::ToolSet;
 use crate::run::progress::{Progress, ProgressMode};
 use crate::run::record::{
@@ -307,7 +307,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         if !interrupted {
             // After Ctrl-C, loops stopped by it do not block the loops waiting on them: those
             // are stopped too (below), as the user asked.
-            block_orphans(&loops, &mut status, &record, &progress);
+            block_orphans(&loops, &mut status, &record, &progress, &events);
         }
         let running = status
             .values()
@@ -367,6 +367,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                     let _ = record.update_loop(&def.name, |s| {
                         s.status = LoopStatus::Failed;
                         s.reason = Some(why.clone());
+                        let now = now_rfc3339();
+                        s.started_at.get_or_insert_with(|| now.clone());
+                        s.mark_ended(&now);
                     });
                     progress.set_status(&def.name, "failed", &why);
                 }
@@ -400,7 +403,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             continue;
         };
         let final_status = finish_loop(
-            &name, &end, &loops, &config, &places, &repo, &record, &progress,
+            &name, &end, &loops, &config, &places, &repo, &record, &progress, &events,
         )
         .await;
         status.insert(name, final_status);
@@ -510,6 +513,7 @@ fn block_orphans(
     status: &mut BTreeMap<String, LoopStatus>,
     record: &RunRecord,
     progress: &Progress,
+    events: &EventLog,
 ) {
     loop {
         let mut changed = false;
@@ -531,6 +535,10 @@ fn block_orphans(
                     s.reason = Some(why.clone());
                 });
                 progress.set_status(&def.name, "blocked", &why);
+                events.record(EventKind::LoopBlocked {
+                    loop_name: def.name.clone(),
+                    reason: why.clone(),
+                });
                 changed = true;
             }
         }
@@ -660,6 +668,7 @@ async fn finish_loop(
     repo: &Repo,
     record: &RunRecord,
     progress: &Progress,
+    events: &EventLog,
 ) -> LoopStatus {
     let mut status = match end {
         LoopEnd::Completed { .. } => LoopStatus::Completed,
@@ -735,6 +744,7 @@ async fn finish_loop(
             }
         };
         let detail = summary.detail.clone().unwrap_or_default();
+        let merged_commit = summary.commit.clone();
         let _ = record.update_loop(name, |s| {
             s.status = status;
             if status == LoopStatus::Blocked {
@@ -743,8 +753,19 @@ async fn finish_loop(
             s.merge = Some(summary);
         });
         if status == LoopStatus::Blocked {
+            events.record(EventKind::LoopBlocked {
+                loop_name: name.to_string(),
+                reason: detail.clone(),
+            });
             progress.set_status(name, "blocked", &detail);
         } else {
+            if let Some(commit) = merged_commit {
+                events.record(EventKind::LoopMerged {
+                    loop_name: name.to_string(),
+                    into: place.base.clone(),
+                    commit,
+                });
+            }
             progress.set_status(name, "completed", &format!("merged into {}", place.base));
         }
     }

@@ -278,7 +278,10 @@ impl Git {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_EDITOR", "true");
+            .env("GIT_EDITOR", "true")
+            // Its own process group: a Ctrl-C at the terminal goes to the foreground group,
+            // and must reach the run (which stops cleanly), never a merge halfway through.
+            .process_group(0);
         for key in SCRUBBED_ENV {
             cmd.env_remove(key);
         }
