@@ -9,23 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+use common::init_repo;
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
-}
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
@@ -61,11 +49,7 @@ fn sigkill_then_resume_finishes_the_run_without_redoing_or_losing_anything() {
     let flags = root.join("flags");
     let repo = root.join("repo");
     std::fs::create_dir_all(&flags).unwrap();
-    std::fs::create_dir_all(&repo).unwrap();
-    std::fs::write(repo.join("README.md"), "sample\n").unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "init"]);
+    init_repo(&repo, &[("README.md", "sample\n")]);
     let f = flags.display();
     std::fs::write(
         repo.join("script.yml"),

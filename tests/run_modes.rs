@@ -2,36 +2,18 @@
 //! worktree, `worktree: repo` works in the repository's own checkout, `base:` starts a
 //! loop's branch from another branch.
 
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+mod common;
+use common::{git, init_repo};
 
 #[test]
 fn shared_repo_and_base_modes() {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().canonicalize().unwrap().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    std::fs::write(repo.join("README.md"), "main\n").unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "init"]);
+    init_repo(&repo, &[("README.md", "main\n")]);
     git(&repo, &["checkout", "-q", "-b", "feature"]);
     std::fs::write(repo.join("feature.txt"), "only on feature\n").unwrap();
     git(&repo, &["add", "-A"]);
