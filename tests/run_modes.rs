@@ -109,3 +109,99 @@ loops:
     );
     assert!(!git(&repo, &["ls-tree", "--name-only", "main"]).contains("feature.txt"));
 }
+
+#[test]
+fn max_loops_and_loop_type_settings_reach_the_loops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().canonicalize().unwrap().join("repo");
+    init_repo(&repo, &[("README.md", "x\n")]);
+    std::fs::write(
+        repo.join("script.yml"),
+        r#"
+first:
+  turns:
+    - calls:
+        - build: {}
+        - test: {}
+        - broadcast_alert: {event_type: noisy, message: "nobody listens to this"}
+        - complete_task: {summary: "built and tested"}
+second:
+  turns:
+    - calls:
+        - complete_task: {summary: "second"}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("taskdaemon.yml"),
+        r#"
+llm: {provider: scripted, script: script.yml}
+concurrency: {max-loops: 1}
+loop-types:
+  picky:
+    extends: code
+    success-code: 3
+    validation: "test -f built.txt && test -f tested.txt && exit 3"
+    build: "echo built > built.txt"
+    test: "echo tested > tested.txt"
+    subscriptions: [loop_completed]
+loops:
+  - {name: first, type: picky, task: build and test}
+  - {name: second, type: picky, task: nothing much, validation: "exit 3"}
+"#,
+    )
+    .unwrap();
+    let run_dir = tmp.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .args(["run", "-c"])
+        .arg(repo.join("taskdaemon.yml"))
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<Value> = std::fs::read_to_string(run_dir.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seq = |event: &str, name: &str| {
+        events
+            .iter()
+            .find(|e| e["event"] == event && e["loop_name"] == name)
+            .and_then(|e| e["seq"].as_u64())
+            .unwrap_or_else(|| panic!("no {event} for {name}"))
+    };
+    // max-loops: 1 — the second loop starts only after the first ended.
+    let (a_end, b_start) = (
+        seq("loop_completed", "first"),
+        seq("loop_started", "second"),
+    );
+    let b_end = seq("loop_completed", "second");
+    let a_start = seq("loop_started", "first");
+    assert!(
+        a_end < b_start || b_end < a_start,
+        "loops overlapped: {a_start}..{a_end} and {b_start}..{b_end}"
+    );
+    // success-code 3 passed validation; the type's build and test commands ran.
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        summary["loops"]["first"]["validation"]["exit_code"], 3,
+        "{summary}"
+    );
+    assert_eq!(summary["loops"]["first"]["status"], "completed");
+    // subscriptions: [loop_completed] — the `noisy` alert reached nobody.
+    let noisy = events
+        .iter()
+        .find(|e| e["event"] == "alert" && e["event_type"] == "noisy")
+        .unwrap();
+    assert_eq!(noisy["recipients"], serde_json::json!([]), "{noisy}");
+}
