@@ -423,6 +423,11 @@ impl PoolState {
         let lane = self.lane.as_str();
         let respawned = spawn_worker(myself, slot).await;
         let restarted = respawned.is_ok();
+        if restarted {
+            // Counted before the crashed call is answered, so whoever hears of the crash
+            // also sees the restart.
+            self.restarts.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(Running { pending, started }) = running {
             let job = &pending.job;
             tracing::warn!(lane, tool = %job.name, exec_id = job.ctx.exec_id(), "tool worker {how}");
@@ -452,7 +457,6 @@ impl PoolState {
             ))
         })?;
         self.slots[slot].worker = worker;
-        self.restarts.fetch_add(1, Ordering::Relaxed);
         self.idle.push(slot);
         self.dispatch();
         Ok(())
