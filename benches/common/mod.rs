@@ -22,6 +22,12 @@ pub fn rounds(default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Whether `metric` should run: all do unless `BENCH_ONLY` is set, then those whose name
+/// contains it.
+pub fn selected(metric: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |only| metric.contains(&only))
+}
+
 /// Milliseconds of a duration.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
