@@ -47,6 +47,9 @@ fn corpus_text() -> (String, usize) {
     (s, lines)
 }
 
+/// A baseline to time against read_file.
+type Baseline<'a> = Box<dyn FnMut() + 'a>;
+
 fn sed(file: &Path, from: &str, to: &str) {
     let status = Command::new("sed")
         .arg("-i")
@@ -117,73 +120,78 @@ fn main() {
     let mut report = Report::new("edit");
     let n = rounds(15);
 
-    let mut ours_forward = true;
-    let mut ours = || {
-        let (from, to) = if ours_forward { (A, B) } else { (B, A) };
-        ours_forward = !ours_forward;
-        call(
-            "edit_file",
-            json!({"path": "ours.txt", "old_string": from, "new_string": to}),
-        );
-    };
-    let mut sed_forward = true;
-    let mut base = || {
-        let (from, to) = if sed_forward { (A, B) } else { (B, A) };
-        sed_forward = !sed_forward;
-        sed(&sed_file, from, to);
-    };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        have_sed.then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("edit_10mb_ms", o, b, TARGET);
-    if have_sed {
-        let same = std::fs::read(&ours_file).ok() == std::fs::read(&sed_file).ok();
-        println!(
-            "# check: after the edits ours.txt and sed.txt are {}identical",
-            if same { "" } else { "NOT " }
-        );
+    let metric = "edit_10mb_ms";
+    if common::selected(metric) {
+        let mut ours_forward = true;
+        let mut ours = || {
+            let (from, to) = if ours_forward { (A, B) } else { (B, A) };
+            ours_forward = !ours_forward;
+            call(
+                "edit_file",
+                json!({"path": "ours.txt", "old_string": from, "new_string": to}),
+            );
+        };
+        let mut sed_forward = true;
+        let mut base = || {
+            let (from, to) = if sed_forward { (A, B) } else { (B, A) };
+            sed_forward = !sed_forward;
+            sed(&sed_file, from, to);
+        };
+        let base = have_sed.then_some(&mut base as &mut dyn FnMut());
+        let (o, b) = alternate(n, &mut ours, base);
+        report.add(metric, o, b, TARGET);
+        if have_sed {
+            let same = std::fs::read(&ours_file).ok() == std::fs::read(&sed_file).ok();
+            println!(
+                "# check: after the edits ours.txt and sed.txt are {}identical",
+                if same { "" } else { "NOT " }
+            );
+        }
     }
 
     let mut ours = || {
         read();
     };
-    let mut base = || {
+    let tail_only = || {
         tail(&sed_file);
     };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        have_tail.then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("read_last_100_lines_10mb_ms", o, b, TARGET);
-
-    let mut base = || {
+    let sha256sum_tail = || {
         run_all(Command::new("sha256sum").arg(&sed_file));
         tail(&sed_file);
     };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        (have_tail && have_sha).then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("read_last_100_lines_vs_sha256sum_tail_ms", o, b, TARGET);
-
     // The least work read_file's contract allows: every byte read and hashed (with the
     // same SHA-256 code as ours, which uses the CPU's SHA extensions where present), then
     // the lines shown.
-    let mut base = || {
+    let read_hash_tail = || {
         let bytes = std::fs::read(&sed_file).expect("read sed.txt");
         std::hint::black_box(Sha256::digest(&bytes));
         tail(&sed_file);
     };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        have_tail.then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("read_last_100_lines_vs_read_hash_tail_ms", o, b, TARGET);
+    let reads: [(&str, bool, Baseline); 3] = [
+        (
+            "read_last_100_lines_10mb_ms",
+            have_tail,
+            Box::new(tail_only),
+        ),
+        (
+            "read_last_100_lines_vs_sha256sum_tail_ms",
+            have_tail && have_sha,
+            Box::new(sha256sum_tail),
+        ),
+        (
+            "read_last_100_lines_vs_read_hash_tail_ms",
+            have_tail,
+            Box::new(read_hash_tail),
+        ),
+    ];
+    for (metric, available, mut base) in reads {
+        if !common::selected(metric) {
+            continue;
+        }
+        let base = available.then_some(&mut *base as &mut dyn FnMut());
+        let (o, b) = alternate(n, &mut ours, base);
+        report.add(metric, o, b, TARGET);
+    }
 
     report.finish();
 }

@@ -51,6 +51,9 @@ fn total(content: &str) -> usize {
 }
 
 fn bench(report: &mut Report, corpus: &Corpus, pattern: &str, metric: &str, have_rg: bool) {
+    if !common::selected(metric) {
+        return;
+    }
     corpus.describe();
     let rt = common::runtime();
     let set = ToolSet::all();

@@ -127,43 +127,36 @@ fn main() {
     let mut report = Report::new("grep");
     let dir = &corpus.path;
 
-    let n = rounds(9);
-    let mut ours = || {
-        call(json!({"pattern": RARE}));
-    };
-    let mut base = || {
-        run_all(&mut rg(dir, RARE, false));
-    };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        have_rg.then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("rare_full_scan_ms", o, b, TARGET);
+    let metric = "rare_full_scan_ms";
+    if common::selected(metric) {
+        let mut ours = || {
+            call(json!({"pattern": RARE}));
+        };
+        let mut base = || {
+            run_all(&mut rg(dir, RARE, false));
+        };
+        let base = have_rg.then_some(&mut base as &mut dyn FnMut());
+        let (o, b) = alternate(rounds(9), &mut ours, base);
+        report.add(metric, o, b, TARGET);
+    }
 
-    let n = rounds(21);
     let mut ours = || {
         call(json!({"pattern": COMMON}));
     };
-    let mut base = || {
-        run_head(&mut rg(dir, COMMON, false), CAP);
-    };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        have_rg.then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("common_capped_vs_rg_head_ms", o, b, TARGET);
-
-    let mut base = || {
-        run_head(&mut rg(dir, COMMON, true), CAP);
-    };
-    let (o, b) = alternate(
-        n,
-        &mut ours,
-        have_rg.then_some(&mut base as &mut dyn FnMut()),
-    );
-    report.add("common_capped_vs_rg_sorted_head_ms", o, b, TARGET);
+    for (metric, sorted) in [
+        ("common_capped_vs_rg_head_ms", false),
+        ("common_capped_vs_rg_sorted_head_ms", true),
+    ] {
+        if !common::selected(metric) {
+            continue;
+        }
+        let mut base = || {
+            run_head(&mut rg(dir, COMMON, sorted), CAP);
+        };
+        let base = have_rg.then_some(&mut base as &mut dyn FnMut());
+        let (o, b) = alternate(rounds(21), &mut ours, base);
+        report.add(metric, o, b, TARGET);
+    }
 
     report.finish();
 }

@@ -4,6 +4,9 @@
 //!
 //! Alternation is the point: on a shared, noisy machine a slow spell then hits both sides
 //! instead of only the one that happened to run during it.
+//!
+//! Environment: `BENCH_ROUNDS` (rounds per metric), `BENCH_ONLY` (run only the metrics
+//! whose name contains it), `BENCH_CORPUS` (a directory to search instead of the Rust docs).
 
 // Each bench is its own crate and uses only part of this module.
 #![allow(dead_code)]
@@ -20,6 +23,12 @@ pub fn rounds(default: usize) -> usize {
         .and_then(|s| s.parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or(default)
+}
+
+/// Whether `metric` should run: all do unless `BENCH_ONLY` is set, then those whose name
+/// contains it.
+pub fn selected(metric: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |only| metric.contains(&only))
 }
 
 /// Milliseconds of a duration.
