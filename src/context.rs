@@ -15,6 +15,7 @@ use crate::catalog::{Catalog, ToolSpec};
 use crate::coordination::Coordination;
 use crate::error::{ToolError, display_path};
 use crate::sandbox::resolve_in;
+use crate::tools::read_file::ReadIndex;
 
 /// Hash of the exact bytes the model saw (or that the loop itself wrote).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -71,6 +72,9 @@ pub struct ToolContext {
     completion: Mutex<Option<String>>,
     coordination: Option<Arc<dyn Coordination>>,
     commit_cache: Mutex<Option<Option<String>>>,
+    /// Indexes of large files read in full (see `tools::read_file`), so that reading
+    /// another window of an unchanged file reads only that window.
+    read_indexes: Mutex<HashMap<PathBuf, Arc<ReadIndex>>>,
 }
 
 impl std::fmt::Debug for ToolContext {
@@ -111,6 +115,7 @@ impl ToolContext {
             completion: Mutex::new(None),
             coordination: None,
             commit_cache: Mutex::new(None),
+            read_indexes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -240,6 +245,27 @@ impl ToolContext {
     /// The stamp held for `path`, if any.
     pub fn stamp(&self, path: &Path) -> Option<Stamp> {
         lock(&self.stamps).get(path).cloned()
+    }
+
+    /// The index kept for `path` by an earlier full read, if the loop still holds the stamp
+    /// that read recorded (an own write, a new read or an outside change replaces or drops
+    /// the stamp, and so retires the index). `read_file` also checks the file's identity.
+    pub fn read_index(&self, path: &Path) -> Option<Arc<ReadIndex>> {
+        let index = lock(&self.read_indexes).get(path).cloned()?;
+        let held = lock(&self.stamps).get(path) == Some(index.stamp());
+        held.then_some(index)
+    }
+
+    /// Keeps the index of a large file just read in full. A loop reads few large files; past
+    /// `MAX_READ_INDEXES` the kept ones are dropped and collecting starts over (an index is
+    /// only a shortcut: without it a read makes a full pass).
+    pub fn keep_read_index(&self, path: &Path, index: Arc<ReadIndex>) {
+        const MAX_READ_INDEXES: usize = 16;
+        let mut indexes = lock(&self.read_indexes);
+        if indexes.len() >= MAX_READ_INDEXES && !indexes.contains_key(path) {
+            indexes.clear();
+        }
+        indexes.insert(path.to_path_buf(), index);
     }
 
     /// Whether `path` currently holds what the loop last saw.

@@ -14,14 +14,28 @@
 //! and `edit_file` only edits UTF-8 text, so a stamp would only lead to a failed edit. The
 //! read stops early at the first bad byte, or at a NUL in the first 8 KiB.
 //!
+//! Paging through a large file must not cost a full pass per page: a full pass over a text
+//! file of at least `INDEX_MIN_BYTES` also keeps a [`ReadIndex`] in the loop's context: the
+//! file's identity (device, inode, size, mtime, ctime), its stamp, its line count and a
+//! checkpoint (byte offset, lines before it) every so many chunks. A later read of the same
+//! path whose identity is unchanged, and whose stamp the loop still holds, reads only from
+//! the checkpoint before its window to the window's end. Any change to the file changes its
+//! ctime (the kernel sets it; no user call can), and an index is only kept when the file's
+//! ctime was already `SETTLE` old when the pass began, so a write in the same clock tick as
+//! the pass cannot hide behind an unchanged timestamp (git's "racy clean" rule).
+//!
 //! Also home of the small helpers the other file tools share: the numbered-line format, the
 //! line splitting rule (`\n`, with a `\r` before it dropped, as `str::lines`) and the
 //! not-found error with a "did you mean".
 
 use std::fmt::Write as _;
 use std::io::Read as _;
+use std::io::{Seek as _, SeekFrom};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -58,6 +72,104 @@ const UTF8_CARRY_ROOM: usize = 4;
 /// vectorise, small enough that the final byte-by-byte scan stays short.
 const SKIP_CHUNK: usize = 64 * 1024;
 
+/// Files smaller than this are hashed again on every read (under a millisecond); larger
+/// ones get a [`ReadIndex`].
+const INDEX_MIN_BYTES: u64 = 1 << 20;
+
+/// Most checkpoints an index keeps (16 bytes each), whatever the size of the file.
+const MAX_CHECKPOINTS: u64 = 1024;
+
+/// How old a file's ctime must be when a full pass begins for the pass to leave an index:
+/// timestamps come from a coarse clock, so a write just after the pass began could carry
+/// the same ctime as one just before it.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// How one read goes about the file (tests use tiny chunks and no thresholds).
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// Bytes read per step.
+    chunk: usize,
+    /// Smallest file that gets an index.
+    index_min: u64,
+    /// See [`SETTLE`]; `None` keeps every index (tests that build one on a fresh file).
+    settle: Option<Duration>,
+}
+
+const READING: Reading = Reading {
+    chunk: READ_CHUNK,
+    index_min: INDEX_MIN_BYTES,
+    settle: Some(SETTLE),
+};
+
+/// What identifies one version of a file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileIdentity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the last change was at least `settle` before `time`.
+    fn settled_before(&self, time: SystemTime, settle: Duration) -> bool {
+        let Some(limit) = time.checked_sub(settle) else {
+            return false;
+        };
+        let Ok(limit) = limit.duration_since(UNIX_EPOCH) else {
+            return false;
+        };
+        let (secs, nanos) = self.ctime;
+        let limit = (
+            i64::try_from(limit.as_secs()).unwrap_or(i64::MAX),
+            i64::from(limit.subsec_nanos()),
+        );
+        (secs, nanos) < limit
+    }
+}
+
+/// What a full pass learned about a large text file (see the module docs): enough to show
+/// any window of the same, unchanged file by reading only that window.
+#[derive(Debug)]
+pub struct ReadIndex {
+    identity: FileIdentity,
+    stamp: Stamp,
+    /// `\n` bytes in the file.
+    newlines: usize,
+    /// The file's last byte.
+    last: Option<u8>,
+    /// (byte offset, `\n` bytes before it), ascending, starting with (0, 0).
+    checkpoints: Vec<(u64, usize)>,
+}
+
+impl ReadIndex {
+    /// The stamp of the file the index describes.
+    pub fn stamp(&self) -> &Stamp {
+        &self.stamp
+    }
+
+    /// Where to start reading for a window whose first line has 0-based number `first`:
+    /// a line start, or a place inside a line before the window (skipped like any line
+    /// before the window).
+    fn start_for(&self, first: usize) -> (u64, usize) {
+        let usable = self
+            .checkpoints
+            .partition_point(|&(offset, newlines)| offset == 0 || newlines < first);
+        self.checkpoints[usable.saturating_sub(1)]
+    }
+}
+
 /// The `read_file` tool.
 pub struct ReadFile;
 
@@ -83,8 +195,12 @@ fn default_limit() -> u64 {
 #[derive(Debug)]
 enum Shown {
     /// Text the model saw (possibly a window of it) and the stamp of the whole file, which
-    /// must be recorded.
-    Text { content: String, stamp: Stamp },
+    /// must be recorded; and, after a full pass over a large file, its index.
+    Text {
+        content: String,
+        stamp: Stamp,
+        index: Option<ReadIndex>,
+    },
     /// A binary file: only described, so no stamp (edit_file cannot work on it anyway).
     Binary(String),
 }
@@ -136,13 +252,24 @@ impl Tool for ReadFile {
             limit: to_usize(args.limit).max(1),
             cap: ctx.spec(NAME).max_output_bytes,
         };
+        let known = ctx.read_index(&real);
         let result = {
             let real = real.clone();
-            walk::run_blocking(NAME, move |cancel| load(&real, &shown, req, cancel)).await?
+            walk::run_blocking(NAME, move |cancel| {
+                load(&real, &shown, req, cancel, known.as_deref())
+            })
+            .await?
         };
         match result {
-            Shown::Text { content, stamp } => {
+            Shown::Text {
+                content,
+                stamp,
+                index,
+            } => {
                 ctx.record_stamp_hash(&real, stamp);
+                if let Some(index) = index {
+                    ctx.keep_read_index(&real, Arc::new(index));
+                }
                 Ok(ToolOutput::text(content))
             }
             Shown::Binary(content) => Ok(ToolOutput::text(content)),
@@ -166,19 +293,27 @@ struct Request {
     cap: usize,
 }
 
-/// Reads the file in one streaming pass (see the module docs) and renders the window.
-fn load(real: &Path, shown: &str, req: Request, cancel: &AtomicBool) -> ToolResult<Shown> {
-    load_in_chunks(real, shown, req, cancel, READ_CHUNK)
-}
-
-/// `load` reading `chunk` bytes at a time (tests use tiny chunks to cut lines, characters
-/// and CRLF pairs at every possible place).
-fn load_in_chunks(
+/// Reads the file in one streaming pass (see the module docs) and renders the window; or,
+/// when `known` still describes the file, only the part of it the window needs.
+fn load(
     real: &Path,
     shown: &str,
     req: Request,
     cancel: &AtomicBool,
-    chunk: usize,
+    known: Option<&ReadIndex>,
+) -> ToolResult<Shown> {
+    load_with(real, shown, req, cancel, READING, known)
+}
+
+/// `load` reading as `how` says (tests use tiny chunks to cut lines, characters and CRLF
+/// pairs at every possible place).
+fn load_with(
+    real: &Path,
+    shown: &str,
+    req: Request,
+    cancel: &AtomicBool,
+    how: Reading,
+    known: Option<&ReadIndex>,
 ) -> ToolResult<Shown> {
     let meta = std::fs::metadata(real).map_err(|e| io_error("reading", real, shown, &e))?;
     if meta.is_dir() {
@@ -196,11 +331,26 @@ fn load_in_chunks(
         ));
     }
     let io = |e: std::io::Error| io_error("reading", real, shown, &e);
+    let identity = FileIdentity::of(&meta);
+    let began = SystemTime::now();
     let mut file = std::fs::File::open(real).map_err(io)?;
+    if let Some(index) = known.filter(|k| k.identity == identity) {
+        if let Some(shown) = load_window(&mut file, shown, req, cancel, how.chunk, index)? {
+            return Ok(shown);
+        }
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+    }
     let mut scan = Scan::new(req, meta.len());
+    let indexing = meta.len() >= how.index_min;
+    let chunk = how.chunk.max(1);
+    let every = meta
+        .len()
+        .div_ceil(MAX_CHECKPOINTS.saturating_mul(chunk as u64))
+        .max(1);
+    let mut checkpoints = Vec::new();
+    let mut chunks_read = 0u64;
     // The first `carried` bytes of `buf` are the start of a UTF-8 sequence that the previous
     // chunk cut; they are validated again with the bytes that complete them.
-    let chunk = chunk.max(1);
     let mut buf = vec![0u8; UTF8_CARRY_ROOM + chunk];
     let mut carried = 0usize;
     loop {
@@ -231,11 +381,76 @@ fn load_in_chunks(
         if n == 0 {
             break;
         }
+        if indexing && chunks_read.is_multiple_of(every) {
+            checkpoints.push((scan.bytes, scan.newlines));
+        }
+        chunks_read += 1;
         scan.feed(&buf[carried..len]);
         buf.copy_within(len - next_carry..len, 0);
         carried = next_carry;
     }
-    scan.finish(shown)
+    let (newlines, last) = (scan.newlines, scan.last);
+    let mut shown = scan.finish(shown)?;
+    if let Shown::Text { stamp, index, .. } = &mut shown {
+        // Kept only if the file settled before the pass and did not change during it.
+        let unchanged = std::fs::metadata(real).is_ok_and(|m| FileIdentity::of(&m) == identity);
+        let settled = how
+            .settle
+            .is_none_or(|settle| identity.settled_before(began, settle));
+        if indexing && unchanged && settled {
+            *index = Some(ReadIndex {
+                identity,
+                stamp: stamp.clone(),
+                newlines,
+                last,
+                checkpoints,
+            });
+        }
+    }
+    Ok(shown)
+}
+
+/// Shows the window of a file that `index` describes, reading from the checkpoint before
+/// the window to the window's end. `None` when the file turns out not to match the index
+/// (it changed without its identity changing): the caller then makes a full pass.
+fn load_window(
+    file: &mut std::fs::File,
+    shown: &str,
+    req: Request,
+    cancel: &AtomicBool,
+    chunk: usize,
+    index: &ReadIndex,
+) -> ToolResult<Option<Shown>> {
+    let io = |e: std::io::Error| ToolError::failed(format!("reading '{shown}'"), e, "Try again.");
+    let (start, newlines_before) = index.start_for(req.offset - 1);
+    file.seek(SeekFrom::Start(start)).map_err(io)?;
+    let mut scan = Scan::new(req, index.identity.len - start);
+    scan.stamp = StampSource::Known(index.stamp.clone());
+    scan.bytes = start;
+    scan.newlines = newlines_before;
+    let mut buf = vec![0u8; chunk.max(1)];
+    while scan.collecting() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ToolError::failed(
+                format!("reading '{shown}'"),
+                "the call was abandoned",
+                "Read a smaller file or try again.",
+            ));
+        }
+        let n = fill(file, &mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        scan.feed(&buf[..n]);
+    }
+    let at_end = scan.bytes == index.identity.len;
+    if scan.bytes > index.identity.len || (at_end && scan.newlines != index.newlines) {
+        return Ok(None);
+    }
+    scan.bytes = index.identity.len;
+    scan.newlines = index.newlines;
+    scan.last = index.last;
+    scan.finish(shown).map(Some)
 }
 
 /// Reads until `buf` is full or the file ends; returns how many bytes were read.
@@ -256,12 +471,20 @@ fn binary(shown: &str, size: u64, why: &str) -> Shown {
     Shown::Binary(binary_note(shown, size, why))
 }
 
+/// Where a scan's stamp comes from.
+enum StampSource {
+    /// A full pass hashes every byte.
+    Hashing(Box<Sha256>),
+    /// A window read through a [`ReadIndex`] takes the index's.
+    Known(Stamp),
+}
+
 /// What one pass over the file has learned so far.
 struct Scan {
     req: Request,
     /// Bytes of numbered lines that fit under the cap with room left for the closing note.
     budget: usize,
-    hasher: Sha256,
+    stamp: StampSource,
     /// Bytes seen.
     bytes: u64,
     /// `\n` bytes seen: the 0-based number of the line the next byte belongs to.
@@ -291,7 +514,7 @@ impl Scan {
         Self {
             req,
             budget,
-            hasher: Sha256::new(),
+            stamp: StampSource::Hashing(Box::default()),
             bytes: 0,
             newlines: 0,
             last: None,
@@ -311,7 +534,9 @@ impl Scan {
 
     /// Takes in the next bytes of the file.
     fn feed(&mut self, chunk: &[u8]) {
-        self.hasher.update(chunk);
+        if let StampSource::Hashing(hasher) = &mut self.stamp {
+            hasher.update(chunk);
+        }
         self.bytes += chunk.len() as u64;
         if let Some(&b) = chunk.last() {
             self.last = Some(b);
@@ -378,11 +603,19 @@ impl Scan {
         if unterminated && self.collecting() && self.newlines + 1 >= offset {
             self.end_line(false);
         }
-        let stamp = Stamp(hex::encode(self.hasher.finalize()));
+        let stamp =
+            match std::mem::replace(&mut self.stamp, StampSource::Known(Stamp(String::new()))) {
+                StampSource::Hashing(hasher) => Stamp(hex::encode(hasher.finalize())),
+                StampSource::Known(known) => known,
+            };
         if self.bytes == 0 {
             let content =
                 format!("'{shown}' is empty (0 bytes). Use write_file to give it content.");
-            return Ok(Shown::Text { content, stamp });
+            return Ok(Shown::Text {
+                content,
+                stamp,
+                index: None,
+            });
         }
         let total = self.newlines + usize::from(unterminated);
         if offset > total {
@@ -423,6 +656,7 @@ impl Scan {
         Ok(Shown::Text {
             content: out,
             stamp,
+            index: None,
         })
     }
 }
@@ -1105,7 +1339,54 @@ mod tests {
         let (_d, ctx) = setup();
         let p = put(&ctx, "f.txt", bytes);
         let req = Request { offset, limit, cap };
-        load_in_chunks(&p, "f.txt", req, &AtomicBool::new(false), chunk)
+        let how = Reading {
+            chunk,
+            index_min: u64::MAX,
+            settle: None,
+        };
+        load_with(&p, "f.txt", req, &AtomicBool::new(false), how, None)
+    }
+
+    /// A full pass over `path` that keeps an index whatever the file's size and age.
+    fn indexed(path: &Path, chunk: usize) -> ReadIndex {
+        let how = Reading {
+            chunk,
+            index_min: 0,
+            settle: None,
+        };
+        let req = Request {
+            offset: 1,
+            limit: 1,
+            cap: 100_000,
+        };
+        match load_with(path, "f.txt", req, &AtomicBool::new(false), how, None) {
+            Ok(Shown::Text {
+                index: Some(index), ..
+            }) => index,
+            other => panic!("no index: {other:?}"),
+        }
+    }
+
+    /// A read of `path` through `index`.
+    fn through_index(
+        path: &Path,
+        index: &ReadIndex,
+        chunk: usize,
+        req: Request,
+    ) -> ToolResult<Shown> {
+        let how = Reading {
+            chunk,
+            index_min: u64::MAX,
+            settle: None,
+        };
+        load_with(
+            path,
+            "f.txt",
+            req,
+            &AtomicBool::new(false),
+            how,
+            Some(index),
+        )
     }
 
     /// Asserts that streaming `text` in chunks of every size in `chunks` shows what the
@@ -1123,7 +1404,7 @@ mod tests {
                 stream(text.as_bytes(), chunk, offset, limit, cap),
                 &expected,
             ) {
-                (Ok(Shown::Text { content, stamp }), Some(want)) => {
+                (Ok(Shown::Text { content, stamp, .. }), Some(want)) => {
                     assert_eq!(
                         &content, want,
                         "chunk {chunk}, offset {offset}, limit {limit}, cap {cap}"
@@ -1133,7 +1414,120 @@ mod tests {
                 (Err(e), None) => assert_eq!(e.kind(), "invalid_arguments"),
                 (got, want) => panic!("chunk {chunk}: got {got:?}, want {want:?}"),
             }
+            // The same window read through an index (with a checkpoint every chunk) shows
+            // the same, with the same stamp, unless the file is binary (never indexed).
+            let (_d, ctx) = setup();
+            let p = put(&ctx, "f.txt", text.as_bytes());
+            if text.is_empty() {
+                continue;
+            }
+            let index = indexed(&p, chunk);
+            let req = Request { offset, limit, cap };
+            match (through_index(&p, &index, chunk, req), &expected) {
+                (Ok(Shown::Text { content, stamp, .. }), Some(want)) => {
+                    assert_eq!(
+                        &content, want,
+                        "through the index: chunk {chunk}, offset {offset}, limit {limit}, cap {cap}"
+                    );
+                    assert_eq!(stamp, Stamp::of(text.as_bytes()));
+                }
+                (Err(e), None) => assert_eq!(e.kind(), "invalid_arguments"),
+                (got, want) => {
+                    panic!("through the index, chunk {chunk}: got {got:?}, want {want:?}")
+                }
+            }
         }
+    }
+
+    #[test]
+    fn an_index_keeps_at_most_max_checkpoints_and_starts_windows_before_them() {
+        let (_d, ctx) = setup();
+        let text: String = (0..5000).map(|i| format!("{i}\n")).collect();
+        let p = put(&ctx, "f.txt", text.as_bytes());
+        let index = indexed(&p, 1);
+        assert!(index.checkpoints.len() as u64 <= MAX_CHECKPOINTS);
+        assert_eq!(index.checkpoints[0], (0, 0));
+        assert_eq!(index.newlines, 5000);
+        for first in [0, 1, 2, 2500, 4999, 6000] {
+            let (offset, before) = index.start_for(first);
+            assert!(offset == 0 || before < first, "{first}: {offset} {before}");
+        }
+        let req = Request {
+            offset: 4901,
+            limit: 3,
+            cap: 100_000,
+        };
+        match through_index(&p, &index, 4096, req) {
+            Ok(Shown::Text { content, .. }) => assert!(
+                content.starts_with("  4901\t4900\n  4902\t4901\n  4903\t4902\n"),
+                "{content}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_rewritten_in_place_is_read_in_full_again_not_through_its_old_index() {
+        let (_d, ctx) = setup();
+        let p = put(&ctx, "f.txt", b"one\ntwo\nsix\n");
+        let index = indexed(&p, 4);
+        let old = index.identity;
+        // Same size, same inode: only the timestamps tell the versions apart, so wait for the
+        // clock to move on (coarse timestamps tick every few milliseconds).
+        for _ in 0..200 {
+            std::fs::write(&p, b"one\ntwo\nten\n").unwrap();
+            if FileIdentity::of(&std::fs::metadata(&p).unwrap()) != old {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let req = Request {
+            offset: 3,
+            limit: 1,
+            cap: 100_000,
+        };
+        match through_index(&p, &index, 4, req) {
+            Ok(Shown::Text { content, stamp, .. }) => {
+                assert_eq!(content, "     3\tten");
+                assert_eq!(stamp, Stamp::of(b"one\ntwo\nten\n"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_changed_just_before_the_pass_gets_no_index() {
+        let (_d, ctx) = setup();
+        let p = put(&ctx, "f.txt", b"fresh\n");
+        let req = Request {
+            offset: 1,
+            limit: 1,
+            cap: 100_000,
+        };
+        let how = |settle| Reading {
+            chunk: 4,
+            index_min: 0,
+            settle,
+        };
+        let index_of = |settle| match load_with(
+            &p,
+            "f.txt",
+            req,
+            &AtomicBool::new(false),
+            how(settle),
+            None,
+        ) {
+            Ok(Shown::Text { index, .. }) => index,
+            other => panic!("{other:?}"),
+        };
+        assert!(index_of(Some(Duration::from_secs(3600))).is_none());
+        assert!(index_of(None).is_some());
+        // Small files are never indexed by the tool's own settings.
+        let small = load_with(&p, "f.txt", req, &AtomicBool::new(false), READING, None);
+        assert!(
+            matches!(small, Ok(Shown::Text { index: None, .. })),
+            "{small:?}"
+        );
     }
 
     proptest! {
@@ -1197,6 +1591,50 @@ mod tests {
                 Ok(Shown::Text { .. })
             ));
         }
+    }
+
+    #[tokio::test]
+    async fn paging_a_large_settled_file_goes_through_its_index_until_the_loop_writes_it() {
+        let (_d, ctx) = setup();
+        let p = lines_file(&ctx, "big.log", 120_000);
+        assert!(std::fs::metadata(&p).unwrap().len() >= INDEX_MIN_BYTES);
+        std::thread::sleep(SETTLE + Duration::from_millis(50));
+        let page = |offset: usize| {
+            let ctx = &ctx;
+            async move {
+                text(
+                    ctx,
+                    json!({"path": "big.log", "offset": offset, "limit": 3}),
+                )
+                .await
+            }
+        };
+        assert!(page(1).await.starts_with(&numbered(1..=3)));
+        let index = ctx
+            .read_index(&p)
+            .expect("an index after a full read of a settled file");
+        assert_eq!(index.stamp(), &Stamp::of(&std::fs::read(&p).unwrap()));
+        for offset in [119_998, 60_000, 2] {
+            let shown = page(offset).await;
+            assert!(shown.starts_with(&numbered(offset..=offset + 2)), "{shown}");
+            assert_eq!(shown.contains("of 120000"), offset < 119_998, "{shown}");
+        }
+        // The loop's own edit replaces the stamp: the old index no longer applies.
+        let edited = ToolSet::all()
+            .call(
+                &ctx,
+                None,
+                "edit_file",
+                json!({"path": "big.log", "old_string": "line 60001\n", "new_string": "changed\n"}),
+            )
+            .await;
+        assert!(!edited.is_error, "{}", edited.content);
+        assert!(ctx.read_index(&p).is_none());
+        let shown = page(60_000).await;
+        assert!(
+            shown.starts_with(" 60000\tline 60000\n 60001\tchanged\n"),
+            "{shown}"
+        );
     }
 
     #[tokio::test]
