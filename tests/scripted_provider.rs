@@ -12,7 +12,7 @@ fn request(loop_name: &str, purpose: Purpose) -> LlmRequest {
         purpose,
         system: "You are a loop.".to_string(),
         messages: Vec::new(),
-        tools: Vec::new(),
+        tools: Vec::new().into(),
     }
 }
 

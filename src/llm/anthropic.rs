@@ -258,7 +258,7 @@ mod tests {
             purpose: Purpose::Iteration,
             system: String::new(),
             messages,
-            tools: vec![],
+            tools: Vec::new().into(),
         }
     }
 
@@ -315,7 +315,8 @@ mod tests {
             name: "t".into(),
             description: "d".into(),
             input_schema: json!({"type": "object"}),
-        }];
+        }]
+        .into();
         let body = c.request_body(&req);
         assert_eq!(
             body["messages"][0]["content"],

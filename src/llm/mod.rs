@@ -1,6 +1,8 @@
 //! The model side: the provider-neutral conversation types, the `LlmClient` trait, and the
 //! providers. Only this module knows provider JSON; the engine speaks these types.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -131,8 +133,17 @@ pub struct LlmRequest {
     pub system: String,
     /// The conversation so far.
     pub messages: Vec<Message>,
-    /// Tools the model may call.
-    pub tools: Vec<ToolDefinition>,
+    /// Tools the model may call. Shared: a loop sends the same definitions with every
+    /// request, and copying their schemas each time cost more than the rest of a query.
+    #[serde(serialize_with = "serialize_tools")]
+    pub tools: Arc<[ToolDefinition]>,
+}
+
+fn serialize_tools<S: serde::Serializer>(
+    tools: &Arc<[ToolDefinition]>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&**tools, serializer)
 }
 
 /// A model's answer.

@@ -336,7 +336,7 @@ mod tests {
             purpose: Purpose::Iteration,
             system: String::new(),
             messages,
-            tools: vec![],
+            tools: Vec::new().into(),
         }
     }
 

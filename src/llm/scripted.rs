@@ -431,7 +431,7 @@ client:
             purpose: Purpose::Iteration,
             system: String::new(),
             messages: Vec::new(),
-            tools: Vec::new(),
+            tools: Vec::new().into(),
         }
     }
 
