@@ -1,11 +1,14 @@
 //! The coordinator actor: the registry of live loops and the router of `query_loop`,
 //! `share_data`, alerts and listings between them.
 //!
-//! It never awaits a loop inside its own handler: a query is handed to a small task that
-//! waits for the target's reply (with the asker's timeout) while the coordinator goes on.
-//! It monitors every registered loop actor, so a loop that stops or panics is unregistered
-//! at once and every query still waiting on it fails immediately. Unknown, stopped and self
-//! targets are refused at once with the list of live loops. Rate and size limits answer the
+//! It never awaits a loop inside its own handler: an accepted query is answered by the
+//! target loop's [`Answerer`] (which the loop handed over when it registered) in a task that
+//! holds the asker's reply port inside a [`QueryReply`] and applies the asker's timeout. So a
+//! query costs one coordinator message and one task, and its answer goes straight back to
+//! the asker. The coordinator monitors every registered loop actor: a loop that stops or
+//! panics is unregistered at once and the answers still in progress for it are aborted, so
+//! every query waiting on it fails immediately. Unknown, stopped and self targets are
+//! refused at once with the list of live loops. Rate and size limits answer the
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -16,11 +19,11 @@ use async_trait::async_trait;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 
 use crate::actors::messages::{InboxItem, LoopMsg};
 use crate::coordination::{Coordination, Delivery, LoopInfo};
-use crate::engine::Inbox;
+use crate::engine::{Answerer, Inbox};
 use crate::error::ToolError;
 use crate::events::{EventKind, EventLog};
 
@@ -65,6 +68,8 @@ pub enum CoordMsg {
         actor: ActorRef<LoopMsg>,
         /// Its inbox: shares and alerts go straight in, so "delivered" means it is there.
         inbox: Arc<Inbox>,
+        /// Answers the questions other loops ask it.
+        answerer: Arc<Answerer>,
         /// Answered once registered (so the loop may start sending right after).
         reply: RpcReplyPort<()>,
     },
@@ -87,13 +92,6 @@ pub enum CoordMsg {
         timeout: Duration,
         /// The answer or why there is none.
         reply: RpcReplyPort<Result<String, ToolError>>,
-    },
-    /// Internal: a query finished (answered, failed or timed out).
-    QueryDone {
-        /// Query id.
-        id: u64,
-        /// Its target.
-        target: String,
     },
     /// Put data into targets' inboxes.
     Share {
@@ -135,6 +133,9 @@ pub enum CoordMsg {
 struct Entry {
     actor: ActorRef<LoopMsg>,
     inbox: Arc<Inbox>,
+    answerer: Arc<Answerer>,
+    /// Answers in progress for other loops; aborted when the loop leaves the run.
+    answering: Vec<AbortHandle>,
     loop_type: String,
     task: String,
     status: String,
@@ -151,8 +152,6 @@ pub struct CoordState {
     loops: BTreeMap<String, Entry>,
     /// Loops whose actor is gone, with their last status.
     gone: BTreeMap<String, String>,
-    /// Cancel handles of waiting queries, by target.
-    pending: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
     next_query: u64,
     buckets: HashMap<String, Bucket>,
     limits: CoordinatorLimits,
@@ -215,10 +214,18 @@ impl CoordState {
         }
         let limits = self.limits;
         let now = Instant::now();
-        let bucket = self.buckets.entry(from.to_string()).or_insert(Bucket {
-            tokens: f64::from(limits.burst),
-            last: now,
-        });
+        if !self.buckets.contains_key(from) {
+            self.buckets.insert(
+                from.to_string(),
+                Bucket {
+                    tokens: f64::from(limits.burst),
+                    last: now,
+                },
+            );
+        }
+        let Some(bucket) = self.buckets.get_mut(from) else {
+            return Ok(());
+        };
         let refill = now.duration_since(bucket.last).as_secs_f64() * limits.per_second;
         bucket.tokens = (bucket.tokens + refill).min(f64::from(limits.burst));
         bucket.last = now;
@@ -256,6 +263,10 @@ impl CoordState {
 
     fn unregister(&mut self, name: &str, crashed: bool) {
         if let Some(entry) = self.loops.remove(name) {
+            // Each aborted answer drops its `QueryReply`, which tells its asker at once.
+            for task in &entry.answering {
+                task.abort();
+            }
             let status = match entry.status.as_str() {
                 _ if crashed => "crashed".to_string(),
                 "running" => "stopped".to_string(),
@@ -265,9 +276,6 @@ impl CoordState {
             self.events.record(EventKind::LoopUnregistered {
                 loop_name: name.to_string(),
             });
-        }
-        for (_, cancel) in self.pending.remove(name).unwrap_or_default() {
-            let _ = cancel.send(());
         }
     }
 }
@@ -285,7 +293,6 @@ impl Actor for Coordinator {
         Ok(CoordState {
             loops: BTreeMap::new(),
             gone: BTreeMap::new(),
-            pending: HashMap::new(),
             next_query: 1,
             buckets: HashMap::new(),
             limits: args.limits,
@@ -307,6 +314,7 @@ impl Actor for Coordinator {
                 subscriptions,
                 actor,
                 inbox,
+                answerer,
                 reply,
             } => {
                 myself.get_cell().monitor(actor.get_cell());
@@ -316,6 +324,8 @@ impl Actor for Coordinator {
                     Entry {
                         actor,
                         inbox,
+                        answerer,
+                        answering: Vec::new(),
                         loop_type,
                         task,
                         status: "running".to_string(),
@@ -335,15 +345,7 @@ impl Actor for Coordinator {
                 question,
                 timeout,
                 reply,
-            } => handle_query(&myself, state, from, target, question, timeout, reply),
-            CoordMsg::QueryDone { id, target } => {
-                if let Some(list) = state.pending.get_mut(&target) {
-                    list.retain(|(qid, _)| *qid != id);
-                    if list.is_empty() {
-                        state.pending.remove(&target);
-                    }
-                }
-            }
+            } => handle_query(state, from, target, question, timeout, reply),
             CoordMsg::Share {
                 from,
                 targets,
@@ -410,9 +412,10 @@ impl Actor for Coordinator {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Refuses or routes one query. A query that may go is answered by the target's
+/// [`Answerer`] in a task of its own, which holds the asker's reply port wrapped in a
+/// [`QueryReply`]; the coordinator keeps only the task's abort handle and waits for nothing.
 fn handle_query(
-    myself: &ActorRef<CoordMsg>,
     state: &mut CoordState,
     from: String,
     target: String,
@@ -439,66 +442,108 @@ fn handle_query(
         let _ = reply.send(Err(err));
         return;
     }
-    let Some(entry) = state.loops.get(&target) else {
+    let Some(entry) = state.loops.get_mut(&target) else {
         return;
     };
-    let actor = entry.actor.clone();
     state.events.record(EventKind::QueryAsked {
         id,
         from: from.clone(),
         to: target.clone(),
         question: question.clone(),
     });
-    let (cancel_tx, cancel_rx) = oneshot::channel();
-    state
-        .pending
-        .entry(target.clone())
-        .or_default()
-        .push((id, cancel_tx));
-    let events = state.events.clone();
-    let coordinator = myself.clone();
-    tokio::spawn(async move {
-        let asked = actor.call(
-            |port| LoopMsg::Query {
-                from: from.clone(),
-                question,
-                reply: port,
-            },
-            Some(timeout),
+    let reply = QueryReply {
+        id,
+        from: from.clone(),
+        target,
+        timeout,
+        deadline: tokio::time::Instant::now() + timeout,
+        events: state.events.clone(),
+        port: Some(reply),
+    };
+    let answerer = entry.answerer.clone();
+    let task = tokio::spawn(async move {
+        let answering = answerer.answer(&from, &question);
+        match tokio::time::timeout_at(reply.deadline(), answering).await {
+            Ok(answer) => reply.finish(answer),
+            Err(_) => reply.time_out(),
+        }
+    });
+    entry.answering.retain(|t| !t.is_finished());
+    entry.answering.push(task.abort_handle());
+}
+
+/// The asker's end of one routed query, held by the task that answers it.
+///
+/// Exactly one outcome reaches the asker and is recorded as an event: the answer
+/// ([`QueryReply::finish`]), the asker's timeout ([`QueryReply::time_out`], applied by the
+/// answering task at [`QueryReply::deadline`]), or — when it is dropped unanswered because
+/// the answering task was aborted (its loop stopped or crashed) — "stopped before
+/// answering". So a query never outlives its target and needs no waiter of its own.
+pub struct QueryReply {
+    id: u64,
+    from: String,
+    target: String,
+    timeout: Duration,
+    deadline: tokio::time::Instant,
+    events: Arc<EventLog>,
+    port: Option<RpcReplyPort<Result<String, ToolError>>>,
+}
+
+impl QueryReply {
+    /// When the asker stops waiting.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+
+    /// Answers with the target's answer, or with why it could not answer.
+    pub fn finish(mut self, answer: Result<String, String>) {
+        let result = answer.map_err(|why| format!("loop '{}' could not answer: {why}", self.target));
+        self.send(result);
+    }
+
+    /// Tells the asker that no answer came within its timeout.
+    pub fn time_out(mut self) {
+        let message = format!(
+            "no reply from loop '{}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
+            self.target,
+            self.timeout.as_millis()
         );
-        let result = tokio::select! {
-            r = asked => match r {
-                Ok(CallResult::Success(Ok(answer))) => Ok(answer),
-                Ok(CallResult::Success(Err(why))) => Err(format!("loop '{target}' could not answer: {why}")),
-                Ok(CallResult::Timeout) => Err(format!(
-                    "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
-                    timeout.as_millis()
-                )),
-                Ok(CallResult::SenderError) | Err(_) => Err(stopped_before_answering(&target)),
-            },
-            _ = cancel_rx => Err(stopped_before_answering(&target)),
+        self.send(Err(message));
+    }
+
+    fn send(&mut self, result: Result<String, String>) {
+        let Some(port) = self.port.take() else {
+            return;
         };
+        let (id, from, to) = (self.id, self.from.clone(), self.target.clone());
         match &result {
-            Ok(answer) => events.record(EventKind::QueryAnswered {
+            Ok(answer) => self.events.record(EventKind::QueryAnswered {
                 id,
-                from: from.clone(),
-                to: target.clone(),
+                from,
+                to,
                 reply: answer.clone(),
             }),
-            Err(error) => events.record(EventKind::QueryFailed {
+            Err(error) => self.events.record(EventKind::QueryFailed {
                 id,
-                from: from.clone(),
-                to: target.clone(),
+                from,
+                to,
                 error: error.clone(),
             }),
         }
-        let _ = reply.send(result.map_err(|message| ToolError::Unavailable { message }));
-        let _ = coordinator.cast(CoordMsg::QueryDone { id, target });
-    });
+        let _ = port.send(result.map_err(|message| ToolError::Unavailable { message }));
+    }
 }
 
-/// The one message for a query whose target went away: whether the reply port was dropped
-/// or the coordinator cancelled the wait, the asker learns the same thing.
+impl Drop for QueryReply {
+    fn drop(&mut self) {
+        if self.port.is_some() {
+            let message = stopped_before_answering(&self.target);
+            self.send(Err(message));
+        }
+    }
+}
+
+/// The one message for a query whose target went away, whenever it went.
 fn stopped_before_answering(target: &str) -> String {
     format!("loop '{target}' stopped before answering your query; continue without the answer")
 }

@@ -24,7 +24,7 @@ use crate::context::{ToolContext, lock};
 use crate::events::{EventKind, EventLog};
 use crate::llm::{Block, LlmClient, LlmRequest, LlmResponse, Message, Purpose, Role};
 use crate::receipts::{ReceiptLog, SideEffect};
-use crate::registry::{CallOutcome, ToolSet};
+use crate::registry::{CallOutcome, ToolDefinition, ToolSet};
 use crate::text::head_tail;
 
 pub mod prompt;
@@ -143,6 +143,12 @@ impl Progress {
     /// All notes so far.
     pub fn notes(&self) -> Vec<String> {
         lock(&self.notes).clone()
+    }
+
+    /// Calls `f` with the notes so far, without copying them (keep `f` short: it runs under
+    /// the notes' lock).
+    pub fn with_notes<R>(&self, f: impl FnOnce(&[String]) -> R) -> R {
+        f(&lock(&self.notes))
     }
 }
 
@@ -409,7 +415,7 @@ impl Engine {
                 system: system.clone(),
             },
         );
-        let definitions = self.tools.definitions();
+        let definitions: Arc<[ToolDefinition]> = self.tools.definitions().into();
         let mut messages = vec![Message::user_text(first)];
         let mut sent = 0usize;
         for turn in 1..=self.config.max_turns {
@@ -657,103 +663,138 @@ pub fn render_item(item: &InboxItem) -> String {
     }
 }
 
-/// Answers another loop's question with a side model call that sees this loop's task and
-/// progress; the model may use the read-only tools of `tools` on this loop's worktree.
-#[allow(clippy::too_many_arguments)]
-pub async fn answer_query(
-    config: &EngineConfig,
-    ctx: &ToolContext,
-    tools: &ToolSet,
-    llm: &dyn LlmClient,
-    progress: &Progress,
-    transcript: &dyn TranscriptSink,
-    from: &str,
-    question: &str,
-) -> Result<String, String> {
-    const MAX_ANSWER_TURNS: u32 = 4;
-    let system = prompt::render(
-        prompt::ANSWER_SYSTEM,
-        &json!({
-            "loop_name": config.name, "loop_type": config.loop_type, "from": from,
-            "task": config.task, "progress": progress.notes(),
-        }),
-    )?;
-    let read_only: Vec<_> = tools
-        .definitions()
-        .into_iter()
-        .filter(|d| tools.get(&d.name).is_some_and(|t| t.read_only()))
-        .filter(|d| ctx.spec(&d.name).lane != Lane::Coordinator)
-        .collect();
-    let purpose = Purpose::QueryAnswer {
-        from: from.to_string(),
-        question: question.to_string(),
-    };
-    let mut messages = vec![Message::user_text(format!(
-        "Question from loop `{from}`:\n{question}"
-    ))];
-    let mut sent = 0;
-    for turn in 1..=MAX_ANSWER_TURNS {
-        transcript.record(
-            &config.name,
-            TranscriptEntry::Request {
-                iteration: 0,
-                turn,
-                purpose: purpose.clone(),
-                new_messages: messages[sent..].to_vec(),
-            },
-        );
-        sent = messages.len();
-        let response = llm
-            .complete(LlmRequest {
-                loop_name: config.name.clone(),
-                purpose: purpose.clone(),
-                system: system.clone(),
-                messages: messages.clone(),
-                tools: read_only.clone(),
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        transcript.record(
-            &config.name,
-            TranscriptEntry::Response {
-                iteration: 0,
-                turn,
-                response: response.clone(),
-            },
-        );
-        if response.tool_calls.is_empty() {
-            return Ok(response.text.unwrap_or_default());
+/// What a loop needs to answer other loops' questions: built once per loop and shared by
+/// its answerer tasks, so that answering a question copies nothing per loop (its settings,
+/// its tool definitions) and only renders the prompt and calls the model.
+pub struct Answerer {
+    config: EngineConfig,
+    ctx: Arc<ToolContext>,
+    tools: Arc<ToolSet>,
+    llm: Arc<dyn LlmClient>,
+    progress: Arc<Progress>,
+    transcript: Arc<dyn TranscriptSink>,
+    /// The read-only, non-coordination tools of the loop: all an answer may use.
+    read_only: Arc<[ToolDefinition]>,
+}
+
+impl Answerer {
+    /// The answerer of the loop with these settings, context, tools, model, progress notes
+    /// and transcript.
+    pub fn new(
+        config: EngineConfig,
+        ctx: Arc<ToolContext>,
+        tools: Arc<ToolSet>,
+        llm: Arc<dyn LlmClient>,
+        progress: Arc<Progress>,
+        transcript: Arc<dyn TranscriptSink>,
+    ) -> Self {
+        let read_only = tools
+            .definitions()
+            .into_iter()
+            .filter(|d| tools.get(&d.name).is_some_and(|t| t.read_only()))
+            .filter(|d| ctx.spec(&d.name).lane != Lane::Coordinator)
+            .collect();
+        Self {
+            config,
+            ctx,
+            tools,
+            llm,
+            progress,
+            transcript,
+            read_only,
         }
-        messages.push(assistant_message(&response));
-        let mut results = Vec::new();
-        for call in &response.tool_calls {
-            let allowed = read_only.iter().any(|d| d.name == call.name);
-            let (content, is_error) = if allowed {
-                let o = tools
-                    .call(ctx, Some(&call.id), &call.name, call.input.clone())
-                    .await;
-                (o.content, o.is_error)
-            } else {
-                (
-                    format!(
-                        "'{}' is not available while answering a question: only read-only tools are",
-                        call.name
-                    ),
-                    true,
-                )
-            };
-            results.push(Block::ToolResult {
-                tool_use_id: call.id.clone(),
-                content,
-                is_error,
+    }
+
+    /// Answers another loop's question with a side model call that sees this loop's task
+    /// and progress; the model may use the read-only tools on this loop's worktree.
+    pub async fn answer(&self, from: &str, question: &str) -> Result<String, String> {
+        const MAX_ANSWER_TURNS: u32 = 4;
+        let config = &self.config;
+        let system = self.progress.with_notes(|notes| {
+            prompt::answer_system(&config.name, &config.loop_type, from, &config.task, notes)
+        });
+        let purpose = Purpose::QueryAnswer {
+            from: from.to_string(),
+            question: question.to_string(),
+        };
+        let mut messages = vec![Message::user_text(format!(
+            "Question from loop `{from}`:\n{question}"
+        ))];
+        let mut sent = 0;
+        for turn in 1..=MAX_ANSWER_TURNS {
+            self.transcript.record(
+                &config.name,
+                TranscriptEntry::Request {
+                    iteration: 0,
+                    turn,
+                    purpose: purpose.clone(),
+                    new_messages: messages[sent..].to_vec(),
+                },
+            );
+            sent = messages.len();
+            let response = self
+                .llm
+                .complete(LlmRequest {
+                    loop_name: config.name.clone(),
+                    purpose: purpose.clone(),
+                    system: system.clone(),
+                    messages: messages.clone(),
+                    tools: self.read_only.clone(),
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            if response.tool_calls.is_empty() {
+                let text = response.text.clone().unwrap_or_default();
+                self.transcript.record(
+                    &config.name,
+                    TranscriptEntry::Response {
+                        iteration: 0,
+                        turn,
+                        response,
+                    },
+                );
+                return Ok(text);
+            }
+            self.transcript.record(
+                &config.name,
+                TranscriptEntry::Response {
+                    iteration: 0,
+                    turn,
+                    response: response.clone(),
+                },
+            );
+            messages.push(assistant_message(&response));
+            let mut results = Vec::new();
+            for call in &response.tool_calls {
+                let allowed = self.read_only.iter().any(|d| d.name == call.name);
+                let (content, is_error) = if allowed {
+                    let o = self
+                        .tools
+                        .call(&self.ctx, Some(&call.id), &call.name, call.input.clone())
+                        .await;
+                    (o.content, o.is_error)
+                } else {
+                    (
+                        format!(
+                            "'{}' is not available while answering a question: only read-only tools are",
+                            call.name
+                        ),
+                        true,
+                    )
+                };
+                results.push(Block::ToolResult {
+                    tool_use_id: call.id.clone(),
+                    content,
+                    is_error,
+                });
+            }
+            messages.push(Message {
+                role: Role::User,
+                content: results,
             });
         }
-        messages.push(Message {
-            role: Role::User,
-            content: results,
-        });
+        Err(format!(
+            "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
+        ))
     }
-    Err(format!(
-        "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
-    ))
 }
