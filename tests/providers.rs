@@ -283,7 +283,11 @@ fn request(messages: Vec<Message>, with_tools: bool) -> LlmRequest {
         purpose: Purpose::Iteration,
         system: SYSTEM.into(),
         messages,
-        tools: if with_tools { tools() } else { Vec::new() },
+        tools: if with_tools {
+            tools().into()
+        } else {
+            Vec::new().into()
+        },
     }
 }
 

@@ -1,14 +1,14 @@
 //! The coordinator actor: the registry of live loops and the router of `query_loop`,
 //! `share_data`, alerts and listings between them.
 //!
-//! It never awaits a loop inside its own handler: an accepted query is answered by the
-//! target loop's [`Answerer`] (which the loop handed over when it registered) in a task that
-//! holds the asker's reply port inside a [`QueryReply`] and applies the asker's timeout. So a
-//! query costs one coordinator message and one task, and its answer goes straight back to
-//! the asker. The coordinator monitors every registered loop actor: a loop that stops or
-//! panics is unregistered at once and the answers still in progress for it are aborted, so
-//! every query waiting on it fails immediately. Unknown, stopped and self targets are
-//! refused at once with the list of live loops. Rate and size limits answer the
+//! It never awaits a loop inside its own handler: it checks and records a query, and hands
+//! the asker a [`RoutedQuery`] holding the target loop's [`Answerer`] (which the loop handed
+//! over when it registered); the asker's task runs the answer, under the asker's timeout.
+//! So a query costs one coordinator message and no task of its own. The coordinator
+//! monitors every registered loop actor: a loop that stops or panics is unregistered at
+//! once and the answers still in progress for it are cancelled, so every query waiting on
+//! it fails immediately. Unknown, stopped and self targets are refused at once with the
+//! list of live loops. Rate and size limits answer the
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
-use tokio::task::AbortHandle;
+use tokio::sync::oneshot;
 
 use crate::actors::messages::{InboxItem, LoopMsg};
 use crate::coordination::{Coordination, Delivery, LoopInfo};
@@ -90,8 +90,8 @@ pub enum CoordMsg {
         question: String,
         /// How long the asker waits.
         timeout: Duration,
-        /// The answer or why there is none.
-        reply: RpcReplyPort<Result<String, ToolError>>,
+        /// The accepted query, for the asker to run, or why it was refused.
+        reply: RpcReplyPort<Result<RoutedQuery, ToolError>>,
     },
     /// Put data into targets' inboxes.
     Share {
@@ -134,8 +134,9 @@ struct Entry {
     actor: ActorRef<LoopMsg>,
     inbox: Arc<Inbox>,
     answerer: Arc<Answerer>,
-    /// Answers in progress for other loops; aborted when the loop leaves the run.
-    answering: Vec<AbortHandle>,
+    /// One per answer in progress for another loop: dropped when the loop leaves the run,
+    /// which cancels them. Closed ones (answer done) are pruned as new queries arrive.
+    answering: Vec<oneshot::Sender<()>>,
     loop_type: String,
     task: String,
     status: String,
@@ -263,10 +264,9 @@ impl CoordState {
 
     fn unregister(&mut self, name: &str, crashed: bool) {
         if let Some(entry) = self.loops.remove(name) {
-            // Each aborted answer drops its `QueryReply`, which tells its asker at once.
-            for task in &entry.answering {
-                task.abort();
-            }
+            // Dropping the cancel handles ends every answer in progress for this loop: each
+            // asker learns at once that it stopped.
+            drop(entry.answering);
             let status = match entry.status.as_str() {
                 _ if crashed => "crashed".to_string(),
                 "running" => "stopped".to_string(),
@@ -412,16 +412,15 @@ impl Actor for Coordinator {
     }
 }
 
-/// Refuses or routes one query. A query that may go is answered by the target's
-/// [`Answerer`] in a task of its own, which holds the asker's reply port wrapped in a
-/// [`QueryReply`]; the coordinator keeps only the task's abort handle and waits for nothing.
+/// Refuses or accepts one query. An accepted query goes back to the asker as a
+/// [`RoutedQuery`]; the coordinator keeps only its cancel handle and waits for nothing.
 fn handle_query(
     state: &mut CoordState,
     from: String,
     target: String,
     question: String,
     timeout: Duration,
-    reply: RpcReplyPort<Result<String, ToolError>>,
+    reply: RpcReplyPort<Result<RoutedQuery, ToolError>>,
 ) {
     let id = state.next_query;
     state.next_query += 1;
@@ -451,99 +450,118 @@ fn handle_query(
         to: target.clone(),
         question: question.clone(),
     });
-    let reply = QueryReply {
-        id,
-        from: from.clone(),
-        target,
-        timeout,
+    let (cancel_tx, cancelled) = oneshot::channel();
+    entry.answering.retain(|c| !c.is_closed());
+    entry.answering.push(cancel_tx);
+    let routed = RoutedQuery {
+        answerer: entry.answerer.clone(),
+        question,
         deadline: tokio::time::Instant::now() + timeout,
-        events: state.events.clone(),
-        port: Some(reply),
+        cancelled,
+        record: QueryRecord {
+            id,
+            from,
+            target,
+            timeout,
+            events: state.events.clone(),
+            done: false,
+        },
     };
-    let answerer = entry.answerer.clone();
-    let task = tokio::spawn(async move {
-        let answering = answerer.answer(&from, &question);
-        match tokio::time::timeout_at(reply.deadline(), answering).await {
-            Ok(answer) => reply.finish(answer),
-            Err(_) => reply.time_out(),
-        }
-    });
-    entry.answering.retain(|t| !t.is_finished());
-    entry.answering.push(task.abort_handle());
+    // An asker that is gone drops the query unrun; its record says so.
+    let _ = reply.send(Ok(routed));
 }
 
-/// The asker's end of one routed query, held by the task that answers it.
+/// An accepted query: the target loop's [`Answerer`] and what the answer is held to (the
+/// asker's deadline, the target staying in the run).
 ///
-/// Exactly one outcome reaches the asker and is recorded as an event: the answer
-/// ([`QueryReply::finish`]), the asker's timeout ([`QueryReply::time_out`], applied by the
-/// answering task at [`QueryReply::deadline`]), or — when it is dropped unanswered because
-/// the answering task was aborted (its loop stopped or crashed) — "stopped before
-/// answering". So a query never outlives its target and needs no waiter of its own.
-pub struct QueryReply {
+/// The asker runs it in its own task ([`RoutedQuery::run`]): it waits for the answer anyway,
+/// and running the answer there spares a task and two task switches per query. The answer
+/// is still the target's (its task, progress, worktree and transcript); it ends at the
+/// asker's deadline, or at once when the target leaves the run (the coordinator drops the
+/// cancel handle). Its outcome is recorded as an event exactly once.
+pub struct RoutedQuery {
+    answerer: Arc<Answerer>,
+    question: String,
+    deadline: tokio::time::Instant,
+    cancelled: oneshot::Receiver<()>,
+    record: QueryRecord,
+}
+
+impl RoutedQuery {
+    /// Runs the answer and returns it, or why there is none.
+    pub async fn run(self) -> Result<String, ToolError> {
+        let RoutedQuery {
+            answerer,
+            question,
+            deadline,
+            cancelled,
+            mut record,
+        } = self;
+        let answering = answerer.answer(&record.from, &question);
+        let target = &record.target;
+        let outcome = tokio::select! {
+            r = tokio::time::timeout_at(deadline, answering) => match r {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(why)) => Err(format!("loop '{target}' could not answer: {why}")),
+                Err(_) => Err(format!(
+                    "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
+                    record.timeout.as_millis()
+                )),
+            },
+            _ = cancelled => Err(stopped_before_answering(target)),
+        };
+        record.record(&outcome);
+        outcome.map_err(|message| ToolError::Unavailable { message })
+    }
+}
+
+/// Records the outcome of one accepted query as an event, once; a query dropped before its
+/// outcome (the asker stopped waiting: its iteration or loop ended) is recorded as such.
+struct QueryRecord {
     id: u64,
     from: String,
     target: String,
     timeout: Duration,
-    deadline: tokio::time::Instant,
     events: Arc<EventLog>,
-    port: Option<RpcReplyPort<Result<String, ToolError>>>,
+    done: bool,
 }
 
-impl QueryReply {
-    /// When the asker stops waiting.
-    pub fn deadline(&self) -> tokio::time::Instant {
-        self.deadline
-    }
-
-    /// Answers with the target's answer, or with why it could not answer.
-    pub fn finish(mut self, answer: Result<String, String>) {
-        let result = answer.map_err(|why| format!("loop '{}' could not answer: {why}", self.target));
-        self.send(result);
-    }
-
-    /// Tells the asker that no answer came within its timeout.
-    pub fn time_out(mut self) {
-        let message = format!(
-            "no reply from loop '{}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
-            self.target,
-            self.timeout.as_millis()
-        );
-        self.send(Err(message));
-    }
-
-    fn send(&mut self, result: Result<String, String>) {
-        let Some(port) = self.port.take() else {
+impl QueryRecord {
+    fn record(&mut self, outcome: &Result<String, String>) {
+        if std::mem::replace(&mut self.done, true) {
             return;
-        };
+        }
         let (id, from, to) = (self.id, self.from.clone(), self.target.clone());
-        match &result {
-            Ok(answer) => self.events.record(EventKind::QueryAnswered {
+        self.events.record(match outcome {
+            Ok(answer) => EventKind::QueryAnswered {
                 id,
                 from,
                 to,
                 reply: answer.clone(),
-            }),
-            Err(error) => self.events.record(EventKind::QueryFailed {
+            },
+            Err(error) => EventKind::QueryFailed {
                 id,
                 from,
                 to,
                 error: error.clone(),
-            }),
-        }
-        let _ = port.send(result.map_err(|message| ToolError::Unavailable { message }));
+            },
+        });
     }
 }
 
-impl Drop for QueryReply {
+impl Drop for QueryRecord {
     fn drop(&mut self) {
-        if self.port.is_some() {
-            let message = stopped_before_answering(&self.target);
-            self.send(Err(message));
+        if !self.done {
+            let message = format!(
+                "loop '{}' stopped waiting before the answer came (its iteration or the loop ended)",
+                self.from
+            );
+            self.record(&Err(message));
         }
     }
 }
 
-/// The one message for a query whose target went away, whenever it went.
+/// The one message for a query whose target went away.
 fn stopped_before_answering(target: &str) -> String {
     format!("loop '{target}' stopped before answering your query; continue without the answer")
 }
@@ -702,7 +720,9 @@ impl Coordination for CoordinatorPort {
             timeout,
             reply,
         })
-        .await?
+        .await??
+        .run()
+        .await
     }
 
     async fn share(
@@ -746,5 +766,48 @@ impl Coordination for CoordinatorPort {
             reply,
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(events: &Arc<EventLog>) -> QueryRecord {
+        QueryRecord {
+            id: 7,
+            from: "a".to_string(),
+            target: "b".to_string(),
+            timeout: Duration::from_secs(1),
+            events: events.clone(),
+            done: false,
+        }
+    }
+
+    #[test]
+    fn a_query_outcome_is_recorded_once() {
+        let events = Arc::new(EventLog::in_memory());
+        let mut r = record(&events);
+        r.record(&Ok("8080".to_string()));
+        r.record(&Err("late".to_string()));
+        drop(r);
+        let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds.len(), 1, "{kinds:?}");
+        assert!(
+            matches!(&kinds[0], EventKind::QueryAnswered { id: 7, reply, .. } if reply == "8080"),
+            "{kinds:?}"
+        );
+    }
+
+    #[test]
+    fn a_query_dropped_before_its_outcome_is_recorded_as_abandoned_by_the_asker() {
+        let events = Arc::new(EventLog::in_memory());
+        drop(record(&events));
+        let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
+        assert!(
+            matches!(&kinds[..], [EventKind::QueryFailed { id: 7, from, to, error }]
+                if from == "a" && to == "b" && error.contains("stopped waiting")),
+            "{kinds:?}"
+        );
     }
 }

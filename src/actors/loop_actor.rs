@@ -3,11 +3,11 @@
 //! works), and meanwhile takes deliveries, file-change notices, queries and stop requests.
 //!
 //! Queries to the loop are answered by its [`Answerer`] (a side model call with the loop's
-//! task and progress), which the actor hands to the coordinator when it registers: the
-//! coordinator runs each answer in a task of its own, concurrently with the iteration (two
-//! loops that ask each other at the same moment both get answers), and aborts them when the
-//! loop leaves the run, so a query still waiting on it fails at once instead of hanging.
-//! When the actor stops, the engine task it started is aborted.
+//! task and progress), which the actor hands to the coordinator when it registers: each
+//! answer runs in the asking loop's task, concurrently with this loop's iteration (two loops
+//! that ask each other at the same moment both get answers), and the coordinator cancels
+//! them when this loop leaves the run, so a query still waiting on it fails at once instead
+//! of hanging. When the actor stops, the engine task it started is aborted.
 
 use std::sync::Arc;
 
@@ -102,7 +102,7 @@ impl Actor for LoopActor {
             progress.push(note.clone());
         }
         let answerer = Arc::new(Answerer::new(
-            spec.config.clone(),
+            &spec.config,
             spec.ctx.clone(),
             spec.tools.clone(),
             spec.llm.clone(),

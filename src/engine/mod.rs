@@ -10,7 +10,7 @@
 //! calls that write run in order; a stop takes effect after the call in flight.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -415,7 +415,7 @@ impl Engine {
                 system: system.clone(),
             },
         );
-        let definitions: Arc<[ToolDefinition]> = self.tools.definitions().into();
+        let definitions = self.tools.shared_definitions();
         let mut messages = vec![Message::user_text(first)];
         let mut sent = 0usize;
         for turn in 1..=self.config.max_turns {
@@ -664,55 +664,64 @@ pub fn render_item(item: &InboxItem) -> String {
 }
 
 /// What a loop needs to answer other loops' questions: built once per loop and shared by
-/// its answerer tasks, so that answering a question copies nothing per loop (its settings,
-/// its tool definitions) and only renders the prompt and calls the model.
+/// every answer in progress, so that answering a question copies nothing per loop (its
+/// settings, its tool definitions) and only renders the prompt and calls the model.
 pub struct Answerer {
-    config: EngineConfig,
+    /// The loop's name, type and task: all of its settings an answer uses.
+    name: String,
+    loop_type: String,
+    task: String,
     ctx: Arc<ToolContext>,
     tools: Arc<ToolSet>,
     llm: Arc<dyn LlmClient>,
     progress: Arc<Progress>,
     transcript: Arc<dyn TranscriptSink>,
-    /// The read-only, non-coordination tools of the loop: all an answer may use.
-    read_only: Arc<[ToolDefinition]>,
+    /// The read-only, non-coordination tools of the loop (all an answer may use); looked up
+    /// at the first question (loops of one type share them).
+    read_only: OnceLock<Arc<[ToolDefinition]>>,
 }
 
 impl Answerer {
     /// The answerer of the loop with these settings, context, tools, model, progress notes
     /// and transcript.
     pub fn new(
-        config: EngineConfig,
+        config: &EngineConfig,
         ctx: Arc<ToolContext>,
         tools: Arc<ToolSet>,
         llm: Arc<dyn LlmClient>,
         progress: Arc<Progress>,
         transcript: Arc<dyn TranscriptSink>,
     ) -> Self {
-        let read_only = tools
-            .definitions()
-            .into_iter()
-            .filter(|d| tools.get(&d.name).is_some_and(|t| t.read_only()))
-            .filter(|d| ctx.spec(&d.name).lane != Lane::Coordinator)
-            .collect();
         Self {
-            config,
+            name: config.name.clone(),
+            loop_type: config.loop_type.clone(),
+            task: config.task.clone(),
             ctx,
             tools,
             llm,
             progress,
             transcript,
-            read_only,
+            read_only: OnceLock::new(),
         }
+    }
+
+    fn read_only(&self) -> &Arc<[ToolDefinition]> {
+        self.read_only.get_or_init(|| {
+            self.tools.shared_subset(|name| {
+                self.tools.get(name).is_some_and(|t| t.read_only())
+                    && self.ctx.spec(name).lane != Lane::Coordinator
+            })
+        })
     }
 
     /// Answers another loop's question with a side model call that sees this loop's task
     /// and progress; the model may use the read-only tools on this loop's worktree.
     pub async fn answer(&self, from: &str, question: &str) -> Result<String, String> {
         const MAX_ANSWER_TURNS: u32 = 4;
-        let config = &self.config;
         let system = self.progress.with_notes(|notes| {
-            prompt::answer_system(&config.name, &config.loop_type, from, &config.task, notes)
+            prompt::answer_system(&self.name, &self.loop_type, from, &self.task, notes)
         });
+        let read_only = self.read_only();
         let purpose = Purpose::QueryAnswer {
             from: from.to_string(),
             question: question.to_string(),
@@ -723,7 +732,7 @@ impl Answerer {
         let mut sent = 0;
         for turn in 1..=MAX_ANSWER_TURNS {
             self.transcript.record(
-                &config.name,
+                &self.name,
                 TranscriptEntry::Request {
                     iteration: 0,
                     turn,
@@ -735,18 +744,18 @@ impl Answerer {
             let response = self
                 .llm
                 .complete(LlmRequest {
-                    loop_name: config.name.clone(),
+                    loop_name: self.name.clone(),
                     purpose: purpose.clone(),
                     system: system.clone(),
                     messages: messages.clone(),
-                    tools: self.read_only.clone(),
+                    tools: read_only.clone(),
                 })
                 .await
                 .map_err(|e| e.to_string())?;
             if response.tool_calls.is_empty() {
                 let text = response.text.clone().unwrap_or_default();
                 self.transcript.record(
-                    &config.name,
+                    &self.name,
                     TranscriptEntry::Response {
                         iteration: 0,
                         turn,
@@ -756,7 +765,7 @@ impl Answerer {
                 return Ok(text);
             }
             self.transcript.record(
-                &config.name,
+                &self.name,
                 TranscriptEntry::Response {
                     iteration: 0,
                     turn,
@@ -766,7 +775,7 @@ impl Answerer {
             messages.push(assistant_message(&response));
             let mut results = Vec::new();
             for call in &response.tool_calls {
-                let allowed = self.read_only.iter().any(|d| d.name == call.name);
+                let allowed = read_only.iter().any(|d| d.name == call.name);
                 let (content, is_error) = if allowed {
                     let o = self
                         .tools

@@ -156,8 +156,20 @@ mod tests {
     fn answer_system_is_the_template_rendered() {
         let cases: [(&str, &str, &str, &str, Vec<String>); 4] = [
             ("api", "code", "client", "Build the API", vec![]),
-            ("api", "code", "client", "Two\nlines {{ not a tag }}", vec!["a".into()]),
-            ("x", "ralph", "y", "", vec!["first".into(), "sec\nond <b>&".into()]),
+            (
+                "api",
+                "code",
+                "client",
+                "Two\nlines {{ not a tag }}",
+                vec!["a".into()],
+            ),
+            (
+                "x",
+                "ralph",
+                "y",
+                "",
+                vec!["first".into(), "sec\nond <b>&".into()],
+            ),
             ("ünï", "spec", "çödé", "tâche\n", vec![String::new()]),
         ];
         for (name, ty, from, task, progress) in cases {
@@ -174,8 +186,14 @@ mod tests {
     #[test]
     fn cached_templates_render_each_call_with_its_own_variables() {
         let t = "{{ who }} {% if more %}and more{% endif %}";
-        assert_eq!(render(t, &json!({"who": "a", "more": false})).unwrap(), "a ");
-        assert_eq!(render(t, &json!({"who": "b", "more": true})).unwrap(), "b and more");
+        assert_eq!(
+            render(t, &json!({"who": "a", "more": false})).unwrap(),
+            "a "
+        );
+        assert_eq!(
+            render(t, &json!({"who": "b", "more": true})).unwrap(),
+            "b and more"
+        );
         assert!(render(t, &json!({})).unwrap_err().contains("undefined"));
     }
 
