@@ -415,34 +415,33 @@ impl Engine {
                 system: system.clone(),
             },
         );
-        let definitions = self.tools.shared_definitions();
-        let mut messages = vec![Message::user_text(first)];
+        // One request for the whole iteration: each turn appends to its conversation.
+        let mut request = LlmRequest {
+            loop_name: self.config.name.clone(),
+            purpose: Purpose::Iteration,
+            system,
+            messages: vec![Message::user_text(first)],
+            tools: self.tools.shared_definitions(),
+        };
         let mut sent = 0usize;
         for turn in 1..=self.config.max_turns {
             if self.stopped() {
                 return (TurnsEnded::Stopped, self.ctx.take_completion());
             }
-            self.attach_notices(&mut messages);
+            self.attach_notices(&mut request.messages);
             self.transcript.record(
                 &self.config.name,
                 TranscriptEntry::Request {
                     iteration,
                     turn,
                     purpose: Purpose::Iteration,
-                    new_messages: messages[sent..].to_vec(),
+                    new_messages: request.messages[sent..].to_vec(),
                 },
             );
-            sent = messages.len();
-            let request = LlmRequest {
-                loop_name: self.config.name.clone(),
-                purpose: Purpose::Iteration,
-                system: system.clone(),
-                messages: messages.clone(),
-                tools: definitions.clone(),
-            };
+            sent = request.messages.len();
             let mut stop = self.stop.clone();
             let response = tokio::select! {
-                r = self.llm.complete(request) => r,
+                r = self.llm.complete(&request) => r,
                 _ = stop.wait_for(|s| *s) => return (TurnsEnded::Stopped, self.ctx.take_completion()),
             };
             let response = match response {
@@ -466,12 +465,12 @@ impl Engine {
                     response: response.clone(),
                 },
             );
-            messages.push(assistant_message(&response));
+            request.messages.push(assistant_message(&response));
             if response.tool_calls.is_empty() {
                 return (TurnsEnded::EndTurn, self.ctx.take_completion());
             }
             let (results, stopped) = self.run_calls(iteration, turn, &response).await;
-            messages.push(Message {
+            request.messages.push(Message {
                 role: Role::User,
                 content: results,
             });
@@ -721,14 +720,19 @@ impl Answerer {
         let system = self.progress.with_notes(|notes| {
             prompt::answer_system(&self.name, &self.loop_type, from, &self.task, notes)
         });
-        let read_only = self.read_only();
-        let purpose = Purpose::QueryAnswer {
-            from: from.to_string(),
-            question: question.to_string(),
+        let read_only = self.read_only().clone();
+        let mut request = LlmRequest {
+            loop_name: self.name.clone(),
+            purpose: Purpose::QueryAnswer {
+                from: from.to_string(),
+                question: question.to_string(),
+            },
+            system,
+            messages: vec![Message::user_text(format!(
+                "Question from loop `{from}`:\n{question}"
+            ))],
+            tools: read_only.clone(),
         };
-        let mut messages = vec![Message::user_text(format!(
-            "Question from loop `{from}`:\n{question}"
-        ))];
         let mut sent = 0;
         for turn in 1..=MAX_ANSWER_TURNS {
             self.transcript.record(
@@ -736,20 +740,14 @@ impl Answerer {
                 TranscriptEntry::Request {
                     iteration: 0,
                     turn,
-                    purpose: purpose.clone(),
-                    new_messages: messages[sent..].to_vec(),
+                    purpose: request.purpose.clone(),
+                    new_messages: request.messages[sent..].to_vec(),
                 },
             );
-            sent = messages.len();
+            sent = request.messages.len();
             let response = self
                 .llm
-                .complete(LlmRequest {
-                    loop_name: self.name.clone(),
-                    purpose: purpose.clone(),
-                    system: system.clone(),
-                    messages: messages.clone(),
-                    tools: read_only.clone(),
-                })
+                .complete(&request)
                 .await
                 .map_err(|e| e.to_string())?;
             if response.tool_calls.is_empty() {
@@ -772,7 +770,7 @@ impl Answerer {
                     response: response.clone(),
                 },
             );
-            messages.push(assistant_message(&response));
+            request.messages.push(assistant_message(&response));
             let mut results = Vec::new();
             for call in &response.tool_calls {
                 let allowed = read_only.iter().any(|d| d.name == call.name);
@@ -797,7 +795,7 @@ impl Answerer {
                     is_error,
                 });
             }
-            messages.push(Message {
+            request.messages.push(Message {
                 role: Role::User,
                 content: results,
             });

@@ -222,10 +222,10 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
 
 #[async_trait]
 impl LlmClient for AnthropicClient {
-    async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError> {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let reply = self
             .transport
-            .post_json(&self.request_body(&request))
+            .post_json(&self.request_body(request))
             .await?;
         parse_response(&reply)
     }

@@ -184,8 +184,10 @@ pub enum LlmError {
 /// A model provider.
 #[async_trait]
 pub trait LlmClient: Send + Sync {
-    /// Sends one request and returns the model's answer.
-    async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError>;
+    /// Sends one request and returns the model's answer. The request is borrowed: a loop
+    /// keeps its conversation in one request and appends to it turn by turn, so a turn
+    /// never copies the history it sends.
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
 
     /// A resumed run tells the provider how many iteration responses a loop already got
     /// (from its transcript). Network models need nothing; the scripted provider continues
