@@ -189,6 +189,29 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+/// The current time as RFC 3339 with milliseconds, UTC (the `time` of events and receipts).
+///
+/// Formatting a date costs more than recording an event; within one millisecond the text is
+/// the same, so each thread keeps the last one it formatted.
+pub fn timestamp_now() -> String {
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    }
+    let now = chrono::Utc::now();
+    let millis = now.timestamp_millis();
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != millis {
+            *last = (
+                millis,
+                now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            );
+        }
+        last.1.clone()
+    })
+}
+
 type Listener = Box<dyn Fn(&Event) + Send + Sync>;
 
 /// The run's event log: numbers events and hands them to its listeners.
@@ -240,7 +263,7 @@ impl EventLog {
         let listeners = lock(&self.listeners);
         let event = Event {
             seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
-            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            time: timestamp_now(),
             kind,
         };
         for l in listeners.iter() {
@@ -264,6 +287,16 @@ impl EventLog {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn timestamps_are_rfc3339_millis_and_advance() {
+        let a = timestamp_now();
+        assert_eq!(a.len(), "2024-01-01T00:00:00.000Z".len(), "{a}");
+        assert!(chrono::DateTime::parse_from_rfc3339(&a).is_ok(), "{a}");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let b = timestamp_now();
+        assert!(b > a, "{a} then {b}");
+    }
 
     #[test]
     fn events_are_numbered_and_delivered_in_order() {

@@ -4,15 +4,15 @@
 //! Loops, `tool exec`, MCP and replay all call tools through `ToolSet::call`, so limits and
 //! receipts cannot differ between fronts.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::context::ToolContext;
+use crate::context::{ToolContext, lock};
 use crate::error::{ArgumentProblem, ToolError};
 use crate::receipts::{Receipt, hash_output, hash_value};
 use crate::text::head_tail;
@@ -48,10 +48,69 @@ struct Entry {
     validator: jsonschema::Validator,
 }
 
+impl Entry {
+    fn definition(&self) -> ToolDefinition {
+        ToolDefinition {
+            name: self.tool.name().to_string(),
+            description: self.tool.description().to_string(),
+            input_schema: self.tool.input_schema(),
+        }
+    }
+
+    fn compile(tool: Arc<dyn Tool>) -> Result<Self, String> {
+        let validator = jsonschema::validator_for(&tool.input_schema())
+            .map_err(|e| format!("schema of tool '{}' is invalid: {e}", tool.name()))?;
+        Ok(Self { tool, validator })
+    }
+}
+
+/// The built-in tools with their compiled validators, made once per process and shared by
+/// every tool set: a run builds a tool set per loop, and compiling the schemas again for
+/// each (about 120 KB per set) made them most of a loop's memory. Built-in tools are
+/// stateless unit structs and validators are immutable, so sharing them changes nothing.
+fn builtin_entries() -> &'static BTreeMap<&'static str, Result<Arc<Entry>, String>> {
+    static CACHE: OnceLock<BTreeMap<&'static str, Result<Arc<Entry>, String>>> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        builtin_tools()
+            .into_iter()
+            .map(|tool| (tool.name(), Entry::compile(tool).map(Arc::new)))
+            .collect()
+    })
+}
+
+/// Definitions of built-in tool sets, by their tool names in order. Loops of one type have
+/// the same tools, so they share one copy of the definitions instead of each building its
+/// own for every iteration (the schemas were the largest thing a running loop held).
+fn builtin_definitions(order: &[String]) -> Arc<[ToolDefinition]> {
+    /// Distinct tool lists are few (one per loop type); past this many the cache starts over.
+    const MAX_LISTS: usize = 64;
+    type Lists = Mutex<HashMap<Vec<String>, Arc<[ToolDefinition]>>>;
+    static CACHE: OnceLock<Lists> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(defs) = lock(cache).get(order) {
+        return defs.clone();
+    }
+    let builtin = builtin_entries();
+    let defs: Arc<[ToolDefinition]> = order
+        .iter()
+        .filter_map(|n| builtin.get(n.as_str()).and_then(|e| e.as_ref().ok()))
+        .map(|e| e.definition())
+        .collect();
+    let mut map = lock(cache);
+    if map.len() >= MAX_LISTS {
+        map.clear();
+    }
+    map.insert(order.to_vec(), defs.clone());
+    defs
+}
+
 /// A set of tools with compiled input validators.
 pub struct ToolSet {
-    entries: BTreeMap<String, Entry>,
+    entries: BTreeMap<String, Arc<Entry>>,
     order: Vec<String>,
+    /// Whether every tool is a built-in one (chosen by name), so the definitions can be shared.
+    builtin: bool,
+    definitions: OnceLock<Arc<[ToolDefinition]>>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -79,17 +138,18 @@ impl ToolSet {
     /// The built-in tools named in `names`, in that order. An unknown or repeated name is
     /// an error that names the closest valid tool (never a silent drop).
     pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<Self, String> {
-        let mut available: HashMap<&'static str, Arc<dyn Tool>> =
-            builtin_tools().into_iter().map(|t| (t.name(), t)).collect();
+        let builtin = builtin_entries();
         let known: Vec<&'static str> = builtin_names();
-        let mut chosen = Vec::new();
+        let mut chosen: Vec<Arc<Entry>> = Vec::new();
+        let mut taken: HashSet<&str> = HashSet::new();
         for name in names {
             let name = name.as_ref();
-            match available.remove(name) {
-                Some(t) => chosen.push(t),
-                None if known.contains(&name) => {
+            match builtin.get(name) {
+                Some(_) if !taken.insert(name) => {
                     return Err(format!("tool '{name}' is listed twice"));
                 }
+                Some(Ok(entry)) => chosen.push(entry.clone()),
+                Some(Err(e)) => return Err(e.clone()),
                 None => {
                     let hint = crate::suggest::closest(name, known.iter().copied())
                         .map(|s| format!(" (did you mean '{s}'?)"))
@@ -101,21 +161,34 @@ impl ToolSet {
                 }
             }
         }
-        Self::from_tools(chosen)
+        let mut set = Self::from_entries(chosen);
+        set.builtin = true;
+        Ok(set)
     }
 
     /// A set of arbitrary tools (tests use this to add tools of their own).
     pub fn from_tools(tools: Vec<Arc<dyn Tool>>) -> Result<Self, String> {
+        let entries = tools
+            .into_iter()
+            .map(|tool| Entry::compile(tool).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::from_entries(entries))
+    }
+
+    fn from_entries(chosen: Vec<Arc<Entry>>) -> Self {
         let mut entries = BTreeMap::new();
         let mut order = Vec::new();
-        for tool in tools {
-            let schema = tool.input_schema();
-            let validator = jsonschema::validator_for(&schema)
-                .map_err(|e| format!("schema of tool '{}' is invalid: {e}", tool.name()))?;
-            order.push(tool.name().to_string());
-            entries.insert(tool.name().to_string(), Entry { tool, validator });
+        for entry in chosen {
+            let name = entry.tool.name().to_string();
+            order.push(name.clone());
+            entries.insert(name, entry);
         }
-        Ok(Self { entries, order })
+        Self {
+            entries,
+            order,
+            builtin: false,
+            definitions: OnceLock::new(),
+        }
     }
 
     /// Tool names in set order.
@@ -130,14 +203,38 @@ impl ToolSet {
 
     /// Definitions in set order.
     pub fn definitions(&self) -> Vec<ToolDefinition> {
-        self.order
-            .iter()
-            .filter_map(|n| self.entries.get(n))
-            .map(|e| ToolDefinition {
-                name: e.tool.name().to_string(),
-                description: e.tool.description().to_string(),
-                input_schema: e.tool.input_schema(),
+        self.shared_definitions().to_vec()
+    }
+
+    /// Definitions in set order, built once and shared (by every set of the same built-in
+    /// tools): what a model request carries.
+    pub fn shared_definitions(&self) -> Arc<[ToolDefinition]> {
+        self.definitions
+            .get_or_init(|| {
+                if self.builtin {
+                    builtin_definitions(&self.order)
+                } else {
+                    self.order
+                        .iter()
+                        .filter_map(|n| self.entries.get(n))
+                        .map(|e| e.definition())
+                        .collect()
+                }
             })
+            .clone()
+    }
+
+    /// Definitions of the tools of this set that `keep` accepts (by name), in set order;
+    /// shared like [`ToolSet::shared_definitions`].
+    pub fn shared_subset(&self, keep: impl Fn(&str) -> bool) -> Arc<[ToolDefinition]> {
+        let names: Vec<String> = self.order.iter().filter(|n| keep(n)).cloned().collect();
+        if self.builtin {
+            return builtin_definitions(&names);
+        }
+        self.shared_definitions()
+            .iter()
+            .filter(|d| names.contains(&d.name))
+            .cloned()
             .collect()
     }
 
@@ -207,7 +304,7 @@ impl ToolSet {
         error: ToolError,
         latency: Duration,
     ) -> CallOutcome {
-        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let time = crate::events::timestamp_now();
         self.outcome(ctx, call_id, name, input, Err(error), latency, time)
     }
 
@@ -220,7 +317,7 @@ impl ToolSet {
         panics: PanicPolicy,
     ) -> CallOutcome {
         let started = Instant::now();
-        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let time = crate::events::timestamp_now();
         let result = self.run_guarded(ctx, name, input.clone(), panics).await;
         self.outcome(ctx, call_id, name, input, result, started.elapsed(), time)
     }
@@ -480,6 +577,45 @@ mod tests {
         assert!(err.contains("twice"));
         let set = ToolSet::from_names(&["grep", "read_file"]).unwrap();
         assert_eq!(set.names(), &["grep".to_string(), "read_file".to_string()]);
+    }
+
+    #[test]
+    fn tool_sets_from_names_share_compiled_builtins() {
+        let a = ToolSet::from_names(&["read_file", "grep"]).unwrap();
+        let b = ToolSet::from_names(&["grep"]).unwrap();
+        assert!(Arc::ptr_eq(&a.entries["grep"], &b.entries["grep"]));
+        assert_eq!(b.names(), &["grep".to_string()]);
+        assert!(b.get("read_file").is_none());
+        let err = b.validate("grep", &json!({"pattern": 3})).unwrap_err();
+        assert!(err.to_string().contains("/pattern"), "{err}");
+    }
+
+    #[test]
+    fn definitions_are_shared_by_sets_of_the_same_builtins_and_follow_set_order() {
+        let a = ToolSet::from_names(&["grep", "read_file"]).unwrap();
+        let b = ToolSet::from_names(&["grep", "read_file"]).unwrap();
+        assert!(Arc::ptr_eq(
+            &a.shared_definitions(),
+            &b.shared_definitions()
+        ));
+        let names: Vec<String> = a.definitions().into_iter().map(|d| d.name).collect();
+        assert_eq!(names, ["grep", "read_file"]);
+        let c = ToolSet::from_names(&["read_file", "grep"]).unwrap();
+        assert_eq!(c.shared_definitions()[0].name, "read_file");
+        let only_grep = a.shared_subset(|n| n == "grep");
+        assert!(Arc::ptr_eq(
+            &only_grep,
+            &ToolSet::from_names(&["grep"]).unwrap().shared_definitions()
+        ));
+        let custom_none = ToolSet::from_tools(vec![Arc::new(Echo)])
+            .unwrap()
+            .shared_subset(|_| false);
+        assert!(custom_none.is_empty());
+        let custom = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        assert_eq!(
+            custom.shared_definitions()[0].input_schema,
+            Echo.input_schema()
+        );
     }
 
     #[test]

@@ -283,7 +283,11 @@ fn request(messages: Vec<Message>, with_tools: bool) -> LlmRequest {
         purpose: Purpose::Iteration,
         system: SYSTEM.into(),
         messages,
-        tools: if with_tools { tools() } else { Vec::new() },
+        tools: if with_tools {
+            tools().into()
+        } else {
+            Vec::new().into()
+        },
     }
 }
 
@@ -439,7 +443,7 @@ async fn anthropic_text_reply() {
     let server = TestServer::start(vec![Reply::fixture(200, "anthropic/text.response.json")]).await;
     let client = anthropic(&server.base, http(0, 1), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_eq!(
@@ -468,7 +472,7 @@ async fn anthropic_two_tool_calls_and_their_results_round_trip() {
     .await;
     let client = anthropic(&server.base, http(0, 1), permits(4));
     let calls = client
-        .complete(request(vec![Message::user_text(TASK)], true))
+        .complete(&request(vec![Message::user_text(TASK)], true))
         .await
         .unwrap();
     assert_eq!(
@@ -499,7 +503,7 @@ async fn anthropic_two_tool_calls_and_their_results_round_trip() {
         }
     );
 
-    let done = client.complete(results_request(&calls)).await.unwrap();
+    let done = client.complete(&results_request(&calls)).await.unwrap();
     assert_eq!(done.stop_reason, StopReason::EndTurn);
     assert!(done.tool_calls.is_empty());
     assert!(done.text.unwrap().contains("src/main.rs at line 12"));
@@ -519,7 +523,7 @@ async fn anthropic_max_tokens_stop() {
     .await;
     let client = anthropic(&server.base, http(0, 1), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(LONG)], false))
+        .complete(&request(vec![Message::user_text(LONG)], false))
         .await
         .unwrap();
     assert_eq!(reply.stop_reason, StopReason::MaxTokens);
@@ -537,7 +541,7 @@ async fn openai_text_reply() {
     let server = TestServer::start(vec![Reply::fixture(200, "openai/text.response.json")]).await;
     let client = openai(&server.base, Some(OPENAI_KEY), http(0, 1), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_eq!(
@@ -568,7 +572,7 @@ async fn openai_two_tool_calls_and_their_results_round_trip() {
     .await;
     let client = openai(&server.base, Some(OPENAI_KEY), http(0, 1), permits(4));
     let calls = client
-        .complete(request(vec![Message::user_text(TASK)], true))
+        .complete(&request(vec![Message::user_text(TASK)], true))
         .await
         .unwrap();
     assert_eq!(
@@ -595,7 +599,7 @@ async fn openai_two_tool_calls_and_their_results_round_trip() {
         }
     );
 
-    let done = client.complete(results_request(&calls)).await.unwrap();
+    let done = client.complete(&results_request(&calls)).await.unwrap();
     assert_eq!(done.stop_reason, StopReason::EndTurn);
     assert!(done.text.unwrap().contains("src/main.rs at line 12"));
 
@@ -615,7 +619,7 @@ async fn openai_max_tokens_stop_and_no_key_means_no_authorization() {
         TestServer::start(vec![Reply::fixture(200, "openai/max_tokens.response.json")]).await;
     let client = openai(&server.base, None, http(0, 1), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(LONG)], false))
+        .complete(&request(vec![Message::user_text(LONG)], false))
         .await
         .unwrap();
     assert_eq!(reply.stop_reason, StopReason::MaxTokens);
@@ -638,7 +642,7 @@ async fn openai_invalid_arguments_become_a_string_input_that_validation_rejects(
     .await;
     let client = openai(&server.base, None, http(0, 1), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(TASK)], true))
+        .complete(&request(vec![Message::user_text(TASK)], true))
         .await
         .expect("invalid arguments must not fail the call");
     assert_eq!(
@@ -693,7 +697,7 @@ async fn a_400_is_not_retried_and_carries_the_message() {
     .await;
     let a = anthropic(&server.base, http(4, 1), permits(4));
     let err = a
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert_api_error(
@@ -707,7 +711,7 @@ async fn a_400_is_not_retried_and_carries_the_message() {
 
     let o = openai(&server.base, None, http(4, 1), permits(4));
     let err = o
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert_api_error(
@@ -727,7 +731,7 @@ async fn a_401_is_not_retried_and_points_at_the_key() {
     .await;
     let a = anthropic(&server.base, http(4, 1), permits(4));
     let err = a
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(!err.to_string().contains(ANTHROPIC_KEY));
@@ -738,7 +742,7 @@ async fn a_401_is_not_retried_and_points_at_the_key() {
     );
     let o = openai(&server.base, Some(OPENAI_KEY), http(4, 1), permits(4));
     let err = o
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(!err.to_string().contains(OPENAI_KEY));
@@ -756,7 +760,7 @@ async fn a_429_waits_as_retry_after_says_then_succeeds() {
     .await;
     let client = anthropic(&server.base, http(4, 0), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_eq!(reply.stop_reason, StopReason::EndTurn);
@@ -779,7 +783,7 @@ async fn a_429_with_retry_after_ms_is_honoured_for_openai() {
     .await;
     let client = openai(&server.base, Some(OPENAI_KEY), http(4, 0), permits(4));
     client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     let seen = server.seen();
@@ -800,7 +804,7 @@ async fn a_retry_after_beyond_the_limit_fails_at_once() {
     let client = anthropic(&server.base, http(4, 0), permits(4));
     let started = Instant::now();
     let err = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -818,7 +822,7 @@ async fn a_500_then_a_529_then_success() {
     .await;
     let client = anthropic(&server.base, http(4, 1), permits(4));
     let reply = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_eq!(
@@ -842,7 +846,7 @@ async fn openai_server_errors_are_retried_too() {
     .await;
     let client = openai(&server.base, None, http(4, 1), permits(4));
     client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_eq!(server.seen().len(), 3);
@@ -859,7 +863,7 @@ async fn exhausted_retries_name_the_attempts() {
     .await;
     let client = anthropic(&server.base, http(2, 1), permits(4));
     let err = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert_api_error(
@@ -878,7 +882,7 @@ async fn a_refused_connection_is_a_transport_error_after_retries() {
     drop(listener);
     let client = anthropic(&base, http(2, 1), permits(4));
     let err = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     match &err {
@@ -890,7 +894,7 @@ async fn a_refused_connection_is_a_transport_error_after_retries() {
     }
     let o = openai(&base, None, http(0, 1), permits(4));
     let err = o
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(
@@ -913,7 +917,7 @@ async fn a_slow_server_times_out_and_is_retried() {
     let client = anthropic(&server.base, settings, permits(4));
     let started = Instant::now();
     let reply = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -930,7 +934,7 @@ async fn malformed_replies_are_bad_replies_and_not_retried() {
     .await;
     let a = anthropic(&server.base, http(4, 1), permits(4));
     let err = a
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(
@@ -940,7 +944,7 @@ async fn malformed_replies_are_bad_replies_and_not_retried() {
     assert_eq!(server.seen().len(), 1);
     let o = openai(&server.base, None, http(4, 1), permits(4));
     let err = o
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(
@@ -1000,10 +1004,8 @@ async fn peak_with(limit: usize) -> (usize, Duration) {
     let a = anthropic(&server.base, http(0, 1), in_flight.clone());
     let o = openai(&server.base, None, http(0, 1), in_flight);
     let started = Instant::now();
-    let (ra, ro) = tokio::join!(
-        a.complete(request(vec![Message::user_text(HELLO)], false)),
-        o.complete(request(vec![Message::user_text(HELLO)], false)),
-    );
+    let hello = request(vec![Message::user_text(HELLO)], false);
+    let (ra, ro) = tokio::join!(a.complete(&hello), o.complete(&hello));
     // Replies are scripted in arrival order, which the race decides: either provider may
     // get the other's body. Only the transport's behaviour matters here.
     let _ = (ra, ro);
@@ -1062,13 +1064,13 @@ async fn keys_never_reach_the_logs() {
     .await;
     let a = anthropic(&server.base, http(4, 1), permits(4));
     let err = a
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     tracing::error!(error = %err, client = ?a, "call failed");
     let o = openai(&server.base, Some(OPENAI_KEY), http(4, 1), permits(4));
     let ok = o
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await;
     tracing::info!(client = ?o, ok = ok.is_ok(), "call done");
 
@@ -1123,7 +1125,7 @@ async fn an_anthropic_config_drives_model_limits_temperature_key_file_and_retrie
     ));
     let client = build_client(&cfg, dir.path(), permits(1)).unwrap();
     client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     let seen = server.seen();
@@ -1148,7 +1150,7 @@ async fn an_anthropic_config_drives_model_limits_temperature_key_file_and_retrie
     ));
     let client = build_client(&cfg, dir.path(), permits(1)).unwrap();
     let err = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert_api_error(
@@ -1173,7 +1175,7 @@ async fn retry_base_ms_sets_the_backoff() {
     let client = build_client_with_env(&cfg, dir.path(), permits(1), &|_| None).unwrap();
     let started = Instant::now();
     let err = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -1195,7 +1197,7 @@ async fn timeout_ms_bounds_each_attempt() {
     let client = build_client_with_env(&cfg, dir.path(), permits(1), &|_| None).unwrap();
     let started = Instant::now();
     let err = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_millis(1500));
@@ -1216,7 +1218,7 @@ async fn an_openai_config_with_a_key_variable_and_a_base_path() {
     let env = |name: &str| (name == "TD_TEST_OPENROUTER_KEY").then(|| OPENAI_KEY.to_string());
     let client = build_client_with_env(&cfg, dir.path(), permits(1), &env).unwrap();
     client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_openai_call(
@@ -1237,7 +1239,7 @@ async fn the_scripted_provider_stays_the_offline_default() {
     let cfg = config("llm:\n  script: script.yml\n");
     let client = build_client(&cfg, dir.path(), permits(1)).unwrap();
     let reply = client
-        .complete(request(vec![Message::user_text(HELLO)], false))
+        .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
     assert_eq!(reply.text.as_deref(), Some("scripted hello"));

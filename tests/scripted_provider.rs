@@ -12,7 +12,7 @@ fn request(loop_name: &str, purpose: Purpose) -> LlmRequest {
         purpose,
         system: "You are a loop.".to_string(),
         messages: Vec::new(),
-        tools: Vec::new(),
+        tools: Vec::new().into(),
     }
 }
 
@@ -29,7 +29,7 @@ async fn a_script_file_drives_two_loops_through_the_trait() {
     let llm: Arc<dyn LlmClient> = Arc::new(ScriptedLlm::load(&path).unwrap());
 
     let asked = llm
-        .complete(request("client", Purpose::Iteration))
+        .complete(&request("client", Purpose::Iteration))
         .await
         .unwrap();
     assert_eq!(asked.stop_reason, StopReason::ToolUse);
@@ -43,19 +43,19 @@ async fn a_script_file_drives_two_loops_through_the_trait() {
         from: "client".into(),
         question,
     };
-    let answer = llm.complete(request("api", purpose)).await.unwrap();
+    let answer = llm.complete(&request("api", purpose)).await.unwrap();
     assert_eq!(answer.text.as_deref(), Some("8080"));
     assert!(answer.usage.input_tokens > 0);
 
     let done = llm
-        .complete(request("api", Purpose::Iteration))
+        .complete(&request("api", Purpose::Iteration))
         .await
         .unwrap();
     assert_eq!(done.tool_calls[0].name, "complete_task");
     assert_eq!(done.tool_calls[0].id, "api-1-1");
 
     let idle = llm
-        .complete(request("client", Purpose::Iteration))
+        .complete(&request("client", Purpose::Iteration))
         .await
         .unwrap();
     assert_eq!(idle.stop_reason, StopReason::EndTurn);

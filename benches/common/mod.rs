@@ -11,6 +11,9 @@
 // Each bench is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
+/// Helpers of the actor benches (`query`, `lane`, `watcher`, `scale`).
+pub mod actors;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -82,9 +85,13 @@ pub fn alternate(
 #[derive(Debug)]
 pub struct Row {
     pub metric: String,
+    pub unit: String,
     pub ours: f64,
     pub baseline: Option<f64>,
-    pub target: f64,
+    /// What counts as met, in words (`ratio <= 1.2`, `< 10 s`, `(reported)`).
+    pub target: String,
+    /// Whether the target is met; `None` for figures that are only reported.
+    pub met: Option<bool>,
 }
 
 impl Row {
@@ -99,8 +106,20 @@ pub struct Report {
     rows: Vec<Row>,
 }
 
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+fn round3(x: f64) -> serde_json::Value {
+    if x.is_finite() {
+        serde_json::json!((x * 1000.0).round() / 1000.0)
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+fn fmt_num(x: f64) -> String {
+    if x.abs() >= 1000.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
 }
 
 impl Report {
@@ -111,20 +130,47 @@ impl Report {
         }
     }
 
-    /// Records and prints one metric; times are in ms (the metric name says so).
-    pub fn add(&mut self, metric: &str, ours: f64, baseline: Option<f64>, target: f64) {
-        let row = Row {
-            metric: metric.to_string(),
+    /// Records and prints a wall-time metric in ms whose target is a ratio to the baseline.
+    pub fn add(&mut self, metric: &str, ours: f64, baseline: Option<f64>, max_ratio: f64) {
+        let met = baseline.filter(|&b| b > 0.0).map(|b| ours / b <= max_ratio);
+        self.row(
+            metric,
+            "ms",
             ours,
             baseline,
-            target,
+            &format!("ratio <= {max_ratio}"),
+            met,
+        );
+    }
+
+    /// Records and prints one metric. `baseline` is the same-run reference (if the metric
+    /// has one); `target` says what counts as met, `met` whether it is.
+    pub fn row(
+        &mut self,
+        metric: &str,
+        unit: &str,
+        ours: f64,
+        baseline: Option<f64>,
+        target: &str,
+        met: Option<bool>,
+    ) {
+        let row = Row {
+            metric: metric.to_string(),
+            unit: unit.to_string(),
+            ours,
+            baseline,
+            target: target.to_string(),
+            met,
         };
         let line = serde_json::json!({
             "bench": self.bench,
             "metric": row.metric,
+            "unit": row.unit,
             "ours": round3(row.ours),
             "baseline": row.baseline.map(round3),
             "ratio": row.ratio().map(round3),
+            "target": row.target,
+            "met": row.met,
         });
         println!("{line}");
         self.rows.push(row);
@@ -134,29 +180,31 @@ impl Report {
     pub fn finish(self) {
         println!();
         println!(
-            "{:<44} {:>11} {:>11} {:>7} {:>7}",
-            format!("{} (median ms)", self.bench),
+            "{:<44} {:>11} {:>11} {:>7}  {:<5} {:<4} target",
+            format!("{} metric", self.bench),
             "ours",
             "baseline",
             "ratio",
-            "target"
+            "unit",
+            "met"
         );
         for r in &self.rows {
-            let base = r.baseline.map_or("-".to_string(), |b| format!("{b:.2}"));
-            let (ratio, mark) = match r.ratio() {
-                Some(x) => (
-                    format!("{x:.2}"),
-                    if x <= r.target { "" } else { "  ABOVE" },
-                ),
-                None => ("-".to_string(), ""),
+            let base = r.baseline.map_or("-".to_string(), fmt_num);
+            let ratio = r.ratio().map_or("-".to_string(), |x| format!("{x:.2}"));
+            let met = match r.met {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
             };
             println!(
-                "{:<44} {:>11.2} {:>11} {:>7} {:>7}{mark}",
+                "{:<44} {:>11} {:>11} {:>7}  {:<5} {:<4} {}",
                 r.metric,
-                r.ours,
+                fmt_num(r.ours),
                 base,
                 ratio,
-                format!("<={}", r.target)
+                r.unit,
+                met,
+                r.target
             );
         }
     }

@@ -1,11 +1,14 @@
 //! The coordinator actor: the registry of live loops and the router of `query_loop`,
 //! `share_data`, alerts and listings between them.
 //!
-//! It never awaits a loop inside its own handler: a query is handed to a small task that
-//! waits for the target's reply (with the asker's timeout) while the coordinator goes on.
-//! It monitors every registered loop actor, so a loop that stops or panics is unregistered
-//! at once and every query still waiting on it fails immediately. Unknown, stopped and self
-//! targets are refused at once with the list of live loops. Rate and size limits answer the
+//! It never awaits a loop inside its own handler: it checks and records a query, and hands
+//! the asker a [`RoutedQuery`] holding the target loop's [`Answerer`] (which the loop handed
+//! over when it registered); the asker's task runs the answer, under the asker's timeout.
+//! So a query costs one coordinator message and no task of its own. The coordinator
+//! monitors every registered loop actor: a loop that stops or panics is unregistered at
+//! once and the answers still in progress for it are cancelled, so every query waiting on
+//! it fails immediately. Unknown, stopped and self targets are refused at once with the
+//! list of live loops. Rate and size limits answer the
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -20,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::actors::messages::{InboxItem, LoopMsg};
 use crate::coordination::{Coordination, Delivery, LoopInfo};
-use crate::engine::Inbox;
+use crate::engine::{Answerer, Inbox};
 use crate::error::ToolError;
 use crate::events::{EventKind, EventLog};
 
@@ -65,6 +68,8 @@ pub enum CoordMsg {
         actor: ActorRef<LoopMsg>,
         /// Its inbox: shares and alerts go straight in, so "delivered" means it is there.
         inbox: Arc<Inbox>,
+        /// Answers the questions other loops ask it.
+        answerer: Arc<Answerer>,
         /// Answered once registered (so the loop may start sending right after).
         reply: RpcReplyPort<()>,
     },
@@ -85,15 +90,8 @@ pub enum CoordMsg {
         question: String,
         /// How long the asker waits.
         timeout: Duration,
-        /// The answer or why there is none.
-        reply: RpcReplyPort<Result<String, ToolError>>,
-    },
-    /// Internal: a query finished (answered, failed or timed out).
-    QueryDone {
-        /// Query id.
-        id: u64,
-        /// Its target.
-        target: String,
+        /// The accepted query, for the asker to run, or why it was refused.
+        reply: RpcReplyPort<Result<RoutedQuery, ToolError>>,
     },
     /// Put data into targets' inboxes.
     Share {
@@ -135,6 +133,10 @@ pub enum CoordMsg {
 struct Entry {
     actor: ActorRef<LoopMsg>,
     inbox: Arc<Inbox>,
+    answerer: Arc<Answerer>,
+    /// One per answer in progress for another loop: dropped when the loop leaves the run,
+    /// which cancels them. Closed ones (answer done) are pruned as new queries arrive.
+    answering: Vec<oneshot::Sender<()>>,
     loop_type: String,
     task: String,
     status: String,
@@ -151,8 +153,6 @@ pub struct CoordState {
     loops: BTreeMap<String, Entry>,
     /// Loops whose actor is gone, with their last status.
     gone: BTreeMap<String, String>,
-    /// Cancel handles of waiting queries, by target.
-    pending: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
     next_query: u64,
     buckets: HashMap<String, Bucket>,
     limits: CoordinatorLimits,
@@ -215,10 +215,18 @@ impl CoordState {
         }
         let limits = self.limits;
         let now = Instant::now();
-        let bucket = self.buckets.entry(from.to_string()).or_insert(Bucket {
-            tokens: f64::from(limits.burst),
-            last: now,
-        });
+        if !self.buckets.contains_key(from) {
+            self.buckets.insert(
+                from.to_string(),
+                Bucket {
+                    tokens: f64::from(limits.burst),
+                    last: now,
+                },
+            );
+        }
+        let Some(bucket) = self.buckets.get_mut(from) else {
+            return Ok(());
+        };
         let refill = now.duration_since(bucket.last).as_secs_f64() * limits.per_second;
         bucket.tokens = (bucket.tokens + refill).min(f64::from(limits.burst));
         bucket.last = now;
@@ -256,6 +264,9 @@ impl CoordState {
 
     fn unregister(&mut self, name: &str, crashed: bool) {
         if let Some(entry) = self.loops.remove(name) {
+            // Dropping the cancel handles ends every answer in progress for this loop: each
+            // asker learns at once that it stopped.
+            drop(entry.answering);
             let status = match entry.status.as_str() {
                 _ if crashed => "crashed".to_string(),
                 "running" => "stopped".to_string(),
@@ -265,9 +276,6 @@ impl CoordState {
             self.events.record(EventKind::LoopUnregistered {
                 loop_name: name.to_string(),
             });
-        }
-        for (_, cancel) in self.pending.remove(name).unwrap_or_default() {
-            let _ = cancel.send(());
         }
     }
 }
@@ -285,7 +293,6 @@ impl Actor for Coordinator {
         Ok(CoordState {
             loops: BTreeMap::new(),
             gone: BTreeMap::new(),
-            pending: HashMap::new(),
             next_query: 1,
             buckets: HashMap::new(),
             limits: args.limits,
@@ -307,6 +314,7 @@ impl Actor for Coordinator {
                 subscriptions,
                 actor,
                 inbox,
+                answerer,
                 reply,
             } => {
                 myself.get_cell().monitor(actor.get_cell());
@@ -316,6 +324,8 @@ impl Actor for Coordinator {
                     Entry {
                         actor,
                         inbox,
+                        answerer,
+                        answering: Vec::new(),
                         loop_type,
                         task,
                         status: "running".to_string(),
@@ -335,15 +345,7 @@ impl Actor for Coordinator {
                 question,
                 timeout,
                 reply,
-            } => handle_query(&myself, state, from, target, question, timeout, reply),
-            CoordMsg::QueryDone { id, target } => {
-                if let Some(list) = state.pending.get_mut(&target) {
-                    list.retain(|(qid, _)| *qid != id);
-                    if list.is_empty() {
-                        state.pending.remove(&target);
-                    }
-                }
-            }
+            } => handle_query(state, from, target, question, timeout, reply),
             CoordMsg::Share {
                 from,
                 targets,
@@ -410,15 +412,15 @@ impl Actor for Coordinator {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Refuses or accepts one query. An accepted query goes back to the asker as a
+/// [`RoutedQuery`]; the coordinator keeps only its cancel handle and waits for nothing.
 fn handle_query(
-    myself: &ActorRef<CoordMsg>,
     state: &mut CoordState,
     from: String,
     target: String,
     question: String,
     timeout: Duration,
-    reply: RpcReplyPort<Result<String, ToolError>>,
+    reply: RpcReplyPort<Result<RoutedQuery, ToolError>>,
 ) {
     let id = state.next_query;
     state.next_query += 1;
@@ -439,66 +441,127 @@ fn handle_query(
         let _ = reply.send(Err(err));
         return;
     }
-    let Some(entry) = state.loops.get(&target) else {
+    let Some(entry) = state.loops.get_mut(&target) else {
         return;
     };
-    let actor = entry.actor.clone();
     state.events.record(EventKind::QueryAsked {
         id,
         from: from.clone(),
         to: target.clone(),
         question: question.clone(),
     });
-    let (cancel_tx, cancel_rx) = oneshot::channel();
-    state
-        .pending
-        .entry(target.clone())
-        .or_default()
-        .push((id, cancel_tx));
-    let events = state.events.clone();
-    let coordinator = myself.clone();
-    tokio::spawn(async move {
-        let asked = actor.call(
-            |port| LoopMsg::Query {
-                from: from.clone(),
-                question,
-                reply: port,
-            },
-            Some(timeout),
-        );
-        let result = tokio::select! {
-            r = asked => match r {
-                Ok(CallResult::Success(Ok(answer))) => Ok(answer),
-                Ok(CallResult::Success(Err(why))) => Err(format!("loop '{target}' could not answer: {why}")),
-                Ok(CallResult::Timeout) => Err(format!(
-                    "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
-                    timeout.as_millis()
-                )),
-                Ok(CallResult::SenderError) | Err(_) => Err(stopped_before_answering(&target)),
-            },
-            _ = cancel_rx => Err(stopped_before_answering(&target)),
-        };
-        match &result {
-            Ok(answer) => events.record(EventKind::QueryAnswered {
-                id,
-                from: from.clone(),
-                to: target.clone(),
-                reply: answer.clone(),
-            }),
-            Err(error) => events.record(EventKind::QueryFailed {
-                id,
-                from: from.clone(),
-                to: target.clone(),
-                error: error.clone(),
-            }),
-        }
-        let _ = reply.send(result.map_err(|message| ToolError::Unavailable { message }));
-        let _ = coordinator.cast(CoordMsg::QueryDone { id, target });
-    });
+    let (cancel_tx, cancelled) = oneshot::channel();
+    entry.answering.retain(|c| !c.is_closed());
+    entry.answering.push(cancel_tx);
+    let routed = RoutedQuery {
+        answerer: entry.answerer.clone(),
+        question,
+        deadline: tokio::time::Instant::now() + timeout,
+        cancelled,
+        record: QueryRecord {
+            id,
+            from,
+            target,
+            timeout,
+            events: state.events.clone(),
+            done: false,
+        },
+    };
+    // An asker that is gone drops the query unrun; its record says so.
+    let _ = reply.send(Ok(routed));
 }
 
-/// The one message for a query whose target went away: whether the reply port was dropped
-/// or the coordinator cancelled the wait, the asker learns the same thing.
+/// An accepted query: the target loop's [`Answerer`] and what the answer is held to (the
+/// asker's deadline, the target staying in the run).
+///
+/// The asker runs it in its own task ([`RoutedQuery::run`]): it waits for the answer anyway,
+/// and running the answer there spares a task and two task switches per query. The answer
+/// is still the target's (its task, progress, worktree and transcript); it ends at the
+/// asker's deadline, or at once when the target leaves the run (the coordinator drops the
+/// cancel handle). Its outcome is recorded as an event exactly once.
+pub struct RoutedQuery {
+    answerer: Arc<Answerer>,
+    question: String,
+    deadline: tokio::time::Instant,
+    cancelled: oneshot::Receiver<()>,
+    record: QueryRecord,
+}
+
+impl RoutedQuery {
+    /// Runs the answer and returns it, or why there is none.
+    pub async fn run(self) -> Result<String, ToolError> {
+        let RoutedQuery {
+            answerer,
+            question,
+            deadline,
+            cancelled,
+            mut record,
+        } = self;
+        let answering = answerer.answer(&record.from, &question);
+        let target = &record.target;
+        let outcome = tokio::select! {
+            r = tokio::time::timeout_at(deadline, answering) => match r {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(why)) => Err(format!("loop '{target}' could not answer: {why}")),
+                Err(_) => Err(format!(
+                    "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
+                    record.timeout.as_millis()
+                )),
+            },
+            _ = cancelled => Err(stopped_before_answering(target)),
+        };
+        record.record(&outcome);
+        outcome.map_err(|message| ToolError::Unavailable { message })
+    }
+}
+
+/// Records the outcome of one accepted query as an event, once; a query dropped before its
+/// outcome (the asker stopped waiting: its iteration or loop ended) is recorded as such.
+struct QueryRecord {
+    id: u64,
+    from: String,
+    target: String,
+    timeout: Duration,
+    events: Arc<EventLog>,
+    done: bool,
+}
+
+impl QueryRecord {
+    fn record(&mut self, outcome: &Result<String, String>) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let (id, from, to) = (self.id, self.from.clone(), self.target.clone());
+        self.events.record(match outcome {
+            Ok(answer) => EventKind::QueryAnswered {
+                id,
+                from,
+                to,
+                reply: answer.clone(),
+            },
+            Err(error) => EventKind::QueryFailed {
+                id,
+                from,
+                to,
+                error: error.clone(),
+            },
+        });
+    }
+}
+
+impl Drop for QueryRecord {
+    fn drop(&mut self) {
+        if !self.done {
+            let message = format!(
+                "loop '{}' stopped waiting before the answer came (its iteration or the loop ended)",
+                self.from
+            );
+            self.record(&Err(message));
+        }
+    }
+}
+
+/// The one message for a query whose target went away.
 fn stopped_before_answering(target: &str) -> String {
     format!("loop '{target}' stopped before answering your query; continue without the answer")
 }
@@ -657,7 +720,9 @@ impl Coordination for CoordinatorPort {
             timeout,
             reply,
         })
-        .await?
+        .await??
+        .run()
+        .await
     }
 
     async fn share(
@@ -701,5 +766,48 @@ impl Coordination for CoordinatorPort {
             reply,
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(events: &Arc<EventLog>) -> QueryRecord {
+        QueryRecord {
+            id: 7,
+            from: "a".to_string(),
+            target: "b".to_string(),
+            timeout: Duration::from_secs(1),
+            events: events.clone(),
+            done: false,
+        }
+    }
+
+    #[test]
+    fn a_query_outcome_is_recorded_once() {
+        let events = Arc::new(EventLog::in_memory());
+        let mut r = record(&events);
+        r.record(&Ok("8080".to_string()));
+        r.record(&Err("late".to_string()));
+        drop(r);
+        let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds.len(), 1, "{kinds:?}");
+        assert!(
+            matches!(&kinds[0], EventKind::QueryAnswered { id: 7, reply, .. } if reply == "8080"),
+            "{kinds:?}"
+        );
+    }
+
+    #[test]
+    fn a_query_dropped_before_its_outcome_is_recorded_as_abandoned_by_the_asker() {
+        let events = Arc::new(EventLog::in_memory());
+        drop(record(&events));
+        let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
+        assert!(
+            matches!(&kinds[..], [EventKind::QueryFailed { id: 7, from, to, error }]
+                if from == "a" && to == "b" && error.contains("stopped waiting")),
+            "{kinds:?}"
+        );
     }
 }

@@ -2,10 +2,12 @@
 //! the iteration engine in a task of its own (so its mailbox stays open while the loop
 //! works), and meanwhile takes deliveries, file-change notices, queries and stop requests.
 //!
-//! Queries are answered by answerer tasks (a side model call with the loop's task and
-//! progress), concurrently with the iteration: two loops that ask each other at the same
-//! moment both get answers. When the actor stops, every task it started is aborted, so a
-//! query still waiting on it fails at once instead of hanging.
+//! Queries to the loop are answered by its [`Answerer`] (a side model call with the loop's
+//! task and progress), which the actor hands to the coordinator when it registers: each
+//! answer runs in the asking loop's task, concurrently with this loop's iteration (two loops
+//! that ask each other at the same moment both get answers), and the coordinator cancels
+//! them when this loop leaves the run, so a query still waiting on it fails at once instead
+//! of hanging. When the actor stops, the engine task it started is aborted.
 
 use std::sync::Arc;
 
@@ -17,7 +19,7 @@ use crate::actors::coordinator::{CoordMsg, SYSTEM_SENDER};
 use crate::actors::messages::LoopMsg;
 use crate::context::ToolContext;
 use crate::engine::transcript::TranscriptSink;
-use crate::engine::{Engine, EngineConfig, Inbox, LoopEnd, Progress, ToolRunner, answer_query};
+use crate::engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, Progress, ToolRunner};
 use crate::events::{EventKind, EventLog};
 use crate::llm::LlmClient;
 use crate::receipts::ReceiptLog;
@@ -74,7 +76,6 @@ pub struct LoopState {
     progress: Arc<Progress>,
     stop: watch::Sender<bool>,
     engine: Option<AbortOnDrop>,
-    answerers: Vec<AbortOnDrop>,
     end: Option<LoopEnd>,
 }
 
@@ -100,6 +101,14 @@ impl Actor for LoopActor {
         for note in &spec.initial_progress {
             progress.push(note.clone());
         }
+        let answerer = Arc::new(Answerer::new(
+            &spec.config,
+            spec.ctx.clone(),
+            spec.tools.clone(),
+            spec.llm.clone(),
+            progress.clone(),
+            spec.transcript.clone(),
+        ));
         spec.coordinator
             .call(
                 |reply| CoordMsg::Register {
@@ -109,6 +118,7 @@ impl Actor for LoopActor {
                     subscriptions: spec.subscriptions.clone(),
                     actor: myself.clone(),
                     inbox: inbox.clone(),
+                    answerer,
                     reply,
                 },
                 None,
@@ -132,7 +142,6 @@ impl Actor for LoopActor {
             progress,
             stop,
             engine: None,
-            answerers: Vec::new(),
             end: None,
         })
     }
@@ -188,30 +197,6 @@ impl Actor for LoopActor {
                     });
                 }
             }
-            LoopMsg::Query {
-                from,
-                question,
-                reply,
-            } => {
-                state.answerers.retain(|a| !a.0.is_finished());
-                let spec = state.spec.clone();
-                let progress = state.progress.clone();
-                let task = tokio::spawn(async move {
-                    let answer = answer_query(
-                        &spec.config,
-                        &spec.ctx,
-                        &spec.tools,
-                        spec.llm.as_ref(),
-                        &progress,
-                        spec.transcript.as_ref(),
-                        &from,
-                        &question,
-                    )
-                    .await;
-                    let _ = reply.send(answer);
-                });
-                state.answerers.push(AbortOnDrop(task));
-            }
             LoopMsg::Stop => {
                 let _ = state.stop.send(true);
                 if state.end.is_some() {
@@ -236,9 +221,8 @@ impl Actor for LoopActor {
         _myself: ActorRef<LoopMsg>,
         state: &mut LoopState,
     ) -> Result<(), ActorProcessingErr> {
-        // Dropping the handles aborts the engine (if still running) and every answerer, so
-        // queries waiting on this loop fail now rather than at their timeout.
-        state.answerers.clear();
+        // Dropping the handle aborts the engine if it is still running. (Answers in progress
+        // are aborted by the coordinator when it sees this actor end.)
         if state.engine.take().is_some() && state.end.is_none() {
             let end = LoopEnd::Stopped { iterations: 0 };
             finish(state, &end);

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -36,15 +35,6 @@ pub enum InboxItem {
 pub enum LoopMsg {
     /// A file under the loop's worktree changed on disk (from the watcher).
     FileChanged(PathBuf),
-    /// Another loop asks a question; the reply is the answer text or why there is none.
-    Query {
-        /// Asking loop.
-        from: String,
-        /// The question.
-        question: String,
-        /// Where the answer goes.
-        reply: RpcReplyPort<Result<String, String>>,
-    },
     /// Stop after the tool call in flight.
     Stop,
     /// Internal: the iteration task finished.

@@ -10,7 +10,7 @@
 //! calls that write run in order; a stop takes effect after the call in flight.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,7 +24,7 @@ use crate::context::{ToolContext, lock};
 use crate::events::{EventKind, EventLog};
 use crate::llm::{Block, LlmClient, LlmRequest, LlmResponse, Message, Purpose, Role};
 use crate::receipts::{ReceiptLog, SideEffect};
-use crate::registry::{CallOutcome, ToolSet};
+use crate::registry::{CallOutcome, ToolDefinition, ToolSet};
 use crate::text::head_tail;
 
 pub mod prompt;
@@ -143,6 +143,12 @@ impl Progress {
     /// All notes so far.
     pub fn notes(&self) -> Vec<String> {
         lock(&self.notes).clone()
+    }
+
+    /// Calls `f` with the notes so far, without copying them (keep `f` short: it runs under
+    /// the notes' lock).
+    pub fn with_notes<R>(&self, f: impl FnOnce(&[String]) -> R) -> R {
+        f(&lock(&self.notes))
     }
 }
 
@@ -409,34 +415,33 @@ impl Engine {
                 system: system.clone(),
             },
         );
-        let definitions = self.tools.definitions();
-        let mut messages = vec![Message::user_text(first)];
+        // One request for the whole iteration: each turn appends to its conversation.
+        let mut request = LlmRequest {
+            loop_name: self.config.name.clone(),
+            purpose: Purpose::Iteration,
+            system,
+            messages: vec![Message::user_text(first)],
+            tools: self.tools.shared_definitions(),
+        };
         let mut sent = 0usize;
         for turn in 1..=self.config.max_turns {
             if self.stopped() {
                 return (TurnsEnded::Stopped, self.ctx.take_completion());
             }
-            self.attach_notices(&mut messages);
+            self.attach_notices(&mut request.messages);
             self.transcript.record(
                 &self.config.name,
                 TranscriptEntry::Request {
                     iteration,
                     turn,
                     purpose: Purpose::Iteration,
-                    new_messages: messages[sent..].to_vec(),
+                    new_messages: request.messages[sent..].to_vec(),
                 },
             );
-            sent = messages.len();
-            let request = LlmRequest {
-                loop_name: self.config.name.clone(),
-                purpose: Purpose::Iteration,
-                system: system.clone(),
-                messages: messages.clone(),
-                tools: definitions.clone(),
-            };
+            sent = request.messages.len();
             let mut stop = self.stop.clone();
             let response = tokio::select! {
-                r = self.llm.complete(request) => r,
+                r = self.llm.complete(&request) => r,
                 _ = stop.wait_for(|s| *s) => return (TurnsEnded::Stopped, self.ctx.take_completion()),
             };
             let response = match response {
@@ -460,12 +465,12 @@ impl Engine {
                     response: response.clone(),
                 },
             );
-            messages.push(assistant_message(&response));
+            request.messages.push(assistant_message(&response));
             if response.tool_calls.is_empty() {
                 return (TurnsEnded::EndTurn, self.ctx.take_completion());
             }
             let (results, stopped) = self.run_calls(iteration, turn, &response).await;
-            messages.push(Message {
+            request.messages.push(Message {
                 role: Role::User,
                 content: results,
             });
@@ -657,103 +662,146 @@ pub fn render_item(item: &InboxItem) -> String {
     }
 }
 
-/// Answers another loop's question with a side model call that sees this loop's task and
-/// progress; the model may use the read-only tools of `tools` on this loop's worktree.
-#[allow(clippy::too_many_arguments)]
-pub async fn answer_query(
-    config: &EngineConfig,
-    ctx: &ToolContext,
-    tools: &ToolSet,
-    llm: &dyn LlmClient,
-    progress: &Progress,
-    transcript: &dyn TranscriptSink,
-    from: &str,
-    question: &str,
-) -> Result<String, String> {
-    const MAX_ANSWER_TURNS: u32 = 4;
-    let system = prompt::render(
-        prompt::ANSWER_SYSTEM,
-        &json!({
-            "loop_name": config.name, "loop_type": config.loop_type, "from": from,
-            "task": config.task, "progress": progress.notes(),
-        }),
-    )?;
-    let read_only: Vec<_> = tools
-        .definitions()
-        .into_iter()
-        .filter(|d| tools.get(&d.name).is_some_and(|t| t.read_only()))
-        .filter(|d| ctx.spec(&d.name).lane != Lane::Coordinator)
-        .collect();
-    let purpose = Purpose::QueryAnswer {
-        from: from.to_string(),
-        question: question.to_string(),
-    };
-    let mut messages = vec![Message::user_text(format!(
-        "Question from loop `{from}`:\n{question}"
-    ))];
-    let mut sent = 0;
-    for turn in 1..=MAX_ANSWER_TURNS {
-        transcript.record(
-            &config.name,
-            TranscriptEntry::Request {
-                iteration: 0,
-                turn,
-                purpose: purpose.clone(),
-                new_messages: messages[sent..].to_vec(),
-            },
-        );
-        sent = messages.len();
-        let response = llm
-            .complete(LlmRequest {
-                loop_name: config.name.clone(),
-                purpose: purpose.clone(),
-                system: system.clone(),
-                messages: messages.clone(),
-                tools: read_only.clone(),
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        transcript.record(
-            &config.name,
-            TranscriptEntry::Response {
-                iteration: 0,
-                turn,
-                response: response.clone(),
-            },
-        );
-        if response.tool_calls.is_empty() {
-            return Ok(response.text.unwrap_or_default());
+/// What a loop needs to answer other loops' questions: built once per loop and shared by
+/// every answer in progress, so that answering a question copies nothing per loop (its
+/// settings, its tool definitions) and only renders the prompt and calls the model.
+pub struct Answerer {
+    /// The loop's name, type and task: all of its settings an answer uses.
+    name: String,
+    loop_type: String,
+    task: String,
+    ctx: Arc<ToolContext>,
+    tools: Arc<ToolSet>,
+    llm: Arc<dyn LlmClient>,
+    progress: Arc<Progress>,
+    transcript: Arc<dyn TranscriptSink>,
+    /// The read-only, non-coordination tools of the loop (all an answer may use); looked up
+    /// at the first question (loops of one type share them).
+    read_only: OnceLock<Arc<[ToolDefinition]>>,
+}
+
+impl Answerer {
+    /// The answerer of the loop with these settings, context, tools, model, progress notes
+    /// and transcript.
+    pub fn new(
+        config: &EngineConfig,
+        ctx: Arc<ToolContext>,
+        tools: Arc<ToolSet>,
+        llm: Arc<dyn LlmClient>,
+        progress: Arc<Progress>,
+        transcript: Arc<dyn TranscriptSink>,
+    ) -> Self {
+        Self {
+            name: config.name.clone(),
+            loop_type: config.loop_type.clone(),
+            task: config.task.clone(),
+            ctx,
+            tools,
+            llm,
+            progress,
+            transcript,
+            read_only: OnceLock::new(),
         }
-        messages.push(assistant_message(&response));
-        let mut results = Vec::new();
-        for call in &response.tool_calls {
-            let allowed = read_only.iter().any(|d| d.name == call.name);
-            let (content, is_error) = if allowed {
-                let o = tools
-                    .call(ctx, Some(&call.id), &call.name, call.input.clone())
-                    .await;
-                (o.content, o.is_error)
-            } else {
-                (
-                    format!(
-                        "'{}' is not available while answering a question: only read-only tools are",
-                        call.name
-                    ),
-                    true,
-                )
-            };
-            results.push(Block::ToolResult {
-                tool_use_id: call.id.clone(),
-                content,
-                is_error,
+    }
+
+    fn read_only(&self) -> &Arc<[ToolDefinition]> {
+        self.read_only.get_or_init(|| {
+            self.tools.shared_subset(|name| {
+                self.tools.get(name).is_some_and(|t| t.read_only())
+                    && self.ctx.spec(name).lane != Lane::Coordinator
+            })
+        })
+    }
+
+    /// Answers another loop's question with a side model call that sees this loop's task
+    /// and progress; the model may use the read-only tools on this loop's worktree.
+    pub async fn answer(&self, from: &str, question: &str) -> Result<String, String> {
+        const MAX_ANSWER_TURNS: u32 = 4;
+        let system = self.progress.with_notes(|notes| {
+            prompt::answer_system(&self.name, &self.loop_type, from, &self.task, notes)
+        });
+        let read_only = self.read_only().clone();
+        let mut request = LlmRequest {
+            loop_name: self.name.clone(),
+            purpose: Purpose::QueryAnswer {
+                from: from.to_string(),
+                question: question.to_string(),
+            },
+            system,
+            messages: vec![Message::user_text(format!(
+                "Question from loop `{from}`:\n{question}"
+            ))],
+            tools: read_only.clone(),
+        };
+        let mut sent = 0;
+        for turn in 1..=MAX_ANSWER_TURNS {
+            self.transcript.record(
+                &self.name,
+                TranscriptEntry::Request {
+                    iteration: 0,
+                    turn,
+                    purpose: request.purpose.clone(),
+                    new_messages: request.messages[sent..].to_vec(),
+                },
+            );
+            sent = request.messages.len();
+            let response = self
+                .llm
+                .complete(&request)
+                .await
+                .map_err(|e| e.to_string())?;
+            if response.tool_calls.is_empty() {
+                let text = response.text.clone().unwrap_or_default();
+                self.transcript.record(
+                    &self.name,
+                    TranscriptEntry::Response {
+                        iteration: 0,
+                        turn,
+                        response,
+                    },
+                );
+                return Ok(text);
+            }
+            self.transcript.record(
+                &self.name,
+                TranscriptEntry::Response {
+                    iteration: 0,
+                    turn,
+                    response: response.clone(),
+                },
+            );
+            request.messages.push(assistant_message(&response));
+            let mut results = Vec::new();
+            for call in &response.tool_calls {
+                let allowed = read_only.iter().any(|d| d.name == call.name);
+                let (content, is_error) = if allowed {
+                    let o = self
+                        .tools
+                        .call(&self.ctx, Some(&call.id), &call.name, call.input.clone())
+                        .await;
+                    (o.content, o.is_error)
+                } else {
+                    (
+                        format!(
+                            "'{}' is not available while answering a question: only read-only tools are",
+                            call.name
+                        ),
+                        true,
+                    )
+                };
+                results.push(Block::ToolResult {
+                    tool_use_id: call.id.clone(),
+                    content,
+                    is_error,
+                });
+            }
+            request.messages.push(Message {
+                role: Role::User,
+                content: results,
             });
         }
-        messages.push(Message {
-            role: Role::User,
-            content: results,
-        });
+        Err(format!(
+            "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
+        ))
     }
-    Err(format!(
-        "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
-    ))
 }

@@ -222,10 +222,10 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
 
 #[async_trait]
 impl LlmClient for AnthropicClient {
-    async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError> {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let reply = self
             .transport
-            .post_json(&self.request_body(&request))
+            .post_json(&self.request_body(request))
             .await?;
         parse_response(&reply)
     }
@@ -258,7 +258,7 @@ mod tests {
             purpose: Purpose::Iteration,
             system: String::new(),
             messages,
-            tools: vec![],
+            tools: Vec::new().into(),
         }
     }
 
@@ -315,7 +315,8 @@ mod tests {
             name: "t".into(),
             description: "d".into(),
             input_schema: json!({"type": "object"}),
-        }];
+        }]
+        .into();
         let body = c.request_body(&req);
         assert_eq!(
             body["messages"][0]["content"],

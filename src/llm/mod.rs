@@ -1,6 +1,8 @@
 //! The model side: the provider-neutral conversation types, the `LlmClient` trait, and the
 //! providers. Only this module knows provider JSON; the engine speaks these types.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -131,8 +133,17 @@ pub struct LlmRequest {
     pub system: String,
     /// The conversation so far.
     pub messages: Vec<Message>,
-    /// Tools the model may call.
-    pub tools: Vec<ToolDefinition>,
+    /// Tools the model may call. Shared: a loop sends the same definitions with every
+    /// request, and copying their schemas each time cost more than the rest of a query.
+    #[serde(serialize_with = "serialize_tools")]
+    pub tools: Arc<[ToolDefinition]>,
+}
+
+fn serialize_tools<S: serde::Serializer>(
+    tools: &Arc<[ToolDefinition]>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&**tools, serializer)
 }
 
 /// A model's answer.
@@ -173,8 +184,10 @@ pub enum LlmError {
 /// A model provider.
 #[async_trait]
 pub trait LlmClient: Send + Sync {
-    /// Sends one request and returns the model's answer.
-    async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError>;
+    /// Sends one request and returns the model's answer. The request is borrowed: a loop
+    /// keeps its conversation in one request and appends to it turn by turn, so a turn
+    /// never copies the history it sends.
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
 
     /// A resumed run tells the provider how many iteration responses a loop already got
     /// (from its transcript). Network models need nothing; the scripted provider continues

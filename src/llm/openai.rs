@@ -301,10 +301,10 @@ fn arguments(raw: Option<&Value>) -> Value {
 
 #[async_trait]
 impl LlmClient for OpenAiClient {
-    async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError> {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let reply = self
             .transport
-            .post_json(&self.request_body(&request))
+            .post_json(&self.request_body(request))
             .await?;
         parse_response(&reply)
     }
@@ -336,7 +336,7 @@ mod tests {
             purpose: Purpose::Iteration,
             system: String::new(),
             messages,
-            tools: vec![],
+            tools: Vec::new().into(),
         }
     }
 

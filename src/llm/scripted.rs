@@ -188,9 +188,9 @@ impl LlmClient for ScriptedLlm {
         }
     }
 
-    async fn complete(&self, request: LlmRequest) -> Result<LlmResponse, LlmError> {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let script = self.script(&request.loop_name)?;
-        let input_tokens = estimate_input_tokens(&request);
+        let input_tokens = estimate_input_tokens(request);
         let (text, tool_calls, delay_ms) = match &request.purpose {
             Purpose::Iteration => match script.take_turn() {
                 // Out of turns: end the turn silently and let validation decide (the brief).
@@ -431,7 +431,7 @@ client:
             purpose: Purpose::Iteration,
             system: String::new(),
             messages: Vec::new(),
-            tools: Vec::new(),
+            tools: Vec::new().into(),
         }
     }
 
@@ -459,7 +459,7 @@ client:
         assert_eq!(llm.loop_names(), vec!["client"]);
         assert_eq!(llm.turns_left("client"), 2);
 
-        let first = llm.complete(iteration("client")).await.unwrap();
+        let first = llm.complete(&iteration("client")).await.unwrap();
         assert_eq!(first.text.as_deref(), Some("Asking the api loop"));
         assert_eq!(first.stop_reason, StopReason::ToolUse);
         assert_eq!(
@@ -472,7 +472,7 @@ client:
         );
         assert_eq!(llm.turns_left("client"), 1);
 
-        let second = llm.complete(iteration("client")).await.unwrap();
+        let second = llm.complete(&iteration("client")).await.unwrap();
         assert_eq!(second.text, None);
         assert_eq!(second.stop_reason, StopReason::ToolUse);
         let ids: Vec<&str> = second.tool_calls.iter().map(|c| c.id.as_str()).collect();
@@ -489,7 +489,7 @@ client:
         assert_eq!(llm.turns_left("client"), 0);
 
         let answer = llm
-            .complete(question("client", "Which port do you use?"))
+            .complete(&question("client", "Which port do you use?"))
             .await
             .unwrap();
         assert_eq!(answer.text.as_deref(), Some("8080"));
@@ -500,9 +500,9 @@ client:
     #[tokio::test]
     async fn exhausted_turns_end_the_turn_with_nothing() {
         let llm = script("a:\n  turns:\n    - say: only\n");
-        llm.complete(iteration("a")).await.unwrap();
+        llm.complete(&iteration("a")).await.unwrap();
         for _ in 0..3 {
-            let r = llm.complete(iteration("a")).await.unwrap();
+            let r = llm.complete(&iteration("a")).await.unwrap();
             assert_eq!(r.text, None);
             assert!(r.tool_calls.is_empty());
             assert_eq!(r.stop_reason, StopReason::EndTurn);
@@ -514,10 +514,10 @@ client:
     async fn a_turn_without_calls_ends_the_turn_and_null_input_is_empty() {
         let llm =
             script("a:\n  turns:\n    - say: thinking\n    - calls:\n        - complete_task:\n");
-        let r = llm.complete(iteration("a")).await.unwrap();
+        let r = llm.complete(&iteration("a")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("thinking"));
         assert_eq!(r.stop_reason, StopReason::EndTurn);
-        let r = llm.complete(iteration("a")).await.unwrap();
+        let r = llm.complete(&iteration("a")).await.unwrap();
         assert_eq!(r.tool_calls[0].name, "complete_task");
         assert_eq!(r.tool_calls[0].input, json!({}));
         assert_eq!(r.tool_calls[0].id, "a-2-1");
@@ -528,7 +528,10 @@ client:
         let llm = script(
             "api:\n  turns:\n    - say: t1\n  answers:\n    - when: '^Which (port|host)\\?'\n      reply: first\n    - when: port\n      reply: second\n    - reply: fallback\n",
         );
-        let ask = |q: &'static str| llm.complete(question("api", q));
+        let ask = |q: &'static str| {
+            let llm = &llm;
+            async move { llm.complete(&question("api", q)).await }
+        };
         assert_eq!(
             ask("Which port?").await.unwrap().text.as_deref(),
             Some("first")
@@ -543,7 +546,7 @@ client:
             Some("fallback")
         );
         assert_eq!(llm.turns_left("api"), 1);
-        let r = llm.complete(iteration("api")).await.unwrap();
+        let r = llm.complete(&iteration("api")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("t1"));
     }
 
@@ -551,7 +554,7 @@ client:
     async fn an_unmatched_question_is_an_error_that_quotes_it() {
         let llm = script("api:\n  answers:\n    - when: port\n      reply: '8080'\n");
         let err = llm
-            .complete(question("api", "Which host?"))
+            .complete(&question("api", "Which host?"))
             .await
             .unwrap_err();
         let LlmError::Script(msg) = err else {
@@ -562,7 +565,7 @@ client:
 
         // A long multi-byte question is cut on a char boundary.
         let long = "é".repeat(500);
-        let err = llm.complete(question("api", &long)).await.unwrap_err();
+        let err = llm.complete(&question("api", &long)).await.unwrap_err();
         let LlmError::Script(msg) = err else {
             panic!("wrong error {err:?}")
         };
@@ -571,7 +574,7 @@ client:
 
         // A loop with no answers at all fails the same way.
         let llm = script("quiet:\n  turns: []\n");
-        let err = llm.complete(question("quiet", "hi")).await.unwrap_err();
+        let err = llm.complete(&question("quiet", "hi")).await.unwrap_err();
         assert!(err.to_string().contains("no scripted answer"), "{err}");
     }
 
@@ -579,18 +582,18 @@ client:
     async fn unknown_loops_are_named_with_the_scripted_ones() {
         let llm = script("b: {}\na:\n  turns: []\n");
         assert_eq!(llm.loop_names(), vec!["a", "b"]);
-        let err = llm.complete(iteration("zed")).await.unwrap_err();
+        let err = llm.complete(&iteration("zed")).await.unwrap_err();
         assert_eq!(
             err,
             LlmError::Script("no script for loop 'zed'; scripted loops: a, b".into())
         );
-        let err = llm.complete(question("zed", "q")).await.unwrap_err();
+        let err = llm.complete(&question("zed", "q")).await.unwrap_err();
         assert!(matches!(err, LlmError::Script(_)));
         assert_eq!(llm.turns_left("zed"), 0);
 
         let empty = script("");
         assert!(empty.loop_names().is_empty());
-        let err = empty.complete(iteration("a")).await.unwrap_err();
+        let err = empty.complete(&iteration("a")).await.unwrap_err();
         assert!(err.to_string().contains("scripted loops: (none)"), "{err}");
     }
 
@@ -617,7 +620,7 @@ client:
                 ],
             },
         ];
-        let r = llm.complete(request).await.unwrap();
+        let r = llm.complete(&request).await.unwrap();
         // 10 + 6 + (2 + 2) + 2 = 22 chars → 6 tokens; "abcdefgh" + "t" + "{}" = 11 → 3.
         assert_eq!(
             r.usage,
@@ -727,16 +730,16 @@ client:
             "a:\n  turns:\n    - delay_ms: 5000\n      say: slow\n    - say: fast\n  answers:\n    - reply: later\n      delay_ms: 700\n",
         );
         let start = tokio::time::Instant::now();
-        let r = llm.complete(iteration("a")).await.unwrap();
+        let r = llm.complete(&iteration("a")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("slow"));
         assert_eq!(start.elapsed(), Duration::from_millis(5000));
 
         let start = tokio::time::Instant::now();
-        llm.complete(iteration("a")).await.unwrap();
+        llm.complete(&iteration("a")).await.unwrap();
         assert_eq!(start.elapsed(), Duration::ZERO);
 
         let start = tokio::time::Instant::now();
-        let r = llm.complete(question("a", "q")).await.unwrap();
+        let r = llm.complete(&question("a", "q")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("later"));
         assert_eq!(start.elapsed(), Duration::from_millis(700));
     }
@@ -745,9 +748,9 @@ client:
     async fn a_turn_cancelled_during_its_delay_is_consumed() {
         let llm = script("a:\n  turns:\n    - delay_ms: 60000\n      say: slow\n    - say: next\n");
         let timed_out =
-            tokio::time::timeout(Duration::from_secs(1), llm.complete(iteration("a"))).await;
+            tokio::time::timeout(Duration::from_secs(1), llm.complete(&iteration("a"))).await;
         assert!(timed_out.is_err());
-        let r = llm.complete(iteration("a")).await.unwrap();
+        let r = llm.complete(&iteration("a")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("next"));
     }
 
@@ -782,7 +785,7 @@ client:
                 tokio::spawn(async move {
                     let mut said = Vec::new();
                     for _ in 0..25 {
-                        let r = llm.complete(iteration(name)).await.unwrap();
+                        let r = llm.complete(&iteration(name)).await.unwrap();
                         said.push(r.text.unwrap());
                         tokio::task::yield_now().await;
                     }
@@ -805,11 +808,11 @@ client:
         ));
         let slow = tokio::spawn({
             let llm = Arc::clone(&llm);
-            async move { llm.complete(iteration("slow")).await }
+            async move { llm.complete(&iteration("slow")).await }
         });
         tokio::task::yield_now().await;
         let start = tokio::time::Instant::now();
-        let r = llm.complete(iteration("quick")).await.unwrap();
+        let r = llm.complete(&iteration("quick")).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("q"));
         assert_eq!(start.elapsed(), Duration::ZERO);
         assert_eq!(slow.await.unwrap().unwrap().text.as_deref(), Some("s"));

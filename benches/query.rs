@@ -1,0 +1,395 @@
+//! `cargo bench --bench query`: `query_loop` between loop actors vs a plain ractor call.
+//!
+//! Latency: loop `a` asks loop `b` (both real loop actors on a `Runtime`, scripted provider,
+//! their engines parked at the start gate so nothing else runs). Measured, alternating in
+//! the same task, sample by sample, in 7 rounds (medians over rounds reported); each round
+//! is 4,000 port/echo pairs, then 4,000 tool/echo pairs:
+//! - `port`: `CoordinatorPort::query` (what the `query_loop` tool calls): asker → coordinator
+//!   (checks, records, hands back the target's answerer) → the target's answer (prompt,
+//!   scripted model call) run in the asker's task under its deadline;
+//! - `tool`: the whole `query_loop` tool through `ToolSet::call` as the engine runs it
+//!   (schema validation, receipt) on top of the same route;
+//! - baseline: `ActorRef::call` to an echo actor that returns the question.
+//!
+//! Throughput: 1,000 loops registered; one task per loop (a loop's engine asks one question
+//! at a time) calls `CoordinatorPort::query` to a random other loop, back to back. Counted:
+//! answered queries (Ok replies) per second over a timed window. Reference in the same run:
+//! 1,000 tasks calling one echo actor. Rounds alternate ours/echo; medians are reported.
+//! Rate limits are lifted (`CoordinatorLimits` burst and rate set very high) because the
+//! default 10 messages/s per loop would refuse almost every query: the bench measures
+//! routing capacity, not the limiter.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::actors::{Dist, LoopParams, Rng, loop_spec, median_f64, print_machine, unlimited};
+use common::{Report, selected};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::json;
+use taskdaemon::actors::coordinator::CoordinatorPort;
+use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
+use taskdaemon::coordination::Coordination;
+use taskdaemon::events::EventLog;
+use taskdaemon::llm::scripted::ScriptedLlm;
+use taskdaemon::registry::ToolSet;
+
+const QUESTION: &str = "Which port does the api listen on?";
+const ANSWER: &str = "8080";
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Echo;
+
+struct Ask(String, RpcReplyPort<String>);
+
+impl Actor for Echo {
+    type Msg = Ask;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(&self, _: ActorRef<Ask>, _: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Ask>,
+        Ask(question, reply): Ask,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = reply.send(question);
+        Ok(())
+    }
+}
+
+async fn echo_call(echo: &ActorRef<Ask>) -> String {
+    match echo
+        .call(|port| Ask(QUESTION.to_string(), port), None)
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(s)) => s,
+        other => panic!("echo failed: {other:?}"),
+    }
+}
+
+/// A runtime with `names` registered as loops (engines parked at the gate), all answering
+/// every question with [`ANSWER`].
+async fn start_loops(dir: &Path, names: &[String]) -> Runtime {
+    let mut script = String::new();
+    for n in names {
+        script.push_str(&format!("{n}:\n  answers:\n    - reply: \"{ANSWER}\"\n"));
+    }
+    let llm = Arc::new(ScriptedLlm::from_yaml(&script, "bench-script.yml").expect("script"));
+    let events = Arc::new(EventLog::new());
+    let mut rt = Runtime::start(
+        RuntimeConfig {
+            limits: unlimited(),
+            // Queries touch no files; 1,000 idle inotify watches would only slow the setup.
+            watch_files: false,
+            ..RuntimeConfig::default()
+        },
+        events.clone(),
+    )
+    .await
+    .expect("runtime");
+    for n in names {
+        let wt = dir.join(n);
+        std::fs::create_dir_all(&wt).expect("worktree");
+        let spec = loop_spec(
+            &rt,
+            LoopParams {
+                name: n,
+                worktree: &wt,
+                max_iterations: 1,
+                subscriptions: Some(Vec::new()),
+            },
+            llm.clone(),
+            events.clone(),
+            None,
+        );
+        rt.spawn_loop(spec).await.expect("spawn");
+    }
+    // The gate is never released: the loops only answer questions.
+    rt.flush().await;
+    rt
+}
+
+async fn latency(report: &mut Report, runtime: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = vec!["a".to_string(), "b".to_string()];
+    let rt = start_loops(dir.path(), &names).await;
+    let port = Arc::new(CoordinatorPort::new(rt.coordinator.clone()));
+    let ctx_a = Arc::new(rt.context(&dir.path().join("a"), "a").expect("ctx"));
+    let tools = Arc::new(ToolSet::from_names(&["query_loop"]).expect("tools"));
+    let (echo, _) = Actor::spawn(None, Echo, ()).await.expect("echo");
+
+    // Rounds of alternating samples; each metric is the median over rounds of the round's
+    // percentile, so that one unlucky stretch (the machine is shared) moves neither side much.
+    const WARMUP: usize = 2_000;
+    const ROUNDS: usize = 7;
+    const PER_ROUND: usize = 4_000;
+    // Each round: a block of port/echo pairs, then a block of tool/echo pairs. The tool
+    // variant arms the registry's watchdog timer on every call, which wakes the runtime's
+    // timer thread; interleaving it with the port samples would disturb both sides.
+    let driver = tokio::spawn(async move {
+        let input = json!({"target_exec_id": "b", "question": QUESTION});
+        let mut rounds = Vec::new();
+        for round in 0..=ROUNDS {
+            let n = if round == 0 { WARMUP } else { PER_ROUND };
+            let (mut ours, mut base_ours) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for _ in 0..n {
+                let t = Instant::now();
+                let answer = port.query("a", "b", QUESTION, TIMEOUT).await;
+                ours.push(t.elapsed());
+                assert_eq!(answer.as_deref().ok(), Some(ANSWER), "{answer:?}");
+
+                let t = Instant::now();
+                let echoed = echo_call(&echo).await;
+                base_ours.push(t.elapsed());
+                assert_eq!(echoed, QUESTION);
+            }
+            let (mut tool, mut base_tool) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for _ in 0..n {
+                let t = Instant::now();
+                let out = tools
+                    .call(&ctx_a, Some("q"), "query_loop", input.clone())
+                    .await;
+                tool.push(t.elapsed());
+                assert!(!out.is_error, "{}", out.content);
+
+                let t = Instant::now();
+                let echoed = echo_call(&echo).await;
+                base_tool.push(t.elapsed());
+                assert_eq!(echoed, QUESTION);
+            }
+            if round > 0 {
+                rounds.push([
+                    Dist::new(&ours),
+                    Dist::new(&base_ours),
+                    Dist::new(&tool),
+                    Dist::new(&base_tool),
+                ]);
+            }
+        }
+        echo.stop(None);
+        rounds
+    });
+    let rounds = driver.await.expect("driver");
+    for (i, [o, bo, t, bt]) in rounds.iter().enumerate() {
+        eprintln!(
+            "# {runtime}, round {}: p50 port {:.2} / echo {:.2}, tool {:.2} / echo {:.2} us; p99 port {:.2} / echo {:.2}, tool {:.2} / echo {:.2} us",
+            i + 1,
+            o.p50(),
+            bo.p50(),
+            t.p50(),
+            bt.p50(),
+            o.p99(),
+            bo.p99(),
+            t.p99(),
+            bt.p99()
+        );
+    }
+    // Each figure is the median over rounds; the ratio that is judged is the median of the
+    // per-round ratios (both sides of a ratio were measured in the same stretch of time).
+    let med = |f: &dyn Fn(&[Dist; 4]) -> f64| median_f64(&rounds.iter().map(f).collect::<Vec<_>>());
+    eprintln!(
+        "# latency ({runtime}): {ROUNDS} rounds of {PER_ROUND} pairs each, alternating; medians over rounds"
+    );
+    let p50_ratio = med(&|r| r[0].p50() / r[1].p50());
+    let worst_ratio = rounds
+        .iter()
+        .map(|r| r[0].p50() / r[1].p50())
+        .fold(f64::MIN, f64::max);
+    report.row(
+        &format!("round_trip_p50 (port, {runtime})"),
+        "us",
+        med(&|r| r[0].p50()),
+        Some(med(&|r| r[1].p50())),
+        "median round ratio <= 4",
+        Some(p50_ratio <= 4.0),
+    );
+    report.row(
+        &format!("round_trip_p50 ratio (port, {runtime})"),
+        "x",
+        p50_ratio,
+        None,
+        &format!("<= 4 (worst round {worst_ratio:.2})"),
+        Some(p50_ratio <= 4.0),
+    );
+    report.row(
+        &format!("round_trip_p99 (port, {runtime})"),
+        "us",
+        med(&|r| r[0].p99()),
+        Some(med(&|r| r[1].p99())),
+        "(reported)",
+        None,
+    );
+    report.row(
+        &format!("round_trip_p50 (query_loop tool, {runtime})"),
+        "us",
+        med(&|r| r[2].p50()),
+        Some(med(&|r| r[3].p50())),
+        "(reported)",
+        None,
+    );
+    report.row(
+        &format!("round_trip_p99 (query_loop tool, {runtime})"),
+        "us",
+        med(&|r| r[2].p99()),
+        Some(med(&|r| r[3].p99())),
+        "(reported)",
+        None,
+    );
+    rt.shutdown().await;
+}
+
+/// Runs `tasks` drivers for `window`; each repeats `op` until the window closes. Returns
+/// successful operations per second and the number of failures.
+async fn timed_round<F, Fut>(tasks: usize, window: Duration, op: F) -> (f64, u64)
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut handles = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let (op, stop, done, failed) = (op.clone(), stop.clone(), done.clone(), failed.clone());
+        handles.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let ok = op(t, n).await;
+                n += 1;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if ok {
+                    done.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(window).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    for h in handles {
+        let _ = h.await;
+    }
+    (
+        done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        failed.load(Ordering::Relaxed),
+    )
+}
+
+async fn throughput(report: &mut Report) {
+    const LOOPS: usize = 1_000;
+    const ROUNDS: usize = 3;
+    let window = Duration::from_secs(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names: Vec<String> = (0..LOOPS).map(|i| format!("l{i:04}")).collect();
+    let t = Instant::now();
+    let rt = start_loops(dir.path(), &names).await;
+    eprintln!(
+        "# throughput: {LOOPS} loops registered in {:?}",
+        t.elapsed()
+    );
+    let names = Arc::new(names);
+    let port = Arc::new(CoordinatorPort::new(rt.coordinator.clone()));
+    let (echo, _) = Actor::spawn(None, Echo, ()).await.expect("echo");
+
+    let mut ours = Vec::new();
+    let mut base = Vec::new();
+    let mut failures = 0;
+    // A short warm-up round of each, not counted.
+    for round in 0..=ROUNDS {
+        let w = if round == 0 {
+            Duration::from_millis(300)
+        } else {
+            window
+        };
+        let (names, port) = (names.clone(), port.clone());
+        let (qps, failed) = timed_round(LOOPS, w, move |t, n| {
+            let (names, port) = (names.clone(), port.clone());
+            async move {
+                let mut rng = Rng::new((t as u64) << 32 | n);
+                let mut target = rng.below(LOOPS - 1);
+                if target >= t {
+                    target += 1;
+                }
+                port.query(&names[t], &names[target], QUESTION, TIMEOUT)
+                    .await
+                    .is_ok_and(|a| a == ANSWER)
+            }
+        })
+        .await;
+        let e = echo.clone();
+        let (eps, _) = timed_round(LOOPS, w, move |_, _| {
+            let e = e.clone();
+            async move { echo_call(&e).await == QUESTION }
+        })
+        .await;
+        if round > 0 {
+            ours.push(qps);
+            base.push(eps);
+            failures += failed;
+        }
+        eprintln!("# round {round}: ours {qps:.0}/s (failed {failed}), echo {eps:.0}/s");
+    }
+    let q = median_f64(&ours);
+    report.row(
+        "answered_queries_per_s (1000 loops)",
+        "1/s",
+        q,
+        Some(median_f64(&base)),
+        ">= 50000",
+        Some(q >= 50_000.0 && failures == 0),
+    );
+    if failures > 0 {
+        eprintln!("# {failures} queries failed during the measured rounds");
+    }
+    echo.stop(None);
+    rt.shutdown().await;
+}
+
+fn main() {
+    print_machine("query");
+    // `BENCH_ONLY=latency` (or `1 thread`, `multi-thread`, `throughput`) runs one part only.
+    let mut report = Report::new("query");
+    {
+        // On one thread both sides cost what their code costs. On the multi-threaded
+        // runtime the daemon uses, a call is ~0.7 us or ~4 us depending on whether tokio
+        // happens to run caller and callee on the same worker, and that placement (not our
+        // code) decides the ratio of a run; both are reported.
+        let current = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        if selected("latency, 1 thread") {
+            current.block_on(latency(&mut report, "1 thread"));
+        }
+        drop(current);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        if selected("latency, multi-thread") {
+            multi.block_on(latency(&mut report, "multi-thread"));
+        }
+    }
+    if selected("throughput") {
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio");
+        multi.block_on(throughput(&mut report));
+    }
+    report.finish();
+}
