@@ -598,11 +598,11 @@ fn handle_share(
                     e.status
                 )),
                 Some(e) => {
-                    e.inbox.push(InboxItem::Share {
+                    e.inbox.push(Arc::new(InboxItem::Share {
                         from: from.to_string(),
                         data_type: data_type.to_string(),
                         data: data.clone(),
-                    });
+                    }));
                     None
                 }
                 None => Some(format!("unknown loop '{to}'")),
@@ -647,6 +647,12 @@ fn handle_alert(
         return Err(err);
     }
     let mut recipients = Vec::new();
+    let item = Arc::new(InboxItem::Alert {
+        from: from.to_string(),
+        event_type: event_type.to_string(),
+        message: message.to_string(),
+        data: data.clone(),
+    });
     for (name, entry) in &state.loops {
         let listens = entry
             .subscriptions
@@ -655,13 +661,7 @@ fn handle_alert(
         if name == from || Some(name.as_str()) == about || entry.status != "running" || !listens {
             continue;
         }
-        let item = InboxItem::Alert {
-            from: from.to_string(),
-            event_type: event_type.to_string(),
-            message: message.to_string(),
-            data: data.clone(),
-        };
-        entry.inbox.push(item);
+        entry.inbox.push(item.clone());
         recipients.push(name.clone());
     }
     state.events.record(EventKind::Alert {

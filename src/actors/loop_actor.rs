@@ -95,7 +95,7 @@ impl Actor for LoopActor {
         let name = spec.config.name.clone();
         let inbox = Arc::new(Inbox::default());
         for item in &spec.initial_inbox {
-            inbox.push(item.clone());
+            inbox.push(Arc::new(item.clone()));
         }
         let progress = Arc::new(Progress::default());
         for note in &spec.initial_progress {

@@ -103,17 +103,19 @@ impl ToolRunner for DirectRunner {
 /// Items waiting for the loop's next model turn.
 #[derive(Debug, Default)]
 pub struct Inbox {
-    items: Mutex<VecDeque<InboxItem>>,
+    /// Shared: an alert goes to every loop, and one copy per recipient made the inboxes of
+    /// a 1,000-loop run hold a million copies of the "loop started" alerts.
+    items: Mutex<VecDeque<Arc<InboxItem>>>,
 }
 
 impl Inbox {
     /// Adds an item.
-    pub fn push(&self, item: InboxItem) {
+    pub fn push(&self, item: Arc<InboxItem>) {
         lock(&self.items).push_back(item);
     }
 
     /// Takes every waiting item (each is shown exactly once).
-    pub fn drain(&self) -> Vec<InboxItem> {
+    pub fn drain(&self) -> Vec<Arc<InboxItem>> {
         lock(&self.items).drain(..).collect()
     }
 
