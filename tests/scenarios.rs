@@ -1156,3 +1156,61 @@ c:
     assert_eq!(requests_containing(&run, "c", "see README"), vec![2]);
     assert!(requests_containing(&run, "b", "0123456789").is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_times_out_at_the_askers_deadline_and_is_recorded_once() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - query_loop: {target_exec_id: b, question: "Slow question", timeout_ms: 200}
+    - calls:
+        - complete_task: {summary: "a went on without the answer"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../a-done.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "b done"}
+  answers:
+    - reply: "too late"
+      delay_ms: 60000
+"#,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("b", LoopOpts::default()).await;
+    let started = Instant::now();
+    run.rt.release().await;
+    run.until_tool_result("a", "query_loop").await;
+    run.touch("a-done.flag");
+    let ends = run.wait().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the answer's delay was waited out"
+    );
+    assert!(completed(&ends, "a") && completed(&ends, "b"), "{ends:?}");
+    let r = tool_results(&run, "a", "query_loop");
+    assert!(
+        r[0].0 && r[0].1.contains("no reply from loop 'b' within 200 ms"),
+        "{r:?}"
+    );
+    let outcomes: Vec<EventKind> = run
+        .events
+        .events()
+        .into_iter()
+        .map(|e| e.kind)
+        .filter(|k| {
+            matches!(
+                k,
+                EventKind::QueryAnswered { .. } | EventKind::QueryFailed { .. }
+            )
+        })
+        .collect();
+    assert!(
+        matches!(&outcomes[..], [EventKind::QueryFailed { from, to, error, .. }]
+            if from == "a" && to == "b" && error.contains("within 200 ms")),
+        "{outcomes:?}"
+    );
+}
