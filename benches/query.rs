@@ -11,6 +11,9 @@
 //!   (schema validation, receipt) on top of the same route;
 //! - baseline: `ActorRef::call` to an echo actor that returns the question.
 //!
+//! Run on a current-thread runtime (what the code costs) and on the multi-threaded one the
+//! daemon uses; the driver yields before every timed call (see [`settle`]).
+//!
 //! Throughput: 1,000 loops registered; one task per loop (a loop's engine asks one question
 //! at a time) calls `CoordinatorPort::query` to a random other loop, back to back. Counted:
 //! answered queries (Ok replies) per second over a timed window. Reference in the same run:
@@ -117,6 +120,16 @@ async fn start_loops(dir: &Path, names: &[String]) -> Runtime {
     rt
 }
 
+/// Lets the driver start each sample from the same scheduler state. tokio polls at most 3
+/// woken tasks in a row from a worker's LIFO slot; a ping-pong of calls (driver → actor →
+/// driver → actor ...) otherwise runs into that limit at the same place in every cycle, and
+/// the hop that lands there is queued and stolen by the other worker: one of the two
+/// alternating calls then pays a cross-thread wake every time and the other never does,
+/// and which one depends on the run. Yielding outside the timed part resets the streak.
+async fn settle() {
+    tokio::task::yield_now().await;
+}
+
 async fn latency(report: &mut Report, runtime: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let names = vec!["a".to_string(), "b".to_string()];
@@ -141,11 +154,13 @@ async fn latency(report: &mut Report, runtime: &str) {
             let n = if round == 0 { WARMUP } else { PER_ROUND };
             let (mut ours, mut base_ours) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for _ in 0..n {
+                settle().await;
                 let t = Instant::now();
                 let answer = port.query("a", "b", QUESTION, TIMEOUT).await;
                 ours.push(t.elapsed());
                 assert_eq!(answer.as_deref().ok(), Some(ANSWER), "{answer:?}");
 
+                settle().await;
                 let t = Instant::now();
                 let echoed = echo_call(&echo).await;
                 base_ours.push(t.elapsed());
@@ -153,6 +168,7 @@ async fn latency(report: &mut Report, runtime: &str) {
             }
             let (mut tool, mut base_tool) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for _ in 0..n {
+                settle().await;
                 let t = Instant::now();
                 let out = tools
                     .call(&ctx_a, Some("q"), "query_loop", input.clone())
@@ -160,6 +176,7 @@ async fn latency(report: &mut Report, runtime: &str) {
                 tool.push(t.elapsed());
                 assert!(!out.is_error, "{}", out.content);
 
+                settle().await;
                 let t = Instant::now();
                 let echoed = echo_call(&echo).await;
                 base_tool.push(t.elapsed());
