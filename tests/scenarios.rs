@@ -1214,3 +1214,36 @@ b:
         "{outcomes:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_loop_releases_its_worktree_watch_while_others_run() {
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - complete_task: {summary: "a done at once"}
+b:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e ../b-may-finish.flag ]; do sleep 0.02; done"}
+    - calls:
+        - complete_task: {summary: "b done"}
+"#,
+    )
+    .await;
+    run.spawn("a", LoopOpts::default()).await;
+    run.spawn("b", LoopOpts::default()).await;
+    let mut both = vec![run.path("a"), run.path("b")];
+    both.sort();
+    assert_eq!(run.rt.watched_roots().await, both);
+    run.rt.release().await;
+    let (first, end) = run.rt.next_end(WAIT).await.expect("a ends");
+    assert_eq!(first, "a", "{end:?}");
+    assert_eq!(run.rt.watched_roots().await, vec![run.path("b")]);
+    run.touch("b-may-finish.flag");
+    let (second, end) = run.rt.next_end(WAIT).await.expect("b ends");
+    assert_eq!(second, "b");
+    assert!(matches!(end, LoopEnd::Completed { .. }), "{end:?}");
+    assert!(run.rt.watched_roots().await.is_empty());
+}

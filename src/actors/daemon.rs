@@ -13,7 +13,7 @@
 //! the coordinator monitors it); the daemon itself keeps running.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -273,6 +273,17 @@ impl Runtime {
             .await;
     }
 
+    /// The worktree roots the file watcher watches now (empty when watching is off).
+    pub async fn watched_roots(&self) -> Vec<PathBuf> {
+        let Some(w) = &self.watcher else {
+            return Vec::new();
+        };
+        match w.call(WatcherMsg::WatchedRoots, None).await {
+            Ok(ractor::rpc::CallResult::Success(roots)) => roots,
+            _ => Vec::new(),
+        }
+    }
+
     /// Asks a loop to stop after its tool call in flight.
     pub fn stop_loop(&self, name: &str) -> Result<(), String> {
         let actor = self
@@ -286,10 +297,24 @@ impl Runtime {
 
     /// The next loop to end, or `None` after `timeout`.
     pub async fn next_end(&mut self, timeout: Duration) -> Option<(String, LoopEnd)> {
-        tokio::time::timeout(timeout, self.ended_rx.recv())
+        let (name, end) = tokio::time::timeout(timeout, self.ended_rx.recv())
             .await
             .ok()
-            .flatten()
+            .flatten()?;
+        // An ended loop edits nothing more and ignores changes; its worktree's watch (and the
+        // context the watcher holds for it) is released now rather than when the run ends,
+        // so a long run with many loops does not keep every finished loop's inotify watches.
+        // The actor itself stays until the run ends: it still answers other loops' queries.
+        self.unwatch(&name);
+        Some((name, end))
+    }
+
+    fn unwatch(&self, name: &str) {
+        if let Some(w) = &self.watcher {
+            let _ = w.cast(WatcherMsg::Unwatch {
+                loop_name: name.to_string(),
+            });
+        }
     }
 
     /// Waits until every loop in `names` has ended (or `timeout` passes) and returns the ends
@@ -316,11 +341,7 @@ impl Runtime {
     /// Stops every loop and every runtime actor.
     pub async fn shutdown(self) {
         for (name, actor) in &self.loops {
-            if let Some(w) = &self.watcher {
-                let _ = w.cast(WatcherMsg::Unwatch {
-                    loop_name: name.clone(),
-                });
-            }
+            self.unwatch(name);
             actor.stop(Some("run ended".to_string()));
         }
         self.lanes.stop();
