@@ -859,6 +859,89 @@ fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
     );
 }
 
+/// Processes of process group `pgid` that still run (zombies do not count: this container's
+/// PID 1 does not reap orphans, and a zombie runs nothing).
+fn running_in_group(pgid: libc::pid_t) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let (Some(state), Some(group)) = (fields.first(), fields.get(2)) else {
+            continue;
+        };
+        if group.parse() == Ok(pgid) && !state.starts_with(['Z', 'X']) {
+            found.push(stat.trim().to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
+    let root = tempfile::tempdir().unwrap();
+    let started = root.path().join("started");
+    let flag = root.path().join("flag");
+    let project = Project::new(
+        "interrupt",
+        &[("STARTED", path_arg(&started)), ("FLAG", path_arg(&flag))],
+    );
+    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
+    let mut child = project
+        .taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir])
+        .spawn()
+        .unwrap();
+    wait_for_file(&started, &mut child, RUN_GUARD);
+    // The command's shell leads its own process group.
+    let mut group = String::new();
+    let deadline = Instant::now() + RUN_GUARD;
+    while group.trim().is_empty() {
+        assert!(Instant::now() < deadline, "the command never wrote its pid");
+        thread::sleep(Duration::from_millis(10));
+        group = std::fs::read_to_string(&started).unwrap();
+    }
+    let group: libc::pid_t = group.trim().parse().unwrap();
+
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first Ctrl-C must wait for the call in flight"
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let out = finish(child, Duration::from_secs(20));
+    assert_eq!(out.code, Some(130), "{out}");
+    let running = running_in_group(group);
+    assert!(
+        running.is_empty(),
+        "the command's process group outlived the run: {running:?}"
+    );
+    assert!(!flag.exists());
+
+    let summary = project.summary();
+    assert_eq!(summary["status"], "stopped", "{summary:#}");
+    let waiter = &summary["loops"]["waiter"];
+    assert_eq!(waiter["status"], "stopped", "{waiter:#}");
+    assert!(waiter["ended_at"].is_string(), "{waiter:#}");
+    let later = &summary["loops"]["later"];
+    assert_eq!(later["reason"], "never started: the run was interrupted");
+    // Work in progress is still committed on the loop's branch.
+    let branch = waiter["branch"].as_str().unwrap();
+    assert_eq!(
+        project.git(&["show", &format!("{branch}:notes.txt")]),
+        "work in progress"
+    );
+}
+
 #[test]
 fn ctrl_c_during_setup_stops_the_run_cleanly() {
     let root = tempfile::tempdir().unwrap();

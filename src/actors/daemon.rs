@@ -295,6 +295,18 @@ impl Runtime {
             .map_err(|_| format!("loop '{name}' has already stopped"))
     }
 
+    /// Stops a loop at once, without waiting for its tool call in flight: its engine is
+    /// aborted, and a command it was running is killed with its process group (the worker
+    /// drops the abandoned call). The loop ends as stopped.
+    pub fn kill_loop(&self, name: &str) -> Result<(), String> {
+        let actor = self
+            .loops
+            .get(name)
+            .ok_or_else(|| format!("no loop named '{name}'"))?;
+        actor.stop(Some("stopped at once (second Ctrl-C)".to_string()));
+        Ok(())
+    }
+
     /// The next loop to end, or `None` after `timeout`.
     pub async fn next_end(&mut self, timeout: Duration) -> Option<(String, LoopEnd)> {
         let (name, end) = tokio::time::timeout(timeout, self.ended_rx.recv())
@@ -344,7 +356,10 @@ impl Runtime {
             self.unwatch(name);
             actor.stop(Some("run ended".to_string()));
         }
-        self.lanes.stop();
+        // Waited for: a call still running in a worker (only after a forced stop) is dropped
+        // as its worker is killed, and that kills a command's process group before the
+        // process can exit and leave it behind.
+        self.lanes.stop_and_wait().await;
         if let Some(w) = &self.watcher {
             w.stop(None);
         }

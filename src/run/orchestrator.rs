@@ -298,6 +298,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
     let mut released = false;
     let mut stops_sent = false;
+    // After the first Ctrl-C, a second one stops the loops at once instead of after their
+    // calls in flight (a long command or model call would otherwise keep the user waiting).
+    let mut second_ctrl_c: Option<
+        std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>,
+    > = None;
+    let mut forced = false;
 
     loop {
         if listening && let Some(result) = (&mut ctrl_c).now_or_never() {
@@ -391,11 +397,31 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         if !status.values().any(|s| *s == LoopStatus::Running) {
             break;
         }
+        if interrupted && second_ctrl_c.is_none() && !forced {
+            second_ctrl_c = Some(Box::pin(tokio::signal::ctrl_c()));
+        }
         let ended = tokio::select! {
             e = rt.next_end(Duration::from_secs(3600)) => e,
             result = &mut ctrl_c, if listening => {
                 // The stops are sent at the top of the loop.
                 interrupted = ctrl_c_ended(result, &mut listening);
+                continue;
+            }
+            result = async {
+                match second_ctrl_c.as_mut() {
+                    Some(again) => again.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                second_ctrl_c = None;
+                if result.is_ok() {
+                    forced = true;
+                    for (name, s) in &status {
+                        if *s == LoopStatus::Running {
+                            let _ = rt.kill_loop(name);
+                        }
+                    }
+                }
                 continue;
             }
         };

@@ -240,7 +240,8 @@ impl LoopSummary {
             }
             LoopEnd::Stopped { iterations } => {
                 self.status = LoopStatus::Stopped;
-                self.iterations = *iterations;
+                // A loop stopped by force reports 0: the iterations already recorded stand.
+                self.iterations = self.iterations.max(*iterations);
             }
         }
     }
