@@ -216,18 +216,10 @@ impl CoordState {
         }
         let limits = self.limits;
         let now = Instant::now();
-        if !self.buckets.contains_key(from) {
-            self.buckets.insert(
-                from.to_string(),
-                Bucket {
-                    tokens: f64::from(limits.burst),
-                    last: now,
-                },
-            );
-        }
-        let Some(bucket) = self.buckets.get_mut(from) else {
-            return Ok(());
-        };
+        let bucket = self.buckets.entry(from.to_string()).or_insert(Bucket {
+            tokens: f64::from(limits.burst),
+            last: now,
+        });
         let refill = now.duration_since(bucket.last).as_secs_f64() * limits.per_second;
         bucket.tokens = (bucket.tokens + refill).min(f64::from(limits.burst));
         bucket.last = now;

@@ -752,18 +752,6 @@ impl Answerer {
                 .complete(&request)
                 .await
                 .map_err(|e| e.to_string())?;
-            if response.tool_calls.is_empty() {
-                let text = response.text.clone().unwrap_or_default();
-                self.transcript.record(
-                    &self.name,
-                    TranscriptEntry::Response {
-                        iteration: 0,
-                        turn,
-                        response,
-                    },
-                );
-                return Ok(text);
-            }
             self.transcript.record(
                 &self.name,
                 TranscriptEntry::Response {
@@ -772,6 +760,9 @@ impl Answerer {
                     response: response.clone(),
                 },
             );
+            if response.tool_calls.is_empty() {
+                return Ok(response.text.unwrap_or_default());
+            }
             request.messages.push(assistant_message(&response));
             let mut results = Vec::new();
             for call in &response.tool_calls {
