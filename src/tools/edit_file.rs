@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::context::{Stamp, StampCheck, ToolContext};
+use crate::context::{StampCheck, ToolContext, sha256_hex};
 use crate::error::{ArgumentProblem, ToolError, ToolResult};
 use crate::receipts::SideEffect;
 use crate::tools::read_file::{
@@ -197,9 +197,7 @@ impl Tool for EditFile {
             applied.push(done);
         }
 
-        // One hash of the new content serves as the stamp and as the effect's hash.
-        let stamp = Stamp::of(content.as_bytes());
-        let previous = ctx.stamp_own_write_hash(&real, stamp.clone());
+        let previous = ctx.stamp_own_write(&real, content.as_bytes());
         let job = {
             let real = real.clone();
             let shown = shown.clone();
@@ -227,7 +225,7 @@ impl Tool for EditFile {
         let text = report(&shown, &content, &edits, &applied, &ranges);
         Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {
             path: shown,
-            hash: stamp.0,
+            hash: sha256_hex(content.as_bytes()),
         }))
     }
 }
