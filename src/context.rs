@@ -98,7 +98,12 @@ pub struct ToolContext {
     /// Indexes of large files read in full (see `tools::read_file`), so that reading
     /// another window of an unchanged file reads only that window.
     read_indexes: Mutex<HashMap<PathBuf, Arc<ReadIndex>>>,
+    /// Told about every path the context starts holding a stamp for (see `observe_stamps`).
+    stamp_observer: Mutex<Option<StampObserver>>,
 }
+
+/// Called with the path of each new stamp: one for a path the context held no stamp for.
+pub type StampObserver = Arc<dyn Fn(&Path) + Send + Sync>;
 
 impl std::fmt::Debug for ToolContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,6 +143,7 @@ impl ToolContext {
             completion: Mutex::new(None),
             coordination: None,
             commit_cache: Mutex::new(None),
+            stamp_observer: Mutex::new(None),
             read_indexes: Mutex::new(HashMap::new()),
         })
     }
@@ -224,7 +230,24 @@ impl ToolContext {
     /// hold in memory); the same as `record_stamp` with the bytes it was computed from.
     pub fn record_stamp_hash(&self, path: &Path, stamp: Stamp) {
         lock(&self.dropped).remove(path);
-        lock(&self.stamps).insert(path.to_path_buf(), stamp);
+        let new = lock(&self.stamps)
+            .insert(path.to_path_buf(), stamp)
+            .is_none();
+        if new {
+            // Cloned out of the lock: the observer may take its time (it only enqueues now).
+            let observer = lock(&self.stamp_observer).clone();
+            if let Some(observer) = observer {
+                observer(path);
+            }
+        }
+    }
+
+    /// Sets (or with `None` removes) the observer told the path of every new stamp: the file
+    /// watcher watches the directories leading to the files a loop has read or written, and
+    /// only those. A stamp replaced by another for the same path is not new; one recorded
+    /// after the old one was dropped is.
+    pub fn observe_stamps(&self, observer: Option<StampObserver>) {
+        *lock(&self.stamp_observer) = observer;
     }
 
     /// Records the loop's own coming write of `content` at `path` before it happens and

@@ -1,5 +1,6 @@
 //! Kernel-level checks of the Watcher actor on Linux: one inotify instance however many
-//! worktrees, and inotify watches released when the last loop of a worktree leaves.
+//! worktrees, an inotify watch only for the directories that lead to files loops have read,
+//! and every watch released when the last loop that needs it leaves.
 //!
 //! These count the process's inotify file descriptors and watches in /proc, so they live in
 //! their own test binary (no other test creates watchers here) and run one at a time.
@@ -125,8 +126,9 @@ async fn a_hundred_worktrees_share_one_inotify_instance() {
         inotify_fds().len() <= fds_before + 1,
         "more than one inotify instance for 100 worktrees"
     );
-    // Two directories per worktree (root and src), all on that one instance.
-    assert!(inotify_watches() >= watches_before + 200);
+    // One watch per worktree (its root: nothing has been read in src yet), all on that one
+    // instance.
+    assert_eq!(inotify_watches(), watches_before + 100);
 
     // The shared instance serves every worktree.
     let file = contexts[57].resolve("src/lib.rs").unwrap();
@@ -135,6 +137,11 @@ async fn a_hundred_worktrees_share_one_inotify_instance() {
     std::fs::write(&file, "two").unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
     assert_eq!(got.unwrap().unwrap(), file);
+    assert_eq!(
+        inotify_watches(),
+        watches_before + 101,
+        "and src of the one read"
+    );
 
     for i in 0..100 {
         unwatch(&w, &format!("loop{i}"));
@@ -159,21 +166,35 @@ async fn a_shared_worktree_keeps_its_watches_until_its_last_loop_leaves() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+    for i in 0..20 {
+        std::fs::create_dir_all(dir.path().join(format!("target/debug/d{i}"))).unwrap();
+    }
+    std::fs::write(dir.path().join("a/b/f.txt"), "one").unwrap();
     let first = Arc::new(ToolContext::new(dir.path(), "first").unwrap());
     let second = Arc::new(ToolContext::new(dir.path(), "second").unwrap());
+    let file = first.resolve("a/b/f.txt").unwrap();
     let (w, _) = Actor::spawn(None, Watcher, ()).await.unwrap();
     let (tx, _rx) = mpsc::unbounded_channel();
     let (probe, _) = Actor::spawn(None, Probe, tx).await.unwrap();
     let baseline = inotify_watches();
 
     watch(&w, "first", &first, &probe).await;
+    assert_eq!(
+        inotify_watches(),
+        baseline + 1,
+        "the root alone, not target/"
+    );
+    first.record_stamp(&file, b"one");
+    roots(&w).await;
     let with_one = inotify_watches();
     assert_eq!(with_one, baseline + 3, "root, a and a/b");
     watch(&w, "second", &second, &probe).await;
+    second.record_stamp(&file, b"one");
+    roots(&w).await;
     assert_eq!(
         inotify_watches(),
         with_one,
-        "a shared worktree is watched once"
+        "each directory is watched once"
     );
 
     unwatch(&w, "first");

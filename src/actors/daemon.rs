@@ -273,7 +273,8 @@ impl Runtime {
             .await;
     }
 
-    /// The worktree roots the file watcher watches now (empty when watching is off).
+    /// The worktree roots of the loops the file watcher serves now (empty when watching is
+    /// off).
     pub async fn watched_roots(&self) -> Vec<PathBuf> {
         let Some(w) = &self.watcher else {
             return Vec::new();

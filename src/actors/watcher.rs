@@ -5,21 +5,31 @@
 //! Why it is shaped this way:
 //! - One OS watcher for the whole daemon. Linux allows 128 inotify instances per user by
 //!   default; an instance per worktree would fail long before thousands of loops.
-//! - Each distinct worktree root is watched once, recursively, reference-counted by the loops
-//!   registered on it, and unwatched when its last loop leaves. A root nested inside another
-//!   watched root is covered by the outer watch and gets no watch of its own: `notify` keys
-//!   watches by path and unwatching a directory drops every watch beneath it, so overlapping
-//!   watches would silently cut each other off. When the covering set changes (a root
-//!   appears around watched ones, or an outer root leaves), the old watches are removed
-//!   before the new ones are added; events in that instant can be missed.
+//! - Only the directories that lead to a file some loop holds a stamp for are watched, each
+//!   by itself (not recursively): the worktree root and every directory from there down to
+//!   the file. Watching whole trees made a real repository's build output (`target/`,
+//!   `node_modules/`) cost a walk of the tree per worktree, an inotify watch per directory
+//!   against `max_user_watches`, and an event for every file a build opens or writes. The
+//!   loop's context tells the watcher about each new stamp (`ToolContext::observe_stamps`);
+//!   a directory is shared by the loops that need it and unwatched when the last one leaves.
+//!   Nested worktrees need nothing special: every directory is watched once, by itself.
+//! - A stamp is recorded before its directories can be watched (the read comes first), so a
+//!   change in between would go unseen: whenever tracking a stamp puts a new watch on a
+//!   directory (or cannot), the loop is told about that file once and compares content.
+//! - A watched directory that is removed or renamed away loses its watch (files read under
+//!   it are reported, as for any change to a whole subtree); when a directory appears again
+//!   where one is needed, it is watched again and its loops are told about their files
+//!   under it. After a kernel queue overflow every needed directory is watched again and
+//!   every loop is told about every file it holds a stamp for.
 //! - Only stamped paths are forwarded, so build output and other churn never reach a loop.
-//!   Anything under a `.git` directory of the worktree is ignored.
+//!   Anything under a `.git` directory of the worktree is neither tracked nor reported.
 //! - The watcher never reads files: the loop compares content when it handles
 //!   `FileChanged` (`ToolContext::note_outside_change`), so a touch that changes nothing is
 //!   not a change. Duplicate notices (one write can raise several events) are therefore cheap.
-//! - A failed watch (e.g. the inotify watch limit) is answered on the optional reply port of
-//!   `Watch`, so the caller can tell its user; the loop is then not registered. Failures that
-//!   happen later inside `notify` (a new directory beyond the limit) can only be logged.
+//! - A worktree root that cannot be watched (e.g. the inotify watch limit) is answered on
+//!   the optional reply port of `Watch`, so the caller can tell its user; the loop is then
+//!   not registered. A directory below it that cannot be watched later is logged (the
+//!   watch-limit warning once) and its loop is told to check the file.
 //! - Paths: roots come from `ToolContext::root()`, which is canonical, and are watched as
 //!   such, so `notify` reports canonical paths — the same form `ToolContext::resolve` gives
 //!   the stamps. Symlinks inside worktrees are not followed (their targets are either outside
@@ -29,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use notify::event::{ModifyKind, RemoveKind};
+use notify::event::{ModifyKind, RemoveKind, RenameMode};
 use notify::{Config, Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -41,9 +51,10 @@ pub enum WatcherMsg {
     /// Start telling `target` about changes to files `ctx` has read under `ctx.root()`.
     ///
     /// Registering a name again replaces the earlier registration. When `reply` is given it
-    /// receives `Ok(())` once the worktree is watched (changes made after the reply are
-    /// seen), or a message saying why watching failed; in that case the loop is not
-    /// registered.
+    /// receives `Ok(())` once the worktree root is watched and so are the directories of the
+    /// files `ctx` holds stamps for, or a message saying why watching failed; in that case
+    /// the loop is not registered. From then on the context tells the watcher about every
+    /// new stamp (see `Track`).
     Watch {
         /// The loop's name (its exec id); the key for `Unwatch`.
         loop_name: String,
@@ -59,8 +70,18 @@ pub enum WatcherMsg {
         /// The name given to `Watch`.
         loop_name: String,
     },
-    /// The worktree roots that hold an OS watch now, sorted (for diagnostics and tests).
+    /// The loop started holding a stamp for `path`: watch the directories leading to it.
+    /// Sent by the observer `Watch` puts on the loop's context; unknown names are ignored.
+    Track {
+        /// The name given to `Watch`.
+        loop_name: String,
+        /// The stamped file (canonical, as the context holds it).
+        path: PathBuf,
+    },
+    /// The worktree roots of the registered loops, sorted (for diagnostics and tests).
     WatchedRoots(RpcReplyPort<Vec<PathBuf>>),
+    /// The directories that hold an OS watch now, sorted (for diagnostics and tests).
+    WatchedDirs(RpcReplyPort<Vec<PathBuf>>),
     /// Internal: an event from the notify callback.
     Fs(notify::Result<Event>),
 }
@@ -68,24 +89,37 @@ pub enum WatcherMsg {
 /// The watcher actor (spawn it with `()` as arguments).
 pub struct Watcher;
 
-/// What the watcher knows: the OS watcher, the registered loops and the watched roots.
+/// What the watcher knows: the OS watcher, the registered loops and the directories they need.
 pub struct WatcherState {
-    /// Shared with blocking tasks: `notify` calls wait for its event thread (and walk the
-    /// whole tree on a recursive watch), which must not stall an async worker thread.
+    /// Shared with blocking tasks: `notify` calls wait for its event thread, which must not
+    /// stall an async worker thread.
     os: Arc<Mutex<RecommendedWatcher>>,
     loops: HashMap<String, Registration>,
-    /// Loops per worktree root: the reference count of each root.
+    /// Loops per worktree root (several loops may share one worktree).
     roots: HashMap<PathBuf, BTreeSet<String>>,
-    /// Roots with an OS watch: the outermost of `roots` (see the module notes).
-    watched: BTreeSet<PathBuf>,
-    /// The watch-limit warning is given once; a build creating directories would repeat it.
+    /// Directories some loop needs watched. Ordered, so that a directory comes right before
+    /// everything below it.
+    dirs: BTreeMap<PathBuf, Dir>,
+    /// The watch-limit warning is given once; a loop reading in many directories would
+    /// repeat it.
     limit_warned: bool,
+}
+
+/// A directory some loops need watched.
+#[derive(Default)]
+struct Dir {
+    /// The loops that need it: it is their root, or it leads to a file they hold a stamp for.
+    loops: BTreeSet<String>,
+    /// Whether it holds an OS watch now (it may be gone, and come back).
+    armed: bool,
 }
 
 struct Registration {
     root: PathBuf,
     ctx: Arc<ToolContext>,
     target: ActorRef<LoopMsg>,
+    /// The directories this loop needs, released when it leaves.
+    dirs: BTreeSet<PathBuf>,
 }
 
 impl Actor for Watcher {
@@ -115,14 +149,14 @@ impl Actor for Watcher {
             os: Arc::new(Mutex::new(os)),
             loops: HashMap::new(),
             roots: HashMap::new(),
-            watched: BTreeSet::new(),
+            dirs: BTreeMap::new(),
             limit_warned: false,
         })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<WatcherMsg>,
+        myself: ActorRef<WatcherMsg>,
         message: WatcherMsg,
         state: &mut WatcherState,
     ) -> Result<(), ActorProcessingErr> {
@@ -133,7 +167,7 @@ impl Actor for Watcher {
                 target,
                 reply,
             } => {
-                let outcome = state.register(loop_name, ctx, target).await;
+                let outcome = state.register(&myself, loop_name, ctx, target).await;
                 if let Err(message) = &outcome {
                     tracing::warn!("{message}");
                 }
@@ -143,8 +177,15 @@ impl Actor for Watcher {
                 }
             }
             WatcherMsg::Unwatch { loop_name } => state.unregister(&loop_name).await,
+            WatcherMsg::Track { loop_name, path } => state.track(&loop_name, &path).await,
             WatcherMsg::WatchedRoots(reply) => {
-                let _ = reply.send(state.watched.iter().cloned().collect());
+                let mut roots: Vec<PathBuf> = state.roots.keys().cloned().collect();
+                roots.sort();
+                let _ = reply.send(roots);
+            }
+            WatcherMsg::WatchedDirs(reply) => {
+                let armed = state.dirs.iter().filter(|(_, d)| d.armed);
+                let _ = reply.send(armed.map(|(p, _)| p.clone()).collect());
             }
             WatcherMsg::Fs(Ok(event)) => state.on_event(&event).await,
             WatcherMsg::Fs(Err(err)) => state.on_error(&err),
@@ -156,52 +197,54 @@ impl Actor for Watcher {
 impl WatcherState {
     async fn register(
         &mut self,
+        myself: &ActorRef<WatcherMsg>,
         loop_name: String,
         ctx: Arc<ToolContext>,
         target: ActorRef<LoopMsg>,
     ) -> Result<(), String> {
         let root = ctx.root().to_path_buf();
-        if let Some(existing) = self.loops.get_mut(&loop_name)
-            && existing.root == root
-        {
-            existing.ctx = ctx;
-            existing.target = target;
-            return Ok(());
-        }
-        self.unregister(&loop_name).await;
-
-        if !self.is_covered(&root) {
-            // Watched roots inside the new one must lose their own watches first: notify
-            // would otherwise drop the new root's watches beneath them when they leave.
-            let inner: Vec<PathBuf> = self
-                .watched
-                .iter()
-                .filter(|w| w.starts_with(&root))
-                .cloned()
-                .collect();
-            for w in &inner {
-                self.watched.remove(w);
-                self.os_unwatch(w).await;
-            }
-            if let Err(err) = self.os_watch(&root).await {
-                for w in inner {
-                    match self.os_watch(&w).await {
-                        Ok(()) => {
-                            self.watched.insert(w);
-                        }
-                        Err(e) => tracing::warn!("{}", watch_failure(&w, &e)),
-                    }
+        match self.loops.get_mut(&loop_name) {
+            Some(existing) if existing.root == root => {
+                if !Arc::ptr_eq(&existing.ctx, &ctx) {
+                    existing.ctx.observe_stamps(None);
                 }
-                return Err(watch_failure(&root, &err));
+                existing.ctx = Arc::clone(&ctx);
+                existing.target = target;
             }
-            self.watched.insert(root.clone());
+            _ => {
+                self.unregister(&loop_name).await;
+                self.need(&loop_name, &root);
+                if let Err(err) = self.arm(&root).await {
+                    self.release(&loop_name, &root).await;
+                    return Err(watch_failure(&root, &err));
+                }
+                self.roots
+                    .entry(root.clone())
+                    .or_default()
+                    .insert(loop_name.clone());
+                let dirs = BTreeSet::from([root.clone()]);
+                let reg = Registration {
+                    root,
+                    ctx: Arc::clone(&ctx),
+                    target,
+                    dirs,
+                };
+                self.loops.insert(loop_name.clone(), reg);
+            }
         }
-        self.roots
-            .entry(root.clone())
-            .or_default()
-            .insert(loop_name.clone());
-        self.loops
-            .insert(loop_name, Registration { root, ctx, target });
+        // The observer first, then the stamps already held: a stamp recorded in between is
+        // tracked twice, which is harmless, rather than not at all.
+        let me = myself.clone();
+        let name = loop_name.clone();
+        ctx.observe_stamps(Some(Arc::new(move |path: &Path| {
+            let _ = me.cast(WatcherMsg::Track {
+                loop_name: name.clone(),
+                path: path.to_path_buf(),
+            });
+        })));
+        for path in ctx.stamped_paths() {
+            self.track(&loop_name, &path).await;
+        }
         Ok(())
     }
 
@@ -209,60 +252,195 @@ impl WatcherState {
         let Some(reg) = self.loops.remove(loop_name) else {
             return;
         };
+        reg.ctx.observe_stamps(None);
         if let Some(names) = self.roots.get_mut(&reg.root) {
             names.remove(loop_name);
-            if !names.is_empty() {
-                return;
+            if names.is_empty() {
+                self.roots.remove(&reg.root);
             }
-            self.roots.remove(&reg.root);
         }
-        if !self.watched.remove(&reg.root) {
-            // Covered by an outer root, which stays.
+        for dir in &reg.dirs {
+            self.release(loop_name, dir).await;
+        }
+    }
+
+    /// Records that `loop_name` needs `dir` watched (the OS watch is `arm`'s job).
+    fn need(&mut self, loop_name: &str, dir: &Path) {
+        let entry = self.dirs.entry(dir.to_path_buf()).or_default();
+        entry.loops.insert(loop_name.to_string());
+        if let Some(reg) = self.loops.get_mut(loop_name) {
+            reg.dirs.insert(dir.to_path_buf());
+        }
+    }
+
+    /// `loop_name` no longer needs `dir`; the last loop to let go removes its OS watch.
+    async fn release(&mut self, loop_name: &str, dir: &Path) {
+        let Some(entry) = self.dirs.get_mut(dir) else {
             return;
-        }
-        self.os_unwatch(&reg.root).await;
-        // Roots nested in the one just dropped lost their watches with it; watch the
-        // outermost of them again (shallowest first, so deeper ones find themselves covered).
-        let mut orphans: Vec<PathBuf> = self
-            .roots
-            .keys()
-            .filter(|r| r.starts_with(&reg.root))
-            .cloned()
-            .collect();
-        orphans.sort_by_key(|r| r.components().count());
-        for r in orphans {
-            if self.is_covered(&r) {
-                continue;
-            }
-            match self.os_watch(&r).await {
-                Ok(()) => {
-                    self.watched.insert(r);
-                }
-                Err(e) => tracing::warn!("{}", watch_failure(&r, &e)),
+        };
+        entry.loops.remove(loop_name);
+        if entry.loops.is_empty() {
+            let armed = entry.armed;
+            self.dirs.remove(dir);
+            if armed {
+                self.os_unwatch(dir).await;
             }
         }
     }
 
-    /// Whether `root` or a directory above it already has an OS watch.
-    fn is_covered(&self, root: &Path) -> bool {
-        root.ancestors().any(|a| self.watched.contains(a))
+    /// Puts an OS watch on a needed directory unless it has one; whether it is new.
+    async fn arm(&mut self, dir: &Path) -> notify::Result<bool> {
+        if self.dirs.get(dir).is_some_and(|d| d.armed) {
+            return Ok(false);
+        }
+        self.os_watch(dir).await?;
+        if let Some(entry) = self.dirs.get_mut(dir) {
+            entry.armed = true;
+        }
+        Ok(true)
+    }
+
+    /// Watches the directories from the loop's root down to `path`, which the loop now
+    /// holds a stamp for; tells the loop to check the file when a watch had to be added (a
+    /// change before it would have gone unseen) or could not be.
+    async fn track(&mut self, loop_name: &str, path: &Path) {
+        let Some(root) = self.loops.get(loop_name).map(|r| r.root.clone()) else {
+            return;
+        };
+        if !path.starts_with(&root) || path == root || has_git_component(&root, path) {
+            return;
+        }
+        let mut chain: Vec<&Path> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|a| a.starts_with(&root))
+            .collect();
+        chain.reverse();
+        let mut check = false;
+        for dir in chain {
+            self.need(loop_name, dir);
+            match self.arm(dir).await {
+                Ok(added) => check |= added,
+                Err(err) => {
+                    self.arm_failed(dir, &err);
+                    check = true;
+                    break;
+                }
+            }
+        }
+        if check {
+            let paths = BTreeSet::from([path.to_path_buf()]);
+            self.send(BTreeMap::from([(loop_name.to_string(), paths)]))
+                .await;
+        }
+    }
+
+    fn arm_failed(&mut self, dir: &Path, err: &notify::Error) {
+        match err.kind {
+            notify::ErrorKind::MaxFilesWatch => self.warn_limit(),
+            notify::ErrorKind::PathNotFound => {
+                // Gone already; watched again if it comes back (see `appeared`).
+                tracing::debug!("not watching '{}': it does not exist", dir.display());
+            }
+            _ => tracing::warn!("file watcher: watching '{}' failed: {err}", dir.display()),
+        }
+    }
+
+    /// `path` was removed or renamed away: the needed directories at or below it lost their
+    /// watches (or, renamed, would report under a wrong name).
+    async fn lost(&mut self, path: &Path) {
+        let armed: Vec<PathBuf> = self
+            .dirs
+            .range(path.to_path_buf()..)
+            .take_while(|(d, _)| d.starts_with(path))
+            .filter(|(_, d)| d.armed)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for dir in armed {
+            if let Some(entry) = self.dirs.get_mut(&dir) {
+                entry.armed = false;
+            }
+            self.os_unwatch(&dir).await;
+        }
+    }
+
+    /// `path` was created or renamed into place: needed directories at or below it are
+    /// watched again, and the loops that need them told to check their files under `path`.
+    async fn appeared(&mut self, path: &Path) {
+        let missing: Vec<PathBuf> = self
+            .dirs
+            .range(path.to_path_buf()..)
+            .take_while(|(d, _)| d.starts_with(path))
+            .filter(|(_, d)| !d.armed)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut concerned = BTreeSet::new();
+        for dir in missing {
+            // Parents come first: a directory below one that failed fails the same way.
+            match self.arm(&dir).await {
+                Ok(_) => {}
+                Err(err) => self.arm_failed(&dir, &err),
+            }
+            if let Some(entry) = self.dirs.get(&dir) {
+                concerned.extend(entry.loops.iter().cloned());
+            }
+        }
+        let notices = self.stamped_under(path, &concerned);
+        self.send(notices).await;
+    }
+
+    /// The stamped paths at or below `path` of each loop in `names`.
+    fn stamped_under(
+        &self,
+        path: &Path,
+        names: &BTreeSet<String>,
+    ) -> BTreeMap<String, BTreeSet<PathBuf>> {
+        names
+            .iter()
+            .filter_map(|name| {
+                let reg = self.loops.get(name)?;
+                let paths: BTreeSet<PathBuf> = reg
+                    .ctx
+                    .stamped_paths()
+                    .into_iter()
+                    .filter(|s| s.starts_with(path) && !has_git_component(&reg.root, s))
+                    .collect();
+                (!paths.is_empty()).then(|| (name.clone(), paths))
+            })
+            .collect()
     }
 
     async fn on_event(&mut self, event: &Event) {
         if event.need_rescan() {
-            // The kernel queue overflowed: events were lost, so any read file may have
-            // changed. The loops compare content, so telling them about all is only work.
+            // The kernel queue overflowed: events were lost, directories may have come and
+            // gone, and any read file may have changed. Watch everything needed again; the
+            // loops compare content, so telling them about all is only work.
+            self.rearm_all().await;
             self.tell_all_stamped().await;
             return;
         }
-        // A directory that vanishes (removed, or renamed away) takes the files read under it
-        // along without an event of their own.
-        let whole_subtree = match event.kind {
+        // Which paths took a needed directory away or brought one back; and whether files
+        // read under a path went along with it without an event of their own.
+        let (gone, came, whole_subtree): (&[PathBuf], &[PathBuf], bool) = match event.kind {
             EventKind::Access(_) | EventKind::Other => return,
-            EventKind::Remove(RemoveKind::File) => false,
-            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_)) => true,
-            EventKind::Any | EventKind::Create(_) | EventKind::Modify(_) => false,
+            EventKind::Remove(RemoveKind::File) => (&[], &[], false),
+            EventKind::Remove(_) => (&event.paths, &[], true),
+            EventKind::Create(_) => (&[], &event.paths, false),
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)) => (&event.paths, &[], true),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => (&[], &event.paths, true),
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+                let split = event.paths.len().min(1);
+                (&event.paths[..split], &event.paths[split..], true)
+            }
+            EventKind::Modify(ModifyKind::Name(_)) => (&event.paths, &event.paths, true),
+            EventKind::Any | EventKind::Modify(_) => (&[], &[], false),
         };
+        for path in gone {
+            self.lost(path).await;
+        }
+        for path in came {
+            self.appeared(path).await;
+        }
         let mut notices: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
         for path in &event.paths {
             // Walking the path's ancestors finds exactly the roots that hold it by whole
@@ -294,6 +472,20 @@ impl WatcherState {
             }
         }
         self.send(notices).await;
+    }
+
+    /// Watches every needed directory again (after lost events), noting which exist.
+    async fn rearm_all(&mut self) {
+        let dirs: Vec<PathBuf> = self.dirs.keys().cloned().collect();
+        for dir in dirs {
+            let result = self.os_watch(&dir).await;
+            if let Err(err) = &result {
+                self.arm_failed(&dir, err);
+            }
+            if let Some(entry) = self.dirs.get_mut(&dir) {
+                entry.armed = result.is_ok();
+            }
+        }
     }
 
     async fn tell_all_stamped(&mut self) {
@@ -335,38 +527,42 @@ impl WatcherState {
 
     fn on_error(&mut self, err: &notify::Error) {
         if matches!(err.kind, notify::ErrorKind::MaxFilesWatch) {
-            if !self.limit_warned {
-                self.limit_warned = true;
-                tracing::warn!(
-                    "file watcher: the inotify watch limit is reached, so new directories in \
-                     worktrees are not watched and loops may miss outside changes there. \
-                     Raise /proc/sys/fs/inotify/max_user_watches (e.g. \
-                     `echo 524288 | sudo tee /proc/sys/fs/inotify/max_user_watches`)."
-                );
-            }
+            self.warn_limit();
         } else {
             tracing::warn!("file watcher error: {err}");
         }
     }
 
-    async fn os_watch(&self, root: &Path) -> notify::Result<()> {
-        let root_owned = root.to_path_buf();
-        let result = self
-            .with_os(move |w| w.watch(&root_owned, RecursiveMode::Recursive))
-            .await;
-        if result.is_err() {
-            // A recursive watch that failed part-way keeps the directories it had reached.
-            let root_owned = root.to_path_buf();
-            let _ = self.with_os(move |w| w.unwatch(&root_owned)).await;
+    fn warn_limit(&mut self) {
+        if !self.limit_warned {
+            self.limit_warned = true;
+            tracing::warn!(
+                "file watcher: the inotify watch limit is reached, so some directories with \
+                 files that loops have read are not watched and loops may miss outside \
+                 changes there. Raise /proc/sys/fs/inotify/max_user_watches (e.g. \
+                 `echo 524288 | sudo tee /proc/sys/fs/inotify/max_user_watches`)."
+            );
         }
-        result
     }
 
-    async fn os_unwatch(&self, root: &Path) {
-        let root_owned = root.to_path_buf();
-        if let Err(e) = self.with_os(move |w| w.unwatch(&root_owned)).await {
-            // Typically the worktree was deleted and notify already dropped its watch.
-            tracing::debug!("unwatching '{}': {e}", root.display());
+    /// Watches `dir` by itself (not what is below it).
+    async fn os_watch(&self, dir: &Path) -> notify::Result<()> {
+        let dir_owned = dir.to_path_buf();
+        self.with_os(move |w| {
+            // A file that took a directory's name would be watched as a file otherwise.
+            if !dir_owned.is_dir() {
+                return Err(notify::Error::path_not_found().add_path(dir_owned));
+            }
+            w.watch(&dir_owned, RecursiveMode::NonRecursive)
+        })
+        .await
+    }
+
+    async fn os_unwatch(&self, dir: &Path) {
+        let dir_owned = dir.to_path_buf();
+        if let Err(e) = self.with_os(move |w| w.unwatch(&dir_owned)).await {
+            // Typically the directory was deleted and notify already dropped its watch.
+            tracing::debug!("unwatching '{}': {e}", dir.display());
         }
     }
 
@@ -480,6 +676,28 @@ mod tests {
 
     async fn roots(w: &ActorRef<WatcherMsg>) -> Vec<PathBuf> {
         ractor::call!(w, WatcherMsg::WatchedRoots).unwrap()
+    }
+
+    /// The directories with an OS watch; also a barrier (every message sent before is handled).
+    async fn dirs(w: &ActorRef<WatcherMsg>) -> Vec<PathBuf> {
+        ractor::call!(w, WatcherMsg::WatchedDirs).unwrap()
+    }
+
+    /// Waits until `dir` holds a watch again (it comes back on an event, not on a message).
+    async fn until_watched(w: &ActorRef<WatcherMsg>, dir: &Path) {
+        let deadline = tokio::time::Instant::now() + ARRIVAL;
+        while !dirs(w).await.iter().any(|d| d == dir) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{dir:?} not watched again"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Takes whatever notices are queued or arrive within the quiet period.
+    async fn drain(rx: &mut mpsc::UnboundedReceiver<PathBuf>) {
+        while tokio::time::timeout(QUIET, rx.recv()).await.is_ok() {}
     }
 
     /// Writes `content` to `rel` and records that the loop read it; returns the real path.
@@ -689,29 +907,133 @@ mod tests {
             })
             .unwrap()
         };
+        let (outer_root, inner_root) = (outer.root().to_path_buf(), inner.root().to_path_buf());
 
-        // Outer first: the inner root is covered and gets no watch of its own.
+        // Outer first.
         watch(&w, "outer", &outer, &po).await.unwrap();
         watch(&w, "inner", &inner, &pi).await.unwrap();
-        assert_eq!(roots(&w).await, vec![outer.root().to_path_buf()]);
+        assert_eq!(
+            roots(&w).await,
+            vec![outer_root.clone(), inner_root.clone()]
+        );
         std::fs::write(&file, "2").unwrap();
         only(&mut ri, &file).await;
-        // The outer loop leaves: the inner root is watched again by itself.
+        // The outer loop leaves: the inner root keeps its watch.
         unwatch("outer");
-        assert_eq!(roots(&w).await, vec![inner.root().to_path_buf()]);
+        assert_eq!(dirs(&w).await, vec![inner_root.clone()]);
         std::fs::write(&file, "3").unwrap();
         only(&mut ri, &file).await;
 
-        // Outer after inner: the inner watch gives way to the outer one...
+        // Outer after inner, and the outer loop reads the inner loop's file too: the
+        // directory is watched once, for both.
         watch(&w, "outer", &outer, &po).await.unwrap();
-        assert_eq!(roots(&w).await, vec![outer.root().to_path_buf()]);
+        outer.record_stamp(&file, b"3");
+        assert_eq!(dirs(&w).await, vec![outer_root.clone(), inner_root.clone()]);
         std::fs::write(&file, "4").unwrap();
         only(&mut ri, &file).await;
-        // ...and comes back when the outer loop leaves again.
         unwatch("outer");
-        assert_eq!(roots(&w).await, vec![inner.root().to_path_buf()]);
+        assert_eq!(dirs(&w).await, vec![inner_root.clone()]);
         std::fs::write(&file, "5").unwrap();
         only(&mut ri, &file).await;
+    }
+
+    #[tokio::test]
+    async fn only_the_directories_leading_to_read_files_are_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        // Build output: many directories nobody reads from.
+        for i in 0..50 {
+            std::fs::create_dir_all(dir.path().join(format!("target/debug/deps{i}"))).unwrap();
+        }
+        let ctx = context(dir.path(), "a");
+        let root = ctx.root().to_path_buf();
+        let src = read_file(&ctx, "src/lib.rs", "one");
+        let w = watcher().await;
+        let (p, mut rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        assert_eq!(dirs(&w).await, vec![root.clone(), root.join("src")]);
+
+        // A file read later, deeper down, brings the directories leading to it.
+        let deep = read_file(&ctx, "a/b/c.txt", "one");
+        assert_eq!(
+            dirs(&w).await,
+            vec![
+                root.clone(),
+                root.join("a"),
+                root.join("a/b"),
+                root.join("src")
+            ]
+        );
+        drain(&mut rx).await;
+        std::fs::write(root.join("target/debug/deps7/out.o"), "x").unwrap();
+        std::fs::write(&deep, "two").unwrap();
+        only(&mut rx, &deep).await;
+        std::fs::write(&src, "two").unwrap();
+        only(&mut rx, &src).await;
+
+        w.cast(WatcherMsg::Unwatch {
+            loop_name: "a".into(),
+        })
+        .unwrap();
+        assert!(dirs(&w).await.is_empty(), "every directory released");
+    }
+
+    #[tokio::test]
+    async fn a_file_read_in_a_directory_not_yet_watched_is_checked_once() {
+        // The read records the stamp before the watcher can watch the directory: a change in
+        // between would be missed, so the loop is told to check the file.
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path(), "a");
+        let w = watcher().await;
+        let (p, mut rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        std::fs::create_dir_all(dir.path().join("new/dir")).unwrap();
+        std::fs::write(dir.path().join("new/dir/g.txt"), "one").unwrap();
+        let first = read_file(&ctx, "new/dir/f.txt", "one");
+        only(&mut rx, &first).await;
+        // Another file in a directory already watched: nothing to check.
+        let second = ctx.resolve("new/dir/g.txt").unwrap();
+        ctx.record_stamp(&second, b"one");
+        dirs(&w).await;
+        quiet_except(&mut rx, None).await;
+        std::fs::write(&second, "two").unwrap();
+        only(&mut rx, &second).await;
+    }
+
+    #[tokio::test]
+    async fn a_directory_removed_or_renamed_is_watched_again_when_it_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path(), "a");
+        let file = read_file(&ctx, "pkg/sub/mod.txt", "one");
+        let (pkg, sub) = (ctx.root().join("pkg"), ctx.root().join("pkg/sub"));
+        let w = watcher().await;
+        let (p, mut rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        drain(&mut rx).await;
+
+        std::fs::remove_dir_all(&pkg).unwrap();
+        assert_eq!(next(&mut rx).await, file);
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(&file, "two").unwrap();
+        until_watched(&w, &sub).await;
+        drain(&mut rx).await;
+        // The watches are real again: a later change is reported.
+        std::fs::write(&file, "three").unwrap();
+        only(&mut rx, &file).await;
+
+        std::fs::rename(&pkg, dir.path().join("away")).unwrap();
+        assert_eq!(next(&mut rx).await, file);
+        drain(&mut rx).await;
+        assert!(
+            !dirs(&w).await.contains(&pkg),
+            "a renamed directory keeps no watch"
+        );
+        // Coming back tells the loop to check its files there, and watches them again.
+        std::fs::rename(dir.path().join("away"), &pkg).unwrap();
+        assert_eq!(next(&mut rx).await, file);
+        until_watched(&w, &sub).await;
+        drain(&mut rx).await;
+        std::fs::write(&file, "four").unwrap();
+        only(&mut rx, &file).await;
     }
 
     #[tokio::test]
