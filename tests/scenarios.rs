@@ -729,6 +729,56 @@ c:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_loops_starting_at_once_are_one_line_of_each_first_prompt() {
+    let names: Vec<String> = (0..8).map(|i| format!("l{i}")).collect();
+    let script: String = names
+        .iter()
+        .map(|n| {
+            format!("{n}:\n  turns:\n    - calls:\n        - complete_task: {{summary: done}}\n")
+        })
+        .collect();
+    let mut run = Run::new(&script).await;
+    for name in &names {
+        run.spawn(
+            name,
+            LoopOpts {
+                subscriptions: None,
+                ..LoopOpts::default()
+            },
+        )
+        .await;
+    }
+    run.rt.release().await;
+    let ends = run.wait().await;
+    assert!(
+        ends.values()
+            .all(|e| matches!(e, LoopEnd::Completed { .. })),
+        "{ends:?}"
+    );
+    // A loop hears of the loops that registered after it: l0 of 7, l1 of 6 (both above
+    // the limit of 5: one line), l2 of 5 and so on (a line each).
+    for (i, name) in names.iter().enumerate() {
+        let later: Vec<String> = names[i + 1..].iter().map(|n| format!("`{n}`")).collect();
+        let folded = format!(
+            "alert from `taskdaemon` (loop_started) for {} loops: {}.",
+            later.len(),
+            later.join(", ")
+        );
+        let one_each = requests_containing(&run, name, "started: Scenario task");
+        if later.len() > 5 {
+            assert_eq!(requests_containing(&run, name, &folded), vec![1], "{name}");
+            assert!(one_each.is_empty(), "{name} also got a line each");
+        } else if !later.is_empty() {
+            assert!(requests_containing(&run, name, "for 5 loops").is_empty());
+            for other in &names[i + 1..] {
+                let line = format!("loop `{other}` started: Scenario task of {other}");
+                assert_eq!(requests_containing(&run, name, &line), vec![1], "{name}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s09_rate_limit_answers_the_sender() {
     let config = RuntimeConfig {
         limits: CoordinatorLimits {

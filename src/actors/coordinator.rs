@@ -656,6 +656,7 @@ fn handle_alert(
         event_type: event_type.to_string(),
         message: message.to_string(),
         data: data.clone(),
+        about: about.filter(|_| from == SYSTEM_SENDER).map(str::to_string),
     });
     for (name, entry) in &state.loops {
         let listens = entry

@@ -28,6 +28,9 @@ pub enum InboxItem {
         message: String,
         /// Optional data.
         data: Option<Value>,
+        /// For a system alert: the loop it is about (whose start or end it announces).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        about: Option<String>,
     },
 }
 

@@ -9,7 +9,7 @@
 //! arrives on a watch channel. Independent read-only calls of one response run concurrently;
 //! calls that write run in order; a stop takes effect after the call in flight.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -500,8 +500,8 @@ impl Engine {
                 "[inbox: {} new message(s) from other loops]\n",
                 items.len()
             ));
-            for item in &items {
-                text.push_str(&render_item(item));
+            for line in render_items(&items) {
+                text.push_str(&line);
                 text.push('\n');
             }
             self.events.record(EventKind::InboxShown {
@@ -644,6 +644,54 @@ fn assistant_message(response: &LlmResponse) -> Message {
     }
 }
 
+/// Past this many system alerts of one kind in one turn (say, 1,000 loops starting), they
+/// are shown as one line naming the loops: a line each would open a prompt with a thousand
+/// lines the model has no use for (it can ask any loop with query_loop).
+pub const COALESCE_ABOVE: usize = 5;
+
+/// Inbox items as the model sees them, a line each in order, except that system alerts of
+/// one kind that are more than [`COALESCE_ABOVE`] are one line, where the first of them was.
+pub fn render_items(items: &[Arc<InboxItem>]) -> Vec<String> {
+    let mut about: HashMap<&str, Vec<&str>> = HashMap::new();
+    for item in items {
+        if let InboxItem::Alert {
+            event_type,
+            about: Some(name),
+            ..
+        } = item.as_ref()
+        {
+            about.entry(event_type).or_default().push(name);
+        }
+    }
+    about.retain(|_, names| names.len() > COALESCE_ABOVE);
+    let mut lines = Vec::with_capacity(items.len());
+    for item in items {
+        match item.as_ref() {
+            InboxItem::Alert {
+                from,
+                event_type,
+                about: Some(_),
+                ..
+            } if about.contains_key(event_type.as_str()) => {
+                // The first of its kind takes the whole group (an empty list marks it
+                // shown); the rest are in it.
+                let names = about.get_mut(event_type.as_str()).map(std::mem::take);
+                if let Some(names) = names.filter(|n| !n.is_empty()) {
+                    let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+                    lines.push(format!(
+                        "- alert from `{from}` ({event_type}) for {} loops: {}. (Many at once, so \
+                         one line; ask a loop with query_loop for its details.)",
+                        names.len(),
+                        names.join(", ")
+                    ));
+                }
+            }
+            _ => lines.push(render_item(item)),
+        }
+    }
+    lines
+}
+
 /// One inbox item as the model sees it.
 pub fn render_item(item: &InboxItem) -> String {
     match item {
@@ -657,6 +705,7 @@ pub fn render_item(item: &InboxItem) -> String {
             event_type,
             message,
             data,
+            ..
         } => match data {
             Some(d) => format!("- alert from `{from}` ({event_type}): {message} {d}"),
             None => format!("- alert from `{from}` ({event_type}): {message}"),
@@ -796,5 +845,71 @@ impl Answerer {
         Err(format!(
             "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn system(event_type: &str, name: &str) -> Arc<InboxItem> {
+        Arc::new(InboxItem::Alert {
+            from: "taskdaemon".into(),
+            event_type: event_type.into(),
+            message: format!("loop `{name}` {event_type}: its task"),
+            data: None,
+            about: Some(name.into()),
+        })
+    }
+
+    #[test]
+    fn up_to_the_limit_every_alert_has_its_own_line() {
+        let few: Vec<_> = (0..COALESCE_ABOVE)
+            .map(|i| system("loop_started", &format!("l{i}")))
+            .collect();
+        let each: Vec<String> = few.iter().map(|i| render_item(i)).collect();
+        assert_eq!(render_items(&few), each);
+        assert!(
+            each[0].contains("loop `l0` loop_started: its task"),
+            "{each:?}"
+        );
+    }
+
+    #[test]
+    fn many_system_alerts_of_one_kind_are_one_line_where_the_first_was() {
+        let share = Arc::new(InboxItem::Share {
+            from: "api".into(),
+            data_type: "port".into(),
+            data: json!(8080),
+        });
+        // A loop's own alert of the same type is not a system alert: never folded.
+        let own = Arc::new(InboxItem::Alert {
+            from: "api".into(),
+            event_type: "loop_started".into(),
+            message: "custom".into(),
+            data: None,
+            about: None,
+        });
+        let done = system("loop_completed", "l9");
+        let mut items = vec![share.clone()];
+        items.extend((0..7).map(|i| system("loop_started", &format!("l{i}"))));
+        items.insert(3, own.clone());
+        items.push(done.clone());
+
+        let lines = render_items(&items);
+        assert_eq!(
+            lines,
+            vec![
+                render_item(&share),
+                "- alert from `taskdaemon` (loop_started) for 7 loops: `l0`, `l1`, `l2`, `l3`, \
+                 `l4`, `l5`, `l6`. (Many at once, so one line; ask a loop with query_loop for \
+                 its details.)"
+                    .to_string(),
+                render_item(&own),
+                render_item(&done),
+            ]
+        );
     }
 }

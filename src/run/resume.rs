@@ -117,6 +117,8 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
                             event_type: event_type.clone(),
                             message: message.clone(),
                             data: data.clone(),
+                            // Not in the event log: such alerts are shown one by one.
+                            about: None,
                         });
                 }
             }
