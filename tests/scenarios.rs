@@ -274,6 +274,14 @@ fn snap(name: &str, text: &str) {
     });
 }
 
+fn assert_all_completed(ends: &BTreeMap<String, LoopEnd>) {
+    assert!(
+        ends.values()
+            .all(|e| matches!(e, LoopEnd::Completed { .. })),
+        "{ends:?}"
+    );
+}
+
 fn completed(ends: &BTreeMap<String, LoopEnd>, name: &str) -> bool {
     matches!(ends.get(name), Some(LoopEnd::Completed { .. }))
 }
@@ -704,11 +712,7 @@ c:
         .await;
     run.touch("go-c.flag");
     let ends = run.wait().await;
-    assert!(
-        ends.values()
-            .all(|e| matches!(e, LoopEnd::Completed { .. })),
-        "{ends:?}"
-    );
+    assert_all_completed(&ends);
     for name in ["b", "c"] {
         assert_eq!(
             requests_containing(&run, name, "api is up on 8080"),
@@ -750,11 +754,7 @@ async fn many_loops_starting_at_once_are_one_line_of_each_first_prompt() {
     }
     run.rt.release().await;
     let ends = run.wait().await;
-    assert!(
-        ends.values()
-            .all(|e| matches!(e, LoopEnd::Completed { .. })),
-        "{ends:?}"
-    );
+    assert_all_completed(&ends);
     // A loop hears of the loops that registered after it: l0 of 7, l1 of 6 (both above
     // the limit of 5: one line), l2 of 5 and so on (a line each).
     for (i, name) in names.iter().enumerate() {
@@ -1184,11 +1184,7 @@ c:
     .await;
     run.rt.release().await;
     let ends = run.wait().await;
-    assert!(
-        ends.values()
-            .all(|e| matches!(e, LoopEnd::Completed { .. })),
-        "{ends:?}"
-    );
+    assert_all_completed(&ends);
     let listing = &tool_results(&run, "a", "list_loops")[0].1;
     assert!(
         listing.contains("b") && listing.contains("c") && listing.contains("ralph"),
