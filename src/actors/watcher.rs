@@ -15,12 +15,18 @@
 //!   Nested worktrees need nothing special: every directory is watched once, by itself.
 //! - A stamp is recorded before its directories can be watched (the read comes first), so a
 //!   change in between would go unseen: whenever tracking a stamp puts a new watch on a
-//!   directory (or cannot), the loop is told about that file once and compares content.
+//!   directory (or cannot), the loop is told about that file once and compares content; so
+//!   are the files a loop read before its worktree root was watched. Every directory on the
+//!   way is recorded as needed even when one above it does not exist yet (a write stamps
+//!   its file before creating its directories).
 //! - A watched directory that is removed or renamed away loses its watch (files read under
 //!   it are reported, as for any change to a whole subtree); when a directory appears again
 //!   where one is needed, it is watched again and its loops are told about their files
-//!   under it. After a kernel queue overflow every needed directory is watched again and
-//!   every loop is told about every file it holds a stamp for.
+//!   under it. A directory's own "moved itself" or "deleted" report can arrive after a
+//!   directory of that name is back, so it never leaves an existing directory unwatched;
+//!   and a moved root keeps its watch (nothing watches its parent to see it come back).
+//!   After a kernel queue overflow every needed directory is watched again and every loop
+//!   is told about every file it holds a stamp for.
 //! - Only stamped paths are forwarded, so build output and other churn never reach a loop.
 //!   Anything under a `.git` directory of the worktree is neither tracked nor reported.
 //! - The watcher never reads files: the loop compares content when it handles
@@ -203,6 +209,8 @@ impl WatcherState {
         target: ActorRef<LoopMsg>,
     ) -> Result<(), String> {
         let root = ctx.root().to_path_buf();
+        // Whether the root got its watch now: files the loop read before are then checked.
+        let mut check_held = false;
         match self.loops.get_mut(&loop_name) {
             Some(existing) if existing.root == root => {
                 if !Arc::ptr_eq(&existing.ctx, &ctx) {
@@ -214,9 +222,12 @@ impl WatcherState {
             _ => {
                 self.unregister(&loop_name).await;
                 self.need(&loop_name, &root);
-                if let Err(err) = self.arm(&root).await {
-                    self.release(&loop_name, &root).await;
-                    return Err(watch_failure(&root, &err));
+                match self.arm(&root).await {
+                    Ok(added) => check_held = added,
+                    Err(err) => {
+                        self.release(&loop_name, &root).await;
+                        return Err(watch_failure(&root, &err));
+                    }
                 }
                 self.roots
                     .entry(root.clone())
@@ -244,6 +255,12 @@ impl WatcherState {
         })));
         for path in ctx.stamped_paths() {
             self.track(&loop_name, &path).await;
+        }
+        if check_held {
+            let name = BTreeSet::from([loop_name.clone()]);
+            let root = ctx.root().to_path_buf();
+            let notices = self.stamped_under(&root, &name);
+            self.send(notices).await;
         }
         Ok(())
     }
@@ -316,9 +333,14 @@ impl WatcherState {
             .take_while(|a| a.starts_with(&root))
             .collect();
         chain.reverse();
+        // Every level is needed, also below one that cannot be watched yet (a write stamps
+        // its file before creating its directories): when that one appears, `appeared` arms
+        // what is needed below it.
+        for dir in &chain {
+            self.need(loop_name, dir);
+        }
         let mut check = false;
         for dir in chain {
-            self.need(loop_name, dir);
             match self.arm(dir).await {
                 Ok(added) => check |= added,
                 Err(err) => {
@@ -426,6 +448,12 @@ impl WatcherState {
             EventKind::Remove(RemoveKind::File) => (&[], &[], false),
             EventKind::Remove(_) => (&event.paths, &[], true),
             EventKind::Create(_) => (&[], &event.paths, false),
+            // A watched directory's own "moved itself" (no cookie, and it may come late:
+            // after the directory is back). Its watch follows it; one below the root loses
+            // it through its parent's report, which has a cookie.
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)) if event.tracker().is_none() => {
+                (&[], &[], true)
+            }
             EventKind::Modify(ModifyKind::Name(RenameMode::From)) => (&event.paths, &[], true),
             EventKind::Modify(ModifyKind::Name(RenameMode::To)) => (&[], &event.paths, true),
             EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
@@ -437,6 +465,11 @@ impl WatcherState {
         };
         for path in gone {
             self.lost(path).await;
+            // A late report (a removed directory's own, read after a new one took its name)
+            // must not leave a directory that is there unwatched.
+            if path.is_dir() {
+                self.appeared(path).await;
+            }
         }
         for path in came {
             self.appeared(path).await;
@@ -478,6 +511,11 @@ impl WatcherState {
     async fn rearm_all(&mut self) {
         let dirs: Vec<PathBuf> = self.dirs.keys().cloned().collect();
         for dir in dirs {
+            // Away first: a directory replaced while events were lost would otherwise keep
+            // the old one's watch beside the new.
+            if self.dirs.get(&dir).is_some_and(|d| d.armed) {
+                self.os_unwatch(&dir).await;
+            }
             let result = self.os_watch(&dir).await;
             if let Err(err) = &result {
                 self.arm_failed(&dir, err);
@@ -831,6 +869,8 @@ mod tests {
         let (pb, mut rb) = probe().await;
         watch(&w, "a", &ca, &pa).await.unwrap();
         watch(&w, "b", &cb, &pb).await.unwrap();
+        // a registered first: its file, read before, is checked once.
+        only(&mut ra, &file).await;
 
         w.cast(WatcherMsg::Unwatch {
             loop_name: "a".into(),
@@ -1037,6 +1077,89 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_file_stamped_before_its_directories_exist_is_watched_at_every_level() {
+        // write_file stamps its own write before it creates the missing directories.
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path(), "a");
+        let w = watcher().await;
+        let (p, mut rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        let file = ctx.resolve("a/b/f.txt").unwrap();
+        ctx.record_stamp(&file, b"one");
+        dirs(&w).await;
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "one").unwrap();
+        until_watched(&w, &ctx.root().join("a/b")).await;
+        drain(&mut rx).await;
+        std::fs::write(&file, "two").unwrap();
+        only(&mut rx, &file).await;
+    }
+
+    #[tokio::test]
+    async fn late_reports_do_not_unwatch_a_directory_that_is_there() {
+        // `mv pkg away; mv away pkg` read in one batch ends with pkg's own "moved itself"
+        // (no cookie); a removed directory's own report can likewise follow the creation of
+        // a new one with its name.
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path(), "a");
+        let file = read_file(&ctx, "pkg/mod.txt", "one");
+        let pkg = ctx.root().join("pkg");
+        let w = watcher().await;
+        let (p, mut rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        let late = [
+            Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::From))),
+            Event::new(EventKind::Remove(RemoveKind::Folder)),
+        ];
+        for event in late {
+            w.cast(WatcherMsg::Fs(Ok(event.add_path(pkg.clone()))))
+                .unwrap();
+            assert!(dirs(&w).await.contains(&pkg), "pkg is there but unwatched");
+            drain(&mut rx).await;
+            std::fs::write(&file, "two").unwrap();
+            only(&mut rx, &file).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_root_renamed_away_and_back_is_still_watched() {
+        let base = tempfile::tempdir().unwrap();
+        std::fs::create_dir(base.path().join("wt")).unwrap();
+        let ctx = context(&base.path().join("wt"), "a");
+        let file = read_file(&ctx, "f.txt", "one");
+        let w = watcher().await;
+        let (p, mut rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        drain(&mut rx).await;
+        std::fs::rename(base.path().join("wt"), base.path().join("wt2")).unwrap();
+        assert_eq!(next(&mut rx).await, file);
+        std::fs::rename(base.path().join("wt2"), base.path().join("wt")).unwrap();
+        drain(&mut rx).await;
+        std::fs::write(&file, "two").unwrap();
+        only(&mut rx, &file).await;
+    }
+
+    #[tokio::test]
+    async fn a_stamp_reported_after_its_loop_left_adds_no_watch() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path(), "a");
+        let w = watcher().await;
+        let (p, _rx) = probe().await;
+        watch(&w, "a", &ctx, &p).await.unwrap();
+        w.cast(WatcherMsg::Unwatch {
+            loop_name: "a".into(),
+        })
+        .unwrap();
+        let path = read_file(&ctx, "x/y/f.txt", "1");
+        w.cast(WatcherMsg::Track {
+            loop_name: "a".into(),
+            path,
+        })
+        .unwrap();
+        assert!(dirs(&w).await.is_empty());
+    }
+
+    #[tokio::test]
     async fn a_worktree_that_cannot_be_watched_is_reported_and_not_registered() {
         let base = tempfile::tempdir().unwrap();
         let gone = base.path().join("gone");
@@ -1090,6 +1213,9 @@ mod tests {
         let w = watcher().await;
         let (p, mut rx) = probe().await;
         watch(&w, "a", &ctx, &p).await.unwrap();
+        // Files read before the worktree was watched are checked once at registration.
+        collect(&mut rx, &[&a, &b]).await;
+        drain(&mut rx).await;
 
         let access = Event::new(EventKind::Access(AccessKind::Any)).add_path(a.clone());
         w.cast(WatcherMsg::Fs(Ok(access))).unwrap();
