@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::Problem;
 use crate::catalog::{BUILTIN_LOOP_TYPES, default_tool_set};
 use crate::engine::prompt;
 
@@ -96,11 +97,23 @@ fn builtin(name: &str) -> Option<LoopType> {
     })
 }
 
-/// Resolves every loop type (built-ins and `defs`), following `extends` chains.
-pub fn resolve(defs: &BTreeMap<String, LoopTypeDef>) -> Result<BTreeMap<String, LoopType>, String> {
+/// Resolves every loop type (built-ins and `defs`), following `extends` chains; every
+/// type's problem, not only the first.
+pub fn resolve(
+    defs: &BTreeMap<String, LoopTypeDef>,
+) -> Result<BTreeMap<String, LoopType>, Vec<Problem>> {
     let mut done = BTreeMap::new();
+    let mut problems: Vec<Problem> = Vec::new();
     for name in defs.keys() {
-        resolve_one(name, defs, &mut done, &mut Vec::new())?;
+        if let Err(p) = resolve_one(name, defs, &mut done, &mut Vec::new()) {
+            // A type that extends a broken one meets the same problem: report it once.
+            if !problems.contains(&p) {
+                problems.push(p);
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
     }
     let mut out: BTreeMap<String, LoopType> = BUILTIN_LOOP_TYPES
         .iter()
@@ -129,31 +142,47 @@ fn resolve_one(
     defs: &BTreeMap<String, LoopTypeDef>,
     done: &mut BTreeMap<String, LoopType>,
     chain: &mut Vec<String>,
-) -> Result<LoopType, String> {
+) -> Result<LoopType, Problem> {
     if let Some(t) = done.get(name) {
         return Ok(t.clone());
     }
     let Some(def) = defs.get(name) else {
-        return builtin(name).ok_or_else(|| unknown(name, defs));
+        return builtin(name).ok_or_else(|| Problem::new("loop-types", unknown(name, defs)));
     };
+    let extends = format!("loop-types.{name}.extends");
     if chain.iter().any(|c| c == name) {
         chain.push(name.to_string());
-        return Err(format!(
-            "loop-types: `extends` forms a cycle: {}",
-            chain.join(" -> ")
+        return Err(Problem::new(
+            extends,
+            format!(
+                "loop-types: `extends` forms a cycle: {}",
+                chain.join(" -> ")
+            ),
         ));
     }
     chain.push(name.to_string());
     let base = match &def.extends {
         // Redefining a built-in in place: `code: {extends: code, ...}`.
-        Some(parent) if parent == name => {
-            builtin(name).ok_or_else(|| format!("loop-types.{name}: `extends: {name}` names itself"))?
+        Some(parent) if parent == name => builtin(name).ok_or_else(|| {
+            Problem::new(
+                &extends,
+                format!("loop-types.{name}: `extends: {name}` names itself"),
+            )
+        })?,
+        Some(parent) if !defs.contains_key(parent) && builtin(parent).is_none() => {
+            return Err(Problem::new(
+                extends,
+                format!("loop-types.{name}: {}", unknown(parent, defs)),
+            ));
         }
         Some(parent) => resolve_one(parent, defs, done, chain)?,
         None => builtin(name).ok_or_else(|| {
-            format!(
-                "loop-types.{name}: a new type needs `extends:` (one of {}, or another type of this file)",
-                BUILTIN_LOOP_TYPES.join(", ")
+            Problem::new(
+                format!("loop-types.{name}"),
+                format!(
+                    "loop-types.{name}: a new type needs `extends:` (one of {}, or another type of this file)",
+                    BUILTIN_LOOP_TYPES.join(", ")
+                ),
             )
         })?,
     };
@@ -185,16 +214,24 @@ fn resolve_one(
 
 /// Load-time checks of a resolved type: known tools, limits above zero, templates that
 /// render with the variables a loop provides.
-fn check(t: &LoopType) -> Result<(), String> {
+fn check(t: &LoopType) -> Result<(), Problem> {
     let at = format!("loop-types.{}", t.name);
-    crate::registry::ToolSet::from_names(&t.tools).map_err(|e| format!("{at}.tools: {e}"))?;
-    if t.max_iterations == 0 || t.max_turns == 0 {
-        return Err(format!(
-            "{at}: max-iterations and max-turns must be at least 1"
-        ));
+    let problem = |field: &str, message: String| Problem::new(format!("{at}.{field}"), message);
+    crate::registry::ToolSet::from_names(&t.tools)
+        .map_err(|e| problem("tools", format!("{at}.tools: {e}")))?;
+    for (field, value) in [
+        ("max-iterations", t.max_iterations),
+        ("max-turns", t.max_turns),
+    ] {
+        if value == 0 {
+            return Err(problem(field, format!("{at}: {field} must be at least 1")));
+        }
     }
     if t.iteration_timeout == Some(Duration::ZERO) {
-        return Err(format!("{at}: iteration-timeout-ms must be at least 1"));
+        return Err(problem(
+            "iteration-timeout-ms",
+            format!("{at}: iteration-timeout-ms must be at least 1"),
+        ));
     }
     let sample = serde_json::json!({
         "loop_name": "example", "loop_type": t.name, "task": "example task",
@@ -202,15 +239,20 @@ fn check(t: &LoopType) -> Result<(), String> {
         "has_validation": t.validation.is_some(),
         "validation": t.validation.clone().unwrap_or_default(), "peers": ["other"],
     });
-    prompt::render(&t.system_prompt, &sample).map_err(|e| format!("{at}.system-prompt: {e}"))?;
-    prompt::render(&t.iteration_prompt, &sample)
-        .map_err(|e| format!("{at}.iteration-prompt: {e}"))?;
+    for (field, template) in [
+        ("system-prompt", &t.system_prompt),
+        ("iteration-prompt", &t.iteration_prompt),
+    ] {
+        prompt::render(template, &sample)
+            .map_err(|e| problem(field, format!("{at}.{field}: {e}")))?;
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Messages;
 
     fn defs(yaml: &str) -> BTreeMap<String, LoopTypeDef> {
         serde_yaml_ng::from_str(yaml).unwrap()
@@ -279,23 +321,36 @@ strict:
 
     #[test]
     fn bad_types_are_refused_with_reasons() {
-        let err = resolve(&defs("a: {extends: b}\nb: {extends: a}\n")).unwrap_err();
+        let err = resolve(&defs("a: {extends: b}\nb: {extends: a}\n"))
+            .unwrap_err()
+            .messages();
         assert!(err.contains("cycle"), "{err}");
-        let err = resolve(&defs("a: {extends: cdoe}\n")).unwrap_err();
+        let err = resolve(&defs("a: {extends: cdoe}\n"))
+            .unwrap_err()
+            .messages();
         assert!(err.contains("did you mean `code`"), "{err}");
-        let err = resolve(&defs("a: {max-turns: 3}\n")).unwrap_err();
+        let err = resolve(&defs("a: {max-turns: 3}\n"))
+            .unwrap_err()
+            .messages();
         assert!(err.contains("needs `extends:`"), "{err}");
-        let err = resolve(&defs("a: {extends: code, tools: [read_fil]}\n")).unwrap_err();
+        let err = resolve(&defs("a: {extends: code, tools: [read_fil]}\n"))
+            .unwrap_err()
+            .messages();
         assert!(
             err.contains("loop-types.a.tools") && err.contains("read_file"),
             "{err}"
         );
-        let err = resolve(&defs("a: {extends: code, max-iterations: 0}\n")).unwrap_err();
+        let err = resolve(&defs("a: {extends: code, max-iterations: 0}\n"))
+            .unwrap_err()
+            .messages();
         assert!(err.contains("at least 1"), "{err}");
-        let err = resolve(&defs("a: {extends: code, iteration-timeout-ms: 0}\n")).unwrap_err();
+        let err = resolve(&defs("a: {extends: code, iteration-timeout-ms: 0}\n"))
+            .unwrap_err()
+            .messages();
         assert!(err.contains("at least 1"), "{err}");
-        let err =
-            resolve(&defs("a: {extends: code, system-prompt: \"{{ nope }}\"}\n")).unwrap_err();
+        let err = resolve(&defs("a: {extends: code, system-prompt: \"{{ nope }}\"}\n"))
+            .unwrap_err()
+            .messages();
         assert!(
             err.contains("system-prompt") && err.contains("undefined"),
             "{err}"
@@ -303,7 +358,8 @@ strict:
         let err = resolve(&defs(
             "a: {extends: code, iteration-prompt: \"{% if %}\"}\n",
         ))
-        .unwrap_err();
+        .unwrap_err()
+        .messages();
         assert!(err.contains("iteration-prompt"), "{err}");
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::Problem;
 use serde::Deserialize;
 
 /// Where a loop works.
@@ -67,59 +68,78 @@ pub fn valid_name(name: &str) -> bool {
         && !name.starts_with('-')
 }
 
-/// Checks names, types and dependencies of `loops`.
-pub fn check(loops: &[LoopDef], types: &BTreeSet<String>) -> Result<(), String> {
+/// Checks names, types and dependencies of `loops`; every problem, not only the first.
+pub fn check(loops: &[LoopDef], types: &BTreeSet<String>) -> Result<(), Vec<Problem>> {
+    let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
     for (i, l) in loops.iter().enumerate() {
         let at = format!("loops[{i}] ({})", l.name);
+        let mut problem = |field: &str, message: String| {
+            problems.push(Problem::new(format!("loops[{i}].{field}"), message));
+        };
         if !valid_name(&l.name) {
-            return Err(format!(
-                "{at}: a loop name uses letters, digits, - and _ (at most 64, not starting with -)"
-            ));
+            problem(
+                "name",
+                format!(
+                    "{at}: a loop name uses letters, digits, - and _ (at most 64, not starting with -)"
+                ),
+            );
         }
         if !seen.insert(l.name.as_str()) {
-            return Err(format!("{at}: the name `{}` is used twice", l.name));
+            problem("name", format!("{at}: the name `{}` is used twice", l.name));
         }
         if !types.contains(&l.loop_type) {
             let hint = crate::suggest::closest(&l.loop_type, types.iter().map(String::as_str))
                 .map(|s| format!(" (did you mean `{s}`?)"))
                 .unwrap_or_default();
-            return Err(format!(
-                "{at}: unknown type `{}`{hint}; known types: {}",
-                l.loop_type,
-                types.iter().cloned().collect::<Vec<_>>().join(", ")
-            ));
+            problem(
+                "type",
+                format!(
+                    "{at}: unknown type `{}`{hint}; known types: {}",
+                    l.loop_type,
+                    types.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            );
         }
         if l.task.trim().is_empty() {
-            return Err(format!("{at}: the task is empty"));
+            problem("task", format!("{at}: the task is empty"));
         }
     }
     for (i, l) in loops.iter().enumerate() {
-        for dep in &l.depends_on {
+        for (j, dep) in l.depends_on.iter().enumerate() {
+            let at = format!("loops[{i}].depends-on[{j}]");
             if !seen.contains(dep.as_str()) {
                 let hint = crate::suggest::closest(dep, seen.iter().copied())
                     .map(|s| format!(" (did you mean `{s}`?)"))
                     .unwrap_or_default();
-                return Err(format!(
-                    "loops[{i}] ({}): depends-on names unknown loop `{dep}`{hint}",
-                    l.name
+                problems.push(Problem::new(
+                    at,
+                    format!(
+                        "loops[{i}] ({}): depends-on names unknown loop `{dep}`{hint}",
+                        l.name
+                    ),
                 ));
-            }
-            if dep == &l.name {
-                return Err(format!(
-                    "loops[{i}] ({}): a loop cannot depend on itself",
-                    l.name
+            } else if dep == &l.name {
+                problems.push(Problem::new(
+                    at,
+                    format!("loops[{i}] ({}): a loop cannot depend on itself", l.name),
                 ));
             }
         }
     }
-    if let Some(cycle) = find_cycle(loops) {
-        return Err(format!(
-            "loops: depends-on forms a cycle: {}",
-            cycle.join(" -> ")
+    if problems.is_empty()
+        && let Some(cycle) = find_cycle(loops)
+    {
+        problems.push(Problem::new(
+            "loops",
+            format!("loops: depends-on forms a cycle: {}", cycle.join(" -> ")),
         ));
     }
-    Ok(())
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }
 
 fn find_cycle(loops: &[LoopDef]) -> Option<Vec<String>> {
@@ -167,6 +187,7 @@ fn find_cycle(loops: &[LoopDef]) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Messages;
 
     fn parse(yaml: &str) -> Vec<LoopDef> {
         serde_yaml_ng::from_str(yaml).unwrap()
@@ -212,15 +233,36 @@ mod tests {
     }
 
     #[test]
+    fn every_problem_is_reported_with_the_path_of_its_field() {
+        let problems = check(
+            &parse("- {name: a, type: cdoe, task: ''}\n- {name: a, type: code, task: t, depends-on: [a, zz]}\n"),
+            &types(),
+        )
+        .unwrap_err();
+        let at: Vec<&str> = problems.iter().map(|p| p.at.as_str()).collect();
+        assert_eq!(
+            at,
+            vec![
+                "loops[0].type",
+                "loops[0].task",
+                "loops[1].name",
+                "loops[1].depends-on[0]",
+                "loops[1].depends-on[1]"
+            ]
+        );
+    }
+
+    #[test]
     fn bad_lists_are_refused_with_reasons() {
         let t = types();
-        let err = check(&parse("- {name: a, type: code, task: t, depends-on: [b]}\n- {name: b, type: code, task: t, depends-on: [a]}\n"), &t).unwrap_err();
+        let err = check(&parse("- {name: a, type: code, task: t, depends-on: [b]}\n- {name: b, type: code, task: t, depends-on: [a]}\n"), &t).unwrap_err().messages();
         assert!(err.contains("cycle: a -> b -> a"), "{err}");
         let err = check(
             &parse("- {name: a, type: code, task: t, depends-on: [aa]}\n"),
             &t,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .messages();
         assert!(
             err.contains("unknown loop `aa`") && err.contains("did you mean `a`"),
             "{err}"
@@ -229,19 +271,27 @@ mod tests {
             &parse("- {name: a, type: code, task: t, depends-on: [a]}\n"),
             &t,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .messages();
         assert!(err.contains("itself"), "{err}");
-        let err = check(&parse("- {name: a, type: cdoe, task: t}\n"), &t).unwrap_err();
+        let err = check(&parse("- {name: a, type: cdoe, task: t}\n"), &t)
+            .unwrap_err()
+            .messages();
         assert!(err.contains("did you mean `code`"), "{err}");
         let err = check(
             &parse("- {name: a, type: code, task: t}\n- {name: a, type: code, task: t}\n"),
             &t,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .messages();
         assert!(err.contains("used twice"), "{err}");
-        let err = check(&parse("- {name: 'a b', type: code, task: t}\n"), &t).unwrap_err();
+        let err = check(&parse("- {name: 'a b', type: code, task: t}\n"), &t)
+            .unwrap_err()
+            .messages();
         assert!(err.contains("letters, digits"), "{err}");
-        let err = check(&parse("- {name: a, type: code, task: '  '}\n"), &t).unwrap_err();
+        let err = check(&parse("- {name: a, type: code, task: '  '}\n"), &t)
+            .unwrap_err()
+            .messages();
         assert!(err.contains("empty"), "{err}");
         let bad: Result<Vec<LoopDef>, _> =
             serde_yaml_ng::from_str("- {name: a, type: code, task: t, worktree: mine}\n");

@@ -14,6 +14,7 @@ use crate::actors::coordinator::CoordinatorLimits;
 use crate::actors::tool_lanes::LaneSizes;
 use crate::catalog::{Catalog, ToolSpecOverride};
 
+pub mod locate;
 pub mod loop_types;
 pub mod loops;
 
@@ -78,6 +79,42 @@ pub struct Config {
     pub loops: Vec<LoopDef>,
 }
 
+/// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
+/// finds its line) and what, in words that say how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The YAML path of the field at fault.
+    pub at: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl Problem {
+    /// A problem of the field at `at`.
+    pub fn new(at: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            at: at.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The messages of several problems, a line each (where there is no file text to locate
+/// them in).
+pub trait Messages {
+    /// Every message, a line each.
+    fn messages(&self) -> String;
+}
+
+impl Messages for [Problem] {
+    fn messages(&self) -> String {
+        self.iter()
+            .map(|p| p.message.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
 impl Config {
     /// Reads and checks the file at `path`.
     pub fn load(path: &Path) -> Result<Self, String> {
@@ -86,7 +123,8 @@ impl Config {
         Self::parse(&text, &path.display().to_string())
     }
 
-    /// Parses `text`; `origin` names the file in error messages.
+    /// Parses `text`; `origin` names the file in error messages. Every problem found after
+    /// parsing is reported (a line each), with the line and column of the field at fault.
     pub fn parse(text: &str, origin: &str) -> Result<Self, String> {
         let config: Config = serde_yaml_ng::from_str(text).map_err(|e| {
             let at = e
@@ -95,34 +133,69 @@ impl Config {
                 .unwrap_or_default();
             format!("{origin}{at}: {}", with_suggestion(&e.to_string()))
         })?;
-        config.check().map_err(|e| format!("{origin}: {e}"))?;
+        config.check().map_err(|problems| {
+            problems
+                .iter()
+                .map(|p| format!("{origin}{}: {}", position(text, &p.at), p.message))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })?;
         Ok(config)
     }
 
     /// Everything that can be checked without running: catalog overrides, lane sizes,
     /// concurrency, loop types (tools, templates, extends chains) and loops.
-    fn check(&self) -> Result<(), String> {
-        self.catalog()?;
-        if let Some(llm) = &self.llm {
-            llm.validate()?;
+    fn check(&self) -> Result<(), Vec<Problem>> {
+        let mut problems = Vec::new();
+        if let Err(e) = self.catalog() {
+            problems.push(Problem::new("catalog", e));
         }
-        self.lanes.validate().map_err(|e| format!("lanes: {e}"))?;
+        if let Some(llm) = &self.llm
+            && let Err(e) = llm.validate()
+        {
+            problems.push(Problem::new("llm", e));
+        }
+        if let Err(e) = self.lanes.validate() {
+            problems.push(Problem::new("lanes", format!("lanes: {e}")));
+        }
         if self.concurrency.max_loops == 0 || self.concurrency.max_model_calls == 0 {
-            return Err("concurrency: max-loops and max-model-calls must be at least 1".into());
+            problems.push(Problem::new(
+                "concurrency",
+                "concurrency: max-loops and max-model-calls must be at least 1",
+            ));
         }
         if self.limits.burst == 0
             || self.limits.per_second <= 0.0
             || self.limits.max_payload_bytes == 0
         {
-            return Err("limits: burst, per-second and max-payload-bytes must be above 0".into());
+            problems.push(Problem::new(
+                "limits",
+                "limits: burst, per-second and max-payload-bytes must be above 0",
+            ));
         }
-        let types: BTreeSet<String> = self.loop_types()?.into_keys().collect();
-        loops::check(&self.loops, &types)
+        // Loops are checked against every type the file names, even one with a problem of
+        // its own (reported above), so that its loops are not reported as well.
+        let mut types: BTreeSet<String> = crate::catalog::BUILTIN_LOOP_TYPES
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        types.extend(self.loop_types.keys().cloned());
+        if let Err(mut p) = loop_types::resolve(&self.loop_types) {
+            problems.append(&mut p);
+        }
+        if let Err(mut p) = loops::check(&self.loops, &types) {
+            problems.append(&mut p);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
     }
 
     /// Every loop type, resolved.
     pub fn loop_types(&self) -> Result<BTreeMap<String, LoopType>, String> {
-        loop_types::resolve(&self.loop_types)
+        loop_types::resolve(&self.loop_types).map_err(|p| p.messages())
     }
 
     /// The default catalog with this file's overrides applied.
@@ -130,6 +203,21 @@ impl Config {
         let mut catalog = Catalog::default();
         catalog.apply_overrides(&self.catalog)?;
         Ok(catalog)
+    }
+}
+
+/// `:line:column` of the field at `at` in `text`, or of the nearest enclosing field that is
+/// written there (a value may come from a default or a parent type); empty if none is.
+fn position(text: &str, at: &str) -> String {
+    let mut path = at;
+    loop {
+        if let Some((line, column)) = locate::locate(text, path) {
+            return format!(":{line}:{column}");
+        }
+        match path.rfind(['.', '[']) {
+            Some(cut) => path = &path[..cut],
+            None => return String::new(),
+        }
     }
 }
 
@@ -180,6 +268,51 @@ mod tests {
         assert!(err.contains("did you mean `timeout-ms`"), "{err}");
         let err = Config::parse("catalgo: {}\n", "t.yml").unwrap_err();
         assert!(err.contains("did you mean `catalog`"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_after_parsing_names_its_line_and_column() {
+        let text = "\
+concurrency: {max-loops: 0}
+loop-types:
+  api:
+    extends: ralph
+    tools: [read_file, grpe]
+loops:
+  - name: a
+    type: api
+    task: t
+  - name: b
+    type: ralhp
+    task: t
+    depends-on: [a, c]
+";
+        let err = Config::parse(text, "t.yml").unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 4, "{err}");
+        assert!(lines[0].starts_with("t.yml:1:1: concurrency:"), "{err}");
+        assert!(
+            lines[1].starts_with("t.yml:5:5: loop-types.api.tools:") && lines[1].contains("grep"),
+            "{err}"
+        );
+        // A loop of a type with a problem of its own is not reported as of an unknown type.
+        assert!(
+            lines[2].starts_with("t.yml:11:5: loops[1] (b): unknown type `ralhp`"),
+            "{err}"
+        );
+        assert!(
+            lines[3].starts_with("t.yml:13:21: loops[1] (b): depends-on names unknown loop `c`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_problem_of_a_field_not_written_points_at_the_nearest_one_that_is() {
+        let text = "loops:\n  - name: a\n    depends-on: [x]\n";
+        assert_eq!(position(text, "loops[0].depends-on[0]"), ":3:18");
+        assert_eq!(position(text, "loops[0].depends-on[5]"), ":3:5");
+        assert_eq!(position(text, "loops[0].task"), ":2:5");
+        assert_eq!(position(text, "lanes.heavy"), "");
     }
 
     #[test]
