@@ -6,38 +6,17 @@
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use taskdaemon::catalog::{Catalog, Lane};
 use taskdaemon::context::ToolContext;
 use taskdaemon::registry::ToolSet;
 
+mod props_support;
+
 fn arb_json() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(Value::from),
-        "\\PC{0,20}".prop_map(Value::String),
-        prop_oneof![
-            Just(".."),
-            Just("/"),
-            Just(""),
-            Just("a\0b"),
-            Just("../x"),
-            Just("*")
-        ]
-        .prop_map(|s| Value::String(s.to_string())),
-    ];
-    leaf.prop_recursive(3, 24, 6, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::vec((key(), inner), 0..5)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
-        ]
-    })
+    let paths =
+        prop::sample::select(vec!["..", "/", "", "a\0b", "../x", "*"]).prop_map(str::to_string);
+    props_support::arb_json(3, key().boxed(), paths.boxed())
 }
 
 /// Keys that are real argument names of our tools half of the time, so inputs get past the

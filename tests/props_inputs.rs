@@ -3,10 +3,12 @@
 //! ones built from the keys it knows) and must answer `Ok` or a clear `Err`.
 
 use proptest::prelude::*;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use taskdaemon::config::Config;
 use taskdaemon::llm::scripted::ScriptedLlm;
 use taskdaemon::llm::{anthropic, openai};
+
+mod props_support;
 
 /// Keys the parsers know, so that random documents get past the first check often.
 const KEYS: &[&str] = &[
@@ -98,24 +100,7 @@ fn key() -> impl Strategy<Value = String> {
 }
 
 fn arb_json() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(Value::from),
-        "\\PC{0,16}".prop_map(Value::String),
-        key().prop_map(Value::String),
-    ];
-    leaf.prop_recursive(4, 32, 6, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::vec((key(), inner), 0..6)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
-        ]
-    })
+    props_support::arb_json(4, key().boxed(), key().boxed())
 }
 
 /// The number of nodes of `v` (itself included).

@@ -161,6 +161,16 @@ impl Run {
         self.names.push(name.to_string());
     }
 
+    /// Spawns a loop that hears every alert (the default of a loop type without
+    /// `subscriptions`).
+    async fn spawn_hearing_every_alert(&mut self, name: &str) {
+        let opts = LoopOpts {
+            subscriptions: None,
+            ..LoopOpts::default()
+        };
+        self.spawn(name, opts).await;
+    }
+
     async fn wait(&mut self) -> BTreeMap<String, LoopEnd> {
         let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
         let ends = self.rt.wait_for(&names, WAIT).await;
@@ -688,14 +698,7 @@ c:
     )
     .await;
     for name in ["a", "b", "c"] {
-        run.spawn(
-            name,
-            LoopOpts {
-                subscriptions: None,
-                ..LoopOpts::default()
-            },
-        )
-        .await;
+        run.spawn_hearing_every_alert(name).await;
     }
     run.rt.release().await;
     let system_alert_about = |who: &'static str| {
@@ -743,14 +746,7 @@ async fn many_loops_starting_at_once_are_one_line_of_each_first_prompt() {
         .collect();
     let mut run = Run::new(&script).await;
     for name in &names {
-        run.spawn(
-            name,
-            LoopOpts {
-                subscriptions: None,
-                ..LoopOpts::default()
-            },
-        )
-        .await;
+        run.spawn_hearing_every_alert(name).await;
     }
     run.rt.release().await;
     let ends = run.wait().await;
