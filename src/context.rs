@@ -51,6 +51,23 @@ impl StampHasher {
     }
 }
 
+/// The stamp of the file at `path`, read a chunk at a time: a loop may have read a file of
+/// gigabytes (read_file streams it), and checking it must not hold it in memory.
+pub fn stamp_of_file(path: &Path) -> std::io::Result<Stamp> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = StampHasher::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(hasher.finish()),
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -333,11 +350,17 @@ impl ToolContext {
         let Some(stamp) = self.stamp(path) else {
             return false;
         };
-        let now = std::fs::read(path).ok().map(|b| Stamp::of(&b));
-        if now.as_ref() == Some(&stamp) {
+        if stamp_of_file(path).ok() == Some(stamp) {
             return false;
         }
-        lock(&self.stamps).remove(path);
+        {
+            let mut stamps = lock(&self.stamps);
+            // A read or write of the new content may have replaced the stamp meanwhile.
+            if stamps.get(path) != Some(&stamp) {
+                return false;
+            }
+            stamps.remove(path);
+        }
         lock(&self.dropped).insert(path.to_path_buf());
         let mut changed = lock(&self.changed_since_read);
         if !changed.iter().any(|p| p == path) {
@@ -421,6 +444,29 @@ mod tests {
         }
         assert_eq!(StampHasher::default().finish(), Stamp::of(b""));
         assert_ne!(Stamp::of(b"one"), Stamp::of(b"one\n"));
+    }
+
+    #[test]
+    fn an_outside_change_to_a_large_file_is_told_from_a_touch() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let p = ctx.root().join("big.log");
+        // Several of stamp_of_file's chunks, and a last one that is not full.
+        let content: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&p, &content).unwrap();
+        assert_eq!(stamp_of_file(&p).unwrap(), Stamp::of(&content));
+        ctx.record_stamp(&p, &content);
+        std::fs::write(&p, &content).unwrap();
+        assert!(!ctx.note_outside_change(&p), "same bytes: no change");
+        let mut changed = content.clone();
+        changed[250_000] = b'!';
+        std::fs::write(&p, &changed).unwrap();
+        assert!(ctx.note_outside_change(&p));
+        assert_eq!(ctx.check_stamp(&p, &changed), StampCheck::Stale);
+        // Gone entirely is a change too.
+        ctx.record_stamp(&p, &changed);
+        std::fs::remove_file(&p).unwrap();
+        assert!(ctx.note_outside_change(&p));
     }
 
     #[test]

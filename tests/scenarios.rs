@@ -501,6 +501,47 @@ a:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outside_change_to_a_large_file_is_noticed_too() {
+    // Large files are compared off the async threads; the outcome must be the same.
+    let mut run = Run::new(
+        r#"
+a:
+  turns:
+    - calls:
+        - read_file: {path: big.log, offset: 1, limit: 5}
+    - calls:
+        - run_command: {command: "until [ -e ../changed.flag ]; do sleep 0.02; done"}
+    - calls:
+        - edit_file: {path: big.log, old_string: "line 3\n", new_string: "line three\n"}
+    - calls:
+        - complete_task: {summary: "done"}
+"#,
+    )
+    .await;
+    std::fs::create_dir_all(run.path("a")).unwrap();
+    let big: String = (0..100_000).map(|i| format!("line {i}\n")).collect();
+    assert!(big.len() > 512 * 1024);
+    std::fs::write(run.path("a/big.log"), &big).unwrap();
+    run.spawn("a", LoopOpts::default()).await;
+    run.rt.release().await;
+    run.until_tool_result("a", "read_file").await;
+    std::fs::write(run.path("a/big.log"), format!("{big}appended\n")).unwrap();
+    run.until_event(
+        "a's stamp dropped",
+        |k| matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "a"),
+    )
+    .await;
+    run.touch("changed.flag");
+    let ends = run.wait().await;
+    assert!(completed(&ends, "a"), "{ends:?}");
+    let edits = tool_results(&run, "a", "edit_file");
+    assert!(
+        edits[0].0 && edits[0].1.contains("changed on disk"),
+        "{edits:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s05_two_loops_one_worktree_a_write_makes_b_stale() {
     let mut run = Run::new(
         r#"
