@@ -16,7 +16,7 @@
 //! - A stamp is recorded before its directories can be watched (the read comes first), so a
 //!   change in between would go unseen: whenever tracking a stamp puts a new watch on a
 //!   directory (or cannot), the loop is told about that file once and compares content; so
-//!   are the files a loop read before its worktree root was watched. Every directory on the
+//!   are the files a loop read before it was registered. Every directory on the
 //!   way is recorded as needed even when one above it does not exist yet (a write stamps
 //!   its file before creating its directories).
 //! - A watched directory that is removed or renamed away loses its watch (files read under
@@ -209,8 +209,6 @@ impl WatcherState {
         target: ActorRef<LoopMsg>,
     ) -> Result<(), String> {
         let root = ctx.root().to_path_buf();
-        // Whether the root got its watch now: files the loop read before are then checked.
-        let mut check_held = false;
         match self.loops.get_mut(&loop_name) {
             Some(existing) if existing.root == root => {
                 if !Arc::ptr_eq(&existing.ctx, &ctx) {
@@ -222,12 +220,9 @@ impl WatcherState {
             _ => {
                 self.unregister(&loop_name).await;
                 self.need(&loop_name, &root);
-                match self.arm(&root).await {
-                    Ok(added) => check_held = added,
-                    Err(err) => {
-                        self.release(&loop_name, &root).await;
-                        return Err(watch_failure(&root, &err));
-                    }
+                if let Err(err) = self.arm(&root).await {
+                    self.release(&loop_name, &root).await;
+                    return Err(watch_failure(&root, &err));
                 }
                 self.roots
                     .entry(root.clone())
@@ -256,12 +251,11 @@ impl WatcherState {
         for path in ctx.stamped_paths() {
             self.track(&loop_name, &path).await;
         }
-        if check_held {
-            let name = BTreeSet::from([loop_name.clone()]);
-            let root = ctx.root().to_path_buf();
-            let notices = self.stamped_under(&root, &name);
-            self.send(notices).await;
-        }
+        // Changes to files the loop read before it was registered reached nobody (even with
+        // its root watched for another loop): it checks them once.
+        let name = BTreeSet::from([loop_name.clone()]);
+        let notices = self.stamped_under(ctx.root(), &name);
+        self.send(notices).await;
         Ok(())
     }
 
@@ -1157,6 +1151,23 @@ mod tests {
         })
         .unwrap();
         assert!(dirs(&w).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn files_read_before_registering_are_checked_even_in_a_watched_worktree() {
+        // The root is watched for a, but b was not registered yet when it read the file: a
+        // change then would have reached nobody.
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cb) = (context(dir.path(), "a"), context(dir.path(), "b"));
+        let w = watcher().await;
+        let (pa, _ra) = probe().await;
+        let (pb, mut rb) = probe().await;
+        std::fs::write(dir.path().join("f.txt"), "one").unwrap();
+        watch(&w, "a", &ca, &pa).await.unwrap();
+        let file = cb.resolve("f.txt").unwrap();
+        cb.record_stamp(&file, b"one");
+        watch(&w, "b", &cb, &pb).await.unwrap();
+        only(&mut rb, &file).await;
     }
 
     #[tokio::test]
