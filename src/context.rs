@@ -37,8 +37,9 @@ impl Stamp {
 
 /// Computes a [`Stamp`] from bytes that arrive in pieces (a file streamed in chunks); the
 /// result equals `Stamp::of` of the pieces joined.
+/// Boxed: the hasher keeps a few hundred bytes of buffer, and it travels inside enums.
 #[derive(Default)]
-pub struct StampHasher(twox_hash::XxHash3_128);
+pub struct StampHasher(Box<twox_hash::XxHash3_128>);
 
 impl StampHasher {
     /// Takes in the next bytes.
