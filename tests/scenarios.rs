@@ -206,6 +206,20 @@ impl Run {
         }
     }
 
+    /// Once `name` has a read_file result, changes `rel` to `content` as the user would,
+    /// waits until the loop dropped its stamp, then lets it go on (its script waits for
+    /// `changed.flag`).
+    async fn change_after_read(&self, name: &str, rel: &str, content: &str) {
+        self.until_tool_result(name, "read_file").await;
+        std::fs::write(self.path(rel), content).unwrap();
+        self.until_event(
+            "the stamp dropped",
+            |k| matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == name),
+        )
+        .await;
+        self.touch("changed.flag");
+    }
+
     /// Waits until a flag file exists (a loop's command created it).
     async fn until_file(&self, flag: &str) {
         let started = Instant::now();
@@ -282,6 +296,22 @@ fn snap(name: &str, text: &str) {
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
         insta::assert_snapshot!(name, text);
     });
+}
+
+/// Checks that `name` completed and that its first edit was refused because the file changed
+/// on disk; returns its edit results.
+fn first_edit_refused_as_stale(
+    run: &Run,
+    ends: &BTreeMap<String, LoopEnd>,
+    name: &str,
+) -> Vec<(bool, String)> {
+    assert!(completed(ends, name), "{ends:?}");
+    let edits = tool_results(run, name, "edit_file");
+    assert!(
+        edits[0].0 && edits[0].1.contains("changed on disk"),
+        "{edits:?}"
+    );
+    edits
 }
 
 fn assert_all_completed(ends: &BTreeMap<String, LoopEnd>) {
@@ -469,25 +499,14 @@ a:
     std::fs::write(run.path("a/notes.txt"), "alpha\nbeta\n").unwrap();
     run.spawn("a", LoopOpts::default()).await;
     run.rt.release().await;
-    run.until_tool_result("a", "read_file").await;
-    std::fs::write(
-        run.path("a/notes.txt"),
+    run.change_after_read(
+        "a",
+        "a/notes.txt",
         "alpha\nbeta\ngamma (added by the user)\n",
     )
-    .unwrap();
-    run.until_event(
-        "a's stamp dropped",
-        |k| matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "a"),
-    )
     .await;
-    run.touch("changed.flag");
     let ends = run.wait().await;
-    assert!(completed(&ends, "a"), "{ends:?}");
-    let edits = tool_results(&run, "a", "edit_file");
-    assert!(
-        edits[0].0 && edits[0].1.contains("changed on disk"),
-        "{edits:?}"
-    );
+    let edits = first_edit_refused_as_stale(&run, &ends, "a");
     assert!(!edits[1].0, "{edits:?}");
     assert_eq!(
         requests_containing(&run, "a", "files changed on disk"),
@@ -524,21 +543,10 @@ a:
     std::fs::write(run.path("a/big.log"), &big).unwrap();
     run.spawn("a", LoopOpts::default()).await;
     run.rt.release().await;
-    run.until_tool_result("a", "read_file").await;
-    std::fs::write(run.path("a/big.log"), format!("{big}appended\n")).unwrap();
-    run.until_event(
-        "a's stamp dropped",
-        |k| matches!(k, EventKind::FileChanged { loop_name, .. } if loop_name == "a"),
-    )
-    .await;
-    run.touch("changed.flag");
+    run.change_after_read("a", "a/big.log", &format!("{big}appended\n"))
+        .await;
     let ends = run.wait().await;
-    assert!(completed(&ends, "a"), "{ends:?}");
-    let edits = tool_results(&run, "a", "edit_file");
-    assert!(
-        edits[0].0 && edits[0].1.contains("changed on disk"),
-        "{edits:?}"
-    );
+    first_edit_refused_as_stale(&run, &ends, "a");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
