@@ -29,12 +29,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::actors::{Dist, LoopParams, Rng, loop_spec, median_f64, print_machine, unlimited};
+use common::actors::{
+    Dist, LoopParams, Rng, loop_spec, median_f64, print_machine, unlimited_runtime,
+};
 use common::{Report, selected};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::json;
 use taskdaemon::actors::coordinator::CoordinatorPort;
-use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
+use taskdaemon::actors::daemon::Runtime;
 use taskdaemon::coordination::Coordination;
 use taskdaemon::events::EventLog;
 use taskdaemon::llm::scripted::ScriptedLlm;
@@ -87,17 +89,8 @@ async fn start_loops(dir: &Path, names: &[String]) -> Runtime {
     }
     let llm = Arc::new(ScriptedLlm::from_yaml(&script, "bench-script.yml").expect("script"));
     let events = Arc::new(EventLog::new());
-    let mut rt = Runtime::start(
-        RuntimeConfig {
-            limits: unlimited(),
-            // Queries touch no files; 1,000 idle inotify watches would only slow the setup.
-            watch_files: false,
-            ..RuntimeConfig::default()
-        },
-        events.clone(),
-    )
-    .await
-    .expect("runtime");
+    // Queries touch no files; 1,000 idle inotify watches would only slow the setup.
+    let mut rt = unlimited_runtime(false, events.clone()).await;
     for n in names {
         let wt = dir.join(n);
         std::fs::create_dir_all(&wt).expect("worktree");

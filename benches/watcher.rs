@@ -23,9 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Report;
-use common::actors::{Dist, LoopParams, loop_spec, print_machine, unlimited};
+use common::actors::{Dist, LoopParams, loop_spec, print_machine, unlimited_runtime};
 use notify::{RecursiveMode, Watcher as _};
-use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
 use taskdaemon::context::ToolContext;
 use taskdaemon::events::{EventKind, EventLog};
 use taskdaemon::llm::scripted::ScriptedLlm;
@@ -73,16 +72,7 @@ async fn main() {
     let names: Vec<String> = (0..WORKTREES).map(|i| format!("w{i:03}")).collect();
     let script: String = names.iter().map(|n| format!("{n}: {{}}\n")).collect();
     let llm = Arc::new(ScriptedLlm::from_yaml(&script, "bench-script.yml").expect("script"));
-    let mut rt = Runtime::start(
-        RuntimeConfig {
-            limits: unlimited(),
-            watch_files: true,
-            ..RuntimeConfig::default()
-        },
-        events.clone(),
-    )
-    .await
-    .expect("runtime");
+    let mut rt = unlimited_runtime(true, events.clone()).await;
 
     let mut loops: Vec<(String, Arc<ToolContext>, PathBuf)> = Vec::new();
     for n in &names {

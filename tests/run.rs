@@ -762,21 +762,27 @@ fn wait_for_file(path: &Path, child: &mut Child, limit: Duration) {
     }
 }
 
-#[test]
-fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
-    let root = tempfile::tempdir().unwrap();
-    let started = root.path().join("started");
-    let flag = root.path().join("flag");
+/// Starts `taskdaemon run` on the `interrupt` fixture, whose first command writes its shell's
+/// pid to `started` and then waits until `flag` exists; returns once `started` exists.
+fn start_interrupt_fixture(started: &Path, flag: &Path) -> (Project, Child) {
     let project = Project::new(
         "interrupt",
-        &[("STARTED", path_arg(&started)), ("FLAG", path_arg(&flag))],
+        &[("STARTED", path_arg(started)), ("FLAG", path_arg(flag))],
     );
     let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
     let mut child = project
         .taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir])
         .spawn()
         .unwrap();
-    wait_for_file(&started, &mut child, RUN_GUARD);
+    wait_for_file(started, &mut child, RUN_GUARD);
+    (project, child)
+}
+
+#[test]
+fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
+    let root = tempfile::tempdir().unwrap();
+    let (started, flag) = (root.path().join("started"), root.path().join("flag"));
+    let (project, mut child) = start_interrupt_fixture(&started, &flag);
 
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
@@ -886,18 +892,8 @@ fn running_in_group(pgid: libc::pid_t) -> Vec<String> {
 #[test]
 fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
     let root = tempfile::tempdir().unwrap();
-    let started = root.path().join("started");
-    let flag = root.path().join("flag");
-    let project = Project::new(
-        "interrupt",
-        &[("STARTED", path_arg(&started)), ("FLAG", path_arg(&flag))],
-    );
-    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
-    let mut child = project
-        .taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir])
-        .spawn()
-        .unwrap();
-    wait_for_file(&started, &mut child, RUN_GUARD);
+    let (started, flag) = (root.path().join("started"), root.path().join("flag"));
+    let (project, mut child) = start_interrupt_fixture(&started, &flag);
     // The command's shell leads its own process group.
     let mut group = String::new();
     let deadline = Instant::now() + RUN_GUARD;

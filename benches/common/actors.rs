@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use taskdaemon::actors::coordinator::CoordinatorLimits;
-use taskdaemon::actors::daemon::Runtime;
+use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
 use taskdaemon::actors::loop_actor::LoopSpec;
 use taskdaemon::catalog::default_tool_set;
 use taskdaemon::engine::transcript::{NoTranscript, TranscriptSink};
@@ -17,13 +17,20 @@ use taskdaemon::events::EventLog;
 use taskdaemon::llm::LlmClient;
 use taskdaemon::registry::ToolSet;
 
-/// Coordinator limits that never refuse: a bench measures routing, not the rate limiter.
-pub fn unlimited() -> CoordinatorLimits {
-    CoordinatorLimits {
+/// A runtime whose coordinator never refuses (a bench measures routing, not the rate
+/// limiter), with or without file watching.
+pub async fn unlimited_runtime(watch_files: bool, events: Arc<EventLog>) -> Runtime {
+    let limits = CoordinatorLimits {
         burst: u32::MAX,
         per_second: 1e12,
         ..CoordinatorLimits::default()
-    }
+    };
+    let config = RuntimeConfig {
+        limits,
+        watch_files,
+        ..RuntimeConfig::default()
+    };
+    Runtime::start(config, events).await.expect("runtime")
 }
 
 /// Percentiles of a sample of durations (nanoseconds).
