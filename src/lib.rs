@@ -22,6 +22,7 @@ pub mod receipts;
 pub mod registry;
 pub mod run;
 pub mod sandbox;
+pub mod secrets;
 pub mod suggest;
 pub mod text;
 pub mod tools;
