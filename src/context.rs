@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::catalog::{Catalog, ToolSpec};
+use crate::confine::SandboxSettings;
 use crate::coordination::Coordination;
 use crate::error::{ToolError, display_path};
 use crate::sandbox::resolve_in;
@@ -119,6 +120,11 @@ pub struct ToolContext {
     read_indexes: Mutex<HashMap<PathBuf, Arc<ReadIndex>>>,
     /// Told about every path the context starts holding a stamp for (see `observe_stamps`).
     stamp_observer: Mutex<Option<StampObserver>>,
+    /// How commands are confined (`sandbox:` of the config).
+    sandbox_settings: Arc<SandboxSettings>,
+    /// The loop's private temp dir for commands (`TMPDIR`), made at the first command and
+    /// removed with the context.
+    temp_dir: Mutex<Option<tempfile::TempDir>>,
 }
 
 /// Called with the path of each new stamp: one for a path the context held no stamp for.
@@ -164,7 +170,41 @@ impl ToolContext {
             commit_cache: Mutex::new(None),
             stamp_observer: Mutex::new(None),
             read_indexes: Mutex::new(HashMap::new()),
+            sandbox_settings: Arc::new(SandboxSettings::default()),
+            temp_dir: Mutex::new(None),
         })
+    }
+
+    /// Confines commands as `settings` say (paths already absolute).
+    pub fn with_sandbox_settings(mut self, settings: Arc<SandboxSettings>) -> Self {
+        self.sandbox_settings = settings;
+        self
+    }
+
+    /// How commands are confined.
+    pub fn sandbox_settings(&self) -> &SandboxSettings {
+        &self.sandbox_settings
+    }
+
+    /// The loop's private temp dir for commands, made on first use (mode 0700, outside the
+    /// worktree so that nothing in it is committed).
+    pub fn command_temp_dir(&self) -> std::io::Result<PathBuf> {
+        let mut slot = lock(&self.temp_dir);
+        if let Some(dir) = slot.as_ref() {
+            return Ok(dir.path().to_path_buf());
+        }
+        let name: String = self
+            .exec_id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+            .take(40)
+            .collect();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("taskdaemon-{name}-"))
+            .tempdir()?;
+        let path = dir.path().canonicalize()?;
+        *slot = Some(dir);
+        Ok(path)
     }
 
     /// Turns the sandbox off (paths may then leave the worktree). Only for trusted setups.

@@ -8,6 +8,7 @@
 pub mod actors;
 pub mod catalog;
 pub mod config;
+pub mod confine;
 pub mod context;
 pub mod coordination;
 pub mod engine;

@@ -181,10 +181,27 @@ impl SessionArgs {
             Some(names) => ToolSet::from_names(names)?,
             None => ToolSet::all(),
         };
-        let catalog = load_catalog(self.config.as_deref())?;
+        let (catalog, sandbox) = match self.config.as_deref() {
+            Some(path) => {
+                let config = Config::load(path)?;
+                let base = path
+                    .parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default();
+                (config.catalog()?, config.sandbox_settings(&base))
+            }
+            None => (Catalog::default(), Default::default()),
+        };
+        taskdaemon::secrets::register_environment(&sandbox.env.secret);
+        let report = taskdaemon::confine::SandboxReport::of(&sandbox);
+        report.check_required().map_err(|e| e.to_string())?;
+        for gap in &report.missing {
+            eprintln!("taskdaemon: warning: commands run with less confinement here: {gap}");
+        }
         let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
             .map_err(|e| e.to_string())?
             .with_catalog(Arc::new(catalog))
+            .with_sandbox_settings(Arc::new(sandbox))
             .with_commands(LoopCommands {
                 build: self.build_cmd.clone(),
                 test: self.test_cmd.clone(),

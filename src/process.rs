@@ -1,28 +1,38 @@
-//! Running one shell command for a tool: `/bin/sh -c COMMAND` in its own process group, with
-//! stdin closed, stdout and stderr captured into bounded head+tail buffers while it runs, a
-//! timeout that kills the whole group, and optional network isolation.
+//! The one launcher: every command a tool runs (`run_command`, `run_command_isolated`,
+//! `build`, `test`, `validate`, a loop's validation) starts here, as `/bin/sh -c COMMAND`,
+//! with stdin closed, stdout and stderr captured into bounded head+tail buffers while it
+//! runs, and a timeout.
 //!
-//! Invariants this module keeps:
-//! - Nothing outlives the call. After the main process exits (or times out) every process
-//!   still in its group is killed with SIGKILL; if the future is dropped mid-run (a watchdog,
-//!   a loop that stops), a guard kills the group from `Drop`.
-//! - Memory stays bounded whatever the command prints: each stream keeps at most its cap.
-//! - A process that left the group (`setsid`) and still holds a pipe cannot hang the call:
-//!   pipes are drained for at most [`DRAIN_TIMEOUT`] once the group is gone.
+//! A confined command ([`RunOptions::confined`], what every tool uses) runs under the
+//! policy of `crate::confine`: no capabilities, Landlock, seccomp, its own PID and mount
+//! namespaces (and network namespace in the no-net lane), a built environment. Its process
+//! tree is `monitor -> init -> command` (see `confine::child`): when the command exits, times
+//! out, is cancelled, or the daemon dies (even by SIGKILL), its init exits and the kernel
+//! kills every process left in the namespace, also those that called `setsid` or
+//! double-forked.
 //!
-//! What it cannot do: kill processes that escaped the group on purpose (`setsid`, double
-//! fork into a new session). They lose their output pipe's reader and are left to the OS.
+//! Without confinement (benchmarks' baselines and the launcher's own tests) a command runs in
+//! its own process group, which is killed at exit, timeout and drop; a process that left the
+//! group on purpose is out of reach there, and its pipes are drained for at most
+//! [`DRAIN_TIMEOUT`].
+//!
+//! Memory stays bounded whatever the command prints: each stream keeps at most its cap.
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::Read as _;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use crate::confine::Prepared;
+use crate::confine::child::{self, STATUS_RECORD_LEN};
 use crate::text::{HeadTailBuffer, head_tail};
 
 /// How long pipes are still read after the process group is gone. Only a process that left
@@ -47,31 +57,27 @@ const MARKER_SLACK: usize = 64;
 const SHELL: &str = "/bin/sh";
 
 /// What to run and under which limits.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RunOptions {
     command: String,
     cwd: PathBuf,
     timeout: Duration,
     max_bytes_per_stream: usize,
-    isolate_network: bool,
     env: Vec<(OsString, OsString)>,
-    /// Test hook: skip the plain `unshare(CLONE_NEWNET)` and go straight to the user
-    /// namespace route, which root would otherwise never exercise.
-    user_namespace_only: bool,
+    confinement: Option<Prepared>,
 }
 
 impl RunOptions {
     /// `command` run by `/bin/sh -c` in `cwd`, with a 120 s timeout, 100 000 bytes kept per
-    /// stream, network available and the environment inherited.
+    /// stream, unconfined, with the environment inherited.
     pub fn new(command: impl Into<String>, cwd: impl Into<PathBuf>) -> Self {
         Self {
             command: command.into(),
             cwd: cwd.into(),
             timeout: Duration::from_secs(120),
             max_bytes_per_stream: 100_000,
-            isolate_network: false,
             env: Vec::new(),
-            user_namespace_only: false,
+            confinement: None,
         }
     }
 
@@ -87,24 +93,17 @@ impl RunOptions {
         self
     }
 
-    /// Runs the command in a fresh network namespace (only a loopback that is down), so it
-    /// has no network at all. Spawning fails with [`RunError::NetworkIsolationUnavailable`]
-    /// when the kernel or the container refuses new namespaces.
-    pub fn isolate_network(mut self, isolate: bool) -> Self {
-        self.isolate_network = isolate;
+    /// Runs the command confined as `prepared` says (see `crate::confine::prepare`), with
+    /// `prepared`'s environment instead of the inherited one.
+    pub fn confined(mut self, prepared: Prepared) -> Self {
+        self.confinement = Some(prepared);
         self
     }
 
-    /// Sets an environment variable on top of the inherited environment.
+    /// Sets an environment variable on top of the inherited environment (unconfined
+    /// commands; a confined one gets its whole environment from its policy).
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         self.env.push((key.into(), value.into()));
-        self
-    }
-
-    #[cfg(test)]
-    fn via_user_namespace(mut self) -> Self {
-        self.isolate_network = true;
-        self.user_namespace_only = true;
         self
     }
 }
@@ -166,9 +165,9 @@ pub enum RunError {
     /// The command text cannot be passed to a process (it contains a NUL byte).
     #[error("the command contains a NUL byte, which no process argument can hold")]
     InvalidCommand,
-    /// A new network namespace could not be created; the text says what was tried.
-    #[error("network isolation is not available on this machine: {0}")]
-    NetworkIsolationUnavailable(String),
+    /// The confinement could not be set up; the text says which step failed and why.
+    #[error("the command could not be confined: {0}")]
+    Confinement(String),
     /// Spawning or waiting for the shell failed.
     #[error("{action}: {source}")]
     Io {
@@ -190,25 +189,42 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
         .arg("-c")
         .arg(&options.command)
         .current_dir(&options.cwd)
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    for (key, value) in &options.env {
-        command.env(key, value);
-    }
-    if options.isolate_network {
-        let plan = netns::Plan::new(!options.user_namespace_only);
-        // SAFETY: `Plan::enter` only makes async-signal-safe system calls (unshare, open,
-        // write, close) on data prepared before the fork, and allocates nothing.
-        unsafe {
-            command.pre_exec(move || plan.enter());
+    // The daemon's end of the socket whose other end is the monitor's fd 0: closing it (by
+    // dropping it, or by dying) ends the command's namespace; the init reports the
+    // command's status on it.
+    let mut status_socket: Option<UnixStream> = None;
+    match options.confinement {
+        Some(prepared) => {
+            let (daemon_end, launcher_end) = UnixStream::pair().map_err(|source| RunError::Io {
+                action: "creating the launcher's socket",
+                source,
+            })?;
+            command
+                .env_clear()
+                .envs(prepared.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::from(OwnedFd::from(launcher_end)));
+            let plan = Arc::new(prepared.plan);
+            // SAFETY: `child::enter` only makes system calls on data prepared before the
+            // fork (the plan), and allocates nothing.
+            unsafe {
+                command.pre_exec(move || child::enter(&plan));
+            }
+            status_socket = Some(daemon_end);
+        }
+        None => {
+            command.stdin(Stdio::null()).process_group(0);
+            for (key, value) in &options.env {
+                command.env(key, value);
+            }
         }
     }
-    let mut child = command
-        .spawn()
-        .map_err(|e| classify_spawn_error(e, options.isolate_network))?;
+    let spawned = command.spawn();
+    // The command holds our copy of the launcher's end; it must not outlive the spawn.
+    drop(command);
+    let mut child = spawned.map_err(classify_spawn_error)?;
     let mut guard = GroupGuard {
         pgid: child.id().and_then(|id| libc::pid_t::try_from(id).ok()),
     };
@@ -260,6 +276,11 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
         };
         // The leader is reaped, so its pid may be reused: the guard must not fire later.
         guard.disarm();
+        // A confined command's own status comes from its init; the leader is the monitor.
+        let status = match (&mut status_socket, status) {
+            (Some(socket), Some(_)) if !timed_out => reported_status(socket).or(status),
+            (_, status) => status,
+        };
         if !io_done {
             let _ = tokio::time::timeout(DRAIN_TIMEOUT, &mut io).await;
         }
@@ -273,6 +294,18 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
         stdout: StreamCapture::from_buffer(&stdout_buf, cap),
         stderr: StreamCapture::from_buffer(&stderr_buf, cap),
     })
+}
+
+/// The command's wait status as its init reported it, if it did.
+fn reported_status(socket: &mut UnixStream) -> Option<std::process::ExitStatus> {
+    socket.set_nonblocking(true).ok()?;
+    let mut record = [0u8; STATUS_RECORD_LEN];
+    socket.read_exact(&mut record).ok()?;
+    if record[0] != b'S' {
+        return None;
+    }
+    let raw = i32::from_le_bytes([record[4], record[5], record[6], record[7]]);
+    Some(std::process::ExitStatus::from_raw(raw))
 }
 
 /// Reads `reader` to its end into `buffer`; a read error ends the stream (what was read
@@ -328,123 +361,13 @@ impl Drop for GroupGuard {
     }
 }
 
-fn classify_spawn_error(err: io::Error, isolating: bool) -> RunError {
-    if isolating && let Some(detail) = err.raw_os_error().and_then(netns::describe_failure) {
-        return RunError::NetworkIsolationUnavailable(detail);
+fn classify_spawn_error(err: io::Error) -> RunError {
+    if let Some(detail) = err.raw_os_error().and_then(child::describe) {
+        return RunError::Confinement(detail);
     }
     RunError::Io {
         action: "starting /bin/sh",
         source: err,
-    }
-}
-
-/// Entering a new network namespace between fork and exec.
-///
-/// A failure inside the child reaches the parent only as the errno of `spawn`'s error, so
-/// the errors of both attempts are packed into one tagged code that no real errno can equal;
-/// the parent unpacks it into a message that says what was tried.
-mod netns {
-    use std::ffi::CStr;
-    use std::io;
-
-    /// High bits that mark an errno as "network isolation failed" (no errno is this large).
-    const TAG: i32 = 0x4E00_0000;
-    const TAG_MASK: i32 = 0x7F00_0000;
-
-    /// What the child does, prepared before the fork so the child allocates nothing.
-    #[derive(Debug)]
-    pub(super) struct Plan {
-        try_plain: bool,
-        uid_map: Vec<u8>,
-        gid_map: Vec<u8>,
-    }
-
-    impl Plan {
-        pub(super) fn new(try_plain: bool) -> Self {
-            // SAFETY: getuid/getgid cannot fail and touch no memory.
-            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-            Self {
-                try_plain,
-                uid_map: format!("{uid} {uid} 1\n").into_bytes(),
-                gid_map: format!("{gid} {gid} 1\n").into_bytes(),
-            }
-        }
-
-        /// Runs in the forked child: `unshare(CLONE_NEWNET)`, and when that is not permitted
-        /// (no CAP_SYS_ADMIN), a new user namespace together with the network namespace.
-        pub(super) fn enter(&self) -> io::Result<()> {
-            let mut first = 0;
-            if self.try_plain {
-                // SAFETY: unshare only changes this (single-threaded, forked) process.
-                if unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0 {
-                    return Ok(());
-                }
-                first = errno();
-                if first != libc::EPERM {
-                    return Err(io::Error::from_raw_os_error(pack(first, 0)));
-                }
-            }
-            // SAFETY: as above; CLONE_NEWUSER needs a single-threaded caller, which a forked
-            // child is.
-            if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::from_raw_os_error(pack(first, errno())));
-            }
-            // Map our own ids so files and `id` look as outside. Best effort: the network is
-            // isolated either way, and an unmapped user can still use its own files.
-            write_proc(c"/proc/self/setgroups", b"deny");
-            write_proc(c"/proc/self/uid_map", &self.uid_map);
-            write_proc(c"/proc/self/gid_map", &self.gid_map);
-            Ok(())
-        }
-    }
-
-    fn errno() -> i32 {
-        io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EINVAL)
-    }
-
-    fn write_proc(path: &CStr, content: &[u8]) {
-        // SAFETY: plain syscalls on a NUL-terminated path and a live buffer.
-        unsafe {
-            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd >= 0 {
-                libc::write(fd, content.as_ptr().cast(), content.len());
-                libc::close(fd);
-            }
-        }
-    }
-
-    /// Packs the errno of the plain attempt (0 when skipped) and of the user-namespace
-    /// attempt (0 when not tried) under the tag.
-    pub(super) fn pack(plain: i32, with_user: i32) -> i32 {
-        TAG | ((plain & 0xFF) << 8) | (with_user & 0xFF)
-    }
-
-    /// The message for a packed code, or `None` when `code` is an ordinary errno.
-    pub(super) fn describe_failure(code: i32) -> Option<String> {
-        if code & TAG_MASK != TAG {
-            return None;
-        }
-        let plain = (code >> 8) & 0xFF;
-        let with_user = code & 0xFF;
-        let mut parts = Vec::new();
-        if plain != 0 {
-            parts.push(format!(
-                "unshare(CLONE_NEWNET) failed: {}",
-                io::Error::from_raw_os_error(plain)
-            ));
-        }
-        if with_user != 0 {
-            parts.push(format!(
-                "unshare(CLONE_NEWUSER | CLONE_NEWNET) failed: {}",
-                io::Error::from_raw_os_error(with_user)
-            ));
-        }
-        if parts.is_empty() {
-            parts.push("creating a network namespace failed".to_string());
-        }
-        Some(parts.join("; "))
     }
 }
 
@@ -670,76 +593,187 @@ mod tests {
             .into_owned()
     }
 
+    /// A confined command in `worktree` (default settings), with its temp dir in `tmp`.
+    fn confined(command: &str, worktree: &Path, tmp: &Path, no_network: bool) -> RunOptions {
+        static SETTINGS: std::sync::OnceLock<crate::confine::SandboxSettings> =
+            std::sync::OnceLock::new();
+        let settings = SETTINGS.get_or_init(Default::default);
+        let prepared = crate::confine::prepare(&crate::confine::CommandPolicy {
+            settings,
+            worktree,
+            temp_dir: tmp,
+            no_network,
+            launcher_env: vec![("TMPDIR".into(), tmp.into())],
+        })
+        .unwrap();
+        opts(command, worktree).confined(prepared)
+    }
+
+    fn full_protections() -> bool {
+        let p = crate::confine::protections();
+        let full = p.missing().is_empty();
+        if !full {
+            eprintln!("branch: this machine lacks protections: {:?}", p.missing());
+        }
+        full
+    }
+
+    /// Host pids of processes whose command line holds `marker`.
+    fn pids_with(marker: &str) -> Vec<i32> {
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(marker) && !pid_is_gone(pid) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    async fn none_left_with(marker: &str) -> bool {
+        for _ in 0..100 {
+            if pids_with(marker).is_empty() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     #[tokio::test]
-    async fn isolated_command_gets_its_own_network_namespace() {
-        let dir = tempfile::tempdir().unwrap();
-        let result = run(
-            opts("readlink /proc/self/ns/net; cat /proc/net/dev", dir.path()).isolate_network(true),
-        )
-        .await;
-        match result {
-            Ok(out) => {
-                eprintln!("branch: isolation available");
-                assert!(out.success(), "{out:?}");
-                let mut lines = out.stdout.text.lines();
-                assert_ne!(lines.next().unwrap(), own_netns());
-                let ifaces: Vec<&str> = lines
-                    .skip(2)
-                    .filter_map(|l| l.split(':').next())
-                    .map(str::trim)
-                    .collect();
-                assert_eq!(ifaces, ["lo"]);
-            }
-            Err(RunError::NetworkIsolationUnavailable(detail)) => {
-                eprintln!("branch: isolation unavailable: {detail}");
-                assert!(detail.contains("unshare("), "{detail}");
-            }
-            Err(other) => panic!("unexpected error: {other}"),
+    async fn confined_status_and_output_are_the_commands_own() {
+        if !full_protections() {
+            return;
+        }
+        let wt = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let out = run(confined(
+            "echo out; echo err >&2; exit 3",
+            wt.path(),
+            tmp.path(),
+            false,
+        ))
+        .await
+        .unwrap();
+        assert_eq!((out.exit_code, out.signal), (Some(3), None));
+        assert_eq!(out.stdout.text, "out\n");
+        assert_eq!(out.stderr.text, "err\n");
+        let out = run(confined("kill -TERM $$", wt.path(), tmp.path(), false))
+            .await
+            .unwrap();
+        assert_eq!((out.exit_code, out.signal), (None, Some(libc::SIGTERM)));
+        let out = run(confined("cat; echo eof", wt.path(), tmp.path(), false))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout.text, "eof\n", "stdin must be empty");
+    }
+
+    #[tokio::test]
+    async fn confined_escapees_die_with_the_command_and_with_its_timeout() {
+        if !full_protections() {
+            return;
+        }
+        let wt = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        for (i, timeout) in [(1, false), (2, true)] {
+            let marker = format!("{}.{i}31", std::process::id());
+            let escape = format!(
+                "setsid sleep {marker} & \
+                 (sleep {marker} &) ; \
+                 perl -e 'setpgrp(0,0); exec \"sleep\", \"{marker}\"' & \
+                 sleep 0.3; echo started{}",
+                if timeout { "; sleep 60" } else { "" }
+            );
+            let options = confined(&escape, wt.path(), tmp.path(), false)
+                .timeout(Duration::from_millis(if timeout { 1500 } else { 20_000 }));
+            let out = run(options).await.unwrap();
+            assert_eq!(out.timed_out, timeout);
+            assert_eq!(out.stdout.text, "started\n", "{out:?}");
+            assert!(
+                none_left_with(&marker).await,
+                "survivors: {:?}",
+                pids_with(&marker)
+            );
         }
     }
 
     #[tokio::test]
-    async fn user_namespace_route_isolates_and_keeps_our_ids() {
-        let dir = tempfile::tempdir().unwrap();
-        let result = run(opts(
-            "readlink /proc/self/ns/net; id -u; echo x > f; stat -c %u f",
-            dir.path(),
-        )
-        .via_user_namespace())
-        .await;
-        match result {
-            Ok(out) => {
-                eprintln!("branch: user namespaces available");
-                assert!(out.success(), "{out:?}");
-                let lines: Vec<&str> = out.stdout.text.lines().collect();
-                let uid = unsafe { libc::getuid() }.to_string();
-                assert_ne!(lines[0], own_netns());
-                assert_eq!(lines[1..], [uid.as_str(), uid.as_str()]);
-                let meta = std::fs::metadata(dir.path().join("f")).unwrap();
-                assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta).to_string(), uid);
-            }
-            Err(RunError::NetworkIsolationUnavailable(detail)) => {
-                eprintln!("branch: user namespaces unavailable: {detail}");
-                assert!(detail.contains("CLONE_NEWUSER"), "{detail}");
-            }
-            Err(other) => panic!("unexpected error: {other}"),
+    async fn confined_writes_stay_in_the_worktree_and_temp_dir() {
+        if !full_protections() {
+            return;
         }
-    }
-
-    #[test]
-    fn packed_failures_describe_both_attempts_and_plain_errnos_pass_through() {
-        let both = netns::describe_failure(netns::pack(libc::EPERM, libc::ENOSPC)).unwrap();
-        assert!(both.starts_with("unshare(CLONE_NEWNET) failed: Operation not permitted"));
-        assert!(both.contains("unshare(CLONE_NEWUSER | CLONE_NEWNET) failed: No space left"));
-        let first = netns::describe_failure(netns::pack(libc::EINVAL, 0)).unwrap();
-        assert!(!first.contains("CLONE_NEWUSER"), "{first}");
-        assert_eq!(netns::describe_failure(libc::ENOENT), None);
-        let err = classify_spawn_error(
-            io::Error::from_raw_os_error(netns::pack(libc::EPERM, libc::EPERM)),
-            true,
+        let wt = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(wt.path().join(".git")).unwrap();
+        let command = format!(
+            "echo a > inside && echo b > \"$TMPDIR/t\" && echo ok; \
+             echo c > {o}/outside || echo refused-outside; \
+             echo d > .git/config || echo refused-git; \
+             echo e > /dev/null && echo devnull-ok",
+            o = outside.path().display()
         );
-        assert!(matches!(err, RunError::NetworkIsolationUnavailable(_)));
-        let err = classify_spawn_error(io::Error::from_raw_os_error(libc::ENOENT), true);
-        assert!(matches!(err, RunError::Io { .. }));
+        let out = run(confined(&command, wt.path(), tmp.path(), false))
+            .await
+            .unwrap();
+        assert_eq!(
+            out.stdout.text, "ok\nrefused-outside\nrefused-git\ndevnull-ok\n",
+            "{out:?}"
+        );
+        assert!(!outside.path().join("outside").exists());
+        assert!(!wt.path().join(".git/config").exists());
+        assert!(tmp.path().join("t").exists());
+    }
+
+    #[tokio::test]
+    async fn confined_commands_have_no_privileges_and_see_only_their_processes() {
+        if !full_protections() {
+            return;
+        }
+        let wt = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let daemon = std::process::id();
+        let command = format!(
+            "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; \
+             cat /proc/{daemon}/environ >/dev/null 2>&1 && echo environ-readable; \
+             ls /proc | grep -c '^[0-9]'; \
+             unshare -n true 2>/dev/null && echo unshared"
+        );
+        let out = run(confined(&command, wt.path(), tmp.path(), false))
+            .await
+            .unwrap();
+        let text = out.stdout.text;
+        assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+        assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
+        assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+        assert!(text.contains("Seccomp:\t2"), "{text}");
+        assert!(!text.contains("environ-readable"), "{text}");
+        assert!(!text.contains("unshared"), "{text}");
+        let count: usize = text.lines().last().unwrap().trim().parse().unwrap();
+        assert!(count < 10, "the command sees {count} processes: {text}");
+    }
+
+    #[tokio::test]
+    async fn no_net_commands_get_an_empty_network_namespace() {
+        if !full_protections() {
+            return;
+        }
+        let wt = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let out = run(confined(
+            "readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1",
+            wt.path(),
+            tmp.path(),
+            true,
+        ))
+        .await
+        .unwrap();
+        assert!(out.success(), "{out:?}");
+        let lines: Vec<&str> = out.stdout.text.lines().map(str::trim).collect();
+        assert_ne!(lines[0], own_netns());
+        assert_eq!(lines[1..], ["lo"]);
     }
 }

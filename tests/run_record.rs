@@ -24,6 +24,7 @@ fn meta(loops: &[(&str, &str)]) -> RunMeta {
             .iter()
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect(),
+        sandbox: None,
     }
 }
 

@@ -16,6 +16,7 @@ use taskdaemon::actors::coordinator::CoordinatorLimits;
 use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
 use taskdaemon::actors::loop_actor::LoopSpec;
 use taskdaemon::catalog::{Lane, default_tool_set};
+use taskdaemon::confine::SandboxSettings;
 use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::engine::transcript::{MemoryTranscripts, TranscriptEntry};
 use taskdaemon::engine::{EngineConfig, LoopEnd, prompt};
@@ -119,6 +120,12 @@ impl Run {
             .rt
             .context(&wt, name)
             .unwrap()
+            // The scenarios' loops signal each other through flag files beside their
+            // worktrees (`../b-waiting.flag`), so their commands may write in the run root.
+            .with_sandbox_settings(Arc::new(SandboxSettings {
+                writable: vec![self.root.clone()],
+                ..SandboxSettings::default()
+            }))
             .with_commands(LoopCommands {
                 validate: opts.validate.map(str::to_string),
                 ..LoopCommands::default()

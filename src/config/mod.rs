@@ -77,6 +77,9 @@ pub struct Config {
     /// The loops of the run.
     #[serde(default)]
     pub loops: Vec<LoopDef>,
+    /// How commands are confined (see `crate::confine`).
+    #[serde(default)]
+    pub sandbox: crate::confine::SandboxSettings,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -186,11 +189,42 @@ impl Config {
         if let Err(mut p) = loops::check(&self.loops, &types) {
             problems.append(&mut p);
         }
+        problems.extend(self.sandbox_problems());
         if problems.is_empty() {
             Ok(())
         } else {
             Err(problems)
         }
+    }
+
+    /// Problems of `sandbox.env`: names and values a process environment cannot hold.
+    fn sandbox_problems(&self) -> Vec<Problem> {
+        let env = &self.sandbox.env;
+        let bad_name = |n: &str| n.is_empty() || n.contains('=') || n.contains('\0');
+        let mut problems = Vec::new();
+        for (list, key) in [(&env.pass, "pass"), (&env.secret, "secret")] {
+            for name in list.iter().filter(|n| bad_name(n)) {
+                problems.push(Problem::new(
+                    format!("sandbox.env.{key}"),
+                    format!("sandbox.env.{key}: {name:?} is not an environment variable name (no '=', no NUL, not empty)"),
+                ));
+            }
+        }
+        for (name, value) in &env.set {
+            if bad_name(name) || value.contains('\0') {
+                problems.push(Problem::new(
+                    "sandbox.env.set",
+                    format!("sandbox.env.set: {name:?} must be a variable name without '=' or NUL, and its value must not hold a NUL byte"),
+                ));
+            }
+        }
+        problems
+    }
+
+    /// The sandbox settings with their paths made absolute against `base_dir` (the config
+    /// file's directory).
+    pub fn sandbox_settings(&self, base_dir: &Path) -> crate::confine::SandboxSettings {
+        self.sandbox.clone().resolved(base_dir)
     }
 
     /// Every loop type, resolved.

@@ -160,6 +160,17 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     })?;
     let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
     let catalog = Arc::new(config.catalog()?);
+    let sandbox = Arc::new(config.sandbox_settings(&base_dir));
+    crate::secrets::register_environment(&sandbox.env.secret);
+    let sandbox_report = crate::confine::SandboxReport::of(&sandbox);
+    sandbox_report.check_required().map_err(|e| e.to_string())?;
+    if !sandbox_report.missing.is_empty() {
+        // Said once, before anything runs: the run goes on with less confinement.
+        eprintln!(
+            "taskdaemon: warning: commands run with less confinement than planned on this machine:\n  - {}\n  (sandbox: required refuses to run instead)",
+            sandbox_report.missing.join("\n  - ")
+        );
+    }
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
     let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
@@ -240,6 +251,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                     .iter()
                     .map(|l| (l.name.clone(), l.loop_type.clone()))
                     .collect(),
+                sandbox: Some(sandbox_report.clone()),
             },
         )?,
     };
@@ -350,6 +362,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 &rt,
                 &llm,
                 &catalog,
+                &sandbox,
                 &events,
                 &progress,
                 &record,
@@ -590,6 +603,7 @@ async fn start_loop(
     rt: &Runtime,
     llm: &Arc<dyn crate::llm::LlmClient>,
     catalog: &Arc<crate::catalog::Catalog>,
+    sandbox: &Arc<crate::confine::SandboxSettings>,
     events: &Arc<EventLog>,
     progress: &Arc<Progress>,
     record: &Arc<RunRecord>,
@@ -644,6 +658,7 @@ async fn start_loop(
         .context(&place.dir, &def.name)
         .map_err(|e| e.to_string())?
         .with_catalog(catalog.clone())
+        .with_sandbox_settings(sandbox.clone())
         .with_commands(LoopCommands {
             build: loop_type.build.clone(),
             test: loop_type.test.clone(),

@@ -265,6 +265,9 @@ pub struct RunSummary {
     pub status: RunStatus,
     /// Every loop, by name.
     pub loops: BTreeMap<String, LoopSummary>,
+    /// How the run's commands are confined, and what this machine lacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<crate::confine::SandboxReport>,
 }
 
 impl RunSummary {
@@ -289,6 +292,8 @@ pub struct RunMeta {
     pub config: Option<String>,
     /// Loops known at the start, `(name, loop type)`; each is recorded as pending.
     pub loops: Vec<(String, String)>,
+    /// How commands are confined.
+    pub sandbox: Option<crate::confine::SandboxReport>,
 }
 
 /// A run being recorded. Cheap to clone: clones share the same files.
@@ -337,6 +342,7 @@ impl RunRecord {
             run_id: run_id.to_string(),
             config: meta.config,
             started_at: now_rfc3339(),
+            sandbox: meta.sandbox,
             ..RunSummary::default()
         };
         for (name, loop_type) in &meta.loops {

@@ -123,6 +123,11 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
     if let Some(config) = &summary.config {
         let _ = writeln!(out, "config {config}");
     }
+    if let Some(sandbox) = &summary.sandbox {
+        for gap in &sandbox.missing {
+            let _ = writeln!(out, "sandbox missing {gap}");
+        }
+    }
     out.push('\n');
     if summary.loops.is_empty() {
         out.push_str("no loops recorded yet\n");

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::confine::{self, CommandPolicy, ConfineError};
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult};
 use crate::process::{RunError, RunOptions, RunOutput, StreamCapture};
@@ -239,23 +240,50 @@ pub(crate) async fn run_in_worktree(
     timeout_ms: u64,
     isolate_network: bool,
 ) -> ToolResult<RunOutput> {
+    let temp_dir = ctx.command_temp_dir().map_err(|e| {
+        ToolError::failed(
+            "making the loop's temp dir",
+            e,
+            "The system temp directory must be writable by taskdaemon; free space or fix its permissions, then try again.",
+        )
+    })?;
+    let launcher_env = vec![
+        ("TASKDAEMON_WORKTREE".into(), ctx.root().into()),
+        ("TASKDAEMON_EXEC_ID".into(), ctx.exec_id().into()),
+        // No terminal is attached: a credential prompt would only wait for the timeout.
+        ("GIT_TERMINAL_PROMPT".into(), "0".into()),
+        ("TMPDIR".into(), temp_dir.clone().into()),
+    ];
+    let prepared = confine::prepare(&CommandPolicy {
+        settings: ctx.sandbox_settings(),
+        worktree: ctx.root(),
+        temp_dir: &temp_dir,
+        no_network: isolate_network,
+        launcher_env,
+    })
+    .map_err(|e| match e {
+        ConfineError::NoNetworkIsolation => ToolError::Unavailable {
+            message: format!(
+                "{e}; {tool} cannot run here. Use run_command if network access is acceptable."
+            ),
+        },
+        other => ToolError::Unavailable {
+            message: other.to_string(),
+        },
+    })?;
     let options = RunOptions::new(command, cwd)
         .timeout(Duration::from_millis(timeout_ms))
         .max_bytes_per_stream(stream_cap(ctx.spec(tool).max_output_bytes))
-        .isolate_network(isolate_network)
-        .env("TASKDAEMON_WORKTREE", ctx.root())
-        .env("TASKDAEMON_EXEC_ID", ctx.exec_id())
-        // No terminal is attached: a credential prompt would only wait for the timeout.
-        .env("GIT_TERMINAL_PROMPT", "0");
+        .confined(prepared);
     crate::process::run(options).await.map_err(|e| match e {
         RunError::InvalidCommand => ToolError::invalid(
             tool,
             "/command",
             "the command contains a NUL byte; remove it",
         ),
-        RunError::NetworkIsolationUnavailable(detail) => ToolError::Unavailable {
+        RunError::Confinement(detail) => ToolError::Unavailable {
             message: format!(
-                "network isolation is not available on this machine: {detail}; use run_command if network access is acceptable"
+                "the command could not be confined, so it was not run: {detail}. The sandbox settings (sandbox: in taskdaemon.yml) or the machine must change; tell the user."
             ),
         },
         RunError::Io { action, source } => ToolError::failed(

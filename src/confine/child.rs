@@ -1,0 +1,541 @@
+//! What happens between fork and exec of a confined command.
+//!
+//! The process tree of one command:
+//!
+//! ```text
+//! daemon ──(socket on fd 0)── monitor      outside: waits for the init below; kills it when
+//!                               │           the daemon's end of the socket closes
+//!                               └── init   PID 1 of a new PID (+ mount, + network) namespace:
+//!                                     │    mounts a fresh /proc, makes protected paths
+//!                                     │    read-only, reaps orphans, reports the command's
+//!                                     │    status on fd 0 and exits — and when PID 1 exits the
+//!                                     │    kernel kills every process left in the namespace
+//!                                     └── command (/bin/sh -c ...) without capabilities,
+//!                                          with no_new_privs, Landlock and seccomp
+//! ```
+//!
+//! Nothing survives: a process that calls `setsid`, double-forks or changes its process
+//! group stays in the PID namespace, and the namespace dies with its init. The init dies
+//! when the command exits, when the daemon kills the process group (timeout, cancel), when
+//! the monitor dies (parent-death signal), and when the daemon dies, even by SIGKILL (the
+//! kernel closes the daemon's end of the socket; the monitor sees EOF and kills the init).
+//! A parent-death signal on the monitor itself would not do: it fires when the *thread*
+//! that forked exits, and the daemon forks from pool threads.
+//!
+//! The daemon is multi-threaded, so the forked processes may only make system calls: no
+//! allocation, no locks. Everything they need (paths as C strings, the Landlock ruleset,
+//! the seccomp programs, id maps) is prepared in [`ChildPlan`] before the fork. Errors are
+//! returned from `pre_exec` as a tagged errno that names the stage (see [`describe`]); the
+//! standard library passes it to the parent, so a failed setup is a spawn error that says
+//! what failed.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::seccomp::Filters;
+
+/// Size of the status record init writes on fd 0: `b'S'`, three zero bytes, the command's
+/// raw wait status (little endian).
+pub const STATUS_RECORD_LEN: usize = 8;
+
+/// High bits that mark an errno as "confinement failed at stage N" (no errno is this large).
+const TAG: i32 = 0x4C00_0000;
+const TAG_MASK: i32 = 0x7F00_0000;
+
+/// The setup steps, in order; a failure reports its stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stage {
+    /// `setsid`: a session of its own, without the daemon's terminal.
+    NewSession = 1,
+    /// `unshare` of the PID, mount and network namespaces.
+    Namespaces = 2,
+    /// Forking the namespace's init.
+    ForkInit = 3,
+    /// Making mounts private to the namespace.
+    PrivateMounts = 4,
+    /// Mounting a /proc of the new PID namespace.
+    MountProc = 5,
+    /// Making the protected paths read-only.
+    ReadOnlyPaths = 6,
+    /// Hiding the configured files.
+    HidePaths = 7,
+    /// A private /dev/shm.
+    PrivateShm = 8,
+    /// Forking the command.
+    ForkCommand = 9,
+    /// stdin from /dev/null.
+    Stdin = 10,
+    /// Dropping capabilities.
+    Capabilities = 11,
+    /// `PR_SET_NO_NEW_PRIVS`.
+    NoNewPrivs = 12,
+    /// `landlock_restrict_self`.
+    Landlock = 13,
+    /// Installing the seccomp filters.
+    Seccomp = 14,
+}
+
+impl Stage {
+    fn from_code(code: i32) -> Option<Stage> {
+        use Stage::*;
+        [
+            NewSession,
+            Namespaces,
+            ForkInit,
+            PrivateMounts,
+            MountProc,
+            ReadOnlyPaths,
+            HidePaths,
+            PrivateShm,
+            ForkCommand,
+            Stdin,
+            Capabilities,
+            NoNewPrivs,
+            Landlock,
+            Seccomp,
+        ]
+        .into_iter()
+        .find(|s| *s as i32 == code)
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Stage::NewSession => "starting a new session (setsid)",
+            Stage::Namespaces => "creating the command's PID, mount and network namespaces",
+            Stage::ForkInit => "starting the namespace's init process",
+            Stage::PrivateMounts => "making the command's mounts private",
+            Stage::MountProc => "mounting /proc for the command's PID namespace",
+            Stage::ReadOnlyPaths => "making protected paths (.git, .taskdaemon) read-only",
+            Stage::HidePaths => "hiding the paths listed in sandbox.hide",
+            Stage::PrivateShm => "mounting a private /dev/shm",
+            Stage::ForkCommand => "starting the command",
+            Stage::Stdin => "connecting stdin to /dev/null",
+            Stage::Capabilities => "dropping capabilities",
+            Stage::NoNewPrivs => "setting no_new_privs",
+            Stage::Landlock => "applying the Landlock rules",
+            Stage::Seccomp => "installing the seccomp filter",
+        }
+    }
+}
+
+/// Everything the forked processes need, made before the fork.
+#[derive(Debug)]
+pub struct ChildPlan {
+    /// `CLONE_NEW*` flags for `unshare`; 0 runs the command directly, without monitor and
+    /// init (the kernel has no namespaces for us).
+    pub namespaces: libc::c_int,
+    /// The namespaces include a user namespace: write the id maps.
+    pub user_namespace: bool,
+    /// `"<uid> <uid> 1\n"`.
+    pub uid_map: Vec<u8>,
+    /// `"<gid> <gid> 1\n"`.
+    pub gid_map: Vec<u8>,
+    /// Paths bound read-only over themselves (each exists when the plan is made).
+    pub read_only: Vec<CString>,
+    /// Files that read as empty (`/dev/null` bound over them).
+    pub hidden_files: Vec<CString>,
+    /// Directories that read as empty (an empty read-only tmpfs over them).
+    pub hidden_dirs: Vec<CString>,
+    /// Mount a private tmpfs on /dev/shm.
+    pub private_shm: bool,
+    /// The Landlock ruleset, when the kernel has Landlock.
+    pub landlock: Option<OwnedFd>,
+    /// The seccomp programs.
+    pub seccomp: Option<Filters>,
+}
+
+/// Runs in the forked child (see the module docs). Returns `Ok` only in the process that
+/// goes on to exec the command; the monitor and the init never return.
+///
+/// # Safety
+/// Must be called between fork and exec of a (possibly multi-threaded) parent: it only makes
+/// system calls on data prepared in `plan`.
+pub unsafe fn enter(plan: &ChildPlan) -> io::Result<()> {
+    // SAFETY (for the whole function): only system calls on memory owned by `plan` or the
+    // stack; no allocation, no locks.
+    unsafe {
+        check(libc::setsid(), Stage::NewSession)?;
+        if plan.namespaces != 0 {
+            check(libc::unshare(plan.namespaces), Stage::Namespaces)?;
+            if plan.user_namespace {
+                write_file(c"/proc/self/setgroups", b"deny");
+                write_file(c"/proc/self/uid_map", &plan.uid_map);
+                write_file(c"/proc/self/gid_map", &plan.gid_map);
+            }
+            let init = check(libc::fork(), Stage::ForkInit)?;
+            if init > 0 {
+                monitor(init);
+            }
+            // The init: PID 1 of the new namespace.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            set_up_mounts(plan)?;
+            let command = check(libc::fork(), Stage::ForkCommand)?;
+            if command > 0 {
+                reap(command);
+            }
+        }
+        confine_self(plan)
+    }
+}
+
+/// Mount-namespace work of the init.
+unsafe fn set_up_mounts(plan: &ChildPlan) -> io::Result<()> {
+    unsafe {
+        if plan.namespaces & libc::CLONE_NEWNS == 0 {
+            return Ok(());
+        }
+        // Nothing mounted here may show up outside.
+        check(
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ),
+            Stage::PrivateMounts,
+        )?;
+        if plan.namespaces & libc::CLONE_NEWPID != 0 {
+            // A /proc of this PID namespace: the daemon and other loops' processes are not
+            // in it, so their environ, memory and fds cannot even be named.
+            check(
+                libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    std::ptr::null(),
+                ),
+                Stage::MountProc,
+            )?;
+        }
+        for path in &plan.read_only {
+            bind_read_only(path.as_ptr(), path.as_ptr(), Stage::ReadOnlyPaths)?;
+        }
+        for path in &plan.hidden_files {
+            bind_read_only(c"/dev/null".as_ptr(), path.as_ptr(), Stage::HidePaths)?;
+        }
+        for path in &plan.hidden_dirs {
+            check(
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    path.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,mode=0555".as_ptr().cast(),
+                ),
+                Stage::HidePaths,
+            )?;
+        }
+        if plan.private_shm {
+            check(
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    c"/dev/shm".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    c"size=256m,mode=1777".as_ptr().cast(),
+                ),
+                Stage::PrivateShm,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+unsafe fn bind_read_only(
+    source: *const libc::c_char,
+    target: *const libc::c_char,
+    stage: Stage,
+) -> io::Result<()> {
+    unsafe {
+        check(
+            libc::mount(
+                source,
+                target,
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ),
+            stage,
+        )?;
+        check(
+            libc::mount(
+                std::ptr::null(),
+                target,
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID,
+                std::ptr::null(),
+            ),
+            stage,
+        )?;
+        Ok(())
+    }
+}
+
+/// The command's own restrictions, applied last, in the process that execs.
+unsafe fn confine_self(plan: &ChildPlan) -> io::Result<()> {
+    unsafe {
+        // fd 0 was the socket to the daemon; the command reads nothing.
+        let null = check(
+            libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC),
+            Stage::Stdin,
+        )?;
+        check(libc::dup2(null, 0), Stage::Stdin)?;
+        libc::close(null);
+        drop_capabilities()?;
+        check(
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+            Stage::NoNewPrivs,
+        )?;
+        if let Some(ruleset) = &plan.landlock {
+            check(
+                libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0) as i32,
+                Stage::Landlock,
+            )?;
+        }
+        if let Some(filters) = &plan.seccomp {
+            install_filter(&filters.refuse)?;
+            install_filter(&filters.no_clone3)?;
+        }
+        Ok(())
+    }
+}
+
+/// No capabilities now, none regained by executing anything (root included), none inherited.
+unsafe fn drop_capabilities() -> io::Result<()> {
+    unsafe {
+        // Root must not regain capabilities at exec. Needs CAP_SETPCAP; without it the
+        // process has no capabilities to regain in the first place.
+        libc::prctl(
+            libc::PR_SET_SECUREBITS,
+            (libc::SECBIT_NOROOT
+                | libc::SECBIT_NOROOT_LOCKED
+                | libc::SECBIT_NO_SETUID_FIXUP
+                | libc::SECBIT_NO_SETUID_FIXUP_LOCKED
+                | libc::SECBIT_KEEP_CAPS_LOCKED
+                | libc::SECBIT_NO_CAP_AMBIENT_RAISE
+                | libc::SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED) as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        for cap in 0..64 {
+            // EINVAL past the kernel's last capability; EPERM without CAP_SETPCAP, which
+            // means the bounding set can't matter (no capability to regain from it).
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        let mut header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData::default(); 2];
+        check(
+            libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) as i32,
+            Stage::Capabilities,
+        )?;
+        Ok(())
+    }
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+unsafe fn install_filter(program: &[seccompiler::sock_filter]) -> io::Result<()> {
+    let Ok(len) = u16::try_from(program.len()) else {
+        return Err(tagged(Stage::Seccomp, libc::E2BIG));
+    };
+    let prog = libc::sock_fprog {
+        len,
+        // seccompiler's sock_filter is the kernel's struct (code, jt, jf, k), laid out as C.
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    unsafe {
+        check(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+                0,
+                0,
+            ),
+            Stage::Seccomp,
+        )?;
+    }
+    Ok(())
+}
+
+/// The monitor: keeps fd 0 (the socket to the daemon) and waits until the init exits or
+/// the daemon goes away; in the second case it kills the init (and with it the namespace).
+unsafe fn monitor(init: libc::pid_t) -> ! {
+    unsafe {
+        close_all_but_stdin();
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, init, 0) as libc::c_int;
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: 0,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: pidfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // Without pidfds (kernels before 5.3), look at the init ten times a second.
+            let (count, timeout) = if pidfd >= 0 { (2, -1) } else { (1, 100) };
+            libc::poll(fds.as_mut_ptr(), count, timeout);
+            if fds[0].revents != 0 {
+                let mut byte = 0u8;
+                let n = libc::read(0, (&mut byte as *mut u8).cast(), 1);
+                let interrupted = n < 0 && {
+                    let e = *libc::__errno_location();
+                    e == libc::EINTR || e == libc::EAGAIN
+                };
+                if n <= 0 && !interrupted {
+                    // The daemon is gone (or gave up on the command): end the namespace.
+                    libc::kill(init, libc::SIGKILL);
+                    let mut status = 0;
+                    libc::waitpid(init, &mut status, 0);
+                    libc::_exit(0);
+                }
+            }
+            let mut status = 0;
+            if libc::waitpid(init, &mut status, libc::WNOHANG) == init {
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+/// The init: reaps every process of the namespace until the command exits, then reports
+/// the command's status on fd 0 and exits, which ends the namespace.
+unsafe fn reap(command: libc::pid_t) -> ! {
+    unsafe {
+        close_all_but_stdin();
+        loop {
+            let mut status = 0;
+            let pid = libc::waitpid(-1, &mut status, 0);
+            if pid == command {
+                let mut record = [0u8; STATUS_RECORD_LEN];
+                record[0] = b'S';
+                record[4..].copy_from_slice(&status.to_le_bytes());
+                libc::write(0, record.as_ptr().cast(), record.len());
+                libc::_exit(0);
+            }
+            if pid < 0 && *libc::__errno_location() == libc::ECHILD {
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+unsafe fn close_all_but_stdin() {
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32) != 0 {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                limit.rlim_cur.min(65_536) as libc::c_int
+            } else {
+                1024
+            };
+            for fd in 1..max {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+unsafe fn write_file(path: &std::ffi::CStr, content: &[u8]) {
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, content.as_ptr().cast(), content.len());
+            libc::close(fd);
+        }
+    }
+}
+
+fn check<T: Copy + Into<i64>>(result: T, stage: Stage) -> io::Result<T> {
+    if result.into() < 0 {
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        return Err(tagged(stage, errno));
+    }
+    Ok(result)
+}
+
+fn tagged(stage: Stage, errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(TAG | ((stage as i32) << 12) | (errno & 0xFFF))
+}
+
+/// The stage and errno of a tagged spawn error, or `None` for an ordinary errno.
+pub fn untag(code: i32) -> Option<(Stage, i32)> {
+    if code & TAG_MASK != TAG {
+        return None;
+    }
+    let stage = Stage::from_code((code >> 12) & 0xFF)?;
+    Some((stage, code & 0xFFF))
+}
+
+/// A sentence for a tagged spawn error: what was being done and what the kernel said.
+pub fn describe(code: i32) -> Option<String> {
+    let (stage, errno) = untag(code)?;
+    Some(format!(
+        "{} failed: {}",
+        stage.what(),
+        io::Error::from_raw_os_error(errno)
+    ))
+}
+
+/// The stage a tagged spawn error came from.
+pub fn stage_of(code: i32) -> Option<Stage> {
+    untag(code).map(|(stage, _)| stage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_errors_name_their_stage_and_plain_errnos_pass() {
+        let err = tagged(Stage::Landlock, libc::EPERM);
+        let code = err.raw_os_error().unwrap();
+        assert_eq!(untag(code), Some((Stage::Landlock, libc::EPERM)));
+        let text = describe(code).unwrap();
+        assert!(text.starts_with("applying the Landlock rules failed: Operation not permitted"));
+        assert_eq!(describe(libc::ENOENT), None);
+        assert_eq!(
+            stage_of(tagged(Stage::MountProc, 1).raw_os_error().unwrap()),
+            Some(Stage::MountProc)
+        );
+    }
+}

@@ -1,0 +1,335 @@
+//! Confinement of every command a loop runs: the policy (`sandbox:` of taskdaemon.yml),
+//! and what the launcher in `crate::process` applies between fork and exec.
+//!
+//! A confined command:
+//! - has no capabilities and cannot regain any (`no_new_privs`, securebits, empty bounding
+//!   set), also when the daemon runs as root;
+//! - may write only beneath its worktree, its loop's private temp dir (`TMPDIR`), the
+//!   paths of `sandbox.writable` and `/dev/null`-like devices (Landlock); `.git` and
+//!   `.taskdaemon` inside the worktree are read-only (a read-only bind mount), so git
+//!   metadata, other loops' branches and the run record are out of reach: the daemon makes
+//!   the loop's commits;
+//! - reads everywhere, or with `sandbox.read: strict` only system and toolchain paths, its
+//!   writable paths and `sandbox.readable`; `sandbox.hide` makes files read as empty;
+//! - runs as a process of its own PID namespace whose /proc shows only its own tree, so the
+//!   daemon's environment and memory cannot be named; nothing it starts outlives it;
+//! - gets an environment without secrets ([`environment`]);
+//! - cannot create namespaces, mount, ptrace, load modules or use io_uring (seccomp);
+//! - in the no-net lane, lives in an empty network namespace and cannot open Unix sockets
+//!   by path either.
+//!
+//! Where the kernel lacks a part, [`probe::protections`] says which, and `sandbox.mode:
+//! required` refuses to run rather than run with less.
+
+pub mod child;
+pub mod environment;
+pub mod landlock_rules;
+pub mod probe;
+pub mod seccomp;
+
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+pub use environment::EnvSettings;
+pub use probe::{Protections, protections};
+
+use child::ChildPlan;
+
+/// What to do when the kernel lacks a protection.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// Run with what the kernel has; say loudly what is missing.
+    #[default]
+    BestEffort,
+    /// Refuse to run any command (and `taskdaemon run` refuses to start).
+    Required,
+}
+
+/// Which paths commands may read.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadScope {
+    /// Everywhere (writes are still confined).
+    #[default]
+    All,
+    /// System and toolchain paths, the writable paths and `sandbox.readable` only.
+    Strict,
+}
+
+/// `sandbox:` of taskdaemon.yml. Also accepts the shorthand `sandbox: required`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxSettings {
+    /// `best-effort` (default) or `required`.
+    pub mode: SandboxMode,
+    /// More paths commands may write beneath (shared caches: a cargo registry, sccache).
+    pub writable: Vec<PathBuf>,
+    /// `all` (default) or `strict`.
+    pub read: ReadScope,
+    /// More readable paths under `read: strict`.
+    pub readable: Vec<PathBuf>,
+    /// Files and directories that read as empty to commands (credentials files).
+    pub hide: Vec<PathBuf>,
+    /// The commands' environment.
+    pub env: EnvSettings,
+}
+
+/// The map form of `sandbox:`, derived so its errors name the key at fault.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+struct SandboxMap {
+    mode: SandboxMode,
+    writable: Vec<PathBuf>,
+    read: ReadScope,
+    readable: Vec<PathBuf>,
+    hide: Vec<PathBuf>,
+    env: EnvSettings,
+}
+
+impl<'de> Deserialize<'de> for SandboxSettings {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = SandboxSettings;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`required`, `best-effort`, or a map of sandbox settings")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                let mode =
+                    SandboxMode::deserialize(serde::de::value::StrDeserializer::<E>::new(v))?;
+                Ok(SandboxSettings {
+                    mode,
+                    ..SandboxSettings::default()
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let m = SandboxMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(SandboxSettings {
+                    mode: m.mode,
+                    writable: m.writable,
+                    read: m.read,
+                    readable: m.readable,
+                    hide: m.hide,
+                    env: m.env,
+                })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+impl SandboxSettings {
+    /// The settings with every path made absolute: `~/` is the daemon's `$HOME`, a relative
+    /// path is relative to `base` (the config file's directory).
+    pub fn resolved(mut self, base: &Path) -> Self {
+        for list in [&mut self.writable, &mut self.readable, &mut self.hide] {
+            for path in list.iter_mut() {
+                *path = absolute(path, base);
+            }
+        }
+        self
+    }
+}
+
+fn absolute(path: &Path, base: &Path) -> PathBuf {
+    if let Ok(rest) = path.strip_prefix("~")
+        && let Some(home) = std::env::var_os("HOME")
+    {
+        return PathBuf::from(home).join(rest);
+    }
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
+    }
+}
+
+/// What a run's commands get, as the run record and `status` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxReport {
+    /// `best-effort` or `required`.
+    pub mode: SandboxMode,
+    /// What the kernel gives.
+    pub protections: Protections,
+    /// What is missing, a sentence each (empty: everything).
+    pub missing: Vec<String>,
+}
+
+impl SandboxReport {
+    /// The report for `settings` on this machine.
+    pub fn of(settings: &SandboxSettings) -> Self {
+        let protections = probe::protections().clone();
+        let missing = protections.missing();
+        Self {
+            mode: settings.mode,
+            protections,
+            missing,
+        }
+    }
+
+    /// An error when the settings require what this machine lacks.
+    pub fn check_required(&self) -> Result<(), ConfineError> {
+        if self.mode == SandboxMode::Required && !self.missing.is_empty() {
+            return Err(ConfineError::Required(self.missing.join("; ")));
+        }
+        Ok(())
+    }
+}
+
+/// Paths inside a worktree that commands may read but not change.
+pub const PROTECTED_IN_WORKTREE: &[&str] = &[".git", ".taskdaemon"];
+
+/// One command's confinement, ready for the fork.
+#[derive(Debug)]
+pub struct Prepared {
+    /// What the forked processes do.
+    pub plan: ChildPlan,
+    /// The command's whole environment.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// What one command runs under.
+#[derive(Debug, Clone)]
+pub struct CommandPolicy<'a> {
+    /// The run's settings.
+    pub settings: &'a SandboxSettings,
+    /// The loop's worktree (canonical).
+    pub worktree: &'a Path,
+    /// The loop's private temp dir.
+    pub temp_dir: &'a Path,
+    /// No network (the no-net lane).
+    pub no_network: bool,
+    /// Variables the launcher sets on top (worktree, exec id, ...).
+    pub launcher_env: Vec<(OsString, OsString)>,
+}
+
+/// Why a command cannot be confined as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    /// `sandbox.mode: required` and the kernel lacks something.
+    #[error(
+        "the sandbox is required (sandbox.mode: required) but this machine lacks: {0}; run on a kernel with Landlock, seccomp and namespaces, or set sandbox.mode: best-effort"
+    )]
+    Required(String),
+    /// The no-net lane needs a network namespace.
+    #[error("network isolation is not available on this machine (no network namespaces)")]
+    NoNetworkIsolation,
+    /// A path could not be handed to the kernel, or a rule could not be built.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Prepares the confinement of one command from `policy` and this machine's protections.
+pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
+    let protections = probe::protections();
+    SandboxReport::of(policy.settings).check_required()?;
+    if policy.no_network && !protections.namespaces {
+        return Err(ConfineError::NoNetworkIsolation);
+    }
+    let mut namespaces = 0;
+    if protections.namespaces {
+        namespaces = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+        if policy.no_network {
+            namespaces |= libc::CLONE_NEWNET;
+        }
+        if protections.needs_user_namespace {
+            namespaces |= libc::CLONE_NEWUSER;
+        }
+    }
+    let private_shm = namespaces != 0 && Path::new("/dev/shm").is_dir();
+    let mut writable = vec![policy.worktree.to_path_buf(), policy.temp_dir.to_path_buf()];
+    writable.extend(policy.settings.writable.iter().cloned());
+    let strict = match policy.settings.read {
+        ReadScope::All => None,
+        ReadScope::Strict => Some(policy.settings.readable.as_slice()),
+    };
+    let landlock = if protections.landlock_abi > 0 {
+        landlock_rules::ruleset(&landlock_rules::Rules {
+            writable: &writable,
+            strict_reads: strict,
+            no_network: policy.no_network,
+            private_shm,
+        })
+        .map_err(ConfineError::Setup)?
+    } else {
+        None
+    };
+    let seccomp = if protections.seccomp {
+        Some(seccomp::filters(policy.no_network).map_err(ConfineError::Setup)?)
+    } else {
+        None
+    };
+    let mut read_only = Vec::new();
+    let mut hidden_files = Vec::new();
+    let mut hidden_dirs = Vec::new();
+    if namespaces != 0 {
+        for name in PROTECTED_IN_WORKTREE {
+            let path = policy.worktree.join(name);
+            // Not a symlink: the mount would follow it, and the worktree is the loop's.
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_symlink()) {
+                read_only.push(c_path(&path)?);
+            }
+        }
+        for path in &policy.settings.hide {
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => hidden_dirs.push(c_path(path)?),
+                Ok(_) => hidden_files.push(c_path(path)?),
+                Err(_) => {}
+            }
+        }
+    }
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let plan = ChildPlan {
+        namespaces,
+        user_namespace: protections.needs_user_namespace && namespaces != 0,
+        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        read_only,
+        hidden_files,
+        hidden_dirs,
+        private_shm,
+        landlock,
+        seccomp,
+    };
+    let env = environment::command_environment(&policy.settings.env, &policy.launcher_env);
+    Ok(Prepared { plan, env })
+}
+
+fn c_path(path: &Path) -> Result<CString, ConfineError> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| ConfineError::Setup(format!("{} contains a NUL byte", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shorthand_and_map_forms_parse_and_unknown_keys_are_refused() {
+        let s: SandboxSettings = serde_yaml_ng::from_str("required").unwrap();
+        assert_eq!(s.mode, SandboxMode::Required);
+        let s: SandboxSettings = serde_yaml_ng::from_str(
+            "{mode: best-effort, writable: [~/.cargo], read: strict, readable: [data], hide: [k.txt], env: {pass: [GH_TOKEN], set: {A: b}, secret: [X]}}",
+        )
+        .unwrap();
+        assert_eq!(s.read, ReadScope::Strict);
+        assert_eq!(s.env.pass, ["GH_TOKEN"]);
+        let s = s.resolved(Path::new("/base"));
+        assert_eq!(s.readable, [PathBuf::from("/base/data")]);
+        assert_eq!(s.hide, [PathBuf::from("/base/k.txt")]);
+        if let Some(home) = std::env::var_os("HOME") {
+            assert_eq!(s.writable, [PathBuf::from(home).join(".cargo")]);
+        }
+        let err = serde_yaml_ng::from_str::<SandboxSettings>("{writeable: [x]}").unwrap_err();
+        assert!(err.to_string().contains("writeable"), "{err}");
+        let err = serde_yaml_ng::from_str::<SandboxSettings>("sometimes").unwrap_err();
+        assert!(err.to_string().contains("required"), "{err}");
+    }
+}

@@ -1,0 +1,497 @@
+//! Command confinement, attacked through the real binary (`tool exec` and `taskdaemon run`):
+//! writes outside the worktree, other loops' worktrees and git metadata; secrets in the
+//! environment and in the daemon's /proc; the network and host sockets from the no-net lane;
+//! processes that try to outlive their command or the daemon.
+//!
+//! Each test first checks that the machine gives commands every protection (the probe the
+//! launcher uses); where it does not, it says so and checks that the gap is reported.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+mod common;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_taskdaemon")
+}
+
+/// Whether this machine confines commands fully; when not, the tests below have nothing
+/// to attack (the gap is reported by `status` and the run's warning instead).
+fn fully_confined() -> bool {
+    let missing = taskdaemon::confine::protections().missing();
+    if !missing.is_empty() {
+        eprintln!("branch: this machine lacks protections: {missing:?}");
+    }
+    missing.is_empty()
+}
+
+/// A `tool exec` session on a worktree, with extra environment for the daemon.
+struct Exec {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Exec {
+    fn start(worktree: &Path, extra: &[&str], env: &[(&str, &str)]) -> Exec {
+        let mut command = Command::new(bin());
+        command
+            .args(["tool", "exec", "--worktree"])
+            .arg(worktree)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Exec {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn call(&mut self, name: &str, input: Value) -> Value {
+        let line = json!({"id": "1", "name": name, "input": input}).to_string();
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer).unwrap();
+        serde_json::from_str(&answer).unwrap()
+    }
+
+    /// The content of a command's answer.
+    fn sh(&mut self, tool: &str, command: &str) -> String {
+        let v = self.call(tool, json!({"command": command}));
+        v["content"].as_str().unwrap().to_string()
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin);
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "tool exec exited with {status}");
+    }
+}
+
+/// Host pids of live processes whose command line holds `marker`.
+fn pids_with(marker: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'));
+        if String::from_utf8_lossy(&cmdline).contains(marker) && !zombie {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A marker no other test's processes carry (a `sleep` argument that sleeps long).
+fn marker(tag: u32) -> String {
+    format!("{}{:03}.{}", 9000 + tag, std::process::id() % 1000, tag)
+}
+
+/// Three ways out of a process group: `setsid`, a double fork, `setpgid(0, 0)`.
+fn escapes(marker: &str) -> String {
+    format!(
+        "setsid sleep {marker} & (sleep {marker} &); \
+         perl -e 'setpgrp(0,0); exec \"sleep\", \"{marker}\"' & sleep 0.3; echo started"
+    )
+}
+
+#[test]
+fn commands_write_only_in_their_worktree_in_every_lane_and_through_a_makefile() {
+    if !fully_confined() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let wt = tmp.path().join("wt");
+    let sibling = tmp.path().join("other-loop");
+    let outside = tmp.path().join("outside");
+    for d in [&wt, &sibling, &outside] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(
+        wt.join("Makefile"),
+        format!(
+            "all:\n\tcp /etc/hostname {o}/from-make\n",
+            o = outside.display()
+        ),
+    )
+    .unwrap();
+    let validate = format!("touch {}/from-validate", outside.display());
+    let mut exec = Exec::start(
+        &wt,
+        &["--build-cmd", "make", "--validate-cmd", &validate],
+        &[],
+    );
+    for tool in ["run_command", "run_command_isolated"] {
+        let out = exec.sh(
+            tool,
+            &format!(
+                "echo x > {o}/{tool} || echo refused; echo y > {s}/{tool} || echo refused; echo ok > in-{tool}",
+                o = outside.display(),
+                s = sibling.display()
+            ),
+        );
+        assert!(out.contains("refused\nrefused"), "{tool}: {out}");
+        assert!(wt.join(format!("in-{tool}")).exists(), "{tool}: {out}");
+    }
+    let build = exec.call("build", json!({}));
+    assert_eq!(build["is_error"], true, "{build}");
+    let validate = exec.call("validate", json!({}));
+    assert_eq!(validate["is_error"], true, "{validate}");
+    exec.finish();
+    let leaked: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().collect();
+    assert!(leaked.is_empty(), "written outside: {leaked:?}");
+    assert_eq!(std::fs::read_dir(&sibling).unwrap().count(), 0);
+}
+
+#[test]
+fn commands_get_no_secrets_and_cannot_read_the_daemons_environment() {
+    if !fully_confined() {
+        return;
+    }
+    let wt = tempfile::tempdir().unwrap();
+    let keys = [
+        ("ANTHROPIC_API_KEY", "sk-ant-confinement-test-0001"),
+        ("OPENAI_API_KEY", "sk-openai-confinement-test-0002"),
+        ("BRAVE_SEARCH_API_KEY", "brave-confinement-test-0003"),
+        ("GH_TOKEN", "ghp_confinementtest0004"),
+        ("AWS_SECRET_ACCESS_KEY", "aws-confinement-test-0005"),
+        ("INNOCENT_LOOKING", "sk-ant-confinement-test-0001"),
+    ];
+    let mut exec = Exec::start(wt.path(), &[], &keys);
+    let daemon = exec.child.id();
+    let env = exec.sh("run_command", "env");
+    for (name, value) in keys {
+        assert!(!env.contains(name), "{name} reached the command: {env}");
+        assert!(
+            !env.contains(value),
+            "the value of {name} reached the command"
+        );
+    }
+    assert!(env.contains("TMPDIR="), "{env}");
+    for tool in ["run_command", "run_command_isolated"] {
+        let out = exec.sh(
+            tool,
+            &format!(
+                "cat /proc/{daemon}/environ || echo unreadable; \
+                 tr '\\0' '\\n' < /proc/1/environ | grep -c _KEY || true"
+            ),
+        );
+        assert!(out.contains("unreadable"), "{tool}: {out}");
+        for (_, value) in keys {
+            assert!(!out.contains(value), "{tool}: {out}");
+        }
+    }
+    exec.finish();
+}
+
+#[test]
+fn the_no_net_lane_reaches_no_listener_no_host_socket_and_cannot_nsenter() {
+    if !fully_confined() {
+        return;
+    }
+    let wt = tempfile::tempdir().unwrap();
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let sockets = tempfile::tempdir().unwrap();
+    let path = sockets.path().join("host.sock");
+    let _unix = UnixListener::bind(&path).unwrap();
+    let abstract_name = format!("taskdaemon-test-{}", std::process::id());
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+    let _abstract = UnixListener::bind_addr(&addr).unwrap();
+    let probe = format!(
+        r#"python3 - <<'EOF'
+import socket
+def attempt(what, family, address):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect(address)
+        print(what, "reached")
+    except OSError as e:
+        print(what, "refused")
+for what, family, address in [
+    ("tcp", socket.AF_INET, ("127.0.0.1", {port})),
+    ("unix", socket.AF_UNIX, "{path}"),
+    ("abstract", socket.AF_UNIX, "\0{abstract_name}"),
+]:
+    try:
+        attempt(what, family, address)
+    except OSError:
+        print(what, "refused")
+EOF"#,
+        path = path.display()
+    );
+    let mut exec = Exec::start(wt.path(), &[], &[]);
+    let daemon = exec.child.id();
+    let isolated = exec.sh("run_command_isolated", &probe);
+    for what in ["tcp", "unix", "abstract"] {
+        assert!(
+            isolated.contains(&format!("{what} refused")),
+            "{what}: {isolated}"
+        );
+    }
+    // The same probe in the net lane reaches the listener, so the refusal above is the
+    // lane's doing, not a broken probe.
+    let net = exec.sh("run_command", &probe);
+    assert!(net.contains("tcp reached"), "{net}");
+    let nsenter = exec.sh(
+        "run_command_isolated",
+        &format!(
+            "nsenter --net=/proc/{daemon}/ns/net true && echo escaped || echo refused; \
+             nsenter --net=/proc/1/ns/net true && echo escaped || echo refused"
+        ),
+    );
+    assert!(!nsenter.contains("escaped"), "{nsenter}");
+    exec.finish();
+}
+
+#[test]
+fn processes_that_leave_their_group_are_gone_after_exit_and_after_a_timeout() {
+    if !fully_confined() {
+        return;
+    }
+    let wt = tempfile::tempdir().unwrap();
+    let mut exec = Exec::start(wt.path(), &[], &[]);
+    let normal = marker(1);
+    let out = exec.sh("run_command", &escapes(&normal));
+    assert!(out.contains("started"), "{out}");
+    wait_until("escapees of a finished command to die", || {
+        pids_with(&normal).is_empty()
+    });
+    let timed = marker(2);
+    let v = exec.call(
+        "run_command",
+        json!({"command": format!("{}; sleep 60", escapes(&timed)), "timeout_ms": 1500}),
+    );
+    assert!(
+        v["content"].as_str().unwrap().starts_with("timed out"),
+        "{v}"
+    );
+    wait_until("escapees of a timed-out command to die", || {
+        pids_with(&timed).is_empty()
+    });
+    exec.finish();
+}
+
+/// A config and script for `taskdaemon run` in `dir`, on a fresh repository `dir/repo`.
+fn write_run(dir: &Path, config_tail: &str, script: &str) -> PathBuf {
+    common::init_repo(&dir.join("repo"), &[("README.md", "test\n")]);
+    std::fs::write(dir.join("script.yml"), script).unwrap();
+    let config = dir.join("taskdaemon.yml");
+    std::fs::write(
+        &config,
+        format!("repo: repo\nllm: {{provider: scripted, script: script.yml}}\n{config_tail}"),
+    )
+    .unwrap();
+    config
+}
+
+fn run_command(config: &Path) -> Command {
+    let mut command = Command::new(bin());
+    command
+        .arg("run")
+        .arg("-c")
+        .arg(config)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@localhost")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@localhost")
+        .stdin(Stdio::null());
+    command
+}
+
+#[test]
+fn sigkill_of_the_daemon_leaves_no_command_running() {
+    if !fully_confined() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let m = marker(3);
+    let command = json!(format!("{}; sleep {m}", escapes(&m))).to_string();
+    let script =
+        format!("a:\n  turns:\n    - calls:\n        - run_command: {{command: {command}}}\n");
+    let config = write_run(
+        tmp.path(),
+        "loops:\n  - {name: a, type: code, task: wait}\n",
+        &script,
+    );
+    let mut child = run_command(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the command's processes to start", || {
+        pids_with(&m).len() >= 4
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until(
+        "every process of the command to die with the daemon",
+        || pids_with(&m).is_empty(),
+    );
+}
+
+#[test]
+fn a_loop_cannot_move_another_loops_branch_or_the_users_checkout() {
+    if !fully_confined() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let attack = "git -c user.name=x -c user.email=x@x commit --allow-empty -qm evil 2>&1; \
+                  git update-ref refs/heads/main HEAD 2>&1; \
+                  git branch -f main 2>&1; \
+                  echo evil > ../b/planted 2>&1; \
+                  echo evil > $(git rev-parse --git-common-dir)/hooks/pre-commit 2>&1; \
+                  echo 'gitdir: /tmp' > .git 2>&1; \
+                  true";
+    let attack = json!(attack).to_string();
+    let script = format!(
+        "a:\n  turns:\n    - calls:\n        - run_command: {{command: {attack}}}\n        - write_file: {{path: a.txt, content: a}}\n        - complete_task: {{summary: done}}\nb:\n  turns:\n    - calls:\n        - write_file: {{path: b.txt, content: b}}\n        - complete_task: {{summary: done}}\n"
+    );
+    let config = write_run(
+        tmp.path(),
+        "keep-worktrees: true\nloops:\n  - {name: a, type: code, task: attack}\n  - {name: b, type: code, task: work}\n",
+        &script,
+    );
+    let repo = tmp.path().join("repo");
+    let main_before = common::git(&repo, &["rev-parse", "main"]);
+    let out = run_command(&config).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The attack ran and was refused (not skipped): its output is in a's transcript.
+    let runs = tmp.path().join(".taskdaemon/runs");
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let transcript = std::fs::read_to_string(run.join("loops/a/transcript.jsonl")).unwrap();
+    for refusal in ["Permission denied", "Read-only file system"] {
+        assert!(transcript.contains(refusal), "{refusal}: {transcript}");
+    }
+    assert_eq!(common::git(&repo, &["rev-parse", "main"]), main_before);
+    assert!(!repo.join(".git/hooks/pre-commit").exists());
+    let branches = common::git(&repo, &["branch", "--list", "taskdaemon/*"]);
+    for name in ["a", "b"] {
+        let branch = branches
+            .lines()
+            .map(|l| l.trim_start_matches(['*', '+', ' ']))
+            .find(|l| l.ends_with(&format!("/{name}")))
+            .unwrap_or_else(|| panic!("no branch for {name}: {branches}"))
+            .to_string();
+        let log = common::git(&repo, &["log", "--format=%s", &format!("main..{branch}")]);
+        assert!(!log.contains("evil"), "{name}: {log}");
+        let files = common::git(&repo, &["ls-tree", "-r", "--name-only", &branch]);
+        assert!(!files.contains("planted"), "{name}: {files}");
+    }
+}
+
+#[test]
+fn ordinary_work_still_works_a_rust_crate_with_a_dependency_and_python_tests() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    common::init_repo(
+        &repo,
+        &[
+            (
+                "Cargo.toml",
+                "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\nitoa = \"1\"\n",
+            ),
+            ("README.md", "tiny\n"),
+        ],
+    );
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    std::fs::write(
+        repo.join("src/lib.rs"),
+        "pub fn show(n: u32) -> String { itoa::Buffer::new().format(n).to_string() }\n",
+    )
+    .unwrap();
+    common::git(&repo, &["add", "-A"]);
+    common::git(&repo, &["commit", "-qm", "lib"]);
+    let rust_test = json!("#[test]\nfn shows() { assert_eq!(tiny::show(42), \"42\"); }\n");
+    let py_test = json!(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_sum(self):\n        self.assertEqual(sum([1, 2]), 3)\n"
+    );
+    let script = format!(
+        "rust:\n  turns:\n    - calls:\n        - write_file: {{path: tests/it.rs, content: {rust_test}}}\n        - test: {{}}\n        - complete_task: {{summary: tested}}\npy:\n  turns:\n    - calls:\n        - write_file: {{path: test_sum.py, content: {py_test}}}\n        - complete_task: {{summary: tested}}\n"
+    );
+    std::fs::write(tmp.path().join("script.yml"), script).unwrap();
+    let config = tmp.path().join("taskdaemon.yml");
+    std::fs::write(
+        &config,
+        "repo: repo\nllm: {provider: scripted, script: script.yml}\n\
+         sandbox: {writable: [~/.cargo/registry, ~/.cargo/git]}\n\
+         loop-types:\n  rust: {extends: code, test: cargo test --offline, max-iterations: 1}\n\
+         loops:\n\
+         \x20 - {name: rust, type: rust, task: test it, validation: cargo test --offline}\n\
+         \x20 - {name: py, type: code, task: test it, validation: python3 -m unittest -q}\n",
+    )
+    .unwrap();
+    let out = run_command(&config)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_TARGET_DIR")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs = tmp.path().join(".taskdaemon/runs");
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    for name in ["rust", "py"] {
+        let l = &summary["loops"][name];
+        assert_eq!(l["status"], "completed", "{name}: {l}");
+    }
+    if fully_confined() {
+        assert_eq!(summary["sandbox"]["missing"], json!([]), "{summary}");
+    }
+}
