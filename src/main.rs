@@ -134,8 +134,8 @@ struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Continue an earlier run (its id under .taskdaemon/runs, or with --run-dir its
-    /// directory) after a crash or Ctrl-C: completed loops are not run again, the others go
-    /// on at their next iteration with their progress and their unseen messages.
+    /// directory) after a crash, Ctrl-C or SIGTERM: completed loops are not run again, the
+    /// others go on at their next iteration with their progress and their unseen messages.
     #[arg(long, value_name = "RUN")]
     resume: Option<String>,
 }

@@ -742,7 +742,7 @@ fn loop_selection_runs_the_loop_and_its_dependencies_only() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. Ctrl-C.
+// 6. Ctrl-C and SIGTERM.
 
 fn wait_for_file(path: &Path, child: &mut Child, limit: Duration) {
     let deadline = Instant::now() + limit;
@@ -778,15 +778,31 @@ fn start_interrupt_fixture(started: &Path, flag: &Path) -> (Project, Child) {
     (project, child)
 }
 
+/// Sends `signal` to `child`.
+fn send_signal(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
 #[test]
 fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
+    one_signal_stops_after_the_call_in_flight(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_stops_after_the_call_in_flight_and_records_the_stop() {
+    one_signal_stops_after_the_call_in_flight(libc::SIGTERM, 143);
+}
+
+/// `signal` while a loop's command runs: the run waits for the command, stops the loops,
+/// completes its record and exits with `code`.
+fn one_signal_stops_after_the_call_in_flight(signal: libc::c_int, code: i32) {
     let root = tempfile::tempdir().unwrap();
     let (started, flag) = (root.path().join("started"), root.path().join("flag"));
     let (project, mut child) = start_interrupt_fixture(&started, &flag);
 
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, signal);
     // The command in flight keeps the run going: a stop takes effect after the call.
     thread::sleep(Duration::from_millis(500));
     assert!(
@@ -797,7 +813,7 @@ fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
     let flagged = Instant::now();
     let out = finish(child, RUN_GUARD);
     let took = flagged.elapsed();
-    assert_eq!(out.code, Some(130), "{out}");
+    assert_eq!(out.code, Some(code), "{out}");
     assert!(
         took < Duration::from_secs(10),
         "took {took:?} after the flag"
@@ -891,6 +907,25 @@ fn running_in_group(pgid: libc::pid_t) -> Vec<String> {
 
 #[test]
 fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
+    second_signal_stops_at_once(libc::SIGINT, libc::SIGINT, 130);
+}
+
+#[test]
+fn a_second_sigterm_stops_at_once_and_kills_the_command_in_flight() {
+    second_signal_stops_at_once(libc::SIGTERM, libc::SIGTERM, 143);
+}
+
+#[test]
+fn ctrl_c_after_sigterm_and_sigterm_after_ctrl_c_stop_at_once() {
+    // The exit code names the signal that stopped the run first.
+    second_signal_stops_at_once(libc::SIGTERM, libc::SIGINT, 143);
+    second_signal_stops_at_once(libc::SIGINT, libc::SIGTERM, 130);
+}
+
+/// `first` while a loop's command runs, then `second`: the second stops the loops at once
+/// (killing the command's process group), the record is still completed, and the run exits
+/// with `code`.
+fn second_signal_stops_at_once(first: libc::c_int, second: libc::c_int, code: i32) {
     let root = tempfile::tempdir().unwrap();
     let (started, flag) = (root.path().join("started"), root.path().join("flag"));
     let (project, mut child) = start_interrupt_fixture(&started, &flag);
@@ -904,18 +939,15 @@ fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
     }
     let group: libc::pid_t = group.trim().parse().unwrap();
 
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, first);
     thread::sleep(Duration::from_millis(500));
     assert!(
         child.try_wait().unwrap().is_none(),
-        "the first Ctrl-C must wait for the call in flight"
+        "the first signal must wait for the call in flight"
     );
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, second);
     let out = finish(child, Duration::from_secs(20));
-    assert_eq!(out.code, Some(130), "{out}");
+    assert_eq!(out.code, Some(code), "{out}");
     let running = running_in_group(group);
     assert!(
         running.is_empty(),
@@ -930,6 +962,12 @@ fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
     assert!(waiter["ended_at"].is_string(), "{waiter:#}");
     let later = &summary["loops"]["later"];
     assert_eq!(later["reason"], "never started: the run was interrupted");
+    // The event log is complete (every line parses) and ends the loop.
+    let events = project.events();
+    seq_of(
+        &events,
+        json!({"event": "loop_stopped", "loop_name": "waiter"}),
+    );
     // Work in progress is still committed on the loop's branch.
     let branch = waiter["branch"].as_str().unwrap();
     assert_eq!(
@@ -940,6 +978,17 @@ fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
 
 #[test]
 fn ctrl_c_during_setup_stops_the_run_cleanly() {
+    signal_during_setup_stops_the_run_cleanly(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_during_setup_stops_the_run_cleanly() {
+    signal_during_setup_stops_the_run_cleanly(libc::SIGTERM, 143);
+}
+
+/// `signal` while the first loop's worktree is being made: no loop runs, the record says
+/// every loop stopped, and the run exits with `code`.
+fn signal_during_setup_stops_the_run_cleanly(signal: libc::c_int, code: i32) {
     let root = tempfile::tempdir().unwrap();
     let started = root.path().join("started");
     let flag = root.path().join("flag");
@@ -964,13 +1013,11 @@ fn ctrl_c_during_setup_stops_the_run_cleanly() {
         .spawn()
         .unwrap();
     wait_for_file(&started, &mut child, RUN_GUARD);
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, signal);
     thread::sleep(Duration::from_millis(200));
     std::fs::write(&flag, "").unwrap();
     let out = finish(child, RUN_GUARD);
-    assert_eq!(out.code, Some(130), "{out}");
+    assert_eq!(out.code, Some(code), "{out}");
 
     let summary = project.summary();
     assert_eq!(summary["status"], "stopped", "{summary:#}");
