@@ -12,6 +12,7 @@ use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::receipts::ReceiptLog;
 use taskdaemon::registry::ToolSet;
+use taskdaemon::secrets::{self, RedactingWriter};
 
 #[derive(Parser)]
 #[command(
@@ -182,6 +183,9 @@ impl SessionArgs {
             None => ToolSet::all(),
         };
         let catalog = load_catalog(self.config.as_deref())?;
+        // Before the first call: every secret of our environment is redacted from results,
+        // receipts and messages.
+        secrets::register_environment(&[]);
         let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
             .map_err(|e| e.to_string())?
             .with_catalog(Arc::new(catalog))
@@ -234,8 +238,11 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     if !args.json {
         println!();
         match taskdaemon::run::status::status_command(&report.run_dir, None, false) {
-            Ok(table) => print!("{table}"),
-            Err(e) => eprintln!("taskdaemon: cannot read the run summary: {e}"),
+            Ok(table) => print!("{}", secrets::redact(&table)),
+            Err(e) => eprintln!(
+                "taskdaemon: cannot read the run summary: {}",
+                secrets::redact(&e)
+            ),
         }
         println!("run record: {}", report.run_dir.display());
     }
@@ -244,7 +251,8 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        // Log lines quote errors and outputs: they leave the process redacted like the rest.
+        .with_writer(|| RedactingWriter(std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TASKDAEMON_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -264,7 +272,7 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("taskdaemon: {message}");
+            eprintln!("taskdaemon: {}", secrets::redact(&message));
             ExitCode::from(2)
         }
     }
@@ -363,6 +371,10 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                     worktree,
                     json,
                 },
-        } => taskdaemon::fronts::replay::verify_command(&log, &worktree, json).await,
+        } => {
+            // The recorded outputs were hashed redacted; the replayed ones must be too.
+            secrets::register_environment(&[]);
+            taskdaemon::fronts::replay::verify_command(&log, &worktree, json).await
+        }
     }
 }

@@ -139,6 +139,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         types,
         loops,
     } = plan(&options)?;
+    // Every secret of our environment is redacted from what leaves the process from here on
+    // (the provider's key is registered where it is loaded, also when it comes from a file).
+    crate::secrets::register_environment(&[]);
     // Listen for Ctrl-C and SIGTERM from here on: until now either would kill the process
     // with its default action, and from here on that would leave a run record saying
     // "running" forever. The first one that came is what `interrupted` holds.
@@ -177,7 +180,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             };
             let restored = crate::run::resume::restore(&dir)?;
             for warning in &restored.warnings {
-                eprintln!("taskdaemon: resume: {warning}");
+                eprintln!("taskdaemon: resume: {}", crate::secrets::redact(warning));
             }
             Some((dir, restored))
         }
