@@ -12,6 +12,7 @@ use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::receipts::ReceiptLog;
 use taskdaemon::registry::ToolSet;
+use taskdaemon::secrets::{self, RedactingWriter};
 
 #[derive(Parser)]
 #[command(
@@ -134,8 +135,8 @@ struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Continue an earlier run (its id under .taskdaemon/runs, or with --run-dir its
-    /// directory) after a crash or Ctrl-C: completed loops are not run again, the others go
-    /// on at their next iteration with their progress and their unseen messages.
+    /// directory) after a crash, Ctrl-C or SIGTERM: completed loops are not run again, the
+    /// others go on at their next iteration with their progress and their unseen messages.
     #[arg(long, value_name = "RUN")]
     resume: Option<String>,
 }
@@ -192,7 +193,9 @@ impl SessionArgs {
             }
             None => (Catalog::default(), Default::default()),
         };
-        taskdaemon::secrets::register_environment(&sandbox.env.secret);
+        // Before the first call: every secret of our environment (and the config's named
+        // ones) is redacted from results, receipts and messages.
+        secrets::register_environment(&sandbox.env.secret);
         let report = taskdaemon::confine::SandboxReport::of(&sandbox);
         report.check_required().map_err(|e| e.to_string())?;
         for gap in &report.missing {
@@ -251,8 +254,11 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     if !args.json {
         println!();
         match taskdaemon::run::status::status_command(&report.run_dir, None, false) {
-            Ok(table) => print!("{table}"),
-            Err(e) => eprintln!("taskdaemon: cannot read the run summary: {e}"),
+            Ok(table) => print!("{}", secrets::redact(&table)),
+            Err(e) => eprintln!(
+                "taskdaemon: cannot read the run summary: {}",
+                secrets::redact(&e)
+            ),
         }
         println!("run record: {}", report.run_dir.display());
     }
@@ -261,7 +267,8 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        // Log lines quote errors and outputs: they leave the process redacted like the rest.
+        .with_writer(|| RedactingWriter(std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TASKDAEMON_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -281,7 +288,7 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("taskdaemon: {message}");
+            eprintln!("taskdaemon: {}", secrets::redact(&message));
             ExitCode::from(2)
         }
     }
@@ -380,6 +387,10 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                     worktree,
                     json,
                 },
-        } => taskdaemon::fronts::replay::verify_command(&log, &worktree, json).await,
+        } => {
+            // The recorded outputs were hashed redacted; the replayed ones must be too.
+            secrets::register_environment(&[]);
+            taskdaemon::fronts::replay::verify_command(&log, &worktree, json).await
+        }
     }
 }

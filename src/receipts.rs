@@ -145,9 +145,11 @@ impl ReceiptLog {
         &self.path
     }
 
-    /// Appends one receipt as a single line.
+    /// Appends one receipt as a single line, with every known secret redacted (receipts from
+    /// `ToolSet::call` are redacted already; this is the last line of defence).
     pub fn append(&self, receipt: &Receipt) -> std::io::Result<()> {
-        let mut line = serde_json::to_string(receipt).map_err(std::io::Error::other)?;
+        let line = serde_json::to_string(receipt).map_err(std::io::Error::other)?;
+        let mut line = crate::secrets::redact_json(&line).into_owned();
         line.push('\n');
         let mut f = lock(&self.file);
         f.write_all(line.as_bytes())?;

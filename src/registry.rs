@@ -1,8 +1,8 @@
 //! `ToolSet`: the tools one loop may call, and the single path every call takes —
 //! lookup, schema validation, timeout, panic guard, output cap, receipt.
 //!
-//! Loops, `tool exec`, MCP and replay all call tools through `ToolSet::call`, so limits and
-//! receipts cannot differ between fronts.
+//! Loops, `tool exec`, MCP and replay all call tools through `ToolSet::call`, so limits,
+//! receipts and the redaction of secrets cannot differ between fronts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use crate::context::{ToolContext, lock};
 use crate::error::{ArgumentProblem, ToolError};
-use crate::receipts::{Receipt, hash_output, hash_value};
+use crate::receipts::{Receipt, SideEffect, hash_output, hash_value};
+use crate::secrets;
 use crate::text::head_tail;
 use crate::tools::{Tool, ToolOutput, builtin_tools};
 
@@ -322,27 +323,35 @@ impl ToolSet {
         self.outcome(ctx, call_id, name, input, result, started.elapsed(), time)
     }
 
+    /// The model's view of a result and its receipt. Every known secret is redacted from the
+    /// output, the recorded input and the side effects first: what the model, the transcript
+    /// and the receipt see is one redacted text, the output is redacted before it is capped
+    /// (a cut could leave half a secret), and the hashes cover the redacted text, so that
+    /// `replay verify` (which redacts alike) compares like with like.
     #[allow(clippy::too_many_arguments)]
     fn outcome(
         &self,
         ctx: &ToolContext,
         call_id: Option<&str>,
         name: &str,
-        input: Value,
+        mut input: Value,
         result: Result<ToolOutput, ToolError>,
         latency: Duration,
         time: String,
     ) -> CallOutcome {
+        secrets::redact_value(&mut input);
         let input_hash = hash_value(&input);
         let spec = ctx.spec(name);
         let latency_ms = latency.as_millis() as u64;
-        let (full, is_error, effects, error_kind) = match result {
+        let (full, is_error, mut effects, error_kind) = match result {
             Ok(out) => (out.content, out.is_error, out.effects, None),
             Err(e) => (e.to_string(), true, Vec::new(), Some(e.kind().to_string())),
         };
+        let full = secrets::redact_owned(full);
+        effects.iter_mut().for_each(redact_side_effect);
         if effects
             .iter()
-            .any(|e| matches!(e, crate::receipts::SideEffect::CommandRun { .. }))
+            .any(|e| matches!(e, SideEffect::CommandRun { .. }))
         {
             // A command may have committed; the next receipt must not reuse a stale HEAD.
             ctx.invalidate_commit();
@@ -410,6 +419,16 @@ impl ToolSet {
                 "This is a bug in the tool; try a different approach or other arguments.",
             )),
             Err(_) => Err(timed_out()),
+        }
+    }
+}
+
+/// A side effect with every known secret redacted (a command line may spell a key out).
+fn redact_side_effect(effect: &mut SideEffect) {
+    match effect {
+        SideEffect::FileWritten { path, .. } => *path = secrets::redact_owned(std::mem::take(path)),
+        SideEffect::CommandRun { command, .. } => {
+            *command = secrets::redact_owned(std::mem::take(command));
         }
     }
 }
@@ -566,6 +585,45 @@ mod tests {
         assert_eq!(
             out.receipt.output_hash,
             hash_output(&format!("HEAD{}TAIL", "x".repeat(5000)), false)
+        );
+    }
+
+    #[tokio::test]
+    async fn secrets_are_redacted_from_output_input_and_receipt_alike() {
+        crate::secrets::register("TEST_REGISTRY_KEY", "sk-registry-test-r3r3");
+        let marker = "[REDACTED:TEST_REGISTRY_KEY]";
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let out = set
+            .call(
+                &ctx(dir.path()),
+                None,
+                "echo",
+                json!({"text": "sk-registry-test-r3r3"}),
+            )
+            .await;
+        assert!(!out.content.contains("sk-registry"), "{}", out.content);
+        assert!(out.content.starts_with(marker), "{}", out.content);
+        let r = &out.receipt;
+        assert_eq!(r.input, json!({"text": marker}));
+        assert_eq!(r.input_hash, hash_value(&json!({"text": marker})));
+        let full = marker.repeat(1000);
+        assert_eq!(r.output_hash, hash_output(&full, false));
+        assert_eq!(r.output_bytes, full.len());
+    }
+
+    #[test]
+    fn side_effects_are_redacted() {
+        crate::secrets::register("TEST_REGISTRY_EFFECT", "sk-effect-test-e4e4");
+        let mut effect = SideEffect::CommandRun {
+            command: "curl -H 'x: sk-effect-test-e4e4' url".into(),
+            exit_code: Some(0),
+            timed_out: false,
+        };
+        redact_side_effect(&mut effect);
+        assert!(
+            matches!(&effect, SideEffect::CommandRun { command, .. } if command == "curl -H 'x: [REDACTED:TEST_REGISTRY_EFFECT]' url"),
+            "{effect:?}"
         );
     }
 

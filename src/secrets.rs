@@ -11,9 +11,25 @@
 //!
 //! The set is process-wide because the places that emit text (tool results, record writers,
 //! provider errors, progress lines) share nothing else; it only grows.
+//!
+//! Where text leaves the process, and which function redacts it there:
+//! - tool results, their receipts and the input they record: `ToolSet::call` ([`redact`],
+//!   [`redact_value`]), before the output is hashed or capped;
+//! - model replies and provider errors: `llm::redacting`, around every client a run builds;
+//! - the run record and receipt logs: their writers ([`redact_json`] on the serialized line);
+//! - progress output, `tool exec` answers and stderr (main's messages and every log line,
+//!   through [`RedactingWriter`]).
+//!
+//! Text is always redacted *before* it is cut: a cut could leave half a secret that no longer
+//! matches. Where a cut was made before the text got here (a command's capture keeps its head
+//! and tail), [`redact`] also replaces the pieces of a secret on either side of the omission
+//! marker.
 
 use std::borrow::Cow;
+use std::io::Write;
 use std::sync::{OnceLock, RwLock};
+
+use serde_json::Value;
 
 /// Shortest value that is registered for redaction. Shorter values would mangle ordinary
 /// text ("password: abc"); real keys and tokens are far longer.
@@ -51,11 +67,18 @@ pub fn is_secret_name(name: &str) -> bool {
         || SECRET_PARTS.iter().any(|p| upper.contains(p))
 }
 
+/// A piece of a secret shorter than this, left beside an omission marker, is not replaced:
+/// three characters of a key give nothing away, and shorter pieces match ordinary text.
+const MIN_FRAGMENT_LEN: usize = 4;
+
 /// One registered secret.
 #[derive(Debug, Clone)]
 struct Secret {
     name: String,
     value: String,
+    /// `value` as it appears inside a JSON string (serde_json's escaping of `"`, `\` and
+    /// control characters); equal to `value` for the usual keys.
+    escaped: String,
     marker: String,
 }
 
@@ -80,6 +103,7 @@ pub fn register(name: &str, value: &str) {
     secrets.push(Secret {
         name: name.to_string(),
         value: value.to_string(),
+        escaped: json_escaped(value),
         marker: marker(name),
     });
     // Longest first, so a secret that contains another is replaced whole.
@@ -105,17 +129,188 @@ pub fn is_secret_value(value: &str) -> bool {
     secrets.iter().any(|s| value.contains(&s.value))
 }
 
-/// `text` with every registered secret replaced by `[REDACTED:NAME]`. Borrowed (no copy)
-/// when it holds none, which is the common case.
+/// `text` with every registered secret replaced by `[REDACTED:NAME]`: as it is, as it reads
+/// escaped inside a JSON string (text that quotes JSON), and the pieces of one that a head and
+/// tail cut left on either side of its omission marker. Borrowed (no copy) when it holds
+/// none, which is the common case.
 pub fn redact(text: &str) -> Cow<'_, str> {
     let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
     let mut out: Cow<'_, str> = Cow::Borrowed(text);
     for secret in secrets.iter() {
-        if out.contains(&secret.value) {
-            out = Cow::Owned(out.replace(&secret.value, &secret.marker));
+        replace_all(&mut out, &secret.value, &secret.marker);
+        if secret.escaped != secret.value {
+            replace_all(&mut out, &secret.escaped, &secret.marker);
         }
     }
+    if let Some(cut) = redact_cut_fragments(&out, &secrets) {
+        out = Cow::Owned(cut);
+    }
     out
+}
+
+/// Serialized JSON (one JSONL line, or a whole pretty-printed document) with every
+/// registered secret replaced by its marker, for the writers of files: the last line of
+/// defence, whatever the serialized value held.
+///
+/// A string value with a secret reads, in JSON text, as the secret's escaped form (serde_json
+/// escapes `"`, `\` and control characters, nothing else), so that form is what is replaced;
+/// for a secret without those characters it is the secret itself. The raw form of a secret
+/// that has them cannot be the content of a JSON string, so it is not looked for (replacing it
+/// would cut through the document's structure). One case is left: an escaped form that starts
+/// with a backslash could match from the second backslash of an escaped backslash (`\\`) up
+/// into the syntax after the string (`{"a\\":12345678}` holds `\":12345678`), and the
+/// replacement would break the document. The result is therefore parsed whenever something
+/// was replaced, and a document that no longer parses is redacted value by value instead
+/// (written compact).
+pub fn redact_json(text: &str) -> Cow<'_, str> {
+    let replaced = {
+        let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Cow<'_, str> = Cow::Borrowed(text);
+        for secret in secrets.iter() {
+            replace_all(&mut out, &secret.escaped, &secret.marker);
+        }
+        out
+    };
+    let Cow::Owned(redacted) = replaced else {
+        return Cow::Borrowed(text);
+    };
+    if parses(&redacted) || !parses(text) {
+        return Cow::Owned(redacted);
+    }
+    let mut value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(_) => return Cow::Owned(redacted),
+    };
+    redact_value(&mut value);
+    match serde_json::to_string(&value) {
+        Ok(rewritten) => Cow::Owned(rewritten),
+        Err(_) => Cow::Owned(redacted),
+    }
+}
+
+/// Redacts every string inside `value` (object keys too), in place; returns whether anything
+/// was replaced.
+pub fn redact_value(value: &mut Value) -> bool {
+    match value {
+        Value::String(s) => match redact(s) {
+            Cow::Borrowed(_) => false,
+            Cow::Owned(r) => {
+                *s = r;
+                true
+            }
+        },
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, item| redact_value(item) | changed),
+        Value::Object(map) => {
+            if map.keys().any(|k| matches!(redact(k), Cow::Owned(_))) {
+                // Keys cannot be changed in place: the map is rebuilt, in its order.
+                let old = std::mem::take(map);
+                for (key, mut item) in old {
+                    redact_value(&mut item);
+                    map.insert(redact_owned(key), item);
+                }
+                true
+            } else {
+                map.values_mut()
+                    .fold(false, |changed, item| redact_value(item) | changed)
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+/// A writer that redacts what passes through it. Each `write` call is redacted as a whole,
+/// so it suits writers that are handed whole messages: tracing's formatter writes each log
+/// line with one `write_all`. Bytes that are not UTF-8 pass unchanged.
+#[derive(Debug)]
+pub struct RedactingWriter<W>(pub W);
+
+impl<W: Write> Write for RedactingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self.0.write_all(redact(text).as_bytes())?,
+            Err(_) => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+fn replace_all(text: &mut Cow<'_, str>, needle: &str, marker: &str) {
+    if text.contains(needle) {
+        *text = Cow::Owned(text.replace(needle, marker));
+    }
+}
+
+fn parses(text: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+/// How [`crate::text::head_tail`] and the command capture mark what they left out.
+fn omission_marker() -> Option<&'static regex::Regex> {
+    static MARKER: OnceLock<Option<regex::Regex>> = OnceLock::new();
+    MARKER
+        .get_or_init(|| regex::Regex::new(r"\n\[\.\.\. \d+ bytes omitted \.\.\.\]\n").ok())
+        .as_ref()
+}
+
+/// `text` with the pieces of secrets that end just before, or start just after, an omission
+/// marker replaced; `None` when there are none. A cut made before the text was redacted
+/// splits a secret the cut went through into a head piece and a tail piece, neither of which
+/// the whole value matches.
+fn redact_cut_fragments(text: &str, secrets: &[Secret]) -> Option<String> {
+    if secrets.is_empty() || !text.contains("bytes omitted") {
+        return None;
+    }
+    let marker = omission_marker()?;
+    let mut out = String::with_capacity(text.len());
+    let mut done = 0;
+    let mut changed = false;
+    for found in marker.find_iter(text) {
+        let before = &text[done..found.start()];
+        let head = secrets.iter().find_map(|s| {
+            longest_piece(s, |k| before.ends_with(&s.value[..k]), |k| k).map(|k| (s, k))
+        });
+        match head {
+            Some((secret, k)) => {
+                out.push_str(&before[..before.len() - k]);
+                out.push_str(&secret.marker);
+                changed = true;
+            }
+            None => out.push_str(before),
+        }
+        out.push_str(found.as_str());
+        let after = &text[found.end()..];
+        let tail = secrets.iter().find_map(|s| {
+            let n = s.value.len();
+            longest_piece(s, |k| after.starts_with(&s.value[n - k..]), |k| n - k).map(|k| (s, k))
+        });
+        done = found.end();
+        if let Some((secret, k)) = tail {
+            out.push_str(&secret.marker);
+            done += k;
+            changed = true;
+        }
+    }
+    out.push_str(&text[done..]);
+    changed.then_some(out)
+}
+
+/// The longest proper piece length `k` (at least [`MIN_FRAGMENT_LEN`]) of `secret` for which
+/// `fits(k)` holds, where `boundary(k)` is the byte index in the value the piece starts or
+/// ends at (pieces are cut on character boundaries, as the cuts are).
+fn longest_piece(
+    secret: &Secret,
+    fits: impl Fn(usize) -> bool,
+    boundary: impl Fn(usize) -> usize,
+) -> Option<usize> {
+    (MIN_FRAGMENT_LEN..secret.value.len())
+        .rev()
+        .find(|&k| secret.value.is_char_boundary(boundary(k)) && fits(k))
 }
 
 /// [`redact`] into an owned string.
@@ -130,6 +325,12 @@ pub fn redact_owned(text: String) -> String {
 pub fn registered_names() -> Vec<String> {
     let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
     secrets.iter().map(|s| s.name.clone()).collect()
+}
+
+/// `value` as serde_json writes it inside a JSON string, without the quotes.
+fn json_escaped(value: &str) -> String {
+    let quoted = Value::String(value.to_string()).to_string();
+    quoted[1..quoted.len() - 1].to_string()
 }
 
 /// The marker that stands for the secret called `name`. The name is cut to characters that
@@ -194,6 +395,90 @@ mod tests {
         assert!(matches!(redact("nothing here"), Cow::Borrowed(_)));
         assert!(registered_names().contains(&"TEST_SECRETS_A_KEY".to_string()));
         assert!(!registered_names().contains(&"TEST_SECRETS_SHORT".to_string()));
+    }
+
+    #[test]
+    fn secrets_with_json_special_characters_are_found_raw_and_escaped() {
+        let secret = "sk-quote\"back\\slash\nline-q1";
+        register("TEST_SECRETS_QUOTED", secret);
+        let marker = "[REDACTED:TEST_SECRETS_QUOTED]";
+        // Plain text, and plain text quoting JSON.
+        assert_eq!(redact(&format!("a {secret} b")), format!("a {marker} b"));
+        let line = serde_json::json!({"out": format!("x{secret}y")}).to_string();
+        assert_eq!(redact(&line), format!("{{\"out\":\"x{marker}y\"}}"));
+        // A JSON writer's line: only the escaped form is content; the result still parses.
+        let redacted = redact_json(&line);
+        assert!(!redacted.contains("sk-quote"), "{redacted}");
+        let back: Value = serde_json::from_str(&redacted).unwrap();
+        assert_eq!(back["out"], format!("x{marker}y"));
+        // Pretty-printed documents escape alike.
+        let pretty = serde_json::to_string_pretty(&serde_json::json!({"k": [secret]})).unwrap();
+        let redacted = redact_json(&pretty);
+        assert!(!redacted.contains("sk-quote"), "{redacted}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&redacted).unwrap()["k"][0],
+            marker
+        );
+        assert!(matches!(redact_json("{\"a\": 1}"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn an_escaped_form_matching_across_json_syntax_does_not_break_the_document() {
+        // Its escaped form, `\":987654321`, also reads across the end of the key `a\`.
+        register("TEST_SECRETS_SYNTAX", "\":987654321");
+        let text = r#"{"a\\":987654321}"#;
+        let redacted = redact_json(text);
+        let back: Value = serde_json::from_str(&redacted).unwrap();
+        assert_eq!(back, serde_json::json!({"a\\": 987654321}));
+        // As the content of a string it is redacted.
+        let line = serde_json::json!({"b": "x\":987654321"}).to_string();
+        let back: Value = serde_json::from_str(&redact_json(&line)).unwrap();
+        assert_eq!(back["b"], "x[REDACTED:TEST_SECRETS_SYNTAX]");
+    }
+
+    #[test]
+    fn values_are_redacted_in_every_string_and_key() {
+        register("TEST_SECRETS_VALUE", "sk-value-test-v1v1");
+        let mut value = serde_json::json!({
+            "command": "echo sk-value-test-v1v1",
+            "list": [1, "sk-value-test-v1v1", {"sk-value-test-v1v1": true}],
+            "n": 3,
+        });
+        assert!(redact_value(&mut value));
+        let m = "[REDACTED:TEST_SECRETS_VALUE]";
+        assert_eq!(
+            value,
+            serde_json::json!({"command": format!("echo {m}"), "list": [1, m, {m: true}], "n": 3})
+        );
+        assert!(!redact_value(&mut value));
+    }
+
+    #[test]
+    fn pieces_of_a_secret_beside_an_omission_marker_are_redacted() {
+        let secret = "sk-fragment-test-0123456789";
+        register("TEST_SECRETS_FRAGMENT", secret);
+        let m = "[REDACTED:TEST_SECRETS_FRAGMENT]";
+        let gap = "\n[... 1234 bytes omitted ...]\n";
+        let cut = format!("out: {}{gap}{} end", &secret[..9], &secret[9..]);
+        assert_eq!(redact(&cut), format!("out: {m}{gap}{m} end"));
+        // Pieces too short to tell anything stay; text without a marker is not searched.
+        let short = format!("x{}{gap}{}y", &secret[..3], &secret[secret.len() - 3..]);
+        assert_eq!(redact(&short), short);
+        let whole = format!("{}{gap}", &secret[..9]);
+        assert_eq!(redact(&whole), format!("{m}{gap}"));
+        assert!(matches!(redact(&secret[..9]), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn the_redacting_writer_redacts_each_write() {
+        register("TEST_SECRETS_WRITER", "sk-writer-test-w2w2");
+        let mut out = RedactingWriter(Vec::new());
+        out.write_all(b"key sk-writer-test-w2w2\n").unwrap();
+        out.write_all(&[0xff, 0xfe]).unwrap();
+        out.flush().unwrap();
+        let mut expected = b"key [REDACTED:TEST_SECRETS_WRITER]\n".to_vec();
+        expected.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(out.0, expected);
     }
 
     #[test]

@@ -81,15 +81,20 @@ second:
     .unwrap();
     std::fs::write(
         repo.join("taskdaemon.yml"),
-        r#"
-llm: {provider: scripted, script: script.yml}
+        format!(
+            r#"
+llm: {{provider: scripted, script: script.yml}}
+# The loops' commands wait on flag files the test makes.
+sandbox: {{writable: ['{f}']}}
 loops:
-  - {name: first, type: ralph, task: "Share a note, then finish."}
+  - {{name: first, type: ralph, task: "Share a note, then finish."}}
   - name: second
     type: ralph
     task: "Write done.txt."
-    validation: "test -e done.txt || { echo 'done.txt is missing'; exit 1; }"
+    validation: "test -e done.txt || {{ echo 'done.txt is missing'; exit 1; }}"
 "#,
+            f = flags.display()
+        ),
     )
     .unwrap();
     let run_dir = root.join("run");

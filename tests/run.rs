@@ -742,7 +742,7 @@ fn loop_selection_runs_the_loop_and_its_dependencies_only() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. Ctrl-C.
+// 6. Ctrl-C and SIGTERM.
 
 fn wait_for_file(path: &Path, child: &mut Child, limit: Duration) {
     let deadline = Instant::now() + limit;
@@ -767,7 +767,11 @@ fn wait_for_file(path: &Path, child: &mut Child, limit: Duration) {
 fn start_interrupt_fixture(started: &Path, flag: &Path) -> (Project, Child) {
     let project = Project::new(
         "interrupt",
-        &[("STARTED", path_arg(started)), ("FLAG", path_arg(flag))],
+        &[
+            ("STARTED", path_arg(started)),
+            ("FLAG", path_arg(flag)),
+            ("SYNC", path_arg(started.parent().unwrap())),
+        ],
     );
     let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
     let mut child = project
@@ -778,15 +782,31 @@ fn start_interrupt_fixture(started: &Path, flag: &Path) -> (Project, Child) {
     (project, child)
 }
 
+/// Sends `signal` to `child`.
+fn send_signal(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
 #[test]
 fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
+    one_signal_stops_after_the_call_in_flight(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_stops_after_the_call_in_flight_and_records_the_stop() {
+    one_signal_stops_after_the_call_in_flight(libc::SIGTERM, 143);
+}
+
+/// `signal` while a loop's command runs: the run waits for the command, stops the loops,
+/// completes its record and exits with `code`.
+fn one_signal_stops_after_the_call_in_flight(signal: libc::c_int, code: i32) {
     let root = tempfile::tempdir().unwrap();
     let (started, flag) = (root.path().join("started"), root.path().join("flag"));
     let (project, mut child) = start_interrupt_fixture(&started, &flag);
 
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, signal);
     // The command in flight keeps the run going: a stop takes effect after the call.
     thread::sleep(Duration::from_millis(500));
     assert!(
@@ -797,7 +817,7 @@ fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
     let flagged = Instant::now();
     let out = finish(child, RUN_GUARD);
     let took = flagged.elapsed();
-    assert_eq!(out.code, Some(130), "{out}");
+    assert_eq!(out.code, Some(code), "{out}");
     assert!(
         took < Duration::from_secs(10),
         "took {took:?} after the flag"
@@ -865,24 +885,18 @@ fn ctrl_c_stops_after_the_call_in_flight_and_records_the_stop() {
     );
 }
 
-/// Processes of process group `pgid` that still run (zombies do not count: this container's
-/// PID 1 does not reap orphans, and a zombie runs nothing).
-fn running_in_group(pgid: libc::pid_t) -> Vec<String> {
+/// Live processes whose command line holds `marker`. A confined command runs in its own PID
+/// namespace, so the pid it could report is not the host's: its processes are found by
+/// their command line (the command names the flag file, which is unique to the test).
+fn running_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        let (Some(state), Some(group)) = (fields.first(), fields.get(2)) else {
-            continue;
-        };
-        if group.parse() == Ok(pgid) && !state.starts_with(['Z', 'X']) {
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) && !state.starts_with(['Z', 'X']) {
             found.push(stat.trim().to_string());
         }
     }
@@ -891,35 +905,48 @@ fn running_in_group(pgid: libc::pid_t) -> Vec<String> {
 
 #[test]
 fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
+    second_signal_stops_at_once(libc::SIGINT, libc::SIGINT, 130);
+}
+
+#[test]
+fn a_second_sigterm_stops_at_once_and_kills_the_command_in_flight() {
+    second_signal_stops_at_once(libc::SIGTERM, libc::SIGTERM, 143);
+}
+
+#[test]
+fn ctrl_c_after_sigterm_and_sigterm_after_ctrl_c_stop_at_once() {
+    // The exit code names the signal that stopped the run first.
+    second_signal_stops_at_once(libc::SIGTERM, libc::SIGINT, 143);
+    second_signal_stops_at_once(libc::SIGINT, libc::SIGTERM, 130);
+}
+
+/// `first` while a loop's command runs, then `second`: the second stops the loops at once
+/// (killing the command's process group), the record is still completed, and the run exits
+/// with `code`.
+fn second_signal_stops_at_once(first: libc::c_int, second: libc::c_int, code: i32) {
     let root = tempfile::tempdir().unwrap();
     let (started, flag) = (root.path().join("started"), root.path().join("flag"));
     let (project, mut child) = start_interrupt_fixture(&started, &flag);
-    // The command's shell leads its own process group.
-    let mut group = String::new();
-    let deadline = Instant::now() + RUN_GUARD;
-    while group.trim().is_empty() {
-        assert!(Instant::now() < deadline, "the command never wrote its pid");
-        thread::sleep(Duration::from_millis(10));
-        group = std::fs::read_to_string(&started).unwrap();
-    }
-    let group: libc::pid_t = group.trim().parse().unwrap();
+    // The command's shell names the flag file in its command line.
+    let marker = flag.display().to_string();
+    assert!(
+        !running_with(&marker).is_empty(),
+        "the command is not running"
+    );
 
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, first);
     thread::sleep(Duration::from_millis(500));
     assert!(
         child.try_wait().unwrap().is_none(),
-        "the first Ctrl-C must wait for the call in flight"
+        "the first signal must wait for the call in flight"
     );
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, second);
     let out = finish(child, Duration::from_secs(20));
-    assert_eq!(out.code, Some(130), "{out}");
-    let running = running_in_group(group);
+    assert_eq!(out.code, Some(code), "{out}");
+    let running = running_with(&marker);
     assert!(
         running.is_empty(),
-        "the command's process group outlived the run: {running:?}"
+        "the command's processes outlived the run: {running:?}"
     );
     assert!(!flag.exists());
 
@@ -930,6 +957,12 @@ fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
     assert!(waiter["ended_at"].is_string(), "{waiter:#}");
     let later = &summary["loops"]["later"];
     assert_eq!(later["reason"], "never started: the run was interrupted");
+    // The event log is complete (every line parses) and ends the loop.
+    let events = project.events();
+    seq_of(
+        &events,
+        json!({"event": "loop_stopped", "loop_name": "waiter"}),
+    );
     // Work in progress is still committed on the loop's branch.
     let branch = waiter["branch"].as_str().unwrap();
     assert_eq!(
@@ -940,6 +973,17 @@ fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
 
 #[test]
 fn ctrl_c_during_setup_stops_the_run_cleanly() {
+    signal_during_setup_stops_the_run_cleanly(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_during_setup_stops_the_run_cleanly() {
+    signal_during_setup_stops_the_run_cleanly(libc::SIGTERM, 143);
+}
+
+/// `signal` while the first loop's worktree is being made: no loop runs, the record says
+/// every loop stopped, and the run exits with `code`.
+fn signal_during_setup_stops_the_run_cleanly(signal: libc::c_int, code: i32) {
     let root = tempfile::tempdir().unwrap();
     let started = root.path().join("started");
     let flag = root.path().join("flag");
@@ -964,13 +1008,11 @@ fn ctrl_c_during_setup_stops_the_run_cleanly() {
         .spawn()
         .unwrap();
     wait_for_file(&started, &mut child, RUN_GUARD);
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal on our own child's pid has no memory effects.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    send_signal(&child, signal);
     thread::sleep(Duration::from_millis(200));
     std::fs::write(&flag, "").unwrap();
     let out = finish(child, RUN_GUARD);
-    assert_eq!(out.code, Some(130), "{out}");
+    assert_eq!(out.code, Some(code), "{out}");
 
     let summary = project.summary();
     assert_eq!(summary["status"], "stopped", "{summary:#}");

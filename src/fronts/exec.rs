@@ -33,7 +33,9 @@ where
             continue;
         }
         let answer = answer_line(&line, ctx, tools, receipts).await;
-        let mut text = answer.to_string();
+        // Results are redacted by the registry already; an answer that echoes a bad request
+        // line is not, and this is where text leaves the process.
+        let mut text = crate::secrets::redact_json(&answer.to_string()).into_owned();
         text.push('\n');
         output.write_all(text.as_bytes()).await?;
         output.flush().await?;

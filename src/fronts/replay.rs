@@ -177,9 +177,9 @@ pub async fn verify_command(log: &Path, worktree: &Path, json: bool) -> Result<E
     let report = verify(log, worktree).await?;
     if json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        println!("{text}");
+        println!("{}", crate::secrets::redact_json(&text));
     } else {
-        print!("{}", render(&report));
+        print!("{}", crate::secrets::redact(&render(&report)));
     }
     Ok(if report.ok() {
         ExitCode::SUCCESS

@@ -32,6 +32,7 @@ use super::LlmClient;
 use super::anthropic::{self, AnthropicClient, AnthropicSettings};
 use super::http::{self, DEFAULT_MAX_BODY_BYTES, HttpSettings, KeySource};
 use super::openai::{self, OpenAiClient, OpenAiSettings};
+use super::redacting::RedactingClient;
 use super::scripted::ScriptedLlm;
 
 /// Default output limit for Anthropic, which requires one.
@@ -251,7 +252,9 @@ impl LlmConfig {
 
 /// Builds the run's client from the `llm:` section. `base_dir` (the config's directory)
 /// resolves relative `script` and `api-key-file` paths; `in_flight` limits the model calls
-/// in flight across every client of the run. Keys come from the process environment.
+/// in flight across every client of the run. Keys come from the process environment; the
+/// key loaded is registered as a secret, and the client redacts secrets from its responses
+/// and errors ([`super::redacting`]).
 pub fn build_client(
     cfg: &LlmConfig,
     base_dir: &Path,
@@ -263,6 +266,17 @@ pub fn build_client(
 /// [`build_client`] with the environment lookup given (tests pass a closure instead of
 /// changing the process environment).
 pub fn build_client_with_env(
+    cfg: &LlmConfig,
+    base_dir: &Path,
+    in_flight: Arc<Semaphore>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn LlmClient>, String> {
+    let client = build_provider(cfg, base_dir, in_flight, env)?;
+    Ok(Arc::new(RedactingClient::new(client)))
+}
+
+/// The provider's own client, without redaction.
+fn build_provider(
     cfg: &LlmConfig,
     base_dir: &Path,
     in_flight: Arc<Semaphore>,

@@ -112,10 +112,15 @@ impl KeySource {
     /// Reads the key. `Ok(None)` means the variable is not set (or empty); a file that
     /// cannot be read is an error, because naming a file says the key must be there.
     /// `env` looks variables up (the process environment outside tests).
+    ///
+    /// The key read is registered as a secret (under the variable's name, or
+    /// `api-key-file`) before anything else is done with it, so that a provider echoing it
+    /// back, or a command printing it, shows a marker instead, whatever its name or source.
     pub fn load(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<ApiKey>, String> {
         match self {
             KeySource::Env(name) => match env(name) {
                 Some(value) if !value.trim().is_empty() => {
+                    crate::secrets::register(name, &value);
                     ApiKey::new(&value, &format!("the environment variable {name}")).map(Some)
                 }
                 _ => Ok(None),
@@ -123,6 +128,7 @@ impl KeySource {
             KeySource::File(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read the API key file {}: {e}", path.display()))?;
+                crate::secrets::register("api-key-file", &text);
                 ApiKey::new(&text, &format!("the file {}", path.display())).map(Some)
             }
         }
@@ -499,8 +505,11 @@ pub(crate) fn quote_json(body: &Value) -> String {
     quote_limited(&body.to_string(), 300)
 }
 
+/// `text` redacted, then cut to `limit` bytes: redacting first, because a cut could leave
+/// part of a secret that would no longer be recognised.
 fn quote_limited(text: &str, limit: usize) -> String {
-    match crate::text::truncate_to(text, limit) {
+    let text = crate::secrets::redact(text);
+    match crate::text::truncate_to(&text, limit) {
         Some(cut) => format!("{cut}…"),
         None => text.to_string(),
     }
@@ -667,6 +676,41 @@ mod tests {
         std::fs::write(&file, "").unwrap();
         let empty = KeySource::File(file).load(&env).unwrap_err();
         assert!(empty.contains("is empty"), "{empty}");
+    }
+
+    #[test]
+    fn loaded_keys_are_registered_as_secrets_under_their_source() {
+        let env = |name: &str| (name == "TEST_HTTP_ENV_KEY").then(|| "sk-http-env-h7h7h7".into());
+        KeySource::Env("TEST_HTTP_ENV_KEY".into())
+            .load(&env)
+            .unwrap();
+        assert_eq!(
+            crate::secrets::redact("sk-http-env-h7h7h7"),
+            "[REDACTED:TEST_HTTP_ENV_KEY]"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        std::fs::write(&file, "sk-http-file-h8h8h8\n").unwrap();
+        KeySource::File(file).load(&env).unwrap();
+        assert_eq!(
+            crate::secrets::redact("sk-http-file-h8h8h8"),
+            "[REDACTED:api-key-file]"
+        );
+    }
+
+    #[test]
+    fn error_bodies_are_redacted_before_they_are_cut() {
+        crate::secrets::register("TEST_HTTP_ECHO_KEY", "sk-http-echo-h9h9h9");
+        // The key straddles the quote limit: cutting first would leave its first bytes.
+        let body = format!("{}sk-http-echo-h9h9h9", "x".repeat(ERROR_QUOTE_LIMIT - 5));
+        let message = api_error_message(StatusCode::UNAUTHORIZED, body.as_bytes());
+        assert!(!message.contains("sk-ht"), "{message}");
+        let body = serde_json::json!({"error": {"message": "bad key sk-http-echo-h9h9h9"}});
+        let message = api_error_message(StatusCode::UNAUTHORIZED, body.to_string().as_bytes());
+        assert!(
+            message.starts_with("bad key [REDACTED:TEST_HTTP_ECHO_KEY]"),
+            "{message}"
+        );
     }
 
     #[test]

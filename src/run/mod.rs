@@ -5,5 +5,6 @@ pub mod orchestrator;
 pub mod progress;
 pub mod record;
 pub mod resume;
+pub mod signals;
 pub mod status;
 pub mod worktree;

@@ -1,14 +1,13 @@
 //! `taskdaemon run`: loads `taskdaemon.yml`, prepares a worktree per loop, starts the loops
 //! as their dependencies complete (at most `max-loops` at once), commits and optionally
 //! merges each loop's work when it ends, records everything under the run directory, and
-//! stops cleanly on Ctrl-C.
+//! stops cleanly on Ctrl-C or SIGTERM (see `run/signals.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio::sync::Semaphore;
 
 use crate::actors::daemon::{Runtime, RuntimeConfig};
@@ -22,6 +21,7 @@ use crate::run::progress::{Progress, ProgressMode};
 use crate::run::record::{
     LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, new_run_id, now_rfc3339,
 };
+use crate::run::signals::{StopSignal, StopSignals};
 use crate::run::worktree::{MergeOutcome, Repo, Worktree};
 
 /// What `taskdaemon run` was asked to do.
@@ -48,15 +48,15 @@ pub struct RunReport {
     pub run_dir: PathBuf,
     /// Final status per loop.
     pub loops: BTreeMap<String, LoopStatus>,
-    /// Whether Ctrl-C ended it.
-    pub interrupted: bool,
+    /// The signal that stopped it (the first one, when several came), if any.
+    pub interrupted: Option<StopSignal>,
 }
 
 impl RunReport {
-    /// 0 when every loop completed, 130 after Ctrl-C, 1 otherwise.
+    /// 0 when every loop completed, 130 after Ctrl-C (SIGINT), 143 after SIGTERM, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
-        if self.interrupted {
-            130
+        if let Some(signal) = self.interrupted {
+            signal.exit_code()
         } else if self.loops.values().all(|s| *s == LoopStatus::Completed) {
             0
         } else {
@@ -139,16 +139,14 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         types,
         loops,
     } = plan(&options)?;
-    // Listen for Ctrl-C from here on: the handler is installed on the first poll, and until
-    // then a Ctrl-C would kill the process with the default action, mid-setup, leaving a run
-    // record that says "running" forever.
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut listening = true;
-    let mut interrupted = match (&mut ctrl_c).now_or_never() {
-        Some(result) => ctrl_c_ended(result, &mut listening),
-        None => false,
-    };
+    // Every secret of our environment is redacted from what leaves the process from here on
+    // (the provider's key is registered where it is loaded, also when it comes from a file).
+    crate::secrets::register_environment(&[]);
+    // Listen for Ctrl-C and SIGTERM from here on: until now either would kill the process
+    // with its default action, and from here on that would leave a run record saying
+    // "running" forever. The first one that came is what `interrupted` holds.
+    let mut signals = StopSignals::install();
+    let mut interrupted: Option<StopSignal> = signals.arrived();
     // Everything that can still refuse the config (the model client, the catalog) comes
     // before anything is written, so a startup error leaves no run record behind.
     let in_flight = Arc::new(Semaphore::new(config.concurrency.max_model_calls));
@@ -193,7 +191,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             };
             let restored = crate::run::resume::restore(&dir)?;
             for warning in &restored.warnings {
-                eprintln!("taskdaemon: resume: {warning}");
+                eprintln!("taskdaemon: resume: {}", crate::secrets::redact(warning));
             }
             Some((dir, restored))
         }
@@ -310,19 +308,17 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
     let mut released = false;
     let mut stops_sent = false;
-    // After the first Ctrl-C, a second one stops the loops at once instead of after their
-    // calls in flight (a long command or model call would otherwise keep the user waiting).
-    let mut second_ctrl_c: Option<
-        std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>,
-    > = None;
+    // After the first stop signal, a second one (of either kind) stops the loops at once
+    // instead of after their calls in flight (a long command or model call would otherwise
+    // keep the user waiting).
     let mut forced = false;
 
     loop {
-        if listening && let Some(result) = (&mut ctrl_c).now_or_never() {
-            // Ctrl-C during setup, or while the previous loop's end was being handled.
-            interrupted = ctrl_c_ended(result, &mut listening);
+        if interrupted.is_none() {
+            // A signal during setup, or while the previous loop's end was being handled.
+            interrupted = signals.arrived();
         }
-        if !interrupted {
+        if interrupted.is_none() {
             // After Ctrl-C, loops stopped by it do not block the loops waiting on them: those
             // are stopped too (below), as the user asked.
             block_orphans(&loops, &mut status, &record, &progress, &events);
@@ -333,11 +329,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             .count();
         let mut free = config.concurrency.max_loops.saturating_sub(running);
         for def in &loops {
-            if listening && let Some(result) = (&mut ctrl_c).now_or_never() {
-                // Ctrl-C while the previous loop's worktree was being made.
-                interrupted = ctrl_c_ended(result, &mut listening);
+            if interrupted.is_none() {
+                // A signal while the previous loop's worktree was being made.
+                interrupted = signals.arrived();
             }
-            if free == 0 || interrupted {
+            if free == 0 || interrupted.is_some() {
                 break;
             }
             if status[&def.name] != LoopStatus::Pending
@@ -394,7 +390,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 }
             }
         }
-        if interrupted && !stops_sent {
+        if interrupted.is_some() && !stops_sent {
             // Before the release, so that loops started just now stop before they begin.
             for (name, s) in &status {
                 if *s == LoopStatus::Running {
@@ -410,24 +406,13 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         if !status.values().any(|s| *s == LoopStatus::Running) {
             break;
         }
-        if interrupted && second_ctrl_c.is_none() && !forced {
-            second_ctrl_c = Some(Box::pin(tokio::signal::ctrl_c()));
-        }
         let ended = tokio::select! {
             e = rt.next_end(Duration::from_secs(3600)) => e,
-            result = &mut ctrl_c, if listening => {
-                // The stops are sent at the top of the loop.
-                interrupted = ctrl_c_ended(result, &mut listening);
-                continue;
-            }
-            result = async {
-                match second_ctrl_c.as_mut() {
-                    Some(again) => again.await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                second_ctrl_c = None;
-                if result.is_ok() {
+            signal = signals.next(), if !forced => {
+                if interrupted.is_none() {
+                    // The stops are sent at the top of the loop.
+                    interrupted = Some(signal);
+                } else {
                     forced = true;
                     for (name, s) in &status {
                         if *s == LoopStatus::Running {
@@ -451,13 +436,13 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     // Loops never started (interrupted, or waiting on a loop that did not complete).
     for (name, s) in status.iter_mut() {
         if *s == LoopStatus::Pending {
-            *s = if interrupted {
+            *s = if interrupted.is_some() {
                 LoopStatus::Stopped
             } else {
                 LoopStatus::Blocked
             };
             let st = *s;
-            let why = if interrupted {
+            let why = if interrupted.is_some() {
                 "never started: the run was interrupted"
             } else {
                 "never started"
@@ -479,7 +464,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         }
         let _ = std::fs::remove_dir(run_dir.join("worktrees"));
     }
-    let run_status = if interrupted {
+    let run_status = if interrupted.is_some() {
         RunStatus::Stopped
     } else {
         record.summary().status_from_loops()
@@ -491,19 +476,6 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         loops: status,
         interrupted,
     })
-}
-
-/// Takes the result of the Ctrl-C future, which completes once: `true` when Ctrl-C was
-/// pressed, `false` when no listener could be installed (the run then goes on without one).
-fn ctrl_c_ended(result: std::io::Result<()>, listening: &mut bool) -> bool {
-    *listening = false;
-    match result {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!("cannot listen for Ctrl-C ({e}); Ctrl-C will not stop this run cleanly");
-            false
-        }
-    }
 }
 
 /// Copies `src` (without its `.git`) to `dest` and makes the copy a git repository with one

@@ -1,6 +1,9 @@
 //! Live progress of a run: one line per loop (status, iteration/max, current tool, elapsed,
 //! last coordination message), redrawn in place on a terminal; plain log lines otherwise;
 //! JSON event lines with `--json`.
+//!
+//! Everything written is redacted ([`crate::secrets`]) as it is written, and text cut short
+//! for a row is redacted before the cut, so that no piece of a secret is shown.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -105,7 +108,7 @@ impl Progress {
     pub fn on_event(&self, event: &Event) {
         if self.mode == ProgressMode::Json {
             if let Ok(line) = serde_json::to_string(event) {
-                self.print_line(&line);
+                self.write_line(&crate::secrets::redact_json(&line));
             }
             return;
         }
@@ -234,6 +237,11 @@ impl Progress {
     }
 
     fn print_line(&self, line: &str) {
+        self.write_line(&crate::secrets::redact(line));
+    }
+
+    /// Writes a line that is already redacted.
+    fn write_line(&self, line: &str) {
         let mut out = lock(&self.out);
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
@@ -272,6 +280,7 @@ impl Progress {
             ));
         }
         *drawn = rows.len();
+        let text = crate::secrets::redact(&text);
         let mut out = lock(&self.out);
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
@@ -310,7 +319,9 @@ fn sep(note: &str) -> String {
     }
 }
 
+/// The first line of `text`, redacted, cut to 60 bytes.
 fn short(text: &str) -> String {
+    let text = crate::secrets::redact(text);
     let line = text.lines().next().unwrap_or("");
     match crate::text::truncate_to(line, 60) {
         Some(cut) => format!("{cut}…"),
@@ -437,6 +448,39 @@ mod tests {
         assert!(text.contains("api: started\n"));
         assert!(text.contains("api -> client: query: Which port?\n"));
         assert!(text.contains("client: blocked: its dependency `x` did not complete\n"));
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_every_mode_also_where_text_is_cut() {
+        crate::secrets::register("TEST_PROGRESS_KEY", "sk-progress-test-p5p5p5");
+        for mode in [ProgressMode::Live, ProgressMode::Plain, ProgressMode::Json] {
+            let (p, buf) = show(mode);
+            // The key straddles the 60-byte cut of a row's note.
+            let question = format!("{}sk-progress-test-p5p5p5 and more", "q".repeat(50));
+            p.on_event(&event(
+                4,
+                EventKind::QueryAsked {
+                    id: 2,
+                    from: "api".into(),
+                    to: "client".into(),
+                    question,
+                },
+            ));
+            p.on_event(&event(
+                5,
+                EventKind::LoopFailed {
+                    loop_name: "api".into(),
+                    reason: "model API error 401: bad key sk-progress-test-p5p5p5".into(),
+                },
+            ));
+            let text = buf.text();
+            assert!(!text.contains("sk-progress"), "{mode:?}: {text}");
+            assert!(!text.contains("sk-prog"), "{mode:?}: {text}");
+            assert!(
+                text.contains("[REDACTED:TEST_PROGRESS_KEY]"),
+                "{mode:?}: {text}"
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //! so a reader sees the previous or the next version, never half of one. Nothing here keeps
 //! events or transcripts in memory: only the summary (one entry per loop) and one open handle
 //! per file.
+//!
+//! Every line and every summary is passed through [`crate::secrets::redact_json`] right
+//! before it is written: whatever a value held, no known secret reaches the disk.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -614,22 +617,25 @@ fn end_with_newline(file: &mut File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Appends `value` as one JSON line with a single write.
+/// Appends `value` as one JSON line with a single write, secrets redacted.
 fn append_line(file: &Mutex<File>, value: &impl Serialize) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    line.push(b'\n');
+    let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
+    let mut line = crate::secrets::redact_json(&line).into_owned();
+    line.push('\n');
     let mut f = lock(file);
-    f.write_all(&line)?;
+    f.write_all(line.as_bytes())?;
     f.flush()
 }
 
 /// Replaces `summary.json` atomically: readers see the old or the new file, never a mix.
+/// Secrets are redacted.
 fn write_summary(dir: &Path, summary: &RunSummary) -> Result<(), String> {
     let path = dir.join(SUMMARY_FILE);
     let tmp = dir.join(format!("{SUMMARY_FILE}.tmp"));
-    let mut text = serde_json::to_vec_pretty(summary)
+    let text = serde_json::to_string_pretty(summary)
         .map_err(|e| format!("cannot serialize the run summary: {e}"))?;
-    text.push(b'\n');
+    let mut text = crate::secrets::redact_json(&text).into_owned();
+    text.push('\n');
     std::fs::write(&tmp, &text)
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
