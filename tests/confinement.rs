@@ -378,6 +378,7 @@ fn a_loop_cannot_move_another_loops_branch_or_the_users_checkout() {
                   echo evil > ../b/planted 2>&1; \
                   echo evil > $(git rev-parse --git-common-dir)/hooks/pre-commit 2>&1; \
                   echo 'gitdir: /tmp' > .git 2>&1; \
+                  echo '{}' >> ../../events.jsonl 2>&1; \
                   true";
     let attack = json!(attack).to_string();
     let script = format!(
@@ -410,6 +411,9 @@ fn a_loop_cannot_move_another_loops_branch_or_the_users_checkout() {
         assert!(transcript.contains(refusal), "{refusal}: {transcript}");
     }
     assert_eq!(common::git(&repo, &["rev-parse", "main"]), main_before);
+    // The run record is not the loop's to write either.
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    assert!(events.lines().all(|l| l != "{}"), "{events}");
     assert!(!repo.join(".git/hooks/pre-commit").exists());
     let branches = common::git(&repo, &["branch", "--list", "taskdaemon/*"]);
     for name in ["a", "b"] {
@@ -494,4 +498,41 @@ fn ordinary_work_still_works_a_rust_crate_with_a_dependency_and_python_tests() {
     if fully_confined() {
         assert_eq!(summary["sandbox"]["missing"], json!([]), "{summary}");
     }
+}
+
+#[test]
+fn the_models_key_file_and_hidden_paths_read_as_empty() {
+    if !fully_confined() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let wt = tmp.path().join("wt");
+    std::fs::create_dir_all(&wt).unwrap();
+    std::fs::write(tmp.path().join("key.txt"), "sk-hidden-key-file-0006\n").unwrap();
+    std::fs::create_dir_all(tmp.path().join("creds")).unwrap();
+    std::fs::write(tmp.path().join("creds/token"), "token-in-a-hidden-dir\n").unwrap();
+    let config = tmp.path().join("taskdaemon.yml");
+    std::fs::write(
+        &config,
+        "llm: {provider: openai, base-url: 'http://127.0.0.1:9/v1', model: m, api-key-file: key.txt}\n\
+         sandbox: {hide: [creds]}\n",
+    )
+    .unwrap();
+    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()], &[]);
+    let out = exec.sh(
+        "run_command",
+        &format!(
+            "echo \"key:[$(cat {t}/key.txt)]\"; ls {t}/creds | wc -l; cat {t}/creds/token || echo no-token",
+            t = tmp.path().display()
+        ),
+    );
+    assert!(out.contains("key:[]"), "{out}");
+    assert!(!out.contains("sk-hidden") && !out.contains("token-in-a"), "{out}");
+    assert!(out.contains("no-token"), "{out}");
+    exec.finish();
+    // Hidden for commands only: the files are untouched.
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("key.txt")).unwrap(),
+        "sk-hidden-key-file-0006\n"
+    );
 }

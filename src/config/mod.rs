@@ -222,9 +222,15 @@ impl Config {
     }
 
     /// The sandbox settings with their paths made absolute against `base_dir` (the config
-    /// file's directory).
+    /// file's directory). The model's `api-key-file` is always hidden from commands: a
+    /// command that read it could send the key anywhere the net lane reaches, and redaction
+    /// only protects what passes through the daemon.
     pub fn sandbox_settings(&self, base_dir: &Path) -> crate::confine::SandboxSettings {
-        self.sandbox.clone().resolved(base_dir)
+        let mut settings = self.sandbox.clone();
+        if let Some(file) = self.llm.as_ref().and_then(|l| l.api_key_file.as_ref()) {
+            settings.hide.push(file.clone());
+        }
+        settings.resolved(base_dir)
     }
 
     /// Every loop type, resolved.
