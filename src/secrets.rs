@@ -83,7 +83,7 @@ pub fn register(name: &str, value: &str) {
         marker: marker(name),
     });
     // Longest first, so a secret that contains another is replaced whole.
-    secrets.sort_by(|a, b| b.value.len().cmp(&a.value.len()));
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.value.len()));
 }
 
 /// Registers the value of every variable of this process's environment whose name looks
