@@ -12,6 +12,7 @@ use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::receipts::ReceiptLog;
 use taskdaemon::registry::ToolSet;
+use taskdaemon::web_access::WebAccess;
 
 #[derive(Parser)]
 #[command(
@@ -146,7 +147,8 @@ struct SessionArgs {
     /// The worktree the tools are confined to.
     #[arg(long)]
     worktree: PathBuf,
-    /// taskdaemon.yml whose `catalog` overrides tool timeouts, caps and lanes.
+    /// taskdaemon.yml whose `catalog` overrides tool timeouts, caps and lanes, and whose
+    /// `web` section says what web_fetch may reach besides the public internet.
     #[arg(short, long)]
     config: Option<PathBuf>,
     /// Only these tools (comma-separated); an unknown name is an error.
@@ -181,10 +183,17 @@ impl SessionArgs {
             Some(names) => ToolSet::from_names(names)?,
             None => ToolSet::all(),
         };
-        let catalog = load_catalog(self.config.as_deref())?;
+        let (catalog, web_access) = match &self.config {
+            Some(path) => {
+                let config = Config::load(path)?;
+                (config.catalog()?, config.web_access()?)
+            }
+            None => (Catalog::default(), WebAccess::default()),
+        };
         let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
             .map_err(|e| e.to_string())?
             .with_catalog(Arc::new(catalog))
+            .with_web_access(web_access)
             .with_commands(LoopCommands {
                 build: self.build_cmd.clone(),
                 test: self.test_cmd.clone(),

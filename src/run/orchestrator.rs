@@ -160,6 +160,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     })?;
     let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
     let catalog = Arc::new(config.catalog()?);
+    let web_access = config.web_access()?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
     let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
@@ -350,6 +351,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 &rt,
                 &llm,
                 &catalog,
+                &web_access,
                 &events,
                 &progress,
                 &record,
@@ -590,6 +592,7 @@ async fn start_loop(
     rt: &Runtime,
     llm: &Arc<dyn crate::llm::LlmClient>,
     catalog: &Arc<crate::catalog::Catalog>,
+    web_access: &crate::web_access::WebAccess,
     events: &Arc<EventLog>,
     progress: &Arc<Progress>,
     record: &Arc<RunRecord>,
@@ -644,6 +647,7 @@ async fn start_loop(
         .context(&place.dir, &def.name)
         .map_err(|e| e.to_string())?
         .with_catalog(catalog.clone())
+        .with_web_access(web_access.clone())
         .with_commands(LoopCommands {
             build: loop_type.build.clone(),
             test: loop_type.test.clone(),
