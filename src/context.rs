@@ -1,6 +1,7 @@
 //! `ToolContext`: everything a tool call may know about the loop it runs for — the canonical
 //! worktree root, the sandbox, read stamps, the loop's configured commands, the catalog
-//! limits, and (inside a run) the port to the coordinator.
+//! limits, the network destinations web tools may reach, and (inside a run) the port to the
+//! coordinator.
 //!
 //! One context per loop (or per `tool exec` / MCP session). It is shared by reference between
 //! concurrent read-only calls, so its mutable parts sit behind short-lived locks.
@@ -17,6 +18,7 @@ use crate::coordination::Coordination;
 use crate::error::{ToolError, display_path};
 use crate::sandbox::resolve_in;
 use crate::tools::read_file::ReadIndex;
+use crate::web_access::WebAccess;
 
 /// Hash of the exact bytes the model saw (or that the loop itself wrote): 128-bit XXH3
 /// (`twox-hash`, which picks AVX2 at run time: twice the speed of SSE2 here).
@@ -105,6 +107,8 @@ pub struct ToolContext {
     sandbox: bool,
     catalog: Arc<Catalog>,
     commands: LoopCommands,
+    /// What `web_fetch` may reach besides the public internet (`web:` in the config).
+    web_access: WebAccess,
     stamps: Mutex<HashMap<PathBuf, Stamp>>,
     /// Paths whose stamp an outside change dropped: an edit is refused as stale, not as
     /// "never read", so the model learns what happened.
@@ -161,6 +165,7 @@ impl ToolContext {
             sandbox: true,
             catalog: Arc::new(Catalog::default()),
             commands: LoopCommands::default(),
+            web_access: WebAccess::default(),
             stamps: Mutex::new(HashMap::new()),
             dropped: Mutex::new(std::collections::HashSet::new()),
             writing: Mutex::new(std::collections::HashSet::new()),
@@ -225,6 +230,14 @@ impl ToolContext {
         self
     }
 
+    /// Lets `web_fetch` reach what `access` allows besides the public internet (the
+    /// default, [`WebAccess::PublicOnly`], refuses loopback, private and link-local
+    /// addresses).
+    pub fn with_web_access(mut self, access: WebAccess) -> Self {
+        self.web_access = access;
+        self
+    }
+
     /// Connects the coordination tools to a coordinator.
     pub fn with_coordination(mut self, port: Arc<dyn Coordination>) -> Self {
         self.coordination = Some(port);
@@ -259,6 +272,11 @@ impl ToolContext {
     /// The loop's configured commands.
     pub fn commands(&self) -> &LoopCommands {
         &self.commands
+    }
+
+    /// What `web_fetch` may reach besides the public internet.
+    pub fn web_access(&self) -> &WebAccess {
+        &self.web_access
     }
 
     /// Resolves a model-given path to the real path it designates, refusing escapes.

@@ -27,3 +27,4 @@ pub mod secrets;
 pub mod suggest;
 pub mod text;
 pub mod tools;
+pub mod web_access;

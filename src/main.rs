@@ -13,6 +13,7 @@ use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::receipts::ReceiptLog;
 use taskdaemon::registry::ToolSet;
 use taskdaemon::secrets::{self, RedactingWriter};
+use taskdaemon::web_access::WebAccess;
 
 #[derive(Parser)]
 #[command(
@@ -147,7 +148,8 @@ struct SessionArgs {
     /// The worktree the tools are confined to.
     #[arg(long)]
     worktree: PathBuf,
-    /// taskdaemon.yml whose `catalog` overrides tool timeouts, caps and lanes.
+    /// taskdaemon.yml whose `catalog` overrides tool timeouts, caps and lanes, and whose
+    /// `web` section says what web_fetch may reach besides the public internet.
     #[arg(short, long)]
     config: Option<PathBuf>,
     /// Only these tools (comma-separated); an unknown name is an error.
@@ -182,16 +184,20 @@ impl SessionArgs {
             Some(names) => ToolSet::from_names(names)?,
             None => ToolSet::all(),
         };
-        let (catalog, sandbox) = match self.config.as_deref() {
+        let (catalog, sandbox, web_access) = match self.config.as_deref() {
             Some(path) => {
                 let config = Config::load(path)?;
                 let base = path
                     .parent()
                     .map(std::path::Path::to_path_buf)
                     .unwrap_or_default();
-                (config.catalog()?, config.sandbox_settings(&base))
+                (
+                    config.catalog()?,
+                    config.sandbox_settings(&base),
+                    config.web_access()?,
+                )
             }
-            None => (Catalog::default(), Default::default()),
+            None => (Catalog::default(), Default::default(), WebAccess::default()),
         };
         // Before the first call: every secret of our environment (and the config's named
         // ones) is redacted from results, receipts and messages.
@@ -205,6 +211,7 @@ impl SessionArgs {
             .map_err(|e| e.to_string())?
             .with_catalog(Arc::new(catalog))
             .with_sandbox_settings(Arc::new(sandbox))
+            .with_web_access(web_access)
             .with_commands(LoopCommands {
                 build: self.build_cmd.clone(),
                 test: self.test_cmd.clone(),

@@ -527,7 +527,10 @@ fn the_models_key_file_and_hidden_paths_read_as_empty() {
         ),
     );
     assert!(out.contains("key:[]"), "{out}");
-    assert!(!out.contains("sk-hidden") && !out.contains("token-in-a"), "{out}");
+    assert!(
+        !out.contains("sk-hidden") && !out.contains("token-in-a"),
+        "{out}"
+    );
     assert!(out.contains("no-token"), "{out}");
     exec.finish();
     // Hidden for commands only: the files are untouched.

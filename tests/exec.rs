@@ -1,10 +1,14 @@
 //! The `taskdaemon tool exec` contract, driven through the real binary: one ToolContext for
 //! the whole stream, one flushed answer per line before the next line is read, read tracking
-//! active across calls, receipts that `replay verify` can re-run.
+//! active across calls, receipts that `replay verify` can re-run, and `web_fetch` confined to
+//! the public internet unless `-c FILE` allows more.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
@@ -20,10 +24,21 @@ struct Exec {
 
 impl Exec {
     fn start(worktree: &Path, extra: &[&str]) -> Exec {
-        let mut child = Command::new(bin())
+        Exec::spawn(Exec::command(worktree, extra))
+    }
+
+    /// The `tool exec` command line, for a caller that changes its environment.
+    fn command(worktree: &Path, extra: &[&str]) -> Command {
+        let mut command = Command::new(bin());
+        command
             .args(["tool", "exec", "--worktree"])
             .arg(worktree)
-            .args(extra)
+            .args(extra);
+        command
+    }
+
+    fn spawn(mut command: Command) -> Exec {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -258,4 +273,189 @@ fn receipts_replay_identically_and_divergence_is_reported() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("DIFFERS #1 read_file"), "{text}");
+}
+
+/// A one-thread HTTP/1.1 server on 127.0.0.1 answering every request with 200 and `body`,
+/// counting the requests it got. Its thread ends with the test process.
+struct Local {
+    port: u16,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Local {
+    fn start(body: &'static str) -> Local {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let seen = hits.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes());
+            }
+        });
+        Local { port, hits }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// Fetches each URL in one `tool exec` stream started with `extra`; returns each answer's
+/// error flag and content.
+fn fetch_all(worktree: &Path, extra: &[&str], urls: &[String]) -> Vec<(bool, String)> {
+    let mut args = vec!["--tools", "web_fetch"];
+    args.extend_from_slice(extra);
+    let mut exec = Exec::start(worktree, &args);
+    let answers = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            let r = exec.call(&i.to_string(), "web_fetch", json!({ "url": url }));
+            let content = r["content"].as_str().unwrap().to_string();
+            (r["is_error"].as_bool().unwrap(), content)
+        })
+        .collect();
+    assert!(exec.finish().success());
+    answers
+}
+
+#[test]
+fn web_fetch_reaches_local_addresses_only_when_the_config_allows_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let wt = dir.path().join("wt");
+    std::fs::create_dir_all(&wt).unwrap();
+    let local = Local::start("hello from a local service");
+    let by_address = format!("http://127.0.0.1:{}/", local.port);
+    let by_name = format!("http://localhost:{}/", local.port);
+    let urls = [by_address.clone(), by_name.clone()];
+
+    // By default both are refused, before anything is sent.
+    let answers = fetch_all(&wt, &[], &urls);
+    for (is_error, content) in &answers {
+        assert!(is_error, "{content}");
+        assert!(
+            content.starts_with("web_fetch refuses private and loopback addresses: "),
+            "{content}"
+        );
+        assert!(content.contains("127.0.0.1 (loopback)"), "{content}");
+        assert!(
+            content.contains("`web: {allow-private: true}`"),
+            "{content}"
+        );
+    }
+    assert!(answers[1].1.contains("localhost resolves only to"));
+    assert_eq!(local.hits(), 0);
+
+    // `allow-private: true` allows both.
+    let cfg = dir.path().join("td.yml");
+    std::fs::write(&cfg, "web:\n  allow-private: true\n").unwrap();
+    for (is_error, content) in fetch_all(&wt, &["-c", cfg.to_str().unwrap()], &urls) {
+        assert!(!is_error, "{content}");
+        assert!(content.contains("hello from a local service"), "{content}");
+    }
+    assert_eq!(local.hits(), 2);
+
+    // A host list allows exactly its hosts: the name, not the address it resolves to.
+    std::fs::write(&cfg, "web:\n  allow-private: [localhost]\n").unwrap();
+    let answers = fetch_all(&wt, &["-c", cfg.to_str().unwrap()], &urls);
+    assert!(answers[0].0, "{}", answers[0].1);
+    assert!(
+        answers[0].1.contains("127.0.0.1 (loopback)"),
+        "{}",
+        answers[0].1
+    );
+    assert!(!answers[1].0, "{}", answers[1].1);
+    assert!(answers[1].1.contains("hello from a local service"));
+    assert_eq!(local.hits(), 3);
+
+    // A bad entry stops the start with its line and column.
+    std::fs::write(&cfg, "web:\n  allow-private:\n    - localhost:8080\n").unwrap();
+    let out = Command::new(bin())
+        .args(["tool", "exec", "-c", cfg.to_str().unwrap(), "--worktree"])
+        .arg(&wt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":3:7: web.allow-private[0]: `localhost:8080` is not a host name"),
+        "{err}"
+    );
+}
+
+#[test]
+fn web_fetch_ignores_proxies_from_the_environment_unless_everything_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let wt = dir.path().join("wt");
+    std::fs::create_dir_all(&wt).unwrap();
+    let proxy = Local::start("answered by the proxy");
+    let cfg = dir.path().join("td.yml");
+    let with_proxy = |config: &str| {
+        // A short timeout: without a proxy the name below cannot be resolved anyway.
+        std::fs::write(
+            &cfg,
+            format!("catalog:\n  web_fetch: {{timeout-ms: 5000}}\n{config}"),
+        )
+        .unwrap();
+        let mut command =
+            Exec::command(&wt, &["--tools", "web_fetch", "-c", cfg.to_str().unwrap()]);
+        let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
+        for var in ["NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"] {
+            command.env_remove(var);
+        }
+        command
+            .env("HTTP_PROXY", &proxy_url)
+            .env("http_proxy", &proxy_url);
+        let mut exec = Exec::spawn(command);
+        let r = exec.call(
+            "1",
+            "web_fetch",
+            json!({"url": "http://public.example.invalid/"}),
+        );
+        assert!(exec.finish().success());
+        r
+    };
+
+    // The guard is on (the default, or a host list): the proxy is never asked, because it
+    // would resolve and connect where no check of ours could see.
+    for config in ["", "web: {allow-private: [localhost]}\n"] {
+        let r = with_proxy(config);
+        assert_eq!(r["is_error"], true, "{r}");
+        assert!(
+            !r["content"]
+                .as_str()
+                .unwrap()
+                .contains("answered by the proxy"),
+            "{r}"
+        );
+    }
+    assert_eq!(proxy.hits(), 0);
+
+    // With every address allowed there is nothing to sidestep: the proxy is used as before.
+    let r = with_proxy("web: {allow-private: true}\n");
+    assert_eq!(r["is_error"], false, "{r}");
+    assert!(
+        r["content"]
+            .as_str()
+            .unwrap()
+            .contains("answered by the proxy"),
+        "{r}"
+    );
+    assert_eq!(proxy.hits(), 1);
 }

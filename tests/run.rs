@@ -7,7 +7,8 @@
 //! Every process the tests start gets `HOME`, `XDG_CONFIG_HOME` and `GIT_CONFIG_NOSYSTEM`
 //! pointing into the temp dir, so the machine's git config stays out; the test process's own
 //! environment is never changed (tests run in parallel). The only network use is the
-//! OpenAI-compatible server that one test starts on 127.0.0.1.
+//! OpenAI-compatible server that two tests start on 127.0.0.1 (one as a model, one as a
+//! service web_fetch is or is not allowed to reach).
 //!
 //! Timeouts below are failure guards only: every run here takes well under a second or two.
 
@@ -1246,6 +1247,57 @@ fn text_reply(text: &str) -> Value {
         }],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     })
+}
+
+/// Runs the `web` scenario with `web_line` in its config against `server`; returns the
+/// error flag and content of the loop's two web_fetch results (by address, by name).
+fn run_web(web_line: &str, server: &ChatServer) -> Vec<(bool, String)> {
+    let project = Project::new(
+        "web",
+        &[
+            ("WEB", web_line.to_string()),
+            ("PORT", server.port.to_string()),
+        ],
+    );
+    let out = project.run(&project.config(), &[]);
+    assert_eq!(out.code, Some(0), "{out}");
+    read_jsonl(&project.transcript("fetcher"))
+        .into_iter()
+        .filter(|e| e["entry"] == "tool_result" && e["name"] == "web_fetch")
+        .map(|e| {
+            let content = e["content"].as_str().unwrap().to_string();
+            (e["is_error"].as_bool().unwrap(), content)
+        })
+        .collect()
+}
+
+#[test]
+fn the_web_section_decides_what_web_fetch_reaches_in_a_loop() {
+    let server = ChatServer::start(vec![]);
+    // By default a loop reaches neither the address nor a name resolving to it.
+    let results = run_web("", &server);
+    assert_eq!(results.len(), 2, "{results:?}");
+    for (is_error, content) in &results {
+        assert!(is_error, "{content}");
+        assert!(
+            content.starts_with("web_fetch refuses private and loopback addresses: "),
+            "{content}"
+        );
+    }
+    assert!(server.requests().is_empty());
+
+    // A host list lets exactly its hosts through.
+    let results = run_web("web: {allow-private: [localhost]}", &server);
+    assert!(results[0].0, "{}", results[0].1);
+    assert!(
+        results[0].1.contains("127.0.0.1 (loopback)"),
+        "{}",
+        results[0].1
+    );
+    assert!(!results[1].0, "{}", results[1].1);
+    assert!(results[1].1.contains("Status: 200 OK"), "{}", results[1].1);
+    let lines: Vec<String> = server.requests().into_iter().map(|r| r.line).collect();
+    assert_eq!(lines, vec!["GET /by-name HTTP/1.1"]);
 }
 
 #[test]

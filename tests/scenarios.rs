@@ -1107,21 +1107,24 @@ a:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_turns_and_iteration_timeout_end_an_iteration() {
-    let mut run = Run::new(
+    // A sleep argument unique to this test run: the command's pid is its namespace's, so
+    // the test finds the command by its command line.
+    let sleeper = format!("5.{:03}1", std::process::id() % 1000);
+    let mut run = Run::new(&format!(
         r#"
 a:
   turns:
-    - calls: [{list_directory: {}}]
-    - calls: [{list_directory: {}}]
-    - calls: [{complete_task: {summary: "second iteration"}}]
+    - calls: [{{list_directory: {{}}}}]
+    - calls: [{{list_directory: {{}}}}]
+    - calls: [{{complete_task: {{summary: "second iteration"}}}}]
 b:
   turns:
     - calls:
-        - run_command: {command: "echo $$ > ../b.pid; exec sleep 5"}
+        - run_command: {{command: "exec sleep {sleeper}"}}
     - calls:
-        - complete_task: {summary: "after the timeout"}
-"#,
-    )
+        - complete_task: {{summary: "after the timeout"}}
+"#
+    ))
     .await;
     run.spawn(
         "a",
@@ -1148,12 +1151,12 @@ b:
         "the timeout did not cut the command"
     );
     // The abandoned command does not run on in its lane worker.
-    let pid = std::fs::read_to_string(run.path("b.pid")).unwrap();
-    let stat = format!("/proc/{}/stat", pid.trim());
     let alive = || {
-        std::fs::read_to_string(&stat)
-            .map(|s| !s.contains(") Z "))
-            .unwrap_or(false)
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(&sleeper) && !stat.contains(") Z ")
+        })
     };
     let waited = Instant::now();
     while alive() && waited.elapsed() < Duration::from_secs(2) {

@@ -1,5 +1,6 @@
 //! Loading `taskdaemon.yml`: the model provider, concurrency, lane sizes, coordinator
-//! limits, tool catalog overrides, loop types and the loops of a run.
+//! limits, tool catalog overrides, what the web tools may reach, loop types and the loops
+//! of a run.
 //!
 //! Every key is checked: an unknown key is an error that gives the file, line and column
 //! and the nearest valid key, so a typo never silently does nothing. Names, types,
@@ -13,13 +14,16 @@ use serde::Deserialize;
 use crate::actors::coordinator::CoordinatorLimits;
 use crate::actors::tool_lanes::LaneSizes;
 use crate::catalog::{Catalog, ToolSpecOverride};
+use crate::web_access::WebAccess;
 
 pub mod locate;
 pub mod loop_types;
 pub mod loops;
+pub mod web;
 
 pub use loop_types::{LoopType, LoopTypeDef};
 pub use loops::{LoopDef, WorktreeMode};
+pub use web::{AllowPrivate, WebConfig};
 
 /// How much runs at once.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -65,6 +69,9 @@ pub struct Config {
     /// Per-tool overrides of lane, timeout and output cap.
     #[serde(default)]
     pub catalog: BTreeMap<String, ToolSpecOverride>,
+    /// What `web_fetch` may reach besides the public internet.
+    #[serde(default)]
+    pub web: WebConfig,
     /// Keep the loops' worktrees after the run (branches are always kept).
     #[serde(default)]
     pub keep_worktrees: bool,
@@ -152,6 +159,9 @@ impl Config {
         let mut problems = Vec::new();
         if let Err(e) = self.catalog() {
             problems.push(Problem::new("catalog", e));
+        }
+        if let Err(mut p) = self.web.access() {
+            problems.append(&mut p);
         }
         if let Some(llm) = &self.llm
             && let Err(e) = llm.validate()
@@ -244,6 +254,11 @@ impl Config {
         catalog.apply_overrides(&self.catalog)?;
         Ok(catalog)
     }
+
+    /// What `web_fetch` may reach under this file's `web:` section.
+    pub fn web_access(&self) -> Result<WebAccess, String> {
+        self.web.access().map_err(|p| p.messages())
+    }
 }
 
 /// `:line:column` of the field at `at` in `text`, or of the nearest enclosing field that is
@@ -286,6 +301,7 @@ pub(crate) fn with_suggestion(message: &str) -> String {
 mod tests {
     use super::*;
     use crate::catalog::Lane;
+    use crate::web_access::AllowedHost;
 
     #[test]
     fn catalog_overrides_are_applied() {
@@ -414,6 +430,62 @@ loops:
             let err = Config::parse(&bad.replace("\\n", "\n"), "t.yml").unwrap_err();
             assert!(err.contains(needle), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn web_allow_private_is_a_flag_or_a_host_list() {
+        let access = |text: &str| Config::parse(text, "t.yml").unwrap().web_access().unwrap();
+        assert_eq!(access("{}"), WebAccess::PublicOnly);
+        assert_eq!(access("web: {}\n"), WebAccess::PublicOnly);
+        assert_eq!(
+            access("web: {allow-private: false}\n"),
+            WebAccess::PublicOnly
+        );
+        assert_eq!(access("web: {allow-private: true}\n"), WebAccess::Any);
+        assert_eq!(
+            access("web: {allow-private: []}\n"),
+            WebAccess::PublicAnd(vec![])
+        );
+        assert_eq!(
+            access("web:\n  allow-private: [localhost, 127.0.0.1, \"::1\", Internal.Example]\n"),
+            WebAccess::PublicAnd(vec![
+                AllowedHost::Name("localhost".into()),
+                AllowedHost::Ip("127.0.0.1".parse().unwrap()),
+                AllowedHost::Ip("::1".parse().unwrap()),
+                AllowedHost::Name("internal.example".into()),
+            ])
+        );
+    }
+
+    #[test]
+    fn web_problems_name_their_line_and_column() {
+        let err = Config::parse("web:\n  allow-privat: true\n", "t.yml").unwrap_err();
+        assert!(err.starts_with("t.yml:2:"), "{err}");
+        assert!(err.contains("did you mean `allow-private`"), "{err}");
+        let err = Config::parse("web:\n  allow-private: yes\n", "t.yml").unwrap_err();
+        assert!(err.starts_with("t.yml:2:"), "{err}");
+        assert!(
+            err.contains("expected true, false or a list of host names and IP addresses"),
+            "{err}"
+        );
+        let err = Config::parse("web: {allow-private: [localhost, 8080]}\n", "t.yml").unwrap_err();
+        assert!(
+            err.starts_with("t.yml:1:34: web.allow-private[1]: `8080` would be read as the IP address 0.0.31.144"),
+            "{err}"
+        );
+        let text = "web:\n  allow-private:\n    - localhost\n    - http://internal.example:8080/\n    - '*.corp'\n";
+        let err = Config::parse(text, "t.yml").unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 2, "{err}");
+        assert!(
+            lines[0].starts_with("t.yml:4:7: web.allow-private[1]: `http://internal.example:8080/` is not a host name"),
+            "{err}"
+        );
+        assert!(lines[0].contains("without scheme, port, path"), "{err}");
+        assert!(
+            lines[1].starts_with("t.yml:5:7: web.allow-private[2]: `*.corp`"),
+            "{err}"
+        );
     }
 
     #[test]

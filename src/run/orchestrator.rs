@@ -169,6 +169,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             sandbox_report.missing.join("\n  - ")
         );
     }
+    let web_access = config.web_access()?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
     let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
@@ -359,6 +360,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 &llm,
                 &catalog,
                 &sandbox,
+                &web_access,
                 &events,
                 &progress,
                 &record,
@@ -576,6 +578,7 @@ async fn start_loop(
     llm: &Arc<dyn crate::llm::LlmClient>,
     catalog: &Arc<crate::catalog::Catalog>,
     sandbox: &Arc<crate::confine::SandboxSettings>,
+    web_access: &crate::web_access::WebAccess,
     events: &Arc<EventLog>,
     progress: &Arc<Progress>,
     record: &Arc<RunRecord>,
@@ -631,6 +634,7 @@ async fn start_loop(
         .map_err(|e| e.to_string())?
         .with_catalog(catalog.clone())
         .with_sandbox_settings(sandbox.clone())
+        .with_web_access(web_access.clone())
         .with_commands(LoopCommands {
             build: loop_type.build.clone(),
             test: loop_type.test.clone(),

@@ -2,10 +2,12 @@
 //! readable text, text and JSON as they are, binary content only described.
 //!
 //! The body is read as a stream and cut at a byte cap, so memory stays bounded whatever the
-//! server sends. This module also owns the HTTP plumbing `web_search` reuses: the shared
-//! clients, the capped body reader and error-chain formatting.
+//! server sends. Destinations are confined by the context's [`WebAccess`]: by default only
+//! public internet addresses are reached (see `web_access`). This module also owns the HTTP
+//! plumbing `web_search` reuses: the shared clients, the capped body reader and error-chain
+//! formatting.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,10 +15,11 @@ use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::context::ToolContext;
+use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult};
 use crate::text::{floor_char_boundary, truncate_to};
 use crate::tools::{Tool, ToolOutput, args};
+use crate::web_access::{GuardedResolver, Refusal, WebAccess, find_refusal, redirect_policy};
 
 const TOOL: &str = "web_fetch";
 
@@ -58,7 +61,9 @@ impl Tool for WebFetch {
          readable text (links listed as numbered references), text and JSON are returned as \
          they are, binary content (images, PDFs, archives) is only described. Long bodies are \
          cut at max_bytes. HTTP errors (4xx/5xx) come back as errors with a short excerpt of \
-         the body. Use web_search first when you do not know the URL."
+         the body. Addresses on this machine or a private network (localhost, 10.x, \
+         192.168.x, 169.254.x...) are refused unless the run's configuration allows them. Use \
+         web_search first when you do not know the URL."
     }
 
     fn input_schema(&self) -> Value {
@@ -104,7 +109,8 @@ impl Tool for WebFetch {
             Some(n) => n as usize,
         };
         let url = parse_http_url(TOOL, "/url", &args.url)?;
-        fetch(&url, max_bytes, cap_max, request_timeout(spec.timeout_ms)).await
+        let timeout = request_timeout(spec.timeout_ms);
+        fetch(&url, max_bytes, cap_max, timeout, ctx.web_access()).await
     }
 }
 
@@ -160,9 +166,62 @@ pub(crate) fn client_for(url: &Url) -> ToolResult<reqwest::Client> {
         builder.build().map_err(|e| error_chain(&e))
     })
     .clone()
-    .map_err(|e| ToolError::Unavailable {
-        message: format!("the HTTP client could not be set up ({e}); web tools cannot be used in this environment. Continue without them."),
-    })
+    .map_err(client_unavailable)
+}
+
+/// The client `web_fetch` uses under `access`: with every address allowed, the shared
+/// client of [`client_for`]; otherwise one that checks every address it connects to (one
+/// per policy for the whole process, so connections are pooled across loops).
+fn fetch_client(url: &Url, access: &WebAccess) -> ToolResult<reqwest::Client> {
+    type Clients = Vec<(WebAccess, Result<reqwest::Client, String>)>;
+    static GUARDED: Mutex<Clients> = Mutex::new(Vec::new());
+    if *access == WebAccess::Any {
+        return client_for(url);
+    }
+    let mut clients = lock(&GUARDED);
+    if let Some((_, client)) = clients.iter().find(|(a, _)| a == access) {
+        return client.clone().map_err(client_unavailable);
+    }
+    let built = reqwest::Client::builder()
+        .user_agent(concat!("taskdaemon/", env!("CARGO_PKG_VERSION")))
+        // Never through a proxy from the environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY):
+        // a proxy resolves the name and connects on our behalf, so the resolver below would
+        // never see the address reached, and a proxy inside the private network reaches
+        // exactly what this client must not. With `allow-private: true` (the branch above)
+        // there is nothing to sidestep, and proxies are honoured as before.
+        .no_proxy()
+        .dns_resolver(Arc::new(GuardedResolver::new(access.clone())))
+        .redirect(redirect_policy(access.clone(), MAX_REDIRECTS))
+        .build()
+        .map_err(|e| error_chain(&e));
+    clients.push((access.clone(), built.clone()));
+    built.map_err(client_unavailable)
+}
+
+/// The error when no HTTP client can be built (no TLS roots, say).
+fn client_unavailable(cause: String) -> ToolError {
+    ToolError::Unavailable {
+        message: format!(
+            "the HTTP client could not be set up ({cause}); web tools cannot be used in this environment. Continue without them."
+        ),
+    }
+}
+
+/// The error for a destination the context's [`WebAccess`] refuses, reached from
+/// `requested`.
+fn refused(mut refusal: Refusal, requested: &Url) -> ToolError {
+    let requested_host = requested.host_str().unwrap_or_default();
+    if refusal.reached_from.is_none()
+        && !refusal
+            .host
+            .trim_end_matches('.')
+            .eq_ignore_ascii_case(requested_host.trim_end_matches('.'))
+    {
+        refusal.reached_from = Some(requested.to_string());
+    }
+    ToolError::Unavailable {
+        message: refusal.to_string(),
+    }
 }
 
 /// The error and all its sources, joined — reqwest's own message alone rarely says why.
@@ -723,14 +782,20 @@ async fn render_body(
     (kind, text, notes)
 }
 
-/// Fetches `url` and renders the answer.
+/// Fetches `url`, reaching only what `access` allows, and renders the answer.
 async fn fetch(
     url: &Url,
     max_bytes: usize,
     cap_max: usize,
     timeout: Duration,
+    access: &WebAccess,
 ) -> ToolResult<ToolOutput> {
-    let client = client_for(url)?;
+    // The client connects to an IP literal without resolving it, so the resolver's check
+    // never sees it: check it here (redirect hops are checked by the redirect policy).
+    access
+        .check_literal(url)
+        .map_err(|refusal| refused(refusal, url))?;
+    let client = fetch_client(url, access)?;
     let mut resp = client
         .get(url.clone())
         .header(
@@ -740,7 +805,10 @@ async fn fetch(
         .timeout(timeout)
         .send()
         .await
-        .map_err(|e| request_error(url, &e, timeout))?;
+        .map_err(|e| match find_refusal(&e) {
+            Some(refusal) => refused(refusal.clone(), url),
+            None => request_error(url, &e, timeout),
+        })?;
     let status = resp.status();
     let final_url = resp.url().clone();
     let content_type = resp
@@ -843,7 +911,8 @@ pub(crate) mod test_server {
     }
 
     /// Starts a server whose `route` maps a request path (with query) to an answer.
-    pub async fn start(route: fn(&str) -> Canned) -> Server {
+    pub async fn start(route: impl Fn(&str) -> Canned + Send + Sync + 'static) -> Server {
+        let route = Arc::new(route);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -854,6 +923,7 @@ pub(crate) mod test_server {
                     return;
                 };
                 let seen = seen.clone();
+                let route = route.clone();
                 tokio::spawn(async move {
                     let mut head = Vec::new();
                     let mut buf = [0u8; 1024];
@@ -903,7 +973,7 @@ mod tests {
     use crate::catalog::ToolSpecOverride;
     use crate::registry::ToolSet;
     use crate::tools::test_support::{peak_rss_kib, run_isolated, with_limits, worktree};
-    use std::sync::Arc;
+    use crate::web_access::AllowedHost;
 
     fn routes(path: &str) -> Canned {
         match path {
@@ -954,13 +1024,175 @@ mod tests {
         }
     }
 
+    /// Calls web_fetch with every address allowed: the test servers listen on 127.0.0.1.
     async fn call(url: &str, max_bytes: Option<u64>) -> ToolResult<ToolOutput> {
+        call_with(url, max_bytes, WebAccess::Any).await
+    }
+
+    async fn call_with(
+        url: &str,
+        max_bytes: Option<u64>,
+        access: WebAccess,
+    ) -> ToolResult<ToolOutput> {
         let (_dir, ctx) = worktree();
         let mut input = json!({ "url": url });
         if let Some(m) = max_bytes {
             input["max_bytes"] = json!(m);
         }
-        WebFetch.execute(input, &ctx).await
+        WebFetch.execute(input, &ctx.with_web_access(access)).await
+    }
+
+    fn allow(hosts: &[&str]) -> WebAccess {
+        WebAccess::PublicAnd(
+            hosts
+                .iter()
+                .map(|h| AllowedHost::parse(h).unwrap())
+                .collect(),
+        )
+    }
+
+    fn port(s: &super::test_server::Server) -> u16 {
+        s.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// Asserts that `err` is web_fetch's refusal of a private address, naming `needle`.
+    fn assert_refused(err: &ToolError, needle: &str) {
+        assert_eq!(err.kind(), "unavailable", "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("web_fetch refuses private and loopback addresses: "),
+            "{text}"
+        );
+        assert!(text.contains(needle), "{needle}: {text}");
+        assert!(text.contains("`web: {allow-private: true}`"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn loopback_literals_are_refused_by_default_in_every_spelling() {
+        let s = start(routes).await;
+        let p = port(&s);
+        for (url, shown) in [
+            (
+                format!("http://127.0.0.1:{p}/plain"),
+                "127.0.0.1 (loopback)",
+            ),
+            (
+                format!("http://2130706433:{p}/plain"),
+                "127.0.0.1 (loopback)",
+            ),
+            (format!("http://0x7f.1:{p}/plain"), "127.0.0.1 (loopback)"),
+            (format!("http://127.1:{p}/plain"), "127.0.0.1 (loopback)"),
+            (
+                format!("http://[::ffff:127.0.0.1]:{p}/plain"),
+                "::ffff:127.0.0.1 (loopback: 127.0.0.1 in IPv4-mapped form)",
+            ),
+            (
+                format!("http://[::ffff:7f00:1]:{p}/plain"),
+                "::ffff:127.0.0.1 (loopback",
+            ),
+            (
+                "http://169.254.169.254/latest/meta-data/".to_string(),
+                "169.254.169.254 (link-local)",
+            ),
+            ("http://[::]:9/".to_string(), ":: (unspecified)"),
+        ] {
+            let err = call_with(&url, None, WebAccess::PublicOnly)
+                .await
+                .unwrap_err();
+            assert_refused(&err, shown);
+        }
+        assert!(s.requests.lock().unwrap().is_empty(), "nothing was sent");
+        // The same server, allowed: it answers.
+        let out = call(&format!("http://127.0.0.1:{p}/plain"), None)
+            .await
+            .unwrap();
+        assert!(out.content.contains("line one"));
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_after_resolution() {
+        let s = start(routes).await;
+        let url = format!("http://localhost:{}/plain", port(&s));
+        let err = call_with(&url, None, WebAccess::PublicOnly)
+            .await
+            .unwrap_err();
+        assert_refused(&err, "localhost resolves only to ");
+        assert!(err.to_string().contains("127.0.0.1 (loopback)"), "{err}");
+        assert!(!err.to_string().contains("redirect"), "{err}");
+        assert!(s.requests.lock().unwrap().is_empty());
+        // Listed by name, it is reached; its address is not listed and stays refused.
+        let out = call_with(&url, None, allow(&["localhost"])).await.unwrap();
+        assert!(out.content.contains("line one"));
+        let literal = format!("http://127.0.0.1:{}/plain", port(&s));
+        let err = call_with(&literal, None, allow(&["localhost"]))
+            .await
+            .unwrap_err();
+        assert_refused(&err, "127.0.0.1 (loopback)");
+        let out = call_with(&literal, None, allow(&["127.0.0.1"]))
+            .await
+            .unwrap();
+        assert!(out.content.contains("line one"));
+    }
+
+    #[tokio::test]
+    async fn every_redirect_hop_is_checked() {
+        let target = start(routes).await;
+        let tp = port(&target);
+        let hops = start(move |path: &str| {
+            let location = match path {
+                "/to-literal" => format!("http://127.0.0.1:{tp}/plain"),
+                "/to-name" => format!("http://localhost:{tp}/plain"),
+                _ => "/nowhere".to_string(),
+            };
+            Canned {
+                headers: vec![("Location".into(), location)],
+                ..Canned::new("302 Found", "text/plain", "")
+            }
+        })
+        .await;
+        let hp = port(&hops);
+
+        // Allowed host (by name) redirecting to an address that is not on the list.
+        let from = format!("http://localhost:{hp}/to-literal");
+        let err = call_with(&from, None, allow(&["localhost"]))
+            .await
+            .unwrap_err();
+        assert_refused(&err, "127.0.0.1 (loopback)");
+        assert!(
+            err.to_string()
+                .contains(&format!("reached through a redirect from {from}")),
+            "{err}"
+        );
+        // Allowed host (by address) redirecting to a name that resolves to loopback.
+        let from = format!("http://127.0.0.1:{hp}/to-name");
+        let err = call_with(&from, None, allow(&["127.0.0.1"]))
+            .await
+            .unwrap_err();
+        assert_refused(&err, "localhost resolves only to ");
+        assert!(
+            err.to_string()
+                .contains(&format!("reached through a redirect from {from}")),
+            "{err}"
+        );
+        assert!(target.requests.lock().unwrap().is_empty(), "never reached");
+        assert_eq!(hops.requests.lock().unwrap().len(), 2);
+
+        // A redirect that stays on the list is followed.
+        let out = call_with(
+            &format!("http://localhost:{hp}/to-name"),
+            None,
+            allow(&["localhost"]),
+        )
+        .await
+        .unwrap();
+        assert!(out.content.contains("line one"), "{}", out.content);
+        assert!(
+            out.content.starts_with(&format!(
+                "URL: http://localhost:{tp}/plain (redirected from"
+            )),
+            "{}",
+            out.content
+        );
     }
 
     #[tokio::test]
@@ -1131,7 +1363,7 @@ mod tests {
             timeout_ms: Some(300),
             ..Default::default()
         };
-        let ctx = with_limits(dir.path(), TOOL, limits);
+        let ctx = with_limits(dir.path(), TOOL, limits).with_web_access(WebAccess::Any);
         let input = json!({"url": format!("http://{addr}/slow")});
         let err = WebFetch.execute(input, &ctx).await.unwrap_err();
         assert_eq!(err.kind(), "timeout");
@@ -1150,7 +1382,7 @@ mod tests {
             max_output_bytes: Some(2000),
             ..Default::default()
         };
-        let ctx = with_limits(dir.path(), TOOL, limits);
+        let ctx = with_limits(dir.path(), TOOL, limits).with_web_access(WebAccess::Any);
         let input = json!({"url": format!("{}/medium", s.base)});
         let out = WebFetch.execute(input, &ctx).await.unwrap();
         assert!(out.content.len() <= 2000, "{}", out.content.len());
@@ -1205,6 +1437,16 @@ mod tests {
         let err = call(&format!("{}/loop", s.base), None).await.unwrap_err();
         assert_eq!(err.kind(), "failed");
         assert!(err.to_string().contains("redirects"), "{err}");
+        // The same through the client that checks every hop.
+        let err = call_with(&format!("{}/loop", s.base), None, allow(&["127.0.0.1"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "failed");
+        assert!(
+            err.to_string()
+                .contains("too many redirects (more than 10)"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
