@@ -158,6 +158,18 @@ pub unsafe fn enter(plan: &ChildPlan) -> io::Result<()> {
     unsafe {
         check(libc::setsid(), Stage::NewSession)?;
         if plan.namespaces != 0 {
+            // The monitor and the init never exec, so they would keep the daemon's signal
+            // handlers (tokio's write to pipes these processes close); they get the defaults.
+            // The command's own handlers are reset by exec anyway.
+            for signal in [
+                libc::SIGCHLD,
+                libc::SIGINT,
+                libc::SIGTERM,
+                libc::SIGHUP,
+                libc::SIGQUIT,
+            ] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
             check(libc::unshare(plan.namespaces), Stage::Namespaces)?;
             if plan.user_namespace {
                 write_file(c"/proc/self/setgroups", b"deny");

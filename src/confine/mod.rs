@@ -312,6 +312,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn required_refuses_what_the_machine_lacks_and_best_effort_reports_it() {
+        let lacking = Protections {
+            landlock_abi: 0,
+            seccomp: true,
+            namespaces: true,
+            needs_user_namespace: false,
+        };
+        let report = |mode| SandboxReport {
+            mode,
+            missing: lacking.missing(),
+            protections: lacking.clone(),
+        };
+        let err = report(SandboxMode::Required).check_required().unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("sandbox.mode: required") && text.contains("landlock:"),
+            "{text}"
+        );
+        assert!(report(SandboxMode::BestEffort).check_required().is_ok());
+        let full = SandboxReport::of(&SandboxSettings {
+            mode: SandboxMode::Required,
+            ..SandboxSettings::default()
+        });
+        assert_eq!(full.check_required().is_ok(), full.missing.is_empty());
+    }
+
+    #[test]
     fn shorthand_and_map_forms_parse_and_unknown_keys_are_refused() {
         let s: SandboxSettings = serde_yaml_ng::from_str("required").unwrap();
         assert_eq!(s.mode, SandboxMode::Required);

@@ -576,4 +576,32 @@ mod tests {
         assert!(text.ends_with("r11 (and 2 older)"), "{text}");
         assert_eq!(available(&[]), "there are no runs there yet");
     }
+
+    #[test]
+    fn missing_protections_are_shown_a_line_each() {
+        let protections = crate::confine::Protections {
+            landlock_abi: 0,
+            seccomp: false,
+            namespaces: true,
+            needs_user_namespace: false,
+        };
+        let summary = RunSummary {
+            run_id: "r1".into(),
+            started_at: "2026-01-01T00:00:00.000Z".into(),
+            sandbox: Some(crate::confine::SandboxReport {
+                mode: crate::confine::SandboxMode::BestEffort,
+                missing: protections.missing(),
+                protections,
+            }),
+            ..RunSummary::default()
+        };
+        let text = render_status(&summary, "2026-01-01T00:00:01.000Z");
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("sandbox missing "))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].starts_with("sandbox missing landlock:"), "{text}");
+        assert!(lines[1].starts_with("sandbox missing seccomp:"), "{text}");
+    }
 }
