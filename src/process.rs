@@ -20,7 +20,6 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::io::Read as _;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
@@ -41,6 +40,10 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long to wait for the killed main process to be reaped before giving up on its status.
 const REAP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a confined command's status report may trail the exit of its monitor (it is
+/// written before the init exits, so it is normally there already).
+const REPORT_GRACE: Duration = Duration::from_millis(100);
 
 /// Size of one read from a pipe: with the larger pipe below, a command that prints
 /// gigabytes is read in few, large chunks.
@@ -221,6 +224,7 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
             }
         }
     }
+    let confined = status_socket.is_some();
     let spawned = command.spawn();
     // The command holds our copy of the launcher's end; it must not outlive the spawn.
     drop(command);
@@ -252,35 +256,57 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
         let deadline = tokio::time::sleep(options.timeout);
         tokio::pin!(deadline);
         let mut io_done = false;
+        // A confined command's status comes from its init, which sends it once every process
+        // of the namespace is dead: the call can end there, without waiting for the kernel to
+        // tear the namespaces down (an RCU grace period, the bulk of a short command's cost).
+        let report = reported_status(status_socket.take());
+        tokio::pin!(report);
+        let mut report_done = !confined;
         // Pipes are read while waiting, or a chatty command would block on a full pipe.
-        let exited = loop {
+        let ended = loop {
             tokio::select! {
-                status = child.wait() => break Some(status),
+                status = child.wait() => break Ended::Leader(status),
+                status = &mut report, if !report_done => match status {
+                    Some(status) => break Ended::Reported(status),
+                    // The init died without a word (killed): the leader's end will tell.
+                    None => report_done = true,
+                },
                 () = &mut io, if !io_done => io_done = true,
-                () = &mut deadline => break None,
+                () = &mut deadline => break Ended::TimedOut,
             }
         };
         // Background jobs after a normal exit, the whole tree after a timeout: nothing in
-        // the group may outlive the call.
+        // the group may outlive the call. (The leader is not reaped yet, so its group id
+        // cannot belong to anyone else.)
         guard.kill_group();
-        let timed_out = exited.is_none();
-        let status = match exited {
-            Some(status) => Some(status.map_err(|source| RunError::Io {
-                action: "waiting for the command",
-                source,
-            })?),
-            None => tokio::time::timeout(REAP_TIMEOUT, child.wait())
+        let timed_out = matches!(ended, Ended::TimedOut);
+        let status = match ended {
+            Ended::Reported(status) => Some(status),
+            Ended::Leader(status) => {
+                let leader = status.map_err(|source| RunError::Io {
+                    action: "waiting for the command",
+                    source,
+                })?;
+                // The init writes its report before it exits, so it is there unless the init
+                // was killed.
+                let reported = if report_done {
+                    None
+                } else {
+                    tokio::time::timeout(REPORT_GRACE, &mut report)
+                        .await
+                        .ok()
+                        .flatten()
+                };
+                Some(reported.unwrap_or(leader))
+            }
+            Ended::TimedOut => tokio::time::timeout(REAP_TIMEOUT, child.wait())
                 .await
                 .ok()
                 .and_then(Result::ok),
         };
-        // The leader is reaped, so its pid may be reused: the guard must not fire later.
+        // The leader may be reaped from now on (by `wait`, or by tokio once the child is
+        // dropped), so its pid may be reused: the guard must not fire later.
         guard.disarm();
-        // A confined command's own status comes from its init; the leader is the monitor.
-        let status = match (&mut status_socket, status) {
-            (Some(socket), Some(_)) if !timed_out => reported_status(socket).or(status),
-            (_, status) => status,
-        };
         if !io_done {
             let _ = tokio::time::timeout(DRAIN_TIMEOUT, &mut io).await;
         }
@@ -296,11 +322,26 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
     })
 }
 
-/// The command's wait status as its init reported it, if it did.
-fn reported_status(socket: &mut UnixStream) -> Option<std::process::ExitStatus> {
+/// How the wait for a command ended.
+enum Ended {
+    /// The process the daemon started exited (unconfined: the command itself; confined: the
+    /// monitor, so the command's own status may still be on the socket).
+    Leader(io::Result<std::process::ExitStatus>),
+    /// A confined command's init reported the command's status.
+    Reported(std::process::ExitStatus),
+    /// The timeout fired first.
+    TimedOut,
+}
+
+/// The command's wait status as its init reports it on `socket`; `None` without a socket, or
+/// when the socket closes (or breaks) before a whole record arrived.
+async fn reported_status(socket: Option<UnixStream>) -> Option<std::process::ExitStatus> {
+    use tokio::io::AsyncReadExt as _;
+    let socket = socket?;
     socket.set_nonblocking(true).ok()?;
+    let mut socket = tokio::net::UnixStream::from_std(socket).ok()?;
     let mut record = [0u8; STATUS_RECORD_LEN];
-    socket.read_exact(&mut record).ok()?;
+    socket.read_exact(&mut record).await.ok()?;
     if record[0] != b'S' {
         return None;
     }

@@ -33,7 +33,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::seccomp::Filters;
+use super::seccomp::Instruction;
 
 /// Size of the status record init writes on fd 0: `b'S'`, three zero bytes, the command's
 /// raw wait status (little endian).
@@ -142,8 +142,10 @@ pub struct ChildPlan {
     pub private_shm: bool,
     /// The Landlock ruleset, when the kernel has Landlock.
     pub landlock: Option<OwnedFd>,
-    /// The seccomp programs.
-    pub seccomp: Option<Filters>,
+    /// The seccomp program.
+    pub seccomp: Option<&'static [Instruction]>,
+    /// The highest capability number this kernel knows (`/proc/sys/kernel/cap_last_cap`).
+    pub last_capability: libc::c_int,
 }
 
 /// Runs in the forked child (see the module docs). Returns `Ok` only in the process that
@@ -297,7 +299,7 @@ unsafe fn confine_self(plan: &ChildPlan) -> io::Result<()> {
         )?;
         check(libc::dup2(null, 0), Stage::Stdin)?;
         libc::close(null);
-        drop_capabilities()?;
+        drop_capabilities(plan.last_capability)?;
         check(
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
             Stage::NoNewPrivs,
@@ -308,16 +310,15 @@ unsafe fn confine_self(plan: &ChildPlan) -> io::Result<()> {
                 Stage::Landlock,
             )?;
         }
-        if let Some(filters) = &plan.seccomp {
-            install_filter(&filters.refuse)?;
-            install_filter(&filters.no_clone3)?;
+        if let Some(program) = plan.seccomp {
+            install_filter(program)?;
         }
         Ok(())
     }
 }
 
 /// No capabilities now, none regained by executing anything (root included), none inherited.
-unsafe fn drop_capabilities() -> io::Result<()> {
+unsafe fn drop_capabilities(last_capability: libc::c_int) -> io::Result<()> {
     unsafe {
         // Root must not regain capabilities at exec. Needs CAP_SETPCAP; without it the
         // process has no capabilities to regain in the first place.
@@ -334,7 +335,7 @@ unsafe fn drop_capabilities() -> io::Result<()> {
             0,
             0,
         );
-        for cap in 0..64 {
+        for cap in 0..=last_capability {
             // EINVAL past the kernel's last capability; EPERM without CAP_SETPCAP, which
             // means the bounding set can't matter (no capability to regain from it).
             libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
@@ -375,26 +376,37 @@ struct CapData {
     inheritable: u32,
 }
 
-unsafe fn install_filter(program: &[seccompiler::sock_filter]) -> io::Result<()> {
+unsafe fn install_filter(program: &[Instruction]) -> io::Result<()> {
     let Ok(len) = u16::try_from(program.len()) else {
         return Err(tagged(Stage::Seccomp, libc::E2BIG));
     };
     let prog = libc::sock_fprog {
         len,
-        // seccompiler's sock_filter is the kernel's struct (code, jt, jf, k), laid out as C.
-        filter: program.as_ptr() as *mut libc::sock_filter,
+        // The kernel only reads the program.
+        filter: program.as_ptr().cast_mut(),
     };
     unsafe {
-        check(
-            libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &prog as *const libc::sock_fprog,
-                0,
-                0,
-            ),
-            Stage::Seccomp,
-        )?;
+        // SPEC_ALLOW: a filter must not switch on the speculative-store-bypass mitigation for
+        // the command (it guards a process against itself and costs every context switch);
+        // kernels before 4.17 don't know the flag, and get the filter without it.
+        let with_flag = libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_SPEC_ALLOW,
+            &prog as *const libc::sock_fprog,
+        );
+        if with_flag != 0 {
+            check(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                    0,
+                    0,
+                ),
+                Stage::Seccomp,
+            )?;
+        }
     }
     Ok(())
 }
@@ -444,25 +456,39 @@ unsafe fn monitor(init: libc::pid_t) -> ! {
     }
 }
 
-/// The init: reaps every process of the namespace until the command exits, then reports
-/// the command's status on fd 0 and exits, which ends the namespace.
+/// The init: reaps every process of the namespace until the command exits, then kills and
+/// reaps whatever is left (background jobs, processes that called `setsid`), reports the
+/// command's status on fd 0 and exits, which ends the namespace. Reporting only once the
+/// namespace is empty lets the daemon end the call on the report without waiting for the
+/// kernel's teardown of the namespaces.
 unsafe fn reap(command: libc::pid_t) -> ! {
     unsafe {
         close_all_but_stdin();
+        let mut command_status = None;
         loop {
             let mut status = 0;
             let pid = libc::waitpid(-1, &mut status, 0);
             if pid == command {
-                let mut record = [0u8; STATUS_RECORD_LEN];
-                record[0] = b'S';
-                record[4..].copy_from_slice(&status.to_le_bytes());
-                libc::write(0, record.as_ptr().cast(), record.len());
-                libc::_exit(0);
+                command_status = Some(status);
+                // Everyone in the namespace but the init itself.
+                libc::kill(-1, libc::SIGKILL);
             }
-            if pid < 0 && *libc::__errno_location() == libc::ECHILD {
-                libc::_exit(0);
+            if pid < 0 {
+                let errno = *libc::__errno_location();
+                if errno == libc::EINTR {
+                    continue;
+                }
+                // ECHILD: nobody is left.
+                break;
             }
         }
+        if let Some(status) = command_status {
+            let mut record = [0u8; STATUS_RECORD_LEN];
+            record[0] = b'S';
+            record[4..].copy_from_slice(&status.to_le_bytes());
+            libc::write(0, record.as_ptr().cast(), record.len());
+        }
+        libc::_exit(0);
     }
 }
 

@@ -260,11 +260,9 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
     } else {
         None
     };
-    let seccomp = if protections.seccomp {
-        Some(seccomp::filters(policy.no_network).map_err(ConfineError::Setup)?)
-    } else {
-        None
-    };
+    let seccomp = protections
+        .seccomp
+        .then(|| seccomp::filter(policy.no_network));
     let mut read_only = Vec::new();
     let mut hidden_files = Vec::new();
     let mut hidden_dirs = Vec::new();
@@ -297,6 +295,7 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         private_shm,
         landlock,
         seccomp,
+        last_capability: probe::last_capability(),
     };
     let env = environment::command_environment(&policy.settings.env, &policy.launcher_env);
     Ok(Prepared { plan, env })

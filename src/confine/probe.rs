@@ -72,6 +72,19 @@ pub fn protections() -> &'static Protections {
     })
 }
 
+/// The highest capability number of this kernel (63 when it cannot be read: dropping a
+/// capability the kernel does not know is a harmless EINVAL).
+pub fn last_capability() -> libc::c_int {
+    static LAST: OnceLock<libc::c_int> = OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|&n: &libc::c_int| (0..64).contains(&n))
+            .unwrap_or(63)
+    })
+}
+
 fn landlock_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a null attribute and size 0 this only asks for the ABI version.

@@ -1,40 +1,41 @@
-//! The seccomp filters every confined command runs under: system calls a build or a test
+//! The seccomp filter every confined command runs under: system calls a build or a test
 //! never needs, and that a hostile command would use to leave its confinement, fail with
 //! `EPERM`.
 //!
 //! Refused in every lane: new namespaces and mounts (`unshare`, `setns`, `mount`, the new
 //! mount API, `clone` with a `CLONE_NEW*` flag, `pivot_root`, `chroot`), reading or steering
-//! other processes (`ptrace`, `process_vm_readv/writev`, `pidfd_getfd`), the kernel's keyring,
-//! module, kexec, BPF, perf, `userfaultfd`, swap, reboot, clock and host-name calls,
-//! `io_uring` (its operations bypass seccomp), `open_by_handle_at`, and typing into a
-//! terminal with `TIOCSTI`. The no-net lane also refuses `socket(AF_UNIX, ...)`: a network
-//! namespace does not cover path-named Unix sockets, and those reach host services (the
-//! Docker daemon, D-Bus, an SSH agent). `socketpair` stays allowed, so programs that talk to
-//! their own children keep working.
+//! other processes (`ptrace`, `process_vm_readv/writev`, `pidfd_getfd`, `kcmp`), the
+//! kernel's keyring, module, kexec, BPF, perf, `userfaultfd`, swap, reboot, clock and
+//! host-name calls, `io_uring` (its operations bypass seccomp), `open_by_handle_at`, and
+//! typing into a terminal with `TIOCSTI`. System calls of another ABI (i386 via `int 0x80`,
+//! x32) are refused whole: their numbers differ, so the list below would not apply. The
+//! no-net lane also refuses `socket(AF_UNIX, ...)`: a network namespace does not cover
+//! path-named Unix sockets, and those reach host services (the Docker daemon, D-Bus, an SSH
+//! agent). `socketpair` stays allowed, so programs that talk to their own children keep
+//! working.
 //!
-//! `clone3` passes its flags in memory a filter cannot read, so it fails with `ENOSYS`:
-//! the C library then falls back to `clone`, whose flags the filter does check.
+//! `clone3` passes its flags in memory a filter cannot read, so it fails with `ENOSYS`: the
+//! C library then falls back to `clone`, whose flags the filter does check.
 //!
-//! Both programs are compiled here, before the fork, so the forked child only hands them to
-//! the kernel.
+//! Written as classic BPF here rather than with a filter compiler: attaching the filter is
+//! the costliest step of a launch, and its cost grows with the program. seccompiler (tried
+//! first) emits about five instructions per refused call and one action per program, so it
+//! took two programs and 327 instructions; this one is a single program of about 70. The
+//! programs are built once per process and shared.
 
-use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
+/// One BPF instruction, as the kernel reads it (`struct sock_filter`).
+pub type Instruction = libc::sock_filter;
 
 /// Namespace flags of `clone`: a command may start processes, not new namespaces.
-const NAMESPACE_FLAGS: [u64; 7] = [
-    libc::CLONE_NEWNS as u64,
-    libc::CLONE_NEWUSER as u64,
-    libc::CLONE_NEWPID as u64,
-    libc::CLONE_NEWNET as u64,
-    libc::CLONE_NEWUTS as u64,
-    libc::CLONE_NEWIPC as u64,
-    libc::CLONE_NEWCGROUP as u64,
-];
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWCGROUP) as u32;
 
 /// System calls refused outright, whatever their arguments.
 const REFUSED: &[libc::c_long] = &[
@@ -90,110 +91,273 @@ const REFUSED: &[libc::c_long] = &[
     libc::SYS_ioperm,
 ];
 
-/// The compiled filters for one command.
-#[derive(Debug, Clone)]
-pub struct Filters {
-    /// Refusals with `EPERM`.
-    pub refuse: BpfProgram,
-    /// `clone3` answered with `ENOSYS` (see the module docs).
-    pub no_clone3: BpfProgram,
+/// The audit architecture of this build: system calls of any other are refused.
+#[cfg(target_arch = "x86_64")]
+const ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+#[cfg(target_arch = "aarch64")]
+const ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+#[cfg(target_arch = "riscv64")]
+const ARCH: u32 = 0xC000_00F3; // AUDIT_ARCH_RISCV64
+
+/// x32 system calls carry this bit in their number (x86_64 only).
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// Offsets in `struct seccomp_data`: the call number, the architecture, and the low 32 bits
+/// of the arguments (little-endian).
+const NR: u32 = 0;
+const ARCH_OFFSET: u32 = 4;
+const fn arg_low(index: u32) -> u32 {
+    16 + 8 * index
 }
 
-/// Compiles the filters; `no_network` adds the refusal of `socket(AF_UNIX, ...)`.
-pub fn filters(no_network: bool) -> Result<Filters, String> {
-    let arch = target_arch()?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+/// The filter for one lane, built on first use and shared by every command of the process.
+pub fn filter(no_network: bool) -> &'static [Instruction] {
+    static OPEN: OnceLock<Vec<Instruction>> = OnceLock::new();
+    static CLOSED: OnceLock<Vec<Instruction>> = OnceLock::new();
+    let slot = if no_network { &CLOSED } else { &OPEN };
+    slot.get_or_init(|| build(no_network))
+}
+
+/// Where a jump goes, resolved when the program is laid out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Next,
+    Allow,
+    Refuse,
+    NoSys,
+    /// The argument checks of `clone`, `ioctl` or `socket`.
+    Check(usize),
+}
+
+/// An instruction before layout.
+enum Op {
+    Load(u32),
+    /// `if A == k goto yes else no`.
+    IfEq(u32, Target, Target),
+    /// `if A >= k goto yes else no`.
+    IfGe(u32, Target, Target),
+    /// `if A & k goto yes else no`.
+    IfSet(u32, Target, Target),
+    Return(u32),
+    Label(Target),
+}
+
+fn build(no_network: bool) -> Vec<Instruction> {
+    use Target::*;
+    let mut ops = vec![
+        Op::Load(ARCH_OFFSET),
+        Op::IfEq(ARCH, Next, Refuse),
+        Op::Load(NR),
+        Op::IfGe(X32_SYSCALL_BIT, Refuse, Next),
+    ];
     for &call in REFUSED {
-        // An empty rule list matches the call whatever its arguments.
-        rules.insert(call, Vec::new());
+        ops.push(Op::IfEq(nr(call), Refuse, Next));
     }
-    let clone_rules = NAMESPACE_FLAGS
-        .iter()
-        .map(|&flag| {
-            rule(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(flag),
-                flag,
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    rules.insert(libc::SYS_clone, clone_rules);
-    rules.insert(
-        libc::SYS_ioctl,
-        vec![rule(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::TIOCSTI,
-        )?],
-    );
+    ops.push(Op::IfEq(nr(libc::SYS_clone3), NoSys, Next));
+    ops.push(Op::IfEq(nr(libc::SYS_clone), Check(0), Next));
+    ops.push(Op::IfEq(nr(libc::SYS_ioctl), Check(1), Next));
     if no_network {
-        rules.insert(
-            libc::SYS_socket,
-            vec![rule(
-                0,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::Eq,
-                libc::AF_UNIX as u64,
-            )?],
-        );
+        ops.push(Op::IfEq(nr(libc::SYS_socket), Check(2), Next));
     }
-    let refuse = compile(rules, libc::EPERM, arch)?;
-    let mut clone3 = BTreeMap::new();
-    clone3.insert(libc::SYS_clone3, Vec::new());
-    let no_clone3 = compile(clone3, libc::ENOSYS, arch)?;
-    Ok(Filters { refuse, no_clone3 })
+    ops.push(Op::Return(libc::SECCOMP_RET_ALLOW));
+    // clone(flags, ...): no CLONE_NEW* flag.
+    ops.push(Op::Label(Check(0)));
+    ops.push(Op::Load(arg_low(0)));
+    ops.push(Op::IfSet(NAMESPACE_FLAGS, Refuse, Allow));
+    // ioctl(fd, request, ...): no TIOCSTI.
+    ops.push(Op::Label(Check(1)));
+    ops.push(Op::Load(arg_low(1)));
+    ops.push(Op::IfEq(libc::TIOCSTI as u32, Refuse, Allow));
+    if no_network {
+        // socket(domain, ...): no AF_UNIX.
+        ops.push(Op::Label(Check(2)));
+        ops.push(Op::Load(arg_low(0)));
+        ops.push(Op::IfEq(libc::AF_UNIX as u32, Refuse, Allow));
+    }
+    ops.push(Op::Label(Allow));
+    ops.push(Op::Return(libc::SECCOMP_RET_ALLOW));
+    ops.push(Op::Label(Refuse));
+    ops.push(Op::Return(
+        libc::SECCOMP_RET_ERRNO | (libc::EPERM as u32 & libc::SECCOMP_RET_DATA),
+    ));
+    ops.push(Op::Label(NoSys));
+    ops.push(Op::Return(
+        libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32 & libc::SECCOMP_RET_DATA),
+    ));
+    lay_out(&ops)
 }
 
-fn rule(
-    index: u8,
-    len: SeccompCmpArgLen,
-    op: SeccompCmpOp,
-    value: u64,
-) -> Result<SeccompRule, String> {
-    let condition = SeccompCondition::new(index, len, op, value).map_err(|e| e.to_string())?;
-    SeccompRule::new(vec![condition]).map_err(|e| e.to_string())
+/// A system call number as the filter compares it (they are small and non-negative).
+fn nr(call: libc::c_long) -> u32 {
+    u32::try_from(call).unwrap_or(u32::MAX)
 }
 
-fn compile(
-    rules: BTreeMap<i64, Vec<SeccompRule>>,
-    errno: i32,
-    arch: TargetArch,
-) -> Result<BpfProgram, String> {
-    let errno = u32::try_from(errno).map_err(|e| e.to_string())?;
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(errno),
-        arch,
-    )
-    .map_err(|e| format!("building the seccomp filter: {e}"))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("compiling the seccomp filter: {e}"))
-}
-
-fn target_arch() -> Result<TargetArch, String> {
-    std::env::consts::ARCH.try_into().map_err(|_| {
-        format!(
-            "seccomp filters are not built for {}",
-            std::env::consts::ARCH
-        )
-    })
+/// Resolves labels into relative jumps. Every jump is forward and short (the whole program
+/// is well under 255 instructions, which a jump offset can span).
+fn lay_out(ops: &[Op]) -> Vec<Instruction> {
+    let mut labels = Vec::new();
+    let mut index = 0usize;
+    for op in ops {
+        match op {
+            Op::Label(target) => labels.push((*target, index)),
+            _ => index += 1,
+        }
+    }
+    let position = |target: Target, at: usize| -> u8 {
+        let to = match target {
+            Target::Next => at + 1,
+            other => labels
+                .iter()
+                .find(|(t, _)| *t == other)
+                .map_or(at + 1, |(_, i)| *i),
+        };
+        // Relative to the instruction after this one.
+        u8::try_from(to.saturating_sub(at + 1)).unwrap_or(u8::MAX)
+    };
+    let mut program = Vec::with_capacity(index);
+    for op in ops {
+        let at = program.len();
+        let (code, jt, jf, k) = match *op {
+            Op::Label(_) => continue,
+            Op::Load(offset) => (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, offset),
+            Op::IfEq(k, yes, no) => (
+                libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+                position(yes, at),
+                position(no, at),
+                k,
+            ),
+            Op::IfGe(k, yes, no) => (
+                libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K,
+                position(yes, at),
+                position(no, at),
+                k,
+            ),
+            Op::IfSet(k, yes, no) => (
+                libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K,
+                position(yes, at),
+                position(no, at),
+                k,
+            ),
+            Op::Return(k) => (libc::BPF_RET | libc::BPF_K, 0, 0, k),
+        };
+        program.push(Instruction {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        });
+    }
+    program
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Runs `program` on a `seccomp_data` the way the kernel would, for the instructions the
+    /// filter uses.
+    fn evaluate(program: &[Instruction], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::new();
+        data.extend_from_slice(&nr.to_le_bytes());
+        data.extend_from_slice(&arch.to_le_bytes());
+        data.extend_from_slice(&0u64.to_le_bytes());
+        for a in args {
+            data.extend_from_slice(&a.to_le_bytes());
+        }
+        let mut acc = 0u32;
+        let mut pc = 0usize;
+        loop {
+            let i = program[pc];
+            let code = u32::from(i.code);
+            if code == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS {
+                let o = i.k as usize;
+                acc = u32::from_le_bytes([data[o], data[o + 1], data[o + 2], data[o + 3]]);
+                pc += 1;
+            } else if code == libc::BPF_RET | libc::BPF_K {
+                return i.k;
+            } else {
+                let taken = match code & 0xF0 {
+                    c if c == libc::BPF_JEQ => acc == i.k,
+                    c if c == libc::BPF_JGE => acc >= i.k,
+                    c if c == libc::BPF_JSET => acc & i.k != 0,
+                    other => panic!("unexpected jump {other:#x}"),
+                };
+                pc += 1 + usize::from(if taken { i.jt } else { i.jf });
+            }
+        }
+    }
+
+    const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+    const EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    const ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+    fn call(program: &[Instruction], nr: libc::c_long, args: [u64; 6]) -> u32 {
+        evaluate(program, ARCH, super::nr(nr), args)
+    }
+
     #[test]
-    fn both_programs_compile_and_the_no_net_one_is_longer() {
-        let open = filters(false).unwrap();
-        let closed = filters(true).unwrap();
-        assert!(!open.refuse.is_empty() && !open.no_clone3.is_empty());
-        assert!(closed.refuse.len() > open.refuse.len());
-        // The kernel takes at most 4096 instructions per program.
-        assert!(closed.refuse.len() < 4096);
+    fn refuses_what_it_lists_and_allows_the_rest() {
+        let open = filter(false);
+        assert!(open.len() < 100, "{} instructions", open.len());
+        for &refused in REFUSED {
+            assert_eq!(call(open, refused, [0; 6]), EPERM, "call {refused}");
+        }
+        for allowed in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_wait4,
+            libc::SYS_socketpair,
+        ] {
+            assert_eq!(call(open, allowed, [0; 6]), ALLOW, "call {allowed}");
+        }
+        assert_eq!(call(open, libc::SYS_clone3, [0; 6]), ENOSYS);
+    }
+
+    #[test]
+    fn clone_ioctl_and_socket_are_judged_by_their_arguments() {
+        let open = filter(false);
+        let closed = filter(true);
+        let fork_flags = (libc::CLONE_CHILD_SETTID | libc::SIGCHLD) as u64;
+        assert_eq!(
+            call(open, libc::SYS_clone, [fork_flags, 0, 0, 0, 0, 0]),
+            ALLOW
+        );
+        let new_net = fork_flags | libc::CLONE_NEWNET as u64;
+        assert_eq!(call(open, libc::SYS_clone, [new_net, 0, 0, 0, 0, 0]), EPERM);
+        let new_user = libc::CLONE_NEWUSER as u64;
+        assert_eq!(
+            call(open, libc::SYS_clone, [new_user, 0, 0, 0, 0, 0]),
+            EPERM
+        );
+        let tiocsti = libc::TIOCSTI;
+        assert_eq!(call(open, libc::SYS_ioctl, [0, tiocsti, 0, 0, 0, 0]), EPERM);
+        let tcgets = libc::TCGETS;
+        assert_eq!(call(open, libc::SYS_ioctl, [0, tcgets, 0, 0, 0, 0]), ALLOW);
+        let unix = libc::AF_UNIX as u64;
+        let inet = libc::AF_INET as u64;
+        assert_eq!(call(open, libc::SYS_socket, [unix, 1, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(call(closed, libc::SYS_socket, [unix, 1, 0, 0, 0, 0]), EPERM);
+        assert_eq!(call(closed, libc::SYS_socket, [inet, 1, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            call(closed, libc::SYS_socketpair, [unix, 1, 0, 0, 0, 0]),
+            ALLOW
+        );
+    }
+
+    #[test]
+    fn other_abis_are_refused_whole() {
+        let open = filter(false);
+        assert_eq!(evaluate(open, 0x4000_0003, 0, [0; 6]), EPERM, "i386");
+        assert_eq!(
+            call(
+                open,
+                libc::SYS_read | X32_SYSCALL_BIT as libc::c_long,
+                [0; 6]
+            ),
+            EPERM,
+            "x32"
+        );
     }
 }
