@@ -386,7 +386,7 @@ fn a_loop_cannot_move_another_loops_branch_or_the_users_checkout() {
     );
     let config = write_run(
         tmp.path(),
-        "keep-worktrees: true\nloops:\n  - {name: a, type: code, task: attack}\n  - {name: b, type: code, task: work}\n",
+        "keep-worktrees: true\nloops:\n  - {name: a, type: code, task: attack, validation: 'touch ../../../../../outside-by-validation; true'}\n  - {name: b, type: code, task: work}\n",
         &script,
     );
     let repo = tmp.path().join("repo");
@@ -411,6 +411,8 @@ fn a_loop_cannot_move_another_loops_branch_or_the_users_checkout() {
         assert!(transcript.contains(refusal), "{refusal}: {transcript}");
     }
     assert_eq!(common::git(&repo, &["rev-parse", "main"]), main_before);
+    // The loop's validation command is confined like its tools.
+    assert!(!tmp.path().join("outside-by-validation").exists());
     // The run record is not the loop's to write either.
     let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
     assert!(events.lines().all(|l| l != "{}"), "{events}");

@@ -7,9 +7,10 @@
 //!                               │           the daemon's end of the socket closes
 //!                               └── init   PID 1 of a new PID (+ mount, + network) namespace:
 //!                                     │    mounts a fresh /proc, makes protected paths
-//!                                     │    read-only, reaps orphans, reports the command's
-//!                                     │    status on fd 0 and exits — and when PID 1 exits the
-//!                                     │    kernel kills every process left in the namespace
+//!                                     │    read-only, reaps orphans; when the command exits it
+//!                                     │    kills and reaps every process left, reports the
+//!                                     │    command's status on fd 0 and exits (and were it
+//!                                     │    killed instead, the kernel kills the namespace)
 //!                                     └── command (/bin/sh -c ...) without capabilities,
 //!                                          with no_new_privs, Landlock and seccomp
 //! ```
