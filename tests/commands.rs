@@ -17,28 +17,14 @@ use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::receipts::SideEffect;
 use taskdaemon::registry::{CallOutcome, ToolSet};
 
+mod common;
+
 fn ctx(dir: &Path) -> ToolContext {
     ToolContext::new(dir, "commands-test").unwrap()
 }
 
 async fn call(ctx: &ToolContext, name: &str, input: Value) -> CallOutcome {
     ToolSet::all().call(ctx, None, name, input).await
-}
-
-/// True once `pid` no longer runs: no such process, or a zombie (this container's PID 1
-/// does not reap orphans; a zombie runs nothing and holds nothing but its pid).
-fn pid_is_gone(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-            state.starts_with('Z') || state.starts_with('X')
-        }
-        Err(_) => true,
-    }
 }
 
 /// A `sleep` argument no other test's processes carry. A confined command lives in its own
@@ -48,27 +34,14 @@ fn sleeper(tag: u32) -> String {
     format!("{}{:03}.{tag}", 7000 + tag, std::process::id() % 1000)
 }
 
-/// Host pids of live processes whose command line holds `marker`.
-fn pids_with(marker: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-        .filter(|&pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline).contains(marker) && !pid_is_gone(pid)
-        })
-        .collect()
-}
-
 async fn assert_none_left(marker: &str) {
     for _ in 0..100 {
-        if pids_with(marker).is_empty() {
+        if common::pids_with(marker).is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let left = pids_with(marker);
+    let left = common::pids_with(marker);
     for pid in &left {
         // SAFETY: cleanup of processes this test started (found by their unique argument),
         // so the failure leaves nothing behind.

@@ -84,26 +84,6 @@ impl Exec {
     }
 }
 
-/// Host pids of live processes whose command line holds `marker`.
-fn pids_with(marker: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = state
-            .rsplit(')')
-            .next()
-            .is_some_and(|s| s.trim_start().starts_with('Z'));
-        if String::from_utf8_lossy(&cmdline).contains(marker) && !zombie {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
@@ -290,7 +270,7 @@ fn processes_that_leave_their_group_are_gone_after_exit_and_after_a_timeout() {
     let out = exec.sh("run_command", &escapes(&normal));
     assert!(out.contains("started"), "{out}");
     wait_until("escapees of a finished command to die", || {
-        pids_with(&normal).is_empty()
+        common::pids_with(&normal).is_empty()
     });
     let timed = marker(2);
     let v = exec.call(
@@ -302,7 +282,7 @@ fn processes_that_leave_their_group_are_gone_after_exit_and_after_a_timeout() {
         "{v}"
     );
     wait_until("escapees of a timed-out command to die", || {
-        pids_with(&timed).is_empty()
+        common::pids_with(&timed).is_empty()
     });
     exec.finish();
 }
@@ -318,6 +298,18 @@ fn write_run(dir: &Path, config_tail: &str, script: &str) -> PathBuf {
     )
     .unwrap();
     config
+}
+
+/// The run directory of the one run made beside `config_dir`'s taskdaemon.yml.
+fn only_run(config_dir: &Path) -> PathBuf {
+    let runs = config_dir.join(".taskdaemon/runs");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.remove(0)
 }
 
 fn run_command(config: &Path) -> Command {
@@ -356,13 +348,13 @@ fn sigkill_of_the_daemon_leaves_no_command_running() {
         .spawn()
         .unwrap();
     wait_until("the command's processes to start", || {
-        pids_with(&m).len() >= 4
+        common::pids_with(&m).len() >= 4
     });
     child.kill().unwrap();
     child.wait().unwrap();
     wait_until(
         "every process of the command to die with the daemon",
-        || pids_with(&m).is_empty(),
+        || common::pids_with(&m).is_empty(),
     );
 }
 
@@ -399,13 +391,7 @@ fn a_loop_cannot_move_another_loops_branch_or_the_users_checkout() {
         String::from_utf8_lossy(&out.stderr)
     );
     // The attack ran and was refused (not skipped): its output is in a's transcript.
-    let runs = tmp.path().join(".taskdaemon/runs");
-    let run = std::fs::read_dir(&runs)
-        .unwrap()
-        .flatten()
-        .next()
-        .unwrap()
-        .path();
+    let run = only_run(tmp.path());
     let transcript = std::fs::read_to_string(run.join("loops/a/transcript.jsonl")).unwrap();
     for refusal in ["Permission denied", "Read-only file system"] {
         assert!(transcript.contains(refusal), "{refusal}: {transcript}");
@@ -484,13 +470,7 @@ fn ordinary_work_still_works_a_rust_crate_with_a_dependency_and_python_tests() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let runs = tmp.path().join(".taskdaemon/runs");
-    let run = std::fs::read_dir(&runs)
-        .unwrap()
-        .flatten()
-        .next()
-        .unwrap()
-        .path();
+    let run = only_run(tmp.path());
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     for name in ["rust", "py"] {

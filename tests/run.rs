@@ -14,12 +14,10 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -27,6 +25,8 @@ use serde_json::{Value, json};
 use taskdaemon::engine::transcript::TranscriptEntry;
 use taskdaemon::receipts::Receipt;
 use tempfile::TempDir;
+
+mod common;
 
 /// Longest a run may take before the test gives up on it (a guard, not an expectation).
 const RUN_GUARD: Duration = Duration::from_secs(60);
@@ -886,24 +886,6 @@ fn one_signal_stops_after_the_call_in_flight(signal: libc::c_int, code: i32) {
     );
 }
 
-/// Live processes whose command line holds `marker`. A confined command runs in its own PID
-/// namespace, so the pid it could report is not the host's: its processes are found by
-/// their command line (the command names the flag file, which is unique to the test).
-fn running_with(marker: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(marker) && !state.starts_with(['Z', 'X']) {
-            found.push(stat.trim().to_string());
-        }
-    }
-    found
-}
-
 #[test]
 fn a_second_ctrl_c_stops_at_once_and_kills_the_command_in_flight() {
     second_signal_stops_at_once(libc::SIGINT, libc::SIGINT, 130);
@@ -931,7 +913,7 @@ fn second_signal_stops_at_once(first: libc::c_int, second: libc::c_int, code: i3
     // The command's shell names the flag file in its command line.
     let marker = flag.display().to_string();
     assert!(
-        !running_with(&marker).is_empty(),
+        !common::pids_with(&marker).is_empty(),
         "the command is not running"
     );
 
@@ -944,7 +926,7 @@ fn second_signal_stops_at_once(first: libc::c_int, second: libc::c_int, code: i3
     send_signal(&child, second);
     let out = finish(child, Duration::from_secs(20));
     assert_eq!(out.code, Some(code), "{out}");
-    let running = running_with(&marker);
+    let running = common::pids_with(&marker);
     assert!(
         running.is_empty(),
         "the command's processes outlived the run: {running:?}"
@@ -1114,62 +1096,24 @@ struct SeenRequest {
 
 /// A one-thread HTTP/1.1 server on 127.0.0.1 answering every request with the replies given,
 /// in order (then plain "done" texts), one request per connection. Keeps every request it
-/// received; the test checks them (a panic in the server thread would only stall the client).
-struct ChatServer {
-    port: u16,
-    requests: Arc<Mutex<Vec<SeenRequest>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+/// received; the test checks them.
+struct ChatServer(common::LocalServer<SeenRequest>);
 
 impl ChatServer {
     fn start(replies: Vec<Value>) -> ChatServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (seen, stopping) = (requests.clone(), stop.clone());
-        let thread = thread::spawn(move || {
-            let mut replies = replies.into_iter();
-            while !stopping.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        let reply = replies.next().unwrap_or_else(|| text_reply("done"));
-                        if let Some(request) = serve_one(stream, &reply) {
-                            seen.lock().unwrap().push(request);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(e) => panic!("accept: {e}"),
-                }
-            }
-        });
-        ChatServer {
-            port,
-            requests,
-            stop,
-            thread: Some(thread),
-        }
+        let mut replies = replies.into_iter();
+        ChatServer(common::LocalServer::start(move |stream| {
+            let reply = replies.next().unwrap_or_else(|| text_reply("done"));
+            serve_one(stream, &reply)
+        }))
     }
 
     fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
+        self.0.base_url()
     }
 
     fn requests(&self) -> Vec<SeenRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-impl Drop for ChatServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.0.seen()
     }
 }
 
@@ -1256,7 +1200,7 @@ fn run_web(web_line: &str, server: &ChatServer) -> Vec<(bool, String)> {
         "web",
         &[
             ("WEB", web_line.to_string()),
-            ("PORT", server.port.to_string()),
+            ("PORT", server.0.port.to_string()),
         ],
     );
     let out = project.run(&project.config(), &[]);

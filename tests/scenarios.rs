@@ -26,6 +26,8 @@ use taskdaemon::llm::scripted::ScriptedLlm;
 use taskdaemon::registry::ToolSet;
 use taskdaemon::tools::{Tool, ToolOutput, builtin_tools};
 
+mod common;
+
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A tool that panics, to exercise worker supervision.
@@ -1151,13 +1153,7 @@ b:
         "the timeout did not cut the command"
     );
     // The abandoned command does not run on in its lane worker.
-    let alive = || {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline).contains(&sleeper) && !stat.contains(") Z ")
-        })
-    };
+    let alive = || !common::pids_with(&sleeper).is_empty();
     let waited = Instant::now();
     while alive() && waited.elapsed() < Duration::from_secs(2) {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -7,12 +7,9 @@
 //! the tests; the test process's own environment is never changed (tests run in parallel).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -304,59 +301,19 @@ fn a_run_whose_loop_meets_a_key_leaves_no_trace_of_it_in_its_record() {
 
 /// A one-thread HTTP/1.1 server on 127.0.0.1 that answers every request 401 with an
 /// OpenAI-style error quoting the bearer token it was sent, and keeps the tokens.
-struct EchoingServer {
-    port: u16,
-    tokens: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+struct EchoingServer(common::LocalServer<String>);
 
 impl EchoingServer {
     fn start() -> EchoingServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let tokens = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (seen, stopping) = (tokens.clone(), stop.clone());
-        let thread = thread::spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if let Some(token) = answer_401(stream) {
-                            seen.lock().unwrap().push(token);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(e) => panic!("accept: {e}"),
-                }
-            }
-        });
-        EchoingServer {
-            port,
-            tokens,
-            stop,
-            thread: Some(thread),
-        }
+        EchoingServer(common::LocalServer::start(answer_401))
     }
 
     fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
+        self.0.base_url()
     }
 
     fn tokens(&self) -> Vec<String> {
-        self.tokens.lock().unwrap().clone()
-    }
-}
-
-impl Drop for EchoingServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.0.seen()
     }
 }
 
