@@ -521,3 +521,57 @@ fn the_models_key_file_and_hidden_paths_read_as_empty() {
         "sk-hidden-key-file-0006\n"
     );
 }
+
+#[test]
+fn strict_reads_limit_reading_and_commands_cannot_trace_or_signal_out() {
+    if !fully_confined() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let wt = tmp.path().join("wt");
+    let data = tmp.path().join("data");
+    let private = tmp.path().join("private");
+    for d in [&wt, &data, &private] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(data.join("fixture.txt"), "fixture\n").unwrap();
+    std::fs::write(private.join("notes.txt"), "private\n").unwrap();
+    std::fs::write(wt.join("own.txt"), "own\n").unwrap();
+    let config = tmp.path().join("taskdaemon.yml");
+    std::fs::write(&config, "sandbox: {read: strict, readable: [data]}\n").unwrap();
+    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()], &[]);
+    let out = exec.sh(
+        "run_command",
+        &format!(
+            "cat own.txt {d}/fixture.txt; cat {p}/notes.txt || echo private-refused; \
+             ls / >/dev/null 2>&1 || echo root-listing-refused; head -c 3 /etc/hostname >/dev/null && echo etc-ok",
+            d = data.display(),
+            p = private.display()
+        ),
+    );
+    assert!(out.contains("own\nfixture\n"), "{out}");
+    assert!(
+        out.contains("private-refused") && !out.contains("private\n"),
+        "{out}"
+    );
+    assert!(out.contains("root-listing-refused"), "{out}");
+    assert!(out.contains("etc-ok"), "{out}");
+    exec.finish();
+
+    // Default reads: everywhere; but no tracing or signalling outside the command's tree.
+    let mut exec = Exec::start(&wt, &[], &[]);
+    let daemon = exec.child.id();
+    let out = exec.sh(
+        "run_command",
+        &format!(
+            "cat {p}/notes.txt; \
+             python3 -c 'import ctypes; print(\"ptrace\", ctypes.CDLL(None).ptrace(16, 1, 0, 0))'; \
+             kill -0 {daemon} 2>/dev/null && echo signalled-daemon || echo no-daemon",
+            p = private.display()
+        ),
+    );
+    assert!(out.contains("private\n"), "{out}");
+    assert!(out.contains("ptrace -1"), "{out}");
+    assert!(out.contains("no-daemon"), "{out}");
+    exec.finish();
+}
