@@ -244,6 +244,33 @@ impl ToolContext {
         self
     }
 
+    /// Resolves `input` for a write: as [`ToolContext::resolve`], and refused where the loop
+    /// must not write whatever the path looks like (it is judged after symlinks are
+    /// resolved): git metadata (a `.git` component anywhere: a rewritten `.git` file or
+    /// config would steer the git the daemon runs for the loop, unconfined) and the daemon's
+    /// own directory at the root (`.taskdaemon`: run records, other loops' worktrees).
+    /// Commands are held to the same rule by read-only mounts (`crate::confine`).
+    pub fn resolve_for_write(&self, input: &str) -> Result<PathBuf, ToolError> {
+        let real = self.resolve(input)?;
+        if let Ok(inside) = real.strip_prefix(&self.root) {
+            let mut parts = inside.components().map(|c| c.as_os_str());
+            let first = parts.clone().next();
+            let git = parts.any(|c| c.to_str().is_some_and(|c| c.eq_ignore_ascii_case(".git")));
+            let daemon = first.is_some_and(|c| c == ".taskdaemon");
+            if git || daemon {
+                return Err(ToolError::ProtectedPath {
+                    path: input.to_string(),
+                    reason: if git {
+                        "git metadata is not the loop's to change; taskdaemon commits the loop's work on its branch when the loop ends, so write your files and leave git to it.".to_string()
+                    } else {
+                        ".taskdaemon holds the run's records and artifacts; write artifacts with create_plan, create_spec or create_phase.".to_string()
+                    },
+                });
+            }
+        }
+        Ok(real)
+    }
+
     /// The canonical worktree root.
     pub fn root(&self) -> &Path {
         &self.root

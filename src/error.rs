@@ -45,6 +45,16 @@ pub enum ToolError {
         detail: String,
     },
 
+    /// The path is inside the worktree but the loop may not write it (git metadata, the
+    /// daemon's own directory).
+    #[error("'{path}' is protected: {reason}")]
+    ProtectedPath {
+        /// The path as the model gave it.
+        path: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+
     /// The file or directory does not exist.
     #[error("not found: '{path}'. {hint}")]
     NotFound {
@@ -178,7 +188,9 @@ impl ToolError {
     /// A short stable name for the variant (used in receipts and tests).
     pub fn kind(&self) -> &'static str {
         match self {
-            ToolError::SandboxViolation { .. } => "sandbox_violation",
+            ToolError::SandboxViolation { .. } | ToolError::ProtectedPath { .. } => {
+                "sandbox_violation"
+            }
             ToolError::NotFound { .. } => "not_found",
             ToolError::EditWithoutRead { .. } => "edit_without_read",
             ToolError::StaleRead { .. } => "stale_read",

@@ -575,3 +575,50 @@ fn strict_reads_limit_reading_and_commands_cannot_trace_or_signal_out() {
     assert!(out.contains("no-daemon"), "{out}");
     exec.finish();
 }
+
+#[test]
+fn file_tools_cannot_write_git_metadata_or_the_daemons_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wt = tmp.path().join("wt");
+    common::init_repo(&wt, &[("README.md", "readme\n")]);
+    std::fs::create_dir_all(wt.join(".taskdaemon/runs")).unwrap();
+    std::os::unix::fs::symlink(wt.join(".git"), wt.join("innocent")).unwrap();
+    let config_before = std::fs::read_to_string(wt.join(".git/config")).unwrap();
+    let mut exec = Exec::start(&wt, &[], &[]);
+    for path in [
+        ".git",
+        ".git/config",
+        ".git/hooks/pre-commit",
+        "src/../.git/HEAD",
+        ".GIT/config",
+        "innocent/hooks/post-checkout",
+        "vendor/lib/.git",
+        ".taskdaemon/runs/summary.json",
+    ] {
+        let v = exec.call("write_file", json!({"path": path, "content": "evil\n"}));
+        assert_eq!(v["is_error"], true, "{path}: {v}");
+        assert!(
+            v["content"].as_str().unwrap().contains("is protected"),
+            "{path}: {v}"
+        );
+    }
+    let read = exec.call("read_file", json!({"path": ".git/config"}));
+    assert_eq!(read["is_error"], false, "{read}");
+    let edit = exec.call(
+        "edit_file",
+        json!({"path": ".git/config", "old_string": "[core]", "new_string": "[core]\n\tfsmonitor = evil"}),
+    );
+    assert_eq!(edit["is_error"], true, "{edit}");
+    let ok = exec.call(
+        "write_file",
+        json!({"path": "src/ok.txt", "content": "fine\n"}),
+    );
+    assert_eq!(ok["is_error"], false, "{ok}");
+    exec.finish();
+    assert_eq!(
+        std::fs::read_to_string(wt.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert!(!wt.join(".git/hooks/pre-commit").exists());
+    assert!(!wt.join("vendor").exists());
+}

@@ -143,7 +143,7 @@ impl Tool for EditFile {
             args.replace_all,
             args.edits,
         )?;
-        let real = ctx.resolve(&args.path)?;
+        let real = ctx.resolve_for_write(&args.path)?;
         let shown = ctx.display(&real);
 
         match tokio::fs::metadata(&real).await {

@@ -73,7 +73,7 @@ impl Tool for WriteFile {
                 ),
             ));
         }
-        let real = ctx.resolve(&args.path)?;
+        let real = ctx.resolve_for_write(&args.path)?;
         let shown = ctx.display(&real);
         let previous = ctx.stamp_own_write(&real, args.content.as_bytes());
         let job = {
