@@ -276,8 +276,9 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
             }
         };
         // Background jobs after a normal exit, the whole tree after a timeout: nothing in
-        // the group may outlive the call. (The leader is not reaped yet, so its group id
-        // cannot belong to anyone else.)
+        // the group may outlive the call. (On a report or a timeout the leader is not reaped
+        // yet; after it exited, its id stays reserved while any member of its group lives,
+        // so the kill cannot reach a stranger's group.)
         guard.kill_group();
         let timed_out = matches!(ended, Ended::TimedOut);
         let status = match ended {
