@@ -46,6 +46,7 @@ async fn main() {
             let prepared = prepare(&CommandPolicy {
                 settings: &settings,
                 worktree: worktree.path(),
+                cwd: worktree.path(),
                 temp_dir: tmp.path(),
                 no_network,
                 launcher_env: vec![("TMPDIR".into(), tmp.path().into())],

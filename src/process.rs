@@ -279,7 +279,11 @@ pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
         // the group may outlive the call. (On a report or a timeout the leader is not reaped
         // yet; after it exited, its id stays reserved while any member of its group lives,
         // so the kill cannot reach a stranger's group.)
-        guard.kill_group();
+        // A confined command whose monitor already exited left nothing: its init killed and
+        // reaped the namespace, and the empty group's id may be reused by now.
+        if !(confined && matches!(ended, Ended::Leader(_))) {
+            guard.kill_group();
+        }
         let timed_out = matches!(ended, Ended::TimedOut);
         let status = match ended {
             Ended::Reported(status) => Some(status),
@@ -643,6 +647,7 @@ mod tests {
         let prepared = crate::confine::prepare(&crate::confine::CommandPolicy {
             settings,
             worktree,
+            cwd: worktree,
             temp_dir: tmp,
             no_network,
             launcher_env: vec![("TMPDIR".into(), tmp.into())],

@@ -622,3 +622,44 @@ fn file_tools_cannot_write_git_metadata_or_the_daemons_directory() {
     assert!(!wt.join(".git/hooks/pre-commit").exists());
     assert!(!wt.join("vendor").exists());
 }
+
+#[test]
+fn a_working_directory_inside_git_or_the_hosts_terminals_give_no_way_out() {
+    if !fully_confined() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let wt = tmp.path().join("wt");
+    common::init_repo(&wt, &[("README.md", "readme\n")]);
+    let mut exec = Exec::start(&wt, &[], &[]);
+    // std enters the working directory before the mounts; the launcher enters it again
+    // after them, so a cwd inside .git is on the read-only mount too.
+    let v = exec.call(
+        "run_command",
+        json!({"cwd": ".git", "command": "echo evil > hooks/post-merge || echo refused; echo x >> config || echo refused"}),
+    );
+    let out = v["content"].as_str().unwrap();
+    assert!(out.contains("refused\nrefused"), "{out}");
+    // A private devpts: the host's terminals are not there, yet a pty can be opened.
+    let out = exec.sh(
+        "run_command",
+        "ls /dev/pts; python3 -c 'import pty; pty.openpty(); print(\"pty-ok\")'",
+    );
+    assert!(out.contains("ptmx\npty-ok"), "{out}");
+    assert!(
+        !out.lines()
+            .any(|l| l.chars().all(|c| c.is_ascii_digit()) && !l.is_empty()),
+        "{out}"
+    );
+    // The no-net lane: no datagram pairs (they could sendto host sockets by path).
+    let out = exec.sh(
+        "run_command_isolated",
+        "python3 -c 'import socket; socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM); print(\"stream-ok\"); socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)' || echo dgram-refused",
+    );
+    assert!(
+        out.contains("stream-ok") && out.contains("dgram-refused"),
+        "{out}"
+    );
+    exec.finish();
+    assert!(!wt.join(".git/hooks/post-merge").exists());
+}

@@ -62,11 +62,11 @@ pub enum Stage {
     ReadOnlyPaths = 6,
     /// Hiding the configured files.
     HidePaths = 7,
-    /// A private /dev/shm.
+    /// A private /dev/shm and /dev/pts.
     PrivateShm = 8,
     /// Forking the command.
     ForkCommand = 9,
-    /// stdin from /dev/null.
+    /// The working directory again, and stdin from /dev/null.
     Stdin = 10,
     /// Dropping capabilities.
     Capabilities = 11,
@@ -110,9 +110,9 @@ impl Stage {
             Stage::MountProc => "mounting /proc for the command's PID namespace",
             Stage::ReadOnlyPaths => "making protected paths (.git, .taskdaemon) read-only",
             Stage::HidePaths => "hiding the paths listed in sandbox.hide",
-            Stage::PrivateShm => "mounting a private /dev/shm",
+            Stage::PrivateShm => "mounting a private /dev/shm or /dev/pts",
             Stage::ForkCommand => "starting the command",
-            Stage::Stdin => "connecting stdin to /dev/null",
+            Stage::Stdin => "entering the working directory or connecting stdin to /dev/null",
             Stage::Capabilities => "dropping capabilities",
             Stage::NoNewPrivs => "setting no_new_privs",
             Stage::Landlock => "applying the Landlock rules",
@@ -141,6 +141,17 @@ pub struct ChildPlan {
     pub hidden_dirs: Vec<CString>,
     /// Mount a private tmpfs on /dev/shm.
     pub private_shm: bool,
+    /// Mount a private devpts on /dev/pts (and its ptmx over /dev/ptmx): the host's
+    /// terminals (the user's shell) are not in it.
+    pub private_pts: bool,
+    /// Raw Landlock access masks (directory, file) for the private /dev/pts and its ptmx,
+    /// which the init adds to the ruleset once it mounted them (the ruleset's other rules
+    /// name inodes that existed before the mounts).
+    pub pts_access: (u64, u64),
+    /// The command's working directory, entered again after the mounts: a directory entered
+    /// before them (std does it before `pre_exec`) would stay on the layer below a read-only
+    /// mount.
+    pub cwd: CString,
     /// The Landlock ruleset, when the kernel has Landlock.
     pub landlock: Option<OwnedFd>,
     /// The seccomp program.
@@ -175,9 +186,17 @@ pub unsafe fn enter(plan: &ChildPlan) -> io::Result<()> {
             }
             check(libc::unshare(plan.namespaces), Stage::Namespaces)?;
             if plan.user_namespace {
+                // Without the maps the command would run as the overflow user and fail in
+                // confusing ways; say so instead.
                 write_file(c"/proc/self/setgroups", b"deny");
-                write_file(c"/proc/self/uid_map", &plan.uid_map);
-                write_file(c"/proc/self/gid_map", &plan.gid_map);
+                check(
+                    write_file(c"/proc/self/uid_map", &plan.uid_map),
+                    Stage::Namespaces,
+                )?;
+                check(
+                    write_file(c"/proc/self/gid_map", &plan.gid_map),
+                    Stage::Namespaces,
+                )?;
             }
             let init = check(libc::fork(), Stage::ForkInit)?;
             if init > 0 {
@@ -256,8 +275,74 @@ unsafe fn set_up_mounts(plan: &ChildPlan) -> io::Result<()> {
                 Stage::PrivateShm,
             )?;
         }
+        if plan.private_pts {
+            check(
+                libc::mount(
+                    c"devpts".as_ptr(),
+                    c"/dev/pts".as_ptr(),
+                    c"devpts".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NOEXEC,
+                    c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+                ),
+                Stage::PrivateShm,
+            )?;
+            check(
+                libc::mount(
+                    c"/dev/pts/ptmx".as_ptr(),
+                    c"/dev/ptmx".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ),
+                Stage::PrivateShm,
+            )?;
+            if let Some(ruleset) = &plan.landlock {
+                let (dir, file) = plan.pts_access;
+                allow_beneath(ruleset.as_raw_fd(), c"/dev/pts", dir)?;
+                allow_beneath(ruleset.as_raw_fd(), c"/dev/ptmx", file)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// `struct landlock_path_beneath_attr` (packed, as the kernel declares it).
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: libc::c_int,
+}
+
+/// Adds a rule to the Landlock ruleset `ruleset`: `access` beneath `path`.
+unsafe fn allow_beneath(
+    ruleset: libc::c_int,
+    path: &std::ffi::CStr,
+    access: u64,
+) -> io::Result<()> {
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    if access == 0 {
+        return Ok(());
+    }
+    unsafe {
+        let fd = check(
+            libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC),
+            Stage::PrivateShm,
+        )?;
+        let attr = PathBeneathAttr {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        let added = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0,
+        );
+        libc::close(fd);
+        check(added as i32, Stage::PrivateShm)?;
+    }
+    Ok(())
 }
 
 unsafe fn bind_read_only(
@@ -293,6 +378,7 @@ unsafe fn bind_read_only(
 /// The command's own restrictions, applied last, in the process that execs.
 unsafe fn confine_self(plan: &ChildPlan) -> io::Result<()> {
     unsafe {
+        check(libc::chdir(plan.cwd.as_ptr()), Stage::Stdin)?;
         // fd 0 was the socket to the daemon; the command reads nothing.
         let null = check(
             libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC),
@@ -512,12 +598,19 @@ unsafe fn close_all_but_stdin() {
     }
 }
 
-unsafe fn write_file(path: &std::ffi::CStr, content: &[u8]) {
+/// Writes `content` to `path` in one write; -1 (with errno set) when that failed.
+unsafe fn write_file(path: &std::ffi::CStr, content: &[u8]) -> libc::c_int {
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, content.as_ptr().cast(), content.len());
-            libc::close(fd);
+        if fd < 0 {
+            return -1;
+        }
+        let written = libc::write(fd, content.as_ptr().cast(), content.len());
+        libc::close(fd);
+        if usize::try_from(written) == Ok(content.len()) {
+            0
+        } else {
+            -1
         }
     }
 }

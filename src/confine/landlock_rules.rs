@@ -18,7 +18,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+    ABI, Access, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    Scope,
 };
 
 /// The newest ABI whose rights we ask for; older kernels get what they support.
@@ -61,19 +62,35 @@ pub struct Rules<'a> {
     pub private_shm: bool,
 }
 
-/// Builds the ruleset; `Ok(None)` when the kernel has no Landlock at all. A writable or
-/// readable path that does not exist is skipped (nothing can be granted on it).
-pub fn ruleset(rules: &Rules<'_>) -> Result<Option<OwnedFd>, String> {
-    let write = AccessFs::from_write(NEWEST);
-    let read = AccessFs::from_read(NEWEST);
-    let mut handled = write;
+/// The access rights the ruleset handles for `rules` (before the kernel's ABI cuts them).
+fn handled(rules: &Rules<'_>) -> BitFlags<AccessFs> {
+    let mut handled = AccessFs::from_write(NEWEST);
     if !rules.no_network {
         // Connecting to host sockets is what the net lane is for.
         handled &= !AccessFs::ResolveUnix;
     }
     if rules.strict_reads.is_some() {
-        handled |= read;
+        handled |= AccessFs::from_read(NEWEST);
     }
+    handled
+}
+
+/// The raw access masks for a rule on a directory and on a file that the launcher adds to
+/// the ruleset itself, after it mounted them (a private /dev/pts and its ptmx): what the
+/// ruleset handles on a kernel of Landlock ABI `abi`.
+pub fn device_masks(rules: &Rules<'_>, abi: i32) -> (u64, u64) {
+    let supported = AccessFs::from_all(ABI::from(abi));
+    let dir = handled(rules) & supported;
+    let file = dir & AccessFs::from_file(ABI::from(abi));
+    (dir.bits(), file.bits())
+}
+
+/// Builds the ruleset; `Ok(None)` when the kernel has no Landlock at all. A writable or
+/// readable path that does not exist is skipped (nothing can be granted on it).
+pub fn ruleset(rules: &Rules<'_>) -> Result<Option<OwnedFd>, String> {
+    let read = AccessFs::from_read(NEWEST);
+    let write = AccessFs::from_write(NEWEST);
+    let handled = handled(rules);
     let grant_dir = handled;
     let err = |e: landlock::RulesetError| format!("building the Landlock ruleset: {e}");
     let mut created = Ruleset::default()

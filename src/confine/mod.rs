@@ -201,6 +201,8 @@ pub struct CommandPolicy<'a> {
     pub settings: &'a SandboxSettings,
     /// The loop's worktree (canonical).
     pub worktree: &'a Path,
+    /// Where the command starts (inside the worktree).
+    pub cwd: &'a Path,
     /// The loop's private temp dir.
     pub temp_dir: &'a Path,
     /// No network (the no-net lane).
@@ -243,23 +245,30 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         }
     }
     let private_shm = namespaces != 0 && Path::new("/dev/shm").is_dir();
+    let private_pts = namespaces != 0 && Path::new("/dev/pts/ptmx").exists();
+    if namespaces == 0 && !policy.settings.hide.is_empty() {
+        return Err(ConfineError::Setup(
+            "sandbox.hide (which also holds the model's api-key-file) needs mount namespaces, which this machine lacks, so commands are not run: remove those paths (give the key with api-key-env) or run on a machine with namespaces".to_string(),
+        ));
+    }
     let mut writable = vec![policy.worktree.to_path_buf(), policy.temp_dir.to_path_buf()];
     writable.extend(policy.settings.writable.iter().cloned());
     let strict = match policy.settings.read {
         ReadScope::All => None,
         ReadScope::Strict => Some(policy.settings.readable.as_slice()),
     };
+    let rules = landlock_rules::Rules {
+        writable: &writable,
+        strict_reads: strict,
+        no_network: policy.no_network,
+        private_shm,
+    };
     let landlock = if protections.landlock_abi > 0 {
-        landlock_rules::ruleset(&landlock_rules::Rules {
-            writable: &writable,
-            strict_reads: strict,
-            no_network: policy.no_network,
-            private_shm,
-        })
-        .map_err(ConfineError::Setup)?
+        landlock_rules::ruleset(&rules).map_err(ConfineError::Setup)?
     } else {
         None
     };
+    let pts_access = landlock_rules::device_masks(&rules, protections.landlock_abi);
     let seccomp = protections
         .seccomp
         .then(|| seccomp::filter(policy.no_network));
@@ -293,6 +302,9 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         hidden_files,
         hidden_dirs,
         private_shm,
+        private_pts,
+        pts_access,
+        cwd: c_path(policy.cwd)?,
         landlock,
         seccomp,
         last_capability: probe::last_capability(),

@@ -9,10 +9,12 @@
 //! host-name calls, `io_uring` (its operations bypass seccomp), `open_by_handle_at`, and
 //! typing into a terminal with `TIOCSTI`. System calls of another ABI (i386 via `int 0x80`,
 //! x32) are refused whole: their numbers differ, so the list below would not apply. The
-//! no-net lane also refuses `socket(AF_UNIX, ...)`: a network namespace does not cover
-//! path-named Unix sockets, and those reach host services (the Docker daemon, D-Bus, an SSH
-//! agent). `socketpair` stays allowed, so programs that talk to their own children keep
-//! working.
+//! no-net lane also limits sockets to what its empty network namespace contains: `socket`
+//! only for `AF_INET`, `AF_INET6` and `AF_NETLINK` (a network namespace does not cover
+//! path-named Unix sockets, which reach host services such as the Docker daemon, D-Bus or an
+//! SSH agent, nor vsock), and `socketpair` only for stream and seqpacket pairs (a datagram
+//! pair can `sendto` any host datagram socket by path, e.g. the journal's). Programs that
+//! talk to their own children over a stream pair keep working.
 //!
 //! `clone3` passes its flags in memory a filter cannot read, so it fails with `ENOSYS`: the
 //! C library then falls back to `clone`, whose flags the filter does check.
@@ -158,6 +160,7 @@ fn build(no_network: bool) -> Vec<Instruction> {
     ops.push(Op::IfEq(nr(libc::SYS_ioctl), Check(1), Next));
     if no_network {
         ops.push(Op::IfEq(nr(libc::SYS_socket), Check(2), Next));
+        ops.push(Op::IfEq(nr(libc::SYS_socketpair), Check(3), Next));
     }
     ops.push(Op::Return(libc::SECCOMP_RET_ALLOW));
     // clone(flags, ...): no CLONE_NEW* flag.
@@ -169,10 +172,17 @@ fn build(no_network: bool) -> Vec<Instruction> {
     ops.push(Op::Load(arg_low(1)));
     ops.push(Op::IfEq(libc::TIOCSTI as u32, Refuse, Allow));
     if no_network {
-        // socket(domain, ...): no AF_UNIX.
+        // socket(domain, ...): only the families of the namespace's own network.
         ops.push(Op::Label(Check(2)));
         ops.push(Op::Load(arg_low(0)));
-        ops.push(Op::IfEq(libc::AF_UNIX as u32, Refuse, Allow));
+        ops.push(Op::IfEq(libc::AF_INET as u32, Allow, Next));
+        ops.push(Op::IfEq(libc::AF_INET6 as u32, Allow, Next));
+        ops.push(Op::IfEq(libc::AF_NETLINK as u32, Allow, Refuse));
+        // socketpair(domain, type, ...): no datagram pairs (SOCK_DGRAM and SOCK_RAW are the
+        // types with bit 1 set; the flags SOCK_NONBLOCK and SOCK_CLOEXEC are not).
+        ops.push(Op::Label(Check(3)));
+        ops.push(Op::Load(arg_low(1)));
+        ops.push(Op::IfSet(libc::SOCK_DGRAM as u32, Refuse, Allow));
     }
     ops.push(Op::Label(Allow));
     ops.push(Op::Return(libc::SECCOMP_RET_ALLOW));
@@ -337,11 +347,29 @@ mod tests {
         assert_eq!(call(open, libc::SYS_ioctl, [0, tcgets, 0, 0, 0, 0]), ALLOW);
         let unix = libc::AF_UNIX as u64;
         let inet = libc::AF_INET as u64;
+        let inet6 = libc::AF_INET6 as u64;
+        let vsock = libc::AF_VSOCK as u64;
+        let stream = libc::SOCK_STREAM as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
         assert_eq!(call(open, libc::SYS_socket, [unix, 1, 0, 0, 0, 0]), ALLOW);
         assert_eq!(call(closed, libc::SYS_socket, [unix, 1, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            call(closed, libc::SYS_socket, [vsock, 1, 0, 0, 0, 0]),
+            EPERM
+        );
         assert_eq!(call(closed, libc::SYS_socket, [inet, 1, 0, 0, 0, 0]), ALLOW);
         assert_eq!(
-            call(closed, libc::SYS_socketpair, [unix, 1, 0, 0, 0, 0]),
+            call(closed, libc::SYS_socket, [inet6, 2, 0, 0, 0, 0]),
+            ALLOW
+        );
+        let pair = |ty| call(closed, libc::SYS_socketpair, [unix, ty, 0, 0, 0, 0]);
+        assert_eq!(pair(stream | flags), ALLOW);
+        assert_eq!(pair(libc::SOCK_SEQPACKET as u64), ALLOW);
+        assert_eq!(pair(dgram), EPERM);
+        assert_eq!(pair(dgram | flags), EPERM);
+        assert_eq!(
+            call(open, libc::SYS_socketpair, [unix, dgram, 0, 0, 0, 0]),
             ALLOW
         );
     }

@@ -272,16 +272,26 @@ impl Git {
     {
         let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
         let mut cmd = tokio::process::Command::new("git");
-        cmd.args(&args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_EDITOR", "true")
-            // Its own process group: a Ctrl-C at the terminal goes to the foreground group,
-            // and must reach the run (which stops cleanly), never a merge halfway through.
-            .process_group(0);
+        // A loop's commands may create a nested repository in its worktree; its config must
+        // not run anything when the daemon's (unconfined) git looks into it: no fsmonitor,
+        // and nested repositories (gitlinks) are not entered by status or diff. `-c` reaches
+        // git's child processes too (GIT_CONFIG_PARAMETERS).
+        cmd.args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "diff.ignoreSubmodules=all",
+        ])
+        .args(&args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_EDITOR", "true")
+        // Its own process group: a Ctrl-C at the terminal goes to the foreground group,
+        // and must reach the run (which stops cleanly), never a merge halfway through.
+        .process_group(0);
         for key in SCRUBBED_ENV {
             cmd.env_remove(key);
         }

@@ -257,6 +257,7 @@ pub(crate) async fn run_in_worktree(
     let prepared = confine::prepare(&CommandPolicy {
         settings: ctx.sandbox_settings(),
         worktree: ctx.root(),
+        cwd,
         temp_dir: &temp_dir,
         no_network: isolate_network,
         launcher_env,
