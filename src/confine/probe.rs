@@ -46,7 +46,7 @@ impl Protections {
         }
         if !self.namespaces {
             missing.push(
-                "namespaces: processes that leave their process group may outlive a command, /proc shows the daemon, .git is writable, and run_command_isolated cannot run (no PID/mount/network namespaces)"
+                "namespaces: processes that leave their process group may outlive a command, /proc shows the daemon, .git is writable, run_command_isolated cannot run, and commands refuse to run while sandbox.hide or an api-key-file needs hiding (no PID/mount/network namespaces)"
                     .to_string(),
             );
         }
