@@ -221,27 +221,23 @@ unsafe fn set_up_mounts(plan: &ChildPlan) -> io::Result<()> {
             return Ok(());
         }
         // Nothing mounted here may show up outside.
-        check(
-            libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ),
+        mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
             Stage::PrivateMounts,
         )?;
         if plan.namespaces & libc::CLONE_NEWPID != 0 {
             // A /proc of this PID namespace: the daemon and other loops' processes are not
             // in it, so their environ, memory and fds cannot even be named.
-            check(
-                libc::mount(
-                    c"proc".as_ptr(),
-                    c"/proc".as_ptr(),
-                    c"proc".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    std::ptr::null(),
-                ),
+            mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
                 Stage::MountProc,
             )?;
         }
@@ -252,48 +248,40 @@ unsafe fn set_up_mounts(plan: &ChildPlan) -> io::Result<()> {
             bind_read_only(c"/dev/null".as_ptr(), path.as_ptr(), Stage::HidePaths)?;
         }
         for path in &plan.hidden_dirs {
-            check(
-                libc::mount(
-                    c"tmpfs".as_ptr(),
-                    path.as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    c"size=4k,mode=0555".as_ptr().cast(),
-                ),
+            mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=4k,mode=0555".as_ptr().cast(),
                 Stage::HidePaths,
             )?;
         }
         if plan.private_shm {
-            check(
-                libc::mount(
-                    c"tmpfs".as_ptr(),
-                    c"/dev/shm".as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    c"size=256m,mode=1777".as_ptr().cast(),
-                ),
+            mount(
+                c"tmpfs".as_ptr(),
+                c"/dev/shm".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"size=256m,mode=1777".as_ptr().cast(),
                 Stage::PrivateShm,
             )?;
         }
         if plan.private_pts {
-            check(
-                libc::mount(
-                    c"devpts".as_ptr(),
-                    c"/dev/pts".as_ptr(),
-                    c"devpts".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NOEXEC,
-                    c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
-                ),
+            mount(
+                c"devpts".as_ptr(),
+                c"/dev/pts".as_ptr(),
+                c"devpts".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
                 Stage::PrivateShm,
             )?;
-            check(
-                libc::mount(
-                    c"/dev/pts/ptmx".as_ptr(),
-                    c"/dev/ptmx".as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                ),
+            mount(
+                c"/dev/pts/ptmx".as_ptr(),
+                c"/dev/ptmx".as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
                 Stage::PrivateShm,
             )?;
             if let Some(ruleset) = &plan.landlock {
@@ -345,30 +333,40 @@ unsafe fn allow_beneath(
     Ok(())
 }
 
+/// `mount(2)`; a failure is reported as `stage`.
+unsafe fn mount(
+    source: *const libc::c_char,
+    target: *const libc::c_char,
+    fstype: *const libc::c_char,
+    flags: libc::c_ulong,
+    data: *const libc::c_void,
+    stage: Stage,
+) -> io::Result<()> {
+    // SAFETY: the caller passes NUL-terminated strings (or null where mount(2) allows it).
+    unsafe { check(libc::mount(source, target, fstype, flags, data), stage)? };
+    Ok(())
+}
+
 unsafe fn bind_read_only(
     source: *const libc::c_char,
     target: *const libc::c_char,
     stage: Stage,
 ) -> io::Result<()> {
     unsafe {
-        check(
-            libc::mount(
-                source,
-                target,
-                std::ptr::null(),
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            ),
+        mount(
+            source,
+            target,
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
             stage,
         )?;
-        check(
-            libc::mount(
-                std::ptr::null(),
-                target,
-                std::ptr::null(),
-                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID,
-                std::ptr::null(),
-            ),
+        mount(
+            std::ptr::null(),
+            target,
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID,
+            std::ptr::null(),
             stage,
         )?;
         Ok(())
