@@ -201,12 +201,8 @@ impl SessionArgs {
         };
         // Before the first call: every secret of our environment (and the config's named
         // ones) is redacted from results, receipts and messages.
-        secrets::register_environment(&sandbox.env.secret);
-        let report = taskdaemon::confine::SandboxReport::of(&sandbox);
-        report.check_required().map_err(|e| e.to_string())?;
-        for gap in &report.missing {
-            eprintln!("taskdaemon: warning: commands run with less confinement here: {gap}");
-        }
+        secrets::register_environment(&[]);
+        taskdaemon::confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
         let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
             .map_err(|e| e.to_string())?
             .with_catalog(Arc::new(catalog))

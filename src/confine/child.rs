@@ -646,11 +646,6 @@ pub fn describe(code: i32) -> Option<String> {
     ))
 }
 
-/// The stage a tagged spawn error came from.
-pub fn stage_of(code: i32) -> Option<Stage> {
-    untag(code).map(|(stage, _)| stage)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,9 +658,7 @@ mod tests {
         let text = describe(code).unwrap();
         assert!(text.starts_with("applying the Landlock rules failed: Operation not permitted"));
         assert_eq!(describe(libc::ENOENT), None);
-        assert_eq!(
-            stage_of(tagged(Stage::MountProc, 1).raw_os_error().unwrap()),
-            Some(Stage::MountProc)
-        );
+        let code = tagged(Stage::MountProc, 1).raw_os_error().unwrap();
+        assert_eq!(untag(code), Some((Stage::MountProc, 1)));
     }
 }

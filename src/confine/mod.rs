@@ -173,6 +173,23 @@ impl SandboxReport {
         }
     }
 
+    /// What a front does once before its first command: registers the variables that
+    /// `settings` names as secret (for redaction), builds the report, refuses when the
+    /// settings require what this machine lacks, and otherwise says on stderr, once, what
+    /// is missing.
+    pub fn at_start(settings: &SandboxSettings) -> Result<Self, ConfineError> {
+        crate::secrets::register_environment(&settings.env.secret);
+        let report = Self::of(settings);
+        report.check_required()?;
+        if !report.missing.is_empty() {
+            eprintln!(
+                "taskdaemon: warning: commands run with less confinement than planned on this machine:\n  - {}\n  (sandbox: required refuses to run instead)",
+                report.missing.join("\n  - ")
+            );
+        }
+        Ok(report)
+    }
+
     /// An error when the settings require what this machine lacks.
     pub fn check_required(&self) -> Result<(), ConfineError> {
         if self.mode == SandboxMode::Required && !self.missing.is_empty() {
@@ -230,7 +247,13 @@ pub enum ConfineError {
 /// Prepares the confinement of one command from `policy` and this machine's protections.
 pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
     let protections = probe::protections();
-    SandboxReport::of(policy.settings).check_required()?;
+    // Per command, so only the cheap part: the report was made and shown at start.
+    if policy.settings.mode == SandboxMode::Required {
+        let missing = protections.missing();
+        if !missing.is_empty() {
+            return Err(ConfineError::Required(missing.join("; ")));
+        }
+    }
     if policy.no_network && !protections.namespaces {
         return Err(ConfineError::NoNetworkIsolation);
     }

@@ -159,16 +159,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
     let catalog = Arc::new(config.catalog()?);
     let sandbox = Arc::new(config.sandbox_settings(&base_dir));
-    crate::secrets::register_environment(&sandbox.env.secret);
-    let sandbox_report = crate::confine::SandboxReport::of(&sandbox);
-    sandbox_report.check_required().map_err(|e| e.to_string())?;
-    if !sandbox_report.missing.is_empty() {
-        // Said once, before anything runs: the run goes on with less confinement.
-        eprintln!(
-            "taskdaemon: warning: commands run with less confinement than planned on this machine:\n  - {}\n  (sandbox: required refuses to run instead)",
-            sandbox_report.missing.join("\n  - ")
-        );
-    }
+    let sandbox_report =
+        crate::confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
     let web_access = config.web_access()?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
