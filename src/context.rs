@@ -19,6 +19,8 @@ use crate::error::{ToolError, display_path};
 use crate::sandbox::resolve_in;
 use crate::tools::read_file::ReadIndex;
 use crate::web_access::WebAccess;
+use crate::worktree_fs::WorktreeFs;
+use crate::worktree_fs::replace::stamp_of_open;
 
 /// Hash of the exact bytes the model saw (or that the loop itself wrote): 128-bit XXH3
 /// (`twox-hash`, which picks AVX2 at run time: twice the speed of SSE2 here).
@@ -56,23 +58,6 @@ impl StampHasher {
     }
 }
 
-/// The stamp of the file at `path`, read a chunk at a time: a loop may have read a file of
-/// gigabytes (read_file streams it), and checking it must not hold it in memory.
-pub fn stamp_of_file(path: &Path) -> std::io::Result<Stamp> {
-    use std::io::Read as _;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = StampHasher::default();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => return Ok(hasher.finish()),
-            Ok(n) => hasher.update(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -104,7 +89,8 @@ pub enum StampCheck {
 pub struct ToolContext {
     root: PathBuf,
     exec_id: String,
-    sandbox: bool,
+    /// The root's handle: every file tool opens, lists and writes through it.
+    files: Arc<WorktreeFs>,
     catalog: Arc<Catalog>,
     commands: LoopCommands,
     /// What `web_fetch` may reach besides the public internet (`web:` in the config).
@@ -139,7 +125,6 @@ impl std::fmt::Debug for ToolContext {
         f.debug_struct("ToolContext")
             .field("root", &self.root)
             .field("exec_id", &self.exec_id)
-            .field("sandbox", &self.sandbox)
             .finish_non_exhaustive()
     }
 }
@@ -159,10 +144,17 @@ impl ToolContext {
                 message: format!("worktree '{}' is not a directory", worktree.display()),
             });
         }
+        let files = WorktreeFs::new(&root).map_err(|e| {
+            ToolError::failed(
+                format!("opening worktree '{}'", worktree.display()),
+                e,
+                "Pass an existing directory as the worktree.",
+            )
+        })?;
         Ok(Self {
             root,
             exec_id: exec_id.into(),
-            sandbox: true,
+            files: Arc::new(files),
             catalog: Arc::new(Catalog::default()),
             commands: LoopCommands::default(),
             web_access: WebAccess::default(),
@@ -180,8 +172,10 @@ impl ToolContext {
         })
     }
 
-    /// Confines commands as `settings` say (paths already absolute).
+    /// Confines commands as `settings` say (paths already absolute); the file tools hide
+    /// what commands cannot see (`sandbox.hide`) and refuse writes to protected paths.
     pub fn with_sandbox_settings(mut self, settings: Arc<SandboxSettings>) -> Self {
+        self.files.set_hidden(&settings.hide);
         self.sandbox_settings = settings;
         self
     }
@@ -210,12 +204,6 @@ impl ToolContext {
         let path = dir.path().canonicalize()?;
         *slot = Some(dir);
         Ok(path)
-    }
-
-    /// Turns the sandbox off (paths may then leave the worktree). Only for trusted setups.
-    pub fn with_sandbox(mut self, enabled: bool) -> Self {
-        self.sandbox = enabled;
-        self
     }
 
     /// Uses `catalog` for per-tool limits.
@@ -248,10 +236,24 @@ impl ToolContext {
     /// must not write whatever the path looks like (it is judged after symlinks are
     /// resolved): git metadata (a `.git` component anywhere: a rewritten `.git` file or
     /// config would steer the git the daemon runs for the loop, unconfined) and the daemon's
-    /// own directory at the root (`.taskdaemon`: run records, other loops' worktrees).
+    /// own directory at the root (`.taskdaemon`: run records, other loops' worktrees), and
+    /// the daemon's records wherever they lie (`SandboxSettings::protected`).
     /// Commands are held to the same rule by read-only mounts (`crate::confine`).
     pub fn resolve_for_write(&self, input: &str) -> Result<PathBuf, ToolError> {
         let real = self.resolve(input)?;
+        // A protected directory that holds the loop's own root (its worktree under the run
+        // directory) is the loop's to write in; anything else in it is not.
+        if self
+            .sandbox_settings
+            .protected
+            .iter()
+            .any(|p| real.starts_with(p) && !self.root.starts_with(p))
+        {
+            return Err(ToolError::ProtectedPath {
+                path: input.to_string(),
+                reason: "it is part of the run's record (transcripts, receipts, events), which no loop may change; write your files elsewhere in the worktree.".to_string(),
+            });
+        }
         if let Ok(inside) = real.strip_prefix(&self.root) {
             let mut parts = inside.components().map(|c| c.as_os_str());
             let first = parts.clone().next();
@@ -281,9 +283,9 @@ impl ToolContext {
         &self.exec_id
     }
 
-    /// Whether the sandbox is enforced.
-    pub fn sandbox_enabled(&self) -> bool {
-        self.sandbox
+    /// File access beneath the worktree root (see `crate::worktree_fs`).
+    pub fn files(&self) -> &Arc<WorktreeFs> {
+        &self.files
     }
 
     /// The catalog in force.
@@ -307,17 +309,11 @@ impl ToolContext {
     }
 
     /// Resolves a model-given path to the real path it designates, refusing escapes.
+    ///
+    /// The result is a name only: tools use it through [`ToolContext::files`], which opens
+    /// it beneath the root and refuses a symlink swapped in since.
     pub fn resolve(&self, input: &str) -> Result<PathBuf, ToolError> {
-        if self.sandbox {
-            resolve_in(&self.root, input)
-        } else if input.contains('\0') {
-            Err(ToolError::SandboxViolation {
-                path: input.to_string(),
-                detail: " (it contains a NUL byte)".to_string(),
-            })
-        } else {
-            Ok(self.root.join(input))
-        }
+        resolve_in(&self.root, input)
     }
 
     /// `path` relative to the worktree root when inside it, for messages and output.
@@ -422,6 +418,19 @@ impl ToolContext {
         }
     }
 
+    /// What a stamp check of `path` says before the file is read: `Some(NeverRead)` or
+    /// `Some(Stale)` when the loop holds no stamp for it (an edit is refused without reading
+    /// a byte), `None` when the content must be compared.
+    pub fn check_without_content(&self, path: &Path) -> Option<StampCheck> {
+        if lock(&self.stamps).contains_key(path) {
+            None
+        } else if lock(&self.dropped).contains(path) {
+            Some(StampCheck::Stale)
+        } else {
+            Some(StampCheck::NeverRead)
+        }
+    }
+
     /// Paths this loop holds a stamp for (what a file watcher needs to care about).
     pub fn stamped_paths(&self) -> Vec<PathBuf> {
         lock(&self.stamps).keys().cloned().collect()
@@ -437,7 +446,14 @@ impl ToolContext {
         let Some(stamp) = self.stamp(path) else {
             return false;
         };
-        if stamp_of_file(path).ok() == Some(stamp) {
+        // Opened beneath the root and non-blocking: a FIFO or symlink swapped in cannot
+        // hang or mislead the check (either counts as a change).
+        let now = self
+            .files
+            .open_file(path)
+            .ok()
+            .and_then(|f| stamp_of_open(&f.file).ok());
+        if now == Some(stamp) {
             return false;
         }
         {
@@ -541,7 +557,8 @@ mod tests {
         // Several of stamp_of_file's chunks, and a last one that is not full.
         let content: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
         std::fs::write(&p, &content).unwrap();
-        assert_eq!(stamp_of_file(&p).unwrap(), Stamp::of(&content));
+        let opened = ctx.files().open_file(&p).unwrap();
+        assert_eq!(stamp_of_open(&opened.file).unwrap(), Stamp::of(&content));
         ctx.record_stamp(&p, &content);
         std::fs::write(&p, &content).unwrap();
         assert!(!ctx.note_outside_change(&p), "same bytes: no change");

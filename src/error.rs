@@ -207,12 +207,13 @@ impl ToolError {
 /// Convenience alias.
 pub type ToolResult<T> = Result<T, ToolError>;
 
-/// Path helper used in error messages: the worktree-relative form when possible.
+/// A path as shown to a model: worktree-relative when possible, escaped when its name is not
+/// plain text (`crate::shown_path`), so that it can be passed back.
 pub fn display_path(root: &std::path::Path, path: &std::path::Path) -> String {
     match path.strip_prefix(root) {
         Ok(rel) if rel.as_os_str().is_empty() => ".".to_string(),
-        Ok(rel) => rel.to_string_lossy().into_owned(),
-        Err(_) => path.to_string_lossy().into_owned(),
+        Ok(rel) => crate::shown_path::show(rel.as_os_str()).into_owned(),
+        Err(_) => crate::shown_path::show(path.as_os_str()).into_owned(),
     }
 }
 

@@ -203,6 +203,11 @@ impl SessionArgs {
         // ones) is redacted from results, receipts and messages.
         secrets::register_environment(&[]);
         taskdaemon::confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
+        // A receipt log inside the worktree is the session's record, not the model's file.
+        let sandbox = match &self.receipts {
+            Some(log) => sandbox.protecting(log),
+            None => sandbox,
+        };
         let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
             .map_err(|e| e.to_string())?
             .with_catalog(Arc::new(catalog))
@@ -288,14 +293,22 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    let code = match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(message) => {
             eprintln!("taskdaemon: {}", secrets::redact(&message));
             ExitCode::from(2)
         }
-    }
+    };
+    // The work is done. A blocking thread still running belongs to a call that was given up
+    // (its timeout answered already); dropping the runtime would wait for it without bound,
+    // so the process waits a moment and then exits without it.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    code
 }
+
+/// How long the process waits at exit for blocking threads of abandoned calls.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn dispatch(command: Command) -> Result<ExitCode, String> {
     match command {

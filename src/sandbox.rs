@@ -7,11 +7,14 @@
 //! result is the real path a file operation would touch; it must lie under the root by
 //! whole components, so `/work/tree-evil` is not inside `/work/tree`.
 //!
-//! What this cannot prevent: a symlink swapped in between resolution and use (a TOCTOU race
-//! by a concurrent writer). Loops share no worktree with untrusted writers, so we accept it.
+//! The result is a name, not a permission: a symlink swapped in between resolution and use
+//! would redirect a plain `open` of it. So tools never open it by name; they hand it to
+//! `crate::worktree_fs`, which opens it beneath the root's handle in the kernel and refuses
+//! any symlink met on the way.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::ToolError;
@@ -19,19 +22,33 @@ use crate::error::ToolError;
 /// How many symlinks one resolution may follow before it is treated as a loop.
 const MAX_SYMLINK_HOPS: usize = 40;
 
-/// Resolves `input` (relative to `root`, or absolute) to the real path it designates.
+/// Resolves `input` (relative to `root`, or absolute) to the real path it designates. An
+/// input in double quotes is an escaped name (`crate::shown_path`), as listings show names
+/// with newlines or bytes that are not UTF-8.
 ///
 /// `root` must already be canonical. Returns `SandboxViolation` for NUL bytes, symlink
 /// loops and anything that ends outside `root`.
 pub fn resolve_in(root: &Path, input: &str) -> Result<PathBuf, ToolError> {
+    match crate::shown_path::parse(input) {
+        None => resolve_bytes(root, Path::new(input), input),
+        Some(Ok(bytes)) => resolve_bytes(root, Path::new(&bytes), input),
+        Some(Err(why)) => Err(ToolError::failed(
+            format!("reading the path {input}"),
+            format!("a path in double quotes is an escaped name, and this one is broken: {why}"),
+            "Pass the path exactly as a listing showed it, or without the quotes.",
+        )),
+    }
+}
+
+/// [`resolve_in`] of the path `requested` (any bytes), which the model wrote as `input`.
+fn resolve_bytes(root: &Path, requested: &Path, input: &str) -> Result<PathBuf, ToolError> {
     let violation = |detail: &str| ToolError::SandboxViolation {
         path: input.to_string(),
         detail: detail.to_string(),
     };
-    if input.contains('\0') {
+    if requested.as_os_str().as_bytes().contains(&0) {
         return Err(violation(" (it contains a NUL byte)"));
     }
-    let requested = Path::new(input);
     let mut queue: VecDeque<OsString> = VecDeque::new();
     let mut current = if requested.is_absolute() {
         PathBuf::from("/")

@@ -8,7 +8,9 @@
 //!   paths of `sandbox.writable` and `/dev/null`-like devices (Landlock); `.git` and
 //!   `.taskdaemon` inside the worktree are read-only (a read-only bind mount), so git
 //!   metadata, other loops' branches and the run record are out of reach: the daemon makes
-//!   the loop's commits;
+//!   the loop's commits; so are the daemon's records wherever they lie inside a writable
+//!   path (`SandboxSettings::protected`: a `--run-dir` inside the repository, a config in a
+//!   subdirectory of it, a `tool exec` receipt log);
 //! - reads everywhere, or with `sandbox.read: strict` only system and toolchain paths, its
 //!   writable paths and `sandbox.readable`; `sandbox.hide` makes files read as empty;
 //! - runs as a process of its own PID namespace whose /proc shows only its own tree, so the
@@ -75,6 +77,10 @@ pub struct SandboxSettings {
     pub hide: Vec<PathBuf>,
     /// The commands' environment.
     pub env: EnvSettings,
+    /// Paths that commands (read-only bind mounts) and file tools (refused writes) may never
+    /// change, wherever they lie: the run record, a `tool exec` receipt log. Set by the
+    /// daemon, not by the config file.
+    pub protected: Vec<PathBuf>,
 }
 
 /// The map form of `sandbox:`, derived so its errors name the key at fault.
@@ -117,6 +123,7 @@ impl<'de> Deserialize<'de> for SandboxSettings {
                     readable: m.readable,
                     hide: m.hide,
                     env: m.env,
+                    protected: Vec::new(),
                 })
             }
         }
@@ -132,6 +139,15 @@ impl SandboxSettings {
             for path in list.iter_mut() {
                 *path = absolute(path, base);
             }
+        }
+        self
+    }
+
+    /// The settings with `path` (canonical when it exists) added to the protected paths.
+    pub fn protecting(mut self, path: &Path) -> Self {
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        if !self.protected.contains(&path) {
+            self.protected.push(path);
         }
         self
     }
@@ -304,6 +320,20 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
             // Not a symlink: the mount would follow it, and the worktree is the loop's.
             if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_symlink()) {
                 read_only.push(c_path(&path)?);
+            }
+        }
+        // The daemon's own records, where they lie beneath something the command may write
+        // (elsewhere Landlock already refuses every write, and a mount would only cost time).
+        for path in &policy.settings.protected {
+            // A protected directory holding the worktree itself (a loop's own worktree under
+            // the run directory) stays writable there; the rest of it is outside Landlock's
+            // writable paths anyway.
+            let under_writable =
+                writable.iter().any(|w| path.starts_with(w)) && !policy.worktree.starts_with(path);
+            if under_writable
+                && std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_symlink())
+            {
+                read_only.push(c_path(path)?);
             }
         }
         for path in &policy.settings.hide {

@@ -213,6 +213,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     };
     std::fs::create_dir_all(&run_dir)
         .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    // The record may lie inside a loop's writable area (`worktree: repo` with the config in a
+    // subdirectory of the repository, or a `--run-dir` inside it): no loop may change it.
+    let sandbox = Arc::new((*sandbox).clone().protecting(&run_dir));
     let repo = match user_repo {
         Some(repo) => repo,
         None => {

@@ -2,6 +2,8 @@
 //! checks that a JSON Schema cannot express, and writing an artifact as a JSON file plus a
 //! readable Markdown file under `.taskdaemon/artifacts/` in the worktree.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -9,7 +11,9 @@ use serde_json::{Value, json};
 use crate::context::{ToolContext, sha256_hex};
 use crate::error::{ArgumentProblem, ToolError, ToolResult};
 use crate::receipts::SideEffect;
+use crate::tools::write_file::replace_error;
 use crate::tools::{ToolOutput, args};
+use crate::worktree_fs::replace::Expect;
 
 /// Worktree-relative directory holding artifacts.
 pub const ARTIFACT_DIR: &str = ".taskdaemon/artifacts";
@@ -253,18 +257,32 @@ pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<Tool
         let rel = format!("{ARTIFACT_DIR}/{kind}-{name}.{ext}");
         let path = ctx.resolve(&rel)?;
         let shown = ctx.display(&path);
-        if let Some(dir) = path.parent() {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| ToolError::from_io("creating directory", ARTIFACT_DIR, &e))?;
-        }
-        replaced |= tokio::fs::try_exists(&path).await.unwrap_or(false);
         // The loop writes it, so it may edit it next without reading it first; stamped
         // before the write so the watcher sees the loop's own bytes.
         let previous = ctx.stamp_own_write(&path, content.as_bytes());
-        if let Err(e) = tokio::fs::write(&path, content.as_bytes()).await {
-            ctx.undo_write_stamp(&path, previous);
-            return Err(ToolError::from_io("writing", &shown, &e));
+        // Beneath the root and atomic, like write_file: the daemon writes here for the loop.
+        let job = {
+            let files = Arc::clone(ctx.files());
+            let (path, shown, bytes) = (path.clone(), shown.clone(), content.as_bytes().to_vec());
+            tokio::task::spawn_blocking(move || {
+                let how = Expect::Anything {
+                    create_parents: true,
+                };
+                files
+                    .replace(&path, &bytes, how)
+                    .map_err(|e| replace_error(e, "writing", &path, &shown))
+            })
+        };
+        let done = job
+            .await
+            .map_err(|e| ToolError::failed(format!("writing '{shown}'"), e, "Try the call again."))
+            .and_then(|r| r);
+        match done {
+            Ok(done) => replaced |= done.before.is_some(),
+            Err(e) => {
+                ctx.undo_write_stamp(&path, previous);
+                return Err(e);
+            }
         }
         ctx.finish_own_write(&path);
         written.push((shown, sha256_hex(content.as_bytes())));

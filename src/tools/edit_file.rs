@@ -3,19 +3,25 @@
 //! changed since, so the model never edits text it has not seen.
 
 use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::context::{StampCheck, ToolContext, sha256_hex};
+use crate::context::{Stamp, StampCheck, ToolContext, sha256_hex};
 use crate::error::{ArgumentProblem, ToolError, ToolResult};
 use crate::receipts::SideEffect;
+use crate::tools::list_directory::human_size;
 use crate::tools::read_file::{
     count_lines, count_newlines, io_error, line_start, not_found, number_line, split_line,
 };
-use crate::tools::write_file::write_in_place;
+use crate::tools::write_file::replace_error;
 use crate::tools::{Tool, ToolOutput, args};
+use crate::worktree_fs::replace::Expect;
+use crate::worktree_fs::{OpenedFile, WorktreeFs};
 
 const NAME: &str = "edit_file";
 
@@ -27,6 +33,9 @@ const MAX_LISTED_RANGES: usize = 20;
 
 /// Context lines shown before and after the first change.
 const SNIPPET_CONTEXT: usize = 3;
+
+/// Largest file edit_file changes: it holds the file, and the edited copy, in memory.
+const MAX_EDIT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Upper bound of lines in the snippet, whatever the size of the change.
 const SNIPPET_MAX_LINES: usize = 16;
@@ -146,34 +155,19 @@ impl Tool for EditFile {
         let real = ctx.resolve_for_write(&args.path)?;
         let shown = ctx.display(&real);
 
-        match tokio::fs::metadata(&real).await {
-            Ok(meta) if meta.is_dir() => {
-                return Err(ToolError::failed(
-                    format!("editing '{shown}'"),
-                    "it is a directory",
-                    "Give the path of a file; use list_directory to see what is inside.",
-                ));
-            }
-            Ok(meta) if !meta.is_file() => {
-                return Err(ToolError::failed(
-                    format!("editing '{shown}'"),
-                    "it is not a regular file",
-                    "Only regular text files can be edited.",
-                ));
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(not_found(
-                    &real,
-                    &shown,
-                    "To create a new file, use write_file.",
-                ));
-            }
-            Err(e) => return Err(io_error("editing", &real, &shown, &e)),
-        }
-        let bytes = tokio::fs::read(&real)
-            .await
-            .map_err(|e| io_error("reading", &real, &shown, &e))?;
+        let read = {
+            let files = Arc::clone(ctx.files());
+            let real = real.clone();
+            let shown_here = shown.clone();
+            let precheck = ctx.check_without_content(&real);
+            tokio::task::spawn_blocking(move || read_for_edit(&files, &real, &shown_here, precheck))
+                .await
+                .map_err(|e| {
+                    ToolError::failed(format!("reading '{shown}'"), e, "Try the call again.")
+                })??
+        };
+        let (opened, bytes) = read;
+        let seen = Stamp::of(&bytes);
         match ctx.check_stamp(&real, &bytes) {
             StampCheck::Current => {}
             StampCheck::NeverRead => return Err(ToolError::EditWithoutRead { path: shown }),
@@ -201,7 +195,18 @@ impl Tool for EditFile {
         let job = {
             let real = real.clone();
             let shown = shown.clone();
-            tokio::task::spawn_blocking(move || write_in_place(&real, &shown, content))
+            let files = Arc::clone(ctx.files());
+            tokio::task::spawn_blocking(move || {
+                let how = Expect::Unchanged {
+                    old: &opened.file,
+                    since: opened.state,
+                    stamp: seen,
+                };
+                files
+                    .replace(&real, content.as_bytes(), how)
+                    .map(|done| (content, done.late_write))
+                    .map_err(|e| replace_error(e, "writing", &real, &shown))
+            })
         };
         let written = job
             .await
@@ -213,7 +218,7 @@ impl Tool for EditFile {
                 )
             })
             .and_then(|r| r);
-        let content = match written {
+        let (content, late_write) = match written {
             Ok(c) => c,
             Err(e) => {
                 ctx.undo_write_stamp(&real, previous);
@@ -222,12 +227,79 @@ impl Tool for EditFile {
         };
         ctx.finish_own_write(&real);
 
-        let text = report(&shown, &content, &edits, &applied, &ranges);
+        let mut text = report(&shown, &content, &edits, &applied, &ranges);
+        if late_write {
+            let _ = write!(
+                text,
+                "\nWarning: another process wrote to '{shown}' while it was being replaced; what it wrote went to the old version and is not in the file. Read the file again and check that nothing is missing."
+            );
+        }
         Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {
             path: shown,
             hash: sha256_hex(content.as_bytes()),
         }))
     }
+}
+
+/// Opens the file to edit beneath the root and reads it, unless the loop's stamps already
+/// say the edit is refused (`precheck`): then not a byte is read. Files above
+/// [`MAX_EDIT_BYTES`] are refused before reading.
+fn read_for_edit(
+    files: &WorktreeFs,
+    real: &Path,
+    shown: &str,
+    precheck: Option<StampCheck>,
+) -> ToolResult<(OpenedFile, Vec<u8>)> {
+    let mut opened = files.open_file(real).map_err(|refusal| {
+        refusal.into_tool_error(
+            "editing",
+            shown,
+            "Give the path of a file; use list_directory to see what is inside.",
+            |e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    not_found(real, shown, "To create a new file, use write_file.")
+                }
+                _ => io_error("editing", real, shown, &e),
+            },
+        )
+    })?;
+    match precheck {
+        Some(StampCheck::NeverRead) => {
+            return Err(ToolError::EditWithoutRead {
+                path: shown.to_string(),
+            });
+        }
+        Some(StampCheck::Stale) => {
+            return Err(ToolError::StaleRead {
+                path: shown.to_string(),
+            });
+        }
+        _ => {}
+    }
+    if opened.len > MAX_EDIT_BYTES {
+        return Err(ToolError::failed(
+            format!("editing '{shown}'"),
+            format!(
+                "it is {} and edit_file holds a file in memory, up to {}",
+                human_size(opened.len),
+                human_size(MAX_EDIT_BYTES)
+            ),
+            "Change a file this large with run_command (e.g. sed), or replace it whole with write_file.",
+        ));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(opened.len).unwrap_or(0));
+    // Read to the end of what is there: the size may have changed since `fstat`, and the
+    // stamp check must see every byte. The limit keeps a file that grows meanwhile bounded.
+    std::io::Read::by_ref(&mut opened.file)
+        .take(MAX_EDIT_BYTES.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error("reading", real, shown, &e))?;
+    if bytes.len() as u64 > MAX_EDIT_BYTES {
+        return Err(ToolError::StaleRead {
+            path: shown.to_string(),
+        });
+    }
+    Ok((opened, bytes))
 }
 
 /// Turns the two input forms into a list of edits, reporting every misuse at once.

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use globset::Candidate;
 use ignore::{DirEntry, WalkState};
+use rustix::fs::FileType;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -223,6 +224,14 @@ impl Tool for Glob {
             found.truncate(max);
         }
         found.sort_unstable_by(|a, b| walk::path_order(a, b));
+        // Only what is a file beneath the root now is shown: the walk reads directories by
+        // path, and one swapped for a symlink mid-walk would list names from outside.
+        let files = ctx.files();
+        found.retain(|p| {
+            files
+                .inspect(p)
+                .is_some_and(|i| i.kind == FileType::RegularFile)
+        });
         let mut out = String::with_capacity(total.min(max) * 32);
         for p in &found {
             out.push_str(&display_path(&root, p));

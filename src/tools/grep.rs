@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 use globset::{Candidate, GlobSet};
@@ -37,7 +37,9 @@ use serde_json::{Value, json};
 use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult, display_path};
 use crate::text::{count, floor_char_boundary};
+use crate::tools::read_file::open_for_reading;
 use crate::tools::{Tool, ToolOutput, args, walk};
+use crate::worktree_fs::WorktreeFs;
 
 const TOOL: &str = "grep";
 const DEFAULT_MAX: u64 = 200;
@@ -356,7 +358,29 @@ fn searcher(context: usize, per_file_cap: usize) -> Searcher {
         .after_context(context)
         .binary_detection(BinaryDetection::quit(b'\0'))
         .max_matches(Some(per_file_cap as u64))
+        // A file that is one huge line would otherwise be held whole; past this the file
+        // counts as unreadable.
+        .heap_limit(Some(MAX_HELD_LINE_BYTES))
         .build()
+}
+
+/// Longest line grep holds in memory (with its context).
+const MAX_HELD_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// The error of a search of one named file that failed while reading.
+fn searched_error(shown: &str, err: &std::io::Error) -> ToolError {
+    if err.kind() == std::io::ErrorKind::OutOfMemory || err.to_string().contains("allocation limit")
+    {
+        return ToolError::failed(
+            format!("searching '{shown}'"),
+            format!(
+                "it has a line longer than {} MiB",
+                MAX_HELD_LINE_BYTES / (1024 * 1024)
+            ),
+            "Search a file with shorter lines, or look at a part of it with read_file (long lines are cut).",
+        );
+    }
+    ToolError::from_io("searching", shown, err)
 }
 
 /// Renders files in path order up to `cap` matching lines; returns the text and whether
@@ -498,16 +522,17 @@ impl Tool for Grep {
         let base = target.path.clone();
         let is_dir = target.is_dir;
         let walk_root = root.clone();
+        let worktree = Arc::clone(ctx.files());
 
         let (files, unreadable, binary) = walk::run_blocking(TOOL, move |cancel| {
             let root = walk_root;
             if !is_dir {
+                let shown = display_path(&root, &base);
+                let opened = open_for_reading(&worktree, &base, &shown)?;
                 let mut sink = FileSink::default();
                 searcher(context, cap + 1)
-                    .search_path(&matcher, &base, &mut sink)
-                    .map_err(|e| {
-                        ToolError::from_io("searching", &display_path(&root, &base), &e)
-                    })?;
+                    .search_file(&matcher, &opened.file, &mut sink)
+                    .map_err(|e| searched_error(&shown, &e))?;
                 let binary = sink.binary && sink.matches == 0;
                 let hits = (sink.matches > 0).then_some(FileHits {
                     path: base,
@@ -517,6 +542,7 @@ impl Tool for Grep {
                 return Ok((hits.into_iter().collect(), 0, binary));
             }
             let (files, unreadable) = search_dir(
+                &worktree,
                 &base,
                 &root,
                 &matcher,
@@ -589,6 +615,7 @@ const ORDERED_FILES: usize = 1024;
 /// read.
 #[allow(clippy::too_many_arguments)]
 fn search_dir(
+    worktree: &WorktreeFs,
     base: &Path,
     root: &Path,
     matcher: &RegexMatcher,
@@ -601,7 +628,13 @@ fn search_dir(
 ) -> (Vec<FileHits>, usize) {
     let search = |path: &Path, searcher: &mut Searcher| {
         let mut sink = FileSink::default();
-        let readable = searcher.search_path(matcher, path, &mut sink).is_ok();
+        // Opened beneath the root, non-blocking and checked: a path the walk saw may have
+        // been swapped for a symlink, a FIFO or a hard link to outside since.
+        let readable = worktree.open_file(path).is_ok_and(|opened| {
+            searcher
+                .search_file(matcher, &opened.file, &mut sink)
+                .is_ok()
+        });
         (sink, readable)
     };
     let first = search_ordered(
@@ -1038,10 +1071,12 @@ mod tests {
         assert!(all.len() > 8, "{all:?}");
         let matcher = RegexMatcherBuilder::new().build("hit").unwrap();
         let cancel = AtomicBool::new(false);
+        let worktree = WorktreeFs::new(&root).unwrap();
         for cap in [1, 2, 5, all.len() - 1, all.len(), 100] {
             for budget in [0, 1, 2, 3, 5, 8, 100] {
-                let (hits, unreadable) =
-                    search_dir(&root, &root, &matcher, None, false, 0, cap, &cancel, budget);
+                let (hits, unreadable) = search_dir(
+                    &worktree, &root, &root, &matcher, None, false, 0, cap, &cancel, budget,
+                );
                 assert_eq!(unreadable, 0);
                 let (out, capped) = render(hits, &root, cap, 0);
                 let want: String = all.iter().take(cap).cloned().collect();

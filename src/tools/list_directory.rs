@@ -9,10 +9,12 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use ignore::WalkBuilder;
 use ignore::gitignore::Gitignore;
+use rustix::fs::FileType;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -21,6 +23,7 @@ use crate::error::{ToolError, ToolResult};
 use crate::tools::read_file::{io_error, not_found};
 use crate::tools::walk::{ancestor_ignores, excluded_by};
 use crate::tools::{Tool, ToolOutput, args};
+use crate::worktree_fs::WorktreeFs;
 
 const NAME: &str = "list_directory";
 
@@ -64,6 +67,7 @@ struct Listing {
     include_hidden: bool,
     depth_ignored: bool,
     ancestor_ignores: Vec<Gitignore>,
+    files: Arc<WorktreeFs>,
 }
 
 #[async_trait]
@@ -143,6 +147,7 @@ impl Tool for ListDirectory {
             depth,
             include_hidden: args.include_hidden,
             depth_ignored: !args.recursive && args.max_depth.is_some(),
+            files: Arc::clone(ctx.files()),
         };
         let text = tokio::task::spawn_blocking(move || walk(listing))
             .await
@@ -164,6 +169,7 @@ fn walk(listing: Listing) -> String {
         include_hidden,
         depth_ignored,
         ancestor_ignores,
+        files: worktree,
     } = listing;
     let mut builder = WalkBuilder::new(&dir);
     builder
@@ -202,9 +208,13 @@ fn walk(listing: Listing) -> String {
             continue;
         }
         seen += 1;
-        let kind = entry.file_type();
-        let is_link = kind.is_some_and(|t| t.is_symlink());
-        let is_dir = kind.is_some_and(|t| t.is_dir());
+        // What is shown comes from the entry as it is beneath the root now: the walk reads
+        // directories by path, and one swapped for a symlink would show what lies outside.
+        let Some(seen_now) = worktree.inspect(entry.path()) else {
+            continue;
+        };
+        let is_link = seen_now.kind == FileType::Symlink;
+        let is_dir = seen_now.kind == FileType::Directory;
         match (is_link, is_dir) {
             (true, _) => links += 1,
             (false, true) => dirs += 1,
@@ -219,23 +229,30 @@ fn walk(listing: Listing) -> String {
         if recursive {
             body.push_str(&"  ".repeat(entry.depth() - 1));
         }
-        let name = entry.file_name().to_string_lossy();
+        let name = crate::shown_path::show(entry.file_name());
         if is_link {
-            let target = std::fs::read_link(entry.path())
-                .map(|t| t.to_string_lossy().into_owned())
-                .unwrap_or_else(|_| "?".to_string());
+            let target = seen_now
+                .link_target
+                .as_deref()
+                .map(|t| crate::shown_path::show(t).into_owned())
+                .unwrap_or_else(|| "?".to_string());
             let _ = writeln!(body, "{name} -> {target}");
         } else if is_dir {
             let unexpanded = recursive
                 && entry.depth() == depth
-                && std::fs::read_dir(entry.path()).is_ok_and(|mut d| d.next().is_some());
+                && worktree.open_dir(entry.path()).is_ok_and(|fd| {
+                    rustix::fs::Dir::read_from(&fd).is_ok_and(|d| {
+                        d.filter_map(Result::ok)
+                            .any(|e| !matches!(e.file_name().to_bytes(), b"." | b".."))
+                    })
+                });
             if unexpanded {
                 let _ = writeln!(body, "{name}/  [not expanded: max_depth {depth} reached]");
             } else {
                 let _ = writeln!(body, "{name}/");
             }
         } else {
-            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            let size = seen_now.len;
             match crate::lang::guess(entry.path()) {
                 Some(lang) => {
                     let _ = writeln!(body, "{name}  ({}, {lang})", human_size(size));

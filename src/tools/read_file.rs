@@ -45,6 +45,7 @@ use crate::context::{Stamp, StampHasher, ToolContext};
 use crate::error::{ToolError, ToolResult};
 use crate::tools::list_directory::human_size;
 use crate::tools::{Tool, ToolOutput, args, walk};
+use crate::worktree_fs::{OpenedFile, WorktreeFs};
 
 const NAME: &str = "read_file";
 
@@ -254,8 +255,10 @@ impl Tool for ReadFile {
         let known = ctx.read_index(&real);
         let result = {
             let real = real.clone();
+            let files = Arc::clone(ctx.files());
             walk::run_blocking(NAME, move |cancel| {
-                load(&real, &shown, req, cancel, known.as_deref())
+                let opened = open_for_reading(&files, &real, &shown)?;
+                load(opened, &shown, req, cancel, known.as_deref())
             })
             .await?
         };
@@ -292,47 +295,52 @@ struct Request {
     cap: usize,
 }
 
+/// Opens `real` beneath the worktree root for reading (a regular file, all of whose hard
+/// links are inside), with read_file's messages.
+pub(crate) fn open_for_reading(
+    files: &WorktreeFs,
+    real: &Path,
+    shown: &str,
+) -> ToolResult<OpenedFile> {
+    files.open_file(real).map_err(|refusal| {
+        refusal.into_tool_error(
+            "reading",
+            shown,
+            "Use list_directory to see its entries, then read_file on one of the files.",
+            |e| io_error("reading", real, shown, &e),
+        )
+    })
+}
+
 /// Reads the file in one streaming pass (see the module docs) and renders the window; or,
 /// when `known` still describes the file, only the part of it the window needs.
 fn load(
-    real: &Path,
+    opened: OpenedFile,
     shown: &str,
     req: Request,
     cancel: &AtomicBool,
     known: Option<&ReadIndex>,
 ) -> ToolResult<Shown> {
-    load_with(real, shown, req, cancel, READING, known)
+    load_opened(opened, shown, req, cancel, READING, known)
 }
 
 /// `load` reading as `how` says (tests use tiny chunks to cut lines, characters and CRLF
 /// pairs at every possible place).
-fn load_with(
-    real: &Path,
+fn load_opened(
+    opened: OpenedFile,
     shown: &str,
     req: Request,
     cancel: &AtomicBool,
     how: Reading,
     known: Option<&ReadIndex>,
 ) -> ToolResult<Shown> {
-    let meta = std::fs::metadata(real).map_err(|e| io_error("reading", real, shown, &e))?;
-    if meta.is_dir() {
-        return Err(ToolError::failed(
-            format!("reading '{shown}'"),
-            "it is a directory",
-            "Use list_directory to see its entries, then read_file on one of the files.",
-        ));
-    }
-    if !meta.is_file() {
-        return Err(ToolError::failed(
-            format!("reading '{shown}'"),
-            "it is not a regular file (a FIFO, socket or device)",
-            "Only regular files can be read; choose another path.",
-        ));
-    }
-    let io = |e: std::io::Error| io_error("reading", real, shown, &e);
+    let mut file = opened.file;
+    let io = |e: std::io::Error| {
+        ToolError::failed(format!("reading '{shown}'"), e, "Try the call again.")
+    };
+    let meta = file.metadata().map_err(io)?;
     let identity = FileIdentity::of(&meta);
     let began = SystemTime::now();
-    let mut file = std::fs::File::open(real).map_err(io)?;
     if let Some(index) = known.filter(|k| k.identity == identity) {
         if let Some(shown) = load_window(&mut file, shown, req, cancel, how.chunk, index)? {
             return Ok(shown);
@@ -395,7 +403,9 @@ fn load_with(
     let mut shown = scan.finish(shown)?;
     if let Shown::Text { stamp, index, .. } = &mut shown {
         // Kept only if the file settled before the pass and did not change during it.
-        let unchanged = std::fs::metadata(real).is_ok_and(|m| FileIdentity::of(&m) == identity);
+        let unchanged = file
+            .metadata()
+            .is_ok_and(|m| FileIdentity::of(&m) == identity);
         let settled = how
             .settle
             .is_none_or(|settle| identity.settled_before(began, settle));
@@ -900,6 +910,22 @@ fn parent_display(shown: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `load_opened` of the file at `path` (opened beneath its own directory).
+    fn load_with(
+        path: &Path,
+        shown: &str,
+        req: Request,
+        cancel: &AtomicBool,
+        how: Reading,
+        known: Option<&ReadIndex>,
+    ) -> ToolResult<Shown> {
+        let dir = path.parent().unwrap().canonicalize().unwrap();
+        let files = WorktreeFs::new(&dir).unwrap();
+        let real = dir.join(path.file_name().unwrap());
+        let opened = open_for_reading(&files, &real, shown)?;
+        load_opened(opened, shown, req, cancel, how, known)
+    }
     use crate::catalog::ToolSpecOverride;
     use crate::context::StampCheck;
     use crate::registry::ToolSet;

@@ -8,9 +8,10 @@
 //! an outline for finding code, not a parser; odd formatting can mislabel a symbol.
 
 use std::fmt::Write as _;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use ignore::{DirEntry, WalkState};
@@ -21,7 +22,9 @@ use serde_json::{Value, json};
 use crate::context::ToolContext;
 use crate::error::{ToolError, ToolResult, display_path};
 use crate::text::{count, floor_char_boundary};
+use crate::tools::read_file::open_for_reading;
 use crate::tools::{Tool, ToolOutput, args, walk};
+use crate::worktree_fs::OpenedFile;
 
 const TOOL: &str = "symbols";
 const DEFAULT_MAX: u64 = 500;
@@ -928,12 +931,19 @@ enum FileOutcome {
     Binary,
 }
 
-fn outline_file(path: &Path, g: &Grammar, filter: &Filter) -> std::io::Result<FileOutcome> {
-    let len = std::fs::metadata(path)?.len();
-    if len > MAX_FILE_BYTES {
+fn outline_file(opened: OpenedFile, g: &Grammar, filter: &Filter) -> std::io::Result<FileOutcome> {
+    if opened.len > MAX_FILE_BYTES {
         return Ok(FileOutcome::TooLarge);
     }
-    let bytes = std::fs::read(path)?;
+    let mut bytes = Vec::new();
+    // The limit holds even if the file grows after `fstat`.
+    opened
+        .file
+        .take(MAX_FILE_BYTES.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Ok(FileOutcome::TooLarge);
+    }
     if bytes[..bytes.len().min(8192)].contains(&0) {
         return Ok(FileOutcome::Binary);
     }
@@ -1021,8 +1031,10 @@ impl Tool for Symbols {
             };
             let path = target.path.clone();
             let shown = target.shown.clone();
+            let files = Arc::clone(ctx.files());
             let outcome = walk::run_blocking(TOOL, move |_| {
-                outline_file(&path, g, &filter)
+                let opened = open_for_reading(&files, &path, &shown)?;
+                outline_file(opened, g, &filter)
                     .map_err(|e| ToolError::from_io("reading", &shown, &e))
             })
             .await?;
@@ -1061,12 +1073,13 @@ impl Tool for Symbols {
 
         let base = target.path.clone();
         let root_walk = root.clone();
+        let files = Arc::clone(ctx.files());
         let (found, stats) = walk::run_blocking(TOOL, move |cancel| {
             let scanned = AtomicUsize::new(0);
             let skipped = AtomicUsize::new(0);
             let walker = walk::builder(&root_walk, &base, false, |_| true);
             let found: Vec<(PathBuf, Symbol)> = walk::collect(&walker, cancel, || {
-                let (filter, scanned, skipped) = (&filter, &scanned, &skipped);
+                let (filter, scanned, skipped, files) = (&filter, &scanned, &skipped, &files);
                 move |e: DirEntry, out: &mut Vec<(PathBuf, Symbol)>| {
                     if !walk::is_file(&e) {
                         return WalkState::Continue;
@@ -1075,7 +1088,12 @@ impl Tool for Symbols {
                         return WalkState::Continue;
                     };
                     scanned.fetch_add(1, Ordering::Relaxed);
-                    match outline_file(e.path(), g, filter) {
+                    // Opened beneath the root: the walk's path may have been swapped since.
+                    let outcome = files
+                        .open_file(e.path())
+                        .map_err(|_| std::io::Error::other("refused"))
+                        .and_then(|opened| outline_file(opened, g, filter));
+                    match outcome {
                         Ok(FileOutcome::Symbols(symbols)) => {
                             out.extend(symbols.into_iter().map(|s| (e.path().to_path_buf(), s)));
                         }

@@ -2,7 +2,8 @@
 //! inside the worktree), then refreshes the read stamp, because the loop's own write is not
 //! a change made underneath it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -12,7 +13,10 @@ use crate::context::{ToolContext, sha256_hex};
 use crate::error::{ToolError, ToolResult};
 use crate::receipts::SideEffect;
 use crate::text::count;
+use crate::tools::read_file::io_error;
 use crate::tools::{Tool, ToolOutput, args};
+use crate::worktree_fs::WorktreeFs;
+use crate::worktree_fs::replace::{Expect, ReplaceError};
 
 const NAME: &str = "write_file";
 
@@ -79,7 +83,8 @@ impl Tool for WriteFile {
         let job = {
             let real = real.clone();
             let shown = shown.clone();
-            tokio::task::spawn_blocking(move || write_new(&real, &shown, args.content))
+            let files = Arc::clone(ctx.files());
+            tokio::task::spawn_blocking(move || write_new(&files, &real, &shown, args.content))
         };
         let written = job
             .await
@@ -119,65 +124,75 @@ impl Tool for WriteFile {
     }
 }
 
-/// Checks what is at `real`, creates missing parents and writes. Takes and gives back the
-/// content so a large write is never copied.
-fn write_new(real: &Path, shown: &str, content: String) -> ToolResult<(String, Before)> {
-    let before = match std::fs::metadata(real) {
-        Ok(meta) if meta.is_dir() => {
-            return Err(ToolError::failed(
-                format!("writing '{shown}'"),
-                "it is a directory",
-                format!(
-                    "Choose a file path, e.g. '{}/name.ext', or use list_directory to see what is inside.",
-                    shown.trim_end_matches('/')
-                ),
-            ));
-        }
-        Ok(meta) if !meta.is_file() => {
-            return Err(ToolError::failed(
-                format!("writing '{shown}'"),
-                "it is not a regular file (a FIFO, socket or device)",
-                "Choose another path.",
-            ));
-        }
-        Ok(meta) => Before::File { size: meta.len() },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // `real` is already resolved inside the worktree (every existing symlink on the
-            // way followed), so creating its parent cannot step outside.
-            let parent: Option<PathBuf> = real.parent().map(Path::to_path_buf);
-            let parent_created = match parent {
-                Some(p) if !p.is_dir() => {
-                    std::fs::create_dir_all(&p).map_err(|e| {
-                        ToolError::failed(
-                            format!("creating the parent directories of '{shown}'"),
-                            e,
-                            "A file may be in the way where a directory is needed; choose another path or check it with list_directory.",
-                        )
-                    })?;
-                    true
-                }
-                _ => false,
-            };
-            Before::Nothing { parent_created }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
-            return Err(ToolError::failed(
-                format!("writing '{shown}'"),
-                "a part of the path before the file name is a file, not a directory",
-                "Choose another path, or check the parts with list_directory.",
-            ));
-        }
-        Err(e) => return Err(ToolError::from_io("checking", shown, &e)),
+/// Replaces (or creates, with its missing parents) the file at `real` beneath the root, and
+/// gives the content back so that a large write is never copied.
+fn write_new(
+    files: &WorktreeFs,
+    real: &Path,
+    shown: &str,
+    content: String,
+) -> ToolResult<(String, Before)> {
+    let how = Expect::Anything {
+        create_parents: true,
     };
-    write_in_place(real, shown, content).map(|c| (c, before))
+    let done = files
+        .replace(real, content.as_bytes(), how)
+        .map_err(|e| replace_error(e, "writing", real, shown))?;
+    let before = match done.before {
+        Some(size) => Before::File { size },
+        None => Before::Nothing {
+            parent_created: done.made_parents,
+        },
+    };
+    Ok((content, before))
 }
 
-/// Writes `content` to `real` in place (keeping the inode, so permissions and hard links
-/// survive) and hands the content back. Shared with `edit_file`.
-pub(crate) fn write_in_place(real: &Path, shown: &str, content: String) -> ToolResult<String> {
-    std::fs::write(real, content.as_bytes())
-        .map_err(|e| ToolError::from_io("writing", shown, &e))?;
-    Ok(content)
+/// The tool error for a replace that did not happen (the old file is as it was). Shared with
+/// `edit_file`.
+pub(crate) fn replace_error(
+    err: ReplaceError,
+    action: &str,
+    real: &Path,
+    shown: &str,
+) -> ToolError {
+    match err {
+        ReplaceError::Open(refusal) => refusal.into_tool_error(
+            action,
+            shown,
+            &format!(
+                "Choose a file path, e.g. '{}/name.ext', or use list_directory to see what is inside.",
+                shown.trim_end_matches('/')
+            ),
+            |e| match e.raw_os_error() {
+                Some(libc::ENOTDIR) => ToolError::failed(
+                    format!("{action} '{shown}'"),
+                    "a part of the path before the file name is a file, not a directory",
+                    "Choose another path, or check the parts with list_directory.",
+                ),
+                _ => io_error(action, real, shown, &e),
+            },
+        ),
+        ReplaceError::Write(e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {
+            ToolError::failed(
+                format!("{action} '{shown}'"),
+                e,
+                "The disk is full; the file was left as it was. Free space (e.g. remove build output you made) and try again.",
+            )
+        }
+        ReplaceError::Write(e) => ToolError::failed(
+            format!("{action} '{shown}'"),
+            e,
+            "The file was left as it was; check the path and try again.",
+        ),
+        ReplaceError::Stale => ToolError::StaleRead {
+            path: shown.to_string(),
+        },
+        ReplaceError::StaleWithLostWrite => ToolError::failed(
+            format!("{action} '{shown}'"),
+            "it changed on disk since you last read it, and another process wrote to it while the edit was being put in place: what it wrote then is lost",
+            "Read it again with read_file, check what the other process needed there, then redo the edit.",
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,218 @@
+//! How a path is written for a model, and read back from one.
+//!
+//! File names are bytes. A name holding a newline would split a listing into fake result
+//! lines, and a name that is not UTF-8 can be listed (lossily) but never named again in a
+//! JSON string. So each name (path component) whose text is not plain is shown as an
+//! *escaped name*: between double quotes, with `\\`, `\"`, `\n`, `\r`, `\t` and `\xNN` (any
+//! other control byte, and every byte that is not part of valid UTF-8). Plain names are
+//! shown as they are: `src/"a\nb.rs"` is the file `a<newline>b.rs` in `src`.
+//!
+//! A component of a path the model gives that starts and ends with `"` is read as an escaped
+//! name (so what a listing shows can be passed back exactly, alone or after its directory);
+//! one that looks like it but does not parse is refused with the reason. A name starting
+//! with `"` is therefore always shown escaped, so that the two readings never meet.
+
+use std::borrow::Cow;
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+
+/// `path` as shown to a model: each of its names as it is when plain, else escaped.
+pub fn show(path: &OsStr) -> Cow<'_, str> {
+    let bytes = path.as_bytes();
+    if let Ok(text) = std::str::from_utf8(bytes)
+        && text.split('/').all(is_plain)
+    {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for (i, name) in bytes.split(|&b| b == b'/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        match std::str::from_utf8(name) {
+            Ok(text) if is_plain(text) => out.push_str(text),
+            _ => out.push_str(&escape(name)),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Whether the name `text` can be shown without escaping.
+fn is_plain(text: &str) -> bool {
+    !text.starts_with('"') && !text.chars().any(|c| c.is_control())
+}
+
+/// The escaped form of `bytes`, quotes included.
+fn escape(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 2);
+    out.push('"');
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() && c.is_ascii() => {
+                    let _ = write!(out, "\\x{:02x}", c as u32);
+                }
+                c if c.is_control() => {
+                    // A control character beyond ASCII (C1): its UTF-8 bytes, escaped, so that
+                    // the form reads back as the same bytes.
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        let _ = write!(out, "\\x{b:02x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Reads a path the model gave: `None` when no name in it is escaped (use it as it is),
+/// `Some(Ok(bytes))` when its escaped names are well formed, `Some(Err(why))` when one is
+/// broken.
+pub fn parse(input: &str) -> Option<Result<OsString, String>> {
+    let escaped = |name: &str| name.len() >= 2 && name.starts_with('"') && name.ends_with('"');
+    if !input.split('/').any(escaped) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(input.len());
+    for (i, name) in input.split('/').enumerate() {
+        if i > 0 {
+            out.push(b'/');
+        }
+        if escaped(name) {
+            match unescape(&name[1..name.len() - 1]) {
+                Ok(bytes) if bytes.is_empty() => {
+                    return Some(Err("the escaped name \"\" is empty".to_string()));
+                }
+                Ok(bytes) => out.extend_from_slice(&bytes),
+                Err(why) => return Some(Err(format!("in {name}: {why}"))),
+            }
+        } else {
+            out.extend_from_slice(name.as_bytes());
+        }
+    }
+    Some(Ok(OsString::from_vec(out)))
+}
+
+/// The bytes of the inside of an escaped form.
+fn unescape(inner: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(inner.len());
+    let mut chars = inner.char_indices();
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some((_, '\\')) => out.push(b'\\'),
+                Some((_, '"')) => out.push(b'"'),
+                Some((_, 'n')) => out.push(b'\n'),
+                Some((_, 'r')) => out.push(b'\r'),
+                Some((_, 't')) => out.push(b'\t'),
+                Some((_, '/')) => return Err("a name cannot hold '/'".to_string()),
+                Some((_, 'x')) => {
+                    let hex: String = chars.by_ref().take(2).map(|(_, h)| h).collect();
+                    let byte = (hex.len() == 2)
+                        .then(|| u8::from_str_radix(&hex, 16).ok())
+                        .flatten()
+                        .ok_or_else(|| {
+                            format!("'\\x' at byte {at} must be followed by two hex digits")
+                        })?;
+                    out.push(byte);
+                }
+                Some((_, other)) => {
+                    return Err(format!(
+                        "unknown escape '\\{other}' at byte {at} (use \\\\ \\\" \\n \\r \\t or \\xNN)"
+                    ));
+                }
+                None => return Err("the escaped form ends with a lone '\\'".to_string()),
+            },
+            '"' => {
+                return Err(format!(
+                    "an unescaped '\"' at byte {at} (write it as \\\" inside the quotes)"
+                ));
+            }
+            c => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn plain_paths_are_shown_as_they_are() {
+        for p in [
+            "src/lib.rs",
+            "a b/ü.txt",
+            "with\\backslash",
+            "quote\"inside",
+        ] {
+            assert_eq!(show(OsStr::new(p)), p);
+            assert_eq!(parse(p), None);
+        }
+    }
+
+    #[test]
+    fn names_that_would_break_a_listing_are_escaped() {
+        assert_eq!(show(OsStr::new("a\nb.txt")), "\"a\\nb.txt\"");
+        assert_eq!(show(OsStr::new("tab\there")), "\"tab\\there\"");
+        assert_eq!(show(OsStr::from_bytes(b"bad\xffname")), "\"bad\\xffname\"");
+        assert_eq!(show(OsStr::new("\"quoted\"")), "\"\\\"quoted\\\"\"");
+        assert_eq!(show(OsStr::new("bell\x07\\")), "\"bell\\x07\\\\\"");
+        assert_eq!(show(OsStr::new("src/a\nb/c.rs")), "src/\"a\\nb\"/c.rs");
+    }
+
+    #[test]
+    fn escaped_names_read_back_alone_or_after_their_directory() {
+        let read = |p: &str| parse(p).unwrap().unwrap();
+        assert_eq!(read("\"a\\nb\""), OsStr::new("a\nb"));
+        assert_eq!(read("src/\"a\\nb\"/c.rs"), OsStr::new("src/a\nb/c.rs"));
+        assert_eq!(read("\"bad\\xffname\""), OsStr::from_bytes(b"bad\xffname"));
+    }
+
+    #[test]
+    fn broken_escaped_forms_are_refused_with_the_reason() {
+        for (bad, why) in [
+            ("\"a\\q\"", "unknown escape"),
+            ("\"a\\x4\"", "two hex digits"),
+            ("\"a\\xzz\"", "two hex digits"),
+            ("\"a\"b\"", "unescaped"),
+            ("\"a\\\"", "lone"),
+            ("d/\"\"", "empty"),
+        ] {
+            let err = parse(bad).unwrap().unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_path_shown_reads_back_as_itself(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            // Paths as the tools show them: no empty names (no `//`, no trailing `/`).
+            let joined: Vec<&[u8]> = bytes.split(|&b| b == b'/').filter(|n| !n.is_empty()).collect();
+            let bytes = joined.join(&b'/');
+            let name = OsStr::from_bytes(&bytes);
+            let shown = show(name);
+            prop_assert!(!shown.contains('\n') && !shown.contains('\r'));
+            match parse(&shown) {
+                Some(parsed) => prop_assert_eq!(parsed.unwrap(), name.to_os_string()),
+                None => prop_assert_eq!(shown.as_bytes(), &bytes[..]),
+            }
+        }
+    }
+}

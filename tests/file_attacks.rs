@@ -1,0 +1,701 @@
+//! The file tools attacked as the path sandbox's second round did, through the real binary
+//! (`taskdaemon tool exec`): hard links to outside, a symlink swapped in and out of a path
+//! while calls run, FIFOs, a full disk, and appends racing an edit.
+//!
+//! Layout of every case:
+//!   tmp/wt/            the worktree
+//!   tmp/outside/       secret.txt ("TOP-SECRET")
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+mod common;
+
+const SECRET: &str = "TOP-SECRET";
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    wt: PathBuf,
+    outside: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let wt = root.join("wt");
+    let outside = root.join("outside");
+    std::fs::create_dir_all(&wt).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), format!("{SECRET}\n")).unwrap();
+    Fixture {
+        _dir: dir,
+        wt,
+        outside,
+    }
+}
+
+/// A `tool exec` session.
+struct Exec {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    next: u64,
+}
+
+impl Exec {
+    fn start(worktree: &Path) -> Exec {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+            .args(["tool", "exec", "--worktree"])
+            .arg(worktree)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Exec {
+            child,
+            stdin,
+            stdout,
+            next: 0,
+        }
+    }
+
+    /// One call; returns (is_error, content).
+    fn call(&mut self, name: &str, input: Value) -> (bool, String) {
+        self.next += 1;
+        let id = self.next.to_string();
+        let line = json!({"id": id, "name": name, "input": input}).to_string();
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer).unwrap();
+        let v: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+        assert_eq!(v["id"], id.as_str(), "{v}");
+        (
+            v["is_error"].as_bool().unwrap(),
+            v["content"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// Closes stdin and waits at most `limit` for the process to exit.
+    fn finish_within(mut self, limit: Duration) -> bool {
+        drop(self.stdin.take());
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        false
+    }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_hard_link_to_a_file_outside_is_neither_read_nor_written() {
+    let f = fixture();
+    std::fs::hard_link(f.outside.join("secret.txt"), f.wt.join("h.txt")).unwrap();
+    std::fs::write(f.wt.join("plain.txt"), "plain TOP\n").unwrap();
+    let mut exec = Exec::start(&f.wt);
+
+    let (is_error, content) = exec.call("read_file", json!({"path": "h.txt"}));
+    assert!(is_error, "{content}");
+    assert!(!content.contains(SECRET), "{content}");
+    assert!(content.contains("hard link"), "{content}");
+    for input in [
+        json!({"pattern": "TOP", "path": "h.txt"}),
+        json!({"pattern": "TOP"}),
+    ] {
+        let (_, content) = exec.call("grep", input);
+        assert!(!content.contains(SECRET), "{content}");
+    }
+    let (is_error, content) = exec.call(
+        "write_file",
+        json!({"path": "h.txt", "content": "overwritten\n"}),
+    );
+    assert!(is_error, "{content}");
+    let edit = json!({"path": "h.txt", "old_string": "TOP", "new_string": "x"});
+    let (is_error, content) = exec.call("edit_file", edit);
+    assert!(is_error, "{content}");
+    assert_eq!(
+        std::fs::read_to_string(f.outside.join("secret.txt")).unwrap(),
+        format!("{SECRET}\n")
+    );
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}
+
+#[test]
+fn hard_links_within_the_worktree_still_work() {
+    let f = fixture();
+    // As cargo links target/debug/x to target/debug/deps/x-hash.
+    std::fs::create_dir_all(f.wt.join("target/deps")).unwrap();
+    std::fs::write(f.wt.join("target/deps/tool-1234"), "built one\n").unwrap();
+    std::fs::hard_link(f.wt.join("target/deps/tool-1234"), f.wt.join("target/tool")).unwrap();
+    let mut exec = Exec::start(&f.wt);
+    let (is_error, content) = exec.call("read_file", json!({"path": "target/tool"}));
+    assert!(!is_error, "{content}");
+    assert!(content.contains("built one"), "{content}");
+    let edit = json!({"path": "target/tool", "old_string": "one", "new_string": "two"});
+    let (is_error, content) = exec.call("edit_file", edit);
+    assert!(!is_error, "{content}");
+    assert_eq!(
+        std::fs::read_to_string(f.wt.join("target/tool")).unwrap(),
+        "built two\n"
+    );
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}
+
+/// Swaps `a` and `b` (`renameat2(RENAME_EXCHANGE)`) in a loop until stopped.
+fn swapper(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>, swaps: Arc<AtomicUsize>) {
+    while !stop.load(Ordering::Relaxed) {
+        let _ = rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &a,
+            rustix::fs::CWD,
+            &b,
+            rustix::fs::RenameFlags::EXCHANGE,
+        );
+        swaps.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_symlink_swapped_in_and_out_of_a_path_leaks_nothing_and_writes_nothing_outside() {
+    const CALLS: usize = 1_000;
+    let f = fixture();
+    // `d` is a real directory inside; `x` a symlink to outside. The swapper exchanges them,
+    // so `d` is now one, now the other.
+    std::fs::create_dir_all(f.wt.join("d")).unwrap();
+    std::fs::write(f.wt.join("d/secret.txt"), "inside\n").unwrap();
+    std::fs::write(f.wt.join("d/code.rs"), "fn inside() {}\n").unwrap();
+    std::fs::write(
+        f.outside.join("code.rs"),
+        format!("fn {SECRET}() {{}}\n").replace('-', "_"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&f.outside, f.wt.join("x")).unwrap();
+    let outside_before = entries(&f.outside);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicUsize::new(0));
+    let thread = {
+        let (a, b, stop, swaps) = (f.wt.join("d"), f.wt.join("x"), stop.clone(), swaps.clone());
+        std::thread::spawn(move || swapper(a, b, stop, swaps))
+    };
+    let mut exec = Exec::start(&f.wt);
+    let leaked = |content: &str| content.contains(SECRET) || content.contains("TOP_SECRET");
+    let mut answered = std::collections::BTreeMap::<&str, usize>::new();
+    for i in 0..CALLS {
+        let calls: Vec<(&str, Value)> = vec![
+            ("read_file", json!({"path": "d/secret.txt"})),
+            ("grep", json!({"pattern": "TOP|inside", "path": "d"})),
+            ("grep", json!({"pattern": "TOP", "path": "d/secret.txt"})),
+            ("list_directory", json!({"path": "d"})),
+            ("glob", json!({"pattern": "d/*"})),
+            ("symbols", json!({"path": "d"})),
+            (
+                "write_file",
+                json!({"path": format!("d/new-{i}/w.txt"), "content": "mine\n"}),
+            ),
+            (
+                "edit_file",
+                json!({"path": "d/secret.txt", "old_string": "inside", "new_string": "inside"}),
+            ),
+        ];
+        for (tool, input) in calls {
+            let (is_error, content) = exec.call(tool, input);
+            assert!(!leaked(&content), "{tool} leaked on call {i}: {content}");
+            if !is_error {
+                *answered.entry(tool).or_default() += 1;
+            }
+        }
+        // An edit needs a read of the same file; make sure one happens now and then.
+        let _ = exec.call("read_file", json!({"path": "d/secret.txt"}));
+        let (_, content) = exec.call(
+            "edit_file",
+            json!({"path": "d/secret.txt", "old_string": "inside", "new_string": "inside!"}),
+        );
+        assert!(!leaked(&content), "{content}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    thread.join().unwrap();
+    assert!(exec.finish_within(Duration::from_secs(10)));
+    assert!(swaps.load(Ordering::Relaxed) > CALLS, "the race ran");
+    assert_eq!(
+        entries(&f.outside),
+        outside_before,
+        "nothing created outside"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.outside.join("secret.txt")).unwrap(),
+        format!("{SECRET}\n"),
+        "nothing changed outside"
+    );
+    // The tools still did their work whenever the path was the real directory.
+    for tool in ["read_file", "list_directory", "write_file"] {
+        assert!(
+            answered.get(tool).copied().unwrap_or(0) > 0,
+            "{tool}: {answered:?}"
+        );
+    }
+}
+
+#[test]
+fn fifos_are_answered_at_once_and_tool_exec_exits() {
+    let f = fixture();
+    for name in ["p", "p.rs"] {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            f.wt.join(name),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+    }
+    std::fs::write(f.wt.join("ok.txt"), "needle\n").unwrap();
+    let mut exec = Exec::start(&f.wt);
+    let calls = [
+        ("read_file", json!({"path": "p"})),
+        ("grep", json!({"pattern": "x", "path": "p"})),
+        ("symbols", json!({"path": "p.rs"})),
+        (
+            "edit_file",
+            json!({"path": "p", "old_string": "a", "new_string": "b"}),
+        ),
+        ("write_file", json!({"path": "p", "content": "x"})),
+    ];
+    for (tool, input) in calls {
+        let started = Instant::now();
+        let (is_error, content) = exec.call(tool, input);
+        assert!(is_error, "{tool}: {content}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{tool} took {:?}: {content}",
+            started.elapsed()
+        );
+    }
+    // A search of the tree skips the FIFOs and finds the rest.
+    let (is_error, content) = exec.call("grep", json!({"pattern": "needle"}));
+    assert!(!is_error && content.contains("ok.txt"), "{content}");
+    assert!(
+        exec.finish_within(Duration::from_secs(5)),
+        "tool exec must exit at the end of its input"
+    );
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> Result<SmallDisk, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(SmallDisk { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_leaves_every_file_as_it_was() {
+    let disk = match SmallDisk::mount("1m") {
+        Ok(disk) => disk,
+        Err(why) => {
+            println!("skipped: cannot mount a tmpfs here ({why})");
+            return;
+        }
+    };
+    let wt = disk.path().join("wt");
+    std::fs::create_dir_all(&wt).unwrap();
+    let original = format!("first line\n{}", "line one\nline two\n".repeat(2_000));
+    std::fs::write(wt.join("f.txt"), &original).unwrap();
+    let mut exec = Exec::start(&wt);
+    let (is_error, content) = exec.call("read_file", json!({"path": "f.txt", "limit": 1}));
+    assert!(!is_error, "{content}");
+    // Fill the disk, leaving less room than the edited file needs.
+    let mut filler = std::fs::File::create(wt.join("filler")).unwrap();
+    let block = vec![b'x'; 4096];
+    while filler.write_all(&block).is_ok() {}
+    drop(filler);
+
+    let edit =
+        json!({"path": "f.txt", "old_string": "first line", "new_string": "changed first line"});
+    let (is_error, content) = exec.call("edit_file", edit);
+    assert!(is_error, "{content}");
+    assert!(content.contains("left as it was"), "{content}");
+    assert_eq!(std::fs::read_to_string(wt.join("f.txt")).unwrap(), original);
+
+    let big = "y".repeat(200_000);
+    let (is_error, content) = exec.call(
+        "write_file",
+        json!({"path": "f.txt", "content": big.clone()}),
+    );
+    assert!(is_error, "{content}");
+    assert_eq!(std::fs::read_to_string(wt.join("f.txt")).unwrap(), original);
+    let (is_error, content) = exec.call(
+        "write_file",
+        json!({"path": "new/deeper/g.txt", "content": big}),
+    );
+    assert!(is_error, "{content}");
+    assert!(
+        !wt.join("new").exists(),
+        "the directories made for the write are gone"
+    );
+    assert_eq!(
+        entries(&wt),
+        ["f.txt", "filler"],
+        "no temp file left behind"
+    );
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}
+
+#[test]
+fn appends_racing_edits_are_never_lost_unseen() {
+    // Another process appends a line every 0.2 to 4.2 ms (open, write, close, as a logger does)
+    // while the loop reads and edits the file's first line. Every append must end up in the
+    // file, unless an edit said that a write reached the old version after its check (the
+    // one window a replace by rename leaves: a writer that opened the file before the
+    // exchange and wrote after it; ARCHITECTURE.md, "Atomic writes").
+    const EDITS: usize = 150;
+    const APPENDS: usize = 3_000;
+    let f = fixture();
+    let path = f.wt.join("log.txt");
+    std::fs::write(&path, "marker 0\n").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let appended = Arc::new(AtomicUsize::new(0));
+    let appender = {
+        let (path, stop, appended) = (path.clone(), stop.clone(), appended.clone());
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let mut file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                file.write_all(format!("append {n}\n").as_bytes()).unwrap();
+                drop(file);
+                n += 1;
+                appended.store(n, Ordering::Relaxed);
+                // Gaps of 0.2 to 4.2 ms: some edits fall between appends, some race them.
+                std::thread::sleep(Duration::from_micros(200 + (n as u64 * 7919) % 4000));
+            }
+        })
+    };
+    let mut exec = Exec::start(&f.wt);
+    let mut marker = 0usize;
+    let (mut edits, mut stale, mut reported, mut tries) = (0usize, 0usize, 0usize, 0usize);
+    let started = Instant::now();
+    while (edits < EDITS || appended.load(Ordering::Relaxed) < APPENDS)
+        && started.elapsed() < Duration::from_secs(120)
+    {
+        tries += 1;
+        let _ = exec.call("read_file", json!({"path": "log.txt", "limit": 1}));
+        let edit = json!({
+            "path": "log.txt",
+            "old_string": format!("marker {marker}\n"),
+            "new_string": format!("marker {}\n", marker + 1),
+        });
+        let (is_error, content) = exec.call("edit_file", edit);
+        if is_error {
+            assert!(content.contains("changed on disk"), "{content}");
+            stale += 1;
+            if content.contains("is lost") {
+                reported += 1;
+            }
+        } else {
+            if content.contains("another process wrote") {
+                reported += 1;
+            }
+            marker += 1;
+            edits += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    appender.join().unwrap();
+    assert!(exec.finish_within(Duration::from_secs(10)));
+    let total = appended.load(Ordering::Relaxed);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let present: std::collections::HashSet<&str> = text.lines().collect();
+    let lost: Vec<usize> = (0..total)
+        .filter(|n| !present.contains(format!("append {n}").as_str()))
+        .collect();
+    println!(
+        "{tries} edit attempts: {edits} done, {stale} refused as stale, {reported} reported a lost write; {total} appends, {} lost",
+        lost.len()
+    );
+    assert!(
+        edits >= 20,
+        "the edits must get through the race: {edits} of {tries}"
+    );
+    assert!(
+        total >= APPENDS,
+        "the appender must have raced the edits: {total} appends"
+    );
+    assert!(text.contains(&format!("marker {marker}\n")));
+    assert!(
+        lost.len() <= reported,
+        "appends lost without an edit saying so: {lost:?} ({reported} reported)"
+    );
+}
+
+#[test]
+fn names_with_newlines_or_bytes_that_are_not_utf8_are_shown_escaped_and_can_be_passed_back() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let f = fixture();
+    std::fs::create_dir_all(f.wt.join("d")).unwrap();
+    // A name built to forge result lines, and one that is not UTF-8.
+    let forged = "a.txt:1:forged match\nb";
+    std::fs::write(f.wt.join("d").join(forged), "needle one\n").unwrap();
+    let raw = std::ffi::OsStr::from_bytes(b"bad\xffname.txt");
+    std::fs::write(f.wt.join("d").join(raw), "needle two\n").unwrap();
+    let mut exec = Exec::start(&f.wt);
+
+    let shown_forged = r#""a.txt:1:forged match\nb""#;
+    let shown_raw = r#""bad\xffname.txt""#;
+    let (is_error, listing) = exec.call("list_directory", json!({"path": "d"}));
+    assert!(!is_error, "{listing}");
+    assert!(
+        listing.contains(shown_forged) && listing.contains(shown_raw),
+        "{listing}"
+    );
+    assert!(
+        !listing.lines().any(|l| l.trim() == "b"),
+        "a name split the listing: {listing}"
+    );
+    let (_, globbed) = exec.call("glob", json!({"pattern": "d/*"}));
+    assert!(globbed.contains(&format!("d/{shown_forged}")), "{globbed}");
+    assert!(globbed.contains(&format!("d/{shown_raw}")), "{globbed}");
+    let (_, grepped) = exec.call("grep", json!({"pattern": "needle"}));
+    assert!(
+        !grepped.lines().any(|l| l.starts_with("b:") || l == "b"),
+        "{grepped}"
+    );
+    assert!(
+        grepped.contains(shown_forged) && grepped.contains(shown_raw),
+        "{grepped}"
+    );
+
+    // What was shown opens the file it names, alone after its directory or as a whole.
+    for (shown, text) in [(shown_forged, "needle one"), (shown_raw, "needle two")] {
+        let (is_error, content) = exec.call("read_file", json!({"path": format!("d/{shown}")}));
+        assert!(!is_error && content.contains(text), "{shown}: {content}");
+    }
+    let edit = json!({"path": format!("d/{shown_raw}"), "old_string": "two", "new_string": "2"});
+    let (is_error, content) = exec.call("edit_file", edit);
+    assert!(!is_error, "{content}");
+    assert_eq!(
+        std::fs::read_to_string(f.wt.join("d").join(raw)).unwrap(),
+        "needle 2\n"
+    );
+    let (is_error, content) = exec.call("read_file", json!({"path": r#"d/"bad\q""#}));
+    assert!(is_error && content.contains("unknown escape"), "{content}");
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}
+
+/// Peak resident memory (`VmHWM`, KiB) of process `pid`.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_huge_single_line_file_keeps_grep_and_edit_file_bounded() {
+    const BYTES: usize = 300 * 1024 * 1024;
+    const BOUND_KIB: u64 = 100 * 1024;
+    let f = fixture();
+    {
+        let mut file = std::fs::File::create(f.wt.join("one-line.txt")).unwrap();
+        let block = vec![b'a'; 1024 * 1024];
+        for _ in 0..BYTES / block.len() {
+            file.write_all(&block).unwrap();
+        }
+        file.write_all(b" needle").unwrap();
+    }
+    let mut exec = Exec::start(&f.wt);
+    let pid = exec.child.id();
+    let (is_error, content) =
+        exec.call("grep", json!({"pattern": "needle", "path": "one-line.txt"}));
+    assert!(is_error && content.contains("longer than"), "{content}");
+    let (_, content) = exec.call("grep", json!({"pattern": "needle"}));
+    assert!(!content.contains("aaaa"), "{content}");
+    let started = Instant::now();
+    let edit = json!({"path": "one-line.txt", "old_string": "needle", "new_string": "pin"});
+    let (is_error, content) = exec.call("edit_file", edit);
+    assert!(is_error && content.contains("read"), "{content}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the refusal read the file: {:?}",
+        started.elapsed()
+    );
+    let peak = peak_kib(pid);
+    assert!(peak < BOUND_KIB, "tool exec peaked at {peak} KiB");
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_run_whose_loop_meets_fifos_answers_at_once_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    common::init_repo(&repo, &[("README.md", "fifo test\n")]);
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("script.yml"),
+        r#"
+fifo:
+  turns:
+    - calls:
+        - run_command: {command: "mkfifo p p.rs"}
+    - calls:
+        - read_file: {path: p}
+        - grep: {pattern: x, path: p}
+        - symbols: {path: p.rs}
+        - grep: {pattern: x}
+        - edit_file: {path: p, old_string: a, new_string: b}
+        - write_file: {path: p, content: x}
+        - complete_task: {summary: "met the FIFOs"}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        config.join("taskdaemon.yml"),
+        format!(
+            "repo: {}\nllm: {{provider: scripted, script: script.yml}}\nloops:\n  - name: fifo\n    type: code\n    task: Meet FIFOs.\n    validation: \"true\"\n",
+            repo.display()
+        ),
+    )
+    .unwrap();
+    let run_dir = dir.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .arg("run")
+        .arg("-c")
+        .arg(config.join("taskdaemon.yml"))
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .env("HOME", dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("taskdaemon run did not exit within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    let transcript = std::fs::read_to_string(run_dir.join("loops/fifo/transcript.jsonl")).unwrap();
+    let refusals = transcript.matches("not a regular file").count();
+    assert!(
+        refusals >= 5,
+        "each FIFO call refused as such: {transcript}"
+    );
+    assert!(!transcript.contains("timed out"), "{transcript}");
+    assert!(!transcript.contains("timed out"), "{transcript}");
+}
+
+#[test]
+fn hidden_files_are_neither_read_nor_written_by_the_file_tools_under_any_name() {
+    let f = fixture();
+    std::fs::create_dir_all(f.wt.join("keys")).unwrap();
+    std::fs::write(f.wt.join("keys/api.key"), format!("{SECRET}\n")).unwrap();
+    std::fs::write(f.wt.join("token.txt"), format!("{SECRET}\n")).unwrap();
+    // Another name for the same file, inside the worktree: hidden by identity too.
+    std::fs::hard_link(f.wt.join("token.txt"), f.wt.join("alias.txt")).unwrap();
+    let config = f.outside.join("taskdaemon.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "sandbox: {{hide: [{}, {}]}}\n",
+            f.wt.join("keys").display(),
+            f.wt.join("token.txt").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .args(["tool", "exec", "--worktree"])
+        .arg(&f.wt)
+        .arg("-c")
+        .arg(&config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut exec = Exec {
+        child,
+        stdin,
+        stdout,
+        next: 0,
+    };
+    for path in ["keys/api.key", "token.txt", "alias.txt"] {
+        let (is_error, content) = exec.call("read_file", json!({"path": path}));
+        assert!(is_error && content.contains("hidden"), "{path}: {content}");
+        let (_, content) = exec.call("grep", json!({"pattern": "TOP", "path": path}));
+        assert!(!content.contains(SECRET), "{path}: {content}");
+        let (is_error, content) =
+            exec.call("write_file", json!({"path": path, "content": "replaced\n"}));
+        assert!(is_error && content.contains("hidden"), "{path}: {content}");
+    }
+    let (is_error, content) = exec.call(
+        "write_file",
+        json!({"path": "keys/new.key", "content": "planted\n"}),
+    );
+    assert!(is_error, "{content}");
+    let (_, content) = exec.call("grep", json!({"pattern": "TOP"}));
+    assert!(!content.contains(SECRET), "{content}");
+    assert_eq!(
+        std::fs::read_to_string(f.wt.join("token.txt")).unwrap(),
+        format!("{SECRET}\n")
+    );
+    assert!(!f.wt.join("keys/new.key").exists());
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}

@@ -1,0 +1,129 @@
+//! The run record is never inside a loop's writable area: with `worktree: repo` and the run
+//! record inside the repository (the config at its root, or a `--run-dir` inside it), a loop
+//! tries to rewrite another loop's receipts and empty its transcript with the file tools and
+//! with commands, through the real binary. Nothing of the record may change.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+/// The attacker's script: file tools and a command go for the record at `records` (the
+/// `--run-dir` case) and under `.taskdaemon` and `sub/.taskdaemon` (config at the root or in
+/// a subdirectory). `victim` only writes a file and completes.
+const SCRIPT: &str = r#"
+victim:
+  turns:
+    - calls:
+        - write_file: {path: victim.txt, content: "victim was here\n"}
+        - complete_task: {summary: "done"}
+attacker:
+  turns:
+    - calls:
+        - write_file: {path: "{{RECORD}}/loops/victim/receipts.jsonl", content: "forged\n"}
+        - write_file: {path: "{{RECORD}}/loops/victim/transcript.jsonl", content: ""}
+        - write_file: {path: "{{RECORD}}/summary.json", content: "{}"}
+        - run_command: {command: "for f in $(find . -name receipts.jsonl -o -name transcript.jsonl -o -name summary.json -o -name events.jsonl); do echo forged > \"$f\"; done; find . -name '*.jsonl' -exec rm -f {} +; echo tried"}
+        - complete_task: {summary: "tried"}
+"#;
+
+fn config(repo: &Path) -> String {
+    format!(
+        "repo: {}\nllm: {{provider: scripted, script: script.yml}}\nloops:\n  - {{name: victim, type: code, task: Write., worktree: repo, validation: \"true\"}}\n  - {{name: attacker, type: code, task: Attack., worktree: repo, depends-on: [victim], validation: \"true\"}}\n",
+        repo.display()
+    )
+}
+
+/// Runs the two loops with the config in `config_dir` and (optionally) `--run-dir`.
+fn run(home: &Path, config_dir: &Path, run_dir: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
+    cmd.arg("run")
+        .arg("-c")
+        .arg(config_dir.join("taskdaemon.yml"));
+    if let Some(dir) = run_dir {
+        cmd.arg("--run-dir").arg(dir);
+    }
+    cmd.env("HOME", home).output().unwrap()
+}
+
+/// The victim's records after the run, byte for byte.
+fn victim_records(run_dir: &Path) -> Vec<(String, String)> {
+    [
+        "loops/victim/receipts.jsonl",
+        "loops/victim/transcript.jsonl",
+        "summary.json",
+        "events.jsonl",
+    ]
+    .iter()
+    .map(|rel| {
+        let text =
+            std::fs::read_to_string(run_dir.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        (rel.to_string(), text)
+    })
+    .collect()
+}
+
+fn check(run_dir: &Path, out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for (rel, text) in victim_records(run_dir) {
+        assert!(
+            !text.contains("forged"),
+            "{rel} was changed by the attacker: {text}\n{stderr}"
+        );
+        assert!(!text.trim().is_empty(), "{rel} was emptied\n{stderr}");
+    }
+    let receipts = std::fs::read_to_string(run_dir.join("loops/victim/receipts.jsonl")).unwrap();
+    assert!(receipts.contains("write_file"), "{receipts}");
+    let transcript =
+        std::fs::read_to_string(run_dir.join("loops/attacker/transcript.jsonl")).unwrap();
+    assert!(transcript.contains("tried"), "the attack ran: {transcript}");
+}
+
+#[test]
+fn a_run_dir_inside_the_repository_cannot_be_touched_by_a_loop_working_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let repo = root.join("repo");
+    common::init_repo(&repo, &[("README.md", "x\n"), (".gitignore", "records/\n")]);
+    let config_dir = root.join("config");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(
+        config_dir.join("script.yml"),
+        SCRIPT.replace("{{RECORD}}", "records"),
+    )
+    .unwrap();
+    std::fs::write(config_dir.join("taskdaemon.yml"), config(&repo)).unwrap();
+    let run_dir = repo.join("records");
+    let out = run(&root, &config_dir, Some(&run_dir));
+    check(&run_dir, &out);
+}
+
+#[test]
+fn a_config_in_a_subdirectory_of_the_repository_keeps_its_record_from_the_loops() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let repo = root.join("repo");
+    std::fs::create_dir_all(repo.join("sub")).unwrap();
+    std::fs::write(
+        repo.join("sub/script.yml"),
+        SCRIPT.replace("{{RECORD}}", "sub/.taskdaemon/runs/latest-placeholder"),
+    )
+    .unwrap();
+    std::fs::write(repo.join("sub/taskdaemon.yml"), config(Path::new(".."))).unwrap();
+    common::init_repo(&repo, &[("README.md", "x\n")]);
+    let out = run(&root, &repo.join("sub"), None);
+    let runs = repo.join("sub/.taskdaemon/runs");
+    let run_dir = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .unwrap_or_else(|| {
+            panic!(
+                "no run under {}: {}",
+                runs.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    check(&run_dir, &out);
+}
