@@ -261,6 +261,96 @@ fn a_symlink_swapped_in_and_out_of_a_path_leaks_nothing_and_writes_nothing_outsi
 }
 
 #[test]
+fn files_swapped_for_symlinks_or_fifos_mid_call_leak_nothing_and_hang_nothing() {
+    const CALLS: usize = 1_000;
+    let f = fixture();
+    // `f.txt` trades places with a symlink to the secret outside, `g.txt` with a FIFO.
+    std::fs::write(f.wt.join("f.txt"), "inside\n").unwrap();
+    std::fs::write(f.wt.join("g.txt"), "inside too\n").unwrap();
+    std::os::unix::fs::symlink(f.outside.join("secret.txt"), f.wt.join("l")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        f.wt.join("q"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = [("f.txt", "l"), ("g.txt", "q")]
+        .into_iter()
+        .map(|(a, b)| {
+            let (a, b, stop, swaps) = (f.wt.join(a), f.wt.join(b), stop.clone(), swaps.clone());
+            std::thread::spawn(move || swapper(a, b, stop, swaps))
+        })
+        .collect();
+    let mut exec = Exec::start(&f.wt);
+    let mut slowest = Duration::ZERO;
+    let mut answered = 0usize;
+    for i in 0..CALLS {
+        let calls: Vec<(&str, Value)> = vec![
+            ("read_file", json!({"path": "f.txt"})),
+            ("grep", json!({"pattern": "TOP|inside", "path": "f.txt"})),
+            ("grep", json!({"pattern": "TOP|inside"})),
+            (
+                "edit_file",
+                json!({"path": "f.txt", "old_string": "inside", "new_string": "inside"}),
+            ),
+            (
+                "write_file",
+                json!({"path": "f.txt", "content": format!("inside {i}\n")}),
+            ),
+            ("read_file", json!({"path": "g.txt"})),
+            ("grep", json!({"pattern": "inside", "path": "g.txt"})),
+            ("symbols", json!({"path": "g.txt"})),
+        ];
+        for (tool, input) in calls {
+            let started = Instant::now();
+            let (is_error, content) = exec.call(tool, input);
+            slowest = slowest.max(started.elapsed());
+            assert!(
+                !content.contains(SECRET),
+                "{tool} leaked on round {i}: {content}"
+            );
+            assert!(
+                !content.contains("timed out"),
+                "{tool} on round {i}: {content}"
+            );
+            answered += usize::from(!is_error);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    println!("{answered} calls succeeded; slowest answer {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(5),
+        "a call hung for {slowest:?}"
+    );
+    assert!(swaps.load(Ordering::Relaxed) > CALLS, "the race ran");
+    assert!(
+        answered > CALLS,
+        "the tools still worked between swaps: {answered}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.outside.join("secret.txt")).unwrap(),
+        format!("{SECRET}\n"),
+        "nothing changed outside"
+    );
+    assert!(
+        std::fs::symlink_metadata(f.outside.join("secret.txt"))
+            .unwrap()
+            .is_file()
+    );
+    assert!(
+        exec.finish_within(Duration::from_secs(10)),
+        "tool exec exits"
+    );
+}
+
+#[test]
 fn fifos_are_answered_at_once_and_tool_exec_exits() {
     let f = fixture();
     for name in ["p", "p.rs"] {
