@@ -50,9 +50,15 @@ struct Exec {
 
 impl Exec {
     fn start(worktree: &Path) -> Exec {
+        Exec::start_with(worktree, &[])
+    }
+
+    /// A session with more arguments after `--worktree DIR`.
+    fn start_with(worktree: &Path, extra: &[&std::ffi::OsStr]) -> Exec {
         let mut child = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
             .args(["tool", "exec", "--worktree"])
             .arg(worktree)
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -748,24 +754,7 @@ fn hidden_files_are_neither_read_nor_written_by_the_file_tools_under_any_name() 
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-        .args(["tool", "exec", "--worktree"])
-        .arg(&f.wt)
-        .arg("-c")
-        .arg(&config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdin = child.stdin.take();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut exec = Exec {
-        child,
-        stdin,
-        stdout,
-        next: 0,
-    };
+    let mut exec = Exec::start_with(&f.wt, &["-c".as_ref(), config.as_os_str()]);
     for path in ["keys/api.key", "token.txt", "alias.txt"] {
         let (is_error, content) = exec.call("read_file", json!({"path": path}));
         assert!(is_error && content.contains("hidden"), "{path}: {content}");
