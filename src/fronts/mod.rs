@@ -2,5 +2,7 @@
 //! server, and receipt replay.
 
 pub mod exec;
+pub mod lines;
 pub mod mcp;
 pub mod replay;
+pub mod salvage;
