@@ -1,4 +1,4 @@
-//! Hostile input on the stdin fronts, through the real binary: a line that is not UTF-8,
+//! Hostile input on the two stdin fronts, through the real binary: a line that is not UTF-8,
 //! a line of 100 MB, and JSON nested far deeper than any parser's recursion limit. Each must
 //! get an answer (with its id where one can be read), later lines must still be served by
 //! the same session (read tracking included), and memory must stay bounded.
@@ -257,4 +257,141 @@ fn exec_answers_a_deeply_nested_line_with_its_id() {
     assert_eq!(r["is_error"], false, "{r}");
     let (status, stderr) = exec.finish();
     assert!(status.success(), "{status}: {stderr}");
+}
+
+/// `taskdaemon mcp` after the initialize handshake.
+fn mcp(worktree: &Path) -> Front {
+    let mut front = Front::start(&["mcp"], worktree);
+    front.send_json(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}}),
+    );
+    let r = front.answer();
+    assert_eq!(r["id"], 1, "{r}");
+    front.send_json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    front
+}
+
+/// A `tools/call` request line.
+fn tool_call(id: i64, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}})
+}
+
+/// The next answer, checked to be a JSON-RPC error for `id` with `code`; returns its message.
+fn mcp_error(front: &Front, id: Value, code: i64) -> String {
+    let r = front.answer();
+    assert_eq!(r["jsonrpc"], "2.0", "{r}");
+    assert_eq!(r["id"], id, "{r}");
+    assert_eq!(r["error"]["code"], code, "{r}");
+    r["error"]["message"].as_str().unwrap().to_string()
+}
+
+/// The next answer, checked to be a tool result for `id`; returns (isError, text).
+fn mcp_result(front: &Front, id: i64) -> (bool, String) {
+    let r = front.answer();
+    assert_eq!(r["id"], id, "{r}");
+    let result = &r["result"];
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    (result["isError"] == true, text.to_string())
+}
+
+#[test]
+fn mcp_answers_a_request_that_is_not_utf8_and_keeps_its_read_tracking() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "hello world\n").unwrap();
+    let mut mcp = mcp(dir.path());
+    mcp.send_json(&tool_call(2, "read_file", json!({"path": "notes.txt"})));
+    let (is_error, text) = mcp_result(&mcp, 2);
+    assert!(!is_error, "{text}");
+
+    mcp.send(
+        b"{\"jsonrpc\": \"2.0\", \"id\": 3, \"method\": \"tools/call\", \"params\": {\"name\": \
+          \"edit_file\", \"arguments\": {\"path\": \"notes.txt\", \"old_string\": \"world\", \
+          \"new_string\": \"caf\xe9\"}}}\n",
+    );
+    let message = mcp_error(&mcp, json!(3), -32700);
+    assert!(message.contains("not valid UTF-8"), "{message}");
+    assert!(message.contains("0xe9 at byte offset"), "{message}");
+    mcp.send(b"\xff\xfe\n");
+    mcp_error(&mcp, Value::Null, -32700);
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "hello world\n");
+
+    let edit = json!({"path": "notes.txt", "old_string": "world", "new_string": "mcp"});
+    mcp.send_json(&tool_call(4, "edit_file", edit));
+    let (is_error, text) = mcp_result(&mcp, 4);
+    assert!(!is_error, "{text}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "hello mcp\n");
+    let (status, stderr) = mcp.finish();
+    assert!(status.success(), "{status}: {stderr}");
+}
+
+#[test]
+fn mcp_answers_an_over_long_request_with_bounded_memory_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mcp = mcp(dir.path());
+    mcp.send_huge(
+        r#"{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "write_file", "arguments": {"path": "big.txt", "content": ""#,
+        HUGE_LINE,
+        r#""}}}"#,
+    );
+    let message = mcp_error(&mcp, json!(5), -32600);
+    assert!(message.contains(&format!("{HUGE_LINE} bytes")), "{message}");
+    assert!(message.contains("16 MiB"), "{message}");
+    assert!(!dir.path().join("big.txt").exists());
+
+    mcp.send_json(&json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}));
+    let r = mcp.answer();
+    assert_eq!(r["id"], 6, "{r}");
+    assert!(r["result"]["tools"].is_array(), "{r}");
+    let peak = mcp.peak_rss_kb();
+    assert!(
+        peak < PEAK_RSS_LIMIT_KB,
+        "mcp peaked at {peak} kB reading a {HUGE_LINE}-byte line"
+    );
+    let (status, stderr) = mcp.finish();
+    assert!(status.success(), "{status}: {stderr}");
+}
+
+#[test]
+fn mcp_answers_a_deeply_nested_request_with_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mcp = mcp(dir.path());
+    let line = format!(
+        r#"{{"jsonrpc": "2.0", "id": "deep", "method": "tools/call", "params": {{"name": "glob", "arguments": {{"pattern": {}}}}}}}"#,
+        nested(1_000_000)
+    );
+    mcp.send(format!("{line}\n").as_bytes());
+    let message = mcp_error(&mcp, json!("deep"), -32700);
+    assert!(message.contains("recursion limit exceeded"), "{message}");
+
+    mcp.send_json(&tool_call(8, "glob", json!({"pattern": "*"})));
+    let (is_error, text) = mcp_result(&mcp, 8);
+    assert!(!is_error, "{text}");
+    let (status, stderr) = mcp.finish();
+    assert!(status.success(), "{status}: {stderr}");
+}
+
+#[test]
+fn mcp_answers_a_misshapen_request_with_its_id_and_drops_a_misshapen_notification() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mcp = mcp(dir.path());
+    mcp.send(b"{\"jsonrpc\": \"2.0\", \"id\": 9, \"method\": \"tools/call\", \"params\": 5}\n");
+    mcp_error(&mcp, json!(9), -32602);
+
+    // Nobody waits for a notification: no answer, a line on stderr, and the session goes on
+    // (the next answer is the next request's).
+    mcp.send(b"{\"jsonrpc\": \"2.0\", \"method\": \"notifications/cancelled\", \"params\": 5}\n");
+    mcp.send_json(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/list"}));
+    let r = mcp.answer();
+    assert_eq!(r["id"], 10, "{r}");
+    assert!(r["result"]["tools"].is_array(), "{r}");
+    let (status, stderr) = mcp.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(
+        stderr.contains("dropped a notification (method \"notifications/cancelled\")"),
+        "{stderr}"
+    );
 }

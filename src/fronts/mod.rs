@@ -4,5 +4,6 @@
 pub mod exec;
 pub mod lines;
 pub mod mcp;
+pub mod mcp_transport;
 pub mod replay;
 pub mod salvage;
