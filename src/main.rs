@@ -344,7 +344,10 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             command: ToolCommand::Exec(args),
         } => {
             let session = args.open()?;
-            let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+            let stdin = tokio::io::BufReader::with_capacity(
+                taskdaemon::fronts::lines::READ_BUFFER_BYTES,
+                tokio::io::stdin(),
+            );
             let stdout = tokio::io::stdout();
             taskdaemon::fronts::exec::serve(
                 stdin,

@@ -4,16 +4,24 @@
 //! Request:  `{"id": "...", "name": "read_file", "input": {...}}`
 //! Answer:   `{"id": "...", "is_error": bool, "content": "..."}`
 //!
-//! A line that is not a request still gets an answer (`is_error: true`, with the `id` when
-//! one could be read), so a caller never waits for a reply that will not come. Blank lines
-//! are skipped.
+//! Every non-blank line gets exactly one answer, in order, so a caller never waits for a
+//! reply that will not come: a line that is not a request, is not UTF-8, is nested deeper
+//! than serde_json's recursion limit or is longer than [`MAX_LINE_BYTES`] is answered with
+//! `is_error: true` (and its `id` when one can be read from it), nothing is run for it, and
+//! the stream goes on with the same context. Blank lines are skipped.
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
+use super::lines::{Line, LineReader, MAX_LINE_BYTES};
+use super::salvage::{first_bad_byte, salvage, salvage_bytes};
 use crate::context::ToolContext;
 use crate::receipts::ReceiptLog;
 use crate::registry::ToolSet;
+
+/// What a request line looks like, for error answers.
+const REQUEST_SHAPE: &str =
+    "Send one JSON object per line: {\"id\": \"...\", \"name\": \"tool\", \"input\": {...}}";
 
 /// Serves the exec protocol until `input` ends.
 pub async fn serve<R, W>(
@@ -27,12 +35,18 @@ where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut lines = input.lines();
+    let mut lines = LineReader::new(input, MAX_LINE_BYTES);
+    let mut number: u64 = 0;
     while let Some(line) = lines.next_line().await? {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let answer = answer_line(&line, ctx, tools, receipts).await;
+        number = number.saturating_add(1);
+        let answer = match line {
+            Line::Complete(bytes) if bytes.trim_ascii().is_empty() => continue,
+            Line::Complete(bytes) => match std::str::from_utf8(&bytes) {
+                Ok(text) => answer_line(text, ctx, tools, receipts).await,
+                Err(_) => not_utf8_answer(&bytes, number),
+            },
+            Line::TooLong { head, len } => too_long_answer(&head, len, number),
+        };
         // Results are redacted by the registry already; an answer that echoes a bad request
         // line is not, and this is where text leaves the process.
         let mut text = crate::secrets::redact_json(&answer.to_string()).into_owned();
@@ -41,6 +55,38 @@ where
         output.flush().await?;
     }
     Ok(())
+}
+
+/// The answer to a line that is not UTF-8: nothing is run, since the request cannot be read
+/// as it was meant. The id is read from a lossy decoding.
+fn not_utf8_answer(bytes: &[u8], number: u64) -> Value {
+    let id = salvage_bytes(bytes).id.unwrap_or(Value::Null);
+    let place = match first_bad_byte(bytes) {
+        Some((at, byte)) => format!(" (first bad byte 0x{byte:02x} at byte offset {at})"),
+        None => String::new(),
+    };
+    error_answer(
+        id,
+        format!(
+            "request line {number} is not valid UTF-8{place}; nothing was run. JSON text must \
+             be UTF-8: write other characters as \\u escapes. {REQUEST_SHAPE}"
+        ),
+    )
+}
+
+/// The answer to a line over the cap: it was dropped unread, so the id is found only if it
+/// comes before the bulk of the line.
+fn too_long_answer(head: &[u8], len: u64, number: u64) -> Value {
+    let id = salvage_bytes(head).id.unwrap_or(Value::Null);
+    error_answer(
+        id,
+        format!(
+            "request line {number} is {len} bytes, over the limit of {MAX_LINE_BYTES} bytes \
+             ({} MiB) per line; it was dropped and nothing was run. Send requests under this \
+             size.",
+            MAX_LINE_BYTES >> 20
+        ),
+    )
 }
 
 async fn answer_line(
@@ -52,12 +98,10 @@ async fn answer_line(
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => {
-            return error_answer(
-                Value::Null,
-                format!(
-                    "invalid request line: {e}. Send one JSON object per line: {{\"id\": \"...\", \"name\": \"tool\", \"input\": {{...}}}}"
-                ),
-            );
+            // serde_json stops at 128 levels of nesting ("recursion limit exceeded"), so a
+            // deep line ends here too, with its id if it came first.
+            let id = salvage(line).id.unwrap_or(Value::Null);
+            return error_answer(id, format!("invalid request line: {e}. {REQUEST_SHAPE}"));
         }
     };
     let id = request.get("id").cloned().unwrap_or(Value::Null);
@@ -88,21 +132,83 @@ fn error_answer(id: Value, content: String) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::fronts::lines::hostile_line;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn every_non_blank_line_gets_exactly_one_answer(
+            lines in proptest::collection::vec(hostile_line(), 0..8)
+        ) {
+            let input: Vec<u8> = lines.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect();
+            let expected = lines.iter().filter(|l| !l.trim_ascii().is_empty()).count();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            // `run_bytes` also checks that each answer is one JSON line.
+            let answers = runtime.block_on(run_bytes(&input));
+            prop_assert_eq!(answers.len(), expected);
+            for answer in &answers {
+                prop_assert!(answer["is_error"].is_boolean(), "{}", answer);
+            }
+        }
+    }
 
     async fn run(lines: &str) -> Vec<Value> {
+        run_bytes(lines.as_bytes()).await
+    }
+
+    async fn run_bytes(lines: &[u8]) -> Vec<Value> {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(dir.path(), "exec").unwrap();
         let tools = ToolSet::all();
         let mut out = Vec::new();
-        serve(lines.as_bytes(), &mut out, &ctx, &tools, None)
-            .await
-            .unwrap();
+        serve(lines, &mut out, &ctx, &tools, None).await.unwrap();
         String::from_utf8(out)
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_line_that_is_not_utf8_is_answered_alone() {
+        let answers = run_bytes(
+            b"{\"id\": \"u\", \"name\": \"glob\", \"input\": {\"pattern\": \"\xff\"}}\n\
+              \xc3\n\
+              {\"id\": \"next\", \"name\": \"glob\", \"input\": {\"pattern\": \"*\"}}\n",
+        )
+        .await;
+        assert_eq!(answers.len(), 3);
+        assert_eq!(answers[0]["id"], "u");
+        assert_eq!(answers[0]["is_error"], true);
+        let content = answers[0]["content"].as_str().unwrap();
+        assert!(
+            content.contains("request line 1 is not valid UTF-8"),
+            "{content}"
+        );
+        assert!(content.contains("0xff at byte offset 50"), "{content}");
+        assert_eq!(answers[1]["id"], Value::Null);
+        assert!(answers[1]["content"].as_str().unwrap().contains("line 2"));
+        assert_eq!(answers[2]["id"], "next");
+        assert_eq!(answers[2]["is_error"], false, "{}", answers[2]);
+    }
+
+    #[tokio::test]
+    async fn a_deeply_nested_line_is_answered_with_its_id() {
+        let depth = 50_000;
+        let line = format!(
+            "{{\"id\": \"deep\", \"name\": \"glob\", \"input\": {}{}}}\n",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let answers = run(&line).await;
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0]["id"], "deep");
+        assert_eq!(answers[0]["is_error"], true);
+        let content = answers[0]["content"].as_str().unwrap();
+        assert!(content.contains("recursion limit exceeded"), "{content}");
     }
 
     #[tokio::test]

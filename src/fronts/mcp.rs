@@ -3,7 +3,9 @@
 //! One server process is one session: it holds one `ToolContext` (so read stamps carry from
 //! `read_file` to `edit_file`), lists the tools of its `ToolSet`, and sends every call through
 //! `ToolSet::call` — the same schema validation, timeouts, output caps and receipts as the
-//! other fronts. stdout carries only protocol messages; logs go to stderr (see `main`).
+//! other fronts. stdout carries only protocol messages; logs go to stderr (see `main`). The
+//! stdio transport is ours (`mcp_transport`): it answers every request, even one rmcp could
+//! not read.
 //!
 //! The handler is written by hand rather than with rmcp's `#[tool]` macros because the tool
 //! set is chosen at run time (`--tools`).
@@ -21,6 +23,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 use tokio::sync::RwLock;
 
+use super::mcp_transport::LineTransport;
 use crate::context::ToolContext;
 use crate::receipts::ReceiptLog;
 use crate::registry::ToolSet;
@@ -156,10 +159,11 @@ pub async fn serve_stdio(
 ) -> Result<(), String> {
     // `stdio_pipes` reads pipes through the non-blocking reactor (falling back to the blocking
     // handles for files and terminals), so a pending stdin read never holds up runtime
-    // shutdown.
+    // shutdown. Our transport frames the lines, so that every request gets an answer.
+    let (read, write) = rmcp::transport::stdio_pipes();
     serve(
         McpServer::new(ctx, tools, receipts),
-        rmcp::transport::stdio_pipes(),
+        LineTransport::new(read, write),
     )
     .await
 }

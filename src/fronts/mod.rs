@@ -2,5 +2,8 @@
 //! server, and receipt replay.
 
 pub mod exec;
+pub mod lines;
 pub mod mcp;
+pub mod mcp_transport;
 pub mod replay;
+pub mod salvage;
