@@ -199,6 +199,24 @@ impl SandboxReport {
     }
 }
 
+/// Makes a file the daemon keeps for itself (the receipt chain key) read as empty to every
+/// command, as `sandbox.hide` does for the model's key file. Hiding needs mount namespaces;
+/// where the machine has none, the file cannot be hidden and the error says so (the caller
+/// warns: under `sandbox.mode: required` such a machine runs no commands at all, and
+/// refusing every command for this file alone would turn best-effort into nothing).
+pub fn hide_from_commands(settings: &mut SandboxSettings, path: &Path) -> Result<(), String> {
+    if !probe::protections().namespaces {
+        return Err(format!(
+            "{} cannot be hidden from commands on this machine (no mount namespaces), so a command could read it",
+            path.display()
+        ));
+    }
+    if !settings.hide.iter().any(|p| p == path) {
+        settings.hide.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
 /// Paths inside a worktree that commands may read but not change.
 pub const PROTECTED_IN_WORKTREE: &[&str] = &[".git", ".taskdaemon"];
 

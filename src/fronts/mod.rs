@@ -3,4 +3,6 @@
 
 pub mod exec;
 pub mod mcp;
+pub mod policy;
+pub mod receipt_session;
 pub mod replay;
