@@ -175,7 +175,13 @@ impl ToolContext {
     /// Confines commands as `settings` say (paths already absolute); the file tools hide
     /// what commands cannot see (`sandbox.hide`) and refuse writes to protected paths.
     pub fn with_sandbox_settings(mut self, settings: Arc<SandboxSettings>) -> Self {
-        self.files.set_hidden(&settings.hide);
+        let hidden: Vec<PathBuf> = settings
+            .hide
+            .iter()
+            .chain(&settings.secret_files)
+            .cloned()
+            .collect();
+        self.files.set_hidden(&hidden);
         self.sandbox_settings = settings;
         self
     }

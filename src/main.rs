@@ -10,10 +10,10 @@ use taskdaemon::catalog::{Catalog, default_tool_set};
 use taskdaemon::config::Config;
 use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::formats::{DefinitionFormat, render};
-use taskdaemon::receipts::ReceiptLog;
+use taskdaemon::fronts::policy::SessionPolicy;
+use taskdaemon::fronts::receipt_session::ReceiptSession;
 use taskdaemon::registry::ToolSet;
 use taskdaemon::secrets::{self, RedactingWriter};
-use taskdaemon::web_access::WebAccess;
 
 #[derive(Parser)]
 #[command(
@@ -107,13 +107,33 @@ enum ToolCommand {
 
 #[derive(Subcommand)]
 enum ReplayCommand {
-    /// Re-run the calls of a receipt log on a copy of a worktree and report differing outputs.
+    /// Check a receipt log (input hashes, the receipt chain, the session receipt), then re-run
+    /// its trusted calls on a copy of a worktree and report differing outputs.
     Verify {
         /// The receipts JSONL log.
         log: PathBuf,
         /// The worktree as it was before the recorded calls (it is copied, never changed).
         #[arg(long)]
         worktree: PathBuf,
+        /// The chain key (default: LOG.key beside the log, or the run directory's
+        /// receipt-chain.key for a log of a run).
+        #[arg(long, value_name = "FILE")]
+        chain_key: Option<PathBuf>,
+        /// The session receipt (default: LOG.RECEIPT.json, or RECEIPT.json beside a run's log).
+        #[arg(long, value_name = "FILE", conflicts_with = "no_session")]
+        session: Option<PathBuf>,
+        /// Check the log without a session receipt (a session that never ended: receipts
+        /// dropped from the end of the log then go unnoticed).
+        #[arg(long)]
+        no_session: bool,
+        /// taskdaemon.yml of the recorded session or run: replayed commands are confined by
+        /// its `sandbox:` and limited by its catalog, as they were when recorded.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Replay the calls of a log whose chain cannot be checked (no chain, or no key),
+        /// confined as ever; the report still says the log is not verified (exit 1).
+        #[arg(long)]
+        unverified: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -155,9 +175,14 @@ struct SessionArgs {
     /// Only these tools (comma-separated); an unknown name is an error.
     #[arg(long, value_delimiter = ',')]
     tools: Option<Vec<String>>,
-    /// Append a receipt per call to this JSONL file.
+    /// Append a receipt per call to this JSONL file (chained; the session receipt goes to
+    /// LOG.RECEIPT.json when the session ends).
     #[arg(long)]
     receipts: Option<PathBuf>,
+    /// The receipt chain key (default: LOG.key beside the receipts log; made when missing).
+    /// It must lie outside the worktree; commands see it as an empty file.
+    #[arg(long, value_name = "FILE", requires = "receipts")]
+    chain_key: Option<PathBuf>,
     /// The exec id recorded in receipts.
     #[arg(long, default_value = "exec")]
     exec_id: String,
@@ -175,7 +200,7 @@ struct SessionArgs {
 struct Session {
     ctx: ToolContext,
     tools: ToolSet,
-    receipts: Option<ReceiptLog>,
+    receipts: Option<ReceiptSession>,
 }
 
 impl SessionArgs {
@@ -184,52 +209,50 @@ impl SessionArgs {
             Some(names) => ToolSet::from_names(names)?,
             None => ToolSet::all(),
         };
-        let (catalog, sandbox, web_access) = match self.config.as_deref() {
-            Some(path) => {
-                let config = Config::load(path)?;
-                let base = path
-                    .parent()
-                    .map(std::path::Path::to_path_buf)
-                    .unwrap_or_default();
-                (
-                    config.catalog()?,
-                    config.sandbox_settings(&base),
-                    config.web_access()?,
-                )
-            }
-            None => (Catalog::default(), Default::default(), WebAccess::default()),
-        };
+        let mut policy = SessionPolicy::load(self.config.as_deref())?;
         // Before the first call: every secret of our environment (and the config's named
         // ones) is redacted from results, receipts and messages.
-        secrets::register_environment(&[]);
-        taskdaemon::confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
-        // A receipt log inside the worktree is the session's record, not the model's file.
-        let sandbox = match &self.receipts {
-            Some(log) => sandbox.protecting(log),
-            None => sandbox,
+        policy.start()?;
+        let receipts = match &self.receipts {
+            Some(log) => Some(ReceiptSession::open(
+                log,
+                self.chain_key.as_deref(),
+                &self.worktree,
+                &self.exec_id,
+                &mut policy.sandbox,
+            )?),
+            None => None,
         };
-        let ctx = ToolContext::new(&self.worktree, self.exec_id.clone())
-            .map_err(|e| e.to_string())?
-            .with_catalog(Arc::new(catalog))
-            .with_sandbox_settings(Arc::new(sandbox))
-            .with_web_access(web_access)
+        if let Some(r) = &receipts {
+            r.log().set_tool_set(tools.names());
+            // A receipt log inside the worktree is the session's record, not the model's
+            // file: neither the file tools nor commands may change it.
+            policy.sandbox = std::mem::take(&mut policy.sandbox)
+                .protecting(r.log().path())
+                .protecting(r.session_path());
+        }
+        let ctx = policy
+            .context(&self.worktree, self.exec_id.clone())?
             .with_commands(LoopCommands {
                 build: self.build_cmd.clone(),
                 test: self.test_cmd.clone(),
                 validate: self.validate_cmd.clone(),
             });
-        let receipts = match &self.receipts {
-            Some(p) => Some(
-                ReceiptLog::open(p)
-                    .map_err(|e| format!("cannot open receipts log {}: {e}", p.display()))?,
-            ),
-            None => None,
-        };
         Ok(Session {
             ctx,
             tools,
             receipts,
         })
+    }
+}
+
+impl Session {
+    /// Ends the session: its session receipt is written.
+    fn close(&self) -> Result<(), String> {
+        match &self.receipts {
+            Some(r) => r.close(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -349,15 +372,18 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                 tokio::io::stdin(),
             );
             let stdout = tokio::io::stdout();
-            taskdaemon::fronts::exec::serve(
+            let served = taskdaemon::fronts::exec::serve(
                 stdin,
                 stdout,
                 &session.ctx,
                 &session.tools,
-                session.receipts.as_ref(),
+                session.receipts.as_ref().map(|r| r.log().as_ref()),
             )
             .await
-            .map_err(|e| format!("exec stream failed: {e}"))?;
+            .map_err(|e| format!("exec stream failed: {e}"));
+            // The session ended either way: what its log holds is sealed.
+            session.close()?;
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => run_command(args).await,
@@ -389,14 +415,22 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp(args) => {
-            let session = args.open()?;
-            taskdaemon::fronts::mcp::serve_stdio(
-                Arc::new(session.ctx),
-                Arc::new(session.tools),
-                session.receipts.map(Arc::new),
+            let Session {
+                ctx,
+                tools,
+                receipts,
+            } = args.open()?;
+            let served = taskdaemon::fronts::mcp::serve_stdio(
+                Arc::new(ctx),
+                Arc::new(tools),
+                receipts.as_ref().map(|r| r.log().clone()),
             )
             .await
-            .map_err(|e| format!("MCP server failed: {e}"))?;
+            .map_err(|e| format!("MCP server failed: {e}"));
+            if let Some(r) = &receipts {
+                r.close()?;
+            }
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay {
@@ -404,12 +438,27 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                 ReplayCommand::Verify {
                     log,
                     worktree,
+                    chain_key,
+                    session,
+                    no_session,
+                    config,
+                    unverified,
                     json,
                 },
         } => {
+            let policy = SessionPolicy::load(config.as_deref())?;
             // The recorded outputs were hashed redacted; the replayed ones must be too.
-            secrets::register_environment(&[]);
-            taskdaemon::fronts::replay::verify_command(&log, &worktree, json).await
+            policy.start()?;
+            let options = taskdaemon::fronts::replay::VerifyOptions {
+                log,
+                worktree,
+                chain_key,
+                session,
+                no_session,
+                unverified,
+                policy,
+            };
+            taskdaemon::fronts::replay::verify_command(&options, json).await
         }
     }
 }

@@ -306,7 +306,11 @@ impl ToolSet {
         latency: Duration,
     ) -> CallOutcome {
         let time = crate::events::timestamp_now();
-        self.outcome(ctx, call_id, name, input, Err(error), latency, time)
+        let checked = Checked {
+            result: Err(error),
+            schema_valid: None,
+        };
+        self.outcome(ctx, call_id, name, input, checked, latency, time)
     }
 
     async fn call_with(
@@ -319,8 +323,8 @@ impl ToolSet {
     ) -> CallOutcome {
         let started = Instant::now();
         let time = crate::events::timestamp_now();
-        let result = self.run_guarded(ctx, name, input.clone(), panics).await;
-        self.outcome(ctx, call_id, name, input, result, started.elapsed(), time)
+        let checked = self.run_guarded(ctx, name, input.clone(), panics).await;
+        self.outcome(ctx, call_id, name, input, checked, started.elapsed(), time)
     }
 
     /// The model's view of a result and its receipt. Every known secret is redacted from the
@@ -335,10 +339,14 @@ impl ToolSet {
         call_id: Option<&str>,
         name: &str,
         mut input: Value,
-        result: Result<ToolOutput, ToolError>,
+        checked: Checked,
         latency: Duration,
         time: String,
     ) -> CallOutcome {
+        let Checked {
+            result,
+            schema_valid,
+        } = checked;
         secrets::redact_value(&mut input);
         let input_hash = hash_value(&input);
         let spec = ctx.spec(name);
@@ -376,6 +384,9 @@ impl ToolSet {
             side_effects: effects,
             time,
             commit: ctx.worktree_commit(),
+            schema_valid,
+            seq: None,
+            chain: None,
         };
         CallOutcome {
             content,
@@ -384,16 +395,40 @@ impl ToolSet {
         }
     }
 
-    /// Lookup, validation, timeout and panic guard around `execute`.
+    /// Lookup and schema validation, then the guarded run; says whether the schema
+    /// accepted the input (`false` for a tool the set does not have).
     async fn run_guarded(
         &self,
         ctx: &ToolContext,
         name: &str,
         input: Value,
         panics: PanicPolicy,
+    ) -> Checked {
+        let refused = |error| Checked {
+            result: Err(error),
+            schema_valid: Some(false),
+        };
+        let Some(entry) = self.entries.get(name) else {
+            return refused(self.unknown(name));
+        };
+        if let Err(error) = self.validate(name, &input) {
+            return refused(error);
+        }
+        Checked {
+            result: self.run_validated(entry, ctx, name, input, panics).await,
+            schema_valid: Some(true),
+        }
+    }
+
+    /// Timeout and panic guard around `execute`, for an input the schema accepted.
+    async fn run_validated(
+        &self,
+        entry: &Entry,
+        ctx: &ToolContext,
+        name: &str,
+        input: Value,
+        panics: PanicPolicy,
     ) -> Result<ToolOutput, ToolError> {
-        let entry = self.entries.get(name).ok_or_else(|| self.unknown(name))?;
-        self.validate(name, &input)?;
         let spec = ctx.spec(name);
         let limit = Duration::from_millis(spec.timeout_ms);
         let watchdog = if entry.tool.enforces_own_timeout() {
@@ -431,6 +466,12 @@ fn redact_side_effect(effect: &mut SideEffect) {
             *command = secrets::redact_owned(std::mem::take(command));
         }
     }
+}
+
+/// A call's result, and whether the schema accepted its input (`None`: not known).
+struct Checked {
+    result: Result<ToolOutput, ToolError>,
+    schema_valid: Option<bool>,
 }
 
 /// What to do when a tool panics.
@@ -502,6 +543,11 @@ mod tests {
         assert!(out.content.contains("at /n:"), "{}", out.content);
         assert!(out.content.contains("\"text\" is a required property"));
         assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        assert_eq!(out.receipt.schema_valid, Some(false));
+        let ok = set
+            .call(&ctx(dir.path()), None, "echo", json!({"text": "a"}))
+            .await;
+        assert_eq!(ok.receipt.schema_valid, Some(true));
     }
 
     #[tokio::test]
@@ -511,6 +557,7 @@ mod tests {
         let out = set.call(&ctx(dir.path()), None, "nope", json!({})).await;
         assert!(out.is_error);
         assert!(out.content.contains("Available tools: echo"));
+        assert_eq!(out.receipt.schema_valid, Some(false));
     }
 
     #[tokio::test]

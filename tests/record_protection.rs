@@ -23,6 +23,9 @@ attacker:
         - write_file: {path: "{{RECORD}}/loops/victim/receipts.jsonl", content: "forged\n"}
         - write_file: {path: "{{RECORD}}/loops/victim/transcript.jsonl", content: ""}
         - write_file: {path: "{{RECORD}}/summary.json", content: "{}"}
+        - read_file: {path: "{{RECORD}}/receipt-chain.key"}
+        - grep: {pattern: "[0-9a-f]{16}", path: "{{RECORD}}"}
+        - run_command: {command: "cat {{RECORD}}/receipt-chain.key; find . -name receipt-chain.key -exec cat {} +"}
         - run_command: {command: "for f in $(find . -name receipts.jsonl -o -name transcript.jsonl -o -name summary.json -o -name events.jsonl); do echo forged > \"$f\"; done; find . -name '*.jsonl' -exec rm -f {} +; echo tried"}
         - complete_task: {summary: "tried"}
 "#;
@@ -63,7 +66,9 @@ fn victim_records(run_dir: &Path) -> Vec<(String, String)> {
     .collect()
 }
 
-fn check(run_dir: &Path, out: &Output) {
+/// `key_path_known`: the script named the real record (`--run-dir`), so its read of the key
+/// must be refused as hidden (with the default record it can only guess the run id).
+fn check(run_dir: &Path, out: &Output, key_path_known: bool) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     for (rel, text) in victim_records(run_dir) {
         assert!(
@@ -77,6 +82,28 @@ fn check(run_dir: &Path, out: &Output) {
     let transcript =
         std::fs::read_to_string(run_dir.join("loops/attacker/transcript.jsonl")).unwrap();
     assert!(transcript.contains("tried"), "the attack ran: {transcript}");
+    // The key that vouches for the receipts never reached the attacker's model.
+    let key = std::fs::read_to_string(run_dir.join("receipt-chain.key")).unwrap();
+    let key = key.trim();
+    assert!(key.len() >= 32, "{key}");
+    assert!(
+        !transcript.contains(key),
+        "the chain key leaked: {transcript}"
+    );
+    // Not only redacted on the way out (the key is a registered secret): never opened.
+    let mut reads = 0;
+    for line in transcript.lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        if entry["name"] == "read_file" && entry["entry"] == "tool_result" {
+            reads += 1;
+            assert_eq!(entry["is_error"], true, "{entry}");
+            let content = entry["content"].as_str().unwrap_or("");
+            let refused =
+                content.contains("hidden") || !key_path_known && content.contains("not found");
+            assert!(refused, "{entry}");
+        }
+    }
+    assert_eq!(reads, 1, "{transcript}");
 }
 
 #[test]
@@ -95,7 +122,7 @@ fn a_run_dir_inside_the_repository_cannot_be_touched_by_a_loop_working_there() {
     std::fs::write(config_dir.join("taskdaemon.yml"), config(&repo)).unwrap();
     let run_dir = repo.join("records");
     let out = run(&root, &config_dir, Some(&run_dir));
-    check(&run_dir, &out);
+    check(&run_dir, &out, true);
 }
 
 #[test]
@@ -125,5 +152,5 @@ fn a_config_in_a_subdirectory_of_the_repository_keeps_its_record_from_the_loops(
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-    check(&run_dir, &out);
+    check(&run_dir, &out, false);
 }

@@ -77,6 +77,9 @@ fn receipt(exec_id: &str, tool: &str) -> Receipt {
         side_effects: vec![],
         time: "2025-01-01T00:00:00.000Z".into(),
         commit: None,
+        schema_valid: Some(true),
+        seq: None,
+        chain: None,
     }
 }
 

@@ -81,6 +81,10 @@ pub struct SandboxSettings {
     /// change, wherever they lie: the run record, a `tool exec` receipt log. Set by the
     /// daemon, not by the config file.
     pub protected: Vec<PathBuf>,
+    /// Files no loop may read (the receipt chain's key): hidden from commands where the
+    /// machine has mount namespaces (like `hide`, but a machine without them runs commands
+    /// anyway, with a warning at start), and from the file tools always. Set by the daemon.
+    pub secret_files: Vec<PathBuf>,
 }
 
 /// The map form of `sandbox:`, derived so its errors name the key at fault.
@@ -124,6 +128,7 @@ impl<'de> Deserialize<'de> for SandboxSettings {
                     hide: m.hide,
                     env: m.env,
                     protected: Vec::new(),
+                    secret_files: Vec::new(),
                 })
             }
         }
@@ -143,9 +148,17 @@ impl SandboxSettings {
         self
     }
 
-    /// The settings with `path` (canonical when it exists) added to the protected paths.
+    /// The settings with `path` added to the protected paths: canonical, or, for a file not
+    /// made yet, its canonical directory joined with its name (file tools compare canonical
+    /// paths).
     pub fn protecting(mut self, path: &Path) -> Self {
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = std::fs::canonicalize(path)
+            .ok()
+            .or_else(|| {
+                let dir = std::fs::canonicalize(path.parent()?).ok()?;
+                Some(dir.join(path.file_name()?))
+            })
+            .unwrap_or_else(|| path.to_path_buf());
         if !self.protected.contains(&path) {
             self.protected.push(path);
         }
@@ -213,6 +226,25 @@ impl SandboxReport {
         }
         Ok(())
     }
+}
+
+/// Makes a file the daemon keeps for itself (the receipt chain key) unreadable to loops:
+/// the file tools refuse it under any name, and commands read it as empty, as `sandbox.hide`
+/// does for the model's key file. Hiding from commands needs mount namespaces; where the
+/// machine has none, the error says so (the caller warns: under `sandbox.mode: required`
+/// such a machine runs no commands at all, and refusing every command for this file alone
+/// would turn best-effort into nothing).
+pub fn hide_from_commands(settings: &mut SandboxSettings, path: &Path) -> Result<(), String> {
+    if !settings.secret_files.iter().any(|p| p == path) {
+        settings.secret_files.push(path.to_path_buf());
+    }
+    if !probe::protections().namespaces {
+        return Err(format!(
+            "{} cannot be hidden from commands on this machine (no mount namespaces), so a command could read it",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Paths inside a worktree that commands may read but not change.
@@ -336,7 +368,12 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
                 read_only.push(c_path(path)?);
             }
         }
-        for path in &policy.settings.hide {
+        for path in policy
+            .settings
+            .hide
+            .iter()
+            .chain(&policy.settings.secret_files)
+        {
             match std::fs::metadata(path) {
                 Ok(meta) if meta.is_dir() => hidden_dirs.push(c_path(path)?),
                 Ok(_) => hidden_files.push(c_path(path)?),

@@ -5,5 +5,7 @@ pub mod exec;
 pub mod lines;
 pub mod mcp;
 pub mod mcp_transport;
+pub mod policy;
+pub mod receipt_session;
 pub mod replay;
 pub mod salvage;

@@ -1,7 +1,18 @@
-//! `taskdaemon replay verify`: re-runs the calls of a receipt log, in order, on a copy of the
-//! worktree as it was before them, and reports every call whose output hash differs.
+//! `taskdaemon replay verify`: checks a receipt log, then re-runs its trusted calls, in
+//! order, on a copy of the worktree as it was before them, and reports every call whose
+//! output hash differs.
 //!
-//! The original worktree is never touched. Calls that cannot be reproduced offline — the
+//! Nothing in a log is run before it is checked ([`crate::receipts::check`]): a receipt
+//! whose input does not hash to its `input_hash`, or that the receipt chain does not vouch
+//! for (edited, inserted, repeated, out of order, after a dropped receipt), is refused and
+//! named, never run. A log whose chain cannot be checked (no chain, or no key) is not run
+//! either unless `--unverified` says so, and it is never reported as verified.
+//!
+//! The calls that do run get the same confinement as a loop's or a `tool exec` session's
+//! ([`crate::fronts::policy`]): every command goes through `run_in_worktree`, the launcher
+//! and the sandbox of `-c CONFIG` (or the defaults), may write only inside the copy and its
+//! private temp dir, and sees neither the environment's secrets nor the chain key. The
+//! original worktree is never touched. Calls that cannot be reproduced offline — the
 //! coordination tools (they need the other loops of a run) and the network tools — are
 //! reported as skipped, never silently counted as matching.
 
@@ -11,10 +22,35 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::catalog::{Catalog, Lane};
+use crate::catalog::Lane;
 use crate::context::{LoopCommands, ToolContext};
-use crate::receipts::{Receipt, SideEffect, read_log};
+use crate::fronts::policy::SessionPolicy;
+use crate::receipts::chain::{ChainKey, RUN_KEY_FILE, key_path_for_log};
+use crate::receipts::check::{ChainState, LogCheck, LogEntry, check, read_entries};
+use crate::receipts::session::{
+    SESSION_RECEIPT_FILE, SessionRead, read_session, session_path_for_log,
+};
+use crate::receipts::{Receipt, SideEffect};
 use crate::registry::ToolSet;
+
+/// What `replay verify` was asked to do.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// The receipts log.
+    pub log: PathBuf,
+    /// The worktree as it was before the recorded calls.
+    pub worktree: PathBuf,
+    /// The chain key (default: found beside the log or in its run directory).
+    pub chain_key: Option<PathBuf>,
+    /// The session receipt (default: found beside the log).
+    pub session: Option<PathBuf>,
+    /// Check without a session receipt.
+    pub no_session: bool,
+    /// Replay the calls of a log whose chain cannot be checked.
+    pub unverified: bool,
+    /// Catalog, sandbox and web access of the replay.
+    pub policy: SessionPolicy,
+}
 
 /// How one recorded call compared on replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -31,8 +67,13 @@ pub enum CallVerdict {
         /// Start of the replayed output.
         excerpt: String,
     },
-    /// Not replayed, with the reason.
+    /// Not replayed because it cannot be reproduced offline, with the reason.
     Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// Not replayed because the receipt cannot be trusted, with the reason.
+    Refused {
         /// Why.
         reason: String,
     },
@@ -43,6 +84,8 @@ pub enum CallVerdict {
 pub struct CallReport {
     /// 1-based position in the log.
     pub index: usize,
+    /// Its `seq` in the chain, when chained.
+    pub seq: Option<u64>,
     /// Receipt id.
     pub id: String,
     /// Tool name.
@@ -52,8 +95,24 @@ pub struct CallReport {
     pub verdict: CallVerdict,
 }
 
+/// What was found about the chain and the session receipt.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainReport {
+    /// The key the chain was checked with.
+    pub key: Option<String>,
+    /// Why there is no key, when there is none.
+    pub key_problem: Option<String>,
+    /// The session receipt the end of the chain was checked against.
+    pub session: Option<String>,
+    /// Why there is none, when there is none and one was expected.
+    pub session_problem: Option<String>,
+    /// The check itself.
+    #[serde(flatten)]
+    pub check: LogCheck,
+}
+
 /// The whole report.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
     /// Calls in the log.
     pub calls: usize,
@@ -61,24 +120,33 @@ pub struct ReplayReport {
     pub same: usize,
     /// Calls whose output differed.
     pub differ: usize,
-    /// Calls not replayed.
+    /// Calls not replayed because they cannot be reproduced offline.
     pub skipped: usize,
+    /// Calls not replayed because their receipt cannot be trusted.
+    pub refused: usize,
     /// Lines of the log that could not be read (line number, error).
     pub unreadable_lines: Vec<(usize, String)>,
+    /// The integrity check of the log.
+    pub chain: ChainReport,
     /// Per-call results.
     pub results: Vec<CallReport>,
 }
 
 impl ReplayReport {
-    /// True when nothing differs and every line was readable.
+    /// True when the chain verified (up to a session receipt, unless told there is none),
+    /// nothing was refused or differs, and every line was readable.
     pub fn ok(&self) -> bool {
-        self.differ == 0 && self.unreadable_lines.is_empty()
+        self.differ == 0
+            && self.refused == 0
+            && self.unreadable_lines.is_empty()
+            && self.chain.check.state == ChainState::Verified
+            && self.chain.session_problem.is_none()
     }
 }
 
-/// Why a recorded call is not replayed, if it is not.
-fn skip_reason(receipt: &Receipt, catalog: &Catalog) -> Option<String> {
-    match catalog.spec(&receipt.tool).lane {
+/// Why a recorded call is not replayed, if it cannot be reproduced offline.
+fn skip_reason(receipt: &Receipt, policy: &SessionPolicy) -> Option<String> {
+    match policy.catalog.spec(&receipt.tool).lane {
         Lane::Coordinator => Some("coordination tool: needs the other loops of a run".into()),
         Lane::Net if receipt.tool != "run_command" => {
             Some("network tool: its answer depends on the outside world".into())
@@ -87,8 +155,9 @@ fn skip_reason(receipt: &Receipt, catalog: &Catalog) -> Option<String> {
     }
 }
 
-/// The configured commands of build/test/validate, as recorded in their receipts.
-fn recorded_commands(receipts: &[Receipt]) -> BTreeMap<String, LoopCommands> {
+/// The configured commands of build/test/validate, as recorded in the receipts that are
+/// trusted (an untrusted receipt must not choose what a trusted one runs).
+fn recorded_commands(receipts: &[&Receipt]) -> BTreeMap<String, LoopCommands> {
     let mut by_exec: BTreeMap<String, LoopCommands> = BTreeMap::new();
     for r in receipts {
         let Some(command) = r.side_effects.iter().find_map(|e| match e {
@@ -109,60 +178,170 @@ fn recorded_commands(receipts: &[Receipt]) -> BTreeMap<String, LoopCommands> {
     by_exec
 }
 
-/// Replays `log` on a copy of `worktree` and compares output hashes.
-pub async fn verify(log: &Path, worktree: &Path) -> Result<ReplayReport, String> {
-    let read = read_log(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+/// The chain key of `log`: `--chain-key`, else `LOG.key`, else the run directory's key for
+/// a log at `<run-dir>/loops/<name>/receipts.jsonl`. `Err` only for an explicit key that
+/// cannot be read; `Ok(Err(why))` when none was found.
+fn find_key(options: &VerifyOptions) -> Result<Result<ChainKey, String>, String> {
+    if let Some(path) = &options.chain_key {
+        return ChainKey::load(path).map(Ok);
+    }
+    let mut looked = vec![key_path_for_log(&options.log)];
+    if let Some(run_dir) = run_dir_of(&options.log) {
+        looked.push(run_dir.join(RUN_KEY_FILE));
+    }
+    for path in &looked {
+        if path.exists() {
+            return Ok(ChainKey::load(path));
+        }
+    }
+    Ok(Err(format!(
+        "no chain key found (looked for {}); pass --chain-key FILE",
+        looked
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    )))
+}
+
+/// The run directory of a log at `<run-dir>/loops/<name>/receipts.jsonl`.
+fn run_dir_of(log: &Path) -> Option<PathBuf> {
+    let loop_dir = log.parent()?;
+    let loops = loop_dir.parent()?;
+    (loops.file_name()? == crate::run::record::LOOPS_DIR)
+        .then(|| loops.parent().map(Path::to_path_buf))?
+}
+
+/// The session receipt: `--session`, else `LOG.RECEIPT.json`, else `RECEIPT.json` beside a
+/// run's log. `Err` only for an explicit one that cannot be read; `Ok(Err(why))` when none
+/// was found (and one was expected).
+fn find_session(
+    options: &VerifyOptions,
+    key: Option<&ChainKey>,
+) -> Result<Result<Option<SessionRead>, String>, String> {
+    if let Some(path) = &options.session {
+        return read_session(path, key).map(|s| Ok(Some(s)));
+    }
+    if options.no_session {
+        return Ok(Ok(None));
+    }
+    let mut looked = vec![session_path_for_log(&options.log)];
+    if run_dir_of(&options.log).is_some() {
+        looked.push(options.log.with_file_name(SESSION_RECEIPT_FILE));
+    }
+    for path in &looked {
+        if path.exists() {
+            return Ok(read_session(path, key).map(Some));
+        }
+    }
+    Ok(Err(format!(
+        "no session receipt found (looked for {}), so receipts dropped from the end of the log would go unnoticed; pass --session FILE, or --no-session for a session that never ended",
+        looked
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    )))
+}
+
+/// Checks `options.log`, then replays its trusted calls on a copy of `options.worktree`.
+pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
+    let log = &options.log;
+    let read = read_entries(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+    let (key, key_problem) = match find_key(options)? {
+        Ok(key) => (Some(key), None),
+        Err(why) => (None, Some(why)),
+    };
+    let (session, session_problem) = match find_session(options, key.as_ref())? {
+        Ok(session) => (session, None),
+        Err(why) => (None, Some(why)),
+    };
+    let checked = check(&read.entries, key.as_ref(), session.as_ref());
+    let blanket = matches!(checked.state, ChainState::Unchained | ChainState::NoKey);
+    let trusted = |i: usize| {
+        checked.distrust[i].is_none()
+            || (options.unverified && blanket && !checked.input_tampered[i])
+    };
+
+    let mut policy = options.policy.clone();
+    if let Some(key) = &key
+        && let Ok(real) = key.path().canonicalize()
+        && let Err(why) = crate::confine::hide_from_commands(&mut policy.sandbox, &real)
+    {
+        eprintln!("taskdaemon: warning: {why}");
+    }
     let scratch = tempfile::Builder::new()
         .prefix("taskdaemon-replay-")
         .tempdir()
         .map_err(|e| format!("cannot create a scratch directory: {e}"))?;
     let copy = scratch.path().join("worktree");
-    copy_tree(worktree, &copy)
-        .map_err(|e| format!("cannot copy worktree {}: {e}", worktree.display()))?;
+    let keep_out: Vec<PathBuf> = key
+        .iter()
+        .filter_map(|k| k.path().canonicalize().ok())
+        .collect();
+    copy_tree_except(&options.worktree, &copy, &keep_out)
+        .map_err(|e| format!("cannot copy worktree {}: {e}", options.worktree.display()))?;
 
-    let tools = ToolSet::all();
-    let catalog = Catalog::default();
-    let commands = recorded_commands(&read.receipts);
+    // The tools the session had (a call of another tool is answered with their list), when
+    // an authentic session receipt says which.
+    let tools = match session
+        .as_ref()
+        .filter(|s| s.authentic == Some(true))
+        .and_then(|s| s.receipt.tool_set.as_ref())
+    {
+        Some(names) => ToolSet::from_names(names)?,
+        None => ToolSet::all(),
+    };
+    let trusted_receipts: Vec<&Receipt> = read
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| trusted(*i))
+        .map(|(_, e)| &e.receipt)
+        .collect();
+    let commands = recorded_commands(&trusted_receipts);
     let mut contexts: BTreeMap<String, ToolContext> = BTreeMap::new();
     let mut report = ReplayReport {
-        calls: read.receipts.len(),
+        calls: read.entries.len(),
+        same: 0,
+        differ: 0,
+        skipped: 0,
+        refused: 0,
         unreadable_lines: read.bad_lines.clone(),
-        ..ReplayReport::default()
+        chain: ChainReport {
+            key: key.as_ref().map(|k| k.path().display().to_string()),
+            key_problem,
+            session: session.as_ref().map(|s| s.path.display().to_string()),
+            session_problem,
+            check: checked.clone(),
+        },
+        results: Vec::new(),
     };
-    for (i, receipt) in read.receipts.iter().enumerate() {
-        let verdict = if let Some(reason) = skip_reason(receipt, &catalog) {
+    for (i, entry) in read.entries.iter().enumerate() {
+        let receipt = &entry.receipt;
+        let verdict = if !trusted(i) {
+            report.refused += 1;
+            CallVerdict::Refused {
+                reason: checked.distrust[i].clone().unwrap_or_default(),
+            }
+        } else if let Some(reason) = skip_reason(receipt, &policy) {
             report.skipped += 1;
             CallVerdict::Skipped { reason }
         } else {
-            if !contexts.contains_key(&receipt.exec_id) {
-                let ctx = ToolContext::new(&copy, receipt.exec_id.clone())
-                    .map_err(|e| e.to_string())?
-                    .with_commands(commands.get(&receipt.exec_id).cloned().unwrap_or_default());
-                contexts.insert(receipt.exec_id.clone(), ctx);
-            }
-            let ctx = &contexts[&receipt.exec_id];
-            let outcome = tools
-                .call(
-                    ctx,
-                    receipt.call_id.as_deref(),
-                    &receipt.tool,
-                    receipt.input.clone(),
-                )
-                .await;
-            if outcome.receipt.output_hash == receipt.output_hash {
-                report.same += 1;
-                CallVerdict::Same
-            } else {
-                report.differ += 1;
-                CallVerdict::Differs {
-                    expected: receipt.output_hash.clone(),
-                    actual: outcome.receipt.output_hash,
-                    excerpt: crate::text::head_tail(&outcome.content, 400),
+            let ctx = match contexts.get(&receipt.exec_id) {
+                Some(ctx) => ctx,
+                None => {
+                    let ctx = policy
+                        .context(&copy, receipt.exec_id.clone())?
+                        .with_commands(commands.get(&receipt.exec_id).cloned().unwrap_or_default());
+                    contexts.entry(receipt.exec_id.clone()).or_insert(ctx)
                 }
-            }
+            };
+            replay_one(&tools, ctx, entry, &mut report).await
         };
         report.results.push(CallReport {
-            index: i + 1,
+            index: entry.index,
+            seq: receipt.seq,
             id: receipt.id.clone(),
             tool: receipt.tool.clone(),
             verdict,
@@ -171,10 +350,39 @@ pub async fn verify(log: &Path, worktree: &Path) -> Result<ReplayReport, String>
     Ok(report)
 }
 
-/// `taskdaemon replay verify`: prints the report; exit 0 when everything matched, 1 when a
-/// call differs or a line was unreadable.
-pub async fn verify_command(log: &Path, worktree: &Path, json: bool) -> Result<ExitCode, String> {
-    let report = verify(log, worktree).await?;
+/// Runs one trusted call and compares its output hash.
+async fn replay_one(
+    tools: &ToolSet,
+    ctx: &ToolContext,
+    entry: &LogEntry,
+    report: &mut ReplayReport,
+) -> CallVerdict {
+    let receipt = &entry.receipt;
+    let outcome = tools
+        .call(
+            ctx,
+            receipt.call_id.as_deref(),
+            &receipt.tool,
+            receipt.input.clone(),
+        )
+        .await;
+    if outcome.receipt.output_hash == receipt.output_hash {
+        report.same += 1;
+        CallVerdict::Same
+    } else {
+        report.differ += 1;
+        CallVerdict::Differs {
+            expected: receipt.output_hash.clone(),
+            actual: outcome.receipt.output_hash,
+            excerpt: crate::text::head_tail(&outcome.content, 400),
+        }
+    }
+}
+
+/// `taskdaemon replay verify`: prints the report; exit 0 when the log verified and every
+/// replayed call matched, 1 otherwise.
+pub async fn verify_command(options: &VerifyOptions, json: bool) -> Result<ExitCode, String> {
+    let report = verify(options).await?;
     if json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         println!("{}", crate::secrets::redact_json(&text));
@@ -188,16 +396,68 @@ pub async fn verify_command(log: &Path, worktree: &Path, json: bool) -> Result<E
     })
 }
 
+/// The first line about the chain.
+fn render_chain(chain: &ChainReport) -> String {
+    let check = &chain.check;
+    let mut out = match check.state {
+        ChainState::Verified => match &check.head {
+            Some((seq, _)) => format!(
+                "chain: verified, {} receipt(s), seq 1..{seq}\n",
+                check.receipts
+            ),
+            None => "chain: verified, no receipts\n".to_string(),
+        },
+        ChainState::Broken => format!(
+            "chain: BROKEN, {} problem(s) found; the receipts named are not replayed\n",
+            check.findings.len()
+        ),
+        ChainState::Unchained => "chain: UNCHAINED: the log has no receipt chain (written before chains, or without a key), so nothing shows it is unchanged; NOT verified\n".to_string(),
+        ChainState::NoKey => format!(
+            "chain: NOT CHECKED: {}; NOT verified\n",
+            chain
+                .key_problem
+                .as_deref()
+                .unwrap_or("the chain key is missing")
+        ),
+    };
+    match (&chain.session, &chain.session_problem) {
+        (Some(path), _) => out.push_str(&format!("session receipt: {path}\n")),
+        (None, Some(problem)) => out.push_str(&format!("session receipt: MISSING: {problem}\n")),
+        (None, None) => out.push_str(
+            "session receipt: none (--no-session): receipts dropped from the end of the log are not detected\n",
+        ),
+    }
+    out
+}
+
 /// The human-readable report.
 pub fn render(report: &ReplayReport) -> String {
-    let mut out = format!(
-        "replayed {} call(s): {} identical, {} differ, {} skipped\n",
-        report.calls, report.same, report.differ, report.skipped
-    );
+    let mut out = render_chain(&report.chain);
+    out.push_str(&format!(
+        "replayed {} call(s): {} identical, {} differ, {} skipped, {} refused\n",
+        report.calls, report.same, report.differ, report.skipped, report.refused
+    ));
     for (line, err) in &report.unreadable_lines {
         out.push_str(&format!("unreadable log line {line}: {err}\n"));
     }
+    for finding in &report.chain.check.findings {
+        out.push_str(&format!("{finding}\n"));
+    }
+    for note in &report.chain.check.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    let blanket = matches!(
+        report.chain.check.state,
+        ChainState::Unchained | ChainState::NoKey
+    );
+    if blanket && report.refused > 0 {
+        out.push_str(&format!(
+            "not replayed: {} call(s), because the chain could not be checked (--unverified replays them anyway)\n",
+            report.refused
+        ));
+    }
     for r in &report.results {
+        let seq = r.seq.map(|s| format!("seq {s}, ")).unwrap_or_default();
         match &r.verdict {
             CallVerdict::Same => {}
             CallVerdict::Differs {
@@ -206,7 +466,7 @@ pub fn render(report: &ReplayReport) -> String {
                 excerpt,
             } => {
                 out.push_str(&format!(
-                    "DIFFERS #{} {} ({}): expected {expected}, got {actual}\n",
+                    "DIFFERS #{} {} ({seq}id {}): expected {expected}, got {actual}\n",
                     r.index, r.tool, r.id
                 ));
                 for l in excerpt.lines().take(8) {
@@ -216,6 +476,14 @@ pub fn render(report: &ReplayReport) -> String {
             CallVerdict::Skipped { reason } => {
                 out.push_str(&format!("skipped #{} {}: {reason}\n", r.index, r.tool));
             }
+            CallVerdict::Refused { reason } => {
+                if !blanket {
+                    out.push_str(&format!(
+                        "REFUSED #{} {} ({seq}id {}): not replayed: {reason}\n",
+                        r.index, r.tool, r.id
+                    ));
+                }
+            }
         }
     }
     out
@@ -223,11 +491,22 @@ pub fn render(report: &ReplayReport) -> String {
 
 /// Copies a directory tree, keeping symlinks as symlinks (never following them out).
 pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    copy_tree_except(from, to, &[])
+}
+
+/// [`copy_tree`], leaving out the paths of `except` (canonical) and every file that is not
+/// a regular file, a directory or a symlink: opening a FIFO would block the copy forever,
+/// and sockets and devices have no content to copy.
+fn copy_tree_except(from: &Path, to: &Path, except: &[PathBuf]) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
-    let mut stack: Vec<(PathBuf, PathBuf)> = vec![(from.to_path_buf(), to.to_path_buf())];
+    let from = from.canonicalize()?;
+    let mut stack: Vec<(PathBuf, PathBuf)> = vec![(from, to.to_path_buf())];
     while let Some((src, dst)) = stack.pop() {
         for entry in std::fs::read_dir(&src)? {
             let entry = entry?;
+            if except.iter().any(|p| *p == entry.path()) {
+                continue;
+            }
             let kind = entry.file_type()?;
             let target = dst.join(entry.file_name());
             if kind.is_symlink() {
@@ -235,7 +514,7 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
             } else if kind.is_dir() {
                 std::fs::create_dir_all(&target)?;
                 stack.push((entry.path(), target));
-            } else {
+            } else if kind.is_file() {
                 std::fs::copy(entry.path(), &target)?;
             }
         }
@@ -267,6 +546,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn copy_tree_leaves_out_fifos_and_excluded_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("a");
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::write(a.join("f"), "x").unwrap();
+        std::fs::write(a.join("key"), "k").unwrap();
+        let fifo =
+            std::ffi::CString::new(a.join("pipe").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let key = a.join("key").canonicalize().unwrap();
+        copy_tree_except(&a, &d.path().join("b"), &[key]).unwrap();
+        assert!(d.path().join("b/f").is_file());
+        assert!(!d.path().join("b/pipe").exists());
+        assert!(!d.path().join("b/key").exists());
+    }
+
+    fn options(log: &Path, wt: &Path) -> VerifyOptions {
+        VerifyOptions {
+            log: log.to_path_buf(),
+            worktree: wt.to_path_buf(),
+            chain_key: None,
+            session: None,
+            no_session: false,
+            unverified: false,
+            policy: SessionPolicy::default(),
+        }
+    }
+
     #[tokio::test]
     async fn unknown_tool_calls_replay_identically_and_coordination_is_skipped() {
         // Both recorded outcomes are produced by the registry itself (no real tool runs),
@@ -277,7 +586,16 @@ mod tests {
         let ctx = ToolContext::new(&wt, "loop-a").unwrap();
         let tools = ToolSet::all();
         let log_path = d.path().join("r.jsonl");
-        let log = ReceiptLog::open(&log_path).unwrap();
+        let mut settings = crate::confine::SandboxSettings::default();
+        let session = crate::fronts::receipt_session::ReceiptSession::open(
+            &log_path,
+            None,
+            &wt,
+            "loop-a",
+            &mut settings,
+        )
+        .unwrap();
+        let log = session.log();
         let a = tools.call(&ctx, Some("1"), "no_such_tool", json!({})).await;
         log.append(&a.receipt).unwrap();
         let b = tools
@@ -289,18 +607,58 @@ mod tests {
             )
             .await;
         log.append(&b.receipt).unwrap();
-        let mut tampered = a.receipt.clone();
-        tampered.output_hash = "sha256:0".into();
-        log.append(&tampered).unwrap();
+        let mut other = a.receipt.clone();
+        other.output_hash = "sha256:0".into();
+        log.append(&other).unwrap();
 
-        let report = verify(&log_path, &wt).await.unwrap();
+        let report = verify(&options(&log_path, &wt)).await.unwrap();
+        assert_eq!(
+            report
+                .chain
+                .session_problem
+                .as_deref()
+                .map(|p| p.contains("--no-session")),
+            Some(true)
+        );
+        assert!(!report.ok());
+        session.close().unwrap();
+        let report = verify(&options(&log_path, &wt)).await.unwrap();
+        assert_eq!(report.chain.check.state, ChainState::Verified);
         assert_eq!(report.calls, 3);
         assert_eq!(report.same, 1);
         assert_eq!(report.skipped, 1);
         assert_eq!(report.differ, 1);
         assert!(!report.ok());
         let text = render(&report);
-        assert!(text.contains("DIFFERS #3 no_such_tool"), "{text}");
+        assert!(
+            text.contains("DIFFERS #3 no_such_tool (seq 3, id "),
+            "{text}"
+        );
         assert!(text.contains("skipped #2 query_loop"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_unchained_log_is_not_run_unless_asked_and_never_verified() {
+        let d = tempfile::tempdir().unwrap();
+        let wt = d.path().join("wt");
+        std::fs::create_dir_all(&wt).unwrap();
+        let ctx = ToolContext::new(&wt, "e").unwrap();
+        let log_path = d.path().join("old.jsonl");
+        let log = ReceiptLog::open(&log_path).unwrap();
+        let a = ToolSet::all()
+            .call(&ctx, None, "no_such_tool", json!({}))
+            .await;
+        log.append(&a.receipt).unwrap();
+        let mut opts = options(&log_path, &wt);
+        opts.no_session = true;
+        let report = verify(&opts).await.unwrap();
+        assert_eq!(report.chain.check.state, ChainState::Unchained);
+        assert_eq!((report.refused, report.same), (1, 0));
+        assert!(!report.ok());
+        assert!(render(&report).contains("UNCHAINED"), "{}", render(&report));
+        opts.unverified = true;
+        let report = verify(&opts).await.unwrap();
+        assert_eq!((report.refused, report.same), (0, 1));
+        assert!(!report.ok(), "an unchained log is never verified");
     }
 }

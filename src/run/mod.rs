@@ -5,6 +5,7 @@ pub mod orchestrator;
 pub mod progress;
 pub mod record;
 pub mod resume;
+pub mod session_receipts;
 pub mod signals;
 pub mod status;
 pub mod worktree;

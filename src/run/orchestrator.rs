@@ -250,6 +250,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         )?,
     };
     let record = Arc::new(record);
+    // The receipt chain key exists before the first loop starts, and commands see it empty.
+    let sandbox = hide_chain_key(&record, &sandbox)?;
     let resume_state: BTreeMap<String, crate::run::resume::LoopResume> = restored
         .as_ref()
         .map(|(_, r)| r.loops.clone())
@@ -384,6 +386,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                         s.mark_ended(&now);
                     });
                     progress.set_status(&def.name, "failed", &why);
+                    close_loop_record(&record, &def.name);
                 }
             }
         }
@@ -427,6 +430,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             &name, &end, &loops, &config, &places, &repo, &record, &progress, &events,
         )
         .await;
+        close_loop_record(&record, &name);
         status.insert(name, final_status);
     }
 
@@ -466,6 +470,13 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     } else {
         record.summary().status_from_loops()
     };
+    // Loops that never started or were blocked close their record too.
+    if let Err(e) = record.close_ended_loops() {
+        eprintln!(
+            "taskdaemon: cannot write the session receipts: {}",
+            crate::secrets::redact(&e)
+        );
+    }
     record.finish(run_status)?;
     Ok(RunReport {
         run_id,
@@ -473,6 +484,38 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         loops: status,
         interrupted,
     })
+}
+
+/// Writes the session receipt of a loop that ended; a failure is said, and the run goes on
+/// (`replay verify` then reports the receipt missing).
+fn close_loop_record(record: &RunRecord, name: &str) {
+    if let Err(e) = record.close_loop(name) {
+        eprintln!(
+            "taskdaemon: loop {name}: cannot write its session receipt: {}",
+            crate::secrets::redact(&e)
+        );
+    }
+}
+
+/// Makes the run's receipt chain key (before any loop starts) and the sandbox settings that
+/// hide it from loops (file tools always; commands where the machine has mount namespaces,
+/// with a warning where it has not).
+fn hide_chain_key(
+    record: &RunRecord,
+    sandbox: &Arc<crate::confine::SandboxSettings>,
+) -> Result<Arc<crate::confine::SandboxSettings>, String> {
+    let key = record.chain_key()?;
+    let real = key
+        .path()
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", key.path().display()))?;
+    let mut settings = (**sandbox).clone();
+    if let Err(why) = crate::confine::hide_from_commands(&mut settings, &real) {
+        eprintln!(
+            "taskdaemon: warning: the receipt chain key {why}; a command that reads it could forge the receipts of its loop"
+        );
+    }
+    Ok(Arc::new(settings))
 }
 
 /// Copies `src` (without its `.git`) to `dest` and makes the copy a git repository with one
@@ -637,6 +680,7 @@ async fn start_loop(
         });
     let tools = ToolSet::from_names(&loop_type.tools)?;
     let receipts = record.receipts_for(&def.name)?;
+    receipts.set_tool_set(tools.names());
     let spec = LoopSpec {
         config: EngineConfig {
             name: def.name.clone(),

@@ -7,7 +7,9 @@
 //! summary.json                    RunSummary: per loop status, iterations, validation, timings
 //! events.jsonl                    one Event per line: loop lifecycle, every coordination message
 //! loops/<name>/transcript.jsonl   one TranscriptEntry per line: requests, responses, tool results
-//! loops/<name>/receipts.jsonl     one Receipt per tool call
+//! loops/<name>/receipts.jsonl     one Receipt per tool call, chained (receipts::chain)
+//! loops/<name>/RECEIPT.json       the loop's session receipt, written when it ends
+//! receipt-chain.key               the run's receipt chain key (0600, hidden from commands)
 //! ```
 //!
 //! The JSONL files are append-only and written while the run goes: each line is one write on
@@ -35,7 +37,8 @@ use crate::engine::LoopEnd;
 use crate::engine::transcript::{TranscriptEntry, TranscriptSink};
 use crate::events::{Event, EventKind};
 use crate::llm::Usage;
-use crate::receipts::{Receipt, ReceiptLog};
+use crate::receipts::{Receipt, ReceiptLog, ToolCounts};
+use crate::run::session_receipts::{RunChain, tally_for, tool_set_of};
 
 /// The run's summary file, replaced atomically on every change.
 pub const SUMMARY_FILE: &str = "summary.json";
@@ -204,6 +207,11 @@ pub struct LoopSummary {
     pub usage: Usage,
     /// Merge of its branch, when one was attempted.
     pub merge: Option<MergeSummary>,
+    /// Per tool: calls, errors and inputs the schema refused, counted from the receipts as
+    /// they are appended (written with the next summary update, at the latest when the loop
+    /// ends).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, ToolCounts>,
 }
 
 impl LoopSummary {
@@ -325,6 +333,7 @@ struct Inner {
     transcripts: Mutex<HashMap<String, Arc<Mutex<File>>>>,
     receipts: Mutex<HashMap<String, Arc<ReceiptLog>>>,
     write_errors: AtomicU64,
+    chain: RunChain,
 }
 
 impl RunRecord {
@@ -382,6 +391,7 @@ impl RunRecord {
                 transcripts: Mutex::new(HashMap::new()),
                 receipts: Mutex::new(HashMap::new()),
                 write_errors: AtomicU64::new(0),
+                chain: RunChain::new(dir),
             }),
         }
     }
@@ -416,11 +426,84 @@ impl RunRecord {
         }
         let path = loop_dir(&self.inner.dir, loop_name)?.join(RECEIPTS_FILE);
         close_torn_line(&path)?;
-        let log = ReceiptLog::open(&path)
+        let log = ReceiptLog::open_chained(&path, self.chain_key()?)
             .map(Arc::new)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        self.count_receipts_of(loop_name, &log);
         logs.insert(loop_name.to_string(), log.clone());
         Ok(log)
+    }
+
+    /// The run's receipt chain key, made in the run directory the first time it is asked
+    /// for (the orchestrator asks before any loop starts, so that commands never see it).
+    pub fn chain_key(&self) -> Result<Arc<crate::receipts::chain::ChainKey>, String> {
+        self.inner.chain.key()
+    }
+
+    /// Keeps the per-tool counts of `loop_name` in step with its log: what the log holds
+    /// now (a resumed loop's earlier calls too), then every receipt appended.
+    fn count_receipts_of(&self, loop_name: &str, log: &ReceiptLog) {
+        let counts = log.tally().tools;
+        lock(&self.inner.summary)
+            .loops
+            .entry(loop_name.to_string())
+            .or_insert_with(|| LoopSummary::pending(loop_name, ""))
+            .tools = counts;
+        // Weak: the log is held by the record, and must not keep the record alive.
+        let inner = Arc::downgrade(&self.inner);
+        let name = loop_name.to_string();
+        log.observe(Box::new(move |receipt| {
+            if let Some(inner) = inner.upgrade() {
+                let mut summary = lock(&inner.summary);
+                if let Some(entry) = summary.loops.get_mut(&name) {
+                    entry
+                        .tools
+                        .entry(ToolCounts::key(receipt).to_string())
+                        .or_default()
+                        .add(receipt);
+                }
+            }
+        }));
+    }
+
+    /// Closes the record of a loop that ended: writes its session receipt
+    /// (`loops/<name>/RECEIPT.json`) from its log and its summary entry, and writes the
+    /// summary (with the loop's final tool counts).
+    pub fn close_loop(&self, loop_name: &str) -> Result<(), String> {
+        self.inner.update_loop(loop_name, |_| {})?;
+        let summary = self.summary();
+        let entry = summary
+            .loops
+            .get(loop_name)
+            .cloned()
+            .unwrap_or_else(|| LoopSummary::pending(loop_name, ""));
+        let dir = loop_dir(&self.inner.dir, loop_name)?;
+        let open = lock(&self.inner.receipts).get(loop_name).cloned();
+        let tally = tally_for(open.as_ref(), &dir.join(RECEIPTS_FILE), self.chain_key()?)?;
+        self.inner.chain.close(
+            &summary.run_id,
+            &dir,
+            &entry,
+            &tally,
+            tool_set_of(open.as_ref()),
+        )
+    }
+
+    /// Closes every loop that ended but whose record this process has not closed and that
+    /// has no session receipt yet (loops that never started, loops blocked by others, loops
+    /// that ended in an earlier process before their receipt was written).
+    pub fn close_ended_loops(&self) -> Result<(), String> {
+        let summary = self.summary();
+        for (name, entry) in &summary.loops {
+            let ended = !matches!(entry.status, LoopStatus::Pending | LoopStatus::Running);
+            let written = loop_dir(&self.inner.dir, name)?
+                .join(crate::receipts::session::SESSION_RECEIPT_FILE)
+                .exists();
+            if ended && !self.inner.chain.is_closed(name) && !written {
+                self.close_loop(name)?;
+            }
+        }
+        Ok(())
     }
 
     /// Changes one loop's summary (adding it, pending, when it is new) and rewrites
