@@ -51,6 +51,11 @@ const SECRET_SUFFIXES: &[&str] = &[
     "_KEY", "_TOKEN", "_SECRET", "_APIKEY", "_PAT", "_PASS", "_PWD", "_AUTH",
 ];
 
+/// Names the suffixes would take for secrets that are not: the shell's working directories
+/// (`PWD` ends like `DB_PWD`; registering it would redact every path under the directory the
+/// daemon was started in, and withhold it from commands).
+const NOT_SECRET_NAMES: &[&str] = &["PWD", "OLDPWD"];
+
 /// Parts (upper-cased) that make a name secret wherever they stand.
 const SECRET_PARTS: &[&str] = &["PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "PRIVATE_KEY"];
 
@@ -60,6 +65,9 @@ pub fn is_secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
     if SECRET_NAMES.contains(&upper.as_str()) {
         return true;
+    }
+    if NOT_SECRET_NAMES.contains(&upper.as_str()) {
+        return false;
     }
     // Names such as `TOKEN` or `API_KEY` alone count too.
     let padded = format!("_{upper}");
@@ -357,6 +365,7 @@ mod tests {
             "TOKEN",
             "API_KEY",
             "SSH_AUTH_SOCK",
+            "DB_PWD",
         ] {
             assert!(is_secret_name(name), "{name}");
         }
@@ -367,6 +376,8 @@ mod tests {
             "TOKENIZERS_PARALLELISM",
             "LANG",
             "CARGO_HOME",
+            "PWD",
+            "OLDPWD",
         ] {
             assert!(!is_secret_name(name), "{name}");
         }

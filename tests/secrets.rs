@@ -468,3 +468,26 @@ fn a_provider_error_echoing_a_key_from_a_variable_is_redacted_everywhere() {
 fn a_provider_error_echoing_a_key_from_a_file_is_redacted_everywhere() {
     provider_echo_is_redacted(KeyFrom::File);
 }
+
+#[test]
+fn the_working_directory_is_not_taken_for_a_secret() {
+    // `PWD` ends like `DB_PWD`; taken for a secret it would redact every path under the
+    // directory the daemon was started in, and be withheld from commands.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().canonicalize().unwrap();
+    let wt = dir.join("worktree-of-a-project");
+    std::fs::create_dir_all(&wt).unwrap();
+    let wt_text = wt.display().to_string();
+    let cmd = taskdaemon(
+        &wt,
+        &["tool", "exec", "--worktree", "."],
+        &[("PWD", wt_text.as_str())],
+    );
+    let line =
+        json!({"id": "1", "name": "run_command", "input": {"command": "pwd; echo \"$PWD\""}});
+    let out = run_with_input(cmd, &format!("{line}\n"));
+    let answer: Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    let content = answer["content"].as_str().unwrap();
+    assert!(!content.contains("REDACTED"), "{content}");
+    assert_eq!(content.matches(&wt_text).count(), 2, "{content}");
+}
