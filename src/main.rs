@@ -268,6 +268,22 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::from(report.exit_code()))
 }
 
+/// How a `tool exec` or `mcp` session ends: 0, or 1 with the reason on stderr when a receipt
+/// could not be written (its call and every later one were answered as errors).
+fn receipts_exit(unrecorded: Option<String>) -> ExitCode {
+    match unrecorded {
+        None => ExitCode::SUCCESS,
+        Some(why) => {
+            eprintln!(
+                "taskdaemon: {}; that call was answered as an error and no later call ran. \
+                 Free space (or fix the disk), then start a new session.",
+                secrets::redact(&why)
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         // Log lines quote errors and outputs: they leave the process redacted like the rest.
@@ -333,7 +349,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             let session = args.open()?;
             let stdin = tokio::io::BufReader::new(tokio::io::stdin());
             let stdout = tokio::io::stdout();
-            taskdaemon::fronts::exec::serve(
+            let unrecorded = taskdaemon::fronts::exec::serve(
                 stdin,
                 stdout,
                 &session.ctx,
@@ -342,7 +358,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             )
             .await
             .map_err(|e| format!("exec stream failed: {e}"))?;
-            Ok(ExitCode::SUCCESS)
+            Ok(receipts_exit(unrecorded))
         }
         Command::Run(args) => run_command(args).await,
         Command::Status { run, dir, json } => {
@@ -374,14 +390,14 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         }
         Command::Mcp(args) => {
             let session = args.open()?;
-            taskdaemon::fronts::mcp::serve_stdio(
+            let unrecorded = taskdaemon::fronts::mcp::serve_stdio(
                 Arc::new(session.ctx),
                 Arc::new(session.tools),
                 session.receipts.map(Arc::new),
             )
             .await
             .map_err(|e| format!("MCP server failed: {e}"))?;
-            Ok(ExitCode::SUCCESS)
+            Ok(receipts_exit(unrecorded))
         }
         Command::Replay {
             command:

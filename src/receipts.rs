@@ -2,7 +2,7 @@
 //! the full output, latency, side effects, time and worktree commit — appended to a log that
 //! `taskdaemon replay verify` can read back and re-run.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -146,14 +146,16 @@ impl ReceiptLog {
     }
 
     /// Appends one receipt as a single line, with every known secret redacted (receipts from
-    /// `ToolSet::call` are redacted already; this is the last line of defence).
+    /// `ToolSet::call` are redacted already; this is the last line of defence). The line is
+    /// on the disk (`fdatasync`) when this returns `Ok`: a receipt records a side effect that
+    /// already happened and cannot be derived again. When it fails (a full disk), nothing of
+    /// the line is left in the log, and the caller must not treat the call as recorded.
     pub fn append(&self, receipt: &Receipt) -> std::io::Result<()> {
         let line = serde_json::to_string(receipt).map_err(std::io::Error::other)?;
         let mut line = crate::secrets::redact_json(&line).into_owned();
         line.push('\n');
         let mut f = lock(&self.file);
-        f.write_all(line.as_bytes())?;
-        f.flush()
+        crate::record_io::append(&mut f, line.as_bytes(), true)
     }
 }
 
@@ -194,6 +196,7 @@ pub fn read_log(path: &Path) -> std::io::Result<ReceiptRead> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::io::Write;
 
     #[test]
     fn canonical_json_ignores_key_order() {

@@ -6,33 +6,37 @@
 //!
 //! A line that is not a request still gets an answer (`is_error: true`, with the `id` when
 //! one could be read), so a caller never waits for a reply that will not come. Blank lines
-//! are skipped.
+//! are skipped. With a receipt log, a call whose receipt cannot be written is answered as an
+//! error and no later call runs (see [`ReceiptGate`]).
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::context::ToolContext;
+use crate::fronts::receipt_gate::ReceiptGate;
 use crate::receipts::ReceiptLog;
 use crate::registry::ToolSet;
 
-/// Serves the exec protocol until `input` ends.
+/// Serves the exec protocol until `input` ends. Returns why receipts stopped being written,
+/// when they did (the session then ran no call after it).
 pub async fn serve<R, W>(
     input: R,
     mut output: W,
     ctx: &ToolContext,
     tools: &ToolSet,
     receipts: Option<&ReceiptLog>,
-) -> std::io::Result<()>
+) -> std::io::Result<Option<String>>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut lines = input.lines();
+    let gate = ReceiptGate::new();
     while let Some(line) = lines.next_line().await? {
         if line.trim().is_empty() {
             continue;
         }
-        let answer = answer_line(&line, ctx, tools, receipts).await;
+        let answer = answer_line(&line, ctx, tools, receipts, &gate).await;
         // Results are redacted by the registry already; an answer that echoes a bad request
         // line is not, and this is where text leaves the process.
         let mut text = crate::secrets::redact_json(&answer.to_string()).into_owned();
@@ -40,7 +44,7 @@ where
         output.write_all(text.as_bytes()).await?;
         output.flush().await?;
     }
-    Ok(())
+    Ok(gate.failure())
 }
 
 async fn answer_line(
@@ -48,6 +52,7 @@ async fn answer_line(
     ctx: &ToolContext,
     tools: &ToolSet,
     receipts: Option<&ReceiptLog>,
+    gate: &ReceiptGate,
 ) -> Value {
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
@@ -73,11 +78,16 @@ async fn answer_line(
         Value::Null => None,
         other => Some(other.to_string()),
     };
+    if receipts.is_some()
+        && let Err(refused) = gate.admit()
+    {
+        return error_answer(id, refused);
+    }
     let outcome = tools.call(ctx, call_id.as_deref(), name, input).await;
     if let Some(log) = receipts
-        && let Err(e) = log.append(&outcome.receipt)
+        && let Some(unrecorded) = gate.keep(log, &outcome)
     {
-        tracing::error!("could not append receipt to {}: {e}", log.path().display());
+        return error_answer(id, unrecorded);
     }
     json!({"id": id, "is_error": outcome.is_error, "content": outcome.content})
 }

@@ -3,4 +3,5 @@
 
 pub mod exec;
 pub mod mcp;
+pub mod receipt_gate;
 pub mod replay;
