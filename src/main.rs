@@ -257,7 +257,10 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     if !args.json {
         println!();
         match taskdaemon::run::status::status_command(&report.run_dir, None, false) {
-            Ok(table) => print!("{}", secrets::redact(&table)),
+            Ok(status) => {
+                print_notes(&status.notes);
+                print!("{}", secrets::redact(&status.text));
+            }
             Err(e) => eprintln!(
                 "taskdaemon: cannot read the run summary: {}",
                 secrets::redact(&e)
@@ -281,6 +284,13 @@ fn receipts_exit(unrecorded: Option<String>) -> ExitCode {
             );
             ExitCode::from(1)
         }
+    }
+}
+
+/// Notes about a run record (a rebuilt summary, unreadable lines), one line each on stderr.
+fn print_notes(notes: &[String]) {
+    for note in notes {
+        eprintln!("taskdaemon: {}", secrets::redact(note));
     }
 }
 
@@ -362,8 +372,9 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         }
         Command::Run(args) => run_command(args).await,
         Command::Status { run, dir, json } => {
-            let text = taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?;
-            print!("{text}");
+            let status = taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?;
+            print_notes(&status.notes);
+            print!("{}", status.text);
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs {

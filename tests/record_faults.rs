@@ -1,15 +1,21 @@
-//! Records under faults, through the real binary: a disk that fills up under a `tool exec`
-//! or an `mcp` session (a small tmpfs holds their receipts).
+//! Run records under faults, through the real binary: a disk that fills up under a run, a
+//! `tool exec` or an `mcp` session (a small tmpfs holds their records), and what reaches the
+//! disk before a write is relied on (the system calls, seen with strace).
 //!
-//! A full disk must stop the work whose record cannot be written (fail closed) and say why
-//! and what to do. Tests that need a tmpfs mount say so and return where the machine cannot
-//! give them.
+//! A full disk must stop the work whose record cannot be written (fail closed), say why and
+//! what to do, and leave a record that `run --resume` finishes without running a completed
+//! loop again. Tests that need a tmpfs mount or strace say so and return where the machine
+//! cannot give them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+mod common;
+use common::init_repo;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
@@ -32,6 +38,17 @@ fn jsonl(path: &Path) -> Vec<Value> {
         .iter()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A small tmpfs, unmounted when dropped.
@@ -93,6 +110,135 @@ fn receipts_of(log: &Path, tool: &str) -> Vec<Value> {
         .into_iter()
         .filter(|r| r["tool"] == tool)
         .collect()
+}
+
+const CALLS_AFTER_FULL: usize = 20;
+
+/// A loop's script: a command that waits until the disk is full, then `CALLS_AFTER_FULL`
+/// commands that each append their number to `{f}/<name>-calls`, then `complete_task`.
+fn filling_script(name: &str) -> String {
+    let mut s = format!(
+        "{name}:\n  turns:\n    - calls:\n        - run_command: {{command: \"echo 0 >> {{f}}/{name}-calls; until [ -e {{f}}/full ]; do sleep 0.05; done\"}}\n"
+    );
+    for i in 1..=CALLS_AFTER_FULL {
+        s.push_str(&format!(
+            "    - calls:\n        - run_command: {{command: \"echo {i} >> {{f}}/{name}-calls\"}}\n"
+        ));
+    }
+    s.push_str(&format!(
+        "    - calls:\n        - complete_task: {{summary: \"{name} done\"}}\n"
+    ));
+    s
+}
+
+#[test]
+fn a_full_disk_stops_the_loops_before_their_next_call_and_resume_finishes_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let Some(disk) = Tmpfs::mount(&root.join("disk"), "16m") else {
+        return;
+    };
+    let flags = root.join("flags");
+    let repo = root.join("repo");
+    std::fs::create_dir_all(&flags).unwrap();
+    init_repo(&repo, &[("README.md", "sample\n")]);
+    let f = flags.display().to_string();
+    let loops = ["a", "b"];
+    let script: String = loops.iter().map(|n| filling_script(n)).collect();
+    std::fs::write(repo.join("script.yml"), script.replace("{f}", &f)).unwrap();
+    std::fs::write(
+        repo.join("taskdaemon.yml"),
+        format!(
+            "llm: {{provider: scripted, script: script.yml}}\nsandbox: {{writable: ['{f}']}}\nloops:\n  - {{name: a, type: ralph, task: \"Count.\"}}\n  - {{name: b, type: ralph, task: \"Count.\"}}\n"
+        ),
+    )
+    .unwrap();
+    let run_dir = disk.dir.join("run");
+    let run = |extra: &[&str]| {
+        let mut c = Command::new(bin());
+        c.args(["run", "-c"])
+            .arg(repo.join("taskdaemon.yml"))
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(extra);
+        c
+    };
+    let calls = |name: &str| lines(&flags.join(format!("{name}-calls")));
+
+    // 1. Both loops wait in their first call; then the disk fills up.
+    let child = run(&[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("both loops to wait", || {
+        loops.iter().all(|n| calls(n).len() == 1)
+    });
+    let run_id = serde_json::from_str::<Value>(
+        &std::fs::read_to_string(run_dir.join("summary.json")).unwrap(),
+    )
+    .unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fill = disk.fill();
+    std::fs::write(flags.join("full"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+
+    // 2. No loop made a call whose receipt could not be written and then went on: every call
+    //    that ran has its receipt, but for the one whose receipt failed.
+    for name in loops {
+        let ran = calls(name).len();
+        let recorded = receipts_of(
+            &run_dir.join(format!("loops/{name}/receipts.jsonl")),
+            "run_command",
+        )
+        .len();
+        assert!(
+            ran <= recorded + 1,
+            "loop {name} ran {ran} commands but the record holds {recorded} receipts; stderr: {stderr}"
+        );
+        assert!(ran < CALLS_AFTER_FULL + 1, "loop {name} went on to its end");
+    }
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("could not be written") && stderr.contains("--resume"),
+        "the run says why it stopped and what to do: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // 3. Space comes back; the run is resumed and finishes, every call made, no loop run
+    //    again after its completion.
+    std::fs::remove_file(&fill).unwrap();
+    let out = run(&["--resume", &run_id]).output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["status"], "completed", "{summary:#}");
+    let events = jsonl(&run_dir.join("events.jsonl"));
+    for name in loops {
+        assert_eq!(summary["loops"][name]["status"], "completed", "{summary:#}");
+        let completed = events
+            .iter()
+            .filter(|e| e["event"] == "loop_completed" && e["loop_name"] == name)
+            .count();
+        assert_eq!(completed, 1, "loop {name} completed once");
+        let ran = calls(name);
+        for i in 0..=CALLS_AFTER_FULL {
+            assert!(ran.contains(&i.to_string()), "call {i} of {name}: {ran:?}");
+        }
+        let recorded = receipts_of(
+            &run_dir.join(format!("loops/{name}/receipts.jsonl")),
+            "run_command",
+        )
+        .len();
+        assert!(
+            recorded >= ran.len() - 1,
+            "{name}: {recorded} receipts, {ran:?}"
+        );
+    }
 }
 
 /// A `tool exec` session driven a line at a time.
@@ -304,4 +450,135 @@ fn mcp_answers_an_error_and_runs_nothing_more_once_a_receipt_cannot_be_written()
         stderr.contains("receipt") && stderr.contains(&log.display().to_string()),
         "{stderr}"
     );
+}
+
+/// What `strace -y` saw a process do to its files: one line per call.
+fn traced(log: &Path) -> Vec<String> {
+    lines(log)
+}
+
+#[test]
+fn record_writes_reach_the_disk_before_they_are_relied_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let repo = root.join("repo");
+    init_repo(&repo, &[("README.md", "sample\n")]);
+    std::fs::write(
+        repo.join("script.yml"),
+        "solo:\n  turns:\n    - calls:\n        - complete_task: {summary: too early}\n    - calls:\n        - write_file: {path: a.txt, content: \"a\\n\"}\n    - calls:\n        - complete_task: {summary: done}\n",
+    )
+    .unwrap();
+    // Iteration 1 fails its validation (a progress note), iteration 2 passes.
+    std::fs::write(
+        repo.join("taskdaemon.yml"),
+        "llm: {provider: scripted, script: script.yml}\nloops:\n  - {name: solo, type: ralph, task: \"Write a.txt.\", validation: \"test -e a.txt\"}\n",
+    )
+    .unwrap();
+    let run_dir = root.join("run");
+    let trace = root.join("trace.txt");
+    let out = Command::new("strace")
+        .args(["-f", "-y", "-qq", "-s", "200", "-o"])
+        .arg(&trace)
+        .args([
+            "-e",
+            "trace=write,fsync,fdatasync,rename,renameat,renameat2",
+        ])
+        .arg(bin())
+        .args(["run", "-c"])
+        .arg(repo.join("taskdaemon.yml"))
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run strace: {e}");
+            return;
+        }
+    };
+    let calls = traced(&trace);
+    if !out.status.success() && calls.len() < 10 {
+        eprintln!(
+            "SKIPPED: strace cannot trace here: {}",
+            text(&out.stderr).trim()
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run = run_dir.display().to_string();
+    let summary = format!("{run}/summary.json");
+    let tmp_summary = format!("{run}/summary.json.tmp");
+    let is_sync = |l: &str, path: &str| {
+        (l.contains(" fsync(") || l.contains(" fdatasync(")) && l.contains(&format!("<{path}>"))
+    };
+    let is_write = |l: &str, path: &str| l.contains(" write(") && l.contains(&format!("<{path}>"));
+
+    // summary.json: written to a temporary file that is synced, renamed over it, and the
+    // directory synced, every time.
+    let renames: Vec<usize> = calls
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("rename") && l.contains(&tmp_summary) && l.contains("= 0"))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(renames.len() >= 3, "{renames:?}");
+    for &at in &renames {
+        let last_write = calls[..at]
+            .iter()
+            .rposition(|l| is_write(l, &tmp_summary))
+            .unwrap();
+        assert!(
+            calls[last_write..at]
+                .iter()
+                .any(|l| is_sync(l, &tmp_summary)),
+            "summary.json.tmp is synced before it is renamed: {:#?}",
+            &calls[last_write..=at]
+        );
+        let next_write = calls[at + 1..]
+            .iter()
+            .position(|l| is_write(l, &tmp_summary))
+            .map_or(calls.len(), |p| at + 1 + p);
+        assert!(
+            calls[at..next_write].iter().any(|l| is_sync(l, &run)),
+            "the run directory is synced after the rename: {:#?}",
+            &calls[at..next_write.min(at + 20)]
+        );
+    }
+    assert!(
+        !calls.iter().any(|l| is_write(l, &summary)),
+        "never written in place"
+    );
+
+    // The lines a resume goes on from are synced before the run goes on: the run's start,
+    // a failed iteration's progress note, the loop's end; and every receipt.
+    let events = format!("{run}/events.jsonl");
+    let receipts = format!("{run}/loops/solo/receipts.jsonl");
+    for marker in ["run_started", "progress_noted", "loop_completed"] {
+        let at = calls
+            .iter()
+            .position(|l| is_write(l, &events) && l.contains(marker))
+            .unwrap_or_else(|| panic!("no write of {marker} to events.jsonl"));
+        let next = calls[at + 1..]
+            .iter()
+            .position(|l| is_write(l, &events))
+            .map_or(calls.len(), |p| at + 1 + p);
+        assert!(
+            calls[at..next].iter().any(|l| is_sync(l, &events)),
+            "{marker} is synced before anything else is written to events.jsonl"
+        );
+    }
+    let receipt_writes: Vec<usize> = calls
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| is_write(l, &receipts))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(receipt_writes.len() >= 2, "{receipt_writes:?}");
+    for (k, &at) in receipt_writes.iter().enumerate() {
+        let next = receipt_writes.get(k + 1).copied().unwrap_or(calls.len());
+        assert!(
+            calls[at..next].iter().any(|l| is_sync(l, &receipts)),
+            "receipt {k} is synced"
+        );
+    }
 }
