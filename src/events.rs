@@ -13,6 +13,19 @@ use crate::context::lock;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
+    /// A new run began: what a summary needs that no later event says, so that
+    /// `summary.json` can be rebuilt from the events alone. The first event of a run.
+    RunStarted {
+        /// The run id.
+        run_id: String,
+        /// The config file the run came from.
+        config: Option<String>,
+        /// The loops the run was started with, in config order.
+        loops: Vec<PlannedLoop>,
+        /// How the run's commands are confined.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<crate::confine::SandboxReport>,
+    },
     /// A loop actor started.
     LoopStarted {
         /// Loop name.
@@ -39,6 +52,10 @@ pub enum EventKind {
         validation_exit: Option<i32>,
         /// Whether validation passed.
         validation_passed: Option<bool>,
+        /// The model calls the iteration made (its requests, answered or not): where a
+        /// resumed scripted run goes on in its script, once the iteration counts as finished.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model_calls: Option<u32>,
     },
     /// The loop completed.
     LoopCompleted {
@@ -177,6 +194,21 @@ pub enum EventKind {
     },
 }
 
+/// A loop a run was started with (see [`EventKind::RunStarted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedLoop {
+    /// Loop name.
+    pub name: String,
+    /// Loop type.
+    pub loop_type: String,
+}
+
+/// The largest event number a record may hold and be continued from: 2^53 − 1, the largest
+/// integer that every JSON reader (a JavaScript dashboard too) keeps exactly. A resumed run
+/// refuses a record with a larger one rather than number events past what readers can tell
+/// apart; from here, 2^64 − 2^53 events remain before the counter could wrap.
+pub const MAX_SEQ: u64 = (1 << 53) - 1;
+
 /// One recorded event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -250,19 +282,28 @@ impl EventLog {
     }
 
     /// A log whose next event gets number `last_seq + 1` (a resumed run continues its
-    /// numbering).
-    pub fn continuing_after(last_seq: u64) -> Self {
+    /// numbering); an error when `last_seq` is past [`MAX_SEQ`].
+    pub fn continuing_after(last_seq: u64) -> Result<Self, String> {
+        if last_seq > MAX_SEQ {
+            return Err(format!(
+                "event number {last_seq} is past the largest a run may reach ({MAX_SEQ})"
+            ));
+        }
         let log = Self::new();
         log.seq.store(last_seq, Ordering::SeqCst);
-        log
+        Ok(log)
     }
 
     /// Records an event.
     pub fn record(&self, kind: EventKind) {
         // Numbering and delivery happen under one lock so listeners see events in seq order.
         let listeners = lock(&self.listeners);
+        // Never wraps: a log starts at most at MAX_SEQ, and 2^64 − 2^53 events are out of
+        // reach; should the counter still run out, the last number repeats.
+        let seq = self.seq.load(Ordering::SeqCst).saturating_add(1);
+        self.seq.store(seq, Ordering::SeqCst);
         let event = Event {
-            seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
+            seq,
             time: timestamp_now(),
             kind,
         };
@@ -296,6 +337,29 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(3));
         let b = timestamp_now();
         assert!(b > a, "{a} then {b}");
+    }
+
+    #[test]
+    fn numbering_goes_on_after_a_resumed_log_and_refuses_what_cannot_go_on() {
+        let log = EventLog::continuing_after(MAX_SEQ - 1).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        log.subscribe(move |e| lock(&s).push(e.seq));
+        log.record(EventKind::LoopStopped {
+            loop_name: "a".into(),
+        });
+        assert_eq!(*lock(&seen), vec![MAX_SEQ]);
+        for past in [MAX_SEQ + 1, u64::MAX] {
+            let e = EventLog::continuing_after(past).unwrap_err();
+            assert!(e.contains(&past.to_string()), "{e}");
+        }
+        // The counter itself never wraps, whatever it holds.
+        let log = EventLog::new();
+        log.seq.store(u64::MAX, Ordering::SeqCst);
+        log.record(EventKind::LoopStopped {
+            loop_name: "a".into(),
+        });
+        assert_eq!(log.seq.load(Ordering::SeqCst), u64::MAX);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod lang;
 pub mod llm;
 pub mod process;
 pub mod receipts;
+pub mod record_io;
 pub mod registry;
 pub mod run;
 pub mod sandbox;

@@ -285,7 +285,10 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     if !args.json {
         println!();
         match taskdaemon::run::status::status_command(&report.run_dir, None, false) {
-            Ok(table) => print!("{}", secrets::redact(&table)),
+            Ok(status) => {
+                print_notes(&status.notes);
+                print!("{}", secrets::redact(&status.text));
+            }
             Err(e) => eprintln!(
                 "taskdaemon: cannot read the run summary: {}",
                 secrets::redact(&e)
@@ -294,6 +297,43 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
         println!("run record: {}", report.run_dir.display());
     }
     Ok(ExitCode::from(report.exit_code()))
+}
+
+/// How a `tool exec` or `mcp` session ends: 0, or 1 with the reason on stderr when a receipt
+/// could not be written (its call and every later one were answered as errors).
+/// The exit of a `tool exec`/`mcp` session: `unrecorded` says why receipts stopped being
+/// written (exit 1), `closed` whether its session receipt was written. When receipts failed
+/// already, a session receipt that fails too (the same full disk) is only reported.
+fn end_session(unrecorded: Option<String>, closed: Result<(), String>) -> Result<ExitCode, String> {
+    match closed {
+        Err(e) if unrecorded.is_none() => Err(e),
+        Err(e) => {
+            eprintln!("taskdaemon: {}", secrets::redact(&e));
+            Ok(receipts_exit(unrecorded))
+        }
+        Ok(()) => Ok(receipts_exit(unrecorded)),
+    }
+}
+
+fn receipts_exit(unrecorded: Option<String>) -> ExitCode {
+    match unrecorded {
+        None => ExitCode::SUCCESS,
+        Some(why) => {
+            eprintln!(
+                "taskdaemon: {}; that call was answered as an error and no later call ran. \
+                 Free space (or fix the disk), then start a new session.",
+                secrets::redact(&why)
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Notes about a run record (a rebuilt summary, unreadable lines), one line each on stderr.
+fn print_notes(notes: &[String]) {
+    for note in notes {
+        eprintln!("taskdaemon: {}", secrets::redact(note));
+    }
 }
 
 fn main() -> ExitCode {
@@ -382,14 +422,14 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             .await
             .map_err(|e| format!("exec stream failed: {e}"));
             // The session ended either way: what its log holds is sealed.
-            session.close()?;
-            served?;
-            Ok(ExitCode::SUCCESS)
+            let closed = session.close();
+            end_session(served?, closed)
         }
         Command::Run(args) => run_command(args).await,
         Command::Status { run, dir, json } => {
-            let text = taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?;
-            print!("{text}");
+            let status = taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?;
+            print_notes(&status.notes);
+            print!("{}", status.text);
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs {
@@ -427,11 +467,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             )
             .await
             .map_err(|e| format!("MCP server failed: {e}"));
-            if let Some(r) = &receipts {
-                r.close()?;
-            }
-            served?;
-            Ok(ExitCode::SUCCESS)
+            let closed = receipts.as_ref().map_or(Ok(()), |r| r.close());
+            end_session(served?, closed)
         }
         Command::Replay {
             command:

@@ -12,7 +12,7 @@ pub mod check;
 pub mod session;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -318,7 +318,10 @@ impl ReceiptLog {
     /// Appends one receipt as a single line, with every known secret redacted (receipts from
     /// `ToolSet::call` are redacted already; this is the last line of defence). In a chained
     /// log the receipt gets the next `seq` and its `chain` value, computed over exactly what
-    /// is written; the chain moves on only when the line was written.
+    /// is written; the chain moves on only when the line was written. The line is on the disk
+    /// (`fdatasync`) when this returns `Ok`: a receipt records a side effect that already
+    /// happened and cannot be derived again. When it fails (a full disk), nothing of the line
+    /// is left in the log, and the caller must not treat the call as recorded.
     pub fn append(&self, receipt: &Receipt) -> std::io::Result<()> {
         let mut value = serde_json::to_value(receipt).map_err(std::io::Error::other)?;
         crate::secrets::redact_value(&mut value);
@@ -341,8 +344,7 @@ impl ReceiptLog {
             };
             let mut bytes = line.into_bytes();
             bytes.push(b'\n');
-            state.file.write_all(&bytes)?;
-            state.file.flush()?;
+            crate::record_io::append(&mut state.file, &bytes, true)?;
             let mut written = receipt.clone();
             written.seq = seq;
             written.chain = link;
@@ -447,6 +449,7 @@ pub fn read_log(path: &Path) -> std::io::Result<ReceiptRead> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::io::Write;
 
     #[test]
     fn canonical_json_ignores_key_order() {

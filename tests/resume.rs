@@ -2,12 +2,18 @@
 //! iteration, the events log gets a torn last line, and `run --resume` finishes the run:
 //! the completed loop is not run again, the other goes on at its next iteration with its
 //! progress notes, and what was delivered to it but never shown is shown exactly once.
+//!
+//! And what a record can look like after a crash or a full disk: a missing or cut-off
+//! `summary.json` (rebuilt by `status` and `--resume`), a summary that lags behind the events
+//! (a completed loop still runs no second time), a model reply whose command was running at
+//! the kill (asked for again, its command run), and numbers no run can go on from (refused
+//! with file, line and field, never a panic or a wrap).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 mod common;
 use common::init_repo;
@@ -204,4 +210,420 @@ loops:
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(sorted.len(), seqs.len(), "no event number is used twice");
+}
+
+/// A two-loop project whose run the tests kill: `first` completes at once; `second` runs a
+/// command that waits on a flag file, so the run can be killed while it is in the middle of
+/// its first iteration.
+struct Project {
+    _tmp: tempfile::TempDir,
+    flags: PathBuf,
+    config: PathBuf,
+    run_dir: PathBuf,
+}
+
+impl Project {
+    fn new(script: &str, loops: &str) -> Project {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let flags = root.join("flags");
+        let repo = root.join("repo");
+        std::fs::create_dir_all(&flags).unwrap();
+        init_repo(&repo, &[("README.md", "sample\n")]);
+        let f = flags.display().to_string();
+        std::fs::write(repo.join("script.yml"), script.replace("{f}", &f)).unwrap();
+        std::fs::write(
+            repo.join("taskdaemon.yml"),
+            format!(
+                "llm: {{provider: scripted, script: script.yml}}\nsandbox: {{writable: ['{f}']}}\nloops:\n{loops}"
+            ),
+        )
+        .unwrap();
+        Project {
+            _tmp: tmp,
+            flags,
+            config: repo.join("taskdaemon.yml"),
+            run_dir: root.join("run"),
+        }
+    }
+
+    /// The usual pair: `first` completes, `second` waits on `{flags}/release` in iteration 1.
+    fn pair() -> Project {
+        Project::new(
+            r#"
+first:
+  turns:
+    - calls:
+        - write_file: {path: first.txt, content: "first\n"}
+    - calls:
+        - complete_task: {summary: "first done"}
+second:
+  turns:
+    - calls:
+        - run_command: {command: "touch {f}/second-waiting; until [ -e {f}/release ]; do sleep 0.05; done"}
+    - calls:
+        - complete_task: {summary: "second done"}
+"#,
+            "  - {name: first, type: ralph, task: \"Write first.txt.\"}\n  - {name: second, type: ralph, task: \"Wait.\"}\n",
+        )
+    }
+
+    fn command(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.args(["run", "-c"])
+            .arg(&self.config)
+            .arg("--run-dir")
+            .arg(&self.run_dir)
+            .args(extra);
+        c
+    }
+
+    fn start(&self) -> std::process::Child {
+        self.command(&[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    fn resume(&self, run_id: &str) -> std::process::Output {
+        self.command(&["--resume", run_id]).output().unwrap()
+    }
+
+    fn flag(&self, name: &str) -> PathBuf {
+        self.flags.join(name)
+    }
+
+    fn events(&self) -> Vec<Value> {
+        lines(&self.run_dir.join("events.jsonl"))
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// How many `event` events name `loop_name`.
+    fn count(&self, event: &str, loop_name: &str) -> usize {
+        self.events()
+            .iter()
+            .filter(|e| e["event"] == event && e["loop_name"] == loop_name)
+            .count()
+    }
+
+    /// Starts the pair and kills it (SIGKILL) once `first` completed and `second` waits;
+    /// returns the run id.
+    fn killed_pair_run(&self) -> String {
+        let mut child = self.start();
+        wait_until("first to complete and second to wait", || {
+            summary(&self.run_dir)["loops"]["first"]["status"] == "completed"
+                && self.flag("second-waiting").exists()
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The killed run's command would wait forever; let it go.
+        std::fs::write(self.flag("release"), "").unwrap();
+        summary(&self.run_dir)["run_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn status(&self, dir: &Path) -> std::process::Output {
+        Command::new(bin())
+            .args(["status", "--dir"])
+            .arg(dir)
+            .output()
+            .unwrap()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_missing_or_damaged_summary_is_rebuilt_by_status_and_resume() {
+    let p = Project::pair();
+    let run_id = p.killed_pair_run();
+    let summary_path = p.run_dir.join("summary.json");
+    let original = summary(&p.run_dir);
+
+    // Missing: `status` (of the run directory, and of the directory holding runs) rebuilds it
+    // from events.jsonl and says so.
+    std::fs::remove_file(&summary_path).unwrap();
+    for dir in [p.run_dir.clone(), p.run_dir.parent().unwrap().to_path_buf()] {
+        let out = p.status(&dir);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        assert!(stderr.contains("rebuilt from events.jsonl"), "{stderr}");
+        assert!(stdout.contains(&format!("run {run_id}")), "{stdout}");
+        let first = stdout.lines().find(|l| l.starts_with("first ")).unwrap();
+        assert!(first.contains("completed"), "{stdout}");
+        let second = stdout.lines().find(|l| l.starts_with("second ")).unwrap();
+        assert!(second.contains("running"), "{stdout}");
+    }
+    // `status --json` gives the rebuilt summary with what the events and transcripts hold.
+    let out = Command::new(bin())
+        .args(["status", "--json", "--dir"])
+        .arg(&p.run_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rebuilt: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rebuilt["run_id"], original["run_id"]);
+    assert_eq!(rebuilt["config"], original["config"]);
+    assert_eq!(rebuilt["started_at"], original["started_at"]);
+    for key in [
+        "status",
+        "iterations",
+        "summary",
+        "usage",
+        "validation",
+        "started_at",
+        "tools",
+    ] {
+        assert_eq!(
+            rebuilt["loops"]["first"][key], original["loops"]["first"][key],
+            "first.{key}"
+        );
+    }
+    assert!(
+        rebuilt["loops"]["first"]["tools"]
+            .as_object()
+            .is_some_and(|t| !t.is_empty()),
+        "the per-tool counts come back from the receipts: {rebuilt}"
+    );
+    assert_eq!(rebuilt["loops"]["second"]["status"], "running");
+    assert!(!summary_path.exists(), "status only reads the record");
+
+    // Cut off in the middle, as a full disk or a power loss leaves it: `run --resume`
+    // rebuilds it too, says so, writes it back whole, and finishes the run.
+    let mut cut = serde_json::to_string_pretty(&original).unwrap();
+    cut.truncate(cut.len() / 2);
+    std::fs::write(&summary_path, &cut).unwrap();
+    let out = p.status(&p.run_dir);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rebuilt from events.jsonl"));
+    let first_transcript = lines(&p.run_dir.join("loops/first/transcript.jsonl"));
+    let out = p.resume(&run_id);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("rebuilt from events.jsonl"), "{stderr}");
+    let s = summary(&p.run_dir);
+    assert_eq!(s["run_id"], run_id.as_str());
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["loops"]["first"]["status"], "completed");
+    assert_eq!(s["loops"]["second"]["status"], "completed");
+    assert_eq!(
+        lines(&p.run_dir.join("loops/first/transcript.jsonl")),
+        first_transcript,
+        "the completed loop did not run again"
+    );
+    assert_eq!(p.count("loop_completed", "first"), 1);
+    assert_eq!(p.count("loop_completed", "second"), 1);
+}
+
+#[test]
+fn a_loop_the_events_record_as_completed_is_not_run_again_whatever_the_summary_says() {
+    // After a full disk, `loop_completed` made it into events.jsonl but the summary could not
+    // be rewritten: it still says `running`.
+    let p = Project::pair();
+    let run_id = p.killed_pair_run();
+    let mut stale = summary(&p.run_dir);
+    stale["loops"]["first"]["status"] = json!("running");
+    stale["loops"]["first"]["ended_at"] = Value::Null;
+    std::fs::write(
+        p.run_dir.join("summary.json"),
+        serde_json::to_string_pretty(&stale).unwrap(),
+    )
+    .unwrap();
+    // And the crash came between the iteration's end (validation passed) and the
+    // `loop_completed` line: only the former is there.
+    let events_path = p.run_dir.join("events.jsonl");
+    let kept: Vec<String> = lines(&events_path)
+        .into_iter()
+        .filter(|l| !(l.contains("\"loop_completed\"") && l.contains("\"first\"")))
+        .collect();
+    std::fs::write(&events_path, kept.join("\n") + "\n").unwrap();
+    assert_eq!(p.count("loop_completed", "first"), 0);
+
+    let first_transcript = lines(&p.run_dir.join("loops/first/transcript.jsonl"));
+    let out = p.resume(&run_id);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        lines(&p.run_dir.join("loops/first/transcript.jsonl")),
+        first_transcript,
+        "the completed loop did not run again"
+    );
+    assert_eq!(p.count("loop_started", "first"), 1);
+    assert_eq!(p.count("loop_completed", "first"), 0);
+    let s = summary(&p.run_dir);
+    assert_eq!(s["loops"]["first"]["status"], "completed", "{s}");
+    assert_eq!(s["loops"]["second"]["status"], "completed", "{s}");
+    assert_eq!(s["status"], "completed", "{s}");
+}
+
+#[test]
+fn a_reply_in_flight_at_sigkill_is_requested_again_on_resume() {
+    // The reply's command is running when the process is killed: its result never reached
+    // the model, so on resume the iteration runs again from its start and asks for the same
+    // reply, whose command then runs to its end.
+    let p = Project::new(
+        r#"
+solo:
+  turns:
+    - calls:
+        - run_command: {command: "echo started >> {f}/starts; until [ -e {f}/go ]; do sleep 0.05; done; echo made > result.txt"}
+    - calls:
+        - complete_task: {summary: "result made"}
+"#,
+        "  - name: solo\n    type: ralph\n    task: \"Make result.txt.\"\n    validation: \"test -e result.txt || { echo 'result.txt is missing'; exit 1; }\"\n",
+    );
+    let starts = || lines(&p.flag("starts")).len();
+    let mut child = p.start();
+    wait_until("the reply's command to start", || starts() == 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run_id = summary(&p.run_dir)["run_id"].as_str().unwrap().to_string();
+
+    let mut resumed = p
+        .command(&["--resume", &run_id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let exited = loop {
+        if starts() >= 2 {
+            break None;
+        }
+        if let Some(status) = resumed.try_wait().unwrap() {
+            break Some(status);
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Whatever happened, let every copy of the command finish.
+    std::fs::write(p.flag("go"), "").unwrap();
+    let out = resumed.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        exited.is_none(),
+        "the resumed run ended ({exited:?}) without running the reply's command again; \
+         stderr: {stderr}\nsummary: {}",
+        summary(&p.run_dir)
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let s = summary(&p.run_dir);
+    assert_eq!(s["loops"]["solo"]["status"], "completed", "{s}");
+    assert_eq!(s["loops"]["solo"]["iterations"], 1, "{s}");
+    assert_eq!(
+        s["loops"]["solo"]["validation"],
+        json!({"exit_code": 0, "passed": true})
+    );
+    assert_eq!(p.count("loop_completed", "solo"), 1);
+    // The same reply was given twice (before the kill, and again on resume), and the calls of
+    // the second were all run.
+    let transcript: Vec<Value> = lines(&p.run_dir.join("loops/solo/transcript.jsonl"))
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let replies: Vec<&Value> = transcript
+        .iter()
+        .filter(|e| e["entry"] == "response")
+        .collect();
+    let first_call = |e: &Value| e["response"]["tool_calls"][0]["id"].clone();
+    assert_eq!(first_call(replies[0]), json!("solo-1-1"));
+    assert_eq!(first_call(replies[1]), json!("solo-1-1"), "{replies:#?}");
+    let ran: Vec<&Value> = transcript
+        .iter()
+        .filter(|e| e["entry"] == "tool_result" && e["name"] == "run_command")
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    assert_eq!(ran[0]["is_error"], false, "{:#?}", ran[0]);
+}
+
+/// Appends `line` to the run's events.jsonl and returns its line number.
+fn append_event(run_dir: &Path, line: &str) -> usize {
+    use std::io::Write;
+    let path = run_dir.join("events.jsonl");
+    let number = lines(&path).len() + 1;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+    number
+}
+
+#[test]
+fn numbers_a_record_cannot_go_on_from_are_refused_with_file_line_and_field() {
+    let p = Project::pair();
+    let run_id = p.killed_pair_run();
+    let events_path = p.run_dir.join("events.jsonl");
+    let clean = std::fs::read(&events_path).unwrap();
+    let time = "2026-01-01T00:00:00.000Z";
+    let cases = [
+        (
+            format!(
+                r#"{{"seq":{},"time":"{time}","event":"loop_stopped","loop_name":"second"}}"#,
+                u64::MAX
+            ),
+            "seq",
+        ),
+        (
+            format!(
+                r#"{{"seq":90,"time":"{time}","event":"progress_noted","loop_name":"second","iteration":{},"note":"validation failed"}}"#,
+                u32::MAX
+            ),
+            "iteration",
+        ),
+        (
+            format!(
+                r#"{{"seq":91,"time":"{time}","event":"inbox_shown","loop_name":"second","items":{}}}"#,
+                u64::MAX
+            ),
+            "items",
+        ),
+    ];
+    for (line, field) in &cases {
+        std::fs::write(&events_path, &clean).unwrap();
+        let mut number = append_event(&p.run_dir, line);
+        if *field == "items" {
+            // One such count is possible; two do not add up.
+            number = append_event(&p.run_dir, &line.replace("\"seq\":91", "\"seq\":92"));
+        }
+        let before = std::fs::read(&events_path).unwrap();
+        let out = p.resume(&run_id);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{field}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            stderr.contains(&format!("events.jsonl line {number}"))
+                && stderr.contains(&format!("`{field}`")),
+            "the message names the file, the line and the field: {stderr}"
+        );
+        assert_eq!(
+            std::fs::read(&events_path).unwrap(),
+            before,
+            "a refused record is left as it was"
+        );
+        // `status` shows such a record without panicking, also when it must rebuild it.
+        let out = p.status(&p.run_dir);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let kept = std::fs::read(p.run_dir.join("summary.json")).unwrap();
+        std::fs::remove_file(p.run_dir.join("summary.json")).unwrap();
+        let out = p.status(&p.run_dir);
+        assert!(
+            !text(&out.stderr).contains("panicked"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        std::fs::write(p.run_dir.join("summary.json"), kept).unwrap();
+    }
+    // With the record as it was, the run goes on.
+    std::fs::write(&events_path, &clean).unwrap();
+    let out = p.resume(&run_id);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }

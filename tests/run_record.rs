@@ -129,7 +129,11 @@ fn events_are_appended_and_keep_the_summary_in_step() {
         ended_by: "end_turn".into(),
         validation_exit: Some(1),
         validation_passed: Some(false),
+        model_calls: Some(1),
     });
+    // summary.json follows the summary in memory from a writer thread: flush waits for it.
+    assert_eq!(record.summary().loops["api"].iterations, 1);
+    record.flush().unwrap();
     let mid = read_summary(tmp.path()).unwrap();
     assert_eq!(mid.loops["api"].status, LoopStatus::Running);
     assert_eq!(mid.loops["api"].iterations, 1);
@@ -146,6 +150,7 @@ fn events_are_appended_and_keep_the_summary_in_step() {
         ended_by: "complete_task".into(),
         validation_exit: Some(0),
         validation_passed: Some(true),
+        model_calls: Some(1),
     });
     log.record(EventKind::LoopCompleted {
         loop_name: api(),
@@ -182,6 +187,7 @@ fn events_are_appended_and_keep_the_summary_in_step() {
         matches!(&events.items[2].kind, EventKind::QueryAsked { id: 7, question, .. } if question == "Which port?")
     );
 
+    record.flush().unwrap();
     let summary = read_summary(tmp.path()).unwrap();
     assert_eq!(summary, record.summary());
     let api = &summary.loops["api"];
@@ -260,6 +266,7 @@ fn transcripts_are_kept_per_loop_and_count_token_usage() {
         read_transcript(tmp.path(), "new-loop").unwrap().items.len(),
         1
     );
+    record.flush().unwrap();
     let summary = read_summary(tmp.path()).unwrap();
     assert_eq!(
         summary.loops["api"].usage,
@@ -318,6 +325,7 @@ fn summary_updates_replace_the_file_whole() {
             s.name = "renamed".into(); // ignored: the key is the name
         })
         .unwrap();
+    record.flush().unwrap();
     let s = read_summary(tmp.path()).unwrap();
     let api = &s.loops["api"];
     assert_eq!(api.name, "api");
@@ -344,6 +352,7 @@ fn summary_updates_replace_the_file_whole() {
             }
         });
     });
+    record.flush().unwrap();
     let s = read_summary(tmp.path()).unwrap();
     for t in 0..4 {
         assert_eq!(s.loops[&format!("loop{t}")].iterations, 100);
@@ -501,6 +510,7 @@ fn a_torn_last_line_is_reported_by_every_reader_and_closed_on_resume() {
     assert!(events.bad_lines[0].1.starts_with("invalid line"));
     assert_eq!(read_transcript(dir, "api").unwrap().items.len(), 2);
     assert_eq!(read_receipts(dir, "api").unwrap().items.len(), 2);
+    record.flush().unwrap();
     assert_eq!(
         read_summary(dir).unwrap().loops["api"].status,
         LoopStatus::Stopped
@@ -582,19 +592,21 @@ fn fixed_run(project: &Path, id: &str) -> std::path::PathBuf {
 fn status_shows_a_table_of_the_loops() {
     let tmp = tempfile::tempdir().unwrap();
     fixed_run(tmp.path(), "20250101-120000-ab12");
-    let text = status_command(&runs_root(tmp.path()), None, false).unwrap();
+    let status = status_command(&runs_root(tmp.path()), None, false).unwrap();
+    assert!(status.notes.is_empty(), "{:?}", status.notes);
+    let text = status.text;
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
         insta::assert_snapshot!("run_status", text);
     });
     // The project directory works as well as its runs root.
-    assert_eq!(status_command(tmp.path(), None, false).unwrap(), text);
+    assert_eq!(status_command(tmp.path(), None, false).unwrap().text, text);
 }
 
 #[test]
 fn status_json_is_the_summary() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = fixed_run(tmp.path(), "20250101-120000-ab12");
-    let text = status_command(&dir, None, true).unwrap();
+    let text = status_command(&dir, None, true).unwrap().text;
     let parsed: RunSummary = serde_json::from_str(&text).unwrap();
     assert_eq!(parsed, read_summary(&dir).unwrap());
 }
@@ -647,7 +659,7 @@ fn the_newest_run_is_the_default_and_others_are_chosen_by_id() {
     let newest = root.join("20250102-000000-0000");
     assert_eq!(resolve_run_dir(&root, None).unwrap(), newest);
     assert_eq!(resolve_run_dir(tmp.path(), None).unwrap(), newest);
-    let first = status_command(&root, None, false).unwrap();
+    let first = status_command(&root, None, false).unwrap().text;
     assert!(
         first.starts_with("run 20250102-000000-0000  running"),
         "{first}"

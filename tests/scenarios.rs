@@ -972,7 +972,13 @@ b:
         "the query waited for its timeout"
     );
     assert!(completed(&ends, "a"), "{ends:?}");
-    assert_eq!(ends["b"], LoopEnd::Stopped { iterations: 1 });
+    assert_eq!(
+        ends["b"],
+        LoopEnd::Stopped {
+            iterations: 1,
+            reason: None
+        }
+    );
     let r = tool_results(&run, "a", "query_loop");
     assert!(r[0].0 && r[0].1.contains("stopped"), "{r:?}");
     assert!(!run.path("b/never.txt").exists());

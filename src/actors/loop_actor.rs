@@ -171,7 +171,10 @@ impl Actor for LoopActor {
                 && gate.wait_for(|open| *open).await.is_err()
             {
                 // The run went away before opening the gate.
-                let _ = myself.cast(LoopMsg::EngineDone(LoopEnd::Stopped { iterations: 0 }));
+                let _ = myself.cast(LoopMsg::EngineDone(LoopEnd::Stopped {
+                    iterations: 0,
+                    reason: None,
+                }));
                 return;
             }
             let end = engine.run().await;
@@ -245,7 +248,10 @@ impl Actor for LoopActor {
         // Dropping the handle aborts the engine if it is still running. (Answers in progress
         // are aborted by the coordinator when it sees this actor end.)
         if state.engine.take().is_some() && state.end.is_none() {
-            let end = LoopEnd::Stopped { iterations: 0 };
+            let end = LoopEnd::Stopped {
+                iterations: 0,
+                reason: None,
+            };
             finish(state, &end);
             state.end = Some(end);
         }

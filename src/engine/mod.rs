@@ -10,6 +10,7 @@
 //! calls that write run in order; a stop takes effect after the call in flight.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -50,10 +51,14 @@ pub enum LoopEnd {
         /// Why.
         reason: String,
     },
-    /// Stopped on request.
+    /// Stopped on request, or because its record could not be written.
     Stopped {
         /// Iterations used.
         iterations: u32,
+        /// Why, when the loop stopped itself (its record could not be written); `None` when
+        /// it was asked to stop.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
 }
 
@@ -216,6 +221,8 @@ enum TurnsEnded {
     Timeout,
     Stopped,
     ModelError(String),
+    /// The run record (or a receipt) could not be written: nothing more may run.
+    RecordUnwritable(String),
 }
 
 impl TurnsEnded {
@@ -227,6 +234,7 @@ impl TurnsEnded {
             TurnsEnded::Timeout => "iteration_timeout",
             TurnsEnded::Stopped => "stopped",
             TurnsEnded::ModelError(_) => "model_error",
+            TurnsEnded::RecordUnwritable(_) => "record_unwritable",
         }
     }
 }
@@ -234,6 +242,24 @@ impl TurnsEnded {
 impl Engine {
     fn stopped(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    /// Why the loop's record can no longer be written, once it cannot.
+    fn record_failure(&self) -> Option<String> {
+        self.transcript.unwritable()
+    }
+
+    /// How a loop ends whose record could not be written (`why`): stopped, so that a
+    /// resumed run goes on with it, with what to do.
+    fn halt(&self, iterations: u32, why: &str) -> LoopEnd {
+        LoopEnd::Stopped {
+            iterations,
+            reason: Some(format!(
+                "the run record could not be written ({why}); the loop stopped before its \
+                 next model or tool call. Free space (or fix the disk), then continue the run \
+                 with `taskdaemon run --resume`"
+            )),
+        }
     }
 
     /// Runs iterations until the loop completes, fails or is stopped.
@@ -253,35 +279,58 @@ impl Engine {
             if self.stopped() {
                 return LoopEnd::Stopped {
                     iterations: iteration - 1,
+                    reason: None,
                 };
+            }
+            if let Some(why) = self.record_failure() {
+                return self.halt(iteration - 1, &why);
             }
             self.events.record(EventKind::IterationStarted {
                 loop_name: self.config.name.clone(),
                 iteration,
             });
+            // Counted outside the iteration's future, which a timeout drops.
+            let calls = AtomicU32::new(0);
             let (ended, completion) = match self.config.iteration_timeout {
-                Some(limit) => tokio::time::timeout(limit, self.iterate(iteration))
+                Some(limit) => tokio::time::timeout(limit, self.iterate(iteration, &calls))
                     .await
                     .unwrap_or((TurnsEnded::Timeout, self.ctx.take_completion())),
-                None => self.iterate(iteration).await,
+                None => self.iterate(iteration, &calls).await,
             };
+            let calls = calls.load(Ordering::Relaxed);
             if ended == TurnsEnded::Stopped {
-                self.record_iteration_end(iteration, &ended, None, None);
+                self.record_iteration_end(iteration, &ended, calls, None, None);
                 return LoopEnd::Stopped {
                     iterations: iteration,
+                    reason: None,
                 };
             }
+            // No validation command runs unrecorded either.
+            let unwritable = match &ended {
+                TurnsEnded::RecordUnwritable(why) => Some(why.clone()),
+                _ => self.record_failure(),
+            };
+            if let Some(why) = unwritable {
+                self.record_iteration_end(
+                    iteration,
+                    &TurnsEnded::RecordUnwritable(why.clone()),
+                    calls,
+                    None,
+                    None,
+                );
+                return self.halt(iteration, &why);
+            }
             if let TurnsEnded::ModelError(e) = &ended {
-                self.record_iteration_end(iteration, &ended, None, None);
+                self.record_iteration_end(iteration, &ended, calls, None, None);
                 return LoopEnd::Failed {
                     iterations: iteration,
                     reason: format!("the model call failed: {e}"),
                 };
             }
-            let (passed, exit, output) = self
+            let (passed, exit, output, unrecorded) = self
                 .validate(iteration, &validation_tools, completion.is_some())
                 .await;
-            self.record_iteration_end(iteration, &ended, exit, Some(passed));
+            self.record_iteration_end(iteration, &ended, calls, exit, Some(passed));
             if passed {
                 return LoopEnd::Completed {
                     iterations: iteration,
@@ -308,6 +357,9 @@ impl Engine {
                 note: note.clone(),
             });
             self.progress.push(note);
+            if let Some(why) = unrecorded {
+                return self.halt(iteration, &why);
+            }
         }
         LoopEnd::Failed {
             iterations: self.config.max_iterations,
@@ -322,6 +374,7 @@ impl Engine {
         &self,
         iteration: u32,
         ended: &TurnsEnded,
+        model_calls: u32,
         exit: Option<i32>,
         passed: Option<bool>,
     ) {
@@ -331,19 +384,20 @@ impl Engine {
             ended_by: ended.label().to_string(),
             validation_exit: exit,
             validation_passed: passed,
+            model_calls: Some(model_calls),
         });
     }
 
     /// Runs the validation command (in the heavy lane); without one, passing means the
-    /// model called `complete_task`.
+    /// model called `complete_task`. Last: why its receipt could not be written, if so.
     async fn validate(
         &self,
         iteration: u32,
         validation_tools: &Arc<ToolSet>,
         completed: bool,
-    ) -> (bool, Option<i32>, String) {
+    ) -> (bool, Option<i32>, String, Option<String>) {
         if self.ctx.commands().validate.is_none() {
-            return (completed, None, String::new());
+            return (completed, None, String::new(), None);
         }
         let outcome = self
             .runner
@@ -355,7 +409,7 @@ impl Engine {
                 json!({}),
             )
             .await;
-        self.keep_receipt(&outcome);
+        let unrecorded = self.keep_receipt(&outcome);
         let exit = outcome.receipt.side_effects.iter().find_map(|e| match e {
             SideEffect::CommandRun { exit_code, .. } => *exit_code,
             _ => None,
@@ -371,15 +425,22 @@ impl Engine {
                 output: output.clone(),
             },
         );
-        (passed, exit, output)
+        (passed, exit, output, unrecorded)
     }
 
-    fn keep_receipt(&self, outcome: &CallOutcome) {
-        if let Some(log) = &self.receipts
-            && let Err(e) = log.append(&outcome.receipt)
-        {
-            tracing::error!("loop {}: cannot append receipt: {e}", self.config.name);
-        }
+    /// Appends the call's receipt; when it cannot be written, says why (and tells the
+    /// record, so that every loop of the run stops before its next call).
+    fn keep_receipt(&self, outcome: &CallOutcome) -> Option<String> {
+        let log = self.receipts.as_ref()?;
+        let e = log.append(&outcome.receipt).err()?;
+        let why = format!(
+            "cannot append a receipt of loop `{}` to {}: {e}",
+            self.config.name,
+            log.path().display()
+        );
+        // The record logs it (it says which run), and every loop stops at its next call.
+        self.transcript.write_failed(why.clone());
+        Some(why)
     }
 
     fn render(&self, template: &str, iteration: u32) -> Result<String, String> {
@@ -400,8 +461,9 @@ impl Engine {
         )
     }
 
-    /// One iteration's model turns. Returns why they ended and the completion summary.
-    async fn iterate(&self, iteration: u32) -> (TurnsEnded, Option<String>) {
+    /// One iteration's model turns. Returns why they ended and the completion summary;
+    /// counts its model calls in `calls` (each as it is made).
+    async fn iterate(&self, iteration: u32, calls: &AtomicU32) -> (TurnsEnded, Option<String>) {
         let system = match self.render(&self.config.system_template, iteration) {
             Ok(s) => s,
             Err(e) => return (TurnsEnded::ModelError(e), None),
@@ -430,6 +492,12 @@ impl Engine {
             if self.stopped() {
                 return (TurnsEnded::Stopped, self.ctx.take_completion());
             }
+            if let Some(why) = self.record_failure() {
+                return (
+                    TurnsEnded::RecordUnwritable(why),
+                    self.ctx.take_completion(),
+                );
+            }
             self.attach_notices(&mut request.messages);
             self.transcript.record(
                 &self.config.name,
@@ -442,6 +510,7 @@ impl Engine {
             );
             sent = request.messages.len();
             let mut stop = self.stop.clone();
+            calls.fetch_add(1, Ordering::Relaxed);
             let response = tokio::select! {
                 r = self.llm.complete(&request) => r,
                 _ = stop.wait_for(|s| *s) => return (TurnsEnded::Stopped, self.ctx.take_completion()),
@@ -471,11 +540,17 @@ impl Engine {
             if response.tool_calls.is_empty() {
                 return (TurnsEnded::EndTurn, self.ctx.take_completion());
             }
-            let (results, stopped) = self.run_calls(iteration, turn, &response).await;
+            let (results, stopped, unrecorded) = self.run_calls(iteration, turn, &response).await;
             request.messages.push(Message {
                 role: Role::User,
                 content: results,
             });
+            if let Some(why) = unrecorded {
+                return (
+                    TurnsEnded::RecordUnwritable(why),
+                    self.ctx.take_completion(),
+                );
+            }
             if let Some(summary) = self.ctx.take_completion() {
                 return (TurnsEnded::CompleteTask, Some(summary));
             }
@@ -524,20 +599,27 @@ impl Engine {
     }
 
     /// Runs the calls of one response: consecutive read-only calls concurrently, others in
-    /// order; stops after the call in flight when a stop arrives, and after complete_task.
+    /// order; stops after the call in flight when a stop arrives, and after complete_task;
+    /// runs nothing more once the record cannot be written. Returns the results, whether a
+    /// stop came, and why the record could not be written, if so.
     async fn run_calls(
         &self,
         iteration: u32,
         turn: u32,
         response: &LlmResponse,
-    ) -> (Vec<Block>, bool) {
+    ) -> (Vec<Block>, bool, Option<String>) {
         let calls = &response.tool_calls;
         let mut results: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut stopped = false;
+        let mut unrecorded: Option<String> = None;
         let mut i = 0;
         while i < calls.len() {
             if self.stopped() {
                 stopped = true;
+                break;
+            }
+            if let Some(why) = unrecorded.clone().or_else(|| self.record_failure()) {
+                unrecorded = Some(why);
                 break;
             }
             let mut j = i + 1;
@@ -548,8 +630,11 @@ impl Engine {
             }
             let batch = calls[i..j].iter().map(|c| self.run_one(c));
             let outcomes = futures::future::join_all(batch).await;
-            for (k, outcome) in outcomes.into_iter().enumerate() {
+            for (k, (outcome, failed)) in outcomes.into_iter().enumerate() {
                 results[i + k] = Some(outcome);
+                if unrecorded.is_none() {
+                    unrecorded = failed;
+                }
             }
             let completed = calls[i..j].iter().any(|c| c.name == "complete_task");
             i = j;
@@ -559,13 +644,17 @@ impl Engine {
         }
         let mut blocks = Vec::with_capacity(calls.len());
         for (call, outcome) in calls.iter().zip(results) {
-            let (content, is_error) = match outcome {
-                Some(o) => (o.content, o.is_error),
-                None if stopped => (
+            let (content, is_error) = match (outcome, &unrecorded) {
+                (Some(o), _) => (o.content, o.is_error),
+                (None, Some(why)) => (
+                    format!("not run: the run record could not be written ({why})"),
+                    true,
+                ),
+                (None, None) if stopped => (
                     "not run: the loop was stopped before this call".to_string(),
                     true,
                 ),
-                None => (
+                (None, None) => (
                     "not run: complete_task ended the iteration before this call".to_string(),
                     true,
                 ),
@@ -587,7 +676,7 @@ impl Engine {
                 is_error,
             });
         }
-        (blocks, stopped)
+        (blocks, stopped, unrecorded)
     }
 
     fn concurrent_ok(&self, name: &str) -> bool {
@@ -595,7 +684,9 @@ impl Engine {
             && self.ctx.spec(name).lane != Lane::Coordinator
     }
 
-    async fn run_one(&self, call: &crate::llm::ToolCall) -> CallOutcome {
+    /// Runs one call and keeps its receipt; the second value says why the receipt could
+    /// not be written, if so.
+    async fn run_one(&self, call: &crate::llm::ToolCall) -> (CallOutcome, Option<String>) {
         let outcome = if self.ctx.spec(&call.name).lane == Lane::Coordinator
             || self.tools.get(&call.name).is_none()
         {
@@ -621,8 +712,8 @@ impl Engine {
                 )
                 .await
         };
-        self.keep_receipt(&outcome);
-        outcome
+        let unrecorded = self.keep_receipt(&outcome);
+        (outcome, unrecorded)
     }
 }
 

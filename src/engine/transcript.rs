@@ -75,10 +75,22 @@ pub enum TranscriptEntry {
     },
 }
 
-/// Where transcripts go.
+/// Where transcripts go: for a loop's engine, the record of its run.
 pub trait TranscriptSink: Send + Sync {
     /// Records one entry of `loop_name`'s transcript.
     fn record(&self, loop_name: &str, entry: TranscriptEntry);
+
+    /// Why the record behind this sink can no longer be written, once a write to it failed
+    /// (`None` while every write went through, and for sinks that cannot fail). The engine
+    /// stops a loop before its next model or tool call when this says so: work whose record
+    /// cannot be kept is not done.
+    fn unwritable(&self) -> Option<String> {
+        None
+    }
+
+    /// Reports a write of the same record made elsewhere (a loop's receipt) that failed, so
+    /// that [`TranscriptSink::unwritable`] says so from now on.
+    fn write_failed(&self, _what: String) {}
 }
 
 /// Keeps every transcript in memory (tests, scenario snapshots).

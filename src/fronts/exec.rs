@@ -8,7 +8,9 @@
 //! reply that will not come: a line that is not a request, is not UTF-8, is nested deeper
 //! than serde_json's recursion limit or is longer than [`MAX_LINE_BYTES`] is answered with
 //! `is_error: true` (and its `id` when one can be read from it), nothing is run for it, and
-//! the stream goes on with the same context. Blank lines are skipped.
+//! the stream goes on with the same context. Blank lines are skipped. With a receipt log, a
+//! call whose receipt cannot be written is answered as an error and no later call runs (see
+//! [`ReceiptGate`]).
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
@@ -16,6 +18,7 @@ use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use super::lines::{Line, LineReader, MAX_LINE_BYTES};
 use super::salvage::{first_bad_byte, salvage, salvage_bytes};
 use crate::context::ToolContext;
+use crate::fronts::receipt_gate::ReceiptGate;
 use crate::receipts::ReceiptLog;
 use crate::registry::ToolSet;
 
@@ -23,26 +26,28 @@ use crate::registry::ToolSet;
 const REQUEST_SHAPE: &str =
     "Send one JSON object per line: {\"id\": \"...\", \"name\": \"tool\", \"input\": {...}}";
 
-/// Serves the exec protocol until `input` ends.
+/// Serves the exec protocol until `input` ends. Returns why receipts stopped being written,
+/// when they did (the session then ran no call after it).
 pub async fn serve<R, W>(
     input: R,
     mut output: W,
     ctx: &ToolContext,
     tools: &ToolSet,
     receipts: Option<&ReceiptLog>,
-) -> std::io::Result<()>
+) -> std::io::Result<Option<String>>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut lines = LineReader::new(input, MAX_LINE_BYTES);
     let mut number: u64 = 0;
+    let gate = ReceiptGate::new();
     while let Some(line) = lines.next_line().await? {
         number = number.saturating_add(1);
         let answer = match line {
             Line::Complete(bytes) if bytes.trim_ascii().is_empty() => continue,
             Line::Complete(bytes) => match std::str::from_utf8(&bytes) {
-                Ok(text) => answer_line(text, ctx, tools, receipts).await,
+                Ok(text) => answer_line(text, ctx, tools, receipts, &gate).await,
                 Err(_) => not_utf8_answer(&bytes, number),
             },
             Line::TooLong { head, len } => too_long_answer(&head, len, number),
@@ -54,7 +59,7 @@ where
         output.write_all(text.as_bytes()).await?;
         output.flush().await?;
     }
-    Ok(())
+    Ok(gate.failure())
 }
 
 /// The answer to a line that is not UTF-8: nothing is run, since the request cannot be read
@@ -94,6 +99,7 @@ async fn answer_line(
     ctx: &ToolContext,
     tools: &ToolSet,
     receipts: Option<&ReceiptLog>,
+    gate: &ReceiptGate,
 ) -> Value {
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
@@ -117,11 +123,16 @@ async fn answer_line(
         Value::Null => None,
         other => Some(other.to_string()),
     };
+    if receipts.is_some()
+        && let Err(refused) = gate.admit()
+    {
+        return error_answer(id, refused);
+    }
     let outcome = tools.call(ctx, call_id.as_deref(), name, input).await;
     if let Some(log) = receipts
-        && let Err(e) = log.append(&outcome.receipt)
+        && let Some(unrecorded) = gate.keep(log, &outcome)
     {
-        tracing::error!("could not append receipt to {}: {e}", log.path().display());
+        return error_answer(id, unrecorded);
     }
     json!({"id": id, "is_error": outcome.is_error, "content": outcome.content})
 }

@@ -25,6 +25,7 @@ use tokio::sync::RwLock;
 
 use super::mcp_transport::LineTransport;
 use crate::context::ToolContext;
+use crate::fronts::receipt_gate::ReceiptGate;
 use crate::receipts::ReceiptLog;
 use crate::registry::ToolSet;
 
@@ -37,6 +38,8 @@ pub struct McpServer {
     ctx: Arc<ToolContext>,
     tools: Arc<ToolSet>,
     receipts: Option<Arc<ReceiptLog>>,
+    /// Closed once a receipt could not be written: no call runs after that.
+    gate: Arc<ReceiptGate>,
     /// The tool list as sent to clients; the set never changes during a session.
     listed: Arc<Vec<rmcp::model::Tool>>,
     /// rmcp runs each request on its own task. Read-only calls share this lock; a call that
@@ -66,6 +69,7 @@ impl McpServer {
             ctx,
             tools,
             receipts,
+            gate: Arc::new(ReceiptGate::new()),
             listed: Arc::new(listed),
             lane: RwLock::new(()),
         }
@@ -118,6 +122,11 @@ impl ServerHandler for McpServer {
         // means "all defaults", which is what an empty object says to the schema.
         let input = Value::Object(request.arguments.unwrap_or_default());
         let tool = self.tools.get(name);
+        if self.receipts.is_some()
+            && let Err(refused) = self.gate.admit()
+        {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(refused)]).into());
+        }
         let exclusive = tool.is_some_and(|t| !t.read_only());
         // A cancelled request is not aborted: its tool may already be writing files or
         // running a command, and the registry's timeout bounds how long it can take. rmcp
@@ -130,9 +139,9 @@ impl ServerHandler for McpServer {
             self.tools.call(&self.ctx, None, name, input).await
         };
         if let Some(log) = &self.receipts
-            && let Err(e) = log.append(&outcome.receipt)
+            && let Some(unrecorded) = self.gate.keep(log, &outcome)
         {
-            tracing::error!("could not append receipt to {}: {e}", log.path().display());
+            return Ok(CallToolResult::error(vec![ContentBlock::text(unrecorded)]).into());
         }
         if tool.is_none() {
             // The MCP spec (tools, "Error Handling") lists unknown tools among protocol
@@ -151,21 +160,21 @@ impl ServerHandler for McpServer {
     }
 }
 
-/// Serves `tools` over MCP on stdin/stdout until the client disconnects.
+/// Serves `tools` over MCP on stdin/stdout until the client disconnects. Returns why
+/// receipts stopped being written, when they did (no call ran after it).
 pub async fn serve_stdio(
     ctx: Arc<ToolContext>,
     tools: Arc<ToolSet>,
     receipts: Option<Arc<ReceiptLog>>,
-) -> Result<(), String> {
+) -> Result<Option<String>, String> {
+    let server = McpServer::new(ctx, tools, receipts);
+    let gate = server.gate.clone();
     // `stdio_pipes` reads pipes through the non-blocking reactor (falling back to the blocking
     // handles for files and terminals), so a pending stdin read never holds up runtime
     // shutdown. Our transport frames the lines, so that every request gets an answer.
     let (read, write) = rmcp::transport::stdio_pipes();
-    serve(
-        McpServer::new(ctx, tools, receipts),
-        LineTransport::new(read, write),
-    )
-    .await
+    serve(server, LineTransport::new(read, write)).await?;
+    Ok(gate.failure())
 }
 
 /// Serves `server` on any rmcp transport until the peer disconnects. A peer that leaves

@@ -6,6 +6,7 @@ pub mod lines;
 pub mod mcp;
 pub mod mcp_transport;
 pub mod policy;
+pub mod receipt_gate;
 pub mod receipt_session;
 pub mod replay;
 pub mod salvage;

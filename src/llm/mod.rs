@@ -190,8 +190,10 @@ pub trait LlmClient: Send + Sync {
     /// never copies the history it sends.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
 
-    /// A resumed run tells the provider how many iteration responses a loop already got
-    /// (from its transcript). Network models need nothing; the scripted provider continues
-    /// its script after them instead of replaying it from the start.
+    /// A resumed run tells the provider how many iteration requests a loop made in the
+    /// iterations its record shows finished (an iteration cut short by a crash runs again
+    /// from its start, so its requests are not counted). Network models need nothing; the
+    /// scripted provider continues its script after them instead of replaying it from the
+    /// start, and gives the cut-short iteration's replies again.
     fn resume(&self, _loop_name: &str, _responses_seen: usize) {}
 }

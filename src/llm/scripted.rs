@@ -182,6 +182,8 @@ impl LoopScript {
 
 #[async_trait]
 impl LlmClient for ScriptedLlm {
+    /// The cursor goes where the record says the loop's finished iterations left it (never
+    /// ahead of it: a reply given in an iteration that did not finish is given again).
     fn resume(&self, loop_name: &str, responses_seen: usize) {
         if let Some(script) = self.loops.get(loop_name) {
             *lock(&script.cursor) = responses_seen.min(script.turns.len());

@@ -3,9 +3,11 @@
 
 pub mod orchestrator;
 pub mod progress;
+pub mod rebuild;
 pub mod record;
 pub mod resume;
 pub mod session_receipts;
 pub mod signals;
 pub mod status;
+pub mod summary_file;
 pub mod worktree;

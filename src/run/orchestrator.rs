@@ -50,12 +50,18 @@ pub struct RunReport {
     pub loops: BTreeMap<String, LoopStatus>,
     /// The signal that stopped it (the first one, when several came), if any.
     pub interrupted: Option<StopSignal>,
+    /// Why its record could not be written, when a write failed: the loops stopped before
+    /// their next call, and the run can be resumed once the disk has room.
+    pub record_failure: Option<String>,
 }
 
 impl RunReport {
-    /// 0 when every loop completed, 130 after Ctrl-C (SIGINT), 143 after SIGTERM, 1 otherwise.
+    /// 0 when every loop completed, 130 after Ctrl-C (SIGINT), 143 after SIGTERM, 1 otherwise
+    /// (also when the record could not be written).
     pub fn exit_code(&self) -> u8 {
-        if let Some(signal) = self.interrupted {
+        if self.record_failure.is_some() {
+            1
+        } else if let Some(signal) = self.interrupted {
             signal.exit_code()
         } else if self.loops.values().all(|s| *s == LoopStatus::Completed) {
             0
@@ -235,7 +241,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         .map_err(|e| e.to_string())?
         .unwrap_or_else(|| "HEAD".to_string());
     let record = match &restored {
-        Some(_) => RunRecord::open_existing(&run_dir)?,
+        Some((_, r)) => RunRecord::reopen(&run_dir, r.summary.clone())?,
         None => RunRecord::create(
             &run_dir,
             &run_id,
@@ -257,7 +263,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         .map(|(_, r)| r.loops.clone())
         .unwrap_or_default();
     let events = Arc::new(match &restored {
-        Some((_, r)) => EventLog::continuing_after(r.last_seq),
+        Some((_, r)) => EventLog::continuing_after(r.last_seq).map_err(|e| {
+            format!(
+                "{}: {e}; this record cannot be continued",
+                run_dir.join(crate::run::record::EVENTS_FILE).display()
+            )
+        })?,
         None => EventLog::new(),
     });
     events.subscribe(record.events_listener());
@@ -273,6 +284,22 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         let p = progress.clone();
         events.subscribe(move |e| p.on_event(e));
     }
+    if restored.is_none() {
+        // The first event says what the run is, so that its summary can be rebuilt from the
+        // events alone.
+        events.record(EventKind::RunStarted {
+            run_id: run_id.clone(),
+            config: Some(options.config.display().to_string()),
+            loops: loops
+                .iter()
+                .map(|l| crate::events::PlannedLoop {
+                    name: l.name.clone(),
+                    loop_type: l.loop_type.clone(),
+                })
+                .collect(),
+            sandbox: Some(sandbox_report.clone()),
+        });
+    }
     let mut rt = Runtime::start(
         RuntimeConfig {
             lanes: config.lanes,
@@ -284,16 +311,15 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     .await?;
 
     let names: Vec<String> = loops.iter().map(|l| l.name.clone()).collect();
-    // A resumed run keeps what completed or failed; everything else starts (again) from its
-    // next iteration.
+    // A resumed run keeps the loops that ran to their end (completed, failed, or blocked by
+    // their merge); everything else starts (again) from its next iteration.
     let mut status: BTreeMap<String, LoopStatus> = names
         .iter()
         .map(|n| {
-            let s = match resume_state.get(n).map(|r| r.status) {
-                Some(LoopStatus::Completed) => LoopStatus::Completed,
-                Some(LoopStatus::Failed) => LoopStatus::Failed,
-                _ => LoopStatus::Pending,
-            };
+            let s = resume_state
+                .get(n)
+                .and_then(|r| r.finished)
+                .unwrap_or(LoopStatus::Pending);
             (n.clone(), s)
         })
         .collect();
@@ -316,7 +342,10 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             // A signal during setup, or while the previous loop's end was being handled.
             interrupted = signals.arrived();
         }
-        if interrupted.is_none() {
+        // Once the record cannot be written, no loop starts (the running ones stop before
+        // their next call by themselves): the run ends as if interrupted, to be resumed.
+        let halted = interrupted.is_some() || record.unwritable().is_some();
+        if !halted {
             // After Ctrl-C, loops stopped by it do not block the loops waiting on them: those
             // are stopped too (below), as the user asked.
             block_orphans(&loops, &mut status, &record, &progress, &events);
@@ -331,7 +360,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 // A signal while the previous loop's worktree was being made.
                 interrupted = signals.arrived();
             }
-            if free == 0 || interrupted.is_some() {
+            if free == 0 || interrupted.is_some() || record.unwritable().is_some() {
                 break;
             }
             if status[&def.name] != LoopStatus::Pending
@@ -434,10 +463,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         status.insert(name, final_status);
     }
 
-    // Loops never started (interrupted, or waiting on a loop that did not complete).
+    // Loops never started (interrupted, halted by the record, or waiting on a loop that did
+    // not complete).
+    let record_failure = record.unwritable();
     for (name, s) in status.iter_mut() {
         if *s == LoopStatus::Pending {
-            *s = if interrupted.is_some() {
+            *s = if interrupted.is_some() || record_failure.is_some() {
                 LoopStatus::Stopped
             } else {
                 LoopStatus::Blocked
@@ -445,6 +476,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             let st = *s;
             let why = if interrupted.is_some() {
                 "never started: the run was interrupted"
+            } else if record_failure.is_some() {
+                "never started: the run record could not be written"
             } else {
                 "never started"
             };
@@ -465,7 +498,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         }
         let _ = std::fs::remove_dir(run_dir.join("worktrees"));
     }
-    let run_status = if interrupted.is_some() {
+    let run_status = if interrupted.is_some() || record.unwritable().is_some() {
         RunStatus::Stopped
     } else {
         record.summary().status_from_loops()
@@ -477,12 +510,30 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             crate::secrets::redact(&e)
         );
     }
-    record.finish(run_status)?;
+    // A final summary that cannot be written is one more write of the record that failed.
+    let _ = record.finish(run_status);
+    let record_failure = record.unwritable();
+    if let Some(why) = &record_failure {
+        let dir_arg = match &options.run_dir {
+            Some(d) => format!(" --run-dir {}", d.display()),
+            None => String::new(),
+        };
+        eprintln!(
+            "taskdaemon: the run record in {} could not be written: {}. Every loop stopped \
+             before its next model or tool call, so nothing ran unrecorded after that. Free \
+             space (or fix the disk), then continue the run with: taskdaemon run -c {}{dir_arg} \
+             --resume {run_id}",
+            run_dir.display(),
+            crate::secrets::redact(why),
+            options.config.display()
+        );
+    }
     Ok(RunReport {
         run_id,
         run_dir,
         loops: status,
         interrupted,
+        record_failure,
     })
 }
 

@@ -136,6 +136,7 @@ impl Progress {
                     ended_by,
                     validation_exit,
                     validation_passed,
+                    ..
                 } => {
                     let v = match (validation_passed, validation_exit) {
                         (Some(true), _) => "validation passed".to_string(),
@@ -308,6 +309,14 @@ impl TranscriptSink for Progress {
             self.redraw();
         }
         self.inner.record(loop_name, entry);
+    }
+
+    fn unwritable(&self) -> Option<String> {
+        self.inner.unwritable()
+    }
+
+    fn write_failed(&self, what: String) {
+        self.inner.write_failed(what);
     }
 }
 

@@ -14,10 +14,27 @@
 //!
 //! The JSONL files are append-only and written while the run goes: each line is one write on
 //! an append-mode handle, so a crash leaves at most a torn last line, which every reader here
-//! reports instead of failing on. `summary.json` is replaced whole (temporary file + rename),
-//! so a reader sees the previous or the next version, never half of one. Nothing here keeps
-//! events or transcripts in memory: only the summary (one entry per loop) and one open handle
-//! per file.
+//! reports instead of failing on; a write that fails (a full disk) is cut back off the file,
+//! so it leaves no torn line at all. `summary.json` is replaced whole (temporary file, synced,
+//! renamed, directory synced), so a reader sees the previous or the next version, never half
+//! of one; it is a view of the events and transcripts, and [`crate::run::rebuild`] makes it
+//! again from them when it is missing or damaged. Nothing here keeps events or transcripts in
+//! memory: only the summary (one entry per loop) and one open handle per file.
+//!
+//! What reaches the disk before the run relies on it (see [`crate::record_io`]): every
+//! receipt (a side effect that already happened), and the events that mark where a resumed
+//! run goes on — the run's start, each finished iteration's progress note, each loop's end,
+//! block and merge — each synced as it is written, with every line before it (one file, in
+//! order). An iteration counts as finished for a resume only with such a line (a passing
+//! iteration by its loop's `loop_completed` or the `iteration_ended` before it): a power loss
+//! loses at most iterations that had not finished, which a resumed run runs again anyway.
+//! Transcripts are the log of what was said; a resume does not count on them, so they are
+//! synced only at the run's end. `summary.json` is written durably by a thread of its own
+//! after each change, a little behind the change ([`crate::run::summary_file`]).
+//!
+//! Fail closed: the first write that fails makes the record [`RunRecord::unwritable`], which
+//! loops check before each model or tool call (through
+//! [`TranscriptSink::unwritable`]), so no work goes on unrecorded.
 //!
 //! Every line and every summary is passed through [`crate::secrets::redact_json`] right
 //! before it is written: whatever a value held, no known secret reaches the disk.
@@ -26,7 +43,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufRead, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
@@ -39,6 +55,7 @@ use crate::events::{Event, EventKind};
 use crate::llm::Usage;
 use crate::receipts::{Receipt, ReceiptLog, ToolCounts};
 use crate::run::session_receipts::{RunChain, tally_for, tool_set_of};
+use crate::run::summary_file::{Failures, SummaryFile};
 
 /// The run's summary file, replaced atomically on every change.
 pub const SUMMARY_FILE: &str = "summary.json";
@@ -249,10 +266,13 @@ impl LoopSummary {
                 self.iterations = *iterations;
                 self.reason = Some(reason.clone());
             }
-            LoopEnd::Stopped { iterations } => {
+            LoopEnd::Stopped { iterations, reason } => {
                 self.status = LoopStatus::Stopped;
                 // A loop stopped by force reports 0: the iterations already recorded stand.
                 self.iterations = self.iterations.max(*iterations);
+                if reason.is_some() {
+                    self.reason = reason.clone();
+                }
             }
         }
     }
@@ -329,10 +349,11 @@ impl std::fmt::Debug for RunRecord {
 struct Inner {
     dir: PathBuf,
     events: Mutex<File>,
-    summary: Mutex<RunSummary>,
+    summary: SummaryFile,
     transcripts: Mutex<HashMap<String, Arc<Mutex<File>>>>,
     receipts: Mutex<HashMap<String, Arc<ReceiptLog>>>,
-    write_errors: AtomicU64,
+    /// The writes that failed: after the first, the record is unwritable.
+    failures: Arc<Failures>,
     chain: RunChain,
 }
 
@@ -366,34 +387,55 @@ impl RunRecord {
                 .insert(name.clone(), LoopSummary::pending(name, loop_type));
         }
         let events = open_append(&dir.join(EVENTS_FILE))?;
-        write_summary(dir, &summary)?;
-        Ok(Self::from_parts(dir, events, summary))
+        let record = Self::from_parts(dir, events, summary)?;
+        // The new directories and files exist after a power loss too.
+        for d in meta
+            .loops
+            .iter()
+            .filter_map(|(name, _)| loop_dir(dir, name).ok())
+            .chain([loops_dir, dir.to_path_buf()])
+            .chain(dir.parent().map(Path::to_path_buf))
+        {
+            crate::record_io::sync_dir(&d)
+                .map_err(|e| format!("cannot sync the directory {}: {e}", d.display()))?;
+        }
+        Ok(record)
     }
 
-    /// Reopens the record of an earlier run to go on with it: the summary is read back and
-    /// marked running again, and later lines are appended after what is there (a torn last
-    /// line is closed off first so that the next line starts clean).
+    /// Reopens the record of an earlier run to go on with it: the summary is read back (or
+    /// rebuilt from the events when it is missing or damaged, see
+    /// [`crate::run::rebuild::load_summary`]) and the record reopened with it as
+    /// [`RunRecord::reopen`] does.
     pub fn open_existing(dir: &Path) -> Result<RunRecord, String> {
-        let mut summary = read_summary(dir)?;
+        let (summary, _) = crate::run::rebuild::load_summary(dir)?;
+        Self::reopen(dir, summary)
+    }
+
+    /// Reopens the record of an earlier run with `summary` (what `--resume` made of it),
+    /// marked running again; later lines are appended after what is there (a torn last line
+    /// is closed off first so that the next line starts clean).
+    pub fn reopen(dir: &Path, mut summary: RunSummary) -> Result<RunRecord, String> {
         summary.status = RunStatus::Running;
         summary.ended_at = None;
         let events = open_append(&dir.join(EVENTS_FILE))?;
-        write_summary(dir, &summary)?;
-        Ok(Self::from_parts(dir, events, summary))
+        Self::from_parts(dir, events, summary)
     }
 
-    fn from_parts(dir: &Path, events: File, summary: RunSummary) -> Self {
-        RunRecord {
+    /// The record over `events`, with `summary` written now and kept written.
+    fn from_parts(dir: &Path, events: File, summary: RunSummary) -> Result<Self, String> {
+        let failures = Arc::new(Failures::new(dir));
+        let summary = SummaryFile::start(dir, summary, failures.clone())?;
+        Ok(RunRecord {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 events: Mutex::new(events),
-                summary: Mutex::new(summary),
+                summary,
                 transcripts: Mutex::new(HashMap::new()),
                 receipts: Mutex::new(HashMap::new()),
-                write_errors: AtomicU64::new(0),
+                failures,
                 chain: RunChain::new(dir),
             }),
-        }
+        })
     }
 
     /// The run directory.
@@ -401,14 +443,32 @@ impl RunRecord {
         &self.inner.dir
     }
 
-    /// A copy of the current summary.
+    /// A copy of the current summary (`summary.json` follows it a little behind; see
+    /// [`RunRecord::flush`]).
     pub fn summary(&self) -> RunSummary {
-        lock(&self.inner.summary).clone()
+        self.inner.summary.get()
     }
 
-    /// How many writes failed so far (each is logged; the run goes on without them).
+    /// Waits until `summary.json` holds every change made so far; the error of its last
+    /// write, if that failed.
+    pub fn flush(&self) -> Result<(), String> {
+        self.inner.summary.flush()
+    }
+
+    /// How many writes failed so far (the first is logged loudly, the rest quietly).
     pub fn write_errors(&self) -> u64 {
-        self.inner.write_errors.load(Ordering::Relaxed)
+        self.inner.failures.count()
+    }
+
+    /// What the first failed write of the record was, once one failed: from then on loops
+    /// must not go on (nothing they did could be recorded), and the run must say so.
+    pub fn unwritable(&self) -> Option<String> {
+        self.inner.failures.first()
+    }
+
+    /// Reports a write of this run's record made elsewhere (a loop's receipt) that failed.
+    pub fn note_failure(&self, what: String) {
+        self.inner.write_failed(what);
     }
 
     /// A listener for [`crate::events::EventLog::subscribe`] that appends every event to
@@ -424,11 +484,13 @@ impl RunRecord {
         if let Some(log) = logs.get(loop_name) {
             return Ok(log.clone());
         }
-        let path = loop_dir(&self.inner.dir, loop_name)?.join(RECEIPTS_FILE);
+        let dir = loop_dir(&self.inner.dir, loop_name)?;
+        let path = dir.join(RECEIPTS_FILE);
         close_torn_line(&path)?;
         let log = ReceiptLog::open_chained(&path, self.chain_key()?)
             .map(Arc::new)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        sync_new_dir(&self.inner.dir, &dir)?;
         self.count_receipts_of(loop_name, &log);
         logs.insert(loop_name.to_string(), log.clone());
         Ok(log)
@@ -444,33 +506,32 @@ impl RunRecord {
     /// now (a resumed loop's earlier calls too), then every receipt appended.
     fn count_receipts_of(&self, loop_name: &str, log: &ReceiptLog) {
         let counts = log.tally().tools;
-        lock(&self.inner.summary)
-            .loops
-            .entry(loop_name.to_string())
-            .or_insert_with(|| LoopSummary::pending(loop_name, ""))
-            .tools = counts;
+        self.inner
+            .update_loop(loop_name, |entry| entry.tools = counts);
         // Weak: the log is held by the record, and must not keep the record alive.
         let inner = Arc::downgrade(&self.inner);
         let name = loop_name.to_string();
         log.observe(Box::new(move |receipt| {
             if let Some(inner) = inner.upgrade() {
-                let mut summary = lock(&inner.summary);
-                if let Some(entry) = summary.loops.get_mut(&name) {
+                inner.summary.change(|summary| {
+                    let Some(entry) = summary.loops.get_mut(&name) else {
+                        return false;
+                    };
                     entry
                         .tools
                         .entry(ToolCounts::key(receipt).to_string())
                         .or_default()
                         .add(receipt);
-                }
+                    true
+                });
             }
         }));
     }
 
     /// Closes the record of a loop that ended: writes its session receipt
-    /// (`loops/<name>/RECEIPT.json`) from its log and its summary entry, and writes the
-    /// summary (with the loop's final tool counts).
+    /// (`loops/<name>/RECEIPT.json`) from its log and its summary entry (the summary, with
+    /// the loop's final tool counts, is written behind as always).
     pub fn close_loop(&self, loop_name: &str) -> Result<(), String> {
-        self.inner.update_loop(loop_name, |_| {})?;
         let summary = self.summary();
         let entry = summary
             .loops
@@ -506,102 +567,67 @@ impl RunRecord {
         Ok(())
     }
 
-    /// Changes one loop's summary (adding it, pending, when it is new) and rewrites
-    /// `summary.json`. The entry keeps `name` as its name whatever `change` does.
-    /// `change` must not record events: it runs under the summary's lock.
+    /// Changes one loop's summary (adding it, pending, when it is new); `summary.json` is
+    /// rewritten behind (see [`RunRecord::flush`]). The entry keeps `name` as its name
+    /// whatever `change` does. `change` must not record events: it runs under the summary's
+    /// lock. An error when the record can no longer be written.
     pub fn update_loop(
         &self,
         name: &str,
         change: impl FnOnce(&mut LoopSummary),
     ) -> Result<(), String> {
-        self.inner.update_loop(name, change)
+        self.inner.update_loop(name, change);
+        match self.unwritable() {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
     }
 
-    /// Marks the run finished with `status` and writes the final summary.
+    /// Marks the run finished with `status` and writes the final summary, after syncing
+    /// what is left of the transcripts and events.
     pub fn finish(&self, status: RunStatus) -> Result<(), String> {
-        let mut summary = lock(&self.inner.summary);
-        summary.status = status;
-        summary.ended_at = Some(now_rfc3339());
-        write_summary(&self.inner.dir, &summary)
+        let inner = &self.inner;
+        let transcripts: Vec<_> = lock(&inner.transcripts).values().cloned().collect();
+        let synced = transcripts
+            .iter()
+            .try_for_each(|f| lock(f).sync_data())
+            .and_then(|()| lock(&inner.events).sync_data())
+            .map_err(|e| format!("cannot sync the run record: {e}"));
+        inner.summary.change(|summary| {
+            summary.status = status;
+            summary.ended_at = Some(now_rfc3339());
+            true
+        });
+        // A failed write of the summary is recorded by its writer.
+        let written = inner.summary.flush();
+        synced
+            .inspect_err(|e| inner.write_failed(e.clone()))
+            .and(written)
     }
 }
 
 impl Inner {
-    fn update_loop(&self, name: &str, change: impl FnOnce(&mut LoopSummary)) -> Result<(), String> {
-        let mut summary = lock(&self.summary);
-        let entry = summary
-            .loops
-            .entry(name.to_string())
-            .or_insert_with(|| LoopSummary::pending(name, ""));
-        change(entry);
-        entry.name = name.to_string();
-        write_summary(&self.dir, &summary)
+    fn update_loop(&self, name: &str, change: impl FnOnce(&mut LoopSummary)) {
+        self.summary.change(|summary| {
+            let entry = summary
+                .loops
+                .entry(name.to_string())
+                .or_insert_with(|| LoopSummary::pending(name, ""));
+            change(entry);
+            entry.name = name.to_string();
+            true
+        });
     }
 
     fn write_failed(&self, what: String) {
-        // The first failure is loud; repeats (a full disk fails every write) stay quiet.
-        if self.write_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-            tracing::error!("run record {}: {what}", self.dir.display());
-        } else {
-            tracing::debug!("run record {}: {what}", self.dir.display());
-        }
+        self.failures.record(what);
     }
 
     fn on_event(&self, event: &Event) {
-        if let Err(e) = append_line(&self.events, event) {
+        if let Err(e) = append_line(&self.events, event, resume_relies_on(&event.kind)) {
             self.write_failed(format!("cannot append to {EVENTS_FILE}: {e}"));
         }
-        let time = event.time.as_str();
-        let result = match &event.kind {
-            EventKind::LoopStarted {
-                loop_name,
-                loop_type,
-            } => self.update_loop(loop_name, |s| {
-                s.status = LoopStatus::Running;
-                s.loop_type = loop_type.clone();
-                s.started_at = Some(time.to_string());
-                s.ended_at = None;
-                s.duration_ms = None;
-            }),
-            EventKind::IterationEnded {
-                loop_name,
-                iteration,
-                validation_exit,
-                validation_passed,
-                ..
-            } => self.update_loop(loop_name, |s| {
-                s.iterations = s.iterations.max(*iteration);
-                if let Some(passed) = validation_passed {
-                    s.validation = Some(ValidationSummary {
-                        exit_code: *validation_exit,
-                        passed: *passed,
-                    });
-                }
-            }),
-            EventKind::LoopCompleted {
-                loop_name,
-                iterations,
-                summary,
-            } => self.update_loop(loop_name, |s| {
-                s.status = LoopStatus::Completed;
-                s.iterations = *iterations;
-                s.summary = summary.clone();
-                s.mark_ended(time);
-            }),
-            EventKind::LoopFailed { loop_name, reason } => self.update_loop(loop_name, |s| {
-                s.status = LoopStatus::Failed;
-                s.reason = Some(reason.clone());
-                s.mark_ended(time);
-            }),
-            EventKind::LoopStopped { loop_name } => self.update_loop(loop_name, |s| {
-                s.status = LoopStatus::Stopped;
-                s.mark_ended(time);
-            }),
-            _ => Ok(()),
-        };
-        if let Err(e) = result {
-            self.write_failed(e);
-        }
+        self.summary.change(|summary| apply_event(summary, event));
     }
 
     fn transcript_file(&self, loop_name: &str) -> Result<Arc<Mutex<File>>, String> {
@@ -613,18 +639,158 @@ impl Inner {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let file = Arc::new(Mutex::new(open_append(&dir.join(TRANSCRIPT_FILE))?));
+        sync_new_dir(&self.dir, &dir)?;
         files.insert(loop_name.to_string(), file.clone());
         Ok(file)
     }
 }
 
+/// Whether a resumed run goes on from this event, so that it must be on the disk before the
+/// run goes on (and with it every line before it). An `iteration_ended` is always followed
+/// by one of these (the failing iteration's progress note, or the loop's end), which a
+/// resume waits for before it counts the iteration as finished.
+fn resume_relies_on(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::RunStarted { .. }
+            | EventKind::ProgressNoted { .. }
+            | EventKind::LoopCompleted { .. }
+            | EventKind::LoopFailed { .. }
+            | EventKind::LoopStopped { .. }
+            | EventKind::LoopBlocked { .. }
+            | EventKind::LoopMerged { .. }
+    )
+}
+
+/// Syncs `dir` (a loop's directory that now holds a new file) and the directories above it
+/// up to the run directory, so that the new file is found after a power loss.
+fn sync_new_dir(run_dir: &Path, dir: &Path) -> Result<(), String> {
+    for d in [dir, &run_dir.join(LOOPS_DIR)] {
+        crate::record_io::sync_dir(d)
+            .map_err(|e| format!("cannot sync the directory {}: {e}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// How `event` changes a run's summary: the one rule for the live record and for a summary
+/// rebuilt from the events. Returns whether it changed anything.
+pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
+    fn entry<'a>(summary: &'a mut RunSummary, name: &str) -> &'a mut LoopSummary {
+        let entry = summary
+            .loops
+            .entry(name.to_string())
+            .or_insert_with(|| LoopSummary::pending(name, ""));
+        entry.name = name.to_string();
+        entry
+    }
+    let time = event.time.as_str();
+    match &event.kind {
+        EventKind::RunStarted {
+            run_id,
+            config,
+            loops,
+            sandbox,
+        } => {
+            summary.version = SUMMARY_VERSION;
+            summary.run_id = run_id.clone();
+            summary.config = config.clone();
+            summary.started_at = time.to_string();
+            if sandbox.is_some() {
+                summary.sandbox = sandbox.clone();
+            }
+            for planned in loops {
+                let s = entry(summary, &planned.name);
+                if s.loop_type.is_empty() {
+                    s.loop_type = planned.loop_type.clone();
+                }
+            }
+        }
+        EventKind::LoopStarted {
+            loop_name,
+            loop_type,
+        } => {
+            let s = entry(summary, loop_name);
+            s.status = LoopStatus::Running;
+            s.loop_type = loop_type.clone();
+            s.started_at = Some(time.to_string());
+            s.ended_at = None;
+            s.duration_ms = None;
+        }
+        EventKind::IterationEnded {
+            loop_name,
+            iteration,
+            validation_exit,
+            validation_passed,
+            ..
+        } => {
+            let s = entry(summary, loop_name);
+            s.iterations = s.iterations.max(*iteration);
+            if let Some(passed) = validation_passed {
+                s.validation = Some(ValidationSummary {
+                    exit_code: *validation_exit,
+                    passed: *passed,
+                });
+            }
+        }
+        EventKind::LoopCompleted {
+            loop_name,
+            iterations,
+            summary: text,
+        } => {
+            let s = entry(summary, loop_name);
+            s.status = LoopStatus::Completed;
+            s.iterations = *iterations;
+            s.summary = text.clone();
+            s.mark_ended(time);
+        }
+        EventKind::LoopFailed { loop_name, reason } => {
+            let s = entry(summary, loop_name);
+            s.status = LoopStatus::Failed;
+            s.reason = Some(reason.clone());
+            s.mark_ended(time);
+        }
+        EventKind::LoopStopped { loop_name } => {
+            let s = entry(summary, loop_name);
+            s.status = LoopStatus::Stopped;
+            s.mark_ended(time);
+        }
+        EventKind::LoopBlocked { loop_name, reason } => {
+            let s = entry(summary, loop_name);
+            s.status = LoopStatus::Blocked;
+            s.reason = Some(reason.clone());
+        }
+        EventKind::LoopMerged {
+            loop_name,
+            into,
+            commit,
+        } => {
+            entry(summary, loop_name).merge = Some(MergeSummary {
+                merged: true,
+                into: Some(into.clone()),
+                commit: Some(commit.clone()),
+                detail: None,
+            });
+        }
+        _ => return false,
+    }
+    true
+}
+
 impl TranscriptSink for RunRecord {
+    fn unwritable(&self) -> Option<String> {
+        RunRecord::unwritable(self)
+    }
+
+    fn write_failed(&self, what: String) {
+        self.note_failure(what);
+    }
+
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
         let inner = &self.inner;
         match inner.transcript_file(loop_name) {
             // The map's lock is released here: loops write their own files in parallel.
             Ok(file) => {
-                if let Err(e) = append_line(&file, &entry) {
+                if let Err(e) = append_line(&file, &entry, false) {
                     inner.write_failed(format!(
                         "cannot append to the transcript of loop `{loop_name}`: {e}"
                     ));
@@ -634,12 +800,10 @@ impl TranscriptSink for RunRecord {
         }
         if let TranscriptEntry::Response { response, .. } = &entry {
             let usage = response.usage;
-            if let Err(e) = inner.update_loop(loop_name, |s| {
+            inner.update_loop(loop_name, |s| {
                 s.usage.input_tokens = s.usage.input_tokens.saturating_add(usage.input_tokens);
                 s.usage.output_tokens = s.usage.output_tokens.saturating_add(usage.output_tokens);
-            }) {
-                inner.write_failed(e);
-            }
+            });
         }
     }
 }
@@ -700,28 +864,13 @@ fn end_with_newline(file: &mut File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Appends `value` as one JSON line with a single write, secrets redacted.
-fn append_line(file: &Mutex<File>, value: &impl Serialize) -> std::io::Result<()> {
+/// Appends `value` as one JSON line with a single write, secrets redacted; with `sync`, it
+/// is on the disk when this returns. A failed write leaves nothing of the line behind.
+fn append_line(file: &Mutex<File>, value: &impl Serialize, sync: bool) -> std::io::Result<()> {
     let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
     let mut line = crate::secrets::redact_json(&line).into_owned();
     line.push('\n');
-    let mut f = lock(file);
-    f.write_all(line.as_bytes())?;
-    f.flush()
-}
-
-/// Replaces `summary.json` atomically: readers see the old or the new file, never a mix.
-/// Secrets are redacted.
-fn write_summary(dir: &Path, summary: &RunSummary) -> Result<(), String> {
-    let path = dir.join(SUMMARY_FILE);
-    let tmp = dir.join(format!("{SUMMARY_FILE}.tmp"));
-    let text = serde_json::to_string_pretty(summary)
-        .map_err(|e| format!("cannot serialize the run summary: {e}"))?;
-    let mut text = crate::secrets::redact_json(&text).into_owned();
-    text.push('\n');
-    std::fs::write(&tmp, &text)
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    crate::record_io::append(&mut lock(file), line.as_bytes(), sync)
 }
 
 /// What reading a JSONL file found.
@@ -828,6 +977,11 @@ pub fn read_summary(run_dir: &Path) -> Result<RunSummary, String> {
         .map_err(|e| format!("{} is not a run summary: {e}", path.display()))
 }
 
+/// Whether `dir` holds a run record: its summary, or (the summary lost) its events.
+pub fn is_run_dir(dir: &Path) -> bool {
+    dir.join(SUMMARY_FILE).is_file() || dir.join(EVENTS_FILE).is_file()
+}
+
 /// The loops of a run: those in its summary and those with a directory under `loops/`,
 /// sorted.
 pub fn loop_names(run_dir: &Path, summary: Option<&RunSummary>) -> Vec<String> {
@@ -919,7 +1073,18 @@ mod tests {
             (l.status, l.iterations, l.summary.as_deref()),
             (LoopStatus::Completed, 4, Some("done"))
         );
-        l.apply_end(&LoopEnd::Stopped { iterations: 5 });
+        l.apply_end(&LoopEnd::Stopped {
+            iterations: 5,
+            reason: None,
+        });
         assert_eq!((l.status, l.iterations), (LoopStatus::Stopped, 5));
+        l.apply_end(&LoopEnd::Stopped {
+            iterations: 5,
+            reason: Some("the run record could not be written".into()),
+        });
+        assert_eq!(
+            l.reason.as_deref(),
+            Some("the run record could not be written")
+        );
     }
 }

@@ -1,29 +1,51 @@
-//! What a resumed run needs from the record of the run it continues: each loop's status,
-//! the iteration to go on with, its progress notes, the inbox items it was sent but never
-//! shown, and how many model responses it already had. Everything comes from the record's
-//! files (`summary.json`, `events.jsonl`, transcripts); torn or invalid lines are skipped and
-//! reported.
+//! What a resumed run needs from the record of the run it continues: which loops ran to
+//! their end (never run again), the iteration each other loop goes on with, its progress
+//! notes, the inbox items it was sent but never saw in an iteration that finished, and how
+//! many model calls its finished iterations made. Everything comes from the record's files
+//! (`summary.json` — rebuilt from the events when it is missing or damaged —,
+//! `events.jsonl`, transcripts); torn or invalid lines are skipped and reported.
+//!
+//! Events are the log of what happened; the summary is a view of them that can lag (its
+//! rewrite failed on a full disk) or lead (an event append failed). A loop counts as having
+//! run to its end when either says so, so that no resume runs finished work again.
+//!
+//! An iteration counts as finished once its validation ran and what follows from it is
+//! recorded: a passing one's `iteration_ended` (the loop completed), a failing one's
+//! progress note (written, and synced, right after its `iteration_ended`). One that was cut
+//! short — a crash, a stop, a record that could not be written — runs again from its start:
+//! its model calls are made again (a scripted run gives the same replies again: its position
+//! is the sum of the finished iterations' `model_calls`), and the inbox items it showed are
+//! shown again.
+//!
+//! Numbers read from the record are checked before anything is computed from them: a value
+//! a run could not go on from (an event number past [`MAX_SEQ`], an iteration with no next
+//! one, counts that do not add up) refuses the record with the file, line and field.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::actors::messages::InboxItem;
 use crate::engine::transcript::TranscriptEntry;
-use crate::events::EventKind;
-use crate::run::record::{LoopStatus, read_events, read_summary, read_transcript};
+use crate::events::{Event, EventKind, MAX_SEQ};
+use crate::run::record::{
+    EVENTS_FILE, LoopStatus, LoopSummary, RunSummary, for_each_jsonl, transcript_path,
+};
 
 /// How one loop stood when its run stopped.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoopResume {
-    /// Its status in the summary.
-    pub status: LoopStatus,
-    /// The iteration to run next.
+    /// The status it keeps when it ran to its end (completed, failed, or blocked when its
+    /// merge was): such a loop is never run again. `None`: it goes on.
+    pub finished: Option<LoopStatus>,
+    /// The iteration to run next: the one after the last finished iteration.
     pub next_iteration: u32,
-    /// Notes of its earlier iterations, in order.
+    /// Notes of its finished iterations, in order.
     pub progress: Vec<String>,
-    /// Shares and alerts delivered to it that its model never saw, in delivery order.
+    /// Shares and alerts delivered to it that its model never saw in a finished iteration,
+    /// in delivery order.
     pub unseen_inbox: Vec<InboxItem>,
-    /// Iteration responses its model already gave (the scripted provider skips them).
+    /// Model calls of its finished iterations (a scripted provider skips that many turns:
+    /// the next iteration asks for the reply after them).
     pub responses: usize,
 }
 
@@ -34,132 +56,441 @@ pub struct Restored {
     pub run_id: String,
     /// The config file recorded in the summary.
     pub config: Option<String>,
+    /// The summary to go on with: read or rebuilt, with the loops that ran to their end
+    /// marked so.
+    pub summary: RunSummary,
     /// Per loop.
     pub loops: BTreeMap<String, LoopResume>,
     /// The last event number written.
     pub last_seq: u64,
-    /// What was wrong in the files (torn lines...), one line each.
+    /// What was wrong in the files (torn lines, a rebuilt summary...), one line each.
     pub warnings: Vec<String>,
 }
 
-/// Reads the record in `run_dir`.
-pub fn restore(run_dir: &Path) -> Result<Restored, String> {
-    let summary = read_summary(run_dir)?;
-    let events = read_events(run_dir)?;
-    let mut out = Restored {
-        run_id: summary.run_id.clone(),
-        config: summary.config.clone(),
-        ..Restored::default()
-    };
-    for (line, why) in &events.bad_lines {
-        out.warnings
-            .push(format!("events.jsonl line {line}: {why} (skipped)"));
-    }
-    let mut delivered: BTreeMap<String, Vec<InboxItem>> = BTreeMap::new();
-    let mut shown: BTreeMap<String, usize> = BTreeMap::new();
-    for name in summary.loops.keys() {
-        out.loops.insert(
-            name.clone(),
-            LoopResume {
-                status: summary.loops[name].status,
-                next_iteration: 1,
-                ..LoopResume::default()
-            },
-        );
-    }
-    for event in &events.items {
-        out.last_seq = out.last_seq.max(event.seq);
-        match &event.kind {
-            EventKind::IterationEnded {
-                loop_name,
-                iteration,
-                ..
-            } => {
-                if let Some(l) = out.loops.get_mut(loop_name) {
-                    l.next_iteration = l.next_iteration.max(iteration + 1);
-                }
-            }
-            EventKind::ProgressNoted {
-                loop_name, note, ..
-            } => {
-                if let Some(l) = out.loops.get_mut(loop_name) {
-                    l.progress.push(note.clone());
-                }
-            }
-            EventKind::Shared {
-                from,
-                to,
-                data_type,
-                data,
-                error: None,
-            } => delivered
-                .entry(to.clone())
-                .or_default()
-                .push(InboxItem::Share {
-                    from: from.clone(),
-                    data_type: data_type.clone(),
-                    data: data.clone(),
-                }),
-            EventKind::Alert {
-                from,
-                event_type,
-                message,
-                data,
-                recipients,
-                error: None,
-            } => {
-                for to in recipients {
-                    delivered
-                        .entry(to.clone())
-                        .or_default()
-                        .push(InboxItem::Alert {
-                            from: from.clone(),
-                            event_type: event_type.clone(),
-                            message: message.clone(),
-                            data: data.clone(),
-                            // Not in the event log: such alerts are shown one by one.
-                            about: None,
-                        });
-                }
-            }
-            EventKind::InboxShown { loop_name, items } => {
-                *shown.entry(loop_name.clone()).or_default() += items;
-            }
-            _ => {}
+/// What the events say about one loop while they are read.
+struct Seen {
+    /// The end the events show last (completed, failed, blocked after completing).
+    ended: Option<LoopStatus>,
+    next_iteration: u32,
+    progress: Vec<String>,
+    /// Items shown in finished iterations, and in the iteration going on.
+    shown: usize,
+    shown_pending: usize,
+    delivered: Vec<InboxItem>,
+    /// A failing iteration waiting for its progress note: (number, model calls).
+    awaiting_note: Option<(u32, Option<u32>)>,
+    /// Model calls of the finished iterations; `None` once one of them did not say (a
+    /// record older than `model_calls`: the transcript is counted instead).
+    model_calls: Option<usize>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen {
+            ended: None,
+            next_iteration: 0,
+            progress: Vec::new(),
+            shown: 0,
+            shown_pending: 0,
+            delivered: Vec::new(),
+            awaiting_note: None,
+            model_calls: Some(0),
         }
     }
-    for (name, l) in out.loops.iter_mut() {
-        let items = delivered.remove(name).unwrap_or_default();
-        let seen = shown.get(name).copied().unwrap_or(0).min(items.len());
-        l.unseen_inbox = items.into_iter().skip(seen).collect();
-        let has_transcript = crate::run::record::transcript_path(run_dir, name)
-            .map(|p| p.exists())
-            .unwrap_or(false);
-        match read_transcript(run_dir, name) {
-            _ if !has_transcript => {}
-            Ok(t) => {
-                l.responses = t
-                    .items
-                    .iter()
-                    .filter(|e| matches!(e, TranscriptEntry::Response { iteration, .. } if *iteration > 0))
-                    .count();
-                for (line, why) in &t.bad_lines {
-                    out.warnings.push(format!(
-                        "loops/{name}/transcript.jsonl line {line}: {why} (skipped)"
+}
+
+impl Seen {
+    /// Iteration `n`, which made `calls` model calls, finished.
+    fn finish(&mut self, n: u32, calls: Option<u32>) -> Result<(), String> {
+        let next = n
+            .checked_add(1)
+            .ok_or_else(|| format!("field `iteration` is {n}: no iteration can follow it"))?;
+        self.next_iteration = self.next_iteration.max(next);
+        self.shown = self.shown.checked_add(self.shown_pending).ok_or_else(|| {
+            "field `items` of the inbox_shown events before it adds up past any count".to_string()
+        })?;
+        self.shown_pending = 0;
+        self.awaiting_note = None;
+        self.model_calls = match (self.model_calls, calls) {
+            (Some(sum), Some(c)) => Some(sum.checked_add(c as usize).ok_or_else(|| {
+                format!("field `model_calls` is {c}: with the calls before, past any count")
+            })?),
+            _ => None,
+        };
+        Ok(())
+    }
+}
+
+/// Reads the record in `run_dir`; an error when it cannot be continued.
+pub fn restore(run_dir: &Path) -> Result<Restored, String> {
+    let (mut summary, mut warnings) = crate::run::rebuild::load_summary(run_dir)?;
+    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut last_seq = 0u64;
+    let mut refused: Option<String> = None;
+    for_each_jsonl::<Event>(&run_dir.join(EVENTS_FILE), |line, event| {
+        if refused.is_some() {
+            return;
+        }
+        match event {
+            Ok(event) => {
+                if let Err(why) = take_event(&mut seen, &mut last_seq, &event) {
+                    refused = Some(format!(
+                        "{} line {line}: {why}; this record cannot be continued (a damaged or \
+                         edited file?): restore the line or start a new run",
+                        run_dir.join(EVENTS_FILE).display()
                     ));
                 }
             }
-            Err(e) => out.warnings.push(e),
+            Err(why) => warnings.push(format!("{EVENTS_FILE} line {line}: {why} (skipped)")),
         }
-        if let Ok(r) =
-            crate::receipts::read_log(&run_dir.join("loops").join(name).join("receipts.jsonl"))
-        {
-            for (line, why) in &r.bad_lines {
-                out.warnings.push(format!(
-                    "loops/{name}/receipts.jsonl line {line}: {why} (skipped)"
-                ));
+    })?;
+    if let Some(why) = refused {
+        return Err(why);
+    }
+    let mut loops = BTreeMap::new();
+    let names: Vec<String> = summary.loops.keys().chain(seen.keys()).cloned().collect();
+    for name in names {
+        if loops.contains_key(&name) {
+            continue;
+        }
+        let events = seen.remove(&name).unwrap_or_default();
+        let entry = summary
+            .loops
+            .entry(name.clone())
+            .or_insert_with(|| LoopSummary::pending(&name, ""));
+        let finished = finished(entry, events.ended);
+        if let Some(status) = finished {
+            // The summary may lag behind the events: it says what resume goes by.
+            entry.status = status;
+        }
+        let next_iteration = events.next_iteration.max(1);
+        let counted = replies_used(run_dir, &name, next_iteration, &mut warnings);
+        let responses = events.model_calls.unwrap_or(counted);
+        let unseen_inbox = events.delivered.into_iter().skip(events.shown).collect();
+        report_bad_receipts(run_dir, &name, &mut warnings);
+        loops.insert(
+            name,
+            LoopResume {
+                finished,
+                next_iteration,
+                progress: events.progress,
+                unseen_inbox,
+                responses,
+            },
+        );
+    }
+    Ok(Restored {
+        run_id: summary.run_id.clone(),
+        config: summary.config.clone(),
+        summary,
+        loops,
+        last_seq,
+        warnings,
+    })
+}
+
+/// The end a loop ran to, from its summary entry and its events; `None` when it goes on.
+/// Either source suffices: the summary lags when its rewrite failed, the events when an
+/// append failed. Blocked wins over completed (a loop is blocked after it completed, when
+/// its merge was refused), and the events' end over the summary's otherwise.
+fn finished(summary: &LoopSummary, events: Option<LoopStatus>) -> Option<LoopStatus> {
+    let from_summary = match summary.status {
+        LoopStatus::Completed | LoopStatus::Failed => Some(summary.status),
+        // Only a loop that completed has a merge; blocked without one, it never ran.
+        LoopStatus::Blocked if summary.merge.is_some() => Some(LoopStatus::Blocked),
+        _ => None,
+    };
+    match (from_summary, events) {
+        (Some(LoopStatus::Blocked), Some(_)) | (Some(_), Some(LoopStatus::Blocked)) => {
+            Some(LoopStatus::Blocked)
+        }
+        (_, Some(e)) => Some(e),
+        (s, None) => s,
+    }
+}
+
+/// Takes one event into `seen`, checking every number a resumed run computes with.
+fn take_event(
+    seen: &mut BTreeMap<String, Seen>,
+    last_seq: &mut u64,
+    event: &Event,
+) -> Result<(), String> {
+    if event.seq > MAX_SEQ {
+        return Err(format!(
+            "field `seq` is {}, past the largest event number a run may reach ({MAX_SEQ})",
+            event.seq
+        ));
+    }
+    *last_seq = (*last_seq).max(event.seq);
+    fn of<'a>(seen: &'a mut BTreeMap<String, Seen>, name: &str) -> &'a mut Seen {
+        seen.entry(name.to_string()).or_default()
+    }
+    match &event.kind {
+        EventKind::IterationEnded {
+            loop_name,
+            iteration,
+            validation_passed,
+            model_calls,
+            ..
+        } => {
+            let l = of(seen, loop_name);
+            match validation_passed {
+                // Cut short: it runs again, and shows again what it showed.
+                None => {
+                    l.shown_pending = 0;
+                    l.awaiting_note = None;
+                }
+                // The engine completes a loop as soon as its validation passes.
+                Some(true) => {
+                    l.finish(*iteration, *model_calls)?;
+                    l.ended = Some(LoopStatus::Completed);
+                }
+                // Finished once its note is recorded too.
+                Some(false) => l.awaiting_note = Some((*iteration, *model_calls)),
             }
         }
+        EventKind::ProgressNoted {
+            loop_name,
+            iteration,
+            note,
+        } => {
+            let l = of(seen, loop_name);
+            let calls = match l.awaiting_note {
+                Some((n, calls)) if n == *iteration => calls,
+                // Its iteration's end is not there (a torn line): the transcript counts.
+                _ => None,
+            };
+            l.finish(*iteration, calls)?;
+            l.progress.push(note.clone());
+        }
+        EventKind::LoopCompleted { loop_name, .. } => {
+            of(seen, loop_name).ended = Some(LoopStatus::Completed);
+        }
+        EventKind::LoopFailed { loop_name, .. } => {
+            of(seen, loop_name).ended = Some(LoopStatus::Failed);
+        }
+        EventKind::LoopBlocked { loop_name, .. } => {
+            let l = of(seen, loop_name);
+            // Blocked before it ran (a dependency failed): it may run now.
+            if l.ended == Some(LoopStatus::Completed) {
+                l.ended = Some(LoopStatus::Blocked);
+            }
+        }
+        EventKind::Shared {
+            from,
+            to,
+            data_type,
+            data,
+            error: None,
+        } => of(seen, to).delivered.push(InboxItem::Share {
+            from: from.clone(),
+            data_type: data_type.clone(),
+            data: data.clone(),
+        }),
+        EventKind::Alert {
+            from,
+            event_type,
+            message,
+            data,
+            recipients,
+            error: None,
+        } => {
+            for to in recipients {
+                of(seen, to).delivered.push(InboxItem::Alert {
+                    from: from.clone(),
+                    event_type: event_type.clone(),
+                    message: message.clone(),
+                    data: data.clone(),
+                    // Not in the event log: such alerts are shown one by one.
+                    about: None,
+                });
+            }
+        }
+        EventKind::InboxShown { loop_name, items } => {
+            let l = of(seen, loop_name);
+            l.shown_pending = l.shown_pending.checked_add(*items).ok_or_else(|| {
+                format!("field `items` is {items}: with the items shown before, past any count")
+            })?;
+        }
+        _ => {}
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The iteration replies the finished iterations (those before `next_iteration`) of
+/// `name` used: for each, the replies of its last attempt in the transcript (an iteration
+/// cut short and run again appears twice; only the attempt that finished counts).
+fn replies_used(
+    run_dir: &Path,
+    name: &str,
+    next_iteration: u32,
+    warnings: &mut Vec<String>,
+) -> usize {
+    let Ok(path) = transcript_path(run_dir, name) else {
+        return 0;
+    };
+    if !path.is_file() {
+        return 0;
+    }
+    let mut attempt: BTreeMap<u32, usize> = BTreeMap::new();
+    let read = for_each_jsonl::<TranscriptEntry>(&path, |line, entry| match entry {
+        Ok(TranscriptEntry::IterationStarted { iteration, .. }) => {
+            attempt.insert(iteration, 0);
+        }
+        Ok(TranscriptEntry::Response { iteration, .. }) if iteration > 0 => {
+            let n = attempt.entry(iteration).or_default();
+            *n = n.saturating_add(1);
+        }
+        Ok(_) => {}
+        Err(why) => warnings.push(format!(
+            "loops/{name}/transcript.jsonl line {line}: {why} (skipped)"
+        )),
+    });
+    if let Err(e) = read {
+        warnings.push(e);
+    }
+    attempt
+        .range(..next_iteration)
+        .fold(0usize, |sum, (_, n)| sum.saturating_add(*n))
+}
+
+fn report_bad_receipts(run_dir: &Path, name: &str, warnings: &mut Vec<String>) {
+    let Ok(dir) = crate::run::record::loop_dir(run_dir, name) else {
+        return;
+    };
+    if let Ok(r) = crate::receipts::read_log(&dir.join(crate::run::record::RECEIPTS_FILE)) {
+        for (line, why) in &r.bad_lines {
+            warnings.push(format!(
+                "loops/{name}/receipts.jsonl line {line}: {why} (skipped)"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::record::MergeSummary;
+
+    fn event(seq: u64, kind: EventKind) -> Event {
+        Event {
+            seq,
+            time: "2026-01-01T00:00:00.000Z".into(),
+            kind,
+        }
+    }
+
+    fn ended(iteration: u32, passed: Option<bool>) -> EventKind {
+        EventKind::IterationEnded {
+            loop_name: "a".into(),
+            iteration,
+            ended_by: "end_turn".into(),
+            validation_exit: None,
+            validation_passed: passed,
+            model_calls: Some(1),
+        }
+    }
+
+    fn shown(items: usize) -> EventKind {
+        EventKind::InboxShown {
+            loop_name: "a".into(),
+            items,
+        }
+    }
+
+    #[test]
+    fn either_the_summary_or_the_events_can_say_a_loop_ended() {
+        let mut l = LoopSummary::pending("a", "t");
+        assert_eq!(finished(&l, None), None);
+        assert_eq!(
+            finished(&l, Some(LoopStatus::Completed)),
+            Some(LoopStatus::Completed)
+        );
+        l.status = LoopStatus::Running;
+        assert_eq!(
+            finished(&l, Some(LoopStatus::Failed)),
+            Some(LoopStatus::Failed)
+        );
+        l.status = LoopStatus::Completed;
+        assert_eq!(finished(&l, None), Some(LoopStatus::Completed));
+        assert_eq!(
+            finished(&l, Some(LoopStatus::Blocked)),
+            Some(LoopStatus::Blocked)
+        );
+        // Blocked before it ran (no merge): it may run; blocked by its merge: it ran.
+        l.status = LoopStatus::Blocked;
+        assert_eq!(finished(&l, None), None);
+        l.merge = Some(MergeSummary::default());
+        assert_eq!(finished(&l, None), Some(LoopStatus::Blocked));
+        assert_eq!(
+            finished(&l, Some(LoopStatus::Completed)),
+            Some(LoopStatus::Blocked)
+        );
+        l.status = LoopStatus::Stopped;
+        l.merge = None;
+        assert_eq!(finished(&l, None), None);
+    }
+
+    fn noted(iteration: u32) -> EventKind {
+        EventKind::ProgressNoted {
+            loop_name: "a".into(),
+            iteration,
+            note: format!("note {iteration}"),
+        }
+    }
+
+    #[test]
+    fn only_finished_iterations_count() {
+        let mut seen = BTreeMap::new();
+        let mut last = 0;
+        for (seq, kind) in [
+            (1, shown(2)),
+            (2, ended(1, Some(false))),
+            (3, noted(1)),
+            (4, shown(1)),
+            // Cut short: what it showed is shown again, and it runs again.
+            (5, ended(2, None)),
+            (6, shown(3)),
+            // Its validation failed but its note is not there: not finished either.
+            (7, ended(2, Some(false))),
+        ] {
+            take_event(&mut seen, &mut last, &event(seq, kind)).unwrap();
+        }
+        let a = &seen["a"];
+        assert_eq!((a.next_iteration, a.shown, a.shown_pending), (2, 2, 3));
+        assert_eq!((a.ended, a.model_calls), (None, Some(1)));
+        assert_eq!(a.progress, ["note 1"]);
+        assert_eq!(last, 7);
+        take_event(&mut seen, &mut last, &event(8, noted(2))).unwrap();
+        take_event(&mut seen, &mut last, &event(9, ended(3, Some(true)))).unwrap();
+        let a = &seen["a"];
+        assert_eq!((a.next_iteration, a.shown, a.model_calls), (4, 5, Some(3)));
+        assert_eq!(a.ended, Some(LoopStatus::Completed));
+        assert_eq!(a.progress, ["note 1", "note 2"]);
+    }
+
+    #[test]
+    fn numbers_that_cannot_go_on_are_refused_by_field() {
+        let mut seen = BTreeMap::new();
+        let mut last = 0;
+        let e = take_event(&mut seen, &mut last, &event(MAX_SEQ + 1, shown(0))).unwrap_err();
+        assert!(e.contains("field `seq`"), "{e}");
+        take_event(&mut seen, &mut last, &event(MAX_SEQ, shown(0))).unwrap();
+        assert_eq!(last, MAX_SEQ);
+        let e =
+            take_event(&mut seen, &mut last, &event(1, ended(u32::MAX, Some(true)))).unwrap_err();
+        assert!(e.contains("field `iteration`"), "{e}");
+        take_event(
+            &mut seen,
+            &mut last,
+            &event(2, ended(u32::MAX - 1, Some(true))),
+        )
+        .unwrap();
+        assert_eq!(seen["a"].next_iteration, u32::MAX);
+        let e = take_event(&mut seen, &mut last, &event(3, noted(u32::MAX))).unwrap_err();
+        assert!(e.contains("field `iteration`"), "{e}");
+        take_event(&mut seen, &mut last, &event(3, shown(usize::MAX))).unwrap();
+        let e = take_event(&mut seen, &mut last, &event(4, shown(1))).unwrap_err();
+        assert!(e.contains("field `items`"), "{e}");
+    }
 }

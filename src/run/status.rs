@@ -14,14 +14,15 @@ use crate::llm::{Block, Purpose, Role, StopReason};
 use crate::text::head_tail;
 
 use super::record::{
-    LoopStatus, LoopSummary, RunSummary, SUMMARY_FILE, duration_between, for_each_jsonl,
-    loop_names, read_summary, runs_root, transcript_path,
+    LoopStatus, LoopSummary, RunSummary, duration_between, for_each_jsonl, is_run_dir, loop_names,
+    read_summary, runs_root, transcript_path,
 };
 
 /// How many run ids an error message lists.
 const LISTED_RUNS: usize = 10;
 
-/// The runs under `root` (directories holding a `summary.json`), oldest first.
+/// The runs under `root` (directories holding a `summary.json`, or the `events.jsonl` it can
+/// be rebuilt from), oldest first.
 pub fn list_runs(root: &Path) -> Result<Vec<String>, String> {
     let entries = std::fs::read_dir(root).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -35,7 +36,7 @@ pub fn list_runs(root: &Path) -> Result<Vec<String>, String> {
     })?;
     let mut runs: Vec<String> = entries
         .flatten()
-        .filter(|e| e.path().join(SUMMARY_FILE).is_file())
+        .filter(|e| is_run_dir(&e.path()))
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .collect();
     runs.sort();
@@ -45,7 +46,7 @@ pub fn list_runs(root: &Path) -> Result<Vec<String>, String> {
 /// Finds the run directory meant by `path` (a project, a runs root or a run directory)
 /// and `run` (a run id; the newest run when `None`).
 pub fn resolve_run_dir(path: &Path, run: Option<&str>) -> Result<PathBuf, String> {
-    let is_run = path.join(SUMMARY_FILE).is_file();
+    let is_run = is_run_dir(path);
     if is_run && run.is_none_or(|id| path.file_name().is_some_and(|n| n == id)) {
         return Ok(path.to_path_buf());
     }
@@ -87,20 +88,34 @@ fn available(runs: &[String]) -> String {
     text
 }
 
+/// What `status` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusOutput {
+    /// For stdout: the table, or the summary as JSON.
+    pub text: String,
+    /// For stderr, a line each: how the summary was rebuilt when `summary.json` was missing
+    /// or damaged, and the lines of the record that could not be read.
+    pub notes: Vec<String>,
+}
+
 /// The status of a run: a table of its loops (name, type, status, iterations, validation,
-/// branch, duration), or with `json` the run's `summary.json` as it is.
-pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<String, String> {
+/// branch, duration), or with `json` the run's `summary.json` as it is. A missing or damaged
+/// `summary.json` is rebuilt from the run's events (and said so in the notes); nothing is
+/// written.
+pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<StatusOutput, String> {
     let dir = resolve_run_dir(path, run)?;
-    let summary = read_summary(&dir)?;
-    if json {
-        return serde_json::to_string_pretty(&summary)
+    let (summary, notes) = super::rebuild::load_summary(&dir)?;
+    let text = if json {
+        serde_json::to_string_pretty(&summary)
             .map(|mut s| {
                 s.push('\n');
                 s
             })
-            .map_err(|e| format!("cannot serialize the summary: {e}"));
-    }
-    Ok(render_status(&summary, &super::record::now_rfc3339()))
+            .map_err(|e| format!("cannot serialize the summary: {e}"))?
+    } else {
+        render_status(&summary, &super::record::now_rfc3339())
+    };
+    Ok(StatusOutput { text, notes })
 }
 
 /// The status table of `summary`; `now` (RFC 3339) gives running loops their elapsed time.

@@ -1,0 +1,128 @@
+//! `summary.json` made again from `events.jsonl` and the loops' transcripts, for when it is
+//! missing or damaged (a full disk, a power loss, a hand): the summary is only a view of
+//! those files, kept by the same rule ([`apply_event`]) the live record uses.
+//!
+//! What the events say is all there: the run id, config, start time and sandbox report (the
+//! run's first event, `run_started`), each loop's type, status, iterations, last validation,
+//! start and end times, completion summary or reason, merge; token usage comes from the
+//! transcripts, the per-tool counts from the receipt logs. What only the orchestrator wrote into the summary is not: each loop's branch
+//! and worktree, and why a loop failed before it started. A record of a run older than
+//! `run_started` takes its run id from its directory name.
+
+use std::path::Path;
+
+use crate::engine::transcript::TranscriptEntry;
+use crate::events::Event;
+use crate::receipts::{Receipt, ToolCounts};
+use crate::run::record::{
+    EVENTS_FILE, LoopStatus, LoopSummary, RECEIPTS_FILE, RunStatus, RunSummary, SUMMARY_FILE,
+    SUMMARY_VERSION, apply_event, for_each_jsonl, loop_dir, loop_names, read_summary,
+    transcript_path,
+};
+
+/// The run's summary: `summary.json` when it reads, otherwise rebuilt from the events, with
+/// what was done said in the notes (one line each, for stderr): why the file could not be
+/// used, and the lines of the events and transcripts that could not be read. An error when
+/// neither is there.
+pub fn load_summary(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
+    let why = match read_summary(run_dir) {
+        Ok(summary) => return Ok((summary, Vec::new())),
+        Err(e) => e,
+    };
+    if !run_dir.join(EVENTS_FILE).is_file() {
+        return Err(why);
+    }
+    let problem = if run_dir.join(SUMMARY_FILE).exists() {
+        format!("{SUMMARY_FILE} cannot be used ({why})")
+    } else {
+        format!("{SUMMARY_FILE} is missing")
+    };
+    let (summary, mut notes) = rebuild(run_dir)?;
+    notes.insert(
+        0,
+        format!(
+            "{problem}: rebuilt from {EVENTS_FILE} and the loops' transcripts (branches and \
+             worktrees are not in them)"
+        ),
+    );
+    Ok((summary, notes))
+}
+
+/// The summary that the events and transcripts of `run_dir` say, and the lines that could
+/// not be read (one note each).
+pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
+    let mut summary = RunSummary {
+        version: SUMMARY_VERSION,
+        run_id: run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        ..RunSummary::default()
+    };
+    let mut notes = Vec::new();
+    let mut first_time: Option<String> = None;
+    let mut last_time: Option<String> = None;
+    for_each_jsonl::<Event>(&run_dir.join(EVENTS_FILE), |line, event| match event {
+        Ok(event) => {
+            first_time.get_or_insert_with(|| event.time.clone());
+            last_time = Some(event.time.clone());
+            apply_event(&mut summary, &event);
+        }
+        Err(why) => notes.push(format!("{EVENTS_FILE} line {line}: {why} (skipped)")),
+    })?;
+    if summary.started_at.is_empty() {
+        summary.started_at = first_time.unwrap_or_default();
+    }
+    for name in loop_names(run_dir, Some(&summary)) {
+        let Ok(path) = transcript_path(run_dir, &name) else {
+            continue;
+        };
+        let entry = summary
+            .loops
+            .entry(name.clone())
+            .or_insert_with(|| LoopSummary::pending(&name, ""));
+        if let Ok(dir) = loop_dir(run_dir, &name)
+            && dir.join(RECEIPTS_FILE).is_file()
+        {
+            entry.tools.clear();
+            for_each_jsonl::<Receipt>(&dir.join(RECEIPTS_FILE), |line, item| match item {
+                Ok(receipt) => entry
+                    .tools
+                    .entry(ToolCounts::key(&receipt).to_string())
+                    .or_default()
+                    .add(&receipt),
+                Err(why) => notes.push(format!(
+                    "loops/{name}/{RECEIPTS_FILE} line {line}: {why} (skipped)"
+                )),
+            })?;
+        }
+        if !path.is_file() {
+            continue;
+        }
+        for_each_jsonl::<TranscriptEntry>(&path, |line, item| match item {
+            Ok(TranscriptEntry::Response { response, .. }) => {
+                let usage = &mut entry.usage;
+                usage.input_tokens = usage
+                    .input_tokens
+                    .saturating_add(response.usage.input_tokens);
+                usage.output_tokens = usage
+                    .output_tokens
+                    .saturating_add(response.usage.output_tokens);
+            }
+            Ok(_) => {}
+            Err(why) => notes.push(format!(
+                "loops/{name}/transcript.jsonl line {line}: {why} (skipped)"
+            )),
+        })?;
+    }
+    // The end of the run is not an event: a run whose loops all ended ended (about) with its
+    // last event; otherwise it was still going, or crashed, as a summary would say then.
+    let ended = |l: &LoopSummary| l.status.is_final() || l.status == LoopStatus::Blocked;
+    if !summary.loops.is_empty() && summary.loops.values().all(ended) {
+        summary.status = summary.status_from_loops();
+        summary.ended_at = last_time;
+    } else {
+        summary.status = RunStatus::Running;
+    }
+    Ok((summary, notes))
+}

@@ -1,0 +1,280 @@
+//! `summary.json`, written behind the run by a thread of its own.
+//!
+//! The summary changes on every loop start, iteration end and model reply. Each write is
+//! durable (temporary file, synced, renamed, directory synced: [`crate::record_io::replace`]),
+//! which takes milliseconds; done in the caller, it would hold up the loop that made the
+//! change and, for changes made by events, every loop of the run. So a change only marks the
+//! summary dirty, and the writer thread writes the latest version: changes that come while a
+//! write is in progress are written together by the next one. [`SummaryFile::flush`] waits
+//! until what was changed is on the disk (the end of a run, tests).
+//!
+//! The summary is a view of the events and transcripts, which a resume can rebuild it from
+//! (`rebuild.rs`): a summary a little behind the events is never a loss. A write that fails
+//! is reported to the record's [`Failures`], which makes the record unwritable.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::context::lock;
+use crate::run::record::{RunSummary, SUMMARY_FILE};
+
+/// The writes of a run record that failed: the first makes the record unwritable.
+#[derive(Debug)]
+pub struct Failures {
+    dir: PathBuf,
+    count: AtomicU64,
+    first: OnceLock<String>,
+}
+
+impl Failures {
+    /// No failure yet, for the record in `dir`.
+    pub fn new(dir: &Path) -> Self {
+        Failures {
+            dir: dir.to_path_buf(),
+            count: AtomicU64::new(0),
+            first: OnceLock::new(),
+        }
+    }
+
+    /// Records a failed write: the first is logged loudly and kept; repeats (a full disk
+    /// fails every write) are logged quietly.
+    pub fn record(&self, what: String) {
+        if self.count.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::error!("run record {}: {what}", self.dir.display());
+        } else {
+            tracing::debug!("run record {}: {what}", self.dir.display());
+        }
+        let _ = self.first.set(what);
+    }
+
+    /// How many writes failed.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The first failed write, once there was one.
+    pub fn first(&self) -> Option<String> {
+        self.first.get().cloned()
+    }
+}
+
+struct State {
+    summary: RunSummary,
+    /// Changed since the last snapshot was taken for writing.
+    dirty: bool,
+    /// A snapshot is being written.
+    writing: bool,
+    /// The record is going away: write what is dirty, then stop.
+    closing: bool,
+    /// The outcome of the last write.
+    last: Result<(), String>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Signalled on every change and after every write.
+    changed: Condvar,
+    failures: Arc<Failures>,
+}
+
+impl Shared {
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        // A bounded wait: a flush also notices a writer thread that is gone.
+        match self.changed.wait_timeout(state, Duration::from_millis(200)) {
+            Ok((guard, _)) => guard,
+            Err(poisoned) => poisoned.into_inner().0,
+        }
+    }
+
+    /// Writes the latest summary if it changed; returns whether there was something to do.
+    fn write_dirty(&self) -> bool {
+        let snapshot = {
+            let mut state = lock(&self.state);
+            if !state.dirty {
+                return false;
+            }
+            state.dirty = false;
+            state.writing = true;
+            state.summary.clone()
+        };
+        let written = write_summary(&self.dir, &snapshot);
+        if let Err(e) = &written {
+            self.failures.record(e.clone());
+        }
+        let mut state = lock(&self.state);
+        state.writing = false;
+        state.last = written;
+        self.changed.notify_all();
+        true
+    }
+}
+
+/// A run's summary in memory, and its file kept up to date by a writer thread.
+pub struct SummaryFile {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SummaryFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SummaryFile")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SummaryFile {
+    /// Writes `summary` to `dir/summary.json` now (an error when it cannot be), then keeps
+    /// the file up to date with every change. Failed writes go to `failures`.
+    pub fn start(
+        dir: &Path,
+        summary: RunSummary,
+        failures: Arc<Failures>,
+    ) -> Result<SummaryFile, String> {
+        write_summary(dir, &summary)?;
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(State {
+                summary,
+                dirty: false,
+                writing: false,
+                closing: false,
+                last: Ok(()),
+            }),
+            changed: Condvar::new(),
+            failures,
+        });
+        let thread_shared = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("summary-writer".into())
+            .spawn(move || writer_loop(&thread_shared))
+            .map_err(|e| format!("cannot start the summary writer: {e}"))?;
+        Ok(SummaryFile {
+            shared,
+            writer: Some(writer),
+        })
+    }
+
+    /// A copy of the summary as it is now.
+    pub fn get(&self) -> RunSummary {
+        lock(&self.shared.state).summary.clone()
+    }
+
+    /// Changes the summary with `change`, which says whether it changed anything; a change
+    /// is written soon (`change` runs under the summary's lock: keep it short).
+    pub fn change(&self, change: impl FnOnce(&mut RunSummary) -> bool) {
+        let mut state = lock(&self.shared.state);
+        if change(&mut state.summary) {
+            state.dirty = true;
+            self.shared.changed.notify_all();
+        }
+    }
+
+    /// Waits until every change made so far is written, and returns how the last write
+    /// went. Writes itself when the writer thread is gone.
+    pub fn flush(&self) -> Result<(), String> {
+        let mut state = lock(&self.shared.state);
+        while state.dirty || state.writing {
+            if self.writer.as_ref().is_none_or(JoinHandle::is_finished) {
+                drop(state);
+                self.shared.write_dirty();
+                state = lock(&self.shared.state);
+                continue;
+            }
+            state = self.shared.wait(state);
+        }
+        state.last.clone()
+    }
+}
+
+impl Drop for SummaryFile {
+    fn drop(&mut self) {
+        lock(&self.shared.state).closing = true;
+        self.shared.changed.notify_all();
+        if let Some(writer) = self.writer.take() {
+            // It writes what is left, then ends.
+            let _ = writer.join();
+        }
+    }
+}
+
+fn writer_loop(shared: &Shared) {
+    loop {
+        if shared.write_dirty() {
+            continue;
+        }
+        let state = lock(&shared.state);
+        if state.closing && !state.dirty {
+            return;
+        }
+        if !state.dirty {
+            drop(shared.wait(state));
+        }
+    }
+}
+
+/// Replaces `summary.json` atomically and durably: readers see the old or the new file,
+/// never a mix, and a power loss keeps one of them. Secrets are redacted.
+pub fn write_summary(dir: &Path, summary: &RunSummary) -> Result<(), String> {
+    let path = dir.join(SUMMARY_FILE);
+    let text = serde_json::to_string_pretty(summary)
+        .map_err(|e| format!("cannot serialize the run summary: {e}"))?;
+    let mut text = crate::secrets::redact_json(&text).into_owned();
+    text.push('\n');
+    crate::record_io::replace(&path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::record::read_summary;
+
+    #[test]
+    fn changes_reach_the_file_and_a_flush_waits_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let failures = Arc::new(Failures::new(dir.path()));
+        let file = SummaryFile::start(dir.path(), RunSummary::default(), failures.clone()).unwrap();
+        assert_eq!(read_summary(dir.path()).unwrap(), RunSummary::default());
+        for n in 0..200 {
+            file.change(|s| {
+                s.run_id = format!("r{n}");
+                true
+            });
+        }
+        file.change(|_| false);
+        file.flush().unwrap();
+        assert_eq!(read_summary(dir.path()).unwrap().run_id, "r199");
+        assert_eq!(file.get().run_id, "r199");
+        assert_eq!(failures.count(), 0);
+        // What is changed just before the record goes away is written too.
+        file.change(|s| {
+            s.run_id = "last".into();
+            true
+        });
+        drop(file);
+        assert_eq!(read_summary(dir.path()).unwrap().run_id, "last");
+    }
+
+    #[test]
+    fn a_write_that_fails_is_a_failure_of_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let failures = Arc::new(Failures::new(dir.path()));
+        let file = SummaryFile::start(dir.path(), RunSummary::default(), failures.clone()).unwrap();
+        // The temporary file's name taken by a directory: the write cannot be made.
+        std::fs::create_dir(dir.path().join("summary.json.tmp")).unwrap();
+        file.change(|s| {
+            s.run_id = "lost".into();
+            true
+        });
+        let e = file.flush().unwrap_err();
+        assert!(e.contains("cannot write"), "{e}");
+        assert_eq!(failures.count(), 1);
+        assert_eq!(failures.first().as_deref(), Some(e.as_str()));
+        assert_eq!(read_summary(dir.path()).unwrap(), RunSummary::default());
+    }
+}
