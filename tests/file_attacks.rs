@@ -778,3 +778,34 @@ fn hidden_files_are_neither_read_nor_written_by_the_file_tools_under_any_name() 
     assert!(!f.wt.join("keys/new.key").exists());
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
+
+#[test]
+fn artifacts_are_never_written_through_a_symlink_a_command_planted() {
+    // A command plants `.taskdaemon/artifacts/plan-x.md -> ../../.git/hooks/pre-commit`
+    // while `.taskdaemon` does not exist yet (so nothing mounts it read-only); create_plan
+    // must not write the hook, which git would run unconfined.
+    let f = fixture();
+    common::init_repo(&f.wt, &[("README.md", "x\n")]);
+    let hook = f.wt.join(".git/hooks/pre-commit");
+    std::fs::write(&hook, "#!/bin/sh\nexit 0\n").unwrap();
+    let mut exec = Exec::start(&f.wt);
+    let (is_error, content) = exec.call(
+        "run_command",
+        json!({"command": "mkdir -p .taskdaemon/artifacts && ln -s ../../.git/hooks/pre-commit .taskdaemon/artifacts/plan-x.md && ln -s ../../.git .taskdaemon/artifacts/gitdir && ln -s ../.git .taskdaemon/up"}),
+    );
+    assert!(!is_error, "{content}");
+    let plan = json!({
+        "name": "x",
+        "title": "t",
+        "overview": "touch /tmp/pwned-by-a-plan",
+        "specs": [{"name": "s", "title": "t", "description": "d"}]
+    });
+    let (is_error, content) = exec.call("create_plan", plan);
+    assert!(is_error, "{content}");
+    assert!(content.contains("symlink"), "{content}");
+    assert_eq!(
+        std::fs::read_to_string(&hook).unwrap(),
+        "#!/bin/sh\nexit 0\n"
+    );
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}

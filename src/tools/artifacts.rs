@@ -255,7 +255,17 @@ pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<Tool
     let mut written = Vec::new();
     for (ext, content) in [("json", &artifact.json), ("md", &artifact.markdown)] {
         let rel = format!("{ARTIFACT_DIR}/{kind}-{name}.{ext}");
-        let path = ctx.resolve(&rel)?;
+        // The daemon writes here, where the loop's own writes are refused: only to the real
+        // file of that name. A symlink on the way (a command may have planted one while
+        // `.taskdaemon` did not exist yet) would otherwise send the write wherever it points
+        // in the worktree, `.git/hooks` included.
+        let path = ctx.root().join(&rel);
+        if ctx.resolve(&rel)? != path {
+            return Err(ToolError::ProtectedPath {
+                path: rel,
+                reason: "a symlink stands where the artifact goes (the path or a directory on the way); artifacts are written only as real files under .taskdaemon/artifacts. Remove the link with run_command, then try again.".to_string(),
+            });
+        }
         let shown = ctx.display(&path);
         // The loop writes it, so it may edit it next without reading it first; stamped
         // before the write so the watcher sees the loop's own bytes.
