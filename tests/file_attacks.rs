@@ -809,3 +809,46 @@ fn artifacts_are_never_written_through_a_symlink_a_command_planted() {
     );
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
+
+#[test]
+fn an_edit_whose_result_would_be_huge_is_refused_before_anything_is_allocated() {
+    let f = fixture();
+    std::fs::write(f.wt.join("f.txt"), "a".repeat(512 * 1024)).unwrap();
+    std::fs::write(f.wt.join("g.txt"), "a").unwrap();
+    let mut exec = Exec::start(&f.wt);
+    let pid = exec.child.id();
+    let _ = exec.call("read_file", json!({"path": "f.txt"}));
+    // 512 Ki replacements, each 1 MiB long: half a terabyte, once.
+    let edit = json!({"path": "f.txt", "old_string": "a", "new_string": "b".repeat(1024 * 1024), "replace_all": true});
+    let (is_error, content) = exec.call("edit_file", edit);
+    assert!(is_error && content.contains("larger than"), "{content}");
+    // Growing sixteenfold 7 times in one call would make 256 MiB: refused on the way, by the
+    // cap on replacements or on the result's size, whichever comes first.
+    let _ = exec.call("read_file", json!({"path": "g.txt"}));
+    let doubling: Vec<Value> = (0..7)
+        .map(|_| json!({"old_string": "a", "new_string": "a".repeat(16), "replace_all": true}))
+        .collect();
+    let started = Instant::now();
+    let (is_error, content) = exec.call("edit_file", json!({"path": "g.txt", "edits": doubling}));
+    let bounded = content.contains("larger than") || content.contains("matches more than");
+    assert!(is_error && bounded, "{content}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.wt.join("g.txt")).unwrap(),
+        "a",
+        "nothing written"
+    );
+    // The process is alive and its memory stayed far from the sizes asked for.
+    let (is_error, content) = exec.call("read_file", json!({"path": "g.txt"}));
+    assert!(!is_error, "{content}");
+    assert!(
+        peak_kib(pid) < 1024 * 1024,
+        "peaked at {} KiB",
+        peak_kib(pid)
+    );
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}

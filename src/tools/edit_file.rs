@@ -19,7 +19,7 @@ use crate::tools::read_file::{
     count_lines, count_newlines, io_error, line_start, not_found, number_line, split_line,
 };
 use crate::tools::write_file::replace_error;
-use crate::tools::{Tool, ToolOutput, args};
+use crate::tools::{Tool, ToolOutput, args, walk};
 use crate::worktree_fs::replace::Expect;
 use crate::worktree_fs::{OpenedFile, WorktreeFs};
 
@@ -181,15 +181,16 @@ impl Tool for EditFile {
             )
         })?;
 
-        let several = edits.len() > 1;
-        let mut content = original;
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
-        let mut applied = Vec::with_capacity(edits.len());
-        for edit in &edits {
-            let (next, done) = apply(&content, edit, &shown, several, &mut ranges)?;
-            content = next;
-            applied.push(done);
-        }
+        // The edits run on the blocking pool: a file of tens of MiB with many replacements
+        // takes a while, and a call that timed out stops between edits (and never writes:
+        // the write below is only reached by a call still waited for).
+        let (content, applied, ranges, edits) = {
+            let shown = shown.clone();
+            walk::run_blocking(NAME, move |cancel| {
+                apply_all(original, edits, &shown, cancel)
+            })
+            .await?
+        };
 
         let previous = ctx.stamp_own_write(&real, content.as_bytes());
         let job = {
@@ -302,6 +303,37 @@ fn read_for_edit(
     Ok((opened, bytes))
 }
 
+/// What applying a call's edits gives: the new content, what each edit did, the changed
+/// byte ranges, and the edits (handed back for the report).
+type AppliedEdits = (String, Vec<Applied>, Vec<(usize, usize)>, Vec<Edit>);
+
+/// Applies `edits` to `original` in order, all or nothing; stops early when `cancel` says the
+/// call was given up.
+fn apply_all(
+    original: String,
+    edits: Vec<Edit>,
+    shown: &str,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> ToolResult<AppliedEdits> {
+    let several = edits.len() > 1;
+    let mut content = original;
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut applied = Vec::with_capacity(edits.len());
+    for edit in &edits {
+        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ToolError::failed(
+                format!("editing '{shown}'"),
+                "the call was given up",
+                "Nothing was written; try fewer or smaller edits.",
+            ));
+        }
+        let (next, done) = apply(&content, edit, shown, several, &mut ranges)?;
+        content = next;
+        applied.push(done);
+    }
+    Ok((content, applied, ranges, edits))
+}
+
 /// Turns the two input forms into a list of edits, reporting every misuse at once.
 fn edits_of(
     old: Option<String>,
@@ -404,15 +436,13 @@ fn apply(
 ) -> ToolResult<(String, Applied)> {
     let mut old = std::borrow::Cow::Borrowed(edit.old.as_str());
     let mut new = std::borrow::Cow::Borrowed(edit.new.as_str());
-    let mut matches: Vec<usize> = content.match_indices(&*old).map(|(i, _)| i).collect();
+    let field = format!("{}/old_string", edit.pointer);
+    let mut matches = match_positions(content, &old, edit, &field)?;
     let mut crlf_adapted = false;
     if matches.is_empty() && content.contains("\r\n") && edit.old.contains('\n') {
         // read_file hides the \r of CRLF files, so the model writes plain \n.
         let crlf_old = to_crlf(&edit.old);
-        let found: Vec<usize> = content
-            .match_indices(crlf_old.as_str())
-            .map(|(i, _)| i)
-            .collect();
+        let found = match_positions(content, &crlf_old, edit, &field)?;
         if !found.is_empty() {
             matches = found;
             old = crlf_old.into();
@@ -420,7 +450,6 @@ fn apply(
             crlf_adapted = true;
         }
     }
-    let field = format!("{}/old_string", edit.pointer);
     let unchanged = if several {
         " No edit was applied; the file is unchanged."
     } else {
@@ -456,13 +485,25 @@ fn apply(
     }
 
     let (old_len, new_len) = (old.len(), new.len());
-    let grown = matches.len().saturating_mul(new_len);
-    let mut out = String::with_capacity(
-        content
-            .len()
-            .saturating_sub(matches.len() * old_len)
-            .saturating_add(grown),
-    );
+    // The result's size, known before anything is allocated: one replace_all of a short
+    // string by a long one could otherwise ask for terabytes.
+    let size = matches
+        .len()
+        .checked_mul(new_len)
+        .and_then(|grown| (content.len() - matches.len() * old_len).checked_add(grown))
+        .filter(|&size| size as u64 <= MAX_EDIT_BYTES);
+    let Some(size) = size else {
+        return Err(ToolError::invalid(
+            NAME,
+            &format!("{}/new_string", edit.pointer),
+            format!(
+                "{} would make '{shown}' larger than {}, the most edit_file writes.{unchanged} Make a smaller change, or write the file with write_file or a command.",
+                edit.label,
+                human_size(MAX_EDIT_BYTES)
+            ),
+        ));
+    };
+    let mut out = String::with_capacity(size);
     let mut last = 0;
     for &m in &matches {
         out.push_str(&content[last..m]);
@@ -489,6 +530,28 @@ fn apply(
             crlf_adapted,
         },
     ))
+}
+
+/// Most places one edit replaces (each costs a position and a changed range in memory).
+const MAX_REPLACEMENTS: usize = 1_000_000;
+
+/// Byte positions of `old` in `content`, refused past [`MAX_REPLACEMENTS`].
+fn match_positions(content: &str, old: &str, edit: &Edit, field: &str) -> ToolResult<Vec<usize>> {
+    let mut found = Vec::new();
+    for (at, _) in content.match_indices(old) {
+        if found.len() == MAX_REPLACEMENTS {
+            return Err(ToolError::invalid(
+                NAME,
+                field,
+                format!(
+                    "{} matches more than {MAX_REPLACEMENTS} places; make it longer, or change a file like this with a command (e.g. sed).",
+                    edit.label
+                ),
+            ));
+        }
+        found.push(at);
+    }
+    Ok(found)
 }
 
 /// `s` with every line break written as `\r\n`.
