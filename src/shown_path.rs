@@ -2,8 +2,9 @@
 //!
 //! File names are bytes. A name holding a newline would split a listing into fake result
 //! lines, and a name that is not UTF-8 can be listed (lossily) but never named again in a
-//! JSON string. So each name (path component) whose text is not plain is shown as an
-//! *escaped name*: between double quotes, with `\\`, `\"`, `\n`, `\r`, `\t` and `\xNN` (any
+//! JSON string; a name holding `:12:` could forge a grep match, and invisible characters
+//! (bidi controls, line separators) can disguise a name. So each name (path component) whose
+//! text is not plain is shown as an *escaped name*: between double quotes, with `\\`, `\"`, `\n`, `\r`, `\t` and `\xNN` (any
 //! other control byte, and every byte that is not part of valid UTF-8). Plain names are
 //! shown as they are: `src/"a\nb.rs"` is the file `a<newline>b.rs` in `src`.
 //!
@@ -38,9 +39,28 @@ pub fn show(path: &OsStr) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Whether the name `text` can be shown without escaping.
+/// Whether the name `text` can be shown without escaping: not starting with `"`, without
+/// `:` (grep prints `path:line:text`, so a name holding `:12:` could forge a match), and
+/// without characters that break or disguise a line ([`needs_escape`]).
 fn is_plain(text: &str) -> bool {
-    !text.starts_with('"') && !text.chars().any(|c| c.is_control())
+    !text.starts_with('"') && !text.contains(':') && !text.chars().any(needs_escape)
+}
+
+/// Characters a name never shows raw: control characters, and the invisible ones that end a
+/// line for some readers (U+2028, U+2029) or reorder or hide text (bidi controls, zero-width
+/// characters, the byte order mark).
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206F}'
+                | '\u{FEFF}'
+        )
 }
 
 /// The escaped form of `bytes`, quotes included.
@@ -55,12 +75,12 @@ fn escape(bytes: &[u8]) -> String {
                 '\n' => out.push_str("\\n"),
                 '\r' => out.push_str("\\r"),
                 '\t' => out.push_str("\\t"),
-                c if c.is_control() && c.is_ascii() => {
+                c if needs_escape(c) && c.is_ascii() => {
                     let _ = write!(out, "\\x{:02x}", c as u32);
                 }
-                c if c.is_control() => {
-                    // A control character beyond ASCII (C1): its UTF-8 bytes, escaped, so that
-                    // the form reads back as the same bytes.
+                c if needs_escape(c) => {
+                    // Beyond ASCII (C1 controls, invisible characters): its UTF-8 bytes,
+                    // escaped, so that the form reads back as the same bytes.
                     let mut buf = [0u8; 4];
                     for b in c.encode_utf8(&mut buf).bytes() {
                         let _ = write!(out, "\\x{b:02x}");
@@ -94,6 +114,17 @@ pub fn parse(input: &str) -> Option<Result<OsString, String>> {
             match unescape(&name[1..name.len() - 1]) {
                 Ok(bytes) if bytes.is_empty() => {
                     return Some(Err("the escaped name \"\" is empty".to_string()));
+                }
+                // An escape names one file, never a path: no `/`, no NUL, not `.` or `..`.
+                Ok(bytes) if bytes.contains(&b'/') || bytes.contains(&0) => {
+                    return Some(Err(format!(
+                        "in {name}: a name cannot hold '/' or NUL (write the path's separators outside the quotes)"
+                    )));
+                }
+                Ok(bytes) if bytes == b"." || bytes == b".." => {
+                    return Some(Err(format!(
+                        "in {name}: '.' and '..' are not names; write them without quotes"
+                    )));
                 }
                 Ok(bytes) => out.extend_from_slice(&bytes),
                 Err(why) => return Some(Err(format!("in {name}: {why}"))),
@@ -186,6 +217,17 @@ mod tests {
     }
 
     #[test]
+    fn names_that_could_forge_or_hide_text_are_escaped() {
+        assert_eq!(show(OsStr::new("x:99:FAKE.rs")), "\"x:99:FAKE.rs\"");
+        assert_eq!(show(OsStr::new("a\u{2028}b")), "\"a\\xe2\\x80\\xa8b\"");
+        assert_eq!(
+            show(OsStr::new("evil\u{202E}sr.exe")),
+            "\"evil\\xe2\\x80\\xaesr.exe\""
+        );
+        assert_eq!(show(OsStr::new("ü and 日本.txt")), "ü and 日本.txt");
+    }
+
+    #[test]
     fn broken_escaped_forms_are_refused_with_the_reason() {
         for (bad, why) in [
             ("\"a\\q\"", "unknown escape"),
@@ -194,6 +236,10 @@ mod tests {
             ("\"a\"b\"", "unescaped"),
             ("\"a\\\"", "lone"),
             ("d/\"\"", "empty"),
+            ("\"a\\x2fb\"", "cannot hold '/'"),
+            ("\"a\\x00\"", "cannot hold '/' or NUL"),
+            ("\"\\x2e\\x2e\"/etc", "not names"),
+            ("\"\\x2e\"", "not names"),
         ] {
             let err = parse(bad).unwrap().unwrap_err();
             assert!(err.contains(why), "{bad}: {err}");
@@ -203,8 +249,13 @@ mod tests {
     proptest! {
         #[test]
         fn every_path_shown_reads_back_as_itself(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
-            // Paths as the tools show them: no empty names (no `//`, no trailing `/`).
-            let joined: Vec<&[u8]> = bytes.split(|&b| b == b'/').filter(|n| !n.is_empty()).collect();
+            // Paths as the tools show them: names of real files (no NUL; not empty, `.` or
+            // `..`).
+            let bytes: Vec<u8> = bytes.into_iter().filter(|&b| b != 0).collect();
+            let joined: Vec<&[u8]> = bytes
+                .split(|&b| b == b'/')
+                .filter(|n| !n.is_empty() && *n != b"." && *n != b"..")
+                .collect();
             let bytes = joined.join(&b'/');
             let name = OsStr::from_bytes(&bytes);
             let shown = show(name);

@@ -280,7 +280,7 @@ pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<Tool
                 };
                 files
                     .replace(&path, &bytes, how)
-                    .map_err(|e| replace_error(e, "writing", &path, &shown))
+                    .map_err(|e| replace_error(&files, e, "writing", &path, &shown))
             })
         };
         let done = job

@@ -206,7 +206,7 @@ impl Tool for EditFile {
                 files
                     .replace(&real, content.as_bytes(), how)
                     .map(|done| (content, done.late_write))
-                    .map_err(|e| replace_error(e, "writing", &real, &shown))
+                    .map_err(|e| replace_error(&files, e, "writing", &real, &shown))
             })
         };
         let written = job
@@ -258,9 +258,9 @@ fn read_for_edit(
             "Give the path of a file; use list_directory to see what is inside.",
             |e| match e.kind() {
                 std::io::ErrorKind::NotFound => {
-                    not_found(real, shown, "To create a new file, use write_file.")
+                    not_found(files, real, shown, "To create a new file, use write_file.")
                 }
-                _ => io_error("editing", real, shown, &e),
+                _ => io_error(files, "editing", real, shown, &e),
             },
         )
     })?;
@@ -294,7 +294,7 @@ fn read_for_edit(
     std::io::Read::by_ref(&mut opened.file)
         .take(MAX_EDIT_BYTES.saturating_add(1))
         .read_to_end(&mut bytes)
-        .map_err(|e| io_error("reading", real, shown, &e))?;
+        .map_err(|e| io_error(files, "reading", real, shown, &e))?;
     if bytes.len() as u64 > MAX_EDIT_BYTES {
         return Err(ToolError::StaleRead {
             path: shown.to_string(),

@@ -126,12 +126,13 @@ impl Tool for ListDirectory {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(not_found(
+                    ctx.files(),
                     &dir,
                     &shown,
                     "List its parent directory, or use glob to find it.",
                 ));
             }
-            Err(e) => return Err(io_error("listing", &dir, &shown, &e)),
+            Err(e) => return Err(io_error(ctx.files(), "listing", &dir, &shown, &e)),
         }
         let depth = if args.recursive {
             args.max_depth.unwrap_or(DEFAULT_DEPTH).clamp(1, MAX_DEPTH) as usize

@@ -307,7 +307,7 @@ pub(crate) fn open_for_reading(
             "reading",
             shown,
             "Use list_directory to see its entries, then read_file on one of the files.",
-            |e| io_error("reading", real, shown, &e),
+            |e| io_error(files, "reading", real, shown, &e),
         )
     })
 }
@@ -849,9 +849,16 @@ fn write_numbered(out: &mut String, number: usize, head: &str, more: usize) {
 
 /// Maps an I/O error on a file tool's path; a missing file names close matches in its
 /// directory, or says that the directory itself is missing.
-pub(crate) fn io_error(action: &str, real: &Path, shown: &str, err: &std::io::Error) -> ToolError {
+pub(crate) fn io_error(
+    files: &WorktreeFs,
+    action: &str,
+    real: &Path,
+    shown: &str,
+    err: &std::io::Error,
+) -> ToolError {
     if err.kind() == std::io::ErrorKind::NotFound {
         return not_found(
+            files,
             real,
             shown,
             "Use list_directory or glob to find the right path.",
@@ -861,25 +868,27 @@ pub(crate) fn io_error(action: &str, real: &Path, shown: &str, err: &std::io::Er
 }
 
 /// A `NotFound` error for `real` with a "did you mean" from its directory, then `advice`.
-pub(crate) fn not_found(real: &Path, shown: &str, advice: &str) -> ToolError {
-    let hint = match (real.parent(), real.file_name().and_then(|n| n.to_str())) {
-        (Some(parent), Some(name)) => match std::fs::read_dir(parent) {
-            Ok(entries) => {
-                let names: Vec<String> = entries
-                    .filter_map(|e| e.ok())
-                    .filter_map(|e| e.file_name().into_string().ok())
+pub(crate) fn not_found(files: &WorktreeFs, real: &Path, shown: &str, advice: &str) -> ToolError {
+    let hint = match (real.parent(), real.file_name()) {
+        // Listed beneath the root: a parent swapped for a symlink shows nothing from outside.
+        (Some(parent), Some(name)) => match files.entry_names(parent) {
+            Some(entries) => {
+                // Compared and shown as a model sees names (escaped where not plain).
+                let mut names: Vec<String> = entries
+                    .iter()
+                    .map(|n| crate::shown_path::show(n).into_owned())
                     .collect();
-                let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
                 // Sorted so that ties between equally close names resolve the same way.
-                sorted.sort_unstable();
-                match crate::suggest::closest(name, sorted) {
+                names.sort_unstable();
+                let name = crate::shown_path::show(name);
+                match crate::suggest::closest(&name, names.iter().map(String::as_str)) {
                     Some(close) => {
                         format!("Did you mean '{}'? {advice}", sibling_display(shown, close))
                     }
                     None => advice.to_string(),
                 }
             }
-            Err(_) => format!(
+            None => format!(
                 "Its directory '{}' does not exist either. {advice}",
                 parent_display(shown)
             ),
@@ -892,17 +901,17 @@ pub(crate) fn not_found(real: &Path, shown: &str, advice: &str) -> ToolError {
     }
 }
 
-/// How a file named `name` next to `shown` is displayed.
+/// How a file named `name` (as shown) next to `shown` is displayed.
 fn sibling_display(shown: &str, name: &str) -> String {
-    match Path::new(shown).parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.join(name).to_string_lossy().into_owned(),
+    match shown.rsplit_once('/') {
+        Some((parent, _)) if !parent.is_empty() => format!("{parent}/{name}"),
         _ => name.to_string(),
     }
 }
 
 fn parent_display(shown: &str) -> String {
-    match Path::new(shown).parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_string_lossy().into_owned(),
+    match shown.rsplit_once('/') {
+        Some((parent, _)) if !parent.is_empty() => parent.to_string(),
         _ => ".".to_string(),
     }
 }

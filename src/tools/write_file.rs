@@ -137,7 +137,7 @@ fn write_new(
     };
     let done = files
         .replace(real, content.as_bytes(), how)
-        .map_err(|e| replace_error(e, "writing", real, shown))?;
+        .map_err(|e| replace_error(files, e, "writing", real, shown))?;
     let before = match done.before {
         Some(size) => Before::File { size },
         None => Before::Nothing {
@@ -150,6 +150,7 @@ fn write_new(
 /// The tool error for a replace that did not happen (the old file is as it was). Shared with
 /// `edit_file`.
 pub(crate) fn replace_error(
+    files: &WorktreeFs,
     err: ReplaceError,
     action: &str,
     real: &Path,
@@ -169,7 +170,7 @@ pub(crate) fn replace_error(
                     "a part of the path before the file name is a file, not a directory",
                     "Choose another path, or check the parts with list_directory.",
                 ),
-                _ => io_error(action, real, shown, &e),
+                _ => io_error(files, action, real, shown, &e),
             },
         ),
         ReplaceError::Write(e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {

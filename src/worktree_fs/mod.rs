@@ -276,6 +276,20 @@ impl WorktreeFs {
         .map_err(OpenError::from_io)
     }
 
+    /// The names in the directory `real`, read beneath the root (`None` when it cannot be
+    /// opened there: missing, not a directory, or reached through a symlink).
+    pub fn entry_names(&self, real: &Path) -> Option<Vec<std::ffi::OsString>> {
+        let fd = self.open_dir(real).ok()?;
+        let dir = rustix::fs::Dir::read_from(&fd).ok()?;
+        Some(
+            dir.filter_map(Result::ok)
+                .map(|e| e.file_name().to_bytes().to_vec())
+                .filter(|n| n.as_slice() != b"." && n.as_slice() != b"..")
+                .map(std::ffi::OsString::from_vec)
+                .collect(),
+        )
+    }
+
     /// What `real` is, looked at beneath the root without following a symlink on the way or
     /// at the end; `None` when it is not there like that (a walk that read a directory
     /// swapped for a symlink found it outside, or it went away).
