@@ -884,3 +884,48 @@ fn names_cannot_forge_a_grep_match_a_hint_or_hide_behind_invisible_characters() 
     }
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
+
+#[test]
+fn a_directory_moved_back_and_forth_during_the_link_census_does_not_count_twice() {
+    // `A` holds a hard link to a file outside. Moved between `q` and `p` while the census
+    // walks, it could be read in both places, its link counted twice, and the outside file
+    // taken for one whose links are all inside.
+    let f = fixture();
+    for d in ["q/A", "p", "filler"] {
+        std::fs::create_dir_all(f.wt.join(d)).unwrap();
+    }
+    std::fs::hard_link(f.outside.join("secret.txt"), f.wt.join("q/A/h")).unwrap();
+    for i in 0..20_000 {
+        std::fs::write(f.wt.join(format!("filler/{i}")), "").unwrap();
+    }
+    std::fs::write(f.wt.join("decoy"), "decoy\n").unwrap();
+    std::fs::hard_link(f.wt.join("decoy"), f.wt.join("decoy2")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mover = {
+        let (q, p, stop) = (f.wt.join("q/A"), f.wt.join("p/A"), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = std::fs::rename(&q, &p);
+                let _ = std::fs::rename(&p, &q);
+            }
+        })
+    };
+    let mut exec = Exec::start(&f.wt);
+    for round in 0..60 {
+        // A decoy whose links just changed makes the next read take a new census.
+        std::fs::remove_file(f.wt.join("decoy2")).unwrap();
+        std::fs::hard_link(f.wt.join("decoy"), f.wt.join("decoy2")).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let _ = exec.call("read_file", json!({"path": "decoy"}));
+        for path in ["q/A/h", "p/A/h"] {
+            let (_, content) = exec.call("read_file", json!({"path": path}));
+            assert!(
+                !content.contains(SECRET),
+                "round {round}, {path}: {content}"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    mover.join().unwrap();
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}

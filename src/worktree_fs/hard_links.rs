@@ -23,6 +23,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
 use rustix::time::{ClockId, Timespec};
 
 use crate::context::lock;
@@ -82,6 +83,8 @@ struct Census {
     started: (i64, i64),
     /// Links found inside, per (device, inode).
     counts: HashMap<(u64, u64), u64>,
+    /// Whether some directory could not be opened: links in it were not counted.
+    incomplete: bool,
 }
 
 /// The census of one worktree, taken when first needed and again when it is out of date.
@@ -117,10 +120,14 @@ impl HardLinkCensus {
                     .get(&(links.dev, links.ino))
                     .copied()
                     .unwrap_or(0);
-                if inside >= links.nlink {
-                    Verdict::AllInside
-                } else {
-                    Verdict::LinkedOutside { inside }
+                match inside.cmp(&links.nlink) {
+                    std::cmp::Ordering::Equal => Verdict::AllInside,
+                    // More than there are: something was counted twice, so the count proves
+                    // nothing.
+                    std::cmp::Ordering::Greater => Verdict::Unknown,
+                    // The missing links may be in a directory the walk could not open.
+                    std::cmp::Ordering::Less if census.incomplete => Verdict::Unknown,
+                    std::cmp::Ordering::Less => Verdict::LinkedOutside { inside },
                 }
             }
             _ => Verdict::Unknown,
@@ -133,12 +140,16 @@ impl HardLinkCensus {
 fn take(root: &OwnedFd) -> Option<Census> {
     let now = rustix::time::clock_gettime(ClockId::RealtimeCoarse);
     let started = minus_slack(now);
-    let root_dev = u64::from(rustix::fs::fstat(root).ok()?.st_dev);
-    let mut counts = HashMap::new();
+    let root_stat = rustix::fs::fstat(root).ok()?;
+    let mut walk = CensusWalk {
+        root_dev: u64::from(root_stat.st_dev),
+        counts: HashMap::new(),
+        incomplete: false,
+        seen_dirs: std::collections::HashSet::from([u64::from(root_stat.st_ino)]),
+        pending: vec![rustix::fs::openat(root, ".", listing(), Mode::empty()).ok()?],
+    };
     let mut visited = 0usize;
-    let first = rustix::fs::openat(root, ".", listing(), Mode::empty()).ok()?;
-    let mut pending: Vec<OwnedFd> = vec![first];
-    while let Some(dir_fd) = pending.pop() {
+    while let Some(dir_fd) = walk.pending.pop() {
         let mut dir = Dir::read_from(&dir_fd).ok()?;
         while let Some(entry) = dir.read() {
             let entry = entry.ok()?;
@@ -151,15 +162,7 @@ fn take(root: &OwnedFd) -> Option<Census> {
                 return None;
             }
             match entry.file_type() {
-                FileType::Directory => {
-                    if let Ok(sub) = rustix::fs::openat(&dir_fd, name, listing(), Mode::empty()) {
-                        let same_fs =
-                            rustix::fs::fstat(&sub).is_ok_and(|s| u64::from(s.st_dev) == root_dev);
-                        if same_fs {
-                            pending.push(sub);
-                        }
-                    }
-                }
+                FileType::Directory => walk.enter(&dir_fd, name),
                 FileType::RegularFile | FileType::Unknown => {
                     let Ok(stat) = rustix::fs::statat(&dir_fd, name, AtFlags::SYMLINK_NOFOLLOW)
                     else {
@@ -167,20 +170,58 @@ fn take(root: &OwnedFd) -> Option<Census> {
                     };
                     let kind = FileType::from_raw_mode(stat.st_mode);
                     if kind == FileType::Directory {
-                        if let Ok(sub) = rustix::fs::openat(&dir_fd, name, listing(), Mode::empty())
-                        {
-                            pending.push(sub);
-                        }
+                        walk.enter(&dir_fd, name);
                     } else if kind == FileType::RegularFile && u64::from(stat.st_nlink) > 1 {
                         let links = Links::of(&stat);
-                        *counts.entry((links.dev, links.ino)).or_insert(0u64) += 1;
+                        *walk.counts.entry((links.dev, links.ino)).or_insert(0u64) += 1;
                     }
                 }
                 _ => {}
             }
         }
     }
-    Some(Census { started, counts })
+    Some(Census {
+        started,
+        counts: walk.counts,
+        incomplete: walk.incomplete,
+    })
+}
+
+/// The state of one census walk.
+struct CensusWalk {
+    root_dev: u64,
+    counts: HashMap<(u64, u64), u64>,
+    /// A directory could not be opened: its links were not counted.
+    incomplete: bool,
+    /// Directories entered, by inode: one moved during the walk (from a part not read yet
+    /// into one read already) is not read, and counted, twice.
+    seen_dirs: std::collections::HashSet<u64>,
+    pending: Vec<OwnedFd>,
+}
+
+impl CensusWalk {
+    /// Queues the directory `name` in `dir` (never through a symlink, never onto another
+    /// filesystem, never twice).
+    fn enter(&mut self, dir: &OwnedFd, name: &std::ffi::CStr) {
+        let sub = match rustix::fs::openat(dir, name, listing(), Mode::empty()) {
+            Ok(sub) => sub,
+            // Gone meanwhile, or no longer a directory (a symlink now is not followed).
+            Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => return,
+            Err(_) => {
+                self.incomplete = true;
+                return;
+            }
+        };
+        match rustix::fs::fstat(&sub) {
+            Ok(s) if u64::from(s.st_dev) != self.root_dev => {}
+            Ok(s) => {
+                if self.seen_dirs.insert(u64::from(s.st_ino)) {
+                    self.pending.push(sub);
+                }
+            }
+            Err(_) => self.incomplete = true,
+        }
+    }
 }
 
 /// Flags that open a directory for reading its entries, never through a symlink.

@@ -114,7 +114,8 @@ pub enum OpenError {
         /// Links found inside the worktree.
         inside: u64,
     },
-    /// The file's links changed while they were being counted.
+    /// The file's links could not be counted: they changed meanwhile, or a directory of the
+    /// worktree could not be read.
     LinksChanging,
 }
 
@@ -162,8 +163,8 @@ impl OpenError {
             },
             OpenError::LinksChanging => ToolError::failed(
                 format!("{action} '{shown}'"),
-                "its hard links changed while they were being checked",
-                "Try the call again once whatever is linking the file has finished.",
+                "it has several hard links, and they could not all be found inside the worktree (they changed while they were being counted, or a directory of the worktree cannot be read)",
+                "Try the call again once whatever is linking the file has finished; make every directory of the worktree readable.",
             ),
         }
     }
