@@ -456,7 +456,7 @@ impl ToolContext {
         // hang or mislead the check (either counts as a change).
         let now = self
             .files
-            .open_file(path)
+            .open_named_file(path)
             .ok()
             .and_then(|f| stamp_of_open(&f.file).ok());
         if now == Some(stamp) {

@@ -929,3 +929,55 @@ fn a_directory_moved_back_and_forth_during_the_link_census_does_not_count_twice(
     mover.join().unwrap();
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
+
+#[test]
+fn a_special_file_named_by_the_model_is_never_opened_for_reading() {
+    // Opening a device runs its driver; opening a FIFO for reading releases a writer waiting
+    // on it. The FIFO shows it: a writer blocked in open() must stay blocked.
+    let f = fixture();
+    let fifo = f.wt.join("pipe.rs");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let opened = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (fifo, opened) = (fifo.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let file = std::fs::OpenOptions::new().write(true).open(&fifo);
+            opened.store(true, Ordering::SeqCst);
+            drop(file);
+        })
+    };
+    let mut exec = Exec::start(&f.wt);
+    for (tool, input) in [
+        ("read_file", json!({"path": "pipe.rs"})),
+        (
+            "edit_file",
+            json!({"path": "pipe.rs", "old_string": "a", "new_string": "b"}),
+        ),
+        ("grep", json!({"pattern": "x", "path": "pipe.rs"})),
+        ("symbols", json!({"path": "pipe.rs"})),
+    ] {
+        let (is_error, content) = exec.call(tool, input);
+        assert!(
+            is_error && content.contains("not a regular file"),
+            "{tool}: {content}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let released = opened.load(Ordering::SeqCst);
+    // Let the writer go either way, then judge.
+    let _reader = std::os::unix::fs::OpenOptionsExt::custom_flags(
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NONBLOCK,
+    )
+    .open(&fifo);
+    writer.join().unwrap();
+    assert!(!released, "a tool opened the FIFO for reading");
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}

@@ -251,7 +251,7 @@ fn read_for_edit(
     shown: &str,
     precheck: Option<StampCheck>,
 ) -> ToolResult<(OpenedFile, Vec<u8>)> {
-    let mut opened = files.open_file(real).map_err(|refusal| {
+    let mut opened = files.open_named_file(real).map_err(|refusal| {
         refusal.into_tool_error(
             "editing",
             shown,

@@ -302,7 +302,7 @@ pub(crate) fn open_for_reading(
     real: &Path,
     shown: &str,
 ) -> ToolResult<OpenedFile> {
-    files.open_file(real).map_err(|refusal| {
+    files.open_named_file(real).map_err(|refusal| {
         refusal.into_tool_error(
             "reading",
             shown,

@@ -14,7 +14,7 @@ pub mod hard_links;
 pub mod replace;
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 
@@ -217,6 +217,11 @@ impl WorktreeFs {
 
     /// Opens the regular file at `real` for reading: non-blocking (a FIFO swapped in cannot
     /// hang the open), checked with `fstat` before any read, and held to the hard-link rule.
+    ///
+    /// For entries a directory listing said are regular files (the search tools' walks): a
+    /// device node is opened only if one is swapped in between the listing and the open,
+    /// which takes a privilege no loop has. A path the model names goes through
+    /// [`WorktreeFs::open_named_file`] instead.
     pub fn open_file(&self, real: &Path) -> Result<OpenedFile, OpenError> {
         let rel = self.relative(real)?;
         let fd = beneath::open(
@@ -226,6 +231,45 @@ impl WorktreeFs {
             Mode::empty(),
         )
         .map_err(OpenError::from_io)?;
+        self.opened(real, fd)
+    }
+
+    /// Opens the regular file at `real`, a path the model named, without ever opening
+    /// anything else for reading: the path is first opened as a handle only (`O_PATH`, which
+    /// runs no driver code for a device and does not wait for a FIFO's writer), its type
+    /// checked, and only then that same inode opened for reading (through `/proc/self/fd`;
+    /// where that is missing, by path again, refused if the inode is not the one checked).
+    pub fn open_named_file(&self, real: &Path) -> Result<OpenedFile, OpenError> {
+        let rel = self.relative(real)?;
+        let handle = beneath::open(&self.root_fd, rel, OFlags::PATH, Mode::empty())
+            .map_err(OpenError::from_io)?;
+        let stat = rustix::fs::fstat(&handle).map_err(|e| OpenError::Io(e.into()))?;
+        match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
+            rustix::fs::FileType::RegularFile => {}
+            rustix::fs::FileType::Directory => return Err(OpenError::Directory),
+            // O_PATH | O_NOFOLLOW gives the link itself: one swapped in after resolution.
+            rustix::fs::FileType::Symlink => return Err(OpenError::Swapped),
+            _ => return Err(OpenError::NotRegular),
+        }
+        let read_flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let through_proc = format!("/proc/self/fd/{}", handle.as_raw_fd());
+        let fd = match rustix::fs::open(through_proc.as_str(), read_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(_) => {
+                let fd = beneath::open(&self.root_fd, rel, read_flags, Mode::empty())
+                    .map_err(OpenError::from_io)?;
+                let now = rustix::fs::fstat(&fd).map_err(|e| OpenError::Io(e.into()))?;
+                if (now.st_dev, now.st_ino) != (stat.st_dev, stat.st_ino) {
+                    return Err(OpenError::Swapped);
+                }
+                fd
+            }
+        };
+        self.opened(real, fd)
+    }
+
+    /// The checks every open for reading ends with, on the opened file itself.
+    fn opened(&self, real: &Path, fd: OwnedFd) -> Result<OpenedFile, OpenError> {
         let stat = rustix::fs::fstat(&fd).map_err(|e| OpenError::Io(e.into()))?;
         match rustix::fs::FileType::from_raw_mode(stat.st_mode) {
             rustix::fs::FileType::RegularFile => {}
