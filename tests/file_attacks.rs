@@ -981,3 +981,38 @@ fn a_special_file_named_by_the_model_is_never_opened_for_reading() {
     assert!(!released, "a tool opened the FIFO for reading");
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
+
+#[test]
+fn entries_planted_at_guessed_temp_names_neither_block_a_write_nor_are_removed() {
+    let f = fixture();
+    std::fs::write(f.wt.join("a.txt"), "old\n").unwrap();
+    let mut exec = Exec::start(&f.wt);
+    let pid = exec.child.id();
+    // What the temp names of this process would have been, planted as links to outside.
+    let planted: Vec<PathBuf> = (0..50)
+        .map(|n| f.wt.join(format!(".taskdaemon-write-{pid}-{n}.tmp")))
+        .collect();
+    for p in &planted {
+        std::os::unix::fs::symlink(f.outside.join("secret.txt"), p).unwrap();
+    }
+    for round in 0..5 {
+        let (is_error, content) = exec.call(
+            "write_file",
+            json!({"path": "a.txt", "content": format!("new {round}\n")}),
+        );
+        assert!(!is_error, "{content}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(f.wt.join("a.txt")).unwrap(),
+        "new 4\n"
+    );
+    assert!(
+        planted.iter().all(|p| p.is_symlink()),
+        "a planted entry was removed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.outside.join("secret.txt")).unwrap(),
+        format!("{SECRET}\n")
+    );
+    assert!(exec.finish_within(Duration::from_secs(10)));
+}

@@ -205,7 +205,7 @@ impl Tool for EditFile {
                 };
                 files
                     .replace(&real, content.as_bytes(), how)
-                    .map(|done| (content, done.late_write))
+                    .map(|done| (content, done))
                     .map_err(|e| replace_error(&files, e, "writing", &real, &shown))
             })
         };
@@ -219,7 +219,7 @@ impl Tool for EditFile {
                 )
             })
             .and_then(|r| r);
-        let (content, late_write) = match written {
+        let (content, done) = match written {
             Ok(c) => c,
             Err(e) => {
                 ctx.undo_write_stamp(&real, previous);
@@ -229,10 +229,16 @@ impl Tool for EditFile {
         ctx.finish_own_write(&real);
 
         let mut text = report(&shown, &content, &edits, &applied, &ranges);
-        if late_write {
+        if done.late_write {
             let _ = write!(
                 text,
                 "\nWarning: another process wrote to '{shown}' while it was being replaced; what it wrote went to the old version and is not in the file. Read the file again and check that nothing is missing."
+            );
+        }
+        if done.unchecked {
+            let _ = write!(
+                text,
+                "\nWarning: another process moved the old version of '{shown}' away while it was being replaced, so it could not be checked against what you read. Read the file again and check the result."
             );
         }
         Ok(ToolOutput::text(text).with_effect(SideEffect::FileWritten {

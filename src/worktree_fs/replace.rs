@@ -57,6 +57,9 @@ pub struct Replaced {
     /// Whether another process wrote to the replaced file after it was checked (through a
     /// descriptor it opened before the exchange): those bytes are not in the new file.
     pub late_write: bool,
+    /// Whether another process moved the replaced file away before it could be checked: the
+    /// new content is in place, but was not checked against what the loop read.
+    pub unchecked: bool,
 }
 
 /// Why a replace did not happen; the old file is as it was.
@@ -119,10 +122,11 @@ impl WorktreeFs {
         if result.is_err() {
             made.remove();
         }
-        result.map(|(before, late_write)| Replaced {
+        result.map(|(before, outcome)| Replaced {
             before,
             made_parents: !made.dirs.is_empty(),
-            late_write,
+            late_write: outcome == Outcome::LateWrite,
+            unchecked: outcome == Outcome::Unchecked,
         })
     }
 }
@@ -179,16 +183,17 @@ fn replace_in(
     content: &[u8],
     expect: &Expect<'_>,
     links_allowed: &dyn Fn(Links) -> Result<(), OpenError>,
-) -> Result<(Option<u64>, bool), ReplaceError> {
+) -> Result<(Option<u64>, Outcome), ReplaceError> {
     let existing = existing_file(parent, name, links_allowed)?;
     if matches!(expect, Expect::Unchanged { .. }) && existing.is_none() {
         return Err(ReplaceError::Stale);
     }
-    let temp = temp_name();
+    let (temp, temp_file) = create_temp(parent).map_err(ReplaceError::Write)?;
+    // Only a name this call made is ever removed.
     let discard_temp = || {
         let _ = rustix::fs::unlinkat(parent, temp.as_os_str(), AtFlags::empty());
     };
-    if let Err(e) = write_temp(parent, &temp, content, existing.as_ref()) {
+    if let Err(e) = write_temp(temp_file, content, existing.as_ref()) {
         discard_temp();
         return Err(ReplaceError::Write(e));
     }
@@ -242,7 +247,9 @@ fn replace_in(
         match check_replaced(parent, &temp, expect) {
             Ok(state) => checked = state,
             Err(refusal) => {
-                let _ = exchange(parent, &temp, name);
+                if exchange(parent, &temp, name).is_err() {
+                    return put_back_failed(parent, &temp, name, before, refusal);
+                }
                 // While the new file had the name, a process that opened the name wrote to
                 // it; those bytes leave with it. Rare (the cheap check passed just before),
                 // but never silent.
@@ -268,7 +275,14 @@ fn replace_in(
         }
         _ => false,
     };
-    Ok((before, late_write))
+    Ok((
+        before,
+        if late_write {
+            Outcome::LateWrite
+        } else {
+            Outcome::Clean
+        },
+    ))
 }
 
 /// What is at `name` now: nothing, or a regular file that may be replaced (its links all
@@ -295,21 +309,37 @@ fn existing_file(
     Ok(Some(stat))
 }
 
-/// Creates the temp file `temp` in `parent` holding `content`, flushed to disk, with the
-/// permissions (not set-id bits) and, where allowed, the owner of the file it replaces.
+/// Tries this many temp names before giving up (a name is taken only if something else made
+/// it: a command that plants entries where it guesses the next temp name will be).
+const TEMP_ATTEMPTS: usize = 16;
+
+/// Makes a new, empty temp file in `parent` under a fresh name; a name that exists already
+/// (planted, or left by a crash) is left alone and another one tried.
+fn create_temp(parent: &OwnedFd) -> std::io::Result<(OsString, File)> {
+    let mut last = Errno::EXIST;
+    for _ in 0..TEMP_ATTEMPTS {
+        let temp = temp_name();
+        match rustix::fs::openat(
+            parent,
+            temp.as_os_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o666),
+        ) {
+            Ok(fd) => return Ok((temp, File::from(fd))),
+            Err(Errno::EXIST) => last = Errno::EXIST,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.into())
+}
+
+/// Fills the temp file with `content`, flushed to disk, with the permissions (not set-id
+/// bits) and, where allowed, the owner of the file it replaces.
 fn write_temp(
-    parent: &OwnedFd,
-    temp: &OsStr,
+    mut temp_file: File,
     content: &[u8],
     existing: Option<&rustix::fs::Stat>,
 ) -> std::io::Result<()> {
-    let temp_fd = rustix::fs::openat(
-        parent,
-        temp,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o666),
-    )?;
-    let mut temp_file = File::from(temp_fd);
     if let Some(stat) = existing {
         rustix::fs::fchmod(&temp_file, Mode::from_raw_mode(stat.st_mode & 0o777))?;
         let _ = rustix::fs::fchown(
@@ -333,6 +363,38 @@ fn unchanged_since(parent: &OwnedFd, name: &OsStr, old: &File, since: FileState)
         return false;
     };
     at_name.st_dev == now.st_dev && at_name.st_ino == now.st_ino && FileState::of(&now) == since
+}
+
+/// What is left to do when the old file could not be exchanged back after a failed check
+/// (another process renamed one of the two names meanwhile). If the old file is still under
+/// the temp name, it takes its name back if that is free (else it stays there, and the
+/// error stands). If it is gone, the new content holds the name and cannot be taken back:
+/// that is reported as a replace that could not be checked, never as a refusal.
+fn put_back_failed(
+    parent: &OwnedFd,
+    temp: &OsStr,
+    name: &OsStr,
+    before: Option<u64>,
+    refusal: ReplaceError,
+) -> Result<(Option<u64>, Outcome), ReplaceError> {
+    let old_still_there = rustix::fs::statat(parent, temp, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+    if old_still_there {
+        let _ = rustix::fs::renameat_with(parent, temp, parent, name, RenameFlags::NOREPLACE);
+        return Err(refusal);
+    }
+    sync_directory(parent);
+    Ok((before, Outcome::Unchecked))
+}
+
+/// How a replace that happened went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Checked, and nothing wrote to the old version after the check.
+    Clean,
+    /// Checked, but a process wrote to the old version after the check.
+    LateWrite,
+    /// The old version was moved away before it could be checked.
+    Unchecked,
 }
 
 /// Size and modification time of a file, to notice a write after its check.
@@ -428,11 +490,85 @@ fn sync_directory(parent: &OwnedFd) {
     }
 }
 
-/// A fresh hidden temp name (short, so that it fits whatever the file's name is).
+/// A fresh hidden temp name (short, so that it fits whatever the file's name is): the
+/// process, a counter, and random bits, so that it cannot be guessed ahead.
 fn temp_name() -> OsString {
     let n = NEXT_TEMP.fetch_add(1, Ordering::Relaxed);
+    let mut random = [0u8; 6];
+    // Without random bits the name is still unique to this process and call; an entry
+    // planted at it only costs another attempt.
+    let _ = getrandom::fill(&mut random);
     let mut name = OsString::from(".taskdaemon-write-");
-    name.push(format!("{}-{n}.tmp", std::process::id()));
+    name.push(format!(
+        "{}-{n}-{}.tmp",
+        std::process::id(),
+        hex::encode(random)
+    ));
     debug_assert!(!name.as_bytes().contains(&b'/'));
     name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> (tempfile::TempDir, OwnedFd) {
+        let tmp = tempfile::tempdir().unwrap();
+        let fd = rustix::fs::open(
+            tmp.path(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        (tmp, fd)
+    }
+
+    #[test]
+    fn an_old_version_taken_away_before_its_check_makes_an_unchecked_replace_not_a_refusal() {
+        let (tmp, fd) = dir();
+        std::fs::write(tmp.path().join("f"), "new").unwrap();
+        let done = put_back_failed(
+            &fd,
+            OsStr::new("gone.tmp"),
+            OsStr::new("f"),
+            Some(3),
+            ReplaceError::Stale,
+        );
+        assert!(
+            matches!(done, Ok((Some(3), Outcome::Unchecked))),
+            "{done:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("f")).unwrap(),
+            "new"
+        );
+    }
+
+    #[test]
+    fn an_old_version_still_under_the_temp_name_takes_a_free_name_back() {
+        let (tmp, fd) = dir();
+        std::fs::write(tmp.path().join("old.tmp"), "old").unwrap();
+        let done = put_back_failed(
+            &fd,
+            OsStr::new("old.tmp"),
+            OsStr::new("f"),
+            Some(3),
+            ReplaceError::Stale,
+        );
+        assert!(matches!(done, Err(ReplaceError::Stale)), "{done:?}");
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("f")).unwrap(),
+            "old"
+        );
+    }
+
+    #[test]
+    fn a_planted_temp_name_is_skipped_and_kept() {
+        let (tmp, fd) = dir();
+        let (name, file) = create_temp(&fd).unwrap();
+        drop(file);
+        assert!(tmp.path().join(&name).is_file());
+        let (other, _) = create_temp(&fd).unwrap();
+        assert_ne!(name, other, "temp names are fresh");
+    }
 }
