@@ -6,9 +6,9 @@
 //!   tmp/wt/            the worktree
 //!   tmp/outside/       secret.txt ("TOP-SECRET")
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod common;
+
+use common::tool_exec::{Exec, peak_kib};
 
 const SECRET: &str = "TOP-SECRET";
 
@@ -37,74 +39,6 @@ fn fixture() -> Fixture {
         _dir: dir,
         wt,
         outside,
-    }
-}
-
-/// A `tool exec` session.
-struct Exec {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-    next: u64,
-}
-
-impl Exec {
-    fn start(worktree: &Path) -> Exec {
-        Exec::start_with(worktree, &[])
-    }
-
-    /// A session with more arguments after `--worktree DIR`.
-    fn start_with(worktree: &Path, extra: &[&std::ffi::OsStr]) -> Exec {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-            .args(["tool", "exec", "--worktree"])
-            .arg(worktree)
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Exec {
-            child,
-            stdin,
-            stdout,
-            next: 0,
-        }
-    }
-
-    /// One call; returns (is_error, content).
-    fn call(&mut self, name: &str, input: Value) -> (bool, String) {
-        self.next += 1;
-        let id = self.next.to_string();
-        let line = json!({"id": id, "name": name, "input": input}).to_string();
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{line}").unwrap();
-        stdin.flush().unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
-        let v: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
-        assert_eq!(v["id"], id.as_str(), "{v}");
-        (
-            v["is_error"].as_bool().unwrap(),
-            v["content"].as_str().unwrap().to_string(),
-        )
-    }
-
-    /// Closes stdin and waits at most `limit` for the process to exit.
-    fn finish_within(mut self, limit: Duration) -> bool {
-        drop(self.stdin.take());
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        false
     }
 }
 
@@ -624,13 +558,6 @@ fn names_with_newlines_or_bytes_that_are_not_utf8_are_shown_escaped_and_can_be_p
     let (is_error, content) = exec.call("read_file", json!({"path": r#"d/"bad\q""#}));
     assert!(is_error && content.contains("unknown escape"), "{content}");
     assert!(exec.finish_within(Duration::from_secs(10)));
-}
-
-/// Peak resident memory (`VmHWM`, KiB) of process `pid`.
-fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 #[test]
