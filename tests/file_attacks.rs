@@ -7,7 +7,7 @@
 //!   tmp/outside/       secret.txt ("TOP-SECRET")
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,29 +17,15 @@ use serde_json::{Value, json};
 
 mod common;
 
+use common::attack::{Fixture, Swapping, mkfifo};
 use common::tool_exec::{Exec, peak_kib};
 
 const SECRET: &str = "TOP-SECRET";
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    wt: PathBuf,
-    outside: PathBuf,
-}
-
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    let wt = root.join("wt");
-    let outside = root.join("outside");
-    std::fs::create_dir_all(&wt).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
-    std::fs::write(outside.join("secret.txt"), format!("{SECRET}\n")).unwrap();
-    Fixture {
-        _dir: dir,
-        wt,
-        outside,
-    }
+    let f = common::attack::fixture();
+    std::fs::write(f.outside.join("secret.txt"), format!("{SECRET}\n")).unwrap();
+    f
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -105,20 +91,6 @@ fn hard_links_within_the_worktree_still_work() {
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
 
-/// Swaps `a` and `b` (`renameat2(RENAME_EXCHANGE)`) in a loop until stopped.
-fn swapper(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>, swaps: Arc<AtomicUsize>) {
-    while !stop.load(Ordering::Relaxed) {
-        let _ = rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &a,
-            rustix::fs::CWD,
-            &b,
-            rustix::fs::RenameFlags::EXCHANGE,
-        );
-        swaps.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[test]
 fn a_symlink_swapped_in_and_out_of_a_path_leaks_nothing_and_writes_nothing_outside() {
     const CALLS: usize = 1_000;
@@ -136,12 +108,7 @@ fn a_symlink_swapped_in_and_out_of_a_path_leaks_nothing_and_writes_nothing_outsi
     std::os::unix::fs::symlink(&f.outside, f.wt.join("x")).unwrap();
     let outside_before = entries(&f.outside);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let swaps = Arc::new(AtomicUsize::new(0));
-    let thread = {
-        let (a, b, stop, swaps) = (f.wt.join("d"), f.wt.join("x"), stop.clone(), swaps.clone());
-        std::thread::spawn(move || swapper(a, b, stop, swaps))
-    };
+    let swapping = Swapping::start(&[(f.wt.join("d"), f.wt.join("x"))]);
     let mut exec = Exec::start(&f.wt);
     let leaked = |content: &str| content.contains(SECRET) || content.contains("TOP_SECRET");
     let mut answered = std::collections::BTreeMap::<&str, usize>::new();
@@ -177,10 +144,9 @@ fn a_symlink_swapped_in_and_out_of_a_path_leaks_nothing_and_writes_nothing_outsi
         );
         assert!(!leaked(&content), "{content}");
     }
-    stop.store(true, Ordering::Relaxed);
-    thread.join().unwrap();
+    let swaps = swapping.stop();
     assert!(exec.finish_within(Duration::from_secs(10)));
-    assert!(swaps.load(Ordering::Relaxed) > CALLS, "the race ran");
+    assert!(swaps > CALLS, "the race ran");
     assert_eq!(
         entries(&f.outside),
         outside_before,
@@ -208,23 +174,11 @@ fn files_swapped_for_symlinks_or_fifos_mid_call_leak_nothing_and_hang_nothing() 
     std::fs::write(f.wt.join("f.txt"), "inside\n").unwrap();
     std::fs::write(f.wt.join("g.txt"), "inside too\n").unwrap();
     std::os::unix::fs::symlink(f.outside.join("secret.txt"), f.wt.join("l")).unwrap();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        f.wt.join("q"),
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let swaps = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = [("f.txt", "l"), ("g.txt", "q")]
-        .into_iter()
-        .map(|(a, b)| {
-            let (a, b, stop, swaps) = (f.wt.join(a), f.wt.join(b), stop.clone(), swaps.clone());
-            std::thread::spawn(move || swapper(a, b, stop, swaps))
-        })
-        .collect();
+    mkfifo(&f.wt.join("q"));
+    let swapping = Swapping::start(&[
+        (f.wt.join("f.txt"), f.wt.join("l")),
+        (f.wt.join("g.txt"), f.wt.join("q")),
+    ]);
     let mut exec = Exec::start(&f.wt);
     let mut slowest = Duration::ZERO;
     let mut answered = 0usize;
@@ -260,16 +214,13 @@ fn files_swapped_for_symlinks_or_fifos_mid_call_leak_nothing_and_hang_nothing() 
             answered += usize::from(!is_error);
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
+    let swaps = swapping.stop();
     println!("{answered} calls succeeded; slowest answer {slowest:?}");
     assert!(
         slowest < Duration::from_secs(5),
         "a call hung for {slowest:?}"
     );
-    assert!(swaps.load(Ordering::Relaxed) > CALLS, "the race ran");
+    assert!(swaps > CALLS, "the race ran");
     assert!(
         answered > CALLS,
         "the tools still worked between swaps: {answered}"
@@ -294,14 +245,7 @@ fn files_swapped_for_symlinks_or_fifos_mid_call_leak_nothing_and_hang_nothing() 
 fn fifos_are_answered_at_once_and_tool_exec_exits() {
     let f = fixture();
     for name in ["p", "p.rs"] {
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            f.wt.join(name),
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o644),
-            0,
-        )
-        .unwrap();
+        mkfifo(&f.wt.join(name));
     }
     std::fs::write(f.wt.join("ok.txt"), "needle\n").unwrap();
     let mut exec = Exec::start(&f.wt);
@@ -671,17 +615,11 @@ fn hidden_files_are_neither_read_nor_written_by_the_file_tools_under_any_name() 
     std::fs::write(f.wt.join("token.txt"), format!("{SECRET}\n")).unwrap();
     // Another name for the same file, inside the worktree: hidden by identity too.
     std::fs::hard_link(f.wt.join("token.txt"), f.wt.join("alias.txt")).unwrap();
-    let config = f.outside.join("taskdaemon.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "sandbox: {{hide: [{}, {}]}}\n",
-            f.wt.join("keys").display(),
-            f.wt.join("token.txt").display()
-        ),
-    )
-    .unwrap();
-    let mut exec = Exec::start_with(&f.wt, &["-c".as_ref(), config.as_os_str()]);
+    let mut exec = Exec::hiding(
+        &f.wt,
+        &f.outside,
+        &[&f.wt.join("keys"), &f.wt.join("token.txt")],
+    );
     for path in ["keys/api.key", "token.txt", "alias.txt"] {
         let (is_error, content) = exec.call("read_file", json!({"path": path}));
         assert!(is_error && content.contains("hidden"), "{path}: {content}");

@@ -10,53 +10,20 @@
 //!   tmp/wt/            the worktree
 //!   tmp/outside/       files the loop must learn nothing about
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 mod common;
 
+use common::attack::{Swapping, fixture, mkfifo};
 use common::tool_exec::{Exec, peak_kib, proc_status};
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    wt: PathBuf,
-    outside: PathBuf,
-}
-
-fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    let wt = root.join("wt");
-    let outside = root.join("outside");
-    std::fs::create_dir_all(&wt).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
-    Fixture {
-        _dir: dir,
-        wt,
-        outside,
-    }
-}
 
 fn write(dir: &Path, rel: &str, content: &str) {
     let path = dir.join(rel);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, content).unwrap();
-}
-
-fn mkfifo(path: &Path) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        path,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
 }
 
 /// The calls of every walking tool over the whole worktree.
@@ -199,17 +166,11 @@ fn an_ignore_file_linked_to_a_hidden_or_outside_file_is_not_applied() {
         f.wt.join("inner-hidden/.ignore"),
     )
     .unwrap();
-    let config = f.outside.join("taskdaemon.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "sandbox: {{hide: [{}, {}]}}\n",
-            f.outside.join("pin.txt").display(),
-            f.wt.join("pin-inside.txt").display()
-        ),
-    )
-    .unwrap();
-    let mut exec = Exec::start_with(&f.wt, &["-c".as_ref(), config.as_os_str()]);
+    let mut exec = Exec::hiding(
+        &f.wt,
+        &f.outside,
+        &[&f.outside.join("pin.txt"), &f.wt.join("pin-inside.txt")],
+    );
     let every_name = |content: &str, dir: &str| {
         for name in ["hunter1", "hunter2", "hunter3", "n.txt"] {
             assert!(
@@ -291,20 +252,6 @@ fn the_root_git_directory_exclude_file_still_applies() {
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
 
-/// Swaps `a` and `b` (`renameat2(RENAME_EXCHANGE)`) until stopped.
-fn swapper(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>, swaps: Arc<AtomicUsize>) {
-    while !stop.load(Ordering::Relaxed) {
-        let _ = rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &a,
-            rustix::fs::CWD,
-            &b,
-            rustix::fs::RenameFlags::EXCHANGE,
-        );
-        swaps.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[test]
 fn list_directory_walk_errors_name_nothing_outside() {
     const CALLS: usize = 1_500;
@@ -317,12 +264,7 @@ fn list_directory_walk_errors_name_nothing_outside() {
         write(&f.wt, &format!("d/inside{i}/f"), "x\n");
     }
     std::os::unix::fs::symlink(&f.outside, f.wt.join("x")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let swaps = Arc::new(AtomicUsize::new(0));
-    let thread = {
-        let (a, b, stop, swaps) = (f.wt.join("d"), f.wt.join("x"), stop.clone(), swaps.clone());
-        std::thread::spawn(move || swapper(a, b, stop, swaps))
-    };
+    let swapping = Swapping::start(&[(f.wt.join("d"), f.wt.join("x"))]);
     let mut exec = Exec::start(&f.wt);
     let mut errors_reported = 0;
     for i in 0..CALLS {
@@ -330,10 +272,9 @@ fn list_directory_walk_errors_name_nothing_outside() {
         assert!(!content.contains("TOPSECRET"), "call {i}: {content}");
         errors_reported += usize::from(content.contains("could not be read"));
     }
-    stop.store(true, Ordering::Relaxed);
-    thread.join().unwrap();
+    let swaps = swapping.stop();
     println!("{errors_reported} of {CALLS} listings reported entries that could not be read");
-    assert!(swaps.load(Ordering::Relaxed) > CALLS, "the race ran");
+    assert!(swaps > CALLS, "the race ran");
     assert!(exec.finish_within(Duration::from_secs(10)));
 }
 

@@ -46,6 +46,8 @@ const MAX_NAMED: usize = 10;
 
 /// The ignore rules of one tool call's walk(s) under one worktree.
 pub struct WalkIgnores {
+    /// Tells this call's rules from another's in a thread's [`LAST_LEVEL`].
+    id: u64,
     files: Arc<WorktreeFs>,
     /// Each directory's rules, by its path, as read on first need.
     levels: RwLock<HashMap<PathBuf, Arc<Level>>>,
@@ -76,6 +78,21 @@ impl Level {
     };
 }
 
+/// Source of [`WalkIgnores`] ids.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The level a thread used last, for which call's rules and which directory.
+struct LastLevel {
+    walk: u64,
+    dir: PathBuf,
+    level: Arc<Level>,
+}
+
+thread_local! {
+    static LAST_LEVEL: std::cell::RefCell<Option<LastLevel>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// The ignore files of each directory, in the order they are asked.
 const NAMES: [&str; 2] = [".ignore", ".gitignore"];
 
@@ -87,6 +104,7 @@ impl WalkIgnores {
     /// The rules of walks beneath `files`' root, read on first need.
     pub fn new(files: Arc<WorktreeFs>) -> Arc<Self> {
         Arc::new(Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             files,
             levels: RwLock::new(HashMap::new()),
             skipped: Mutex::new(Vec::new()),
@@ -104,19 +122,22 @@ impl WalkIgnores {
         let Some(dir) = path.parent() else {
             return false;
         };
-        let level = self.level(dir);
-        let mut at = Some(&level);
-        while let Some(l) = at {
-            for gi in &l.rules {
-                match gi.matched(path, is_dir) {
-                    Match::Ignore(_) => return true,
-                    Match::Whitelist(_) => return false,
-                    Match::None => {}
-                }
+        // A walker thread filters a directory's entries one after another: the level of the
+        // last directory, kept by the thread, serves them without touching the shared map
+        // (its lock and the level's count would bounce between the threads on every entry).
+        LAST_LEVEL.with_borrow_mut(|last| match last {
+            Some(memo) if memo.walk == self.id && memo.dir.as_os_str() == dir.as_os_str() => {
+                matched(&memo.level, path, is_dir)
             }
-            at = l.up.as_ref();
-        }
-        false
+            _ => {
+                let memo = last.insert(LastLevel {
+                    walk: self.id,
+                    dir: dir.to_path_buf(),
+                    level: self.level(dir),
+                });
+                matched(&memo.level, path, is_dir)
+            }
+        })
     }
 
     /// A note for the tool's answer naming the ignore files that were not applied, once
@@ -236,6 +257,22 @@ impl WalkIgnores {
         }
         parse(file, rules_root, &text).map(Some)
     }
+}
+
+/// Whether `level`'s rules or its ancestors' exclude `path` (the deepest that matches decides).
+fn matched(level: &Arc<Level>, path: &Path, is_dir: bool) -> bool {
+    let mut at = Some(level);
+    while let Some(l) = at {
+        for gi in &l.rules {
+            match gi.matched(path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+        at = l.up.as_ref();
+    }
+    false
 }
 
 /// Why an ignore file that is there was not opened.

@@ -45,6 +45,16 @@ impl Exec {
         }
     }
 
+    /// A session whose config (written as `taskdaemon.yml` in `config_dir`, outside the
+    /// worktree) hides `hidden` from loops (`sandbox.hide`).
+    pub fn hiding(worktree: &Path, config_dir: &Path, hidden: &[&Path]) -> Exec {
+        let config = config_dir.join("taskdaemon.yml");
+        let list: Vec<String> = hidden.iter().map(|p| p.display().to_string()).collect();
+        let yaml = format!("sandbox: {{hide: [{}]}}\n", list.join(", "));
+        std::fs::write(&config, yaml).unwrap();
+        Exec::start_with(worktree, &["-c".as_ref(), config.as_os_str()])
+    }
+
     /// One call; returns (is_error, content).
     pub fn call(&mut self, name: &str, input: Value) -> (bool, String) {
         self.next += 1;
