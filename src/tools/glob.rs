@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use globset::Candidate;
@@ -169,12 +170,13 @@ impl Tool for Glob {
         let hidden = a.include_hidden || plan.names_hidden;
         let base = target.path.clone();
         let root = ctx.root().to_path_buf();
-        let walk_root = root.clone();
+        let ignores = walk::WalkIgnores::new(Arc::clone(ctx.files()));
+        let walk_ignores = Arc::clone(&ignores);
         let prefix = plan.prefix.clone();
         let max_depth = plan.max_depth;
 
         let mut found = walk::run_blocking(TOOL, move |cancel| {
-            let mut walker = walk::builder(&walk_root, &base, hidden, move |e: &DirEntry| {
+            let mut walker = walk::builder(&walk_ignores, &base, hidden, move |e: &DirEntry| {
                 // Entries above the end of the literal prefix must lie on its route.
                 let d = e.depth();
                 d == 0 || d > prefix.len() || e.file_name() == prefix[d - 1].as_os_str()
@@ -205,15 +207,24 @@ impl Tool for Glob {
                 walk::skipped_note("", hidden)
             );
             // A literal pattern naming a directory is a common slip: glob lists files only.
+            // Looked at beneath the root without following a symlink: through one, whether
+            // a directory exists outside would be told.
             let named = target.path.join(&plan.pattern);
             if !has_glob_syntax(&plan.pattern)
-                && std::fs::symlink_metadata(&named).is_ok_and(|m| m.is_dir())
+                && ctx
+                    .files()
+                    .inspect(&named)
+                    .is_some_and(|i| i.kind == FileType::Directory)
             {
                 let _ = write!(
                     msg,
                     " '{}' is a directory and glob lists files: try \"{}/**\".",
                     plan.pattern, plan.pattern
                 );
+            }
+            if let Some(note) = ignores.note() {
+                msg.push('\n');
+                msg.push_str(&note);
             }
             return Ok(ToolOutput::text(msg));
         }
@@ -242,6 +253,10 @@ impl Tool for Glob {
                 "[{} more matches not shown; narrow the pattern or the path]\n",
                 total - max
             ));
+        }
+        if let Some(note) = ignores.note() {
+            out.push_str(&note);
+            out.push('\n');
         }
         Ok(ToolOutput::text(out))
     }

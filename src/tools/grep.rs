@@ -38,8 +38,8 @@ use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult, display_path};
 use crate::text::{count, floor_char_boundary};
 use crate::tools::read_file::open_for_reading;
+use crate::tools::walk::WalkIgnores;
 use crate::tools::{Tool, ToolOutput, args, walk};
-use crate::worktree_fs::WorktreeFs;
 
 const TOOL: &str = "grep";
 const DEFAULT_MAX: u64 = 200;
@@ -523,6 +523,8 @@ impl Tool for Grep {
         let is_dir = target.is_dir;
         let walk_root = root.clone();
         let worktree = Arc::clone(ctx.files());
+        let ignores = walk::WalkIgnores::new(Arc::clone(&worktree));
+        let walk_ignores = Arc::clone(&ignores);
 
         let (files, unreadable, binary) = walk::run_blocking(TOOL, move |cancel| {
             let root = walk_root;
@@ -542,9 +544,8 @@ impl Tool for Grep {
                 return Ok((hits.into_iter().collect(), 0, binary));
             }
             let (files, unreadable) = search_dir(
-                &worktree,
+                &walk_ignores,
                 &base,
-                &root,
                 &matcher,
                 filter.as_ref(),
                 include_hidden,
@@ -582,6 +583,10 @@ impl Tool for Grep {
                     count(unreadable as u64, "file")
                 );
             }
+            if let Some(note) = ignores.note() {
+                msg.push('\n');
+                msg.push_str(&note);
+            }
             return Ok(ToolOutput::text(msg));
         }
         let (mut out, capped) = render(files, &root, cap, context);
@@ -597,6 +602,10 @@ impl Tool for Grep {
                 "[skipped {}: could not be read]",
                 count(unreadable as u64, "file")
             );
+        }
+        if let Some(note) = ignores.note() {
+            out.push_str(&note);
+            out.push('\n');
         }
         Ok(ToolOutput::text(out))
     }
@@ -615,9 +624,8 @@ const ORDERED_FILES: usize = 1024;
 /// read.
 #[allow(clippy::too_many_arguments)]
 fn search_dir(
-    worktree: &WorktreeFs,
+    ignores: &Arc<WalkIgnores>,
     base: &Path,
-    root: &Path,
     matcher: &RegexMatcher,
     filter: Option<&FileFilter>,
     include_hidden: bool,
@@ -626,6 +634,8 @@ fn search_dir(
     cancel: &AtomicBool,
     ordered_files: usize,
 ) -> (Vec<FileHits>, usize) {
+    let worktree = ignores.files();
+    let root = worktree.root();
     let search = |path: &Path, searcher: &mut Searcher| {
         let mut sink = FileSink::default();
         // Opened beneath the root, non-blocking and checked: a path the walk saw may have
@@ -638,8 +648,8 @@ fn search_dir(
         (sink, readable)
     };
     let first = search_ordered(
+        ignores,
         base,
-        root,
         filter,
         include_hidden,
         (context, cap),
@@ -655,7 +665,7 @@ fn search_dir(
         frontier.record(&f.path, f.matches);
     }
     let unreadable = AtomicUsize::new(first.unreadable);
-    let walker = walk::builder(root, base, include_hidden, |_| true);
+    let walker = walk::builder(ignores, base, include_hidden, |_| true);
     let mut files = walk::collect(&walker, cancel, || {
         let mut searcher = searcher(context, cap + 1);
         let frontier = &frontier;
@@ -714,8 +724,8 @@ struct Ordered {
 /// (see the module docs).
 #[allow(clippy::too_many_arguments)]
 fn search_ordered<S>(
+    ignores: &Arc<WalkIgnores>,
     base: &Path,
-    root: &Path,
     filter: Option<&FileFilter>,
     include_hidden: bool,
     (context, cap): (usize, usize),
@@ -726,7 +736,8 @@ fn search_ordered<S>(
 where
     S: Fn(&Path, &mut Searcher) -> (FileSink, bool) + Sync,
 {
-    let mut builder = walk::builder(root, base, include_hidden, |_| true);
+    let root = ignores.files().root();
+    let mut builder = walk::builder(ignores, base, include_hidden, |_| true);
     // `path_order` on siblings is their names' byte order, without parsing components.
     builder.sort_by_file_path(walk::path_order);
     let files = Mutex::new(Files {
@@ -1071,11 +1082,13 @@ mod tests {
         assert!(all.len() > 8, "{all:?}");
         let matcher = RegexMatcherBuilder::new().build("hit").unwrap();
         let cancel = AtomicBool::new(false);
-        let worktree = WorktreeFs::new(&root).unwrap();
+        let ignores = WalkIgnores::new(Arc::new(
+            crate::worktree_fs::WorktreeFs::new(&root).unwrap(),
+        ));
         for cap in [1, 2, 5, all.len() - 1, all.len(), 100] {
             for budget in [0, 1, 2, 3, 5, 8, 100] {
                 let (hits, unreadable) = search_dir(
-                    &worktree, &root, &root, &matcher, None, false, 0, cap, &cancel, budget,
+                    &ignores, &root, &matcher, None, false, 0, cap, &cancel, budget,
                 );
                 assert_eq!(unreadable, 0);
                 let (out, capped) = render(hits, &root, cap, 0);

@@ -2,28 +2,26 @@
 //! with sizes and language guesses, skipping what `.gitignore`/`.ignore` files exclude
 //! (also outside git repositories) and never showing `.git`.
 //!
-//! Only ignore files inside the worktree count: those of the listed directory and below
-//! (read by the walker) and those of its ancestors up to the worktree root (read here).
-//! Ignore files above the worktree and the user's global excludes are not read, so the same
-//! call lists the same entries on every machine.
+//! The walk and its ignore rules are those of the other walking tools (`walk::builder`,
+//! `WalkIgnores`): ignore files from the worktree root down, read safely through the
+//! worktree's handle; nothing above the worktree, no global excludes, so the same call lists
+//! the same entries on every machine.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ignore::WalkBuilder;
-use ignore::gitignore::Gitignore;
 use rustix::fs::FileType;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::context::ToolContext;
-use crate::error::{ToolError, ToolResult};
+use crate::error::{ToolError, ToolResult, display_path};
 use crate::tools::read_file::{io_error, not_found};
-use crate::tools::walk::{ancestor_ignores, excluded_by};
+use crate::tools::walk::{self, WalkIgnores};
 use crate::tools::{Tool, ToolOutput, args};
-use crate::worktree_fs::WorktreeFs;
+use crate::worktree_fs::{WorktreeFs, beneath, swapped};
 
 const NAME: &str = "list_directory";
 
@@ -59,15 +57,13 @@ fn default_path() -> String {
 /// Everything the blocking walk needs, owned.
 #[derive(Debug)]
 struct Listing {
-    root: PathBuf,
     dir: PathBuf,
     shown: String,
     recursive: bool,
     depth: usize,
     include_hidden: bool,
     depth_ignored: bool,
-    ancestor_ignores: Vec<Gitignore>,
-    files: Arc<WorktreeFs>,
+    ignores: Arc<WalkIgnores>,
 }
 
 #[async_trait]
@@ -115,8 +111,10 @@ impl Tool for ListDirectory {
         let args: ListArgs = args::parse(NAME, input)?;
         let dir = ctx.resolve(&args.path)?;
         let shown = ctx.display(&dir);
-        match tokio::fs::metadata(&dir).await {
-            Ok(meta) if meta.is_dir() => {}
+        // Looked at beneath the root's handle: a symlink swapped in since resolution is
+        // refused, and what it points at is not told.
+        match walk::kind_beneath(ctx.files(), &dir) {
+            Ok(FileType::Directory) => {}
             Ok(_) => {
                 return Err(ToolError::failed(
                     format!("listing '{shown}'"),
@@ -132,6 +130,7 @@ impl Tool for ListDirectory {
                     "List its parent directory, or use glob to find it.",
                 ));
             }
+            Err(e) if beneath::is_escape(&e) => return Err(swapped(&shown)),
             Err(e) => return Err(io_error(ctx.files(), "listing", &dir, &shown, &e)),
         }
         let depth = if args.recursive {
@@ -140,15 +139,13 @@ impl Tool for ListDirectory {
             1
         };
         let listing = Listing {
-            ancestor_ignores: ancestor_ignores(ctx.root(), &dir),
-            root: ctx.root().to_path_buf(),
             dir,
             shown: shown.clone(),
             recursive: args.recursive,
             depth,
             include_hidden: args.include_hidden,
             depth_ignored: !args.recursive && args.max_depth.is_some(),
-            files: Arc::clone(ctx.files()),
+            ignores: WalkIgnores::new(Arc::clone(ctx.files())),
         };
         let text = tokio::task::spawn_blocking(move || walk(listing))
             .await
@@ -162,32 +159,19 @@ impl Tool for ListDirectory {
 /// Walks and renders the listing.
 fn walk(listing: Listing) -> String {
     let Listing {
-        root,
         dir,
         shown,
         recursive,
         depth,
         include_hidden,
         depth_ignored,
-        ancestor_ignores,
-        files: worktree,
+        ignores,
     } = listing;
-    let mut builder = WalkBuilder::new(&dir);
+    let worktree = Arc::clone(ignores.files());
+    let mut builder = walk::builder(&ignores, &dir, include_hidden, |_| true);
     builder
-        .hidden(!include_hidden)
-        .parents(false)
-        .git_global(false)
-        .require_git(false)
-        .follow_links(false)
         .max_depth(Some(depth))
-        .sort_by_file_name(|a, b| a.cmp(b))
-        .filter_entry(move |e| {
-            if e.file_name() == ".git" {
-                return false;
-            }
-            let is_dir = e.file_type().is_some_and(|t| t.is_dir());
-            !excluded_by(&ancestor_ignores, e.path(), is_dir)
-        });
+        .sort_by_file_name(|a, b| a.cmp(b));
 
     let mut body = String::new();
     let (mut dirs, mut files, mut links) = (0usize, 0usize, 0usize);
@@ -200,7 +184,7 @@ fn walk(listing: Listing) -> String {
             Err(e) => {
                 errors += 1;
                 if first_error.is_none() {
-                    first_error = Some(relative_message(&e.to_string(), &root));
+                    first_error = walk_error(&e, &worktree);
                 }
                 continue;
             }
@@ -302,12 +286,18 @@ fn walk(listing: Listing) -> String {
         );
     }
     if errors > 0 {
+        let first = first_error
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "[{errors} entr{} could not be read (first: {}).]",
+            "[{errors} entr{} could not be read{first}.]",
             if errors == 1 { "y" } else { "ies" },
-            first_error.unwrap_or_default()
         );
+    }
+    if let Some(note) = ignores.note() {
+        out.push_str(&note);
+        out.push('\n');
     }
     if depth_ignored {
         out.push_str("[max_depth only applies with recursive=true; this lists the directory's own entries. Pass recursive=true to go deeper.]\n");
@@ -318,10 +308,58 @@ fn walk(listing: Listing) -> String {
     out
 }
 
-/// Walk errors name absolute paths; show them relative to the worktree root.
-fn relative_message(message: &str, root: &Path) -> String {
-    let prefix = format!("{}/", root.display());
-    message.replace(&prefix, "")
+/// What a walk error is shown as: the entry it names, escaped and relative to the root, only
+/// while that entry is beneath the root now (a directory swapped for a symlink mid-walk
+/// hands the walker names from outside), and the system's reason without any path in it
+/// (the walker's own messages repeat the absolute path). `None` when it names an entry that
+/// is not beneath the root: the error is still counted.
+fn walk_error(err: &ignore::Error, files: &WorktreeFs) -> Option<String> {
+    let reason = err
+        .io_error()
+        .map_or_else(|| "it could not be read".to_string(), system_reason);
+    match error_path(err) {
+        Some(path) => files
+            .inspect(path)
+            .map(|_| format!("'{}': {reason}", display_path(files.root(), path))),
+        None => Some(reason),
+    }
+}
+
+/// The system's reason for `io` ("No such file or directory (os error 2)"), from the first
+/// error in its chain that carries an OS error code; else its kind. Never its message: the
+/// walker wraps errors in one that names the path.
+fn system_reason(io: &std::io::Error) -> String {
+    if let Some(code) = io.raw_os_error() {
+        return std::io::Error::from_raw_os_error(code).to_string();
+    }
+    // The error `io` wraps, then what that one was caused by, and so on.
+    let mut at: Option<&(dyn std::error::Error + 'static)> = match io.get_ref() {
+        Some(inner) => Some(inner),
+        None => None,
+    };
+    while let Some(e) = at {
+        if let Some(code) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
+            return std::io::Error::from_raw_os_error(code).to_string();
+        }
+        at = e.source();
+    }
+    io.kind().to_string()
+}
+
+/// The path a walk error is about, if it names one.
+fn error_path(err: &ignore::Error) -> Option<&std::path::Path> {
+    match err {
+        ignore::Error::WithPath { path, .. } => Some(path),
+        ignore::Error::WithDepth { err, .. } | ignore::Error::WithLineNumber { err, .. } => {
+            error_path(err)
+        }
+        ignore::Error::Partial(errs) => errs.first().and_then(error_path),
+        ignore::Error::Loop { child, .. } => Some(child),
+        _ => None,
+    }
 }
 
 /// A byte count for people: `512 B`, `1.2 KB`, `3.4 MB` (powers of 1024).
@@ -540,6 +578,36 @@ mod tests {
             )
             .await;
         assert!(!out.is_error, "{}", out.content);
+    }
+
+    #[test]
+    fn walk_errors_name_only_entries_beneath_the_root_escaped() {
+        let (_d, ctx) = setup();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outside.path().join("SECRET_DIR")).unwrap();
+        symlink(outside.path(), ctx.root().join("l")).unwrap();
+        std::fs::create_dir(ctx.root().join("a\nb")).unwrap();
+        let error_at = |rel: &str| ignore::Error::WithDepth {
+            depth: 1,
+            err: Box::new(ignore::Error::WithPath {
+                path: ctx.root().join(rel),
+                err: Box::new(ignore::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    std::io::Error::from_raw_os_error(13),
+                ))),
+            }),
+        };
+        assert_eq!(
+            walk_error(&error_at("a\nb"), ctx.files()).as_deref(),
+            Some(r#"'"a\nb"': Permission denied (os error 13)"#)
+        );
+        assert_eq!(walk_error(&error_at("l/SECRET_DIR"), ctx.files()), None);
+        assert_eq!(walk_error(&error_at("gone"), ctx.files()), None);
+        let no_path = ignore::Error::Io(std::io::Error::from_raw_os_error(2));
+        assert_eq!(
+            walk_error(&no_path, ctx.files()).as_deref(),
+            Some("No such file or directory (os error 2)")
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod test;
 pub(crate) mod test_support;
 pub mod validate;
 pub mod walk;
+pub mod walk_ignores;
 pub mod web_fetch;
 pub mod web_search;
 pub mod write_file;

@@ -1072,12 +1072,13 @@ impl Tool for Symbols {
         }
 
         let base = target.path.clone();
-        let root_walk = root.clone();
         let files = Arc::clone(ctx.files());
+        let ignores = walk::WalkIgnores::new(Arc::clone(&files));
+        let walk_ignores = Arc::clone(&ignores);
         let (found, stats) = walk::run_blocking(TOOL, move |cancel| {
             let scanned = AtomicUsize::new(0);
             let skipped = AtomicUsize::new(0);
-            let walker = walk::builder(&root_walk, &base, false, |_| true);
+            let walker = walk::builder(&walk_ignores, &base, false, |_| true);
             let found: Vec<(PathBuf, Symbol)> = walk::collect(&walker, cancel, || {
                 let (filter, scanned, skipped, files) = (&filter, &scanned, &skipped, &files);
                 move |e: DirEntry, out: &mut Vec<(PathBuf, Symbol)>| {
@@ -1108,21 +1109,22 @@ impl Tool for Symbols {
             Ok((found, (scanned.into_inner(), skipped.into_inner())))
         })
         .await?;
-        if stats.0 == 0 {
-            return Ok(ToolOutput::text(format!(
+        let mut text = if stats.0 == 0 {
+            format!(
                 "No source files of a supported language under '{}' (files ignored by .gitignore/.ignore and hidden files are skipped). Supported: {}.",
                 target.shown,
                 LANGUAGES.join(", ")
-            )));
+            )
+        } else {
+            render(found, &root, max, &a, &target.shown, Some(stats.1))
+        };
+        if let Some(note) = ignores.note() {
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&note);
         }
-        Ok(ToolOutput::text(render(
-            found,
-            &root,
-            max,
-            &a,
-            &target.shown,
-            Some(stats.1),
-        )))
+        Ok(ToolOutput::text(text))
     }
 }
 

@@ -1,17 +1,18 @@
-//! The directory walk shared by `glob`, `grep` and `symbols`: gitignore-aware (also outside
-//! git repositories), never following symlinks, never entering `.git`, parallel, and
-//! cancellable; plus the blocking-task wrapper those tools run their walk in.
+//! The directory walk shared by `glob`, `grep`, `symbols` and `list_directory`:
+//! gitignore-aware (also outside git repositories), never following symlinks, never entering
+//! `.git`, parallel, and cancellable; plus the blocking-task wrapper those tools run their
+//! walk in.
 //!
 //! Symlinks are not followed (`follow_links(false)`, the walker's default) and symlink
 //! entries are never handed to a tool as files: a link inside the worktree may point outside
 //! it, and the walk must not leak what lies there.
 //!
-//! Only ignore files inside the worktree count (`list_directory` follows the same rule):
-//! those of the searched directory and below, read by the walker, and those of its
-//! ancestors up to the worktree root, read here. Ignore files above the worktree and the
-//! user's global git excludes are not read, so the same call finds the same files on every
-//! machine (receipts are replayed elsewhere), and a `*` in a home directory's `.gitignore`
-//! cannot hide a whole worktree.
+//! The walker reads no file but directories: every ignore-file option of the `ignore` crate
+//! is off, and the rules are applied in its `filter_entry` from ignore files read safely
+//! through the worktree's handle ([`WalkIgnores`], which says what counts and in which
+//! order). Ignore files above the worktree and the user's global git excludes are not read,
+//! so the same call finds the same files on every machine (receipts are replayed elsewhere),
+//! and a `*` in a home directory's `.gitignore` cannot hide a whole worktree.
 
 use std::cmp::Ordering as Order;
 use std::ffi::OsStr;
@@ -20,32 +21,43 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rustix::fs::{FileType, Mode, OFlags};
+
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
-use ignore::gitignore::Gitignore;
-use ignore::{DirEntry, Match, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
+use ignore::{DirEntry, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
 
 use crate::context::{ToolContext, lock};
 use crate::error::{ToolError, ToolResult};
+pub use crate::tools::walk_ignores::WalkIgnores;
+use crate::worktree_fs::{WorktreeFs, beneath, swapped};
 
-/// A walker over `base` (inside the worktree `root`) with the filters every search tool
-/// shares.
+/// A walker over `base` (inside the worktree of `ignores`) with the filters every walking
+/// tool shares.
 ///
-/// Hidden entries are skipped unless `include_hidden`; `.gitignore` and `.ignore` files of
-/// the worktree apply (see the module docs), even outside a git repository; `.git` itself
-/// is never entered. `keep` may prune more entries (directories it rejects are not
-/// descended into).
-pub fn builder<F>(root: &Path, base: &Path, include_hidden: bool, keep: F) -> WalkBuilder
+/// Hidden entries are skipped unless `include_hidden`; the worktree's `.gitignore` and
+/// `.ignore` files apply as [`WalkIgnores`] reads them, even outside a git repository; `.git`
+/// itself is never entered. `keep` may prune more entries (directories it rejects are not
+/// descended into). Tools add `ignores.note()` to their answer after the walk.
+pub fn builder<F>(
+    ignores: &Arc<WalkIgnores>,
+    base: &Path,
+    include_hidden: bool,
+    keep: F,
+) -> WalkBuilder
 where
     F: Fn(&DirEntry) -> bool + Send + Sync + 'static,
 {
-    let ancestors = ancestor_ignores(root, base);
+    let ignores = Arc::clone(ignores);
     let mut b = WalkBuilder::new(base);
+    // The walker must open no ignore file by name (see the module docs): not `.ignore`,
+    // `.gitignore`, `.git/info/exclude` (nor a `.git` file's target), the parents' or the
+    // global ones. With these off and `require_git(false)` it does not even look at `.git`.
     b.hidden(!include_hidden)
         .parents(false)
-        .ignore(true)
-        .git_ignore(true)
+        .ignore(false)
+        .git_ignore(false)
         .git_global(false)
-        .git_exclude(true)
+        .git_exclude(false)
         .require_git(false)
         .follow_links(false)
         .threads(0)
@@ -54,48 +66,11 @@ where
                 return false;
             }
             let is_dir = e.file_type().is_some_and(|t| t.is_dir());
-            // The base itself was named by the model, so it is searched even if ignored.
-            (e.depth() == 0 || !excluded_by(&ancestors, e.path(), is_dir)) && keep(e)
+            // The base itself was named by the model, so it is searched even if ignored (the
+            // walker never filters it; its ancestors' rules still apply below it).
+            (e.depth() == 0 || !ignores.excludes(e.path(), is_dir)) && keep(e)
         });
     b
-}
-
-/// Ignore matchers of the directories from the worktree `root` down to `dir`'s parent,
-/// deepest first (a walk from `dir` reads `dir`'s own files). `.ignore` comes before
-/// `.gitignore` at each level, as ripgrep ranks them. Nothing above `root` is read.
-pub fn ancestor_ignores(root: &Path, dir: &Path) -> Vec<Gitignore> {
-    let mut out = Vec::new();
-    if dir == root || !dir.starts_with(root) {
-        return out;
-    }
-    let mut at = dir.parent();
-    while let Some(a) = at {
-        for name in [".ignore", ".gitignore"] {
-            let file = a.join(name);
-            if file.is_file() {
-                // A partly invalid ignore file still yields its valid globs.
-                out.push(Gitignore::new(&file).0);
-            }
-        }
-        if a == root {
-            break;
-        }
-        at = a.parent();
-    }
-    out
-}
-
-/// Whether the ancestor matchers exclude `path` (the deepest one with an opinion decides).
-/// A deeper ignore file below the walk's base cannot re-include what they exclude.
-pub fn excluded_by(ignores: &[Gitignore], path: &Path, is_dir: bool) -> bool {
-    for gi in ignores {
-        match gi.matched(path, is_dir) {
-            Match::Ignore(_) => return true,
-            Match::Whitelist(_) => return false,
-            Match::None => {}
-        }
-    }
-    false
 }
 
 /// The order the search tools print paths in: `Path`'s own order (component by component),
@@ -307,7 +282,15 @@ pub struct Target {
 pub fn target(ctx: &ToolContext, tool: &str, input: &str) -> ToolResult<Target> {
     let path = ctx.resolve(input)?;
     let shown = ctx.display(&path);
-    let meta = std::fs::metadata(&path).map_err(|e| ToolError::from_io("searching", &shown, &e))?;
+    // Looked at beneath the root's handle: what a symlink swapped in since resolution points
+    // at is not told, not even whether it is a directory.
+    let kind = kind_beneath(ctx.files(), &path).map_err(|e| {
+        if beneath::is_escape(&e) {
+            swapped(&shown)
+        } else {
+            ToolError::from_io("searching", &shown, &e)
+        }
+    })?;
     let inside_git = path
         .strip_prefix(ctx.root())
         .is_ok_and(|rel| rel.components().any(|c| c.as_os_str() == ".git"));
@@ -323,8 +306,19 @@ pub fn target(ctx: &ToolContext, tool: &str, input: &str) -> ToolResult<Target> 
     Ok(Target {
         path,
         shown,
-        is_dir: meta.is_dir(),
+        is_dir: kind == FileType::Directory,
     })
+}
+
+/// The kind of the entry at `real` (inside the worktree), reached beneath the root without
+/// following a symlink on the way or at the end.
+pub fn kind_beneath(files: &WorktreeFs, real: &Path) -> std::io::Result<FileType> {
+    let rel = files
+        .relative(real)
+        .map_err(|_| std::io::Error::from(rustix::io::Errno::XDEV))?;
+    let fd = beneath::open(files.root_fd(), rel, OFlags::PATH, Mode::empty())?;
+    let stat = rustix::fs::fstat(&fd)?;
+    Ok(FileType::from_raw_mode(stat.st_mode))
 }
 
 #[cfg(test)]
@@ -332,8 +326,12 @@ mod tests {
     use super::*;
     use std::fs;
 
+    fn ignores(dir: &Path) -> Arc<WalkIgnores> {
+        WalkIgnores::new(Arc::new(WorktreeFs::new(dir).unwrap()))
+    }
+
     fn names(dir: &Path, include_hidden: bool) -> Vec<String> {
-        let b = builder(dir, dir, include_hidden, |_| true);
+        let b = builder(&ignores(dir), dir, include_hidden, |_| true);
         let cancel = AtomicBool::new(false);
         let root = dir.to_path_buf();
         let mut v: Vec<String> = collect(&b, &cancel, || {
@@ -529,7 +527,7 @@ mod tests {
         fs::write(d.path().join("a"), "x").unwrap();
         let cancel = AtomicBool::new(true);
         let v: Vec<()> = collect(
-            &builder(d.path(), d.path(), false, |_| true),
+            &builder(&ignores(d.path()), d.path(), false, |_| true),
             &cancel,
             || {
                 |_e: DirEntry, out: &mut Vec<()>| {

@@ -7,6 +7,9 @@
 use std::path::Path;
 use std::process::Command;
 
+pub mod attack;
+pub mod tool_exec;
+
 /// Runs git in `dir` with a fixed identity and no system config; panics with git's stderr
 /// when it fails; returns its stdout.
 pub fn git(dir: &Path, args: &[&str]) -> String {
