@@ -1024,8 +1024,9 @@ impl Worktree {
     /// `git add -A`. The run-record directory `.taskdaemon/` at the worktree's root stays out
     /// even when no ignore file names it: it is excluded from `git add` and unstaged if
     /// something staged it, so only the user decides whether run records are versioned.
-    /// Checkpoint commits skip the `pre-commit` and `commit-msg` hooks: they record work in
-    /// progress, which the loop's validation command judges, not the user's commit policy.
+    /// Checkpoint commits run no hook (no git command of the daemon does:
+    /// [`crate::daemon_git::NO_HOOKS`]): they record work in progress, which the loop's
+    /// validation command judges, not the user's commit policy.
     /// Fails when the worktree is not on its loop branch.
     pub async fn commit_all(&self, message: &str) -> Result<Option<String>> {
         if message.trim().is_empty() || message.contains('\0') {
