@@ -512,6 +512,7 @@ impl ToolContext {
             return c.clone();
         }
         let out = std::process::Command::new("git")
+            .args(crate::daemon_git::NO_HOOKS)
             .args(["rev-parse", "--verify", "-q", "HEAD"])
             .current_dir(&self.root)
             .stdin(std::process::Stdio::null())

@@ -11,6 +11,7 @@ pub mod config;
 pub mod confine;
 pub mod context;
 pub mod coordination;
+pub mod daemon_git;
 pub mod engine;
 pub mod error;
 pub mod events;

@@ -225,8 +225,9 @@ impl SessionArgs {
         };
         if let Some(r) = &receipts {
             r.log().set_tool_set(tools.names());
-            // A receipt log inside the worktree is the session's record, not the model's
-            // file: neither the file tools nor commands may change it.
+            // The session's record, not the model's file: neither the file tools nor
+            // commands may change it (it lies outside every writable path: `open` refuses
+            // others; protected all the same, should a path above it be made writable).
             policy.sandbox = std::mem::take(&mut policy.sandbox)
                 .protecting(r.log().path())
                 .protecting(r.session_path());

@@ -971,23 +971,36 @@ fn signal_during_setup_stops_the_run_cleanly(signal: libc::c_int, code: i32) {
     let started = root.path().join("started");
     let flag = root.path().join("flag");
     let project = Project::new("interrupt-setup", &[]);
-    // Holds `git worktree add` (run for `first`, before any loop runs) until the flag exists.
-    let hook = project.repo().join(".git/hooks/post-checkout");
-    std::fs::create_dir_all(hook.parent().unwrap()).unwrap();
+    // Holds `git worktree add` (run for `first`, before any loop runs) until the flag exists:
+    // a `git` first on PATH that waits, then runs the real one (the daemon's git runs no
+    // hooks, so a hook cannot hold it).
+    let real_git = Command::new("sh")
+        .args(["-c", "command -v git"])
+        .output()
+        .unwrap();
+    let real_git = String::from_utf8(real_git.stdout).unwrap();
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let wrapper = bin.join("git");
     std::fs::write(
-        &hook,
+        &wrapper,
         format!(
-            "#!/bin/sh\ntouch '{}'\nuntil [ -e '{}' ]; do sleep 0.05; done\n",
+            "#!/bin/sh\ncase \" $* \" in *\" worktree add \"*)\n  touch '{}'\n  until [ -e '{}' ]; do sleep 0.05; done;;\nesac\nexec '{}' \"$@\"\n",
             started.display(),
-            flag.display()
+            flag.display(),
+            real_git.trim()
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin];
+    dirs.extend(std::env::split_paths(&path));
 
     let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
     let mut child = project
         .taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir])
+        .env("PATH", std::env::join_paths(dirs).unwrap())
         .spawn()
         .unwrap();
     wait_for_file(&started, &mut child, RUN_GUARD);

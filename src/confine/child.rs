@@ -6,8 +6,9 @@
 //! daemon ──(socket on fd 0)── monitor      outside: waits for the init below; kills it when
 //!                               │           the daemon's end of the socket closes
 //!                               └── init   PID 1 of a new PID (+ mount, + network) namespace:
-//!                                     │    mounts a fresh /proc, makes protected paths
-//!                                     │    read-only, reaps orphans; when the command exits it
+//!                                     │    mounts a fresh /proc, pins the directories above
+//!                                     │    guarded paths, makes protected paths read-only,
+//!                                     │    hides hidden ones, reaps orphans; when the command exits it
 //!                                     │    kills and reaps every process left, reports the
 //!                                     │    command's status on fd 0 and exits (and were it
 //!                                     │    killed instead, the kernel kills the namespace)
@@ -76,6 +77,10 @@ pub enum Stage {
     Landlock = 13,
     /// Installing the seccomp filters.
     Seccomp = 14,
+    /// Binding the directories above hidden and protected paths onto themselves.
+    Pins = 15,
+    /// A hidden or protected path is not the one `prepare` checked (it changed since).
+    GuardedPathChanged = 16,
 }
 
 impl Stage {
@@ -96,6 +101,8 @@ impl Stage {
             NoNewPrivs,
             Landlock,
             Seccomp,
+            Pins,
+            GuardedPathChanged,
         ]
         .into_iter()
         .find(|s| *s as i32 == code)
@@ -117,6 +124,12 @@ impl Stage {
             Stage::NoNewPrivs => "setting no_new_privs",
             Stage::Landlock => "applying the Landlock rules",
             Stage::Seccomp => "installing the seccomp filter",
+            Stage::Pins => {
+                "pinning the directories that hold hidden and protected paths (so that commands cannot move them)"
+            }
+            Stage::GuardedPathChanged => {
+                "checking that the hidden and protected paths are the ones taskdaemon started with (one was moved or replaced while the command started; try again)"
+            }
         }
     }
 }
@@ -133,12 +146,17 @@ pub struct ChildPlan {
     pub uid_map: Vec<u8>,
     /// `"<gid> <gid> 1\n"`.
     pub gid_map: Vec<u8>,
+    /// Directories bound onto themselves (recursively, so mounts beneath them stay), before
+    /// the mounts below: a mount point of the command's namespace, which its processes can
+    /// neither rename nor remove (see `super::pins`). Parents come before their children.
+    pub pins: Vec<CString>,
     /// Paths bound read-only over themselves (each exists when the plan is made).
-    pub read_only: Vec<CString>,
+    pub read_only: Vec<Guard>,
     /// Files that read as empty (`/dev/null` bound over them).
-    pub hidden_files: Vec<CString>,
-    /// Directories that read as empty (an empty read-only tmpfs over them).
-    pub hidden_dirs: Vec<CString>,
+    pub hidden_files: Vec<Guard>,
+    /// Directories that read as empty (an empty read-only tmpfs over them); one inside
+    /// another comes first.
+    pub hidden_dirs: Vec<Guard>,
     /// Mount a private tmpfs on /dev/shm.
     pub private_shm: bool,
     /// Mount a private devpts on /dev/pts (and its ptmx over /dev/ptmx): the host's
@@ -158,6 +176,18 @@ pub struct ChildPlan {
     pub seccomp: Option<&'static [Instruction]>,
     /// The highest capability number this kernel knows (`/proc/sys/kernel/cap_last_cap`).
     pub last_capability: libc::c_int,
+}
+
+/// A path to mount over, and the identity (device, inode) `prepare` found there: the init
+/// checks it again after the pins, just before the mount, and mounts nothing else.
+#[derive(Debug)]
+pub struct Guard {
+    /// The path.
+    pub path: CString,
+    /// Its device.
+    pub dev: u64,
+    /// Its inode.
+    pub ino: u64,
 }
 
 /// Runs in the forked child (see the module docs). Returns `Ok` only in the process that
@@ -241,16 +271,32 @@ unsafe fn set_up_mounts(plan: &ChildPlan) -> io::Result<()> {
                 Stage::MountProc,
             )?;
         }
-        for path in &plan.read_only {
-            bind_read_only(path.as_ptr(), path.as_ptr(), Stage::ReadOnlyPaths)?;
+        // Before anything is mounted over the guarded paths: with their directories pinned,
+        // the paths checked below stay what they are while this namespace lives.
+        for pin in &plan.pins {
+            mount(
+                pin.as_ptr(),
+                pin.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+                Stage::Pins,
+            )?;
         }
-        for path in &plan.hidden_files {
-            bind_read_only(c"/dev/null".as_ptr(), path.as_ptr(), Stage::HidePaths)?;
+        for guard in &plan.read_only {
+            still_there(guard)?;
+            let path = guard.path.as_ptr();
+            bind_read_only(path, path, Stage::ReadOnlyPaths)?;
         }
-        for path in &plan.hidden_dirs {
+        for guard in &plan.hidden_files {
+            still_there(guard)?;
+            bind_read_only(c"/dev/null".as_ptr(), guard.path.as_ptr(), Stage::HidePaths)?;
+        }
+        for guard in &plan.hidden_dirs {
+            still_there(guard)?;
             mount(
                 c"tmpfs".as_ptr(),
-                path.as_ptr(),
+                guard.path.as_ptr(),
                 c"tmpfs".as_ptr(),
                 libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                 c"size=4k,mode=0555".as_ptr().cast(),
@@ -289,6 +335,21 @@ unsafe fn set_up_mounts(plan: &ChildPlan) -> io::Result<()> {
                 allow_beneath(ruleset.as_raw_fd(), c"/dev/pts", dir)?;
                 allow_beneath(ruleset.as_raw_fd(), c"/dev/ptmx", file)?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// An error unless `guard.path` (not followed if a symlink) is the file `prepare` saw there.
+unsafe fn still_there(guard: &Guard) -> io::Result<()> {
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        check(
+            libc::lstat(guard.path.as_ptr(), &mut stat),
+            Stage::GuardedPathChanged,
+        )?;
+        if stat.st_dev != guard.dev || stat.st_ino != guard.ino {
+            return Err(tagged(Stage::GuardedPathChanged, libc::ESTALE));
         }
         Ok(())
     }
@@ -660,5 +721,10 @@ mod tests {
         assert_eq!(describe(libc::ENOENT), None);
         let code = tagged(Stage::MountProc, 1).raw_os_error().unwrap();
         assert_eq!(untag(code), Some((Stage::MountProc, 1)));
+        let code = tagged(Stage::GuardedPathChanged, libc::ESTALE)
+            .raw_os_error()
+            .unwrap();
+        assert_eq!(untag(code), Some((Stage::GuardedPathChanged, libc::ESTALE)));
+        assert!(describe(code).unwrap().contains("taskdaemon started with"));
     }
 }

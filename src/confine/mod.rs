@@ -10,9 +10,11 @@
 //!   metadata, other loops' branches and the run record are out of reach: the daemon makes
 //!   the loop's commits; so are the daemon's records wherever they lie inside a writable
 //!   path (`SandboxSettings::protected`: a `--run-dir` inside the repository, a config in a
-//!   subdirectory of it, a `tool exec` receipt log);
+//!   subdirectory of it);
 //! - reads everywhere, or with `sandbox.read: strict` only system and toolchain paths, its
 //!   writable paths and `sandbox.readable`; `sandbox.hide` makes files read as empty;
+//! - cannot move a hidden or protected path, nor a directory above it within a writable
+//!   path, and runs only while each is the one the daemon started with ([`pins`]);
 //! - runs as a process of its own PID namespace whose /proc shows only its own tree, so the
 //!   daemon's environment and memory cannot be named; nothing it starts outlives it;
 //! - gets an environment without secrets ([`environment`]);
@@ -26,6 +28,7 @@
 pub mod child;
 pub mod environment;
 pub mod landlock_rules;
+pub mod pins;
 pub mod probe;
 pub mod seccomp;
 
@@ -38,7 +41,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub use environment::EnvSettings;
 pub use probe::{Protections, protections};
 
-use child::ChildPlan;
+use child::{ChildPlan, Guard};
 
 /// What to do when the kernel lacks a protection.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -85,6 +88,10 @@ pub struct SandboxSettings {
     /// machine has mount namespaces (like `hide`, but a machine without them runs commands
     /// anyway, with a warning at start), and from the file tools always. Set by the daemon.
     pub secret_files: Vec<PathBuf>,
+    /// What each path of `hide`, `protected` and `secret_files` was when the daemon took it
+    /// on ([`SandboxSettings::resolved`], [`SandboxSettings::protecting`],
+    /// [`hide_from_commands`]); a command runs only while each still is.
+    pub seals: pins::Seals,
 }
 
 /// The map form of `sandbox:`, derived so its errors name the key at fault.
@@ -129,6 +136,7 @@ impl<'de> Deserialize<'de> for SandboxSettings {
                     env: m.env,
                     protected: Vec::new(),
                     secret_files: Vec::new(),
+                    seals: pins::Seals::default(),
                 })
             }
         }
@@ -138,12 +146,16 @@ impl<'de> Deserialize<'de> for SandboxSettings {
 
 impl SandboxSettings {
     /// The settings with every path made absolute: `~/` is the daemon's `$HOME`, a relative
-    /// path is relative to `base` (the config file's directory).
+    /// path is relative to `base` (the config file's directory). The hidden paths are sealed
+    /// as they are now (the daemon's start).
     pub fn resolved(mut self, base: &Path) -> Self {
         for list in [&mut self.writable, &mut self.readable, &mut self.hide] {
             for path in list.iter_mut() {
                 *path = absolute(path, base);
             }
+        }
+        for path in &self.hide {
+            self.seals.record(path);
         }
         self
     }
@@ -159,6 +171,7 @@ impl SandboxSettings {
                 Some(dir.join(path.file_name()?))
             })
             .unwrap_or_else(|| path.to_path_buf());
+        self.seals.record(&path);
         if !self.protected.contains(&path) {
             self.protected.push(path);
         }
@@ -238,6 +251,7 @@ pub fn hide_from_commands(settings: &mut SandboxSettings, path: &Path) -> Result
     if !settings.secret_files.iter().any(|p| p == path) {
         settings.secret_files.push(path.to_path_buf());
     }
+    settings.seals.record(path);
     if !probe::protections().namespaces {
         return Err(format!(
             "{} cannot be hidden from commands on this machine (no mount namespaces), so a command could read it",
@@ -290,6 +304,10 @@ pub enum ConfineError {
     /// A path could not be handed to the kernel, or a rule could not be built.
     #[error("{0}")]
     Setup(String),
+    /// A hidden or protected path is not the one the daemon took on (moved, replaced, gone,
+    /// or reachable under another name); the message names it.
+    #[error("{0}")]
+    Changed(String),
 }
 
 /// Prepares the confinement of one command from `policy` and this machine's protections.
@@ -343,44 +361,11 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
     let seccomp = protections
         .seccomp
         .then(|| seccomp::filter(policy.no_network));
-    let mut read_only = Vec::new();
-    let mut hidden_files = Vec::new();
-    let mut hidden_dirs = Vec::new();
-    if namespaces != 0 {
-        for name in PROTECTED_IN_WORKTREE {
-            let path = policy.worktree.join(name);
-            // Not a symlink: the mount would follow it, and the worktree is the loop's.
-            if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_symlink()) {
-                read_only.push(c_path(&path)?);
-            }
-        }
-        // The daemon's own records, where they lie beneath something the command may write
-        // (elsewhere Landlock already refuses every write, and a mount would only cost time).
-        for path in &policy.settings.protected {
-            // A protected directory holding the worktree itself (a loop's own worktree under
-            // the run directory) stays writable there; the rest of it is outside Landlock's
-            // writable paths anyway.
-            let under_writable =
-                writable.iter().any(|w| path.starts_with(w)) && !policy.worktree.starts_with(path);
-            if under_writable
-                && std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_symlink())
-            {
-                read_only.push(c_path(path)?);
-            }
-        }
-        for path in policy
-            .settings
-            .hide
-            .iter()
-            .chain(&policy.settings.secret_files)
-        {
-            match std::fs::metadata(path) {
-                Ok(meta) if meta.is_dir() => hidden_dirs.push(c_path(path)?),
-                Ok(_) => hidden_files.push(c_path(path)?),
-                Err(_) => {}
-            }
-        }
-    }
+    let mounts = if namespaces != 0 {
+        guarded_mounts(policy, &writable, protections.landlock_abi > 0)?
+    } else {
+        Mounts::default()
+    };
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let plan = ChildPlan {
@@ -388,9 +373,10 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         user_namespace: protections.needs_user_namespace && namespaces != 0,
         uid_map: format!("{uid} {uid} 1\n").into_bytes(),
         gid_map: format!("{gid} {gid} 1\n").into_bytes(),
-        read_only,
-        hidden_files,
-        hidden_dirs,
+        pins: mounts.pins,
+        read_only: mounts.read_only,
+        hidden_files: mounts.hidden_files,
+        hidden_dirs: mounts.hidden_dirs,
         private_shm,
         private_pts,
         pts_access,
@@ -401,6 +387,138 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
     };
     let env = environment::command_environment(&policy.settings.env, &policy.launcher_env);
     Ok(Prepared { plan, env })
+}
+
+/// The mounts that guard paths in one command's namespace, in the order the init makes them.
+#[derive(Debug, Default)]
+struct Mounts {
+    pins: Vec<CString>,
+    read_only: Vec<Guard>,
+    hidden_files: Vec<Guard>,
+    hidden_dirs: Vec<Guard>,
+}
+
+/// Plans the mounts of `policy`'s guarded paths: `.git` and `.taskdaemon` in the worktree
+/// and the protected paths beneath a `writable` path read-only, the hidden and secret paths
+/// hidden, each checked against its seal, and the directories above them pinned
+/// ([`pins`]). `landlock`: writes are confined to `writable` (else to nothing).
+fn guarded_mounts(
+    policy: &CommandPolicy<'_>,
+    writable: &[PathBuf],
+    landlock: bool,
+) -> Result<Mounts, ConfineError> {
+    use pins::Role;
+    use std::os::unix::fs::MetadataExt as _;
+    let settings = policy.settings;
+    let mut read_only = Vec::new();
+    for name in PROTECTED_IN_WORKTREE {
+        let path = policy.worktree.join(name);
+        // Not a symlink: the mount would follow it, and the worktree is the loop's.
+        if let Ok(meta) = std::fs::symlink_metadata(&path)
+            && !meta.file_type().is_symlink()
+        {
+            read_only.push(guard(&path, (meta.dev(), meta.ino()))?);
+        }
+    }
+    if settings.protected.is_empty() && settings.hide.is_empty() && settings.secret_files.is_empty()
+    {
+        return Ok(Mounts {
+            read_only,
+            ..Mounts::default()
+        });
+    }
+    // Where commands may write, as the kernel sees it (Landlock opened these paths); without
+    // Landlock, everywhere.
+    let roots: Vec<PathBuf> = if landlock {
+        writable
+            .iter()
+            .filter_map(|w| std::fs::canonicalize(w).ok())
+            .collect()
+    } else {
+        vec![PathBuf::from("/")]
+    };
+    let mut targets = Vec::new();
+    let mut read_only_targets = Vec::new();
+    // The daemon's own records, where they lie beneath something the command may write
+    // (elsewhere Landlock already refuses every write, and a mount would only cost time).
+    for path in &settings.protected {
+        let seal = settings.seals.of(path);
+        // A protected directory holding the worktree itself (a loop's own worktree under the
+        // run directory) stays writable there; the rest of it is outside Landlock's writable
+        // paths anyway.
+        let under_writable = roots.iter().any(|w| seal.real.starts_with(w))
+            && !policy.worktree.starts_with(&seal.real);
+        if !under_writable {
+            continue;
+        }
+        if let Some(target) = pins::check(&seal, Role::Protected)? {
+            pins::check_links(&target, 1, Role::Protected)?;
+            read_only.push(guard(&target.real, target.identity)?);
+            read_only_targets.push(target.real.clone());
+            targets.push(target.real);
+        }
+    }
+    let mut hidden = Vec::new();
+    let roles = settings
+        .hide
+        .iter()
+        .map(|p| (p, Role::Hidden))
+        .chain(settings.secret_files.iter().map(|p| (p, Role::Secret)));
+    for (path, role) in roles {
+        if let Some(target) = pins::check(&settings.seals.of(path), role)? {
+            hidden.push((role, target));
+        }
+    }
+    let mut hidden_files = Vec::new();
+    let mut hidden_dirs = Vec::new();
+    for (role, target) in &hidden {
+        // The names of this file that are hidden (a name listed twice counts once).
+        let mut names: Vec<&Path> = hidden
+            .iter()
+            .filter(|(_, other)| other.identity == target.identity)
+            .map(|(_, other)| other.real.as_path())
+            .collect();
+        names.sort();
+        names.dedup();
+        pins::check_links(target, names.len() as u64, *role)?;
+        let list = if target.is_dir {
+            &mut hidden_dirs
+        } else {
+            &mut hidden_files
+        };
+        list.push((target.real.clone(), target.identity));
+        targets.push(target.real.clone());
+    }
+    // A hidden directory inside another is covered before the outer one.
+    hidden_dirs.sort_by_key(|(p, _): &(PathBuf, _)| std::cmp::Reverse(p.components().count()));
+    let targets: Vec<&Path> = targets.iter().map(PathBuf::as_path).collect();
+    let mut read_only_paths: Vec<&Path> = read_only_targets.iter().map(PathBuf::as_path).collect();
+    let in_worktree: Vec<PathBuf> = PROTECTED_IN_WORKTREE
+        .iter()
+        .map(|name| policy.worktree.join(name))
+        .collect();
+    read_only_paths.extend(in_worktree.iter().map(PathBuf::as_path));
+    let pins = pins::pins(&targets, &read_only_paths, &roots)
+        .iter()
+        .map(|p| c_path(p))
+        .collect::<Result<_, _>>()?;
+    let guards = |list: Vec<(PathBuf, (u64, u64))>| -> Result<Vec<Guard>, ConfineError> {
+        list.iter().map(|(p, id)| guard(p, *id)).collect()
+    };
+    Ok(Mounts {
+        pins,
+        read_only,
+        hidden_files: guards(hidden_files)?,
+        hidden_dirs: guards(hidden_dirs)?,
+    })
+}
+
+fn guard(path: &Path, (dev, ino): (u64, u64)) -> Result<Guard, ConfineError> {
+    Ok(Guard {
+        path: c_path(path)?,
+        dev,
+        ino,
+    })
 }
 
 fn c_path(path: &Path) -> Result<CString, ConfineError> {

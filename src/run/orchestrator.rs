@@ -583,6 +583,8 @@ async fn fresh_copy(src: &Path, dest: &Path) -> Result<PathBuf, String> {
             "-c",
             "user.email=taskdaemon@localhost",
         ])
+        // A global `core.hooksPath` would otherwise run hooks on the copy's first commit.
+        .args(crate::daemon_git::NO_HOOKS)
         .args(args)
         .current_dir(dest)
         .stdin(std::process::Stdio::null());

@@ -4,14 +4,16 @@
 //! checkout mid-merge.
 //!
 //! Everything goes through the `git` command line (no git library). Each command runs with
-//! stdin closed, `GIT_TERMINAL_PROMPT=0`, a no-op editor, and without the variables that would
+//! stdin closed, `GIT_TERMINAL_PROMPT=0`, a no-op editor, no hooks at all
+//! ([`crate::daemon_git::NO_HOOKS`]: the repository's hooks would run unconfined, and often
+//! run scripts from the worktree a loop writes), and without the variables that would
 //! point git at another repository or identity (`GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE`,
 //! `GIT_AUTHOR_NAME`, ...), which a daemon started from a git hook would otherwise inherit.
 //!
 //! Invariants:
 //! - The user's checkout is never left mid-merge. A merge runs only in a worktree whose
 //!   tracked files are clean and which has no merge of its own in progress; a merge that stops
-//!   (conflict, refusing hook) is aborted before returning, and only a merge this module
+//!   (a conflict, or anything else once it began) is aborted before returning, and only a merge this module
 //!   started is ever aborted. The whole merge runs in its own task, so dropping the caller's
 //!   future (a deadline, a stop) cannot cut it between "merge" and "abort". Merges into the
 //!   same repository are serialized within the process.
@@ -204,7 +206,7 @@ pub enum MergeOutcome {
         files: Vec<String>,
     },
     /// The merge could not be attempted (dirty checkout, a merge already in progress, an
-    /// untracked file in the way, a hook refusing it). Nothing changed.
+    /// untracked file in the way, a commit that could not be written). Nothing changed.
     Blocked {
         /// Why, and what to do about it.
         reason: String,
@@ -282,6 +284,8 @@ impl Git {
             "-c",
             "diff.ignoreSubmodules=all",
         ])
+        // No hooks: see `crate::daemon_git::NO_HOOKS`.
+        .args(crate::daemon_git::NO_HOOKS)
         .args(&args)
         .current_dir(dir)
         .stdin(Stdio::null())
@@ -664,8 +668,8 @@ impl Repo {
     /// merge (Blocked) if it would overwrite one. When `into_base` is checked out nowhere,
     /// the merge happens in a temporary worktree under the system temp directory, removed
     /// afterwards, and no checkout of the user's is touched. A conflict is aborted and reported
-    /// as [`MergeOutcome::Conflict`]; either way no checkout is left mid-merge. The
-    /// repository's merge hooks run.
+    /// as [`MergeOutcome::Conflict`]; either way no checkout is left mid-merge. No hook runs
+    /// ([`crate::daemon_git::NO_HOOKS`]).
     pub async fn merge_branch(&self, branch: &str, into_base: &str) -> Result<MergeOutcome> {
         self.check_branch_name("branch to merge", branch, branch)
             .await?;
@@ -976,10 +980,11 @@ impl Repo {
         files.sort();
         files.dedup();
         if files.is_empty() {
-            // Stopped without conflicts: a hook (pre-merge-commit, commit-msg) refused it.
+            // Stopped without conflicts (no hook runs: something else failed, e.g. writing
+            // the commit).
             return Ok(MergeOutcome::Blocked {
                 reason: format!(
-                    "the merge of `{branch}` into `{into}` in {} stopped before committing ({}); it was aborted and nothing changed; check the repository's merge hooks, then merge again",
+                    "the merge of `{branch}` into `{into}` in {} stopped before committing ({}); it was aborted and nothing changed; fix what git said, then merge again",
                     dir.display(),
                     crate::text::head_tail(merge.stderr.trim(), MAX_STDERR)
                 ),
@@ -1019,8 +1024,9 @@ impl Worktree {
     /// `git add -A`. The run-record directory `.taskdaemon/` at the worktree's root stays out
     /// even when no ignore file names it: it is excluded from `git add` and unstaged if
     /// something staged it, so only the user decides whether run records are versioned.
-    /// Checkpoint commits skip the `pre-commit` and `commit-msg` hooks: they record work in
-    /// progress, which the loop's validation command judges, not the user's commit policy.
+    /// Checkpoint commits run no hook (no git command of the daemon does:
+    /// [`crate::daemon_git::NO_HOOKS`]): they record work in progress, which the loop's
+    /// validation command judges, not the user's commit policy.
     /// Fails when the worktree is not on its loop branch.
     pub async fn commit_all(&self, message: &str) -> Result<Option<String>> {
         if message.trim().is_empty() || message.contains('\0') {
