@@ -139,18 +139,24 @@ fn a_config_in_a_subdirectory_of_the_repository_keeps_its_record_from_the_loops(
     std::fs::write(repo.join("sub/taskdaemon.yml"), config(Path::new(".."))).unwrap();
     common::init_repo(&repo, &[("README.md", "x\n")]);
     let out = run(&root, &repo.join("sub"), None);
-    let runs = repo.join("sub/.taskdaemon/runs");
-    let run_dir = std::fs::read_dir(&runs)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
+    // The run that happened, as the binary names it (not whatever else is under `runs`).
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let run_dir = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("run record: "))
+        .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             panic!(
-                "no run under {}: {}",
-                runs.display(),
+                "no run record named: {stdout}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         });
     check(&run_dir, &out, false);
+    // Nothing but the real run under `runs`: the loop planted no fake one.
+    let runs: Vec<_> = std::fs::read_dir(repo.join("sub/.taskdaemon/runs"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
 }

@@ -221,7 +221,14 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
     // The record may lie inside a loop's writable area (`worktree: repo` with the config in a
     // subdirectory of the repository, or a `--run-dir` inside it): no loop may change it.
-    let sandbox = Arc::new((*sandbox).clone().protecting(&run_dir));
+    // With the record in its default place, the whole `.taskdaemon` beside the config is the
+    // daemon's (other runs, and a loop must not plant a fake run that `status` would take for
+    // the latest); a loop's own worktree inside it stays its own.
+    let mut settings = (*sandbox).clone().protecting(&run_dir);
+    if options.run_dir.is_none() {
+        settings = settings.protecting(&base_dir.join(".taskdaemon"));
+    }
+    let sandbox = Arc::new(settings);
     let repo = match user_repo {
         Some(repo) => repo,
         None => {
