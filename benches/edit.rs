@@ -22,8 +22,8 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::json;
-use taskdaemon::context::{Stamp, ToolContext};
-use taskdaemon::registry::ToolSet;
+use td_toolkit::context::ToolContext;
+use td_toolkit::stamp::Stamp;
 
 use common::{Report, alternate, rounds, run_all};
 
@@ -88,7 +88,7 @@ fn main() {
     drop(text);
 
     let rt = common::runtime();
-    let set = ToolSet::all();
+    let set = td_tools::all_tools();
     let ctx = ToolContext::new(dir.path(), "bench").expect("context");
     let call = |name: &str, input: serde_json::Value| {
         let out = rt.block_on(set.call(&ctx, None, name, input));

@@ -14,8 +14,7 @@ mod common;
 use std::process::Command;
 
 use serde_json::json;
-use taskdaemon::context::ToolContext;
-use taskdaemon::registry::ToolSet;
+use td_toolkit::context::ToolContext;
 
 use common::{Corpus, Report, alternate, rounds, run_all};
 
@@ -56,7 +55,7 @@ fn bench(report: &mut Report, corpus: &Corpus, pattern: &str, metric: &str, have
     }
     corpus.describe();
     let rt = common::runtime();
-    let set = ToolSet::all();
+    let set = td_tools::all_tools();
     let ctx = ToolContext::new(&corpus.path, "bench").expect("corpus context");
     let call = || {
         let out = rt.block_on(set.call(&ctx, None, "glob", json!({"pattern": pattern})));

@@ -16,8 +16,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use serde_json::json;
-use taskdaemon::context::ToolContext;
-use taskdaemon::registry::ToolSet;
+use td_toolkit::context::ToolContext;
 
 use common::{Report, alternate, rounds, run_all, run_head};
 
@@ -76,7 +75,7 @@ fn main() {
     );
     let have_rg = common::have("rg", "install ripgrep, e.g. apt-get install ripgrep");
     let rt = common::runtime();
-    let set = ToolSet::all();
+    let set = td_tools::all_tools();
     let ctx = ToolContext::new(&corpus.path, "bench").expect("corpus context");
     let call = |input: serde_json::Value| {
         let out = rt.block_on(set.call(&ctx, None, "grep", input));

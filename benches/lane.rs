@@ -16,10 +16,9 @@ use std::time::Instant;
 use common::Report;
 use common::actors::{Dist, print_machine};
 use serde_json::json;
-use taskdaemon::actors::tool_lanes::{LaneSizes, ToolLanes};
-use taskdaemon::context::ToolContext;
-use taskdaemon::engine::ToolRunner;
-use taskdaemon::registry::ToolSet;
+use td_engine::ToolRunner;
+use td_runtime::tool_lanes::{LaneSizes, ToolLanes};
+use td_toolkit::context::ToolContext;
 
 #[tokio::main]
 async fn main() {
@@ -31,7 +30,7 @@ async fn main() {
         .collect();
     std::fs::write(dir.path().join("small.txt"), text).expect("write");
     let ctx = Arc::new(ToolContext::new(dir.path(), "bench").expect("ctx"));
-    let tools = Arc::new(ToolSet::from_names(&["read_file"]).expect("tools"));
+    let tools = Arc::new(td_tools::tool_set(&["read_file"]).expect("tools"));
     let lanes = ToolLanes::start(LaneSizes::default(), None)
         .await
         .expect("lanes");

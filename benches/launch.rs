@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::Report;
 use common::actors::{Dist, print_machine};
-use taskdaemon::confine::{CommandPolicy, SandboxSettings, prepare};
-use taskdaemon::process::{RunOptions, run};
+use td_confine::process::{RunOptions, run};
+use td_confine::{CommandPolicy, SandboxSettings, prepare};
 
 const WARMUP: usize = 20;
 
@@ -31,7 +31,7 @@ fn samples() -> usize {
 async fn main() {
     print_machine("launch");
     let mut report = Report::new("launch");
-    let missing = taskdaemon::confine::protections().missing();
+    let missing = td_confine::protections().missing();
     if !missing.is_empty() {
         eprintln!("# this machine lacks protections: {missing:?}");
     }

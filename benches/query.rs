@@ -35,12 +35,11 @@ use common::actors::{
 use common::{Report, selected};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::json;
-use taskdaemon::actors::coordinator::CoordinatorPort;
-use taskdaemon::actors::daemon::Runtime;
-use taskdaemon::coordination::Coordination;
-use taskdaemon::events::EventLog;
-use taskdaemon::llm::scripted::ScriptedLlm;
-use taskdaemon::registry::ToolSet;
+use td_llm::scripted::ScriptedLlm;
+use td_protocol::events::EventLog;
+use td_runtime::coordinator::CoordinatorPort;
+use td_runtime::daemon::Runtime;
+use td_toolkit::coordination::Coordination;
 
 const QUESTION: &str = "Which port does the api listen on?";
 const ANSWER: &str = "8080";
@@ -129,7 +128,7 @@ async fn latency(report: &mut Report, runtime: &str) {
     let rt = start_loops(dir.path(), &names).await;
     let port = Arc::new(CoordinatorPort::new(rt.coordinator.clone()));
     let ctx_a = Arc::new(rt.context(&dir.path().join("a"), "a").expect("ctx"));
-    let tools = Arc::new(ToolSet::from_names(&["query_loop"]).expect("tools"));
+    let tools = Arc::new(td_tools::tool_set(&["query_loop"]).expect("tools"));
     let (echo, _) = Actor::spawn(None, Echo, ()).await.expect("echo");
 
     // Rounds of alternating samples; each metric is the median over rounds of the round's

@@ -16,13 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use taskdaemon::context::ToolContext;
-use taskdaemon::engine::transcript::{TranscriptEntry, TranscriptSink};
-use taskdaemon::events::{EventKind, EventLog};
-use taskdaemon::llm::{LlmResponse, Message, Purpose, StopReason, ToolCall, Usage};
-use taskdaemon::receipts::Receipt;
-use taskdaemon::registry::ToolSet;
 use taskdaemon::run::record::{RunMeta, RunRecord, RunStatus};
+use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_llm::{LlmResponse, Message, Purpose, StopReason, ToolCall, Usage};
+use td_protocol::events::{EventKind, EventLog};
+use td_toolkit::context::ToolContext;
+use td_toolkit::receipts::Receipt;
 
 const ITERATIONS: u32 = 3;
 const TURNS: u32 = 4;
@@ -235,7 +234,7 @@ fn main() {
     let ctx = ToolContext::new(&worktree, "bench").unwrap();
     let receipt = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(ToolSet::all().call(&ctx, None, "list_directory", json!({})))
+        .block_on(td_tools::all_tools().call(&ctx, None, "list_directory", json!({})))
         .receipt;
     println!(
         "record bench in {} ({} iterations x {} turns per loop)",

@@ -32,12 +32,11 @@ use std::time::{Duration, Instant};
 use common::Report;
 use common::actors::{LoopParams, loop_spec, print_machine, proc_status_kb, reset_peak_rss};
 use serde_json::{Value, json};
-use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
-use taskdaemon::context::ToolContext;
-use taskdaemon::engine::LoopEnd;
-use taskdaemon::events::EventLog;
-use taskdaemon::llm::scripted::ScriptedLlm;
-use taskdaemon::registry::ToolSet;
+use td_engine::LoopEnd;
+use td_llm::scripted::ScriptedLlm;
+use td_protocol::events::EventLog;
+use td_runtime::daemon::{Runtime, RuntimeConfig};
+use td_toolkit::context::ToolContext;
 
 const ITERATIONS: u32 = 3;
 const WAIT: Duration = Duration::from_secs(1_800);
@@ -204,7 +203,7 @@ async fn child_direct(n: usize) {
     let base = dir.path().canonicalize().expect("canonical");
     let worktrees = make_worktrees(&base, n);
     let tools = Arc::new(
-        ToolSet::from_names(&["write_file", "read_file", "edit_file", "grep"]).expect("tools"),
+        td_tools::tool_set(&["write_file", "read_file", "edit_file", "grep"]).expect("tools"),
     );
     let started = Instant::now();
     let mut handles = Vec::with_capacity(n);

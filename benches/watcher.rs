@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use common::Report;
 use common::actors::{Dist, LoopParams, loop_spec, print_machine, unlimited_runtime};
 use notify::{RecursiveMode, Watcher as _};
-use taskdaemon::context::ToolContext;
-use taskdaemon::events::{EventKind, EventLog};
-use taskdaemon::llm::scripted::ScriptedLlm;
+use td_llm::scripted::ScriptedLlm;
+use td_protocol::events::{EventKind, EventLog};
+use td_toolkit::context::ToolContext;
 
 const WORKTREES: usize = 100;
 const WARMUP: usize = 200;

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::catalog::Catalog;
-use crate::registry::ToolDefinition;
+use td_protocol::tool_definition::ToolDefinition;
+use td_toolkit::catalog::Catalog;
 
 /// The formats `taskdaemon tools list` can print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

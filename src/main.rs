@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 
-use taskdaemon::catalog::{Catalog, default_tool_set};
 use taskdaemon::config::Config;
-use taskdaemon::context::{LoopCommands, ToolContext};
 use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::fronts::policy::SessionPolicy;
 use taskdaemon::fronts::receipt_session::ReceiptSession;
-use taskdaemon::registry::ToolSet;
-use taskdaemon::secrets::{self, RedactingWriter};
+use td_base::secrets::{self, RedactingWriter};
+use td_toolkit::catalog::{Catalog, default_tool_set};
+use td_toolkit::context::{LoopCommands, ToolContext};
+use td_toolkit::registry::ToolSet;
 
 #[derive(Parser)]
 #[command(
@@ -206,8 +206,8 @@ struct Session {
 impl SessionArgs {
     fn open(&self) -> Result<Session, String> {
         let tools = match &self.tools {
-            Some(names) => ToolSet::from_names(names)?,
-            None => ToolSet::all(),
+            Some(names) => td_tools::tool_set(names)?,
+            None => td_tools::all_tools(),
         };
         let mut policy = SessionPolicy::load(self.config.as_deref())?;
         // Before the first call: every secret of our environment (and the config's named
@@ -386,17 +386,17 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                 },
         } => {
             let set = match (tools, loop_type) {
-                (Some(names), _) => ToolSet::from_names(&names)?,
+                (Some(names), _) => td_tools::tool_set(&names)?,
                 (None, Some(t)) => {
                     let names = default_tool_set(&t).ok_or_else(|| {
                         format!(
                             "unknown loop type '{t}'; built-in types: {}",
-                            taskdaemon::catalog::BUILTIN_LOOP_TYPES.join(", ")
+                            td_toolkit::catalog::BUILTIN_LOOP_TYPES.join(", ")
                         )
                     })?;
-                    ToolSet::from_names(&names)?
+                    td_tools::tool_set(&names)?
                 }
-                (None, None) => ToolSet::all(),
+                (None, None) => td_tools::all_tools(),
             };
             let catalog = load_catalog(config.as_deref())?;
             let value = render(&set.definitions(), format, &catalog);

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use taskdaemon::catalog::{Catalog, ToolSpecOverride};
-use taskdaemon::context::{LoopCommands, ToolContext};
-use taskdaemon::receipts::SideEffect;
-use taskdaemon::registry::{CallOutcome, ToolSet};
+use td_toolkit::catalog::{Catalog, ToolSpecOverride};
+use td_toolkit::context::{LoopCommands, ToolContext};
+use td_toolkit::receipts::SideEffect;
+use td_toolkit::registry::CallOutcome;
 
 mod common;
 
@@ -24,7 +24,7 @@ fn ctx(dir: &Path) -> ToolContext {
 }
 
 async fn call(ctx: &ToolContext, name: &str, input: Value) -> CallOutcome {
-    ToolSet::all().call(ctx, None, name, input).await
+    td_tools::all_tools().call(ctx, None, name, input).await
 }
 
 /// A `sleep` argument no other test's processes carry. A confined command lives in its own
@@ -228,7 +228,7 @@ async fn a_background_child_does_not_keep_a_finished_command_alive() {
 async fn dropping_the_call_kills_the_command() {
     let dir = tempfile::tempdir().unwrap();
     let c = ctx(dir.path());
-    let set = ToolSet::all();
+    let set = td_tools::all_tools();
     let m = sleeper(3);
     let call = set.call(
         &c,

@@ -25,7 +25,7 @@ fn bin() -> &'static str {
 /// Whether this machine confines commands fully; when not, the tests below have nothing
 /// to attack (the gap is reported by `status` and the run's warning instead).
 fn fully_confined() -> bool {
-    let missing = taskdaemon::confine::protections().missing();
+    let missing = td_confine::protections().missing();
     if !missing.is_empty() {
         eprintln!("branch: this machine lacks protections: {missing:?}");
     }

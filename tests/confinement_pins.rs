@@ -22,7 +22,7 @@ fn bin() -> &'static str {
 }
 
 fn fully_confined() -> bool {
-    let missing = taskdaemon::confine::protections().missing();
+    let missing = td_confine::protections().missing();
     if !missing.is_empty() {
         eprintln!("branch: this machine lacks protections: {missing:?}");
     }

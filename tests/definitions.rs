@@ -1,12 +1,15 @@
 //! Snapshot tests of the tool definitions in every format `tools list` prints. A change to
 //! a name, description or schema shows up here for review.
 
-use taskdaemon::catalog::Catalog;
 use taskdaemon::formats::{DefinitionFormat, render};
-use taskdaemon::registry::ToolSet;
+use td_toolkit::catalog::Catalog;
 
 fn snapshot(format: DefinitionFormat, name: &str) {
-    let value = render(&ToolSet::all().definitions(), format, &Catalog::default());
+    let value = render(
+        &td_tools::all_tools().definitions(),
+        format,
+        &Catalog::default(),
+    );
     insta::with_settings!({snapshot_path => "../snapshots", prepend_module_to_snapshot => false}, {
         insta::assert_json_snapshot!(name, value);
     });
@@ -34,7 +37,7 @@ fn json_definitions_with_catalog_limits() {
 
 #[test]
 fn every_schema_is_a_closed_object_with_described_properties() {
-    for def in ToolSet::all().definitions() {
+    for def in td_tools::all_tools().definitions() {
         let s = &def.input_schema;
         assert_eq!(s["type"], "object", "{}", def.name);
         assert_eq!(

@@ -11,9 +11,8 @@ use rmcp::model::{CallToolRequestParams, ErrorCode};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ServiceError, ServiceExt};
 use serde_json::{Value, json};
-use taskdaemon::context::ToolContext;
-use taskdaemon::receipts::read_log;
-use taskdaemon::registry::ToolSet;
+use td_toolkit::context::ToolContext;
+use td_toolkit::receipts::read_log;
 
 const BIN: &str = env!("CARGO_BIN_EXE_taskdaemon");
 
@@ -28,7 +27,7 @@ fn call(name: &'static str, args: Value) -> CallToolRequestParams {
 async fn direct(name: &str, input: Value) -> (String, bool) {
     let dir = tempfile::tempdir().unwrap();
     let ctx = ToolContext::new(dir.path(), "direct").unwrap();
-    let out = ToolSet::all().call(&ctx, None, name, input).await;
+    let out = td_tools::all_tools().call(&ctx, None, name, input).await;
     (out.content, out.is_error)
 }
 
@@ -57,7 +56,7 @@ async fn rmcp_client_sees_the_tool_set_through_the_binary() {
     assert!(info.capabilities.tools.is_some());
 
     let listed = client.list_all_tools().await.unwrap();
-    let expected = ToolSet::all().definitions();
+    let expected = td_tools::all_tools().definitions();
     assert_eq!(listed.len(), expected.len());
     for (tool, def) in listed.iter().zip(&expected) {
         assert_eq!(tool.name, def.name);
@@ -187,7 +186,7 @@ fn server_answers_then_exits_cleanly_when_stdin_closes() {
     assert_eq!(answers[0]["result"]["serverInfo"]["name"], "taskdaemon");
     assert!(answers[0]["result"]["capabilities"]["tools"].is_object());
     let tools = answers[1]["result"]["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), ToolSet::all().names().len());
+    assert_eq!(tools.len(), td_tools::all_tools().names().len());
     assert!(tools.iter().all(|t| t["inputSchema"]["type"] == "object"));
     assert_eq!(answers[2]["error"]["code"], -32602);
 }

@@ -6,8 +6,7 @@
 //! Regenerate with `INSTA_UPDATE=always cargo test --test outputs`, then read every diff.
 
 use serde_json::{Value, json};
-use taskdaemon::context::ToolContext;
-use taskdaemon::registry::ToolSet;
+use td_toolkit::context::ToolContext;
 
 const LIB_RS: &str = r#"//! A tiny library for the snapshot tests.
 
@@ -76,7 +75,7 @@ fn fixture() -> (tempfile::TempDir, ToolContext) {
 /// Calls `tool` as a loop would and returns what the model sees: the error flag, then the
 /// content, with the worktree's path replaced by `[WT]`.
 async fn call(ctx: &ToolContext, tool: &str, input: Value) -> String {
-    let out = ToolSet::all().call(ctx, None, tool, input).await;
+    let out = td_tools::all_tools().call(ctx, None, tool, input).await;
     let root = ctx.root().display().to_string();
     format!(
         "is_error: {}\n---\n{}",

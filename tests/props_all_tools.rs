@@ -7,9 +7,8 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::Value;
-use taskdaemon::catalog::{Catalog, Lane};
-use taskdaemon::context::ToolContext;
-use taskdaemon::registry::ToolSet;
+use td_toolkit::catalog::{Catalog, Lane};
+use td_toolkit::context::ToolContext;
 
 mod props_support;
 
@@ -82,7 +81,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.txt"), "alpha\nbeta\n").unwrap();
         let ctx = ToolContext::new(dir.path(), "prop").unwrap();
-        let set = ToolSet::all();
+        let set = td_tools::all_tools();
         let catalog = Catalog::default();
         for name in set.names().to_vec() {
             if executes_safely(&name, &catalog) {

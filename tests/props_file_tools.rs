@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use taskdaemon::context::ToolContext;
-use taskdaemon::registry::{CallOutcome, ToolSet};
+use td_toolkit::context::ToolContext;
+use td_toolkit::registry::{CallOutcome, ToolSet};
 
 const FILE_TOOLS: [&str; 4] = ["read_file", "write_file", "edit_file", "list_directory"];
 
@@ -63,7 +63,7 @@ proptest! {
     #[test]
     fn what_write_file_stores_read_file_shows(content in text()) {
         let rt = runtime();
-        let set = ToolSet::all();
+        let set = td_tools::all_tools();
         let dir = tempfile::tempdir().expect("tempdir");
         let ctx = ToolContext::new(dir.path(), "prop").expect("ctx");
 
@@ -95,7 +95,7 @@ proptest! {
         let new = format!("⟪{new_inner}⟫");
         let original = format!("{prefix}{old}{suffix}");
         let rt = runtime();
-        let set = ToolSet::all();
+        let set = td_tools::all_tools();
         let dir = tempfile::tempdir().expect("tempdir");
         let ctx = ToolContext::new(dir.path(), "prop").expect("ctx");
         let path = dir.path().join("f.txt");
@@ -126,7 +126,7 @@ proptest! {
         anything in json_value(),
     ) {
         let rt = runtime();
-        let set = ToolSet::all();
+        let set = td_tools::all_tools();
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("a.txt"), "alpha\nbeta\n").expect("seed");
         std::fs::create_dir(dir.path().join("sub")).expect("seed dir");

@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use taskdaemon::config::Config;
-use taskdaemon::llm::scripted::ScriptedLlm;
-use taskdaemon::llm::{anthropic, openai};
+use td_llm::scripted::ScriptedLlm;
+use td_llm::{anthropic, openai};
 
 mod props_support;
 

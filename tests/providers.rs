@@ -19,15 +19,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use taskdaemon::llm::anthropic::{AnthropicClient, AnthropicSettings};
-use taskdaemon::llm::config::{LlmConfig, build_client, build_client_with_env};
-use taskdaemon::llm::http::{ApiKey, HttpSettings, HttpTransport};
-use taskdaemon::llm::openai::{OpenAiClient, OpenAiSettings};
-use taskdaemon::llm::{
+use td_llm::anthropic::{AnthropicClient, AnthropicSettings};
+use td_llm::config::{LlmConfig, build_client, build_client_with_env};
+use td_llm::http::{ApiKey, HttpSettings, HttpTransport};
+use td_llm::openai::{OpenAiClient, OpenAiSettings};
+use td_llm::{
     Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Purpose, Role, StopReason,
     ToolCall, Usage,
 };
-use taskdaemon::registry::{ToolDefinition, ToolSet};
+use td_protocol::tool_definition::ToolDefinition;
 
 // ---------------------------------------------------------------------------------------
 // A minimal HTTP/1.1 server: one scripted reply per request, in order; it records every
@@ -658,7 +658,7 @@ async fn openai_invalid_arguments_become_a_string_input_that_validation_rejects(
     assert_eq!(reply.usage, Usage::default());
     // The registry refuses the input before the tool runs, so the model gets an error
     // result and can send valid JSON next turn.
-    let err = ToolSet::all()
+    let err = td_tools::all_tools()
         .validate("read_file", &reply.tool_calls[0].input)
         .unwrap_err();
     assert!(err.to_string().contains("object"), "{err}");

@@ -6,9 +6,10 @@ use std::io::Write as _;
 use std::os::unix::fs::FileExt as _;
 
 use serde_json::json;
-use taskdaemon::context::{StampHasher, ToolContext};
-use taskdaemon::tools::Tool;
-use taskdaemon::tools::read_file::ReadFile;
+use td_toolkit::context::ToolContext;
+use td_toolkit::stamp::StampHasher;
+use td_toolkit::tool::Tool;
+use td_tools::files::read_file::ReadFile;
 
 /// Size of the test file: far beyond any cap, yet quick to create as a sparse file.
 const FILE_BYTES: u64 = 200 * 1024 * 1024;

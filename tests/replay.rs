@@ -265,7 +265,7 @@ fn a_receipt_edited_with_its_input_hash_recomputed_is_named_by_the_chain_and_nev
     let mut edited = parse(&lines[0]);
     let id = edited["id"].as_str().unwrap().to_string();
     edited["input"]["command"] = json!(phoning_home(world.port));
-    edited["input_hash"] = json!(taskdaemon::receipts::hash_value(&edited["input"]));
+    edited["input_hash"] = json!(td_toolkit::receipts::hash_value(&edited["input"]));
     edited["side_effects"][0]["command"] = edited["input"]["command"].clone();
     lines[0] = edited.to_string();
     rec.write_lines(&lines);

@@ -22,8 +22,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use taskdaemon::engine::transcript::TranscriptEntry;
-use taskdaemon::receipts::Receipt;
+use td_engine::transcript::TranscriptEntry;
+use td_toolkit::receipts::Receipt;
 use tempfile::TempDir;
 
 mod common;

@@ -5,10 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::json;
-use taskdaemon::engine::transcript::{TranscriptEntry, TranscriptSink};
-use taskdaemon::events::{EventKind, EventLog};
-use taskdaemon::llm::{Block, LlmResponse, Message, Purpose, Role, StopReason, ToolCall, Usage};
-use taskdaemon::receipts::{Receipt, hash_output, hash_value};
 use taskdaemon::run::record::{
     LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, RunSummary, read_events, read_jsonl,
     read_receipts, read_summary, read_transcript, runs_root,
@@ -16,6 +12,10 @@ use taskdaemon::run::record::{
 use taskdaemon::run::status::{
     LogsOptions, logs_command, render_status, resolve_run_dir, status_command,
 };
+use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_llm::{Block, LlmResponse, Message, Purpose, Role, StopReason, ToolCall, Usage};
+use td_protocol::events::{EventKind, EventLog};
+use td_toolkit::receipts::{Receipt, hash_output, hash_value};
 
 fn meta(loops: &[(&str, &str)]) -> RunMeta {
     RunMeta {
@@ -303,7 +303,7 @@ fn receipts_go_to_the_loop_log() {
     assert_eq!(tools, ["read_file", "write_file"]);
     // The same file is what `replay verify` reads.
     assert_eq!(
-        taskdaemon::receipts::read_log(log.path())
+        td_toolkit::receipts::read_log(log.path())
             .unwrap()
             .receipts
             .len(),

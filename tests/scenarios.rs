@@ -12,19 +12,20 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use taskdaemon::actors::coordinator::CoordinatorLimits;
-use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
-use taskdaemon::actors::loop_actor::LoopSpec;
-use taskdaemon::catalog::{Lane, default_tool_set};
-use taskdaemon::confine::SandboxSettings;
-use taskdaemon::context::{LoopCommands, ToolContext};
-use taskdaemon::engine::transcript::{MemoryTranscripts, TranscriptEntry};
-use taskdaemon::engine::{EngineConfig, LoopEnd, prompt};
-use taskdaemon::error::ToolResult;
-use taskdaemon::events::{EventKind, EventLog};
-use taskdaemon::llm::scripted::ScriptedLlm;
-use taskdaemon::registry::ToolSet;
-use taskdaemon::tools::{Tool, ToolOutput, builtin_tools};
+use td_confine::SandboxSettings;
+use td_engine::transcript::{MemoryTranscripts, TranscriptEntry};
+use td_engine::{EngineConfig, LoopEnd, prompt};
+use td_llm::scripted::ScriptedLlm;
+use td_protocol::events::{EventKind, EventLog};
+use td_runtime::coordinator::CoordinatorLimits;
+use td_runtime::daemon::{Runtime, RuntimeConfig};
+use td_runtime::loop_actor::LoopSpec;
+use td_toolkit::catalog::{Lane, default_tool_set};
+use td_toolkit::context::{LoopCommands, ToolContext};
+use td_toolkit::error::ToolResult;
+use td_toolkit::registry::ToolSet;
+use td_toolkit::tool::{Tool, ToolOutput};
+use td_tools::builtin_tools;
 
 mod common;
 
@@ -154,6 +155,7 @@ impl Run {
             },
             ctx: Arc::new(ctx),
             tools: Arc::new(ToolSet::from_tools(tools).unwrap()),
+            validation_tools: Arc::new(td_tools::tool_set(&["validate"]).unwrap()),
             llm: self.llm.clone(),
             runner: Arc::new(self.rt.lanes.clone()),
             coordinator: self.rt.coordinator.clone(),

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use taskdaemon::llm::scripted::ScriptedLlm;
-use taskdaemon::llm::{LlmClient, LlmRequest, Purpose, StopReason};
+use td_llm::scripted::ScriptedLlm;
+use td_llm::{LlmClient, LlmRequest, Purpose, StopReason};
 
 fn request(loop_name: &str, purpose: Purpose) -> LlmRequest {
     LlmRequest {

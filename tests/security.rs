@@ -10,8 +10,7 @@ use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use taskdaemon::context::ToolContext;
-use taskdaemon::registry::ToolSet;
+use td_toolkit::context::ToolContext;
 
 const SECRET: &str = "TOP-SECRET";
 
@@ -97,7 +96,7 @@ fn dir_escapes(f: &Fixture) -> Vec<(&'static str, String)> {
 }
 
 async fn call(ctx: &ToolContext, tool: &str, input: Value) -> (bool, String) {
-    let out = ToolSet::all().call(ctx, None, tool, input).await;
+    let out = td_tools::all_tools().call(ctx, None, tool, input).await;
     (out.is_error, out.content)
 }
 

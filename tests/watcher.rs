@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use taskdaemon::actors::messages::LoopMsg;
-use taskdaemon::actors::watcher::{Watcher, WatcherMsg};
-use taskdaemon::context::ToolContext;
+use td_runtime::messages::LoopMsg;
+use td_runtime::watcher::{Watcher, WatcherMsg};
+use td_toolkit::context::ToolContext;
 use tokio::sync::mpsc;
 
 /// The counts below are per process: the tests must not overlap.

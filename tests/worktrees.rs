@@ -1,4 +1,4 @@
-//! Loop worktrees, checkpoint commits and merges (`taskdaemon::run::worktree`) against real git
+//! Loop worktrees, checkpoint commits and merges (`td_git::worktree`) against real git
 //! in temporary repositories.
 //!
 //! Every git command, the fixture's and the library's, runs with `HOME` and `XDG_CONFIG_HOME`
@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use taskdaemon::run::worktree::{MergeOutcome, Repo, Worktree, WorktreeError, loop_branch};
+use td_git::worktree::{MergeOutcome, Repo, Worktree, WorktreeError, loop_branch};
 use tempfile::TempDir;
 
 struct Fixture {

@@ -7,15 +7,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use taskdaemon::actors::coordinator::CoordinatorLimits;
-use taskdaemon::actors::daemon::{Runtime, RuntimeConfig};
-use taskdaemon::actors::loop_actor::LoopSpec;
-use taskdaemon::catalog::default_tool_set;
-use taskdaemon::engine::transcript::{NoTranscript, TranscriptSink};
-use taskdaemon::engine::{EngineConfig, prompt};
-use taskdaemon::events::EventLog;
-use taskdaemon::llm::LlmClient;
-use taskdaemon::registry::ToolSet;
+use td_engine::transcript::{NoTranscript, TranscriptSink};
+use td_engine::{EngineConfig, prompt};
+use td_llm::LlmClient;
+use td_protocol::events::EventLog;
+use td_runtime::coordinator::CoordinatorLimits;
+use td_runtime::daemon::{Runtime, RuntimeConfig};
+use td_runtime::loop_actor::LoopSpec;
+use td_toolkit::catalog::default_tool_set;
 
 /// A runtime whose coordinator never refuses (a bench measures routing, not the rate
 /// limiter), with or without file watching.
@@ -150,7 +149,7 @@ pub fn loop_spec(
 ) -> LoopSpec {
     let ctx = rt.context(p.worktree, p.name).expect("worktree exists");
     let names = default_tool_set("ralph").expect("ralph is a built-in loop type");
-    let tools = ToolSet::from_names(&names).expect("built-in tools");
+    let tools = td_tools::tool_set(&names).expect("built-in tools");
     LoopSpec {
         config: EngineConfig {
             name: p.name.to_string(),
@@ -167,6 +166,7 @@ pub fn loop_spec(
         },
         ctx: Arc::new(ctx),
         tools: Arc::new(tools),
+        validation_tools: Arc::new(td_tools::tool_set(&["validate"]).expect("built-in tools")),
         llm,
         runner: Arc::new(rt.lanes.clone()),
         coordinator: rt.coordinator.clone(),

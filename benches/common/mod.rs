@@ -365,9 +365,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// A context whose output caps are raised so that a correctness check sees the whole
 /// answer (the timed calls use the default catalog, as a loop does).
-pub fn uncapped_context(root: &Path) -> taskdaemon::context::ToolContext {
-    let mut catalog = taskdaemon::catalog::Catalog::default();
-    let raise = taskdaemon::catalog::ToolSpecOverride {
+pub fn uncapped_context(root: &Path) -> td_toolkit::context::ToolContext {
+    let mut catalog = td_toolkit::catalog::Catalog::default();
+    let raise = td_toolkit::catalog::ToolSpecOverride {
         max_output_bytes: Some(64 << 20),
         ..Default::default()
     };
@@ -378,7 +378,7 @@ pub fn uncapped_context(root: &Path) -> taskdaemon::context::ToolContext {
     catalog
         .apply_overrides(&overrides)
         .expect("catalog overrides");
-    taskdaemon::context::ToolContext::new(root, "bench-check")
+    td_toolkit::context::ToolContext::new(root, "bench-check")
         .expect("context")
         .with_catalog(std::sync::Arc::new(catalog))
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::Problem;
-use crate::catalog::{BUILTIN_LOOP_TYPES, default_tool_set};
-use crate::engine::prompt;
+use td_engine::prompt;
+use td_toolkit::catalog::{BUILTIN_LOOP_TYPES, default_tool_set};
 
 /// A loop type as written in `taskdaemon.yml` (every field optional: unset fields come from
 /// the type it extends).
@@ -128,7 +128,7 @@ fn unknown(name: &str, defs: &BTreeMap<String, LoopTypeDef>) -> String {
     known.extend(defs.keys().map(String::as_str));
     known.sort_unstable();
     known.dedup();
-    let hint = crate::suggest::closest(name, known.iter().copied())
+    let hint = td_base::suggest::closest(name, known.iter().copied())
         .map(|s| format!(" (did you mean `{s}`?)"))
         .unwrap_or_default();
     format!(
@@ -217,8 +217,7 @@ fn resolve_one(
 fn check(t: &LoopType) -> Result<(), Problem> {
     let at = format!("loop-types.{}", t.name);
     let problem = |field: &str, message: String| Problem::new(format!("{at}.{field}"), message);
-    crate::registry::ToolSet::from_names(&t.tools)
-        .map_err(|e| problem("tools", format!("{at}.tools: {e}")))?;
+    td_tools::tool_set(&t.tools).map_err(|e| problem("tools", format!("{at}.tools: {e}")))?;
     for (field, value) in [
         ("max-iterations", t.max_iterations),
         ("max-turns", t.max_turns),

@@ -89,7 +89,7 @@ pub fn check(loops: &[LoopDef], types: &BTreeSet<String>) -> Result<(), Vec<Prob
             problem("name", format!("{at}: the name `{}` is used twice", l.name));
         }
         if !types.contains(&l.loop_type) {
-            let hint = crate::suggest::closest(&l.loop_type, types.iter().map(String::as_str))
+            let hint = td_base::suggest::closest(&l.loop_type, types.iter().map(String::as_str))
                 .map(|s| format!(" (did you mean `{s}`?)"))
                 .unwrap_or_default();
             problem(
@@ -109,7 +109,7 @@ pub fn check(loops: &[LoopDef], types: &BTreeSet<String>) -> Result<(), Vec<Prob
         for (j, dep) in l.depends_on.iter().enumerate() {
             let at = format!("loops[{i}].depends-on[{j}]");
             if !seen.contains(dep.as_str()) {
-                let hint = crate::suggest::closest(dep, seen.iter().copied())
+                let hint = td_base::suggest::closest(dep, seen.iter().copied())
                     .map(|s| format!(" (did you mean `{s}`?)"))
                     .unwrap_or_default();
                 problems.push(Problem::new(

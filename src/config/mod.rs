@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::actors::coordinator::CoordinatorLimits;
-use crate::actors::tool_lanes::LaneSizes;
-use crate::catalog::{Catalog, ToolSpecOverride};
-use crate::web_access::WebAccess;
+use td_runtime::coordinator::CoordinatorLimits;
+use td_runtime::tool_lanes::LaneSizes;
+use td_toolkit::catalog::{Catalog, ToolSpecOverride};
+use td_toolkit::web_access::WebAccess;
 
 pub mod locate;
 pub mod loop_types;
@@ -56,7 +56,7 @@ pub struct Config {
     #[serde(default)]
     pub copy_repo: bool,
     /// The model provider.
-    pub llm: Option<crate::llm::config::LlmConfig>,
+    pub llm: Option<td_llm::config::LlmConfig>,
     /// Loops and model calls at once.
     #[serde(default)]
     pub concurrency: Concurrency,
@@ -84,9 +84,9 @@ pub struct Config {
     /// The loops of the run.
     #[serde(default)]
     pub loops: Vec<LoopDef>,
-    /// How commands are confined (see `crate::confine`).
+    /// How commands are confined (see `td_confine`).
     #[serde(default)]
-    pub sandbox: crate::confine::SandboxSettings,
+    pub sandbox: td_confine::SandboxSettings,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -141,7 +141,10 @@ impl Config {
                 .location()
                 .map(|l| format!(":{}:{}", l.line(), l.column()))
                 .unwrap_or_default();
-            format!("{origin}{at}: {}", with_suggestion(&e.to_string()))
+            format!(
+                "{origin}{at}: {}",
+                td_base::suggest::serde_with_suggestion(&e.to_string())
+            )
         })?;
         config.check().map_err(|problems| {
             problems
@@ -188,7 +191,7 @@ impl Config {
         }
         // Loops are checked against every type the file names, even one with a problem of
         // its own (reported above), so that its loops are not reported as well.
-        let mut types: BTreeSet<String> = crate::catalog::BUILTIN_LOOP_TYPES
+        let mut types: BTreeSet<String> = td_toolkit::catalog::BUILTIN_LOOP_TYPES
             .iter()
             .map(|t| t.to_string())
             .collect();
@@ -235,7 +238,7 @@ impl Config {
     /// file's directory). The model's `api-key-file` is always hidden from commands: a
     /// command that read it could send the key anywhere the net lane reaches, and redaction
     /// only protects what passes through the daemon.
-    pub fn sandbox_settings(&self, base_dir: &Path) -> crate::confine::SandboxSettings {
+    pub fn sandbox_settings(&self, base_dir: &Path) -> td_confine::SandboxSettings {
         let mut settings = self.sandbox.clone();
         if let Some(file) = self.llm.as_ref().and_then(|l| l.api_key_file.as_ref()) {
             settings.hide.push(file.clone());
@@ -276,32 +279,11 @@ fn position(text: &str, at: &str) -> String {
     }
 }
 
-/// Adds "did you mean" to serde's "unknown field `x`, expected one of `a`, `b`" messages,
-/// and drops the trailing "at line L column C" that the caller already shows as a prefix.
-pub(crate) fn with_suggestion(message: &str) -> String {
-    let message = match message.rfind(" at line ") {
-        Some(i) => &message[..i],
-        None => message,
-    };
-    let Some(start) = message.find("unknown field `") else {
-        return message.to_string();
-    };
-    let rest = &message[start + "unknown field `".len()..];
-    let Some((wrong, tail)) = rest.split_once('`') else {
-        return message.to_string();
-    };
-    let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
-    match crate::suggest::closest(wrong, expected.iter().copied()) {
-        Some(s) => format!("{message} (did you mean `{s}`?)"),
-        None => message.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::Lane;
-    use crate::web_access::AllowedHost;
+    use td_toolkit::catalog::Lane;
+    use td_toolkit::web_access::AllowedHost;
 
     #[test]
     fn catalog_overrides_are_applied() {

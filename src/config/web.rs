@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::Problem;
-use crate::web_access::{AllowedHost, WebAccess};
+use td_toolkit::web_access::{AllowedHost, WebAccess};
 
 /// Network access of the web tools.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]

@@ -17,10 +17,10 @@ use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
 use super::lines::{Line, LineReader, MAX_LINE_BYTES};
 use super::salvage::{first_bad_byte, salvage, salvage_bytes};
-use crate::context::ToolContext;
 use crate::fronts::receipt_gate::ReceiptGate;
-use crate::receipts::ReceiptLog;
-use crate::registry::ToolSet;
+use td_toolkit::context::ToolContext;
+use td_toolkit::receipts::ReceiptLog;
+use td_toolkit::registry::ToolSet;
 
 /// What a request line looks like, for error answers.
 const REQUEST_SHAPE: &str =
@@ -54,7 +54,7 @@ where
         };
         // Results are redacted by the registry already; an answer that echoes a bad request
         // line is not, and this is where text leaves the process.
-        let mut text = crate::secrets::redact_json(&answer.to_string()).into_owned();
+        let mut text = td_base::secrets::redact_json(&answer.to_string()).into_owned();
         text.push('\n');
         output.write_all(text.as_bytes()).await?;
         output.flush().await?;
@@ -173,7 +173,7 @@ mod tests {
     async fn run_bytes(lines: &[u8]) -> Vec<Value> {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(dir.path(), "exec").unwrap();
-        let tools = ToolSet::all();
+        let tools = td_tools::all_tools();
         let mut out = Vec::new();
         serve(lines, &mut out, &ctx, &tools, None).await.unwrap();
         String::from_utf8(out)

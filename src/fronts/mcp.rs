@@ -24,10 +24,10 @@ use serde_json::Value;
 use tokio::sync::RwLock;
 
 use super::mcp_transport::LineTransport;
-use crate::context::ToolContext;
 use crate::fronts::receipt_gate::ReceiptGate;
-use crate::receipts::ReceiptLog;
-use crate::registry::ToolSet;
+use td_toolkit::context::ToolContext;
+use td_toolkit::receipts::ReceiptLog;
+use td_toolkit::registry::ToolSet;
 
 /// What the server tells clients at `initialize`.
 const INSTRUCTIONS: &str = "TaskDaemon tools, confined to one git worktree. Paths are \
@@ -214,8 +214,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::error::ToolResult;
-    use crate::tools::{Tool, ToolOutput};
+    use td_toolkit::error::ToolResult;
+    use td_toolkit::tool::{Tool, ToolOutput};
 
     /// Read-only; echoes `text`, or fails as a tool when `text` is "fail".
     struct Echo;
@@ -335,8 +335,8 @@ mod tests {
         &result.content[0].as_text().unwrap().text
     }
 
-    fn receipts(s: &Session) -> Vec<crate::receipts::Receipt> {
-        let read = crate::receipts::read_log(s.log.path()).unwrap();
+    fn receipts(s: &Session) -> Vec<td_toolkit::receipts::Receipt> {
+        let read = td_toolkit::receipts::read_log(s.log.path()).unwrap();
         assert!(read.bad_lines.is_empty());
         read.receipts
     }

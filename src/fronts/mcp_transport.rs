@@ -16,7 +16,7 @@
 //! first [`super::lines::KEPT_HEAD_BYTES`] of an over-long line), and `null` otherwise, as
 //! JSON-RPC 2.0 asks. A notification (a whole object with a method and no id) or a response
 //! that cannot be read is dropped with a line on stderr, since nobody waits for an answer to
-//! it. Every line written, rmcp's or ours, goes through [`crate::secrets::redact_json`].
+//! it. Every line written, rmcp's or ours, goes through [`td_base::secrets::redact_json`].
 
 use std::sync::Arc;
 
@@ -110,7 +110,7 @@ where
 
 /// Writes one redacted line and flushes it, holding the output for the whole line.
 async fn write_line<W: AsyncWrite + Unpin>(output: &Mutex<W>, text: &str) -> std::io::Result<()> {
-    let mut line = crate::secrets::redact_json(text).into_owned();
+    let mut line = td_base::secrets::redact_json(text).into_owned();
     line.push('\n');
     let mut out = output.lock().await;
     out.write_all(line.as_bytes()).await?;
@@ -402,8 +402,8 @@ mod tests {
     #[tokio::test]
     async fn a_session_answers_bad_lines_and_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let ctx = Arc::new(crate::context::ToolContext::new(dir.path(), "t").unwrap());
-        let tools = Arc::new(crate::registry::ToolSet::all());
+        let ctx = Arc::new(td_toolkit::context::ToolContext::new(dir.path(), "t").unwrap());
+        let tools = Arc::new(td_tools::all_tools());
         let (server_io, client_io) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(server_io);
         let server = super::super::mcp::McpServer::new(ctx, tools, None);

@@ -7,11 +7,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::confine::{SandboxReport, SandboxSettings};
-use crate::context::ToolContext;
-use crate::web_access::WebAccess;
+use td_confine::{SandboxReport, SandboxSettings};
+use td_toolkit::catalog::Catalog;
+use td_toolkit::context::ToolContext;
+use td_toolkit::web_access::WebAccess;
 
 /// Catalog, sandbox and web access of a front.
 #[derive(Debug, Clone, Default)]
@@ -43,7 +43,7 @@ impl SessionPolicy {
     /// the config's named ones) is redacted from then on, and a machine that lacks what
     /// `sandbox.mode: required` asks for is refused.
     pub fn start(&self) -> Result<SandboxReport, String> {
-        crate::secrets::register_environment(&[]);
+        td_base::secrets::register_environment(&[]);
         SandboxReport::at_start(&self.sandbox).map_err(|e| e.to_string())
     }
 

@@ -6,8 +6,8 @@
 
 use std::sync::OnceLock;
 
-use crate::receipts::ReceiptLog;
-use crate::registry::CallOutcome;
+use td_toolkit::receipts::ReceiptLog;
+use td_toolkit::registry::CallOutcome;
 
 /// Whether a session's calls may still run: closed once a receipt could not be written.
 #[derive(Debug, Default)]
@@ -62,14 +62,13 @@ impl ReceiptGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::ToolContext;
-    use crate::registry::ToolSet;
+    use td_toolkit::context::ToolContext;
 
     #[tokio::test]
     async fn a_receipt_that_cannot_be_written_closes_the_gate() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(dir.path(), "gate").unwrap();
-        let outcome = ToolSet::all()
+        let outcome = td_tools::all_tools()
             .call(&ctx, None, "list_directory", serde_json::json!({}))
             .await;
         let gate = ReceiptGate::new();

@@ -17,10 +17,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::confine::SandboxSettings;
-use crate::receipts::ReceiptLog;
-use crate::receipts::chain::{ChainKey, key_path_for_log};
-use crate::receipts::session::{SessionEnd, SessionReceipt, session_path_for_log};
+use td_confine::SandboxSettings;
+use td_toolkit::receipts::ReceiptLog;
+use td_toolkit::receipts::chain::{ChainKey, key_path_for_log};
+use td_toolkit::receipts::session::{SessionEnd, SessionReceipt, session_path_for_log};
 
 /// A session's chained receipt log.
 pub struct ReceiptSession {
@@ -63,7 +63,7 @@ impl ReceiptSession {
                 key_path.display()
             )
         })?;
-        if let Err(why) = crate::confine::hide_from_commands(settings, &real) {
+        if let Err(why) = td_confine::hide_from_commands(settings, &real) {
             eprintln!(
                 "taskdaemon: warning: {why}; a command that reads it could forge receipts of this log"
             );

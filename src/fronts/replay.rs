@@ -2,7 +2,7 @@
 //! order, on a copy of the worktree as it was before them, and reports every call whose
 //! output hash differs.
 //!
-//! Nothing in a log is run before it is checked ([`crate::receipts::check`]): a receipt
+//! Nothing in a log is run before it is checked ([`td_toolkit::receipts::check`]): a receipt
 //! whose input does not hash to its `input_hash`, or that the receipt chain does not vouch
 //! for (edited, inserted, repeated, out of order, after a dropped receipt), is refused and
 //! named, never run. A log whose chain cannot be checked (no chain, or no key) is not run
@@ -22,16 +22,16 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::catalog::Lane;
-use crate::context::{LoopCommands, ToolContext};
 use crate::fronts::policy::SessionPolicy;
-use crate::receipts::chain::{ChainKey, RUN_KEY_FILE, key_path_for_log};
-use crate::receipts::check::{ChainState, LogCheck, LogEntry, check, read_entries};
-use crate::receipts::session::{
+use td_toolkit::catalog::Lane;
+use td_toolkit::context::{LoopCommands, ToolContext};
+use td_toolkit::receipts::chain::{ChainKey, RUN_KEY_FILE, key_path_for_log};
+use td_toolkit::receipts::check::{ChainState, LogCheck, LogEntry, check, read_entries};
+use td_toolkit::receipts::session::{
     SESSION_RECEIPT_FILE, SessionRead, read_session, session_path_for_log,
 };
-use crate::receipts::{Receipt, SideEffect};
-use crate::registry::ToolSet;
+use td_toolkit::receipts::{Receipt, SideEffect};
+use td_toolkit::registry::ToolSet;
 
 /// What `replay verify` was asked to do.
 #[derive(Debug, Clone)]
@@ -266,7 +266,7 @@ pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
     let mut policy = options.policy.clone();
     if let Some(key) = &key
         && let Ok(real) = key.path().canonicalize()
-        && let Err(why) = crate::confine::hide_from_commands(&mut policy.sandbox, &real)
+        && let Err(why) = td_confine::hide_from_commands(&mut policy.sandbox, &real)
     {
         eprintln!("taskdaemon: warning: {why}");
     }
@@ -279,7 +279,7 @@ pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
         .iter()
         .filter_map(|k| k.path().canonicalize().ok())
         .collect();
-    copy_tree_except(&options.worktree, &copy, &keep_out)
+    td_base::tree_copy::copy_tree_except(&options.worktree, &copy, &keep_out)
         .map_err(|e| format!("cannot copy worktree {}: {e}", options.worktree.display()))?;
 
     // The tools the session had (a call of another tool is answered with their list), when
@@ -289,8 +289,8 @@ pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
         .filter(|s| s.authentic == Some(true))
         .and_then(|s| s.receipt.tool_set.as_ref())
     {
-        Some(names) => ToolSet::from_names(names)?,
-        None => ToolSet::all(),
+        Some(names) => td_tools::tool_set(names)?,
+        None => td_tools::all_tools(),
     };
     let trusted_receipts: Vec<&Receipt> = read
         .entries
@@ -374,7 +374,7 @@ async fn replay_one(
         CallVerdict::Differs {
             expected: receipt.output_hash.clone(),
             actual: outcome.receipt.output_hash,
-            excerpt: crate::text::head_tail(&outcome.content, 400),
+            excerpt: td_base::text::head_tail(&outcome.content, 400),
         }
     }
 }
@@ -385,9 +385,9 @@ pub async fn verify_command(options: &VerifyOptions, json: bool) -> Result<ExitC
     let report = verify(options).await?;
     if json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        println!("{}", crate::secrets::redact_json(&text));
+        println!("{}", td_base::secrets::redact_json(&text));
     } else {
-        print!("{}", crate::secrets::redact(&render(&report)));
+        print!("{}", td_base::secrets::redact(&render(&report)));
     }
     Ok(if report.ok() {
         ExitCode::SUCCESS
@@ -489,80 +489,11 @@ pub fn render(report: &ReplayReport) -> String {
     out
 }
 
-/// Copies a directory tree, keeping symlinks as symlinks (never following them out).
-pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    copy_tree_except(from, to, &[])
-}
-
-/// [`copy_tree`], leaving out the paths of `except` (canonical) and every file that is not
-/// a regular file, a directory or a symlink: opening a FIFO would block the copy forever,
-/// and sockets and devices have no content to copy.
-fn copy_tree_except(from: &Path, to: &Path, except: &[PathBuf]) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    let from = from.canonicalize()?;
-    let mut stack: Vec<(PathBuf, PathBuf)> = vec![(from, to.to_path_buf())];
-    while let Some((src, dst)) = stack.pop() {
-        for entry in std::fs::read_dir(&src)? {
-            let entry = entry?;
-            if except.iter().any(|p| *p == entry.path()) {
-                continue;
-            }
-            let kind = entry.file_type()?;
-            let target = dst.join(entry.file_name());
-            if kind.is_symlink() {
-                std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
-            } else if kind.is_dir() {
-                std::fs::create_dir_all(&target)?;
-                stack.push((entry.path(), target));
-            } else if kind.is_file() {
-                std::fs::copy(entry.path(), &target)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receipts::ReceiptLog;
     use serde_json::json;
-
-    #[test]
-    fn copy_tree_keeps_symlinks_and_content() {
-        let d = tempfile::tempdir().unwrap();
-        let a = d.path().join("a");
-        std::fs::create_dir_all(a.join("sub")).unwrap();
-        std::fs::write(a.join("sub/f"), "x").unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", a.join("l")).unwrap();
-        copy_tree(&a, &d.path().join("b")).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(d.path().join("b/sub/f")).unwrap(),
-            "x"
-        );
-        assert_eq!(
-            std::fs::read_link(d.path().join("b/l")).unwrap(),
-            PathBuf::from("/etc/passwd")
-        );
-    }
-
-    #[test]
-    fn copy_tree_leaves_out_fifos_and_excluded_paths() {
-        let d = tempfile::tempdir().unwrap();
-        let a = d.path().join("a");
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::write(a.join("f"), "x").unwrap();
-        std::fs::write(a.join("key"), "k").unwrap();
-        let fifo =
-            std::ffi::CString::new(a.join("pipe").into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        let key = a.join("key").canonicalize().unwrap();
-        copy_tree_except(&a, &d.path().join("b"), &[key]).unwrap();
-        assert!(d.path().join("b/f").is_file());
-        assert!(!d.path().join("b/pipe").exists());
-        assert!(!d.path().join("b/key").exists());
-    }
+    use td_toolkit::receipts::ReceiptLog;
 
     fn options(log: &Path, wt: &Path) -> VerifyOptions {
         VerifyOptions {
@@ -584,9 +515,9 @@ mod tests {
         let wt = d.path().join("wt");
         std::fs::create_dir_all(&wt).unwrap();
         let ctx = ToolContext::new(&wt, "loop-a").unwrap();
-        let tools = ToolSet::all();
+        let tools = td_tools::all_tools();
         let log_path = d.path().join("r.jsonl");
-        let mut settings = crate::confine::SandboxSettings::default();
+        let mut settings = td_confine::SandboxSettings::default();
         let session = crate::fronts::receipt_session::ReceiptSession::open(
             &log_path,
             None,
@@ -645,7 +576,7 @@ mod tests {
         let ctx = ToolContext::new(&wt, "e").unwrap();
         let log_path = d.path().join("old.jsonl");
         let log = ReceiptLog::open(&log_path).unwrap();
-        let a = ToolSet::all()
+        let a = td_tools::all_tools()
             .call(&ctx, None, "no_such_tool", json!({}))
             .await;
         log.append(&a.receipt).unwrap();

@@ -1,4 +1,4 @@
-//! A run of loops: the orchestrator behind `taskdaemon run`, its git worktrees, its on-disk
+//! A run of loops: the orchestrator behind `taskdaemon run` (its git worktrees are `td_git`), its on-disk
 //! record, the live progress display, and the commands that read a record back.
 
 pub mod orchestrator;
@@ -10,4 +10,3 @@ pub mod session_receipts;
 pub mod signals;
 pub mod status;
 pub mod summary_file;
-pub mod worktree;

@@ -10,19 +10,18 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::actors::daemon::{Runtime, RuntimeConfig};
-use crate::actors::loop_actor::LoopSpec;
 use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
-use crate::context::LoopCommands;
-use crate::engine::{EngineConfig, LoopEnd};
-use crate::events::{EventKind, EventLog};
-use crate::registry::ToolSet;
 use crate::run::progress::{Progress, ProgressMode};
 use crate::run::record::{
     LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, new_run_id, now_rfc3339,
 };
 use crate::run::signals::{StopSignal, StopSignals};
-use crate::run::worktree::{MergeOutcome, Repo, Worktree};
+use td_engine::{EngineConfig, LoopEnd};
+use td_git::worktree::{MergeOutcome, Repo, Worktree};
+use td_protocol::events::{EventKind, EventLog};
+use td_runtime::daemon::{Runtime, RuntimeConfig};
+use td_runtime::loop_actor::LoopSpec;
+use td_toolkit::context::LoopCommands;
 
 /// What `taskdaemon run` was asked to do.
 #[derive(Debug, Clone)]
@@ -147,7 +146,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     } = plan(&options)?;
     // Every secret of our environment is redacted from what leaves the process from here on
     // (the provider's key is registered where it is loaded, also when it comes from a file).
-    crate::secrets::register_environment(&[]);
+    td_base::secrets::register_environment(&[]);
     // Listen for Ctrl-C and SIGTERM from here on: until now either would kill the process
     // with its default action, and from here on that would leave a run record saying
     // "running" forever. The first one that came is what `interrupted` holds.
@@ -162,11 +161,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             options.config.display()
         )
     })?;
-    let llm = crate::llm::config::build_client(&llm_config, &base_dir, in_flight)?;
+    let llm = td_llm::config::build_client(&llm_config, &base_dir, in_flight)?;
     let catalog = Arc::new(config.catalog()?);
     let sandbox = Arc::new(config.sandbox_settings(&base_dir));
     let sandbox_report =
-        crate::confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
+        td_confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
     let web_access = config.web_access()?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
@@ -190,7 +189,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             };
             let restored = crate::run::resume::restore(&dir)?;
             for warning in &restored.warnings {
-                eprintln!("taskdaemon: resume: {}", crate::secrets::redact(warning));
+                eprintln!("taskdaemon: resume: {}", td_base::secrets::redact(warning));
             }
             Some((dir, restored))
         }
@@ -237,7 +236,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             let copy = if restored.is_some() && copy.join(".git").exists() {
                 copy
             } else {
-                fresh_copy(&source, &copy).await?
+                td_git::fresh_copy::fresh_copy(&source, &copy).await?
             };
             Repo::open(&copy).await.map_err(|e| e.to_string())?
         }
@@ -299,7 +298,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             config: Some(options.config.display().to_string()),
             loops: loops
                 .iter()
-                .map(|l| crate::events::PlannedLoop {
+                .map(|l| td_protocol::events::PlannedLoop {
                     name: l.name.clone(),
                     loop_type: l.loop_type.clone(),
                 })
@@ -514,7 +513,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     if let Err(e) = record.close_ended_loops() {
         eprintln!(
             "taskdaemon: cannot write the session receipts: {}",
-            crate::secrets::redact(&e)
+            td_base::secrets::redact(&e)
         );
     }
     // A final summary that cannot be written is one more write of the record that failed.
@@ -531,7 +530,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
              space (or fix the disk), then continue the run with: taskdaemon run -c {}{dir_arg} \
              --resume {run_id}",
             run_dir.display(),
-            crate::secrets::redact(why),
+            td_base::secrets::redact(why),
             options.config.display()
         );
     }
@@ -550,7 +549,7 @@ fn close_loop_record(record: &RunRecord, name: &str) {
     if let Err(e) = record.close_loop(name) {
         eprintln!(
             "taskdaemon: loop {name}: cannot write its session receipt: {}",
-            crate::secrets::redact(&e)
+            td_base::secrets::redact(&e)
         );
     }
 }
@@ -560,62 +559,20 @@ fn close_loop_record(record: &RunRecord, name: &str) {
 /// with a warning where it has not).
 fn hide_chain_key(
     record: &RunRecord,
-    sandbox: &Arc<crate::confine::SandboxSettings>,
-) -> Result<Arc<crate::confine::SandboxSettings>, String> {
+    sandbox: &Arc<td_confine::SandboxSettings>,
+) -> Result<Arc<td_confine::SandboxSettings>, String> {
     let key = record.chain_key()?;
     let real = key
         .path()
         .canonicalize()
         .map_err(|e| format!("cannot resolve {}: {e}", key.path().display()))?;
     let mut settings = (**sandbox).clone();
-    if let Err(why) = crate::confine::hide_from_commands(&mut settings, &real) {
+    if let Err(why) = td_confine::hide_from_commands(&mut settings, &real) {
         eprintln!(
             "taskdaemon: warning: the receipt chain key {why}; a command that reads it could forge the receipts of its loop"
         );
     }
     Ok(Arc::new(settings))
-}
-
-/// Copies `src` (without its `.git`) to `dest` and makes the copy a git repository with one
-/// commit on `main`, so a run on it leaves the original untouched.
-async fn fresh_copy(src: &Path, dest: &Path) -> Result<PathBuf, String> {
-    crate::fronts::replay::copy_tree(src, dest)
-        .map_err(|e| format!("cannot copy {} to {}: {e}", src.display(), dest.display()))?;
-    let _ = std::fs::remove_dir_all(dest.join(".git"));
-    let git = |args: &[&str]| {
-        let mut c = tokio::process::Command::new("git");
-        c.args([
-            "-c",
-            "user.name=TaskDaemon",
-            "-c",
-            "user.email=taskdaemon@localhost",
-        ])
-        // A global `core.hooksPath` would otherwise run hooks on the copy's first commit.
-        .args(crate::daemon_git::NO_HOOKS)
-        .args(args)
-        .current_dir(dest)
-        .stdin(std::process::Stdio::null());
-        c
-    };
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "-A"][..],
-        &["commit", "-q", "-m", "sample project"][..],
-    ] {
-        let out = git(args)
-            .output()
-            .await
-            .map_err(|e| format!("cannot run git: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "git {} failed in {}: {}",
-                args.join(" "),
-                dest.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-    }
-    Ok(dest.to_path_buf())
 }
 
 /// Marks pending loops whose dependency can no longer complete as blocked.
@@ -673,10 +630,10 @@ async fn start_loop(
     default_base: &str,
     shared: &mut BTreeMap<String, Arc<Worktree>>,
     rt: &Runtime,
-    llm: &Arc<dyn crate::llm::LlmClient>,
-    catalog: &Arc<crate::catalog::Catalog>,
-    sandbox: &Arc<crate::confine::SandboxSettings>,
-    web_access: &crate::web_access::WebAccess,
+    llm: &Arc<dyn td_llm::LlmClient>,
+    catalog: &Arc<td_toolkit::catalog::Catalog>,
+    sandbox: &Arc<td_confine::SandboxSettings>,
+    web_access: &td_toolkit::web_access::WebAccess,
     events: &Arc<EventLog>,
     progress: &Arc<Progress>,
     record: &Arc<RunRecord>,
@@ -738,7 +695,8 @@ async fn start_loop(
             test: loop_type.test.clone(),
             validate: validation,
         });
-    let tools = ToolSet::from_names(&loop_type.tools)?;
+    let tools = td_tools::tool_set(&loop_type.tools)?;
+    let validation_tools = td_tools::tool_set(&["validate"])?;
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
     let spec = LoopSpec {
@@ -757,6 +715,7 @@ async fn start_loop(
         },
         ctx: Arc::new(ctx),
         tools: Arc::new(tools),
+        validation_tools: Arc::new(validation_tools),
         llm: llm.clone(),
         runner: Arc::new(rt.lanes.clone()),
         coordinator: rt.coordinator.clone(),

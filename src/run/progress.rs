@@ -2,7 +2,7 @@
 //! last coordination message), redrawn in place on a terminal; plain log lines otherwise;
 //! JSON event lines with `--json`.
 //!
-//! Everything written is redacted ([`crate::secrets`]) as it is written, and text cut short
+//! Everything written is redacted ([`td_base::secrets`]) as it is written, and text cut short
 //! for a row is redacted before the cut, so that no piece of a secret is shown.
 
 use std::collections::BTreeMap;
@@ -10,9 +10,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::context::lock;
-use crate::engine::transcript::{TranscriptEntry, TranscriptSink};
-use crate::events::{Event, EventKind};
+use td_base::sync::lock;
+use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_protocol::events::{Event, EventKind};
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,7 @@ impl Progress {
     pub fn on_event(&self, event: &Event) {
         if self.mode == ProgressMode::Json {
             if let Ok(line) = serde_json::to_string(event) {
-                self.write_line(&crate::secrets::redact_json(&line));
+                self.write_line(&td_base::secrets::redact_json(&line));
             }
             return;
         }
@@ -238,7 +238,7 @@ impl Progress {
     }
 
     fn print_line(&self, line: &str) {
-        self.write_line(&crate::secrets::redact(line));
+        self.write_line(&td_base::secrets::redact(line));
     }
 
     /// Writes a line that is already redacted.
@@ -281,7 +281,7 @@ impl Progress {
             ));
         }
         *drawn = rows.len();
-        let text = crate::secrets::redact(&text);
+        let text = td_base::secrets::redact(&text);
         let mut out = lock(&self.out);
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
@@ -330,9 +330,9 @@ fn sep(note: &str) -> String {
 
 /// The first line of `text`, redacted, cut to 60 bytes.
 fn short(text: &str) -> String {
-    let text = crate::secrets::redact(text);
+    let text = td_base::secrets::redact(text);
     let line = text.lines().next().unwrap_or("");
-    match crate::text::truncate_to(line, 60) {
+    match td_base::text::truncate_to(line, 60) {
         Some(cut) => format!("{cut}…"),
         None => line.to_string(),
     }
@@ -341,8 +341,8 @@ fn short(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::transcript::NoTranscript;
-    use crate::llm::{LlmResponse, StopReason, ToolCall, Usage};
+    use td_engine::transcript::NoTranscript;
+    use td_llm::{LlmResponse, StopReason, ToolCall, Usage};
 
     #[derive(Clone, Default)]
     struct Buf(Arc<Mutex<Vec<u8>>>);
@@ -461,7 +461,7 @@ mod tests {
 
     #[test]
     fn secrets_are_redacted_in_every_mode_also_where_text_is_cut() {
-        crate::secrets::register("TEST_PROGRESS_KEY", "sk-progress-test-p5p5p5");
+        td_base::secrets::register("TEST_PROGRESS_KEY", "sk-progress-test-p5p5p5");
         for mode in [ProgressMode::Live, ProgressMode::Plain, ProgressMode::Json] {
             let (p, buf) = show(mode);
             // The key straddles the 60-byte cut of a row's note.

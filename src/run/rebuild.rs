@@ -11,14 +11,14 @@
 
 use std::path::Path;
 
-use crate::engine::transcript::TranscriptEntry;
-use crate::events::Event;
-use crate::receipts::{Receipt, ToolCounts};
 use crate::run::record::{
     EVENTS_FILE, LoopStatus, LoopSummary, RECEIPTS_FILE, RunStatus, RunSummary, SUMMARY_FILE,
     SUMMARY_VERSION, apply_event, for_each_jsonl, loop_dir, loop_names, read_summary,
     transcript_path,
 };
+use td_engine::transcript::TranscriptEntry;
+use td_protocol::events::Event;
+use td_toolkit::receipts::{Receipt, ToolCounts};
 
 /// The run's summary: `summary.json` when it reads, otherwise rebuilt from the events, with
 /// what was done said in the notes (one line each, for stderr): why the file could not be

@@ -21,7 +21,7 @@
 //! again from them when it is missing or damaged. Nothing here keeps events or transcripts in
 //! memory: only the summary (one entry per loop) and one open handle per file.
 //!
-//! What reaches the disk before the run relies on it (see [`crate::record_io`]): every
+//! What reaches the disk before the run relies on it (see [`td_base::record_io`]): every
 //! receipt (a side effect that already happened), and the events that mark where a resumed
 //! run goes on — the run's start, each finished iteration's progress note, each loop's end,
 //! block and merge — each synced as it is written, with every line before it (one file, in
@@ -36,7 +36,7 @@
 //! loops check before each model or tool call (through
 //! [`TranscriptSink::unwritable`]), so no work goes on unrecorded.
 //!
-//! Every line and every summary is passed through [`crate::secrets::redact_json`] right
+//! Every line and every summary is passed through [`td_base::secrets::redact_json`] right
 //! before it is written: whatever a value held, no known secret reaches the disk.
 
 use std::collections::{BTreeMap, HashMap};
@@ -48,14 +48,14 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::context::lock;
-use crate::engine::LoopEnd;
-use crate::engine::transcript::{TranscriptEntry, TranscriptSink};
-use crate::events::{Event, EventKind};
-use crate::llm::Usage;
-use crate::receipts::{Receipt, ReceiptLog, ToolCounts};
 use crate::run::session_receipts::{RunChain, tally_for, tool_set_of};
 use crate::run::summary_file::{Failures, SummaryFile};
+use td_base::sync::lock;
+use td_engine::LoopEnd;
+use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_llm::Usage;
+use td_protocol::events::{Event, EventKind};
+use td_toolkit::receipts::{Receipt, ReceiptLog, ToolCounts};
 
 /// The run's summary file, replaced atomically on every change.
 pub const SUMMARY_FILE: &str = "summary.json";
@@ -298,7 +298,7 @@ pub struct RunSummary {
     pub loops: BTreeMap<String, LoopSummary>,
     /// How the run's commands are confined, and what this machine lacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<crate::confine::SandboxReport>,
+    pub sandbox: Option<td_confine::SandboxReport>,
 }
 
 impl RunSummary {
@@ -324,7 +324,7 @@ pub struct RunMeta {
     /// Loops known at the start, `(name, loop type)`; each is recorded as pending.
     pub loops: Vec<(String, String)>,
     /// How commands are confined.
-    pub sandbox: Option<crate::confine::SandboxReport>,
+    pub sandbox: Option<td_confine::SandboxReport>,
 }
 
 /// A run being recorded. Cheap to clone: clones share the same files.
@@ -396,7 +396,7 @@ impl RunRecord {
             .chain([loops_dir, dir.to_path_buf()])
             .chain(dir.parent().map(Path::to_path_buf))
         {
-            crate::record_io::sync_dir(&d)
+            td_base::record_io::sync_dir(&d)
                 .map_err(|e| format!("cannot sync the directory {}: {e}", d.display()))?;
         }
         Ok(record)
@@ -471,7 +471,7 @@ impl RunRecord {
         self.inner.write_failed(what);
     }
 
-    /// A listener for [`crate::events::EventLog::subscribe`] that appends every event to
+    /// A listener for [`td_protocol::events::EventLog::subscribe`] that appends every event to
     /// `events.jsonl` and keeps the summary in step with loop lifecycle events.
     pub fn events_listener(&self) -> impl Fn(&Event) + Send + Sync + 'static {
         let inner = self.inner.clone();
@@ -498,7 +498,7 @@ impl RunRecord {
 
     /// The run's receipt chain key, made in the run directory the first time it is asked
     /// for (the orchestrator asks before any loop starts, so that commands never see it).
-    pub fn chain_key(&self) -> Result<Arc<crate::receipts::chain::ChainKey>, String> {
+    pub fn chain_key(&self) -> Result<Arc<td_toolkit::receipts::chain::ChainKey>, String> {
         self.inner.chain.key()
     }
 
@@ -558,7 +558,7 @@ impl RunRecord {
         for (name, entry) in &summary.loops {
             let ended = !matches!(entry.status, LoopStatus::Pending | LoopStatus::Running);
             let written = loop_dir(&self.inner.dir, name)?
-                .join(crate::receipts::session::SESSION_RECEIPT_FILE)
+                .join(td_toolkit::receipts::session::SESSION_RECEIPT_FILE)
                 .exists();
             if ended && !self.inner.chain.is_closed(name) && !written {
                 self.close_loop(name)?;
@@ -666,7 +666,7 @@ fn resume_relies_on(kind: &EventKind) -> bool {
 /// up to the run directory, so that the new file is found after a power loss.
 fn sync_new_dir(run_dir: &Path, dir: &Path) -> Result<(), String> {
     for d in [dir, &run_dir.join(LOOPS_DIR)] {
-        crate::record_io::sync_dir(d)
+        td_base::record_io::sync_dir(d)
             .map_err(|e| format!("cannot sync the directory {}: {e}", d.display()))?;
     }
     Ok(())
@@ -868,9 +868,9 @@ fn end_with_newline(file: &mut File) -> std::io::Result<()> {
 /// is on the disk when this returns. A failed write leaves nothing of the line behind.
 fn append_line(file: &Mutex<File>, value: &impl Serialize, sync: bool) -> std::io::Result<()> {
     let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
-    let mut line = crate::secrets::redact_json(&line).into_owned();
+    let mut line = td_base::secrets::redact_json(&line).into_owned();
     line.push('\n');
-    crate::record_io::append(&mut lock(file), line.as_bytes(), sync)
+    td_base::record_io::append(&mut lock(file), line.as_bytes(), sync)
 }
 
 /// What reading a JSONL file found.

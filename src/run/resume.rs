@@ -24,12 +24,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::actors::messages::InboxItem;
-use crate::engine::transcript::TranscriptEntry;
-use crate::events::{Event, EventKind, MAX_SEQ};
 use crate::run::record::{
     EVENTS_FILE, LoopStatus, LoopSummary, RunSummary, for_each_jsonl, transcript_path,
 };
+use td_engine::transcript::TranscriptEntry;
+use td_protocol::events::{Event, EventKind, MAX_SEQ};
+use td_protocol::inbox::InboxItem;
 
 /// How one loop stood when its run stopped.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -358,7 +358,7 @@ fn report_bad_receipts(run_dir: &Path, name: &str, warnings: &mut Vec<String>) {
     let Ok(dir) = crate::run::record::loop_dir(run_dir, name) else {
         return;
     };
-    if let Ok(r) = crate::receipts::read_log(&dir.join(crate::run::record::RECEIPTS_FILE)) {
+    if let Ok(r) = td_toolkit::receipts::read_log(&dir.join(crate::run::record::RECEIPTS_FILE)) {
         for (line, why) in &r.bad_lines {
             warnings.push(format!(
                 "loops/{name}/receipts.jsonl line {line}: {why} (skipped)"

@@ -7,13 +7,13 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::context::lock;
-use crate::receipts::chain::{ChainKey, RUN_KEY_FILE};
-use crate::receipts::session::{
+use crate::run::record::LoopSummary;
+use td_base::sync::lock;
+use td_toolkit::receipts::chain::{ChainKey, RUN_KEY_FILE};
+use td_toolkit::receipts::session::{
     SESSION_RECEIPT_FILE, SessionEnd, SessionReceipt, SessionValidation,
 };
-use crate::receipts::{LogTally, ReceiptLog};
-use crate::run::record::LoopSummary;
+use td_toolkit::receipts::{LogTally, ReceiptLog};
 
 /// A run's chain key and which loops' session receipts this process wrote.
 pub struct RunChain {

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::engine::transcript::TranscriptEntry;
-use crate::llm::{Block, Purpose, Role, StopReason};
-use crate::text::head_tail;
+use td_base::text::head_tail;
+use td_engine::transcript::TranscriptEntry;
+use td_llm::{Block, Purpose, Role, StopReason};
 
 use super::record::{
     LoopStatus, LoopSummary, RunSummary, duration_between, for_each_jsonl, is_run_dir, loop_names,
@@ -594,7 +594,7 @@ mod tests {
 
     #[test]
     fn missing_protections_are_shown_a_line_each() {
-        let protections = crate::confine::Protections {
+        let protections = td_confine::Protections {
             landlock_abi: 0,
             seccomp: false,
             namespaces: true,
@@ -603,8 +603,8 @@ mod tests {
         let summary = RunSummary {
             run_id: "r1".into(),
             started_at: "2026-01-01T00:00:00.000Z".into(),
-            sandbox: Some(crate::confine::SandboxReport {
-                mode: crate::confine::SandboxMode::BestEffort,
+            sandbox: Some(td_confine::SandboxReport {
+                mode: td_confine::SandboxMode::BestEffort,
                 missing: protections.missing(),
                 protections,
             }),

@@ -1,7 +1,7 @@
 //! `summary.json`, written behind the run by a thread of its own.
 //!
 //! The summary changes on every loop start, iteration end and model reply. Each write is
-//! durable (temporary file, synced, renamed, directory synced: [`crate::record_io::replace`]),
+//! durable (temporary file, synced, renamed, directory synced: [`td_base::record_io::replace`]),
 //! which takes milliseconds; done in the caller, it would hold up the loop that made the
 //! change and, for changes made by events, every loop of the run. So a change only marks the
 //! summary dirty, and the writer thread writes the latest version: changes that come while a
@@ -18,8 +18,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::context::lock;
 use crate::run::record::{RunSummary, SUMMARY_FILE};
+use td_base::sync::lock;
 
 /// The writes of a run record that failed: the first makes the record unwritable.
 #[derive(Debug)]
@@ -223,9 +223,9 @@ pub fn write_summary(dir: &Path, summary: &RunSummary) -> Result<(), String> {
     let path = dir.join(SUMMARY_FILE);
     let text = serde_json::to_string_pretty(summary)
         .map_err(|e| format!("cannot serialize the run summary: {e}"))?;
-    let mut text = crate::secrets::redact_json(&text).into_owned();
+    let mut text = td_base::secrets::redact_json(&text).into_owned();
     text.push('\n');
-    crate::record_io::replace(&path, text.as_bytes())
+    td_base::record_io::replace(&path, text.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 

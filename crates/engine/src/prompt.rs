@@ -1,0 +1,207 @@
+//! Prompt templates, rendered with minijinja in strict mode: a variable the template uses
+//! but the loop does not provide is an error, never an empty string or a stray `{{`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde::Serialize;
+
+use td_base::sync::lock;
+
+/// The default system prompt of a loop.
+pub const DEFAULT_SYSTEM: &str = "\
+You are `{{ loop_name }}`, a {{ loop_type }} loop of TaskDaemon. You work in your own git \
+worktree; every path is relative to its root and tools cannot leave it.
+Work in small verified steps. Read a file before you edit it; if a tool says a file \
+changed, read it again.{% if has_validation %} When you believe the task is done, call \
+complete_task: the loop completes only if the validation command `{{ validation }}` \
+passes.{% else %} When the task is done, call complete_task.{% endif %}{% if peers %}
+Other loops in this run: {{ peers | join(\", \") }}. Ask them with query_loop, hand them \
+data with share_data.{% endif %}";
+
+/// The default first user message of every iteration.
+pub const DEFAULT_ITERATION: &str = "\
+# Task
+{{ task }}
+{% if progress %}
+# Progress from earlier iterations
+{% for note in progress %}- {{ note }}
+{% endfor %}{% endif %}
+This is iteration {{ iteration }} of at most {{ max_iterations }}; your context starts \
+fresh each iteration, so the files in your worktree and the notes above are all that \
+carries over.";
+
+/// The system prompt of a side call that answers another loop's question.
+pub const ANSWER_SYSTEM: &str = "\
+You are `{{ loop_name }}`, a {{ loop_type }} loop of TaskDaemon. Loop `{{ from }}` asks you \
+a question. Answer it briefly and precisely from your task, your progress and your \
+worktree (read-only tools are available). If you do not know, say so.
+
+# Your task
+{{ task }}
+{% if progress %}
+# Your progress
+{% for note in progress %}- {{ note }}
+{% endfor %}{% endif %}";
+
+/// [`ANSWER_SYSTEM`] rendered without the template engine. The answer prompt is fixed (not
+/// configurable) and is rendered for every question a loop answers, where running the
+/// template took half the cost of routing and answering a query. A test keeps the two
+/// identical.
+pub fn answer_system(
+    loop_name: &str,
+    loop_type: &str,
+    from: &str,
+    task: &str,
+    progress: &[String],
+) -> String {
+    let notes: usize = progress.iter().map(|n| n.len() + 3).sum();
+    let mut out = String::with_capacity(320 + loop_name.len() + from.len() + task.len() + notes);
+    for part in [
+        "You are `",
+        loop_name,
+        "`, a ",
+        loop_type,
+        " loop of TaskDaemon. Loop `",
+        from,
+        "` asks you a question. Answer it briefly and precisely from your task, your progress \
+         and your worktree (read-only tools are available). If you do not know, say so.\n\n\
+         # Your task\n",
+        task,
+        "\n",
+    ] {
+        out.push_str(part);
+    }
+    if !progress.is_empty() {
+        out.push_str("\n# Your progress\n");
+        for note in progress {
+            out.push_str("- ");
+            out.push_str(note);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Compiled templates by source text. A run has a handful of templates (the defaults and
+/// those of its loop types), rendered on every iteration and every answered query; parsing
+/// and compiling one costs far more than rendering it.
+type Compiled = HashMap<String, Arc<Environment<'static>>>;
+
+/// More distinct templates than this means they are being generated; the cache then starts
+/// over rather than grow without bound.
+const MAX_CACHED: usize = 64;
+
+fn compiled(template: &str) -> Result<Arc<Environment<'static>>, String> {
+    static CACHE: OnceLock<Mutex<Compiled>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(env) = lock(cache).get(template) {
+        return Ok(env.clone());
+    }
+    // Compiled outside the lock: a slow parse must not stall other loops' renders.
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.add_template_owned("prompt", template.to_string())
+        .map_err(|e| format!("prompt template does not parse: {e}"))?;
+    let env = Arc::new(env);
+    let mut map = lock(cache);
+    if map.len() >= MAX_CACHED {
+        map.clear();
+    }
+    map.insert(template.to_string(), env.clone());
+    Ok(env)
+}
+
+/// Renders `template` with `vars`; unknown variables are errors.
+pub fn render<S: Serialize>(template: &str, vars: &S) -> Result<String, String> {
+    compiled(template)?
+        .get_template("prompt")
+        .and_then(|t| t.render(minijinja::value::Serde(vars)))
+        .map_err(|e| format!("prompt template failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_render_with_conditionals_and_loops() {
+        let sys = render(
+            DEFAULT_SYSTEM,
+            &json!({"loop_name": "api", "loop_type": "code", "has_validation": true,
+                    "validation": "cargo test", "peers": ["client", "docs"]}),
+        )
+        .unwrap();
+        assert!(sys.contains("`cargo test` passes"));
+        assert!(sys.contains("client, docs"));
+        assert!(!sys.contains("{%") && !sys.contains("{{"));
+        let it = render(
+            DEFAULT_ITERATION,
+            &json!({"task": "T", "progress": ["a", "b"], "iteration": 2, "max_iterations": 5}),
+        )
+        .unwrap();
+        assert!(it.contains("- a\n- b\n"));
+        assert!(it.contains("iteration 2 of at most 5"));
+        let first = render(
+            DEFAULT_ITERATION,
+            &json!({"task": "T", "progress": [], "iteration": 1, "max_iterations": 5}),
+        )
+        .unwrap();
+        assert!(!first.contains("Progress"));
+    }
+
+    #[test]
+    fn answer_system_is_the_template_rendered() {
+        let cases: [(&str, &str, &str, &str, Vec<String>); 4] = [
+            ("api", "code", "client", "Build the API", vec![]),
+            (
+                "api",
+                "code",
+                "client",
+                "Two\nlines {{ not a tag }}",
+                vec!["a".into()],
+            ),
+            (
+                "x",
+                "ralph",
+                "y",
+                "",
+                vec!["first".into(), "sec\nond <b>&".into()],
+            ),
+            ("ünï", "spec", "çödé", "tâche\n", vec![String::new()]),
+        ];
+        for (name, ty, from, task, progress) in cases {
+            let by_template = render(
+                ANSWER_SYSTEM,
+                &json!({"loop_name": name, "loop_type": ty, "from": from, "task": task,
+                        "progress": progress}),
+            )
+            .unwrap();
+            assert_eq!(answer_system(name, ty, from, task, &progress), by_template);
+        }
+    }
+
+    #[test]
+    fn cached_templates_render_each_call_with_its_own_variables() {
+        let t = "{{ who }} {% if more %}and more{% endif %}";
+        assert_eq!(
+            render(t, &json!({"who": "a", "more": false})).unwrap(),
+            "a "
+        );
+        assert_eq!(
+            render(t, &json!({"who": "b", "more": true})).unwrap(),
+            "b and more"
+        );
+        assert!(render(t, &json!({})).unwrap_err().contains("undefined"));
+    }
+
+    #[test]
+    fn missing_variables_and_bad_syntax_are_errors() {
+        let err = render("hello {{ nobody }}", &json!({})).unwrap_err();
+        assert!(err.contains("undefined"), "{err}");
+        let err = render("{% if x %}", &json!({"x": true})).unwrap_err();
+        assert!(err.contains("does not parse"), "{err}");
+    }
+}

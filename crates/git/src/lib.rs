@@ -1,0 +1,6 @@
+//! Git as the daemon runs it for itself (never for a loop's model): worktrees, commits,
+//! merges and HEAD lookup, every command without hooks (`daemon_git`).
+
+pub mod daemon_git;
+pub mod fresh_copy;
+pub mod worktree;

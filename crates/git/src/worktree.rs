@@ -1,0 +1,1133 @@
+//! The git side of a run: one git worktree per loop on its own branch
+//! `taskdaemon/<run-id>/<loop>`, checkpoint commits made under TaskDaemon's own identity, and
+//! merging a finished loop's branch back into its base without ever leaving the user's
+//! checkout mid-merge.
+//!
+//! Everything goes through the `git` command line (no git library). Each command runs with
+//! stdin closed, `GIT_TERMINAL_PROMPT=0`, a no-op editor, no hooks at all
+//! ([`crate::daemon_git::NO_HOOKS`]: the repository's hooks would run unconfined, and often
+//! run scripts from the worktree a loop writes), and without the variables that would
+//! point git at another repository or identity (`GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE`,
+//! `GIT_AUTHOR_NAME`, ...), which a daemon started from a git hook would otherwise inherit.
+//!
+//! Invariants:
+//! - The user's checkout is never left mid-merge. A merge runs only in a worktree whose
+//!   tracked files are clean and which has no merge of its own in progress; a merge that stops
+//!   (a conflict, or anything else once it began) is aborted before returning, and only a merge this module
+//!   started is ever aborted. The whole merge runs in its own task, so dropping the caller's
+//!   future (a deadline, a stop) cannot cut it between "merge" and "abort". Merges into the
+//!   same repository are serialized within the process.
+//! - Git processes are never killed midway: a killed git can leave `index.lock` behind and
+//!   block the user's next command. A caller that wants a deadline times out the future; git
+//!   then finishes on its own.
+//! - TaskDaemon's commits (checkpoints and merges) carry the identity
+//!   `TaskDaemon <taskdaemon@localhost>` whatever the machine's git config says, and are not
+//!   signed (the identity is not the key owner's).
+//! - Run records under `.taskdaemon/` are never committed, see [`Worktree::commit_all`].
+//!
+//! Needs git 2.23 or newer (`%(worktreepath)`). Paths containing a newline are not supported.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// First component of every loop branch: `taskdaemon/<run-id>/<loop>`.
+pub const BRANCH_PREFIX: &str = "taskdaemon";
+
+/// Directory (relative to a worktree's root) that holds run records; never committed.
+pub const RUN_RECORD_DIR: &str = ".taskdaemon";
+
+/// Name TaskDaemon commits under.
+pub const COMMIT_NAME: &str = "TaskDaemon";
+
+/// Email TaskDaemon commits under.
+pub const COMMIT_EMAIL: &str = "taskdaemon@localhost";
+
+/// How many dirty files a "blocked" reason names before saying "and N more".
+const LISTED_FILES: usize = 10;
+
+/// Longest git stderr quoted in an error (head and tail are kept).
+const MAX_STDERR: usize = 2000;
+
+/// Environment variables removed from every git command: each would make git act on another
+/// repository, index or identity than the one this module names.
+const SCRUBBED_ENV: &[&str] = &[
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+];
+
+/// Result of this module's operations.
+pub type Result<T, E = WorktreeError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong; each message ends with what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorktreeError {
+    /// The `git` program could not be started.
+    #[error(
+        "cannot run git ({detail}); install git and make sure `git --version` works in the environment TaskDaemon runs in"
+    )]
+    GitUnavailable {
+        /// Why starting it failed.
+        detail: String,
+    },
+    /// The path is not inside a git working tree (or does not exist).
+    #[error(
+        "{} is not inside a git working tree ({detail}); run `git init` there and make a first commit, or start TaskDaemon inside an existing repository",
+        path.display()
+    )]
+    NotARepository {
+        /// The path that was given.
+        path: PathBuf,
+        /// What git (or the file system) said.
+        detail: String,
+    },
+    /// A run id, loop name, branch name, base or message that cannot be used.
+    #[error("invalid {what} {value:?}: {reason}")]
+    Invalid {
+        /// Which input ("loop name", "run id", ...).
+        what: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it was refused and what to use instead.
+        reason: String,
+    },
+    /// No base was given and HEAD is detached, so there is no branch to start from.
+    #[error(
+        "HEAD of {} is detached, so there is no branch to start `{branch}` from; check out a branch there or give the loop an explicit base branch",
+        repo.display()
+    )]
+    DetachedHead {
+        /// The repository's top level.
+        repo: PathBuf,
+        /// The loop branch that was to be created.
+        branch: String,
+    },
+    /// A revision that must name a commit does not.
+    #[error("`{rev}` does not name a commit in {}; {hint}", repo.display())]
+    UnknownRevision {
+        /// The revision given (branch, tag or commit id).
+        rev: String,
+        /// The repository's top level.
+        repo: PathBuf,
+        /// What to do.
+        hint: String,
+    },
+    /// The loop branch is checked out in another directory than the one asked for.
+    #[error(
+        "branch `{branch}` is already checked out in {}, not in {}; remove that worktree (`git worktree remove {}`) or use a new run id",
+        at.display(), wanted.display(), at.display()
+    )]
+    BranchCheckedOutElsewhere {
+        /// The loop branch.
+        branch: String,
+        /// Where it is checked out.
+        at: PathBuf,
+        /// Where it was asked for.
+        wanted: PathBuf,
+    },
+    /// The worktree directory exists and is not (reusable as) the worktree of the branch.
+    #[error(
+        "{} cannot become the worktree of `{branch}`: {detail}; remove it or choose another directory for the loop",
+        dir.display()
+    )]
+    DirectoryInUse {
+        /// The directory asked for.
+        dir: PathBuf,
+        /// The loop branch.
+        branch: String,
+        /// What is in the way.
+        detail: String,
+    },
+    /// A loop's worktree is not on its loop branch (someone ran `git checkout` in it).
+    #[error(
+        "the worktree {} is on {actual}, not on its loop branch `{expected}`; run `git checkout {expected}` in it, then commit again",
+        path.display()
+    )]
+    NotOnBranch {
+        /// The worktree.
+        path: PathBuf,
+        /// The loop branch.
+        expected: String,
+        /// What HEAD is instead (`branch \`x\`` or `a detached HEAD`).
+        actual: String,
+    },
+    /// A git command failed.
+    #[error("`{command}` failed in {} ({status}): {stderr}; {hint}", dir.display())]
+    Git {
+        /// The command line (arguments joined by spaces).
+        command: String,
+        /// Where it ran.
+        dir: PathBuf,
+        /// Exit status in words.
+        status: String,
+        /// What git printed on stderr (head and tail when long).
+        stderr: String,
+        /// What to do.
+        hint: String,
+    },
+    /// The task running a merge ended without an outcome (it panicked or the runtime stopped).
+    #[error(
+        "the merge of `{branch}` into `{into}` stopped unexpectedly ({detail}); check `git status` where `{into}` is checked out and run `git merge --abort` there if a merge is in progress"
+    )]
+    MergeInterrupted {
+        /// The branch being merged.
+        branch: String,
+        /// The base it was merged into.
+        into: String,
+        /// What happened to the task.
+        detail: String,
+    },
+}
+
+/// How a merge ended when nothing went wrong with git itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// The base now contains the branch. `commit` is the base's new tip: the merge commit, or
+    /// the unchanged tip when the branch had nothing the base lacked.
+    Merged {
+        /// The base branch's tip after the merge.
+        commit: String,
+    },
+    /// The branches conflict. The merge was aborted; nothing changed anywhere.
+    Conflict {
+        /// Conflicting paths, relative to the repository root, sorted.
+        files: Vec<String>,
+    },
+    /// The merge could not be attempted (dirty checkout, a merge already in progress, an
+    /// untracked file in the way, a commit that could not be written). Nothing changed.
+    Blocked {
+        /// Why, and what to do about it.
+        reason: String,
+    },
+}
+
+/// The branch a loop works on: `taskdaemon/<run_id>/<loop_name>`.
+pub fn loop_branch(run_id: &str, loop_name: &str) -> String {
+    format!("{BRANCH_PREFIX}/{run_id}/{loop_name}")
+}
+
+/// Runs git with the environment of one [`Repo`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Git {
+    extra_env: Arc<[(OsString, OsString)]>,
+}
+
+/// What a finished git command left behind.
+struct GitOutput {
+    command: String,
+    dir: PathBuf,
+    status: std::process::ExitStatus,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+impl GitOutput {
+    fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// Stdout as text without the trailing newline git ends every answer with.
+    fn text(&self) -> String {
+        let s = String::from_utf8_lossy(&self.stdout);
+        s.strip_suffix('\n').unwrap_or(&s).to_string()
+    }
+
+    fn into_error(self, hint: impl Into<String>) -> WorktreeError {
+        let status = match self.status.code() {
+            Some(code) => format!("exit code {code}"),
+            None => "killed by a signal".to_string(),
+        };
+        let stderr = self.stderr.trim();
+        let stderr = if stderr.is_empty() {
+            "no error output".to_string()
+        } else {
+            td_base::text::head_tail(stderr, MAX_STDERR)
+        };
+        WorktreeError::Git {
+            command: self.command,
+            dir: self.dir,
+            status,
+            stderr,
+            hint: hint.into(),
+        }
+    }
+}
+
+impl Git {
+    /// Runs `git ARGS` in `dir` and returns whatever it did, failure included.
+    async fn output<I, S>(&self, dir: &Path, args: I) -> Result<GitOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let mut cmd = tokio::process::Command::new("git");
+        // A loop's commands may create a nested repository in its worktree; its config must
+        // not run anything when the daemon's (unconfined) git looks into it: no fsmonitor,
+        // and nested repositories (gitlinks) are not entered by status or diff. `-c` reaches
+        // git's child processes too (GIT_CONFIG_PARAMETERS).
+        cmd.args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "diff.ignoreSubmodules=all",
+        ])
+        // No hooks: see `crate::daemon_git::NO_HOOKS`.
+        .args(crate::daemon_git::NO_HOOKS)
+        .args(&args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_EDITOR", "true")
+        // Its own process group: a Ctrl-C at the terminal goes to the foreground group,
+        // and must reach the run (which stops cleanly), never a merge halfway through.
+        .process_group(0);
+        for key in SCRUBBED_ENV {
+            cmd.env_remove(key);
+        }
+        for (key, value) in self.extra_env.iter() {
+            cmd.env(key, value);
+        }
+        let command = std::iter::once("git".to_string())
+            .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = cmd.output().await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                WorktreeError::GitUnavailable {
+                    detail: e.to_string(),
+                }
+            }
+            _ => WorktreeError::Git {
+                command: command.clone(),
+                dir: dir.to_path_buf(),
+                status: "could not start".to_string(),
+                stderr: e.to_string(),
+                hint: "check that the directory exists and the arguments hold no NUL byte"
+                    .to_string(),
+            },
+        })?;
+        Ok(GitOutput {
+            command,
+            dir: dir.to_path_buf(),
+            status: out.status,
+            stdout: out.stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// Runs `git ARGS` in `dir`; a failure becomes an error carrying `hint`.
+    async fn run<I, S>(&self, dir: &Path, args: I, hint: &str) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let out = self.output(dir, args).await?;
+        if out.success() {
+            Ok(out.text())
+        } else {
+            Err(out.into_error(hint))
+        }
+    }
+
+    /// The commit `rev` names, or `None` when it names none.
+    async fn resolve_commit(&self, dir: &Path, rev: &str) -> Result<Option<String>> {
+        let spec = format!("{rev}^{{commit}}");
+        let out = self
+            .output(dir, ["rev-parse", "--verify", "--quiet", spec.as_str()])
+            .await?;
+        Ok(out.success().then(|| out.text()).filter(|s| !s.is_empty()))
+    }
+
+    /// Whether the worktree at `dir` has a merge in progress.
+    async fn merge_in_progress(&self, dir: &Path) -> Result<bool> {
+        let out = self
+            .output(dir, ["rev-parse", "--verify", "--quiet", "MERGE_HEAD"])
+            .await?;
+        Ok(out.success())
+    }
+
+    /// The full ref HEAD points at in `dir` (`refs/heads/x`), or `None` when detached.
+    async fn symbolic_head(&self, dir: &Path) -> Result<Option<String>> {
+        let out = self
+            .output(dir, ["symbolic-ref", "--quiet", "HEAD"])
+            .await?;
+        match out.status.code() {
+            Some(0) => Ok(Some(out.text())),
+            // `--quiet` makes a detached HEAD exit 1 without output.
+            Some(1) => Ok(None),
+            _ => Err(out.into_error("check that the directory is a git worktree")),
+        }
+    }
+}
+
+/// Paths of NUL-separated `git` output (`-z`).
+fn nul_separated(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
+}
+
+/// Paths named by `git status --porcelain=v1 -z`: "XY path", renames and copies followed by
+/// their origin path as an extra entry.
+fn porcelain_paths(bytes: &[u8]) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut entries = bytes.split(|b| *b == 0).filter(|e| !e.is_empty());
+    while let Some(entry) = entries.next() {
+        if entry.len() < 4 {
+            continue;
+        }
+        paths.push(String::from_utf8_lossy(&entry[3..]).into_owned());
+        if matches!(entry[0], b'R' | b'C') || matches!(entry[1], b'R' | b'C') {
+            entries.next();
+        }
+    }
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// "a, b, c and 4 more".
+fn list_some(files: &[String]) -> String {
+    let shown = files
+        .iter()
+        .take(LISTED_FILES)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match files.len().saturating_sub(LISTED_FILES) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
+/// The same directory, comparing real paths when both exist.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Real path when it exists, the path as given otherwise.
+fn real_or_given(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// One lock per repository (keyed by its common git dir), so that merges started by
+/// different loops of this process never run in the same checkout at once.
+fn merge_lock(common_dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
+    type Locks = Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>;
+    static LOCKS: OnceLock<Locks> = OnceLock::new();
+    let locks = LOCKS.get_or_init(Locks::default);
+    let mut map = td_base::sync::lock(locks);
+    map.entry(common_dir.to_path_buf()).or_default().clone()
+}
+
+/// Refuses a run id or loop name that would not make one plain branch component.
+fn check_component(what: &'static str, value: &str) -> Result<()> {
+    let reason = if value.is_empty() {
+        Some("it is empty")
+    } else if value.contains('/') {
+        Some("it contains '/', which would nest one loop's branch inside another's")
+    } else if value.chars().any(char::is_control) {
+        Some("it contains control characters")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(WorktreeError::Invalid {
+            what,
+            value: value.to_string(),
+            reason: format!("{reason}; use letters, digits, '-', '_' and '.'"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// A git repository the loops of a run branch off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repo {
+    root: PathBuf,
+    common_dir: PathBuf,
+    git: Git,
+}
+
+/// One loop's checkout: a git worktree on the loop's branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worktree {
+    path: PathBuf,
+    branch: String,
+    git: Git,
+}
+
+impl Repo {
+    /// Finds the repository whose working tree holds `path` (a file or directory anywhere in
+    /// it; a linked worktree counts as its own top level).
+    pub async fn open(path: &Path) -> Result<Repo> {
+        Self::open_with_env(path, std::iter::empty::<(OsString, OsString)>()).await
+    }
+
+    /// Like [`Repo::open`], with extra environment variables for every git command this
+    /// repository and its worktrees run (e.g. `GIT_CONFIG_GLOBAL`, or `HOME` and
+    /// `GIT_CONFIG_NOSYSTEM=1` to keep the machine's git config out, as the tests do).
+    pub async fn open_with_env<I, K, V>(path: &Path, env: I) -> Result<Repo>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        let git = Git {
+            extra_env: env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+        };
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let dir = if abs.is_dir() {
+            abs
+        } else if abs.exists() {
+            abs.parent().map_or_else(|| abs.clone(), Path::to_path_buf)
+        } else {
+            return Err(WorktreeError::NotARepository {
+                path: path.to_path_buf(),
+                detail: "the path does not exist".to_string(),
+            });
+        };
+        let out = git.output(&dir, ["rev-parse", "--show-toplevel"]).await?;
+        let top = out.text();
+        if !out.success() || top.is_empty() {
+            let detail = out.stderr.trim();
+            return Err(WorktreeError::NotARepository {
+                path: path.to_path_buf(),
+                detail: if detail.is_empty() {
+                    "git found no working tree".to_string()
+                } else {
+                    td_base::text::head_tail(detail, MAX_STDERR)
+                },
+            });
+        }
+        let root = real_or_given(Path::new(&top));
+        let common = git
+            .run(
+                &root,
+                ["rev-parse", "--git-common-dir"],
+                "check that the repository is readable",
+            )
+            .await?;
+        // Relative to the directory git ran in (the top level) when not absolute.
+        let common_dir = real_or_given(&root.join(common));
+        Ok(Repo {
+            root,
+            common_dir,
+            git,
+        })
+    }
+
+    /// The repository's top level (real path).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The branch checked out at the top level, or `None` when HEAD is detached. An unborn
+    /// branch (no commit yet) is still returned.
+    pub async fn head_branch(&self) -> Result<Option<String>> {
+        let head = self.git.symbolic_head(&self.root).await?;
+        Ok(head.map(|r| r.strip_prefix("refs/heads/").unwrap_or(&r).to_string()))
+    }
+
+    /// Creates (or, on resume, reuses) the worktree of loop `loop_name` of run `run_id` at
+    /// `dir`, on branch `taskdaemon/<run_id>/<loop_name>`.
+    ///
+    /// A new branch starts at `base` (a branch, tag or commit; default: the branch checked out
+    /// at the top level). When the branch already exists, `base` is ignored: the branch is
+    /// reused as it is, in its existing worktree when that is `dir`, or checked out afresh at
+    /// `dir` when its worktree was removed (or deleted by hand). A relative `dir` is taken
+    /// from the process's current directory; missing parent directories are created.
+    pub async fn add_worktree(
+        &self,
+        run_id: &str,
+        loop_name: &str,
+        base: Option<&str>,
+        dir: &Path,
+    ) -> Result<Worktree> {
+        check_component("run id", run_id)?;
+        check_component("loop name", loop_name)?;
+        // The run id first (with a placeholder loop), so that the error names the input at fault.
+        self.check_branch_name("run id", run_id, &loop_branch(run_id, "loop"))
+            .await?;
+        self.check_branch_name("loop name", loop_name, &loop_branch(run_id, loop_name))
+            .await?;
+        let branch = loop_branch(run_id, loop_name);
+        let dir = std::path::absolute(dir).map_err(|e| WorktreeError::Invalid {
+            what: "worktree directory",
+            value: dir.display().to_string(),
+            reason: format!("{e}; give an absolute path"),
+        })?;
+
+        if self.branch_exists(&branch).await? {
+            match self.checked_out_at(&branch).await? {
+                Some(at) if at.exists() => {
+                    return if same_dir(&at, &dir) {
+                        Ok(self.worktree(&dir, branch))
+                    } else {
+                        Err(WorktreeError::BranchCheckedOutElsewhere {
+                            branch,
+                            at,
+                            wanted: dir,
+                        })
+                    };
+                }
+                // Registered in a directory that is gone: forget it, then check out again.
+                Some(_) => self.prune().await?,
+                None => {}
+            }
+            self.check_dir_free(&dir, &branch)?;
+            self.git
+                .run(
+                    &self.root,
+                    [
+                        OsStr::new("worktree"),
+                        OsStr::new("add"),
+                        OsStr::new("--quiet"),
+                        dir.as_os_str(),
+                        OsStr::new(&branch),
+                    ],
+                    "check that the directory is writable",
+                )
+                .await?;
+            return Ok(self.worktree(&dir, branch));
+        }
+
+        let base = match base {
+            Some(b) => b.to_string(),
+            None => self
+                .head_branch()
+                .await?
+                .ok_or_else(|| WorktreeError::DetachedHead {
+                    repo: self.root.clone(),
+                    branch: branch.clone(),
+                })?,
+        };
+        if base.starts_with('-') || base.contains('\0') || base.is_empty() {
+            return Err(WorktreeError::Invalid {
+                what: "base",
+                value: base,
+                reason: "it is not a revision; give a branch, tag or commit id".to_string(),
+            });
+        }
+        // The commit id, not the name: a branch made from a remote-tracking name would
+        // otherwise get that remote branch as its upstream.
+        let base_commit = self
+            .git
+            .resolve_commit(&self.root, &base)
+            .await?
+            .ok_or_else(|| WorktreeError::UnknownRevision {
+                rev: base.clone(),
+                repo: self.root.clone(),
+                hint: "give an existing branch, tag or commit as the base (a new repository needs a first commit)".to_string(),
+            })?;
+        self.check_dir_free(&dir, &branch)?;
+        self.git
+            .run(
+                &self.root,
+                [
+                    OsStr::new("worktree"),
+                    OsStr::new("add"),
+                    OsStr::new("--quiet"),
+                    OsStr::new("-b"),
+                    OsStr::new(&branch),
+                    dir.as_os_str(),
+                    OsStr::new(&base_commit),
+                ],
+                "check that the directory is writable",
+            )
+            .await?;
+        Ok(self.worktree(&dir, branch))
+    }
+
+    /// Merges the finished loop branch `branch` into `into_base` with a merge commit
+    /// (`--no-ff`) made under TaskDaemon's identity.
+    ///
+    /// When `into_base` is checked out somewhere (often the user's own checkout), the merge
+    /// happens there, and only if its tracked files are clean and no merge is in progress
+    /// ([`MergeOutcome::Blocked`] otherwise). Untracked files do not block; git refuses the
+    /// merge (Blocked) if it would overwrite one. When `into_base` is checked out nowhere,
+    /// the merge happens in a temporary worktree under the system temp directory, removed
+    /// afterwards, and no checkout of the user's is touched. A conflict is aborted and reported
+    /// as [`MergeOutcome::Conflict`]; either way no checkout is left mid-merge. No hook runs
+    /// ([`crate::daemon_git::NO_HOOKS`]).
+    pub async fn merge_branch(&self, branch: &str, into_base: &str) -> Result<MergeOutcome> {
+        self.check_branch_name("branch to merge", branch, branch)
+            .await?;
+        self.check_branch_name("base branch", into_base, into_base)
+            .await?;
+        for name in [branch, into_base] {
+            if !self.branch_exists(name).await? {
+                return Err(WorktreeError::UnknownRevision {
+                    rev: name.to_string(),
+                    repo: self.root.clone(),
+                    hint: "both sides of a merge must be local branches; check the name with `git branch --list`".to_string(),
+                });
+            }
+        }
+        let repo = self.clone();
+        let (branch, into) = (branch.to_string(), into_base.to_string());
+        let (b, i) = (branch.clone(), into.clone());
+        // Its own task: a caller that gives up must not stop us between merge and abort.
+        let task = tokio::spawn(async move {
+            let lock = merge_lock(&repo.common_dir);
+            let _serialized = lock.lock().await;
+            repo.merge_serialized(&b, &i).await
+        });
+        task.await.map_err(|e| WorktreeError::MergeInterrupted {
+            branch,
+            into,
+            detail: e.to_string(),
+        })?
+    }
+
+    /// Removes a loop's worktree (uncommitted changes in it are discarded). The branch stays
+    /// when `keep_branch`, and is deleted otherwise. A directory already deleted by hand is
+    /// fine: its registration is pruned.
+    pub async fn remove_worktree(&self, worktree: &Worktree, keep_branch: bool) -> Result<()> {
+        if worktree.path.exists() {
+            self.git
+                .run(
+                    &self.root,
+                    [
+                        OsStr::new("worktree"),
+                        OsStr::new("remove"),
+                        OsStr::new("--force"),
+                        worktree.path.as_os_str(),
+                    ],
+                    "if the worktree is locked, unlock it with `git worktree unlock`; otherwise check that the directory is a worktree of this repository",
+                )
+                .await?;
+        } else {
+            self.prune().await?;
+        }
+        if !keep_branch && self.branch_exists(&worktree.branch).await? {
+            self.git
+                .run(
+                    &self.root,
+                    ["branch", "-D", worktree.branch.as_str()],
+                    "check that the branch is not checked out anywhere (`git worktree list`)",
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn worktree(&self, dir: &Path, branch: String) -> Worktree {
+        Worktree {
+            path: real_or_given(dir),
+            branch,
+            git: self.git.clone(),
+        }
+    }
+
+    async fn prune(&self) -> Result<()> {
+        self.git
+            .run(
+                &self.root,
+                ["worktree", "prune"],
+                "check that the repository is writable",
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Refuses `full` unless git accepts it as a branch name; the error names `what`/`value`.
+    async fn check_branch_name(&self, what: &'static str, value: &str, full: &str) -> Result<()> {
+        let invalid = |reason: String| WorktreeError::Invalid {
+            what,
+            value: value.to_string(),
+            reason,
+        };
+        if full.contains('\0') {
+            return Err(invalid("it contains a NUL byte".to_string()));
+        }
+        let out = self
+            .git
+            .output(&self.root, ["check-ref-format", "--branch", full])
+            .await?;
+        // `--branch` expands `@{-1}` style names; only the literal name is acceptable.
+        if out.success() && out.text() == full {
+            return Ok(());
+        }
+        Err(invalid(format!(
+            "git does not accept `{full}` as a branch name; use letters, digits, '-', '_' and '.' (no spaces, '..', '@{{', any of ~^:?*[\\, and no ending in '.' or '.lock')"
+        )))
+    }
+
+    async fn branch_exists(&self, branch: &str) -> Result<bool> {
+        let full = format!("refs/heads/{branch}");
+        let out = self
+            .git
+            .output(
+                &self.root,
+                ["show-ref", "--verify", "--quiet", full.as_str()],
+            )
+            .await?;
+        Ok(out.success())
+    }
+
+    /// The worktree `branch` is checked out in, if any (the path may no longer exist).
+    async fn checked_out_at(&self, branch: &str) -> Result<Option<PathBuf>> {
+        let full = format!("refs/heads/{branch}");
+        let listing = self
+            .git
+            .run(
+                &self.root,
+                [
+                    "for-each-ref",
+                    "--format=%(refname)%00%(worktreepath)",
+                    full.as_str(),
+                ],
+                "TaskDaemon needs git 2.23 or newer; check `git --version`",
+            )
+            .await?;
+        // The pattern also matches refs below it, so pick the exact ref.
+        Ok(listing.lines().find_map(|line| {
+            let (name, path) = line.split_once('\0')?;
+            (name == full && !path.is_empty()).then(|| PathBuf::from(path))
+        }))
+    }
+
+    /// Refuses a directory `git worktree add` could not use, with a clearer word than git's.
+    fn check_dir_free(&self, dir: &Path, branch: &str) -> Result<()> {
+        let in_use = |detail: String| WorktreeError::DirectoryInUse {
+            dir: dir.to_path_buf(),
+            branch: branch.to_string(),
+            detail,
+        };
+        match std::fs::read_dir(dir) {
+            Ok(mut entries) => match entries.next() {
+                None => Ok(()),
+                Some(_) => Err(in_use(
+                    "it exists and is not empty (and is not that branch's worktree)".to_string(),
+                )),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) if dir.exists() && !dir.is_dir() => {
+                Err(in_use(format!("it exists and is not a directory ({e})")))
+            }
+            Err(e) => Err(in_use(format!("it cannot be read ({e})"))),
+        }
+    }
+
+    /// The merge proper; runs with this repository's merge lock held.
+    async fn merge_serialized(&self, branch: &str, into: &str) -> Result<MergeOutcome> {
+        if let Some(at) = self.checked_out_at(into).await? {
+            if !at.exists() {
+                return Ok(MergeOutcome::Blocked {
+                    reason: format!(
+                        "`{into}` is checked out in {}, which no longer exists; run `git worktree prune` in {} and merge again",
+                        at.display(),
+                        self.root.display()
+                    ),
+                });
+            }
+            return self.merge_in(&at, branch, into).await;
+        }
+
+        let tmp = tempfile::Builder::new()
+            .prefix("taskdaemon-merge-")
+            .tempdir()
+            .map_err(|e| WorktreeError::Git {
+                command: "create a temporary directory".to_string(),
+                dir: std::env::temp_dir(),
+                status: "failed".to_string(),
+                stderr: e.to_string(),
+                hint: "check that the system temp directory (TMPDIR) is writable".to_string(),
+            })?;
+        let checkout = tmp.path().join("checkout");
+        self.git
+            .run(
+                &self.root,
+                [
+                    OsStr::new("worktree"),
+                    OsStr::new("add"),
+                    OsStr::new("--quiet"),
+                    checkout.as_os_str(),
+                    OsStr::new(into),
+                ],
+                "if the base branch is being rebased or bisected somewhere, finish that first; otherwise check that the temp directory is writable",
+            )
+            .await?;
+        let outcome = self.merge_in(&checkout, branch, into).await;
+        let removed = self
+            .git
+            .output(
+                &self.root,
+                [
+                    OsStr::new("worktree"),
+                    OsStr::new("remove"),
+                    OsStr::new("--force"),
+                    checkout.as_os_str(),
+                ],
+            )
+            .await;
+        if !matches!(&removed, Ok(out) if out.success()) {
+            // The directory goes with `tmp`; pruning then forgets its registration.
+            drop(tmp);
+            if let Err(e) = self.prune().await {
+                tracing::warn!("could not remove the temporary merge worktree: {e}");
+            }
+        }
+        outcome
+    }
+
+    /// Merges `branch` into the branch checked out at `dir`, leaving `dir` as it was unless
+    /// the merge succeeds.
+    async fn merge_in(&self, dir: &Path, branch: &str, into: &str) -> Result<MergeOutcome> {
+        let git = &self.git;
+        if git.merge_in_progress(dir).await? {
+            return Ok(MergeOutcome::Blocked {
+                reason: format!(
+                    "a merge is already in progress in {}, where `{into}` is checked out; finish it (`git commit`) or abort it (`git merge --abort`), then merge again",
+                    dir.display()
+                ),
+            });
+        }
+        let status = git
+            .output(
+                dir,
+                ["status", "--porcelain=v1", "-z", "--untracked-files=no"],
+            )
+            .await?;
+        if !status.success() {
+            return Err(status.into_error("check that the checkout is readable"));
+        }
+        let dirty = porcelain_paths(&status.stdout);
+        if !dirty.is_empty() {
+            return Ok(MergeOutcome::Blocked {
+                reason: format!(
+                    "{}, where `{into}` is checked out, has uncommitted changes ({}); commit or stash them there, then merge again",
+                    dir.display(),
+                    list_some(&dirty)
+                ),
+            });
+        }
+
+        let message = format!("Merge branch '{branch}' into {into}");
+        let source = format!("refs/heads/{branch}");
+        let merge = git
+            .output(
+                dir,
+                [
+                    "-c",
+                    &format!("user.name={COMMIT_NAME}"),
+                    "-c",
+                    &format!("user.email={COMMIT_EMAIL}"),
+                    "-c",
+                    "commit.gpgSign=false",
+                    "merge",
+                    "--no-ff",
+                    "--no-edit",
+                    "-m",
+                    &message,
+                    &source,
+                ],
+            )
+            .await?;
+        if merge.success() {
+            let commit = git
+                .run(
+                    dir,
+                    ["rev-parse", "--verify", "HEAD"],
+                    "the merge succeeded; check `git log` there",
+                )
+                .await?;
+            return Ok(MergeOutcome::Merged { commit });
+        }
+        if !git.merge_in_progress(dir).await? {
+            // Git refused before touching anything (an untracked file in the way, unrelated
+            // histories, ...).
+            return Ok(MergeOutcome::Blocked {
+                reason: format!(
+                    "git refused to merge `{branch}` into `{into}` in {}: {}; resolve that, then merge again",
+                    dir.display(),
+                    td_base::text::head_tail(merge.stderr.trim(), MAX_STDERR)
+                ),
+            });
+        }
+        let unmerged = git
+            .output(dir, ["diff", "--name-only", "--diff-filter=U", "-z"])
+            .await;
+        let abort = git.output(dir, ["merge", "--abort"]).await?;
+        if !abort.success() {
+            return Err(abort.into_error(format!(
+                "{} is left mid-merge: run `git merge --abort` there",
+                dir.display()
+            )));
+        }
+        let mut files = nul_separated(&unmerged?.stdout);
+        files.sort();
+        files.dedup();
+        if files.is_empty() {
+            // Stopped without conflicts (no hook runs: something else failed, e.g. writing
+            // the commit).
+            return Ok(MergeOutcome::Blocked {
+                reason: format!(
+                    "the merge of `{branch}` into `{into}` in {} stopped before committing ({}); it was aborted and nothing changed; fix what git said, then merge again",
+                    dir.display(),
+                    td_base::text::head_tail(merge.stderr.trim(), MAX_STDERR)
+                ),
+            });
+        }
+        Ok(MergeOutcome::Conflict { files })
+    }
+}
+
+impl Worktree {
+    /// The worktree's directory (real path).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The loop branch checked out in it (`taskdaemon/<run>/<loop>`).
+    pub fn branch(&self) -> &str {
+        &self.branch
+    }
+
+    /// The commit HEAD is at.
+    pub async fn head_commit(&self) -> Result<String> {
+        self.git
+            .run(
+                &self.path,
+                ["rev-parse", "--verify", "HEAD"],
+                "check that the worktree still exists (`git worktree list`)",
+            )
+            .await
+    }
+
+    /// Commits everything that changed in the worktree (`git add -A`: new, modified and
+    /// deleted files) as `TaskDaemon <taskdaemon@localhost>`, and returns the new commit id,
+    /// or `None` when there was nothing to commit.
+    ///
+    /// Files matched by `.gitignore` (and `.git/info/exclude`) stay out, as with any
+    /// `git add -A`. The run-record directory `.taskdaemon/` at the worktree's root stays out
+    /// even when no ignore file names it: it is excluded from `git add` and unstaged if
+    /// something staged it, so only the user decides whether run records are versioned.
+    /// Checkpoint commits run no hook (no git command of the daemon does:
+    /// [`crate::daemon_git::NO_HOOKS`]): they record work in progress, which the loop's
+    /// validation command judges, not the user's commit policy.
+    /// Fails when the worktree is not on its loop branch.
+    pub async fn commit_all(&self, message: &str) -> Result<Option<String>> {
+        if message.trim().is_empty() || message.contains('\0') {
+            return Err(WorktreeError::Invalid {
+                what: "commit message",
+                value: message.to_string(),
+                reason: "it must hold text and no NUL byte".to_string(),
+            });
+        }
+        let expected = format!("refs/heads/{}", self.branch);
+        let head = self.git.symbolic_head(&self.path).await?;
+        if head.as_deref() != Some(expected.as_str()) {
+            return Err(WorktreeError::NotOnBranch {
+                path: self.path.clone(),
+                expected: self.branch.clone(),
+                actual: match head {
+                    Some(r) => format!("branch `{}`", r.strip_prefix("refs/heads/").unwrap_or(&r)),
+                    None => "a detached HEAD".to_string(),
+                },
+            });
+        }
+        let exclude = format!(":(exclude){RUN_RECORD_DIR}");
+        let hint = "check that no other git command is running in this worktree (a stale `index.lock` in its git dir can be deleted when none is)";
+        self.git
+            .run(&self.path, ["add", "-A", "--", ".", exclude.as_str()], hint)
+            .await?;
+        self.git
+            .run(&self.path, ["reset", "--quiet", "--", RUN_RECORD_DIR], hint)
+            .await?;
+        let staged = self
+            .git
+            .output(&self.path, ["diff", "--cached", "--quiet"])
+            .await?;
+        match staged.status.code() {
+            Some(0) => return Ok(None),
+            Some(1) => {}
+            _ => return Err(staged.into_error(hint)),
+        }
+        self.git
+            .run(
+                &self.path,
+                [
+                    "-c",
+                    &format!("user.name={COMMIT_NAME}"),
+                    "-c",
+                    &format!("user.email={COMMIT_EMAIL}"),
+                    "-c",
+                    "commit.gpgSign=false",
+                    "commit",
+                    "--quiet",
+                    "--no-verify",
+                    "--cleanup=whitespace",
+                    "-m",
+                    message,
+                ],
+                hint,
+            )
+            .await?;
+        self.head_commit().await.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn porcelain_paths_skip_rename_origins() {
+        let out = b" M src/a.rs\0R  new.rs\0old.rs\0A  b c.txt\0";
+        assert_eq!(porcelain_paths(out), vec!["b c.txt", "new.rs", "src/a.rs"]);
+    }
+
+    #[test]
+    fn list_some_counts_the_rest() {
+        let files: Vec<String> = (0..12).map(|i| format!("f{i:02}")).collect();
+        let text = list_some(&files);
+        assert!(text.starts_with("f00, f01"), "{text}");
+        assert!(text.ends_with("f09 and 2 more"), "{text}");
+        assert_eq!(list_some(&files[..2]), "f00, f01");
+    }
+
+    #[test]
+    fn components_with_slashes_or_controls_are_refused() {
+        assert!(check_component("loop name", "api").is_ok());
+        for bad in ["", "a/b", "a\nb", "tab\t"] {
+            let err = check_component("loop name", bad).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    WorktreeError::Invalid {
+                        what: "loop name",
+                        ..
+                    }
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn loop_branch_has_the_documented_shape() {
+        assert_eq!(loop_branch("r1", "api"), "taskdaemon/r1/api");
+    }
+}

@@ -1,0 +1,350 @@
+//! The event log of a run: loop lifecycle and every coordination message, each with a
+//! sequence number. Sinks (the run record's `events.jsonl`, live progress, tests) subscribe.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use td_base::sync::lock;
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A new run began: what a summary needs that no later event says, so that
+    /// `summary.json` can be rebuilt from the events alone. The first event of a run.
+    RunStarted {
+        /// The run id.
+        run_id: String,
+        /// The config file the run came from.
+        config: Option<String>,
+        /// The loops the run was started with, in config order.
+        loops: Vec<PlannedLoop>,
+        /// How the run's commands are confined.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<td_confine::SandboxReport>,
+    },
+    /// A loop actor started.
+    LoopStarted {
+        /// Loop name.
+        loop_name: String,
+        /// Loop type.
+        loop_type: String,
+    },
+    /// An iteration began.
+    IterationStarted {
+        /// Loop name.
+        loop_name: String,
+        /// 1-based iteration number.
+        iteration: u32,
+    },
+    /// An iteration ended and its validation ran (if any).
+    IterationEnded {
+        /// Loop name.
+        loop_name: String,
+        /// 1-based iteration number.
+        iteration: u32,
+        /// Why the model's turns ended (end_turn, complete_task, max_turns, stopped, error).
+        ended_by: String,
+        /// Validation exit code (`None` when no validation ran).
+        validation_exit: Option<i32>,
+        /// Whether validation passed.
+        validation_passed: Option<bool>,
+        /// The model calls the iteration made (its requests, answered or not): where a
+        /// resumed scripted run goes on in its script, once the iteration counts as finished.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model_calls: Option<u32>,
+    },
+    /// The loop completed.
+    LoopCompleted {
+        /// Loop name.
+        loop_name: String,
+        /// Iterations used.
+        iterations: u32,
+        /// The model's completion summary, if it gave one.
+        summary: Option<String>,
+    },
+    /// The loop failed.
+    LoopFailed {
+        /// Loop name.
+        loop_name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The loop cannot go on: a dependency did not complete, or merging its branch
+    /// conflicted or was refused.
+    LoopBlocked {
+        /// Loop name.
+        loop_name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A completed loop's branch was merged into its base.
+    LoopMerged {
+        /// Loop name.
+        loop_name: String,
+        /// The base branch.
+        into: String,
+        /// The base's new tip.
+        commit: String,
+    },
+    /// The loop was stopped on request.
+    LoopStopped {
+        /// Loop name.
+        loop_name: String,
+    },
+    /// The loop's actor is gone and was unregistered.
+    LoopUnregistered {
+        /// Loop name.
+        loop_name: String,
+    },
+    /// A query was sent.
+    QueryAsked {
+        /// Query id (unique in the run).
+        id: u64,
+        /// Asking loop.
+        from: String,
+        /// Target loop.
+        to: String,
+        /// The question.
+        question: String,
+    },
+    /// A query was answered.
+    QueryAnswered {
+        /// Query id.
+        id: u64,
+        /// Asking loop.
+        from: String,
+        /// Answering loop.
+        to: String,
+        /// The reply.
+        reply: String,
+    },
+    /// A query failed (unknown target, timeout, target stopped...).
+    QueryFailed {
+        /// Query id.
+        id: u64,
+        /// Asking loop.
+        from: String,
+        /// Target loop.
+        to: String,
+        /// Why.
+        error: String,
+    },
+    /// Data was shared with one target (one event per target).
+    Shared {
+        /// Sender.
+        from: String,
+        /// Target.
+        to: String,
+        /// Kind of data.
+        data_type: String,
+        /// The data.
+        data: Value,
+        /// `None` when delivered, otherwise why not.
+        error: Option<String>,
+    },
+    /// An alert was broadcast.
+    Alert {
+        /// Sender (`taskdaemon` for system alerts).
+        from: String,
+        /// Event type.
+        event_type: String,
+        /// Message.
+        message: String,
+        /// Optional data sent with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+        /// Loops that received it, sorted.
+        recipients: Vec<String>,
+        /// Error when the alert was refused.
+        error: Option<String>,
+    },
+    /// A note carried into the loop's next iteration (what resume restores).
+    ProgressNoted {
+        /// Loop name.
+        loop_name: String,
+        /// The iteration that wrote it.
+        iteration: u32,
+        /// The note.
+        note: String,
+    },
+    /// Inbox items were shown to a loop's model.
+    InboxShown {
+        /// Loop name.
+        loop_name: String,
+        /// How many items.
+        items: usize,
+    },
+    /// A loop ended with items in its inbox that its model never saw.
+    InboxUnread {
+        /// Loop name.
+        loop_name: String,
+        /// How many items.
+        items: usize,
+    },
+    /// A file a loop had read changed underneath it; its stamp was dropped.
+    FileChanged {
+        /// Loop name.
+        loop_name: String,
+        /// Worktree-relative path.
+        path: String,
+    },
+}
+
+/// A loop a run was started with (see [`EventKind::RunStarted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedLoop {
+    /// Loop name.
+    pub name: String,
+    /// Loop type.
+    pub loop_type: String,
+}
+
+/// The largest event number a record may hold and be continued from: 2^53 − 1, the largest
+/// integer that every JSON reader (a JavaScript dashboard too) keeps exactly. A resumed run
+/// refuses a record with a larger one rather than number events past what readers can tell
+/// apart; from here, 2^64 − 2^53 events remain before the counter could wrap.
+pub const MAX_SEQ: u64 = (1 << 53) - 1;
+
+/// One recorded event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the run, from 1.
+    pub seq: u64,
+    /// When (RFC 3339, UTC).
+    pub time: String,
+    /// What.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+type Listener = Box<dyn Fn(&Event) + Send + Sync>;
+
+/// The run's event log: numbers events and hands them to its listeners.
+#[derive(Default)]
+pub struct EventLog {
+    seq: AtomicU64,
+    listeners: Mutex<Vec<Listener>>,
+    memory: Option<Mutex<Vec<Event>>>,
+}
+
+impl std::fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventLog")
+            .field("seq", &self.seq.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventLog {
+    /// A log that keeps no events itself (listeners do).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A log that also keeps every event in memory (tests, small runs).
+    pub fn in_memory() -> Self {
+        Self {
+            memory: Some(Mutex::new(Vec::new())),
+            ..Self::default()
+        }
+    }
+
+    /// Adds a listener called with every later event, in order.
+    pub fn subscribe(&self, listener: impl Fn(&Event) + Send + Sync + 'static) {
+        lock(&self.listeners).push(Box::new(listener));
+    }
+
+    /// A log whose next event gets number `last_seq + 1` (a resumed run continues its
+    /// numbering); an error when `last_seq` is past [`MAX_SEQ`].
+    pub fn continuing_after(last_seq: u64) -> Result<Self, String> {
+        if last_seq > MAX_SEQ {
+            return Err(format!(
+                "event number {last_seq} is past the largest a run may reach ({MAX_SEQ})"
+            ));
+        }
+        let log = Self::new();
+        log.seq.store(last_seq, Ordering::SeqCst);
+        Ok(log)
+    }
+
+    /// Records an event.
+    pub fn record(&self, kind: EventKind) {
+        // Numbering and delivery happen under one lock so listeners see events in seq order.
+        let listeners = lock(&self.listeners);
+        // Never wraps: a log starts at most at MAX_SEQ, and 2^64 − 2^53 events are out of
+        // reach; should the counter still run out, the last number repeats.
+        let seq = self.seq.load(Ordering::SeqCst).saturating_add(1);
+        self.seq.store(seq, Ordering::SeqCst);
+        let event = Event {
+            seq,
+            time: td_base::time::timestamp_now(),
+            kind,
+        };
+        for l in listeners.iter() {
+            l(&event);
+        }
+        if let Some(m) = &self.memory {
+            lock(m).push(event);
+        }
+    }
+
+    /// Events kept in memory (empty unless built with `in_memory`).
+    pub fn events(&self) -> Vec<Event> {
+        self.memory
+            .as_ref()
+            .map(|m| lock(m).clone())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn numbering_goes_on_after_a_resumed_log_and_refuses_what_cannot_go_on() {
+        let log = EventLog::continuing_after(MAX_SEQ - 1).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        log.subscribe(move |e| lock(&s).push(e.seq));
+        log.record(EventKind::LoopStopped {
+            loop_name: "a".into(),
+        });
+        assert_eq!(*lock(&seen), vec![MAX_SEQ]);
+        for past in [MAX_SEQ + 1, u64::MAX] {
+            let e = EventLog::continuing_after(past).unwrap_err();
+            assert!(e.contains(&past.to_string()), "{e}");
+        }
+        // The counter itself never wraps, whatever it holds.
+        let log = EventLog::new();
+        log.seq.store(u64::MAX, Ordering::SeqCst);
+        log.record(EventKind::LoopStopped {
+            loop_name: "a".into(),
+        });
+        assert_eq!(log.seq.load(Ordering::SeqCst), u64::MAX);
+    }
+
+    #[test]
+    fn events_are_numbered_and_delivered_in_order() {
+        let log = EventLog::in_memory();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        log.subscribe(move |e| lock(&s).push(e.seq));
+        for name in ["a", "b"] {
+            log.record(EventKind::LoopStopped {
+                loop_name: name.into(),
+            });
+        }
+        assert_eq!(*lock(&seen), vec![1, 2]);
+        let events = log.events();
+        assert_eq!(events.len(), 2);
+        let json = serde_json::to_value(&events[0]).unwrap();
+        assert_eq!(json["event"], "loop_stopped");
+        assert_eq!(json["loop_name"], "a");
+    }
+}

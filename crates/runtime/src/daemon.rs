@@ -1,0 +1,370 @@
+//! The daemon: root supervisor of a run, and `Runtime`, the handle that starts and drives
+//! it.
+//!
+//! ```text
+//! Daemon (root supervisor)
+//! ├── Coordinator      registry of live loops; routes queries, shares, alerts
+//! ├── Watcher          one notify watcher over all worktrees
+//! ├── ToolLanes        a supervised pool of ToolWorker actors per lane (no-net, net, heavy)
+//! └── LoopActor × N    one per loop; its engine and answerers run in tasks it owns
+//! ```
+//!
+//! A loop actor that panics is reported as a failed loop (its queries fail at once because
+//! the coordinator monitors it); the daemon itself keeps running.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use tokio::sync::{mpsc, watch};
+
+use crate::coordinator::{
+    CoordMsg, Coordinator, CoordinatorArgs, CoordinatorLimits, CoordinatorPort,
+};
+use crate::loop_actor::{LoopActor, LoopSpec};
+use crate::messages::LoopMsg;
+use crate::tool_lanes::{LaneSizes, ToolLanes};
+use crate::watcher::{Watcher, WatcherMsg};
+use td_engine::LoopEnd;
+use td_protocol::events::{EventKind, EventLog};
+use td_toolkit::context::ToolContext;
+use td_toolkit::error::ToolError;
+
+/// Messages of the daemon.
+pub enum DaemonMsg {
+    /// Start a loop actor under the daemon's supervision.
+    SpawnLoop {
+        /// The loop.
+        spec: Box<LoopSpec>,
+        /// Its actor, or why it could not start.
+        reply: RpcReplyPort<Result<ActorRef<LoopMsg>, String>>,
+    },
+}
+
+/// The daemon's state: which child is which loop.
+pub struct DaemonState {
+    loops: HashMap<ActorId, LoopSpec>,
+    events: Arc<EventLog>,
+}
+
+/// The root supervisor.
+pub struct Daemon;
+
+impl Actor for Daemon {
+    type Msg = DaemonMsg;
+    type State = DaemonState;
+    type Arguments = Arc<EventLog>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<DaemonMsg>,
+        events: Arc<EventLog>,
+    ) -> Result<DaemonState, ActorProcessingErr> {
+        Ok(DaemonState {
+            loops: HashMap::new(),
+            events,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<DaemonMsg>,
+        message: DaemonMsg,
+        state: &mut DaemonState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            DaemonMsg::SpawnLoop { spec, reply } => {
+                let spec = *spec;
+                let result = Actor::spawn_linked(None, LoopActor, spec.clone(), myself.get_cell())
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| format!("loop {} could not start: {e}", spec.config.name));
+                if let Ok(actor) = &result {
+                    state.loops.insert(actor.get_id(), spec);
+                }
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<DaemonMsg>,
+        event: SupervisionEvent,
+        state: &mut DaemonState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                if let Some(spec) = state.loops.remove(&cell.get_id()) {
+                    // The loop's own `finish` never ran: report its end here.
+                    let name = spec.config.name.clone();
+                    let reason = format!("the loop actor crashed: {err}");
+                    state.events.record(EventKind::LoopFailed {
+                        loop_name: name.clone(),
+                        reason: reason.clone(),
+                    });
+                    if let Some(tx) = &spec.ended {
+                        let _ = tx.send((
+                            name,
+                            LoopEnd::Failed {
+                                iterations: 0,
+                                reason,
+                            },
+                        ));
+                    }
+                } else {
+                    tracing::error!("a runtime actor failed: {err}");
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state.loops.remove(&cell.get_id());
+            }
+            _ => {}
+        }
+        // Never stop the daemon because a child ended: loops end all the time.
+        Ok(())
+    }
+}
+
+/// Settings of a runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Workers per tool lane.
+    pub lanes: LaneSizes,
+    /// Coordinator limits.
+    pub limits: CoordinatorLimits,
+    /// Whether to watch worktrees for outside changes.
+    pub watch_files: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            lanes: LaneSizes::default(),
+            limits: CoordinatorLimits::default(),
+            watch_files: true,
+        }
+    }
+}
+
+/// A running actor tree and the handles to drive it.
+pub struct Runtime {
+    daemon: ActorRef<DaemonMsg>,
+    /// The coordinator.
+    pub coordinator: ActorRef<CoordMsg>,
+    watcher: Option<ActorRef<WatcherMsg>>,
+    /// The tool lanes.
+    pub lanes: ToolLanes,
+    /// The run's events.
+    pub events: Arc<EventLog>,
+    ended_tx: mpsc::UnboundedSender<(String, LoopEnd)>,
+    ended_rx: mpsc::UnboundedReceiver<(String, LoopEnd)>,
+    loops: BTreeMap<String, ActorRef<LoopMsg>>,
+    gate: watch::Sender<bool>,
+}
+
+impl Runtime {
+    /// Starts the daemon, coordinator, watcher and lanes.
+    pub async fn start(config: RuntimeConfig, events: Arc<EventLog>) -> Result<Self, String> {
+        let (daemon, _) = Actor::spawn(None, Daemon, events.clone())
+            .await
+            .map_err(|e| format!("the daemon could not start: {e}"))?;
+        let cell: ActorCell = daemon.get_cell();
+        let (coordinator, _) = Actor::spawn_linked(
+            None,
+            Coordinator,
+            CoordinatorArgs {
+                limits: config.limits,
+                events: events.clone(),
+            },
+            cell.clone(),
+        )
+        .await
+        .map_err(|e| format!("the coordinator could not start: {e}"))?;
+        let watcher = if config.watch_files {
+            let (w, _) = Actor::spawn_linked(None, Watcher, (), cell.clone())
+                .await
+                .map_err(|e| format!("the file watcher could not start: {e}"))?;
+            Some(w)
+        } else {
+            None
+        };
+        let lanes = ToolLanes::start(config.lanes, Some(cell)).await?;
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            daemon,
+            coordinator,
+            watcher,
+            lanes,
+            events,
+            ended_tx,
+            ended_rx,
+            loops: BTreeMap::new(),
+            gate: watch::channel(false).0,
+        })
+    }
+
+    /// A tool context for a loop of this run: sandboxed to `worktree`, connected to the
+    /// coordinator. Add commands and catalog with its `with_*` methods.
+    pub fn context(&self, worktree: &Path, name: &str) -> Result<ToolContext, ToolError> {
+        Ok(ToolContext::new(worktree, name)?
+            .with_coordination(Arc::new(CoordinatorPort::new(self.coordinator.clone()))))
+    }
+
+    /// Starts a loop actor. Its engine begins once [`Runtime::release`] was called (at once
+    /// when it already was). Its end is reported by [`Runtime::next_end`].
+    pub async fn spawn_loop(&mut self, mut spec: LoopSpec) -> Result<(), String> {
+        let name = spec.config.name.clone();
+        if self.loops.contains_key(&name) {
+            return Err(format!("a loop named '{name}' is already running"));
+        }
+        spec.ended = Some(self.ended_tx.clone());
+        spec.gate = Some(self.gate.subscribe());
+        let ctx = spec.ctx.clone();
+        let actor = self
+            .daemon
+            .call(
+                |reply| DaemonMsg::SpawnLoop {
+                    spec: Box::new(spec),
+                    reply,
+                },
+                None,
+            )
+            .await
+            .map_err(|e| format!("the daemon is not running: {e}"))?
+            .success_or(format!("the daemon did not answer for loop {name}"))??;
+        if let Some(w) = &self.watcher {
+            let _ = w.cast(WatcherMsg::Watch {
+                loop_name: name.clone(),
+                ctx,
+                target: actor.clone(),
+                reply: None,
+            });
+        }
+        self.loops.insert(name, actor);
+        Ok(())
+    }
+
+    /// Lets every loop spawned so far (and every later one) begin iterating. The coordinator
+    /// is flushed first, so the "loop started" alerts of all registered loops are already in
+    /// their recipients' inboxes when the first model turn happens.
+    pub async fn release(&self) {
+        self.flush().await;
+        self.gate.send_replace(true);
+    }
+
+    /// Returns once the coordinator has handled every message sent to it before this call
+    /// (e.g. the system alerts of loops that just ended).
+    pub async fn flush(&self) {
+        let _ = self
+            .coordinator
+            .call(
+                |reply| CoordMsg::List {
+                    from: String::new(),
+                    reply,
+                },
+                None,
+            )
+            .await;
+    }
+
+    /// The worktree roots of the loops the file watcher serves now (empty when watching is
+    /// off).
+    pub async fn watched_roots(&self) -> Vec<PathBuf> {
+        let Some(w) = &self.watcher else {
+            return Vec::new();
+        };
+        match w.call(WatcherMsg::WatchedRoots, None).await {
+            Ok(ractor::rpc::CallResult::Success(roots)) => roots,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Asks a loop to stop after its tool call in flight.
+    pub fn stop_loop(&self, name: &str) -> Result<(), String> {
+        let actor = self
+            .loops
+            .get(name)
+            .ok_or_else(|| format!("no loop named '{name}'"))?;
+        actor
+            .cast(LoopMsg::Stop)
+            .map_err(|_| format!("loop '{name}' has already stopped"))
+    }
+
+    /// Stops a loop at once, without waiting for its tool call in flight: its engine is
+    /// aborted, and a command it was running is killed with its process group (the worker
+    /// drops the abandoned call). The loop ends as stopped.
+    pub fn kill_loop(&self, name: &str) -> Result<(), String> {
+        let actor = self
+            .loops
+            .get(name)
+            .ok_or_else(|| format!("no loop named '{name}'"))?;
+        actor.stop(Some("stopped at once (second Ctrl-C)".to_string()));
+        Ok(())
+    }
+
+    /// The next loop to end, or `None` after `timeout`.
+    pub async fn next_end(&mut self, timeout: Duration) -> Option<(String, LoopEnd)> {
+        let (name, end) = tokio::time::timeout(timeout, self.ended_rx.recv())
+            .await
+            .ok()
+            .flatten()?;
+        // An ended loop edits nothing more and ignores changes; its worktree's watch (and the
+        // context the watcher holds for it) is released now rather than when the run ends,
+        // so a long run with many loops does not keep every finished loop's inotify watches.
+        // The actor itself stays until the run ends: it still answers other loops' queries.
+        self.unwatch(&name);
+        Some((name, end))
+    }
+
+    fn unwatch(&self, name: &str) {
+        if let Some(w) = &self.watcher {
+            let _ = w.cast(WatcherMsg::Unwatch {
+                loop_name: name.to_string(),
+            });
+        }
+    }
+
+    /// Waits until every loop in `names` has ended (or `timeout` passes) and returns the ends
+    /// seen, by loop name.
+    pub async fn wait_for(
+        &mut self,
+        names: &[&str],
+        timeout: Duration,
+    ) -> BTreeMap<String, LoopEnd> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut ends = BTreeMap::new();
+        while names.iter().any(|n| !ends.contains_key(*n)) {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next_end(left).await {
+                Some((name, end)) => {
+                    ends.insert(name, end);
+                }
+                None => break,
+            }
+        }
+        ends
+    }
+
+    /// Stops every loop and every runtime actor.
+    pub async fn shutdown(self) {
+        for (name, actor) in &self.loops {
+            self.unwatch(name);
+            actor.stop(Some("run ended".to_string()));
+        }
+        // Waited for: a call still running in a worker (only after a forced stop) is dropped
+        // as its worker is killed, and that kills a command's process group before the
+        // process can exit and leave it behind.
+        self.lanes.stop_and_wait().await;
+        if let Some(w) = &self.watcher {
+            w.stop(None);
+        }
+        self.coordinator.stop(None);
+        self.daemon.stop(None);
+    }
+}

@@ -1,0 +1,335 @@
+//! The loop actor: one per loop. It owns the loop's `ToolContext`, inbox and progress, runs
+//! the iteration engine in a task of its own (so its mailbox stays open while the loop
+//! works), and meanwhile takes deliveries, file-change notices, queries and stop requests.
+//!
+//! Queries to the loop are answered by its [`Answerer`] (a side model call with the loop's
+//! task and progress), which the actor hands to the coordinator when it registers: each
+//! answer runs in the asking loop's task, concurrently with this loop's iteration (two loops
+//! that ask each other at the same moment both get answers), and the coordinator cancels
+//! them when this loop leaves the run, so a query still waiting on it fails at once instead
+//! of hanging. When the actor stops, the engine task it started is aborted.
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::coordinator::{CoordMsg, SYSTEM_SENDER};
+use crate::messages::LoopMsg;
+use td_engine::transcript::TranscriptSink;
+use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, Progress, ToolRunner};
+use td_llm::LlmClient;
+use td_protocol::events::{EventKind, EventLog};
+use td_toolkit::context::ToolContext;
+use td_toolkit::receipts::ReceiptLog;
+use td_toolkit::registry::ToolSet;
+
+/// Everything a loop actor needs to run one loop.
+#[derive(Clone)]
+pub struct LoopSpec {
+    /// Engine settings (name, type, task, limits, templates).
+    pub config: EngineConfig,
+    /// The loop's private tool context (connected to the coordinator).
+    pub ctx: Arc<ToolContext>,
+    /// The tools its model sees.
+    pub tools: Arc<ToolSet>,
+    /// The tool set of the loop's validation step (see `Engine::validation_tools`).
+    pub validation_tools: Arc<ToolSet>,
+    /// The model.
+    pub llm: Arc<dyn LlmClient>,
+    /// Where tool calls run (the tool lanes in a run).
+    pub runner: Arc<dyn ToolRunner>,
+    /// The run's coordinator.
+    pub coordinator: ActorRef<CoordMsg>,
+    /// The run's events.
+    pub events: Arc<EventLog>,
+    /// The loop's transcript.
+    pub transcript: Arc<dyn TranscriptSink>,
+    /// The loop's receipts, if kept.
+    pub receipts: Option<Arc<ReceiptLog>>,
+    /// Alert event types the loop hears; `None` = all.
+    pub subscriptions: Option<Vec<String>>,
+    /// Told once when the loop ends.
+    pub ended: Option<mpsc::UnboundedSender<(String, LoopEnd)>>,
+    /// When given, the engine waits until it reads `true` before its first iteration: a run
+    /// registers all its loops first, so every loop starts knowing its peers.
+    pub gate: Option<watch::Receiver<bool>>,
+    /// Items delivered before a crash and never shown (a resumed run).
+    pub initial_inbox: Vec<td_protocol::inbox::InboxItem>,
+    /// Progress notes of earlier iterations (a resumed run).
+    pub initial_progress: Vec<String>,
+}
+
+/// Aborts its task when dropped, so that no task outlives the actor that started it (also
+/// when the actor fails and `post_stop` is skipped).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The state of a loop actor.
+pub struct LoopState {
+    spec: LoopSpec,
+    inbox: Arc<Inbox>,
+    progress: Arc<Progress>,
+    stop: watch::Sender<bool>,
+    engine: Option<AbortOnDrop>,
+    end: Option<LoopEnd>,
+}
+
+/// The loop actor.
+pub struct LoopActor;
+
+impl Actor for LoopActor {
+    type Msg = LoopMsg;
+    type State = LoopState;
+    type Arguments = LoopSpec;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<LoopMsg>,
+        spec: LoopSpec,
+    ) -> Result<LoopState, ActorProcessingErr> {
+        let name = spec.config.name.clone();
+        let inbox = Arc::new(Inbox::default());
+        for item in &spec.initial_inbox {
+            inbox.push(Arc::new(item.clone()));
+        }
+        let progress = Arc::new(Progress::default());
+        for note in &spec.initial_progress {
+            progress.push(note.clone());
+        }
+        let answerer = Arc::new(Answerer::new(
+            &spec.config,
+            spec.ctx.clone(),
+            spec.tools.clone(),
+            spec.llm.clone(),
+            progress.clone(),
+            spec.transcript.clone(),
+        ));
+        spec.coordinator
+            .call(
+                |reply| CoordMsg::Register {
+                    name: name.clone(),
+                    loop_type: spec.config.loop_type.clone(),
+                    task: spec.config.task.clone(),
+                    subscriptions: spec.subscriptions.clone(),
+                    actor: myself.clone(),
+                    inbox: inbox.clone(),
+                    answerer,
+                    reply,
+                },
+                None,
+            )
+            .await
+            .map_err(|e| format!("loop {name}: cannot register with the coordinator: {e}"))?;
+        spec.events.record(EventKind::LoopStarted {
+            loop_name: name.clone(),
+            loop_type: spec.config.loop_type.clone(),
+        });
+        system_alert(
+            &spec.coordinator,
+            &name,
+            "loop_started",
+            format!("loop `{name}` started: {}", first_line(&spec.config.task)),
+        );
+        let (stop, _) = watch::channel(false);
+        Ok(LoopState {
+            spec,
+            inbox,
+            progress,
+            stop,
+            engine: None,
+            end: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<LoopMsg>,
+        state: &mut LoopState,
+    ) -> Result<(), ActorProcessingErr> {
+        let spec = &state.spec;
+        let engine = Engine {
+            config: spec.config.clone(),
+            ctx: spec.ctx.clone(),
+            tools: spec.tools.clone(),
+            validation_tools: spec.validation_tools.clone(),
+            llm: spec.llm.clone(),
+            runner: spec.runner.clone(),
+            inbox: state.inbox.clone(),
+            progress: state.progress.clone(),
+            events: spec.events.clone(),
+            transcript: spec.transcript.clone(),
+            receipts: spec.receipts.clone(),
+            stop: state.stop.subscribe(),
+        };
+        let gate = spec.gate.clone();
+        let task = tokio::spawn(async move {
+            if let Some(mut gate) = gate
+                && gate.wait_for(|open| *open).await.is_err()
+            {
+                // The run went away before opening the gate.
+                let _ = myself.cast(LoopMsg::EngineDone(LoopEnd::Stopped {
+                    iterations: 0,
+                    reason: None,
+                }));
+                return;
+            }
+            let end = engine.run().await;
+            let _ = myself.cast(LoopMsg::EngineDone(end));
+        });
+        state.engine = Some(AbortOnDrop(task));
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<LoopMsg>,
+        message: LoopMsg,
+        state: &mut LoopState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            LoopMsg::FileChanged(path) => {
+                // An ended loop edits nothing more: a change is no news to it.
+                if state.end.is_some() {
+                    return Ok(());
+                }
+                // Comparing reads the whole file. A large one is read off the async threads,
+                // which run every other loop's messages; a small one takes less time than
+                // handing it to a blocking thread (~0.1 ms).
+                const READ_INLINE_MAX: u64 = 256 * 1024;
+                let ctx = Arc::clone(&state.spec.ctx);
+                let small = std::fs::metadata(&path).is_ok_and(|m| m.len() <= READ_INLINE_MAX);
+                let dropped = if small {
+                    Ok(ctx.note_outside_change(&path))
+                } else {
+                    let checked = path.clone();
+                    tokio::task::spawn_blocking(move || ctx.note_outside_change(&checked)).await
+                };
+                match dropped {
+                    Ok(true) => state.spec.events.record(EventKind::FileChanged {
+                        loop_name: state.spec.config.name.clone(),
+                        path: state.spec.ctx.display(&path),
+                    }),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(
+                        "loop {}: checking '{}' for an outside change failed: {e}",
+                        state.spec.config.name,
+                        path.display()
+                    ),
+                }
+            }
+            LoopMsg::Stop => {
+                let _ = state.stop.send(true);
+                if state.end.is_some() {
+                    myself.stop(Some("stop requested".to_string()));
+                }
+            }
+            LoopMsg::EngineDone(end) => {
+                finish(state, &end);
+                let stopped = matches!(end, LoopEnd::Stopped { .. });
+                state.end = Some(end);
+                state.engine = None;
+                if stopped || *state.stop.borrow() {
+                    myself.stop(Some("stop requested".to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<LoopMsg>,
+        state: &mut LoopState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Dropping the handle aborts the engine if it is still running. (Answers in progress
+        // are aborted by the coordinator when it sees this actor end.)
+        if state.engine.take().is_some() && state.end.is_none() {
+            let end = LoopEnd::Stopped {
+                iterations: 0,
+                reason: None,
+            };
+            finish(state, &end);
+            state.end = Some(end);
+        }
+        Ok(())
+    }
+}
+
+/// Records the end of a loop everywhere it matters: events, coordinator status, a system
+/// alert to the other loops, and the run's `ended` channel.
+fn finish(state: &LoopState, end: &LoopEnd) {
+    let spec = &state.spec;
+    let name = spec.config.name.clone();
+    let (kind, alert) = match end {
+        LoopEnd::Completed {
+            iterations,
+            summary,
+        } => (
+            EventKind::LoopCompleted {
+                loop_name: name.clone(),
+                iterations: *iterations,
+                summary: summary.clone(),
+            },
+            Some((
+                "loop_completed",
+                match summary {
+                    Some(s) => format!("loop `{name}` completed: {s}"),
+                    None => format!("loop `{name}` completed"),
+                },
+            )),
+        ),
+        LoopEnd::Failed { reason, .. } => (
+            EventKind::LoopFailed {
+                loop_name: name.clone(),
+                reason: reason.clone(),
+            },
+            Some(("loop_failed", format!("loop `{name}` failed: {reason}"))),
+        ),
+        LoopEnd::Stopped { .. } => (
+            EventKind::LoopStopped {
+                loop_name: name.clone(),
+            },
+            None,
+        ),
+    };
+    spec.events.record(kind);
+    let _ = spec.coordinator.cast(CoordMsg::SetStatus {
+        name: name.clone(),
+        status: end.status().to_string(),
+    });
+    if let Some((event_type, message)) = alert {
+        system_alert(&spec.coordinator, &name, event_type, message);
+    }
+    let unread = state.inbox.len();
+    if unread > 0 {
+        spec.events.record(EventKind::InboxUnread {
+            loop_name: name.clone(),
+            items: unread,
+        });
+    }
+    if let Some(tx) = &spec.ended {
+        let _ = tx.send((name, end.clone()));
+    }
+}
+
+fn system_alert(coordinator: &ActorRef<CoordMsg>, about: &str, event_type: &str, message: String) {
+    let _ = coordinator.cast(CoordMsg::Alert {
+        from: SYSTEM_SENDER.to_string(),
+        event_type: event_type.to_string(),
+        message,
+        data: None,
+        about: Some(about.to_string()),
+        reply: None,
+    });
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}

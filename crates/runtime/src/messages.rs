@@ -1,0 +1,14 @@
+//! Messages that cross actor boundaries and are shared by several actors (the data they
+//! carry, such as inbox items, lives in `td_protocol`).
+
+use std::path::PathBuf;
+
+/// Messages a loop actor handles.
+pub enum LoopMsg {
+    /// A file under the loop's worktree changed on disk (from the watcher).
+    FileChanged(PathBuf),
+    /// Stop after the tool call in flight.
+    Stop,
+    /// Internal: the iteration task finished.
+    EngineDone(td_engine::LoopEnd),
+}

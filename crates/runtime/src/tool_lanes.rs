@@ -1,0 +1,1113 @@
+//! Tool lanes: one supervised pool of `ToolWorker` actors per worker lane (no-net, net,
+//! heavy), and [`ToolLanes`], the handle loops use to run a call in the lane the catalog
+//! names for its tool.
+//!
+//! Invariants:
+//! - A lane never runs more calls at once than it has workers; calls beyond that wait in a
+//!   FIFO queue and start in the order they arrived.
+//! - Each call is answered exactly once through its `ReplySlot`, which the pool and the
+//!   worker running the call share: the worker answers with its outcome as soon as the tool
+//!   returns (the caller does not wait for another hop through the pool), and tells the pool
+//!   it is idle; if the worker died instead, the pool answers with an error outcome (and
+//!   receipt) that says so, starts a replacement worker and keeps serving. When the pool
+//!   stops, its share of every slot goes with it and the waiting callers learn that the
+//!   lane stopped.
+//! - The pool's handler never awaits a tool: it dispatches and returns, so it stays free to
+//!   take new calls and supervision events while workers run.
+//! - A caller that stops waiting does not cancel a call already running in a worker (the
+//!   tool finishes and its outcome is dropped); a call still queued when its caller gave up
+//!   is skipped, so abandoned work does not take a heavy worker.
+//! - Coordination tools never enter a lane: they belong to the coordinator.
+//!
+//! The registry inside the worker applies schema validation, the catalog timeout and the
+//! output cap, so an unknown tool, invalid input or a timeout is an ordinary outcome here.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::tool_worker::{ToolWorker, WorkerMsg, WorkerState};
+use td_base::sync::lock;
+use td_toolkit::catalog::Lane;
+use td_toolkit::context::ToolContext;
+use td_toolkit::error::ToolError;
+use td_toolkit::registry::{CallOutcome, ToolSet};
+
+/// The lanes that have workers, in the order they are started.
+const WORKER_LANES: [Lane; 3] = [Lane::NoNet, Lane::Net, Lane::Heavy];
+
+/// Worker counts per lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LaneSizes {
+    /// Workers for local tools without network (files, search, isolated commands).
+    pub no_net: usize,
+    /// Workers for tools that may use the network (web tools, plain commands).
+    pub net: usize,
+    /// Workers for builds, tests and validation; kept small so that many loops don't start
+    /// many compilers at once.
+    pub heavy: usize,
+}
+
+impl Default for LaneSizes {
+    fn default() -> Self {
+        Self {
+            no_net: 8,
+            net: 4,
+            heavy: 2,
+        }
+    }
+}
+
+impl LaneSizes {
+    /// The worker count of `lane`; `None` for the coordinator lane, which has no workers.
+    pub fn workers(&self, lane: Lane) -> Option<usize> {
+        match lane {
+            Lane::NoNet => Some(self.no_net),
+            Lane::Net => Some(self.net),
+            Lane::Heavy => Some(self.heavy),
+            Lane::Coordinator => None,
+        }
+    }
+
+    /// Refuses a lane without workers: its calls would wait forever.
+    pub fn validate(&self) -> Result<(), String> {
+        for lane in WORKER_LANES {
+            if self.workers(lane) == Some(0) {
+                return Err(format!(
+                    "lane size '{}' must be at least 1 (got 0): a lane without workers would never run its tools",
+                    lane.as_str()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One tool call to run in a lane.
+#[derive(Debug)]
+pub struct ToolJob {
+    /// The calling loop's context (worktree, read stamps, catalog).
+    pub ctx: Arc<ToolContext>,
+    /// The loop's tool set.
+    pub tools: Arc<ToolSet>,
+    /// The model's id for this call, kept in the receipt.
+    pub call_id: Option<String>,
+    /// Tool name; its catalog entry chooses the lane.
+    pub name: String,
+    /// The tool's input, as the model gave it.
+    pub input: Value,
+}
+
+/// How busy one lane is right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LaneLoad {
+    /// Workers of the lane.
+    pub workers: usize,
+    /// Workers running a call.
+    pub busy: usize,
+    /// Calls waiting for a worker.
+    pub queued: usize,
+}
+
+/// Handle to the tool lanes; cheap to clone, shared by every loop of a run.
+#[derive(Debug, Clone)]
+pub struct ToolLanes {
+    no_net: LaneHandle,
+    net: LaneHandle,
+    heavy: LaneHandle,
+}
+
+#[derive(Debug, Clone)]
+struct LaneHandle {
+    pool: ActorRef<PoolMsg>,
+    restarts: Arc<AtomicU64>,
+}
+
+impl ToolLanes {
+    /// Spawns one pool actor per worker lane (no-net, net, heavy), each linked to `supervisor`
+    /// when given. A lane size of 0 is an error.
+    pub async fn start(sizes: LaneSizes, supervisor: Option<ActorCell>) -> Result<Self, String> {
+        sizes.validate()?;
+        let mut handles = Vec::with_capacity(WORKER_LANES.len());
+        for lane in WORKER_LANES {
+            let size = sizes.workers(lane).unwrap_or(1);
+            match spawn_pool(lane, size, supervisor.clone()).await {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    for h in &handles {
+                        h.pool.stop(None);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut handles = handles.into_iter();
+        match (handles.next(), handles.next(), handles.next()) {
+            (Some(no_net), Some(net), Some(heavy)) => Ok(Self { no_net, net, heavy }),
+            _ => Err("tool lanes: a lane pool is missing after start".to_string()),
+        }
+    }
+
+    fn handle(&self, lane: Lane) -> Option<&LaneHandle> {
+        match lane {
+            Lane::NoNet => Some(&self.no_net),
+            Lane::Net => Some(&self.net),
+            Lane::Heavy => Some(&self.heavy),
+            Lane::Coordinator => None,
+        }
+    }
+
+    /// Runs one call in the lane the catalog (`job.ctx.spec(&job.name).lane`) names and
+    /// returns its outcome. Coordination tools (`Lane::Coordinator`) are refused with an error
+    /// outcome: they go to the coordinator.
+    pub async fn run(&self, job: ToolJob) -> CallOutcome {
+        let lane = job.ctx.spec(&job.name).lane;
+        let Some(handle) = self.handle(lane) else {
+            let error = ToolError::Unavailable {
+                message: format!(
+                    "'{}' is a coordination tool: it runs in the coordinator, not in a tool lane, so it was not run (a routing bug in TaskDaemon). Continue without it.",
+                    job.name
+                ),
+            };
+            return fail(&job, error, Duration::ZERO);
+        };
+        let sent = Instant::now();
+        let job = Arc::new(job);
+        let (tx, rx) = oneshot::channel();
+        let message = PoolMsg::Run {
+            job: Arc::clone(&job),
+            reply: ReplySlot::new(tx),
+        };
+        if handle.pool.send_message(message).is_err() {
+            return fail(&job, lane_down(&job.name, lane, false), sent.elapsed());
+        }
+        match rx.await {
+            Ok(outcome) => outcome,
+            // Every holder of the slot dropped it unanswered: the lane stopped or failed.
+            Err(_) => fail(&job, lane_down(&job.name, lane, true), sent.elapsed()),
+        }
+    }
+
+    /// Restarts so far per lane (for tests and status); always 0 for the coordinator lane.
+    pub fn restarts(&self, lane: Lane) -> u64 {
+        self.handle(lane)
+            .map_or(0, |h| h.restarts.load(Ordering::Relaxed))
+    }
+
+    /// How busy `lane` is; `None` for the coordinator lane or a lane that is not running.
+    pub async fn load(&self, lane: Lane) -> Option<LaneLoad> {
+        let handle = self.handle(lane)?;
+        let (tx, rx) = oneshot::channel();
+        handle.pool.send_message(PoolMsg::Load(tx.into())).ok()?;
+        rx.await.ok()
+    }
+
+    /// Stops the pools and their workers. Calls still queued or running are answered with an
+    /// error outcome saying the lane stopped.
+    pub fn stop(&self) {
+        for h in [&self.no_net, &self.net, &self.heavy] {
+            h.pool.stop(Some("tool lanes stopped".to_string()));
+        }
+    }
+
+    /// Like [`ToolLanes::stop`], and waits until the pools have stopped (their workers are
+    /// killed as the pools exit).
+    pub async fn stop_and_wait(&self) {
+        self.stop();
+        for h in [&self.no_net, &self.net, &self.heavy] {
+            // An error only means the pool had stopped already.
+            let _ = h.pool.stop_and_wait(None, None).await;
+        }
+    }
+}
+
+async fn spawn_pool(
+    lane: Lane,
+    size: usize,
+    supervisor: Option<ActorCell>,
+) -> Result<LaneHandle, String> {
+    let restarts = Arc::new(AtomicU64::new(0));
+    let args = PoolArgs {
+        lane,
+        size,
+        restarts: Arc::clone(&restarts),
+    };
+    let spawned = match supervisor {
+        Some(sup) => Actor::spawn_linked(None, LanePool, args, sup).await,
+        None => Actor::spawn(None, LanePool, args).await,
+    };
+    let (pool, _) =
+        spawned.map_err(|e| format!("could not start the {} tool lane: {e}", lane.as_str()))?;
+    Ok(LaneHandle { pool, restarts })
+}
+
+/// An error outcome (with its receipt) for a call that produced no result of its own.
+fn fail(job: &ToolJob, error: ToolError, latency: Duration) -> CallOutcome {
+    job.tools.failed_outcome(
+        &job.ctx,
+        job.call_id.as_deref(),
+        &job.name,
+        job.input.clone(),
+        error,
+        latency,
+    )
+}
+
+fn lane_down(name: &str, lane: Lane, accepted: bool) -> ToolError {
+    let message = if accepted {
+        format!(
+            "the {} tool lane stopped before '{name}' finished (TaskDaemon is shutting down, or the lane failed). The call may not have run, or may have run only in part: check its effects (read the files again) before you retry it.",
+            lane.as_str()
+        )
+    } else {
+        format!(
+            "the {} tool lane is not running (TaskDaemon is shutting down, or the lane failed), so '{name}' was not run. Retry later or continue without it.",
+            lane.as_str()
+        )
+    };
+    ToolError::Unavailable { message }
+}
+
+/// Where one call's outcome goes: the caller's port, taken by whoever answers first (the
+/// worker with the outcome, or the pool when the worker died). Only the pool and the worker
+/// hold it, never the caller, so that when both are gone the caller's receiver closes.
+#[derive(Clone)]
+pub(crate) struct ReplySlot(Arc<Mutex<Option<RpcReplyPort<CallOutcome>>>>);
+
+impl ReplySlot {
+    fn new(tx: oneshot::Sender<CallOutcome>) -> Self {
+        Self(Arc::new(Mutex::new(Some(tx.into()))))
+    }
+
+    /// Answers the call unless it was answered already. A caller that gave up has dropped
+    /// its receiver; the outcome is then dropped.
+    pub(crate) fn answer(&self, outcome: CallOutcome) {
+        if let Some(port) = lock(&self.0).take() {
+            let _ = port.send(outcome);
+        }
+    }
+
+    /// Whether nobody waits for this outcome any more.
+    pub(crate) fn abandoned(&self) -> bool {
+        lock(&self.0).as_ref().is_none_or(RpcReplyPort::is_closed)
+    }
+}
+
+/// Messages a lane pool handles.
+pub(crate) enum PoolMsg {
+    /// Run a call; the outcome goes to `reply`.
+    Run {
+        /// The call.
+        job: Arc<ToolJob>,
+        /// Where the outcome goes.
+        reply: ReplySlot,
+    },
+    /// A worker answered its call and waits for the next one.
+    Idle {
+        /// The worker's slot.
+        slot: usize,
+        /// The worker, to tell its report from one of a worker that slot had before.
+        worker: ActorId,
+    },
+    /// Report the lane's load.
+    Load(RpcReplyPort<LaneLoad>),
+}
+
+/// The pool actor of one lane.
+pub(crate) struct LanePool;
+
+pub(crate) struct PoolArgs {
+    lane: Lane,
+    size: usize,
+    restarts: Arc<AtomicU64>,
+}
+
+pub(crate) struct PoolState {
+    lane: Lane,
+    slots: Vec<Slot>,
+    /// Slots whose worker waits for a call; used as a stack so the warmest worker goes next.
+    idle: Vec<usize>,
+    queue: VecDeque<Pending>,
+    restarts: Arc<AtomicU64>,
+}
+
+struct Slot {
+    worker: ActorRef<WorkerMsg>,
+    running: Option<Running>,
+}
+
+struct Pending {
+    job: Arc<ToolJob>,
+    reply: ReplySlot,
+}
+
+struct Running {
+    pending: Pending,
+    started: Instant,
+}
+
+async fn spawn_worker(
+    pool: &ActorRef<PoolMsg>,
+    slot: usize,
+) -> Result<ActorRef<WorkerMsg>, ActorProcessingErr> {
+    let state = WorkerState {
+        pool: pool.clone(),
+        slot,
+    };
+    let (worker, _) = Actor::spawn_linked(None, ToolWorker, state, pool.get_cell()).await?;
+    Ok(worker)
+}
+
+impl PoolState {
+    /// Hands queued calls to idle workers, oldest call first.
+    fn dispatch(&mut self) {
+        while !self.queue.is_empty() {
+            let Some(slot) = self.idle.pop() else {
+                return;
+            };
+            let Some(pending) = self.queue.pop_front() else {
+                self.idle.push(slot);
+                return;
+            };
+            if pending.reply.abandoned() {
+                // Its caller gave up before the call started: don't spend a worker on it.
+                self.idle.push(slot);
+                continue;
+            }
+            let run = WorkerMsg::Run {
+                job: Arc::clone(&pending.job),
+                reply: pending.reply.clone(),
+            };
+            if self.slots[slot].worker.send_message(run).is_err() {
+                // The worker died while idle; its supervision event will replace it (and
+                // put the slot back to work). The call keeps its place in the queue.
+                self.queue.push_front(pending);
+                continue;
+            }
+            self.slots[slot].running = Some(Running {
+                pending,
+                started: Instant::now(),
+            });
+        }
+    }
+
+    fn load(&self) -> LaneLoad {
+        LaneLoad {
+            workers: self.slots.len(),
+            busy: self.slots.iter().filter(|s| s.running.is_some()).count(),
+            queued: self.queue.len(),
+        }
+    }
+
+    /// Replaces the worker `who` after it died (`how` says how), answering the call it was
+    /// running. Returns an error when no replacement can be started, which fails the pool.
+    async fn replace(
+        &mut self,
+        myself: &ActorRef<PoolMsg>,
+        who: ActorId,
+        how: String,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(slot) = self.slots.iter().position(|s| s.worker.get_id() == who) else {
+            return Ok(());
+        };
+        self.idle.retain(|&s| s != slot);
+        let running = self.slots[slot].running.take();
+        let lane = self.lane.as_str();
+        let respawned = spawn_worker(myself, slot).await;
+        let restarted = respawned.is_ok();
+        if restarted {
+            // Counted before the crashed call is answered, so whoever hears of the crash
+            // also sees the restart.
+            self.restarts.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(Running { pending, started }) = running {
+            let job = &pending.job;
+            tracing::warn!(lane, tool = %job.name, exec_id = job.ctx.exec_id(), "tool worker {how}");
+            let (what, hint) = if restarted {
+                (
+                    "was restarted",
+                    "Retry the call; if it fails the same way again, try other arguments or another approach.",
+                )
+            } else {
+                (
+                    "could not be restarted",
+                    "The lane is shutting down; continue without this tool.",
+                )
+            };
+            let error = ToolError::failed(
+                format!("tool {}", job.name),
+                format!("the {lane} lane worker running it {how} and {what}"),
+                hint,
+            );
+            pending.reply.answer(fail(job, error, started.elapsed()));
+        } else {
+            tracing::warn!(lane, "idle tool worker {how}");
+        }
+        let worker = respawned.map_err(|e| {
+            ActorProcessingErr::from(format!(
+                "the {lane} tool lane could not replace a worker: {e}"
+            ))
+        })?;
+        self.slots[slot].worker = worker;
+        self.idle.push(slot);
+        self.dispatch();
+        Ok(())
+    }
+}
+
+impl Actor for LanePool {
+    type Msg = PoolMsg;
+    type State = PoolState;
+    type Arguments = PoolArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        args: PoolArgs,
+    ) -> Result<PoolState, ActorProcessingErr> {
+        let mut slots = Vec::with_capacity(args.size);
+        for slot in 0..args.size {
+            match spawn_worker(&myself, slot).await {
+                Ok(worker) => slots.push(Slot {
+                    worker,
+                    running: None,
+                }),
+                Err(e) => {
+                    for s in &slots {
+                        s.worker.stop(None);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(PoolState {
+            lane: args.lane,
+            // Reversed so that slot 0 is the first to be popped.
+            idle: (0..args.size).rev().collect(),
+            slots,
+            queue: VecDeque::new(),
+            restarts: args.restarts,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<PoolMsg>,
+        message: PoolMsg,
+        state: &mut PoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            PoolMsg::Run { job, reply } => {
+                state.queue.push_back(Pending { job, reply });
+                state.dispatch();
+            }
+            PoolMsg::Idle { slot, worker } => {
+                let Some(s) = state.slots.get_mut(slot) else {
+                    return Ok(());
+                };
+                // A report from a worker this slot no longer has: that worker was replaced.
+                if s.worker.get_id() != worker {
+                    return Ok(());
+                }
+                if s.running.take().is_some() {
+                    state.idle.push(slot);
+                    state.dispatch();
+                }
+            }
+            PoolMsg::Load(reply) => {
+                let _ = reply.send(state.load());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        event: SupervisionEvent,
+        state: &mut PoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                state
+                    .replace(&myself, cell.get_id(), format!("crashed (panic: {err})"))
+                    .await
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                let how = match reason {
+                    Some(r) => format!("was stopped ({r})"),
+                    None => "was stopped".to_string(),
+                };
+                state.replace(&myself, cell.get_id(), how).await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl td_engine::ToolRunner for ToolLanes {
+    async fn run(
+        &self,
+        ctx: Arc<ToolContext>,
+        tools: Arc<ToolSet>,
+        call_id: Option<String>,
+        name: String,
+        input: serde_json::Value,
+    ) -> CallOutcome {
+        ToolLanes::run(
+            self,
+            ToolJob {
+                ctx,
+                tools,
+                call_id,
+                name,
+                input,
+            },
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+    use ractor::ActorStatus;
+    use serde_json::json;
+
+    use super::*;
+    use td_toolkit::catalog::{Catalog, ToolSpecOverride};
+    use td_toolkit::tool::{Tool, ToolOutput};
+
+    /// What the probe tools saw, shared by every probe of a set.
+    #[derive(Default)]
+    struct Stats {
+        running: AtomicUsize,
+        max_running: AtomicUsize,
+        finished: AtomicUsize,
+        started: Mutex<Vec<u64>>,
+    }
+
+    impl Stats {
+        fn started(&self) -> Vec<u64> {
+            self.started.lock().unwrap().clone()
+        }
+    }
+
+    /// Decrements the running count however `execute` ends (panics included).
+    struct RunningGuard<'a>(&'a AtomicUsize);
+
+    impl Drop for RunningGuard<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A test tool under a catalog name (the name decides the lane): it records its start,
+    /// sleeps `sleep_ms`, panics when asked, and answers "done <id>".
+    struct Probe {
+        name: &'static str,
+        stats: Arc<Stats>,
+    }
+
+    #[async_trait]
+    impl Tool for Probe {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn description(&self) -> &'static str {
+            "test probe"
+        }
+        fn input_schema(&self) -> Value {
+            json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 0, "description": "call id"},
+                    "sleep_ms": {"type": "integer", "minimum": 0, "description": "default 0"},
+                    "panic": {"type": "boolean", "description": "default false"}
+                },
+                "required": ["id"],
+                "additionalProperties": false
+            })
+        }
+        async fn execute(
+            &self,
+            input: Value,
+            _ctx: &ToolContext,
+        ) -> td_toolkit::error::ToolResult<ToolOutput> {
+            let id = input["id"].as_u64().unwrap_or_default();
+            self.stats.started.lock().unwrap().push(id);
+            let now = self.stats.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.stats.max_running.fetch_max(now, Ordering::SeqCst);
+            let _guard = RunningGuard(&self.stats.running);
+            let sleep_ms = input["sleep_ms"].as_u64().unwrap_or(0);
+            if sleep_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+            }
+            if input["panic"].as_bool().unwrap_or(false) {
+                panic!("probe {id} exploded");
+            }
+            self.stats.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(ToolOutput::text(format!("done {id}")))
+        }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        ctx: Arc<ToolContext>,
+        tools: Arc<ToolSet>,
+        stats: Arc<Stats>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            Self::with_catalog(Catalog::default())
+        }
+
+        fn with_catalog(catalog: Catalog) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let ctx = ToolContext::new(dir.path(), "tester")
+                .unwrap()
+                .with_catalog(Arc::new(catalog));
+            let stats = Arc::new(Stats::default());
+            // One probe per lane: no-net, net, heavy, coordinator.
+            let probes = ["read_file", "web_fetch", "build", "query_loop"]
+                .into_iter()
+                .map(|name| {
+                    Arc::new(Probe {
+                        name,
+                        stats: Arc::clone(&stats),
+                    }) as Arc<dyn Tool>
+                })
+                .collect();
+            Self {
+                _dir: dir,
+                ctx: Arc::new(ctx),
+                tools: Arc::new(ToolSet::from_tools(probes).unwrap()),
+                stats,
+            }
+        }
+
+        fn job(&self, name: &str, input: Value) -> ToolJob {
+            ToolJob {
+                ctx: Arc::clone(&self.ctx),
+                tools: Arc::clone(&self.tools),
+                call_id: None,
+                name: name.to_string(),
+                input,
+            }
+        }
+    }
+
+    fn sizes(no_net: usize, net: usize, heavy: usize) -> LaneSizes {
+        LaneSizes { no_net, net, heavy }
+    }
+
+    /// Waits (up to 5 s) until `cond` holds.
+    async fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Fails the test instead of hanging when a lane never answers.
+    async fn within<F: std::future::Future>(fut: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(20), fut)
+            .await
+            .expect("the lanes did not answer in time")
+    }
+
+    async fn wait_for_load(lanes: &ToolLanes, lane: Lane, busy: usize, queued: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let load = lanes.load(lane).await.unwrap();
+            if load.busy == busy && load.queued == queued {
+                return;
+            }
+            assert!(Instant::now() < deadline, "lane load stuck at {load:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[test]
+    fn sizes_default_parse_and_validate() {
+        assert_eq!(LaneSizes::default(), sizes(8, 4, 2));
+        let partial: LaneSizes = serde_json::from_str(r#"{"no-net": 3}"#).unwrap();
+        assert_eq!(partial, sizes(3, 4, 2));
+        let err = serde_json::from_str::<LaneSizes>(r#"{"workers": 3}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+        assert!(serde_json::from_str::<LaneSizes>(r#"{"no_net": 3}"#).is_err());
+        assert_eq!(LaneSizes::default().workers(Lane::Heavy), Some(2));
+        assert_eq!(LaneSizes::default().workers(Lane::Coordinator), None);
+        assert!(LaneSizes::default().validate().is_ok());
+        let err = sizes(1, 0, 1).validate().unwrap_err();
+        assert!(err.contains("'net'") && err.contains("at least 1"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_zero_sized_lane_is_refused_at_start() {
+        let err = ToolLanes::start(sizes(2, 2, 0), None).await.unwrap_err();
+        assert!(err.contains("'heavy'"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn calls_run_and_keep_their_receipt_fields() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(LaneSizes::default(), None).await.unwrap();
+        for name in ["read_file", "web_fetch", "build"] {
+            let mut job = fx.job(name, json!({"id": 5}));
+            job.call_id = Some("call-5".to_string());
+            let out = lanes.run(job).await;
+            assert!(!out.is_error, "{name}: {}", out.content);
+            assert_eq!(out.content, "done 5");
+            assert_eq!(out.receipt.tool, name);
+            assert_eq!(out.receipt.call_id.as_deref(), Some("call-5"));
+            assert_eq!(out.receipt.input, json!({"id": 5}));
+        }
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn heavy_lane_runs_at_most_its_size_at_once() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(8, 4, 2), None).await.unwrap();
+        let calls = (0..6).map(|id| lanes.run(fx.job("build", json!({"id": id, "sleep_ms": 60}))));
+        let outs = within(futures::future::join_all(calls)).await;
+        assert!(outs.iter().all(|o| !o.is_error));
+        assert_eq!(fx.stats.max_running.load(Ordering::SeqCst), 2);
+        assert_eq!(fx.stats.finished.load(Ordering::SeqCst), 6);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn the_lane_comes_from_the_calling_context_catalog() {
+        // Default catalog: read_file is no-net, so four calls overlap in a lane of 8.
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(8, 4, 1), None).await.unwrap();
+        let calls =
+            (0..4).map(|id| lanes.run(fx.job("read_file", json!({"id": id, "sleep_ms": 60}))));
+        within(futures::future::join_all(calls)).await;
+        assert_eq!(fx.stats.max_running.load(Ordering::SeqCst), 4);
+
+        // Overridden: read_file is heavy, so the single heavy worker runs them one by one.
+        let mut catalog = Catalog::default();
+        let mut o = BTreeMap::new();
+        o.insert(
+            "read_file".to_string(),
+            ToolSpecOverride {
+                lane: Some(Lane::Heavy),
+                ..Default::default()
+            },
+        );
+        catalog.apply_overrides(&o).unwrap();
+        let fx = Fixture::with_catalog(catalog);
+        let calls =
+            (0..4).map(|id| lanes.run(fx.job("read_file", json!({"id": id, "sleep_ms": 30}))));
+        let outs = within(futures::future::join_all(calls)).await;
+        assert!(outs.iter().all(|o| !o.is_error));
+        assert_eq!(fx.stats.max_running.load(Ordering::SeqCst), 1);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn queued_calls_start_in_arrival_order() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(8, 4, 1), None).await.unwrap();
+        let mut calls: Vec<_> = (0..20)
+            .map(|id| Box::pin(lanes.run(fx.job("build", json!({"id": id, "sleep_ms": 2})))))
+            .collect();
+        // Poll each call once, in order, so they reach the lane in that order.
+        for call in &mut calls {
+            assert!(futures::poll!(call.as_mut()).is_pending());
+        }
+        let outs = within(futures::future::join_all(calls)).await;
+        for (id, out) in outs.iter().enumerate() {
+            assert_eq!(out.content, format!("done {id}"));
+        }
+        assert_eq!(fx.stats.started(), (0..20).collect::<Vec<u64>>());
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_tool_fails_its_call_and_the_worker_is_replaced() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(2, 1, 1), None).await.unwrap();
+        let input = json!({"id": 7, "panic": true});
+        let mut job = fx.job("read_file", input.clone());
+        job.call_id = Some("c1".to_string());
+        let out = within(lanes.run(job)).await;
+        assert!(out.is_error);
+        for part in [
+            "crashed",
+            "probe 7 exploded",
+            "was restarted",
+            "Retry the call",
+        ] {
+            assert!(
+                out.content.contains(part),
+                "missing {part:?}: {}",
+                out.content
+            );
+        }
+        assert_eq!(out.receipt.error_kind.as_deref(), Some("failed"));
+        assert_eq!(out.receipt.tool, "read_file");
+        assert_eq!(out.receipt.call_id.as_deref(), Some("c1"));
+        assert_eq!(out.receipt.input, input);
+        assert_eq!(lanes.restarts(Lane::NoNet), 1);
+        assert_eq!(lanes.restarts(Lane::Net), 0);
+        for id in 0..10 {
+            let out = within(lanes.run(fx.job("read_file", json!({"id": id})))).await;
+            assert_eq!(out.content, format!("done {id}"));
+        }
+        wait_for_load(&lanes, Lane::NoNet, 0, 0).await;
+        assert_eq!(lanes.load(Lane::NoNet).await.unwrap().workers, 2);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lane_whose_every_worker_crashed_keeps_serving() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(3, 1, 1), None).await.unwrap();
+        // Three overlapping panics take all three workers; three good calls wait behind them.
+        let crashing = (0..3).map(|id| {
+            lanes.run(fx.job(
+                "read_file",
+                json!({"id": id, "sleep_ms": 40, "panic": true}),
+            ))
+        });
+        let good = (10..13).map(|id| lanes.run(fx.job("read_file", json!({"id": id}))));
+        let (crashed, served) = within(futures::future::join(
+            futures::future::join_all(crashing),
+            futures::future::join_all(good),
+        ))
+        .await;
+        assert!(
+            crashed
+                .iter()
+                .all(|o| o.is_error && o.content.contains("crashed"))
+        );
+        for (out, id) in served.iter().zip(10..) {
+            assert_eq!(out.content, format!("done {id}"));
+        }
+        assert_eq!(lanes.restarts(Lane::NoNet), 3);
+        let more = (20..40).map(|id| lanes.run(fx.job("read_file", json!({"id": id}))));
+        assert!(
+            within(futures::future::join_all(more))
+                .await
+                .iter()
+                .all(|o| !o.is_error)
+        );
+        assert_eq!(lanes.load(Lane::NoNet).await.unwrap().workers, 3);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn coordination_tools_are_refused() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
+        let out = lanes.run(fx.job("query_loop", json!({"id": 1}))).await;
+        assert!(out.is_error);
+        assert!(out.content.contains("coordination tool"), "{}", out.content);
+        assert_eq!(out.receipt.tool, "query_loop");
+        assert!(fx.stats.started().is_empty());
+        assert_eq!(lanes.restarts(Lane::Coordinator), 0);
+        assert_eq!(lanes.load(Lane::Coordinator).await, None);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn invalid_input_unknown_tools_and_timeouts_are_plain_outcomes() {
+        let mut catalog = Catalog::default();
+        let mut o = BTreeMap::new();
+        o.insert(
+            "web_fetch".to_string(),
+            ToolSpecOverride {
+                timeout_ms: Some(50),
+                ..Default::default()
+            },
+        );
+        catalog.apply_overrides(&o).unwrap();
+        let fx = Fixture::with_catalog(catalog);
+        let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
+        let out = lanes.run(fx.job("read_file", json!({"id": "x"}))).await;
+        assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
+        let out = lanes.run(fx.job("grep", json!({}))).await;
+        assert_eq!(out.receipt.error_kind.as_deref(), Some("unknown_tool"));
+        let out = lanes
+            .run(fx.job("web_fetch", json!({"id": 1, "sleep_ms": 10_000})))
+            .await;
+        assert_eq!(out.receipt.error_kind.as_deref(), Some("timeout"));
+        assert_eq!(lanes.restarts(Lane::NoNet) + lanes.restarts(Lane::Net), 0);
+        let out = lanes.run(fx.job("web_fetch", json!({"id": 2}))).await;
+        assert_eq!(out.content, "done 2");
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_small_calls_through_a_lane_of_eight_are_all_answered() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(8, 1, 1), None).await.unwrap();
+        let calls = (0..1000).map(|id| lanes.run(fx.job("read_file", json!({"id": id}))));
+        let outs = within(futures::future::join_all(calls)).await;
+        for (id, out) in outs.iter().enumerate() {
+            assert_eq!(out.content, format!("done {id}"));
+        }
+        assert!(fx.stats.max_running.load(Ordering::SeqCst) <= 8);
+        assert_eq!(fx.stats.finished.load(Ordering::SeqCst), 1000);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn a_running_call_whose_caller_gave_up_is_cancelled_and_released() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
+        let call = lanes.run(fx.job("build", json!({"id": 1, "sleep_ms": 5_000})));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), call)
+                .await
+                .is_err()
+        );
+        // The worker drops the call soon after its caller left (a command would be killed),
+        // long before the tool would have finished on its own.
+        wait_for_load(&lanes, Lane::Heavy, 0, 0).await;
+        assert_eq!(fx.stats.finished.load(Ordering::SeqCst), 0);
+        // Neither the pool nor the worker keeps any part of the job.
+        eventually("the job to be released", || {
+            Arc::strong_count(&fx.ctx) == 1 && Arc::strong_count(&fx.tools) == 1
+        })
+        .await;
+        wait_for_load(&lanes, Lane::Heavy, 0, 0).await;
+        let out = lanes.run(fx.job("build", json!({"id": 2}))).await;
+        assert_eq!(out.content, "done 2");
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_whose_caller_gave_up_is_skipped() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
+        let first = tokio::spawn({
+            let lanes = lanes.clone();
+            let job = fx.job("build", json!({"id": 1, "sleep_ms": 400}));
+            async move { lanes.run(job).await }
+        });
+        wait_for_load(&lanes, Lane::Heavy, 1, 0).await;
+        let queued = lanes.run(fx.job("build", json!({"id": 2})));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), queued)
+                .await
+                .is_err()
+        );
+        assert_eq!(first.await.unwrap().content, "done 1");
+        let out = lanes.run(fx.job("build", json!({"id": 3}))).await;
+        assert_eq!(out.content, "done 3");
+        assert_eq!(fx.stats.started(), vec![1, 3]);
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn stop_ends_the_actors_and_answers_pending_calls() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(2, 2, 1), None).await.unwrap();
+        let mut cells: Vec<ActorCell> = Vec::new();
+        for h in [&lanes.no_net, &lanes.net, &lanes.heavy] {
+            cells.push(h.pool.get_cell());
+            cells.extend(h.pool.get_children());
+        }
+        assert_eq!(cells.len(), 3 + 5);
+        let running = tokio::spawn({
+            let lanes = lanes.clone();
+            let job = fx.job("build", json!({"id": 1, "sleep_ms": 10_000}));
+            async move { lanes.run(job).await }
+        });
+        wait_for_load(&lanes, Lane::Heavy, 1, 0).await;
+        let queued = tokio::spawn({
+            let lanes = lanes.clone();
+            let job = fx.job("build", json!({"id": 2}));
+            async move { lanes.run(job).await }
+        });
+        wait_for_load(&lanes, Lane::Heavy, 1, 1).await;
+
+        lanes.stop();
+        for out in [running.await.unwrap(), queued.await.unwrap()] {
+            assert!(out.is_error);
+            assert!(out.content.contains("stopped before"), "{}", out.content);
+        }
+        eventually("every lane actor to stop", || {
+            cells.iter().all(|c| c.get_status() == ActorStatus::Stopped)
+        })
+        .await;
+        assert_eq!(fx.stats.finished.load(Ordering::SeqCst), 0);
+        let out = lanes.run(fx.job("read_file", json!({"id": 3}))).await;
+        assert!(out.is_error);
+        assert!(out.content.contains("not running"), "{}", out.content);
+        assert_eq!(lanes.load(Lane::NoNet).await, None);
+    }
+
+    struct Supervisor;
+
+    impl Actor for Supervisor {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<()>,
+            _args: (),
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle_supervisor_evt(
+            &self,
+            _myself: ActorRef<()>,
+            _event: SupervisionEvent,
+            _state: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn pools_are_linked_to_the_given_supervisor() {
+        let fx = Fixture::new();
+        let (sup, _) = Actor::spawn(None, Supervisor, ()).await.unwrap();
+        let lanes = ToolLanes::start(sizes(1, 1, 1), Some(sup.get_cell()))
+            .await
+            .unwrap();
+        let mut children: Vec<ActorId> = sup.get_children().iter().map(|c| c.get_id()).collect();
+        let mut pools: Vec<ActorId> = [&lanes.no_net, &lanes.net, &lanes.heavy]
+            .iter()
+            .map(|h| h.pool.get_id())
+            .collect();
+        children.sort();
+        pools.sort();
+        assert_eq!(children, pools);
+        // Stopping the supervisor takes the lanes down with it.
+        sup.stop_and_wait(None, None).await.unwrap();
+        eventually("the pools to stop", || {
+            [&lanes.no_net, &lanes.net, &lanes.heavy]
+                .iter()
+                .all(|h| h.pool.get_status() == ActorStatus::Stopped)
+        })
+        .await;
+        let out = lanes.run(fx.job("read_file", json!({"id": 1}))).await;
+        assert!(out.content.contains("not running"), "{}", out.content);
+    }
+}

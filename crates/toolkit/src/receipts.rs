@@ -1,0 +1,523 @@
+//! Receipts: one JSON line per tool call — who called what with which input, the hash of
+//! the full output, latency, side effects, time and worktree commit — appended to a log that
+//! `taskdaemon replay verify` can read back and re-run.
+//!
+//! A log opened with a chain key ([`ReceiptLog::open_chained`]) numbers its receipts and
+//! links each to the one before it ([`chain`]), keeps a tally of what it wrote (for the
+//! session receipt, [`session`], and the per-tool counts of `summary.json`), and [`check`]
+//! finds every receipt of such a log that was edited, inserted, dropped or moved.
+
+pub mod chain;
+pub mod check;
+pub mod session;
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use td_base::hash::sha256_hex;
+use td_base::sync::lock;
+
+/// Something a call did beyond returning text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SideEffect {
+    /// A file was written; `hash` is the SHA-256 of its new content.
+    FileWritten {
+        /// Worktree-relative path.
+        path: String,
+        /// SHA-256 of the bytes written.
+        hash: String,
+    },
+    /// A command ran.
+    CommandRun {
+        /// The command line.
+        command: String,
+        /// Its exit code (`None` when killed by a signal or a timeout).
+        exit_code: Option<i32>,
+        /// Whether the timeout killed it.
+        timed_out: bool,
+    },
+}
+
+/// The record of one tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// Unique id (UUID v7, so ids sort by time).
+    pub id: String,
+    /// The model's id for the call, when it gave one.
+    pub call_id: Option<String>,
+    /// The loop (exec id) that made the call.
+    pub exec_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// The full input, so the call can be replayed.
+    pub input: Value,
+    /// `sha256:` of the canonical JSON of `input`.
+    pub input_hash: String,
+    /// `sha256:` of the full output (content and error flag), before any cap.
+    pub output_hash: String,
+    /// Whether the model saw an error.
+    pub is_error: bool,
+    /// Error kind when the call failed before producing output.
+    pub error_kind: Option<String>,
+    /// Size of the full output in bytes.
+    pub output_bytes: usize,
+    /// Whether the model saw a capped version.
+    pub output_capped: bool,
+    /// Wall time of the call.
+    pub latency_ms: u64,
+    /// Files written and commands run.
+    pub side_effects: Vec<SideEffect>,
+    /// When the call started (RFC 3339, UTC).
+    pub time: String,
+    /// HEAD of the worktree when the call ran, if it is a git checkout.
+    pub commit: Option<String>,
+    /// Whether the input passed the tool's JSON Schema (the dsrs ToolParamsSchemaMetric:
+    /// `false` also for a tool the set does not have); `None` when unknown (a call whose
+    /// worker died, or a receipt from before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_valid: Option<bool>,
+    /// Position in a chained log (1, 2, ...), set by [`ReceiptLog::append`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// The chain value ([`chain`]), set by [`ReceiptLog::append`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
+}
+
+/// How one tool was called in a session: what `summary.json` and `RECEIPT.json` count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ToolCounts {
+    /// Calls.
+    pub calls: u64,
+    /// Calls whose result was an error.
+    pub errors: u64,
+    /// Calls whose input the tool's schema refused (the tool never ran), and calls of a tool
+    /// the loop does not have.
+    pub schema_refused: u64,
+}
+
+/// The key calls of tools a set does not have are counted under: one entry, whatever names
+/// a model makes up, so the counts stay small.
+pub const UNKNOWN_TOOL_KEY: &str = "(unknown tool)";
+
+impl ToolCounts {
+    /// Counts `receipt` in.
+    pub fn add(&mut self, receipt: &Receipt) {
+        self.calls = self.calls.saturating_add(1);
+        if receipt.is_error {
+            self.errors = self.errors.saturating_add(1);
+        }
+        if receipt.schema_valid == Some(false) {
+            self.schema_refused = self.schema_refused.saturating_add(1);
+        }
+    }
+
+    /// The tool name `receipt` is counted under.
+    pub fn key(receipt: &Receipt) -> &str {
+        if receipt.error_kind.as_deref() == Some("unknown_tool") {
+            UNKNOWN_TOOL_KEY
+        } else {
+            &receipt.tool
+        }
+    }
+}
+
+/// What a log holds, kept up to date as receipts are appended: the chain's head and every
+/// receipt by id, for the session receipt, and per-tool counts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogTally {
+    /// Receipts in the log.
+    pub receipts: u64,
+    /// `seq` of the last chained receipt (0: none yet).
+    pub seq: u64,
+    /// Chain value of the last chained receipt ([`chain::GENESIS`] when none).
+    pub head: String,
+    /// Receipt ids in log order.
+    pub ids: Vec<String>,
+    /// Sum of the receipts' latencies.
+    pub total_latency_ms: u64,
+    /// Every side effect, in log order.
+    pub side_effects: Vec<SideEffect>,
+    /// Per tool ([`ToolCounts::key`]).
+    pub tools: BTreeMap<String, ToolCounts>,
+}
+
+impl Default for LogTally {
+    fn default() -> Self {
+        LogTally {
+            receipts: 0,
+            seq: 0,
+            head: chain::GENESIS.to_string(),
+            ids: Vec::new(),
+            total_latency_ms: 0,
+            side_effects: Vec::new(),
+            tools: BTreeMap::new(),
+        }
+    }
+}
+
+impl LogTally {
+    fn add(&mut self, receipt: &Receipt) {
+        self.receipts = self.receipts.saturating_add(1);
+        self.ids.push(receipt.id.clone());
+        self.total_latency_ms = self.total_latency_ms.saturating_add(receipt.latency_ms);
+        self.side_effects
+            .extend(receipt.side_effects.iter().cloned());
+        self.tools
+            .entry(ToolCounts::key(receipt).to_string())
+            .or_default()
+            .add(receipt);
+        if let (Some(seq), Some(chain)) = (receipt.seq, &receipt.chain) {
+            self.seq = seq;
+            self.head = chain.clone();
+        }
+    }
+}
+
+/// Serializes `value` with object keys sorted at every level, so equal values hash equally
+/// whatever order their keys arrived in.
+pub fn canonical_json(value: &Value) -> String {
+    // serde_json may preserve insertion order (feature unification), so the keys are
+    // written in sorted order here rather than trusting the map type.
+    let mut out = String::new();
+    write_sorted(value, &mut out);
+    out
+}
+
+fn write_sorted(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                write_sorted(&m[k.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_sorted(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// `sha256:<hex>` of the canonical JSON of `value`.
+pub fn hash_value(value: &Value) -> String {
+    format!("sha256:{}", sha256_hex(canonical_json(value).as_bytes()))
+}
+
+/// `sha256:<hex>` of a call's full output.
+pub fn hash_output(content: &str, is_error: bool) -> String {
+    hash_value(&serde_json::json!({"content": content, "is_error": is_error}))
+}
+
+/// Called with every receipt a log wrote (as written: with its `seq` and `chain`).
+pub type AppendObserver = Box<dyn Fn(&Receipt) + Send + Sync>;
+
+/// An append-only JSONL receipt log. Each receipt is written and flushed as one line.
+pub struct ReceiptLog {
+    path: PathBuf,
+    key: Option<Arc<chain::ChainKey>>,
+    state: Mutex<LogState>,
+    observer: OnceLock<AppendObserver>,
+    tool_set: OnceLock<Vec<String>>,
+}
+
+struct LogState {
+    file: std::fs::File,
+    tally: LogTally,
+}
+
+impl ReceiptLog {
+    /// Opens (creating if needed) the log at `path` for appending, without a chain: its
+    /// receipts can be checked against their input hashes only. Fronts use
+    /// [`ReceiptLog::open_chained`].
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        Self::open_with(path, None, LogTally::default())
+    }
+
+    /// Opens (creating if needed) the log at `path` for appending chained receipts under
+    /// `key`. The chain goes on from the last chained receipt already in the log (a resumed
+    /// run, a second `tool exec` session), and the tally starts from what the log holds.
+    pub fn open_chained(path: &Path, key: Arc<chain::ChainKey>) -> std::io::Result<Self> {
+        let tally = tally_of(path)?;
+        Self::open_with(path, Some(key), tally)
+    }
+
+    fn open_with(
+        path: &Path,
+        key: Option<Arc<chain::ChainKey>>,
+        tally: LogTally,
+    ) -> std::io::Result<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            key,
+            state: Mutex::new(LogState { file, tally }),
+            observer: OnceLock::new(),
+            tool_set: OnceLock::new(),
+        })
+    }
+
+    /// Where the log lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The chain key, when the log is chained.
+    pub fn key(&self) -> Option<&Arc<chain::ChainKey>> {
+        self.key.as_ref()
+    }
+
+    /// What the log holds so far.
+    pub fn tally(&self) -> LogTally {
+        lock(&self.state).tally.clone()
+    }
+
+    /// Says which tools the session writing this log can call (once set, it stays), for its
+    /// session receipt.
+    pub fn set_tool_set(&self, names: &[String]) {
+        let _ = self.tool_set.set(names.to_vec());
+    }
+
+    /// The tools of the session writing this log, when said.
+    pub fn tool_set(&self) -> Option<Vec<String>> {
+        self.tool_set.get().cloned()
+    }
+
+    /// Calls `observer` with every receipt written from now on (once set, it stays).
+    pub fn observe(&self, observer: AppendObserver) {
+        let _ = self.observer.set(observer);
+    }
+
+    /// Appends one receipt as a single line, with every known secret redacted (receipts from
+    /// `ToolSet::call` are redacted already; this is the last line of defence). In a chained
+    /// log the receipt gets the next `seq` and its `chain` value, computed over exactly what
+    /// is written; the chain moves on only when the line was written. The line is on the disk
+    /// (`fdatasync`) when this returns `Ok`: a receipt records a side effect that already
+    /// happened and cannot be derived again. When it fails (a full disk), nothing of the line
+    /// is left in the log, and the caller must not treat the call as recorded.
+    pub fn append(&self, receipt: &Receipt) -> std::io::Result<()> {
+        let mut value = serde_json::to_value(receipt).map_err(std::io::Error::other)?;
+        td_base::secrets::redact_value(&mut value);
+        let written = {
+            let mut state = lock(&self.state);
+            let (line, seq, link) = match &self.key {
+                Some(key) => {
+                    let seq = state.tally.seq.checked_add(1).ok_or_else(|| {
+                        std::io::Error::other(
+                            "the receipt log's sequence number is at its maximum; start a new log",
+                        )
+                    })?;
+                    let (line, link) = chained_line(&mut value, key, &state.tally.head, seq)?;
+                    (line, Some(seq), Some(link))
+                }
+                None => {
+                    let line = serde_json::to_string(&value).map_err(std::io::Error::other)?;
+                    (
+                        td_base::secrets::redact_json(&line).into_owned(),
+                        None,
+                        None,
+                    )
+                }
+            };
+            let mut bytes = line.into_bytes();
+            bytes.push(b'\n');
+            td_base::record_io::append(&mut state.file, &bytes, true)?;
+            let mut written = receipt.clone();
+            written.seq = seq;
+            written.chain = link;
+            state.tally.add(&written);
+            written
+        };
+        if let Some(observer) = self.observer.get() {
+            observer(&written);
+        }
+        Ok(())
+    }
+}
+
+/// The line of a chained receipt: `value` with `seq` and its `chain` value (over the
+/// canonical JSON of everything else), as written. If the last redaction pass still finds a
+/// secret, the chain is computed again over the redacted value, so it covers what is on disk.
+fn chained_line(
+    value: &mut Value,
+    key: &chain::ChainKey,
+    previous: &str,
+    seq: u64,
+) -> std::io::Result<(String, String)> {
+    let link = |value: &mut Value| -> std::io::Result<(String, String)> {
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| std::io::Error::other("a receipt is not a JSON object"))?;
+        object.remove("chain");
+        object.insert("seq".into(), Value::from(seq));
+        let link = key.link(previous, &canonical_json(value));
+        if let Some(object) = value.as_object_mut() {
+            object.insert("chain".into(), Value::String(link.clone()));
+        }
+        let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
+        Ok((line, link))
+    };
+    let (line, chained) = link(value)?;
+    if let std::borrow::Cow::Owned(redacted) = td_base::secrets::redact_json(&line)
+        && let Ok(mut again) = serde_json::from_str::<Value>(&redacted)
+    {
+        return link(&mut again);
+    }
+    Ok((line, chained))
+}
+
+/// The tally of the receipts already in the log at `path` (none when it does not exist),
+/// read a line at a time. Lines that do not parse (a line torn by a crash) are left out:
+/// the chain goes on from the last receipt that was written whole.
+fn tally_of(path: &Path) -> std::io::Result<LogTally> {
+    let mut tally = LogTally::default();
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(tally),
+        Err(e) => return Err(e),
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(tally);
+        }
+        if let Ok(receipt) = serde_json::from_slice::<Receipt>(&line) {
+            tally.add(&receipt);
+        }
+    }
+}
+
+/// What reading a receipt log found.
+#[derive(Debug, Default)]
+pub struct ReceiptRead {
+    /// Receipts in file order.
+    pub receipts: Vec<Receipt>,
+    /// Lines that could not be parsed: (1-based line number, error). A torn last line after
+    /// a crash shows up here rather than failing the whole read.
+    pub bad_lines: Vec<(usize, String)>,
+}
+
+/// Reads every receipt of a log, tolerating (and reporting) unparsable lines.
+pub fn read_log(path: &Path) -> std::io::Result<ReceiptRead> {
+    let file = std::fs::File::open(path)?;
+    let mut out = ReceiptRead::default();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                out.bad_lines.push((i + 1, e.to_string()));
+                continue;
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Receipt>(&line) {
+            Ok(r) => out.receipts.push(r),
+            Err(e) => out.bad_lines.push((i + 1, e.to_string())),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::io::Write;
+
+    #[test]
+    fn canonical_json_ignores_key_order() {
+        let a = json!({"b": 1, "a": {"y": [1, {"d": 2, "c": 3}], "x": null}});
+        let b = json!({"a": {"x": null, "y": [1, {"c": 3, "d": 2}]}, "b": 1});
+        assert_eq!(canonical_json(&a), canonical_json(&b));
+        assert_eq!(
+            canonical_json(&a),
+            r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#
+        );
+        assert_eq!(hash_value(&a), hash_value(&b));
+        assert!(hash_value(&a).starts_with("sha256:"));
+    }
+
+    #[test]
+    fn output_hash_covers_the_error_flag() {
+        assert_ne!(hash_output("x", true), hash_output("x", false));
+    }
+
+    fn receipt(tool: &str) -> Receipt {
+        Receipt {
+            id: "1".into(),
+            call_id: None,
+            exec_id: "e".into(),
+            tool: tool.into(),
+            input: json!({}),
+            input_hash: hash_value(&json!({})),
+            output_hash: hash_output("", false),
+            is_error: false,
+            error_kind: None,
+            output_bytes: 0,
+            output_capped: false,
+            latency_ms: 0,
+            side_effects: vec![SideEffect::CommandRun {
+                command: "true".into(),
+                exit_code: Some(0),
+                timed_out: false,
+            }],
+            time: "t".into(),
+            commit: None,
+            schema_valid: Some(true),
+            seq: None,
+            chain: None,
+        }
+    }
+
+    #[test]
+    fn log_round_trips_and_tolerates_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/receipts.jsonl");
+        let log = ReceiptLog::open(&path).unwrap();
+        log.append(&receipt("a")).unwrap();
+        log.append(&receipt("b")).unwrap();
+        drop(log);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"{\"id\": \"torn").unwrap();
+        let read = read_log(&path).unwrap();
+        assert_eq!(read.receipts.len(), 2);
+        assert_eq!(read.receipts[1].tool, "b");
+        assert_eq!(read.bad_lines.len(), 1);
+        assert_eq!(read.bad_lines[0].0, 3);
+    }
+}

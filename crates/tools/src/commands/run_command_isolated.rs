@@ -1,0 +1,118 @@
+//! `run_command_isolated`: `run_command` without network — the command runs in a fresh
+//! network namespace whose only interface is a loopback that is down.
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::commands::run_command::{command_schema, execute_command};
+use td_toolkit::context::ToolContext;
+use td_toolkit::error::ToolResult;
+use td_toolkit::tool::{Tool, ToolOutput};
+
+/// The tool's name.
+pub const NAME: &str = "run_command_isolated";
+
+/// The `run_command_isolated` tool.
+pub struct RunCommandIsolated;
+
+#[async_trait]
+impl Tool for RunCommandIsolated {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn description(&self) -> &'static str {
+        "Run a shell command (`sh -c`) in the worktree with NO network access (not even \
+         localhost): for builds, tests and scripts that must not download or call anything. \
+         Otherwise like run_command: empty stdin, everything the command starts is killed \
+         when it ends or times out, and the result starts with the exit code, then stdout and \
+         stderr (long output keeps its beginning and end). Fails with a clear error where the \
+         machine cannot isolate the network; use run_command then if network is acceptable."
+    }
+
+    fn input_schema(&self) -> Value {
+        command_schema(NAME)
+    }
+
+    fn enforces_own_timeout(&self) -> bool {
+        true
+    }
+
+    async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+        execute_command(NAME, input, ctx, true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn own_netns() -> String {
+        std::fs::read_link("/proc/self/ns/net")
+            .unwrap()
+            .display()
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn has_no_network_or_says_clearly_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let result = RunCommandIsolated
+            .execute(
+                json!({"command": "readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1"}),
+                &ctx,
+            )
+            .await;
+        match result {
+            Ok(out) => {
+                eprintln!("branch: network isolation available");
+                assert!(!out.is_error, "{}", out.content);
+                let ns = own_netns();
+                assert!(
+                    !out.content.contains(&ns),
+                    "same namespace: {}",
+                    out.content
+                );
+                let lines: Vec<&str> = out.content.lines().collect();
+                assert_eq!(lines[0], "exit code: 0");
+                assert_eq!(lines[1], "--- stdout ---");
+                assert!(lines[2].starts_with("net:["), "{}", out.content);
+                assert_eq!(
+                    lines[3..].iter().map(|l| l.trim()).collect::<Vec<_>>(),
+                    ["lo"]
+                );
+            }
+            Err(e) => {
+                eprintln!("branch: network isolation unavailable: {e}");
+                assert_eq!(e.kind(), "unavailable");
+                let text = e.to_string();
+                assert!(text.starts_with("network isolation is not available on this machine: "));
+                assert!(text.ends_with("use run_command if network access is acceptable"));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn shares_run_command_arguments_and_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let err = RunCommandIsolated
+            .execute(json!({"command": "true", "cwd": "/"}), &ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "sandbox_violation");
+        let err = RunCommandIsolated
+            .execute(json!({"command": "true", "timeout_ms": 120_001}), &ctx)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("maximum of 120000 ms"), "{err}");
+        assert_eq!(
+            RunCommandIsolated.input_schema()["properties"]["timeout_ms"]["description"],
+            crate::commands::run_command::timeout_property(NAME)["description"]
+        );
+        assert!(RunCommandIsolated.enforces_own_timeout());
+        assert_eq!(ctx.spec(NAME).lane, td_toolkit::catalog::Lane::NoNet);
+    }
+}
