@@ -11,6 +11,7 @@ use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::fronts::policy::SessionPolicy;
 use taskdaemon::fronts::receipt_session::ReceiptSession;
 use td_base::secrets::{self, RedactingWriter};
+use td_toolkit::call_path::{CallPath, InCallerTask};
 use td_toolkit::catalog::{Catalog, default_tool_set};
 use td_toolkit::context::{LoopCommands, ToolContext};
 use td_toolkit::registry::ToolSet;
@@ -206,7 +207,7 @@ struct Session {
 impl SessionArgs {
     fn open(&self) -> Result<Session, String> {
         let tools = match &self.tools {
-            Some(names) => td_tools::tool_set(names)?,
+            Some(names) => td_tools::tool_set(names).map_err(|e| e.to_string())?,
             None => td_tools::all_tools(),
         };
         let mut policy = SessionPolicy::load(self.config.as_deref())?;
@@ -244,16 +245,6 @@ impl SessionArgs {
             tools,
             receipts,
         })
-    }
-}
-
-impl Session {
-    /// Ends the session: its session receipt is written.
-    fn close(&self) -> Result<(), String> {
-        match &self.receipts {
-            Some(r) => r.close(),
-            None => Ok(()),
-        }
     }
 }
 
@@ -386,7 +377,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                 },
         } => {
             let set = match (tools, loop_type) {
-                (Some(names), _) => td_tools::tool_set(&names)?,
+                (Some(names), _) => td_tools::tool_set(&names).map_err(|e| e.to_string())?,
                 (None, Some(t)) => {
                     let names = default_tool_set(&t).ok_or_else(|| {
                         format!(
@@ -394,7 +385,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                             td_toolkit::catalog::BUILTIN_LOOP_TYPES.join(", ")
                         )
                     })?;
-                    td_tools::tool_set(&names)?
+                    td_tools::tool_set(&names).map_err(|e| e.to_string())?
                 }
                 (None, None) => td_tools::all_tools(),
             };
@@ -407,23 +398,27 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         Command::Tool {
             command: ToolCommand::Exec(args),
         } => {
-            let session = args.open()?;
+            let Session {
+                ctx,
+                tools,
+                receipts,
+            } = args.open()?;
             let stdin = tokio::io::BufReader::with_capacity(
                 taskdaemon::fronts::lines::READ_BUFFER_BYTES,
                 tokio::io::stdin(),
             );
             let stdout = tokio::io::stdout();
-            let served = taskdaemon::fronts::exec::serve(
-                stdin,
-                stdout,
-                &session.ctx,
-                &session.tools,
-                session.receipts.as_ref().map(|r| r.log().as_ref()),
-            )
-            .await
-            .map_err(|e| format!("exec stream failed: {e}"));
+            let calls = CallPath::new(
+                Arc::new(ctx),
+                Arc::new(tools),
+                Arc::new(InCallerTask),
+                receipts.as_ref().map(|r| r.log().clone()),
+            );
+            let served = taskdaemon::fronts::exec::serve(stdin, stdout, &calls)
+                .await
+                .map_err(|e| format!("exec stream failed: {e}"));
             // The session ended either way: what its log holds is sealed.
-            let closed = session.close();
+            let closed = receipts.as_ref().map_or(Ok(()), |r| r.close());
             end_session(served?, closed)
         }
         Command::Run(args) => run_command(args).await,

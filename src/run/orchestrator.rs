@@ -314,7 +314,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         },
         events.clone(),
     )
-    .await?;
+    .await
+    .map_err(|e| e.to_string())?;
 
     let names: Vec<String> = loops.iter().map(|l| l.name.clone()).collect();
     // A resumed run keeps the loops that ran to their end (completed, failed, or blocked by
@@ -407,7 +408,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                         s.status = LoopStatus::Running;
                     });
                     places.insert(def.name.clone(), place);
-                    rt.spawn_loop(spec).await?;
+                    rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
                     status.insert(def.name.clone(), LoopStatus::Running);
                     free -= 1;
                 }
@@ -695,8 +696,8 @@ async fn start_loop(
             test: loop_type.test.clone(),
             validate: validation,
         });
-    let tools = td_tools::tool_set(&loop_type.tools)?;
-    let validation_tools = td_tools::tool_set(&["validate"])?;
+    let tools = td_tools::tool_set(&loop_type.tools).map_err(|e| e.to_string())?;
+    let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
     let spec = LoopSpec {

@@ -23,7 +23,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::messages::LoopMsg;
-use td_engine::{Answerer, Inbox};
+use td_engine::{AnswerError, Answerer, Inbox};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
 use td_toolkit::coordination::{Coordination, Delivery, LoopInfo};
@@ -494,7 +494,7 @@ impl RoutedQuery {
         let outcome = {
             let mut answering = std::pin::pin!(answerer.answer(&record.from, &question));
             let target = &record.target;
-            let answered = |r: Result<String, String>| {
+            let answered = |r: Result<String, AnswerError>| {
                 r.map_err(|why| format!("loop '{target}' could not answer: {why}"))
             };
             // An answer that needs no waiting (a local or scripted model) is taken without

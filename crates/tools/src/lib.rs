@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use td_toolkit::registry::{ToolBox, ToolSet};
+use td_toolkit::registry::{RegistryError, ToolBox, ToolSet};
 use td_toolkit::tool::Tool;
 
 pub mod artifacts;
@@ -53,7 +53,7 @@ pub fn builtin() -> &'static ToolBox {
 
 /// The built-in tools named in `names`, in that order; an unknown or repeated name is an
 /// error naming the closest valid tool.
-pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, String> {
+pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, RegistryError> {
     builtin().set(names)
 }
 
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn builtin_sets_share_compiled_tools_and_suggest_names() {
-        let err = tool_set(&["read_file", "grpe"]).unwrap_err();
+        let err = tool_set(&["read_file", "grpe"]).unwrap_err().to_string();
         assert!(err.contains("did you mean 'grep'"), "{err}");
         let a = tool_set(&["grep", "read_file"]).unwrap();
         let b = tool_set(&["grep", "read_file"]).unwrap();

@@ -113,6 +113,9 @@ mod tests {
             crate::commands::run_command::timeout_property(NAME)["description"]
         );
         assert!(RunCommandIsolated.enforces_own_timeout());
-        assert_eq!(ctx.spec(NAME).lane, td_toolkit::catalog::Lane::NoNet);
+        assert_eq!(
+            ctx.spec(NAME).lane,
+            td_toolkit::catalog::Route::Lane(td_toolkit::catalog::Lane::NoNet)
+        );
     }
 }
