@@ -141,3 +141,225 @@ impl TurnRules for AnswerRules {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::transcript::{MemoryTranscripts, TranscriptEntry};
+    use td_llm::{Block, LlmResponse, StopReason, ToolCall};
+    use td_toolkit::call_path::InCallerTask;
+    use td_toolkit::context::ToolContext;
+    use td_toolkit::error::ToolResult;
+    use td_toolkit::receipts::{Receipt, ReceiptLog};
+    use td_toolkit::registry::ToolSet;
+    use td_toolkit::tool::{Tool, ToolOutput};
+
+    /// A test tool under a catalog name; `read_only` says whether answers may use it.
+    struct Probe(&'static str, bool);
+
+    #[async_trait]
+    impl Tool for Probe {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn description(&self) -> &'static str {
+            "test tool"
+        }
+        fn input_schema(&self) -> Value {
+            json!({"type": "object"})
+        }
+        fn read_only(&self) -> bool {
+            self.1
+        }
+        async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
+            Ok(ToolOutput::text(format!("{} ran", self.0)))
+        }
+    }
+
+    /// Calls every tool named in `calls` in its first response, then answers with the
+    /// results it got; keeps the tool lists it was offered.
+    struct CallThenAnswer {
+        calls: Vec<&'static str>,
+        offered: Mutex<Vec<Vec<String>>>,
+    }
+
+    #[async_trait]
+    impl LlmClient for CallThenAnswer {
+        async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            self.offered
+                .lock()
+                .unwrap()
+                .push(request.tools.iter().map(|d| d.name.clone()).collect());
+            let results: Vec<String> = request
+                .messages
+                .iter()
+                .flat_map(|m| &m.content)
+                .filter_map(|b| match b {
+                    Block::ToolResult {
+                        content, is_error, ..
+                    } => Some(format!("{content} (error: {is_error})")),
+                    _ => None,
+                })
+                .collect();
+            let tool_calls = if results.is_empty() {
+                self.calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| ToolCall {
+                        id: format!("c{i}"),
+                        name: name.to_string(),
+                        input: json!({}),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Ok(LlmResponse {
+                text: (!results.is_empty()).then(|| results.join("; ")),
+                tool_calls,
+                stop_reason: StopReason::EndTurn,
+                usage: Default::default(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_use_read_only_lane_tools_only_and_keep_their_receipts() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "b").unwrap();
+        let tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(Probe("read_file", true)),
+            Arc::new(Probe("write_file", false)),
+            // Read-only, but it waits on other loops: an answer never does.
+            Arc::new(Probe("list_loops", true)),
+        ];
+        let log = dir.path().join("receipts.jsonl");
+        let calls = Arc::new(CallPath::new(
+            Arc::new(ctx),
+            Arc::new(ToolSet::from_tools(tools).unwrap()),
+            Arc::new(InCallerTask),
+            Some(Arc::new(ReceiptLog::open(&log).unwrap())),
+        ));
+        let llm = Arc::new(CallThenAnswer {
+            calls: vec!["read_file", "write_file", "list_loops"],
+            offered: Mutex::new(Vec::new()),
+        });
+        let transcripts = Arc::new(MemoryTranscripts::new());
+        let config = EngineConfig {
+            name: "b".into(),
+            loop_type: "ralph".into(),
+            task: "t".into(),
+            max_iterations: 1,
+            max_turns: 1,
+            iteration_timeout: None,
+            success_code: 0,
+            system_template: String::new(),
+            iteration_template: String::new(),
+            peers: Vec::new(),
+            first_iteration: 1,
+        };
+        let answerer = Answerer::new(
+            &config,
+            calls,
+            llm.clone(),
+            Arc::new(Progress::default()),
+            transcripts.clone(),
+        );
+        let answer = answerer.answer("a", "what is there?").await.unwrap();
+        let refused = "only read-only tools are (error: true)";
+        assert_eq!(
+            answer,
+            format!(
+                "read_file ran (error: false); \
+                 'write_file' is not available while answering a question: {refused}; \
+                 'list_loops' is not available while answering a question: {refused}"
+            )
+        );
+        assert_eq!(*llm.offered.lock().unwrap(), vec![vec!["read_file"]; 2]);
+        // Only the call that ran has a receipt, in the answering loop's log.
+        let receipts: Vec<Receipt> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(receipts.len(), 1, "{receipts:?}");
+        assert_eq!(receipts[0].tool, "read_file");
+        assert_eq!(receipts[0].call_id.as_deref(), Some("c0"));
+        // Its results are in the loop's transcript, as an answer's (iteration 0).
+        let results: Vec<(u32, String)> = transcripts
+            .of("b")
+            .into_iter()
+            .filter_map(|e| match e {
+                TranscriptEntry::ToolResult {
+                    iteration, name, ..
+                } => Some((iteration, name)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            results,
+            [
+                (0, "read_file".to_string()),
+                (0, "write_file".to_string()),
+                (0, "list_loops".to_string())
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_keeps_calling_tools_gives_up() {
+        struct Forever;
+        #[async_trait]
+        impl LlmClient for Forever {
+            async fn complete(&self, _: &LlmRequest) -> Result<LlmResponse, LlmError> {
+                Ok(LlmResponse {
+                    text: None,
+                    tool_calls: vec![ToolCall {
+                        id: "x".into(),
+                        name: "read_file".into(),
+                        input: json!({}),
+                    }],
+                    stop_reason: StopReason::ToolUse,
+                    usage: Default::default(),
+                })
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "b").unwrap();
+        let tools: Vec<Arc<dyn Tool>> = vec![Arc::new(Probe("read_file", true))];
+        let calls = Arc::new(CallPath::new(
+            Arc::new(ctx),
+            Arc::new(ToolSet::from_tools(tools).unwrap()),
+            Arc::new(InCallerTask),
+            None,
+        ));
+        let config = EngineConfig {
+            name: "b".into(),
+            loop_type: "ralph".into(),
+            task: "t".into(),
+            max_iterations: 1,
+            max_turns: 1,
+            iteration_timeout: None,
+            success_code: 0,
+            system_template: String::new(),
+            iteration_template: String::new(),
+            peers: Vec::new(),
+            first_iteration: 1,
+        };
+        let answerer = Answerer::new(
+            &config,
+            calls,
+            Arc::new(Forever),
+            Arc::new(Progress::default()),
+            Arc::new(crate::transcript::NoTranscript),
+        );
+        let err = answerer.answer("a", "q").await.unwrap_err();
+        assert!(matches!(err, AnswerError::TooManyTurns), "{err:?}");
+        assert_eq!(err.to_string(), "no answer after 4 model turns of tool use");
+    }
+}
