@@ -143,10 +143,11 @@ impl Turns<'_> {
                     response: response.clone(),
                 },
             );
-            request.messages.push(assistant_message(&response));
             if response.tool_calls.is_empty() {
+                // The conversation ends here: nothing will send the reply back.
                 return TurnsEnd::EndTurn(response.text);
             }
+            request.messages.push(assistant_message(&response));
             let (results, stopped, unrecorded) = self.run_calls(turn, &response, rules).await;
             request.messages.push(Message {
                 role: Role::User,

@@ -217,10 +217,15 @@ impl CoordState {
         }
         let limits = self.limits;
         let now = Instant::now();
-        let bucket = self.buckets.entry(from.to_string()).or_insert(Bucket {
+        let fresh = || Bucket {
             tokens: f64::from(limits.burst),
             last: now,
-        });
+        };
+        // Looked up before it is added: a sender's name is copied once, not per message.
+        let bucket = match self.buckets.get_mut(from) {
+            Some(bucket) => bucket,
+            None => self.buckets.entry(from.to_string()).or_insert_with(fresh),
+        };
         let refill = now.duration_since(bucket.last).as_secs_f64() * limits.per_second;
         bucket.tokens = (bucket.tokens + refill).min(f64::from(limits.burst));
         bucket.last = now;

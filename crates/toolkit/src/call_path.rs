@@ -15,7 +15,6 @@
 //!   written is reported with the outcome ([`Called::saved`]); what that means (a loop stops,
 //!   a session closes) is the caller's to decide, since the call already ran.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -90,8 +89,9 @@ pub struct Called {
 pub struct CallPath {
     ctx: Arc<ToolContext>,
     tools: Arc<ToolSet>,
-    /// The route of every tool of the set, decided once (names are the tools' own).
-    routes: HashMap<&'static str, Route>,
+    /// The route of every tool of the set, decided once (names are the tools' own). A
+    /// set has a few dozen tools at most: a scan finds one faster than hashing its name.
+    routes: Vec<(&'static str, Route)>,
     runner: Arc<dyn LaneRunner>,
     receipts: Option<Arc<ReceiptLog>>,
 }
@@ -147,7 +147,10 @@ impl CallPath {
 
     /// Where calls of `name` go; `None` when the set has no such tool.
     pub fn route(&self, name: &str) -> Option<Route> {
-        self.routes.get(name).copied()
+        self.routes
+            .iter()
+            .find(|(tool, _)| *tool == name)
+            .map(|&(_, route)| route)
     }
 
     /// Whether calls of `name` may run beside other such calls of one model response: a

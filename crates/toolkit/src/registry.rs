@@ -414,8 +414,13 @@ impl ToolSet {
         }
         let output_hash = hash_output(&full, is_error);
         let output_bytes = full.len();
-        let content = head_tail(&full, spec.max_output_bytes);
-        let output_capped = content.len() != full.len();
+        // Most outputs fit: they are handed on as they are, not copied.
+        let content = if output_bytes <= spec.max_output_bytes {
+            full
+        } else {
+            head_tail(&full, spec.max_output_bytes)
+        };
+        let output_capped = content.len() != output_bytes;
         let receipt = Receipt {
             id: uuid::Uuid::now_v7().to_string(),
             call_id: call_id.map(str::to_string),
