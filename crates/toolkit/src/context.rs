@@ -358,24 +358,15 @@ impl ToolContext {
         *lock(&self.commit_cache) = None;
     }
 
-    /// The worktree's HEAD commit, cached until `invalidate_commit`; `None` outside git.
+    /// The worktree's HEAD commit, cached until `invalidate_commit`; `None` outside git or
+    /// before the first commit. Read from the repository's files; where they cannot answer,
+    /// the daemon's own git is asked, off the async workers (see `td_git::head`).
     pub fn worktree_commit(&self) -> Option<String> {
         let mut cache = lock(&self.commit_cache);
         if let Some(c) = cache.as_ref() {
             return c.clone();
         }
-        let out = std::process::Command::new("git")
-            .args(td_git::daemon_git::NO_HOOKS)
-            .args(["rev-parse", "--verify", "-q", "HEAD"])
-            .current_dir(&self.root)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok();
-        let commit = out
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .filter(|s| !s.is_empty());
+        let commit = td_git::head::head_commit(&self.root);
         *cache = Some(commit.clone());
         commit
     }
