@@ -239,7 +239,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             let copy = if restored.is_some() && copy.join(".git").exists() {
                 copy
             } else {
-                td_git::fresh_copy::fresh_copy(&source, &copy).await?
+                td_git::fresh_copy::fresh_copy(&source, &copy)
+                    .await
+                    .map_err(|e| e.to_string())?
             };
             Repo::open(&copy).await.map_err(|e| e.to_string())?
         }
@@ -698,8 +700,8 @@ async fn start_loop(
             test: loop_type.test.clone(),
             validate: validation,
         });
-    let tools = td_tools::tool_set(&loop_type.tools)?;
-    let validation_tools = td_tools::tool_set(&["validate"])?;
+    let tools = td_tools::tool_set(&loop_type.tools).map_err(|e| e.to_string())?;
+    let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
     let spec = LoopSpec {
