@@ -206,7 +206,7 @@ struct Session {
 impl SessionArgs {
     fn open(&self) -> Result<Session, String> {
         let tools = match &self.tools {
-            Some(names) => td_tools::tool_set(names)?,
+            Some(names) => td_tools::tool_set(names).map_err(|e| e.to_string())?,
             None => td_tools::all_tools(),
         };
         let mut policy = SessionPolicy::load(self.config.as_deref())?;
@@ -386,7 +386,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                 },
         } => {
             let set = match (tools, loop_type) {
-                (Some(names), _) => td_tools::tool_set(&names)?,
+                (Some(names), _) => td_tools::tool_set(&names).map_err(|e| e.to_string())?,
                 (None, Some(t)) => {
                     let names = default_tool_set(&t).ok_or_else(|| {
                         format!(
@@ -394,7 +394,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                             td_toolkit::catalog::BUILTIN_LOOP_TYPES.join(", ")
                         )
                     })?;
-                    td_tools::tool_set(&names)?
+                    td_tools::tool_set(&names).map_err(|e| e.to_string())?
                 }
                 (None, None) => td_tools::all_tools(),
             };

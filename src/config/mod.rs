@@ -254,7 +254,9 @@ impl Config {
     /// The default catalog with this file's overrides applied.
     pub fn catalog(&self) -> Result<Catalog, String> {
         let mut catalog = Catalog::default();
-        catalog.apply_overrides(&self.catalog)?;
+        catalog
+            .apply_overrides(&self.catalog)
+            .map_err(|e| e.to_string())?;
         Ok(catalog)
     }
 

@@ -139,11 +139,11 @@ impl Inbox {
 
 /// Notes carried from one iteration to the next (and shown to query answerers).
 #[derive(Debug, Default)]
-pub struct Progress {
+pub struct ProgressNotes {
     notes: Mutex<Vec<String>>,
 }
 
-impl Progress {
+impl ProgressNotes {
     /// Adds a note.
     pub fn push(&self, note: String) {
         lock(&self.notes).push(note);
@@ -206,7 +206,7 @@ pub struct Engine {
     /// Waiting shares and alerts.
     pub inbox: Arc<Inbox>,
     /// Notes across iterations.
-    pub progress: Arc<Progress>,
+    pub progress: Arc<ProgressNotes>,
     /// The run's events.
     pub events: Arc<EventLog>,
     /// The loop's transcript.
@@ -812,7 +812,7 @@ pub struct Answerer {
     ctx: Arc<ToolContext>,
     tools: Arc<ToolSet>,
     llm: Arc<dyn LlmClient>,
-    progress: Arc<Progress>,
+    progress: Arc<ProgressNotes>,
     transcript: Arc<dyn TranscriptSink>,
     /// The read-only, non-coordination tools of the loop (all an answer may use); looked up
     /// at the first question (loops of one type share them).
@@ -827,7 +827,7 @@ impl Answerer {
         ctx: Arc<ToolContext>,
         tools: Arc<ToolSet>,
         llm: Arc<dyn LlmClient>,
-        progress: Arc<Progress>,
+        progress: Arc<ProgressNotes>,
         transcript: Arc<dyn TranscriptSink>,
     ) -> Self {
         Self {

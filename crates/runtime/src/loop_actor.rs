@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::coordinator::{CoordMsg, SYSTEM_SENDER};
 use crate::messages::LoopMsg;
 use td_engine::transcript::TranscriptSink;
-use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, Progress, ToolRunner};
+use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes, ToolRunner};
 use td_llm::LlmClient;
 use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::context::ToolContext;
@@ -75,7 +75,7 @@ impl Drop for AbortOnDrop {
 pub struct LoopState {
     spec: LoopSpec,
     inbox: Arc<Inbox>,
-    progress: Arc<Progress>,
+    progress: Arc<ProgressNotes>,
     stop: watch::Sender<bool>,
     engine: Option<AbortOnDrop>,
     end: Option<LoopEnd>,
@@ -99,7 +99,7 @@ impl Actor for LoopActor {
         for item in &spec.initial_inbox {
             inbox.push(Arc::new(item.clone()));
         }
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(ProgressNotes::default());
         for note in &spec.initial_progress {
             progress.push(note.clone());
         }

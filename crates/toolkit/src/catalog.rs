@@ -6,6 +6,28 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Why catalog overrides were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    /// An override names a tool the catalog does not know (a typo would otherwise be
+    /// silently ignored).
+    #[error("catalog override for unknown tool '{name}'; known tools: {}", known.join(", "))]
+    UnknownTool {
+        /// The name in the override.
+        name: String,
+        /// Every tool the catalog knows, sorted.
+        known: Vec<String>,
+    },
+    /// A limit set to zero, which no call could meet.
+    #[error("catalog override for '{tool}': {field} must be > 0")]
+    Zero {
+        /// The tool.
+        tool: String,
+        /// The field (`timeout-ms`, `max-output-bytes`).
+        field: &'static str,
+    },
+}
+
 /// Where a tool call executes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "kebab-case")]
@@ -128,31 +150,30 @@ impl Catalog {
     pub fn apply_overrides(
         &mut self,
         overrides: &BTreeMap<String, ToolSpecOverride>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CatalogError> {
+        let zero = |tool: &str, field| CatalogError::Zero {
+            tool: tool.to_string(),
+            field,
+        };
         for (name, o) in overrides {
             let Some(spec) = self.specs.get_mut(name) else {
-                let known: Vec<&str> = self.specs.keys().map(String::as_str).collect();
-                return Err(format!(
-                    "catalog override for unknown tool '{name}'; known tools: {}",
-                    known.join(", ")
-                ));
+                return Err(CatalogError::UnknownTool {
+                    name: name.clone(),
+                    known: self.specs.keys().cloned().collect(),
+                });
             };
             if let Some(lane) = o.lane {
                 spec.lane = lane;
             }
             if let Some(t) = o.timeout_ms {
                 if t == 0 {
-                    return Err(format!(
-                        "catalog override for '{name}': timeout-ms must be > 0"
-                    ));
+                    return Err(zero(name, "timeout-ms"));
                 }
                 spec.timeout_ms = t;
             }
             if let Some(b) = o.max_output_bytes {
                 if b == 0 {
-                    return Err(format!(
-                        "catalog override for '{name}': max-output-bytes must be > 0"
-                    ));
+                    return Err(zero(name, "max-output-bytes"));
                 }
                 spec.max_output_bytes = b;
             }
@@ -286,7 +307,12 @@ mod tests {
         );
         let mut bad = BTreeMap::new();
         bad.insert("grpe".to_string(), ToolSpecOverride::default());
-        assert!(c.apply_overrides(&bad).unwrap_err().contains("grpe"));
+        let err = c.apply_overrides(&bad).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("catalog override for unknown tool 'grpe'; known tools: bro"),
+            "{err}"
+        );
         let mut zero = BTreeMap::new();
         zero.insert(
             "grep".to_string(),
@@ -295,7 +321,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert!(c.apply_overrides(&zero).is_err());
+        assert_eq!(
+            c.apply_overrides(&zero).unwrap_err().to_string(),
+            "catalog override for 'grep': timeout-ms must be > 0"
+        );
     }
 
     #[test]

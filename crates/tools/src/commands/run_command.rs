@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use td_confine::process::{RunError, RunOptions, RunOutput, StreamCapture};
+use td_confine::process::{CommandOptions, RunError, RunOutput, StreamCapture};
 use td_confine::{CommandPolicy, ConfineError};
 use td_toolkit::args;
 use td_toolkit::context::ToolContext;
@@ -275,7 +275,7 @@ pub(crate) async fn run_in_worktree(
             message: other.to_string(),
         },
     })?;
-    let options = RunOptions::new(command, cwd)
+    let options = CommandOptions::new(command, cwd)
         .timeout(Duration::from_millis(timeout_ms))
         .max_bytes_per_stream(stream_cap(ctx.spec(tool).max_output_bytes))
         .confined(prepared);
