@@ -40,19 +40,17 @@ pub async fn fresh_copy(src: &Path, dest: &Path) -> Result<PathBuf, FreshCopyErr
         source,
     })?;
     let _ = std::fs::remove_dir_all(dest.join(".git"));
+    // The daemon's own git (no hooks, no fsmonitor, GIT_DIR and the like scrubbed: with
+    // GIT_DIR set, `git init` here would act on another repository).
     let git = |args: &[&str]| {
-        let mut c = tokio::process::Command::new("git");
+        let mut c = tokio::process::Command::from(crate::daemon_git::command(dest));
         c.args([
             "-c",
             "user.name=TaskDaemon",
             "-c",
             "user.email=taskdaemon@localhost",
         ])
-        // A global `core.hooksPath` would otherwise run hooks on the copy's first commit.
-        .args(crate::daemon_git::NO_HOOKS)
-        .args(args)
-        .current_dir(dest)
-        .stdin(std::process::Stdio::null());
+        .args(args);
         c
     };
     for args in [
