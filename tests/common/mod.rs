@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 pub mod attack;
+pub mod python_sdk;
 pub mod tool_exec;
 
 /// Runs git in `dir` with a fixed identity and no system config; panics with git's stderr
