@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::commands::run_command::{command_schema, execute_command};
+use crate::commands::launch::{command_schema, execute_command};
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::ToolResult;
 use td_toolkit::tool::{Tool, ToolOutput};
@@ -110,7 +110,7 @@ mod tests {
         assert!(err.to_string().contains("maximum of 120000 ms"), "{err}");
         assert_eq!(
             RunCommandIsolated.input_schema()["properties"]["timeout_ms"]["description"],
-            crate::commands::run_command::timeout_property(NAME)["description"]
+            crate::commands::launch::timeout_property(NAME)["description"]
         );
         assert!(RunCommandIsolated.enforces_own_timeout());
         assert_eq!(ctx.spec(NAME).lane, td_toolkit::catalog::Lane::NoNet);
