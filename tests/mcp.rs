@@ -127,17 +127,14 @@ fn run_raw(
     extra_args: &[&str],
     input: &str,
 ) -> (std::process::ExitStatus, String, String) {
-    let mut child = Command::new(BIN)
-        .args(["mcp", "--worktree"])
-        .arg(worktree)
-        .args(extra_args)
-        // Debug logging makes rmcp log every message, so stdout staying pure is a real check.
-        .env("TASKDAEMON_LOG", "debug")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_piped(
+        Command::new(BIN)
+            .args(["mcp", "--worktree"])
+            .arg(worktree)
+            .args(extra_args)
+            // Debug logging makes rmcp log every message, so stdout staying pure is a real check.
+            .env("TASKDAEMON_LOG", "debug"),
+    );
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input.as_bytes()).unwrap();
     drop(stdin);
