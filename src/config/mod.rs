@@ -169,7 +169,7 @@ impl Config {
         if let Some(llm) = &self.llm
             && let Err(e) = llm.validate()
         {
-            problems.push(Problem::new("llm", e));
+            problems.push(Problem::new("llm", e.to_string()));
         }
         if let Err(e) = self.lanes.validate() {
             problems.push(Problem::new("lanes", format!("lanes: {e}")));

@@ -247,7 +247,7 @@ fn find_session(
 /// Checks `options.log`, then replays its trusted calls on a copy of `options.worktree`.
 pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
     let log = &options.log;
-    let read = read_entries(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+    let read = read_entries(log).map_err(|e| e.to_string())?;
     let (key, key_problem) = match find_key(options)? {
         Ok(key) => (Some(key), None),
         Err(why) => (None, Some(why)),

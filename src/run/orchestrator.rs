@@ -161,7 +161,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             options.config.display()
         )
     })?;
-    let llm = td_llm::config::build_client(&llm_config, &base_dir, in_flight)?;
+    let llm = td_llm::config::build_client(&llm_config, &base_dir, in_flight)
+        .map_err(|e| e.to_string())?;
     let catalog = Arc::new(config.catalog()?);
     let sandbox = Arc::new(config.sandbox_settings(&base_dir));
     let sandbox_report =
