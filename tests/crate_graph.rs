@@ -29,6 +29,7 @@ const NORMAL_EDGES: &[(&str, &str)] = &[
     ("td-engine", "td-toolkit"),
     ("td-git", "td-base"),
     ("td-llm", "td-base"),
+    ("td-llm", "td-http"),
     ("td-llm", "td-protocol"),
     ("td-protocol", "td-base"),
     ("td-protocol", "td-confine"),
@@ -43,12 +44,17 @@ const NORMAL_EDGES: &[(&str, &str)] = &[
     ("td-toolkit", "td-protocol"),
     ("td-tools", "td-base"),
     ("td-tools", "td-confine"),
+    ("td-tools", "td-http"),
     ("td-tools", "td-toolkit"),
 ];
 
 /// Every dev-dependency between two crates of the workspace (used only by tests, benches and
-/// examples): none, so a lower layer's tests never build an upper layer.
-const DEV_EDGES: &[(&str, &str)] = &[];
+/// examples). Each points down the layers as the normal ones do, so a lower layer's tests
+/// never build an upper layer.
+const DEV_EDGES: &[(&str, &str)] = &[
+    // The same crate as the normal dependency, with its canned-answer `test-server` feature.
+    ("td-tools", "td-http"),
+];
 
 /// Crates (of the workspace or not) that a crate must not depend on, directly or through
 /// any other crate, by its normal or build dependencies: `(crate, forbidden, why)`.
