@@ -34,7 +34,7 @@ use ignore::{DirEntry, Walk, WalkState};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::files::read_file::open_for_reading;
+use crate::files::access::open_for_reading;
 use crate::search::walk;
 use crate::search::walk::WalkIgnores;
 use td_base::sync::lock;
