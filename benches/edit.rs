@@ -159,7 +159,7 @@ fn main() {
     };
     // A loop that has not read the file yet: one new context per call, made beforehand.
     // A loop's context has long looked up its worktree's commit (the receipts' `commit`,
-    // cached from its first call on), so that `git rev-parse` is done here, untimed.
+    // cached from its first call on), so that lookup is done here, untimed.
     let unread_context = || {
         let ctx = ToolContext::new(dir.path(), "bench-first").expect("context");
         ctx.worktree_commit();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::Report;
 use common::actors::{Dist, print_machine};
-use td_confine::process::{RunOptions, run};
+use td_confine::process::{CommandOptions, run};
 use td_confine::{CommandPolicy, SandboxSettings, prepare};
 
 const WARMUP: usize = 20;
@@ -76,7 +76,7 @@ async fn main() {
                 };
                 assert_eq!(prepared.plan.pins.len(), expected, "{metric}");
             }
-            let out = run(RunOptions::new("true", worktree.path())
+            let out = run(CommandOptions::new("true", worktree.path())
                 .timeout(Duration::from_secs(10))
                 .confined(prepared))
             .await
@@ -86,7 +86,7 @@ async fn main() {
 
             let t = Instant::now();
             let out =
-                run(RunOptions::new("true", worktree.path()).timeout(Duration::from_secs(10)))
+                run(CommandOptions::new("true", worktree.path()).timeout(Duration::from_secs(10)))
                     .await
                     .expect("plain run");
             let d_base = t.elapsed();

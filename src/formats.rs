@@ -30,19 +30,9 @@ pub fn render(defs: &[ToolDefinition], format: DefinitionFormat, catalog: &Catal
 
 fn render_one(d: &ToolDefinition, format: DefinitionFormat, catalog: &Catalog) -> Value {
     match format {
-        DefinitionFormat::Anthropic => json!({
-            "name": d.name,
-            "description": d.description,
-            "input_schema": d.input_schema,
-        }),
-        DefinitionFormat::Openai => json!({
-            "type": "function",
-            "function": {
-                "name": d.name,
-                "description": d.description,
-                "parameters": d.input_schema,
-            }
-        }),
+        // The providers' shapes are td-llm's: what is printed is what a request sends.
+        DefinitionFormat::Anthropic => td_llm::anthropic::tool_json(d),
+        DefinitionFormat::Openai => td_llm::openai::tool_json(d),
         DefinitionFormat::Mcp => json!({
             "name": d.name,
             "description": d.description,
@@ -72,6 +62,64 @@ mod tests {
             description: "d".into(),
             input_schema: json!({"type": "object"}),
         }
+    }
+
+    /// What `tools list` prints for a provider is what that provider's requests send.
+    #[test]
+    fn provider_formats_are_what_requests_send() {
+        use std::sync::Arc;
+        use td_llm::http::{ApiKey, HttpSettings};
+        use td_llm::{LlmRequest, Purpose, anthropic, openai};
+
+        let defs = vec![
+            def(),
+            ToolDefinition {
+                name: "other".into(),
+                description: "e".into(),
+                input_schema: json!({"type": "object", "properties": {"x": {"type": "string"}}}),
+            },
+        ];
+        let request = LlmRequest {
+            loop_name: "l".into(),
+            purpose: Purpose::Iteration,
+            system: String::new(),
+            messages: Vec::new(),
+            tools: defs.clone().into(),
+        };
+        let key = ApiKey::new("sk-formats-test", "test").unwrap();
+        let permits = || Arc::new(tokio::sync::Semaphore::new(1));
+        let sent = anthropic::AnthropicClient::new(
+            anthropic::AnthropicSettings {
+                base_url: "http://127.0.0.1:9".into(),
+                model: "m".into(),
+                max_tokens: 1,
+                temperature: None,
+                api_key: key.clone(),
+            },
+            HttpSettings::default(),
+            permits(),
+        )
+        .unwrap()
+        .request_body(&request);
+        let c = Catalog::default();
+        assert_eq!(
+            sent["tools"],
+            render(&defs, DefinitionFormat::Anthropic, &c)
+        );
+        let sent = openai::OpenAiClient::new(
+            openai::OpenAiSettings {
+                base_url: "http://127.0.0.1:9".into(),
+                model: "m".into(),
+                max_tokens: None,
+                temperature: None,
+                api_key: Some(key),
+            },
+            HttpSettings::default(),
+            permits(),
+        )
+        .unwrap()
+        .request_body(&request);
+        assert_eq!(sent["tools"], render(&defs, DefinitionFormat::Openai, &c));
     }
 
     #[test]

@@ -6,93 +6,24 @@
 //! Each test first checks that the machine gives commands every protection (the probe the
 //! launcher uses); where it does not, it says so and checks that the gap is reported.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 mod common;
+use common::tool_exec::Exec;
+use common::{fully_confined, wait_until};
+
+/// How long the tests wait for processes to start or die.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
-}
-
-/// Whether this machine confines commands fully; when not, the tests below have nothing
-/// to attack (the gap is reported by `status` and the run's warning instead).
-fn fully_confined() -> bool {
-    let missing = td_confine::protections().missing();
-    if !missing.is_empty() {
-        eprintln!("branch: this machine lacks protections: {missing:?}");
-    }
-    missing.is_empty()
-}
-
-/// A `tool exec` session on a worktree, with extra environment for the daemon.
-struct Exec {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Exec {
-    fn start(worktree: &Path, extra: &[&str], env: &[(&str, &str)]) -> Exec {
-        let mut command = Command::new(bin());
-        command
-            .args(["tool", "exec", "--worktree"])
-            .arg(worktree)
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Exec {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn call(&mut self, name: &str, input: Value) -> Value {
-        let line = json!({"id": "1", "name": name, "input": input}).to_string();
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
-        serde_json::from_str(&answer).unwrap()
-    }
-
-    /// The content of a command's answer.
-    fn sh(&mut self, tool: &str, command: &str) -> String {
-        let v = self.call(tool, json!({"command": command}));
-        v["content"].as_str().unwrap().to_string()
-    }
-
-    fn finish(mut self) {
-        drop(self.stdin);
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "tool exec exited with {status}");
-    }
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A marker no other test's processes carry (a `sleep` argument that sleeps long).
@@ -129,11 +60,7 @@ fn commands_write_only_in_their_worktree_in_every_lane_and_through_a_makefile() 
     )
     .unwrap();
     let validate = format!("touch {}/from-validate", outside.display());
-    let mut exec = Exec::start(
-        &wt,
-        &["--build-cmd", "make", "--validate-cmd", &validate],
-        &[],
-    );
+    let mut exec = Exec::start_with(&wt, &["--build-cmd", "make", "--validate-cmd", &validate]);
     for tool in ["run_command", "run_command_isolated"] {
         let out = exec.sh(
             tool,
@@ -146,11 +73,11 @@ fn commands_write_only_in_their_worktree_in_every_lane_and_through_a_makefile() 
         assert!(out.contains("refused\nrefused"), "{tool}: {out}");
         assert!(wt.join(format!("in-{tool}")).exists(), "{tool}: {out}");
     }
-    let build = exec.call("build", json!({}));
+    let build = exec.request("build", json!({}));
     assert_eq!(build["is_error"], true, "{build}");
-    let validate = exec.call("validate", json!({}));
+    let validate = exec.request("validate", json!({}));
     assert_eq!(validate["is_error"], true, "{validate}");
-    exec.finish();
+    exec.finish_ok();
     let leaked: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().collect();
     assert!(leaked.is_empty(), "written outside: {leaked:?}");
     assert_eq!(std::fs::read_dir(&sibling).unwrap().count(), 0);
@@ -170,7 +97,7 @@ fn commands_get_no_secrets_and_cannot_read_the_daemons_environment() {
         ("AWS_SECRET_ACCESS_KEY", "aws-confinement-test-0005"),
         ("INNOCENT_LOOKING", "sk-ant-confinement-test-0001"),
     ];
-    let mut exec = Exec::start(wt.path(), &[], &keys);
+    let mut exec = Exec::spawn(Exec::command(wt.path()).envs(keys));
     let daemon = exec.child.id();
     let env = exec.sh("run_command", "env");
     for (name, value) in keys {
@@ -194,7 +121,7 @@ fn commands_get_no_secrets_and_cannot_read_the_daemons_environment() {
             assert!(!out.contains(value), "{tool}: {out}");
         }
     }
-    exec.finish();
+    exec.finish_ok();
 }
 
 #[test]
@@ -235,7 +162,7 @@ for what, family, address in [
 EOF"#,
         path = path.display()
     );
-    let mut exec = Exec::start(wt.path(), &[], &[]);
+    let mut exec = Exec::start(wt.path());
     let daemon = exec.child.id();
     let isolated = exec.sh("run_command_isolated", &probe);
     for what in ["tcp", "unix", "abstract"] {
@@ -256,7 +183,7 @@ EOF"#,
         ),
     );
     assert!(!nsenter.contains("escaped"), "{nsenter}");
-    exec.finish();
+    exec.finish_ok();
 }
 
 #[test]
@@ -265,15 +192,15 @@ fn processes_that_leave_their_group_are_gone_after_exit_and_after_a_timeout() {
         return;
     }
     let wt = tempfile::tempdir().unwrap();
-    let mut exec = Exec::start(wt.path(), &[], &[]);
+    let mut exec = Exec::start(wt.path());
     let normal = marker(1);
     let out = exec.sh("run_command", &escapes(&normal));
     assert!(out.contains("started"), "{out}");
-    wait_until("escapees of a finished command to die", || {
+    wait_until("escapees of a finished command to die", WAIT, || {
         common::pids_with(&normal).is_empty()
     });
     let timed = marker(2);
-    let v = exec.call(
+    let v = exec.request(
         "run_command",
         json!({"command": format!("{}; sleep 60", escapes(&timed)), "timeout_ms": 1500}),
     );
@@ -281,10 +208,10 @@ fn processes_that_leave_their_group_are_gone_after_exit_and_after_a_timeout() {
         v["content"].as_str().unwrap().starts_with("timed out"),
         "{v}"
     );
-    wait_until("escapees of a timed-out command to die", || {
+    wait_until("escapees of a timed-out command to die", WAIT, || {
         common::pids_with(&timed).is_empty()
     });
-    exec.finish();
+    exec.finish_ok();
 }
 
 /// A config and script for `taskdaemon run` in `dir`, on a fresh repository `dir/repo`.
@@ -347,13 +274,14 @@ fn sigkill_of_the_daemon_leaves_no_command_running() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("the command's processes to start", || {
+    wait_until("the command's processes to start", WAIT, || {
         common::pids_with(&m).len() >= 4
     });
     child.kill().unwrap();
     child.wait().unwrap();
     wait_until(
         "every process of the command to die with the daemon",
+        WAIT,
         || common::pids_with(&m).is_empty(),
     );
 }
@@ -500,7 +428,7 @@ fn the_models_key_file_and_hidden_paths_read_as_empty() {
          sandbox: {hide: [creds]}\n",
     )
     .unwrap();
-    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()], &[]);
+    let mut exec = Exec::start_with(&wt, &["-c", config.to_str().unwrap()]);
     let out = exec.sh(
         "run_command",
         &format!(
@@ -514,7 +442,7 @@ fn the_models_key_file_and_hidden_paths_read_as_empty() {
         "{out}"
     );
     assert!(out.contains("no-token"), "{out}");
-    exec.finish();
+    exec.finish_ok();
     // Hidden for commands only: the files are untouched.
     assert_eq!(
         std::fs::read_to_string(tmp.path().join("key.txt")).unwrap(),
@@ -539,7 +467,7 @@ fn strict_reads_limit_reading_and_commands_cannot_trace_or_signal_out() {
     std::fs::write(wt.join("own.txt"), "own\n").unwrap();
     let config = tmp.path().join("taskdaemon.yml");
     std::fs::write(&config, "sandbox: {read: strict, readable: [data]}\n").unwrap();
-    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()], &[]);
+    let mut exec = Exec::start_with(&wt, &["-c", config.to_str().unwrap()]);
     let out = exec.sh(
         "run_command",
         &format!(
@@ -556,10 +484,10 @@ fn strict_reads_limit_reading_and_commands_cannot_trace_or_signal_out() {
     );
     assert!(out.contains("root-listing-refused"), "{out}");
     assert!(out.contains("etc-ok"), "{out}");
-    exec.finish();
+    exec.finish_ok();
 
     // Default reads: everywhere; but no tracing or signalling outside the command's tree.
-    let mut exec = Exec::start(&wt, &[], &[]);
+    let mut exec = Exec::start(&wt);
     let daemon = exec.child.id();
     let out = exec.sh(
         "run_command",
@@ -573,7 +501,7 @@ fn strict_reads_limit_reading_and_commands_cannot_trace_or_signal_out() {
     assert!(out.contains("private\n"), "{out}");
     assert!(out.contains("ptrace -1"), "{out}");
     assert!(out.contains("no-daemon"), "{out}");
-    exec.finish();
+    exec.finish_ok();
 }
 
 #[test]
@@ -584,7 +512,7 @@ fn file_tools_cannot_write_git_metadata_or_the_daemons_directory() {
     std::fs::create_dir_all(wt.join(".taskdaemon/runs")).unwrap();
     std::os::unix::fs::symlink(wt.join(".git"), wt.join("innocent")).unwrap();
     let config_before = std::fs::read_to_string(wt.join(".git/config")).unwrap();
-    let mut exec = Exec::start(&wt, &[], &[]);
+    let mut exec = Exec::start(&wt);
     for path in [
         ".git",
         ".git/config",
@@ -595,26 +523,26 @@ fn file_tools_cannot_write_git_metadata_or_the_daemons_directory() {
         "vendor/lib/.git",
         ".taskdaemon/runs/summary.json",
     ] {
-        let v = exec.call("write_file", json!({"path": path, "content": "evil\n"}));
+        let v = exec.request("write_file", json!({"path": path, "content": "evil\n"}));
         assert_eq!(v["is_error"], true, "{path}: {v}");
         assert!(
             v["content"].as_str().unwrap().contains("is protected"),
             "{path}: {v}"
         );
     }
-    let read = exec.call("read_file", json!({"path": ".git/config"}));
+    let read = exec.request("read_file", json!({"path": ".git/config"}));
     assert_eq!(read["is_error"], false, "{read}");
-    let edit = exec.call(
+    let edit = exec.request(
         "edit_file",
         json!({"path": ".git/config", "old_string": "[core]", "new_string": "[core]\n\tfsmonitor = evil"}),
     );
     assert_eq!(edit["is_error"], true, "{edit}");
-    let ok = exec.call(
+    let ok = exec.request(
         "write_file",
         json!({"path": "src/ok.txt", "content": "fine\n"}),
     );
     assert_eq!(ok["is_error"], false, "{ok}");
-    exec.finish();
+    exec.finish_ok();
     assert_eq!(
         std::fs::read_to_string(wt.join(".git/config")).unwrap(),
         config_before
@@ -631,10 +559,10 @@ fn a_working_directory_inside_git_or_the_hosts_terminals_give_no_way_out() {
     let tmp = tempfile::tempdir().unwrap();
     let wt = tmp.path().join("wt");
     common::init_repo(&wt, &[("README.md", "readme\n")]);
-    let mut exec = Exec::start(&wt, &[], &[]);
+    let mut exec = Exec::start(&wt);
     // std enters the working directory before the mounts; the launcher enters it again
     // after them, so a cwd inside .git is on the read-only mount too.
-    let v = exec.call(
+    let v = exec.request(
         "run_command",
         json!({"cwd": ".git", "command": "echo evil > hooks/post-merge || echo refused; echo x >> config || echo refused"}),
     );
@@ -660,6 +588,6 @@ fn a_working_directory_inside_git_or_the_hosts_terminals_give_no_way_out() {
         out.contains("stream-ok") && out.contains("dgram-refused"),
         "{out}"
     );
-    exec.finish();
+    exec.finish_ok();
     assert!(!wt.join(".git/hooks/post-merge").exists());
 }

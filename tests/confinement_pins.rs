@@ -9,75 +9,29 @@
 //! Each test first checks that the machine gives commands every protection; where it does
 //! not, it says so and returns (`tests/confinement.rs` checks that the gap is reported).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
 mod common;
+use common::attack::{
+    VICTIM_TURNS, assert_chain_key_kept_from, assert_victim_record_intact,
+    victim_and_attacker_config,
+};
+use common::fully_confined;
+use common::tool_exec::Exec;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
 }
 
-fn fully_confined() -> bool {
-    let missing = td_confine::protections().missing();
-    if !missing.is_empty() {
-        eprintln!("branch: this machine lacks protections: {missing:?}");
-    }
-    missing.is_empty()
-}
-
-/// A `tool exec` session.
-struct Exec {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Exec {
-    fn start(worktree: &Path, extra: &[&str]) -> Exec {
-        let mut child = Command::new(bin())
-            .args(["tool", "exec", "--worktree"])
-            .arg(worktree)
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Exec {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// The answer to one `run_command`.
-    fn run(&mut self, command: &str) -> Value {
-        let line = json!({"id": "1", "name": "run_command", "input": {"command": command}});
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
-        serde_json::from_str(&answer).unwrap()
-    }
-
-    /// The output of one `run_command` that must have run.
-    fn sh(&mut self, command: &str) -> String {
-        let v = self.run(command);
-        assert_eq!(v["is_error"], false, "{v}");
-        v["content"].as_str().unwrap().to_string()
-    }
-
-    fn finish(mut self) {
-        drop(self.stdin);
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "tool exec exited with {status}");
-    }
+/// The output of one `run_command` that must have run.
+fn sh(exec: &mut Exec, command: &str) -> String {
+    let v = exec.request("run_command", json!({"command": command}));
+    assert_eq!(v["is_error"], false, "{v}");
+    v["content"].as_str().unwrap().to_string()
 }
 
 const DIR_SECRET: &str = "pinned-secret-in-a-hidden-dir";
@@ -163,7 +117,7 @@ fn hidden_files_and_directories_stay_hidden_when_their_parents_are_renamed() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (wt, config) = hidden_worktree(tmp.path());
-    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()]);
+    let mut exec = Exec::start_with(&wt, &["-c", config.to_str().unwrap()]);
     let renames = [
         ("conf", "conf2"),
         ("a", "a2"),
@@ -181,27 +135,36 @@ fn hidden_files_and_directories_stay_hidden_when_their_parents_are_renamed() {
     ];
     let removals = ["conf/secrets", "conf/hidden_file.txt", "a/b/c/deep.txt"];
     let script = attack_script(&renames, &exchanges, &removals);
-    let out = exec.sh(&script);
+    let out = sh(&mut exec, &script);
     assert_all_refused(
         &out,
         renames.len() * 2 + exchanges.len() + removals.len() * 2,
     );
     // The pinned directories are still the loop's to work in.
-    let out = exec.sh("echo fine > conf/new.txt && mkdir -p a/b/c/d && cat conf/new.txt");
+    let out = sh(
+        &mut exec,
+        "echo fine > conf/new.txt && mkdir -p a/b/c/d && cat conf/new.txt",
+    );
     assert!(out.contains("fine"), "{out}");
     assert!(wt.join("a/b/c/d").is_dir());
     // A hard link to a hidden file cannot be made (it is a mount of another file system);
     // nor can the parents go with their contents.
-    let out = exec.sh("ln conf/hidden_file.txt linked 2>&1 || echo link-refused; \
-         rm -rf conf a 2>/dev/null; ls conf a/b/c | sort");
+    let out = sh(
+        &mut exec,
+        "ln conf/hidden_file.txt linked 2>&1 || echo link-refused; \
+         rm -rf conf a 2>/dev/null; ls conf a/b/c | sort",
+    );
     assert!(out.contains("link-refused"), "{out}");
     // The next command (a new mount namespace) finds everything where it was, hidden.
-    let out = exec.sh("grep -rh pinned-secret . 2>/dev/null; \
+    let out = sh(
+        &mut exec,
+        "grep -rh pinned-secret . 2>/dev/null; \
          echo \"file:[$(cat conf/hidden_file.txt)] deep:[$(cat a/b/c/deep.txt)]\"; \
-         ls -A conf/secrets | wc -l");
+         ls -A conf/secrets | wc -l",
+    );
     assert_no_secret(&out);
     assert!(out.contains("file:[] deep:[]"), "{out}");
-    exec.finish();
+    exec.finish_ok();
     // Hidden for commands only: the files are untouched.
     assert_eq!(
         std::fs::read_to_string(wt.join("conf/secrets/key.txt")).unwrap(),
@@ -220,14 +183,17 @@ fn a_hidden_path_moved_or_replaced_behind_the_daemons_back_stops_every_command()
     }
     let tmp = tempfile::tempdir().unwrap();
     let (wt, config) = hidden_worktree(tmp.path());
-    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()]);
-    assert!(exec.sh("echo ran").contains("ran"));
+    let mut exec = Exec::start_with(&wt, &["-c", config.to_str().unwrap()]);
+    assert!(sh(&mut exec, "echo ran").contains("ran"));
     // Something other than a command (the user, another program) moves the directory and
     // puts a decoy in its place: the hidden names now hold other files.
     std::fs::rename(wt.join("conf"), wt.join("conf-moved")).unwrap();
     std::fs::create_dir_all(wt.join("conf/secrets")).unwrap();
     std::fs::write(wt.join("conf/hidden_file.txt"), "decoy\n").unwrap();
-    let v = exec.run("cat conf-moved/hidden_file.txt conf-moved/secrets/key.txt; echo ran");
+    let v = exec.request(
+        "run_command",
+        json!({"command": "cat conf-moved/hidden_file.txt conf-moved/secrets/key.txt; echo ran"}),
+    );
     let text = v["content"].as_str().unwrap();
     assert_eq!(v["is_error"], true, "{v}");
     assert!(!text.contains("ran\n"), "the command ran: {text}");
@@ -240,16 +206,16 @@ fn a_hidden_path_moved_or_replaced_behind_the_daemons_back_stops_every_command()
     // Put back, the same files are hidden again and commands run.
     std::fs::remove_dir_all(wt.join("conf")).unwrap();
     std::fs::rename(wt.join("conf-moved"), wt.join("conf")).unwrap();
-    let out = exec.sh("cat conf/hidden_file.txt; echo ran");
+    let out = sh(&mut exec, "cat conf/hidden_file.txt; echo ran");
     assert!(out.contains("ran"), "{out}");
     assert_no_secret(&out);
     // Gone (moved out of the worktree): refused again, naming it.
     std::fs::rename(wt.join("a/b/c/deep.txt"), tmp.path().join("deep.txt")).unwrap();
-    let v = exec.run("echo ran");
+    let v = exec.request("run_command", json!({"command": "echo ran"}));
     let text = v["content"].as_str().unwrap();
     assert_eq!(v["is_error"], true, "{v}");
     assert!(text.contains("a/b/c/deep.txt"), "{text}");
-    exec.finish();
+    exec.finish_ok();
 }
 
 #[test]
@@ -260,14 +226,14 @@ fn a_hidden_file_with_a_second_name_stops_every_command() {
     let tmp = tempfile::tempdir().unwrap();
     let (wt, config) = hidden_worktree(tmp.path());
     std::fs::hard_link(wt.join("conf/hidden_file.txt"), wt.join("notes.txt")).unwrap();
-    let mut exec = Exec::start(&wt, &["-c", config.to_str().unwrap()]);
-    let v = exec.run("cat notes.txt; echo ran");
+    let mut exec = Exec::start_with(&wt, &["-c", config.to_str().unwrap()]);
+    let v = exec.request("run_command", json!({"command": "cat notes.txt; echo ran"}));
     let text = v["content"].as_str().unwrap();
     assert_eq!(v["is_error"], true, "{v}");
     assert_no_secret(text);
     assert!(text.contains("conf/hidden_file.txt"), "{text}");
     assert!(text.contains("hard link"), "{text}");
-    exec.finish();
+    exec.finish_ok();
 }
 
 #[test]
@@ -319,20 +285,15 @@ fn a_receipts_log_where_commands_may_write_is_refused_with_the_reason() {
 }
 
 fn session(wt: &Path, log: &Path, key: &Path, config: &Path, input: &str) -> Output {
-    let mut child = Command::new(bin())
-        .args(["tool", "exec", "--worktree"])
-        .arg(wt)
-        .arg("--receipts")
-        .arg(log)
-        .arg("--chain-key")
-        .arg(key)
-        .arg("-c")
-        .arg(config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_piped(
+        Exec::command(wt)
+            .arg("--receipts")
+            .arg(log)
+            .arg("--chain-key")
+            .arg(key)
+            .arg("-c")
+            .arg(config),
+    );
     let mut stdin = child.stdin.take().unwrap();
     // The session may refuse to start and close its end before reading.
     let _ = stdin.write_all(input.as_bytes());
@@ -343,12 +304,8 @@ fn session(wt: &Path, log: &Path, key: &Path, config: &Path, input: &str) -> Out
 /// The attacker's script for the run below: it tries to move the directories above the run
 /// record (`a/records`, a `--run-dir` inside the repository) away, then to read the receipt
 /// chain key and to rewrite the victim's record under every name it might have now.
-const RUN_SCRIPT: &str = r#"
-victim:
-  turns:
-    - calls:
-        - write_file: {path: victim.txt, content: "victim was here\n"}
-        - complete_task: {summary: "done"}
+/// (`victim`, from `common::attack`, writes a file and completes first.)
+const ATTACKER_TURNS: &str = r#"
 attacker:
   turns:
     - calls:
@@ -378,15 +335,16 @@ fn a_loop_that_renames_the_directories_above_the_run_record_reaches_neither_its_
     );
     std::fs::write(
         config_dir.join("script.yml"),
-        RUN_SCRIPT.replace("{{ATTACK}}", &json!(attack).to_string()),
+        [
+            VICTIM_TURNS,
+            &ATTACKER_TURNS.replace("{{ATTACK}}", &json!(attack).to_string()),
+        ]
+        .concat(),
     )
     .unwrap();
     std::fs::write(
         config_dir.join("taskdaemon.yml"),
-        format!(
-            "repo: {}\nllm: {{provider: scripted, script: script.yml}}\nloops:\n  - {{name: victim, type: code, task: Write., worktree: repo, validation: \"true\"}}\n  - {{name: attacker, type: code, task: Attack., worktree: repo, depends-on: [victim], validation: \"true\"}}\n",
-            repo.display()
-        ),
+        victim_and_attacker_config(&repo),
     )
     .unwrap();
     let run_dir = repo.join("a/records");
@@ -404,17 +362,7 @@ fn a_loop_that_renames_the_directories_above_the_run_record_reaches_neither_its_
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     // The record is where the daemon put it, and the victim's part of it is intact.
-    for rel in [
-        "loops/victim/receipts.jsonl",
-        "loops/victim/transcript.jsonl",
-        "summary.json",
-        "events.jsonl",
-    ] {
-        let text = std::fs::read_to_string(run_dir.join(rel))
-            .unwrap_or_else(|e| panic!("{rel}: {e}\n{stderr}"));
-        assert!(!text.contains("forged"), "{rel} was changed: {text}");
-        assert!(!text.trim().is_empty(), "{rel} was emptied");
-    }
+    assert_victim_record_intact(&run_dir, &stderr);
     let transcript =
         std::fs::read_to_string(run_dir.join("loops/attacker/transcript.jsonl")).unwrap();
     // What the commands printed (the transcript also holds the script itself).
@@ -428,12 +376,6 @@ fn a_loop_that_renames_the_directories_above_the_run_record_reaches_neither_its_
     assert!(results[1].contains("tried"), "the attack ran: {transcript}");
     assert!(results[0].contains("mv a: refused"), "{}", results[0]);
     assert_all_refused(&results[0], 2 * 2 + 2 + 2);
-    let key = std::fs::read_to_string(run_dir.join("receipt-chain.key")).unwrap();
-    let key = key.trim();
-    assert!(key.len() >= 32, "{key}");
-    assert!(
-        !transcript.contains(key),
-        "the chain key leaked: {transcript}"
-    );
+    assert_chain_key_kept_from(&run_dir, &transcript);
     assert!(!repo.join("a2").exists() && !repo.join("a/r2").exists());
 }

@@ -3,104 +3,52 @@
 //! active across calls, receipts that `replay verify` can re-run, and `web_fetch` confined to
 //! the public internet unless `-c FILE` allows more.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
+mod common;
+use common::tool_exec::Exec;
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
-}
-
-struct Exec {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Exec {
-    fn start(worktree: &Path, extra: &[&str]) -> Exec {
-        Exec::spawn(Exec::command(worktree, extra))
-    }
-
-    /// The `tool exec` command line, for a caller that changes its environment.
-    fn command(worktree: &Path, extra: &[&str]) -> Command {
-        let mut command = Command::new(bin());
-        command
-            .args(["tool", "exec", "--worktree"])
-            .arg(worktree)
-            .args(extra);
-        command
-    }
-
-    fn spawn(mut command: Command) -> Exec {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Exec {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// Sends one call and waits for its answer (the contract: answered before the next read).
-    fn call(&mut self, id: &str, name: &str, input: Value) -> Value {
-        let line = json!({"id": id, "name": name, "input": input}).to_string();
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
-        let v: Value = serde_json::from_str(&answer).unwrap();
-        assert_eq!(v["id"], id, "answers come back in order: {v}");
-        v
-    }
-
-    fn finish(mut self) -> std::process::ExitStatus {
-        drop(self.stdin);
-        self.child.wait().unwrap()
-    }
 }
 
 #[test]
 fn one_context_for_the_stream_and_changes_between_calls_are_seen() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.txt"), "alpha\nbeta\n").unwrap();
-    let mut exec = Exec::start(dir.path(), &[]);
+    let mut exec = Exec::start(dir.path());
 
     let edit = json!({"path": "a.txt", "old_string": "beta", "new_string": "gamma"});
-    let r = exec.call("1", "edit_file", edit.clone());
+    let r = exec.answer("1", "edit_file", edit.clone());
     assert_eq!(
         r["is_error"], true,
         "edit without read must be refused: {r}"
     );
     assert!(r["content"].as_str().unwrap().contains("read_file"));
 
-    let r = exec.call("2", "read_file", json!({"path": "a.txt"}));
+    let r = exec.answer("2", "read_file", json!({"path": "a.txt"}));
     assert_eq!(r["is_error"], false, "{r}");
     assert!(r["content"].as_str().unwrap().contains("beta"));
 
     // The caller changes the file between two calls: the stamp from call 2 is now stale.
     std::fs::write(dir.path().join("a.txt"), "alpha\nbeta\nchanged\n").unwrap();
-    let r = exec.call("3", "edit_file", edit.clone());
+    let r = exec.answer("3", "edit_file", edit.clone());
     assert_eq!(r["is_error"], true, "{r}");
     assert!(
         r["content"].as_str().unwrap().contains("changed on disk"),
         "{r}"
     );
 
-    let r = exec.call("4", "read_file", json!({"path": "a.txt"}));
+    let r = exec.answer("4", "read_file", json!({"path": "a.txt"}));
     assert_eq!(r["is_error"], false);
-    let r = exec.call("5", "edit_file", edit);
+    let r = exec.answer("5", "edit_file", edit);
     assert_eq!(r["is_error"], false, "{r}");
     assert_eq!(
         std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
@@ -108,13 +56,13 @@ fn one_context_for_the_stream_and_changes_between_calls_are_seen() {
     );
 
     // The loop's own write refreshes the stamp: an edit right after it works.
-    let r = exec.call(
+    let r = exec.answer(
         "6",
         "write_file",
         json!({"path": "b.txt", "content": "one\n"}),
     );
     assert_eq!(r["is_error"], false, "{r}");
-    let r = exec.call(
+    let r = exec.answer(
         "7",
         "edit_file",
         json!({"path": "b.txt", "old_string": "one", "new_string": "two"}),
@@ -126,8 +74,8 @@ fn one_context_for_the_stream_and_changes_between_calls_are_seen() {
 #[test]
 fn tools_flag_restricts_the_set_and_refuses_unknown_names() {
     let dir = tempfile::tempdir().unwrap();
-    let mut exec = Exec::start(dir.path(), &["--tools", "read_file,glob"]);
-    let r = exec.call("1", "write_file", json!({"path": "x", "content": "y"}));
+    let mut exec = Exec::start_with(dir.path(), &["--tools", "read_file,glob"]);
+    let r = exec.answer("1", "write_file", json!({"path": "x", "content": "y"}));
     assert_eq!(r["is_error"], true);
     assert!(
         r["content"]
@@ -174,8 +122,8 @@ fn config_overrides_reach_the_calls() {
     let wt = dir.path().join("wt");
     std::fs::create_dir_all(&wt).unwrap();
     std::fs::write(wt.join("big.txt"), "line of text\n".repeat(1000)).unwrap();
-    let mut exec = Exec::start(&wt, &["-c", cfg.to_str().unwrap()]);
-    let r = exec.call("1", "read_file", json!({"path": "big.txt"}));
+    let mut exec = Exec::start_with(&wt, &["-c", cfg.to_str().unwrap()]);
+    let r = exec.answer("1", "read_file", json!({"path": "big.txt"}));
     assert!(r["content"].as_str().unwrap().len() < 400, "{r}");
     assert!(exec.finish().success());
 
@@ -204,25 +152,25 @@ fn receipts_replay_identically_and_divergence_is_reported() {
         std::fs::write(d.join("src/lib.rs"), "pub fn a() -> u32 { 1 }\n").unwrap();
     }
     let log = dir.path().join("receipts.jsonl");
-    let mut exec = Exec::start(&wt, &["--receipts", log.to_str().unwrap()]);
-    exec.call("1", "read_file", json!({"path": "src/lib.rs"}));
-    exec.call(
+    let mut exec = Exec::start_with(&wt, &["--receipts", log.to_str().unwrap()]);
+    exec.answer("1", "read_file", json!({"path": "src/lib.rs"}));
+    exec.answer(
         "2",
         "edit_file",
         json!({"path": "src/lib.rs", "old_string": "1 }", "new_string": "2 }"}),
     );
-    exec.call(
+    exec.answer(
         "3",
         "write_file",
         json!({"path": "notes.md", "content": "# n\n"}),
     );
-    exec.call("4", "grep", json!({"pattern": "fn a"}));
-    exec.call(
+    exec.answer("4", "grep", json!({"pattern": "fn a"}));
+    exec.answer(
         "5",
         "run_command",
         json!({"command": "cat notes.md src/lib.rs"}),
     );
-    exec.call("6", "read_file", json!({"path": "missing.txt"}));
+    exec.answer("6", "read_file", json!({"path": "missing.txt"}));
     assert!(exec.finish().success());
 
     let lines = std::fs::read_to_string(&log).unwrap();
@@ -320,12 +268,12 @@ impl Local {
 fn fetch_all(worktree: &Path, extra: &[&str], urls: &[String]) -> Vec<(bool, String)> {
     let mut args = vec!["--tools", "web_fetch"];
     args.extend_from_slice(extra);
-    let mut exec = Exec::start(worktree, &args);
+    let mut exec = Exec::start_with(worktree, &args);
     let answers = urls
         .iter()
         .enumerate()
         .map(|(i, url)| {
-            let r = exec.call(&i.to_string(), "web_fetch", json!({ "url": url }));
+            let r = exec.answer(&i.to_string(), "web_fetch", json!({ "url": url }));
             let content = r["content"].as_str().unwrap().to_string();
             (r["is_error"].as_bool().unwrap(), content)
         })
@@ -413,8 +361,8 @@ fn web_fetch_ignores_proxies_from_the_environment_unless_everything_is_allowed()
             format!("catalog:\n  web_fetch: {{timeout-ms: 5000}}\n{config}"),
         )
         .unwrap();
-        let mut command =
-            Exec::command(&wt, &["--tools", "web_fetch", "-c", cfg.to_str().unwrap()]);
+        let mut command = Exec::command(&wt);
+        command.args(["--tools", "web_fetch", "-c", cfg.to_str().unwrap()]);
         let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
         for var in ["NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"] {
             command.env_remove(var);
@@ -422,8 +370,8 @@ fn web_fetch_ignores_proxies_from_the_environment_unless_everything_is_allowed()
         command
             .env("HTTP_PROXY", &proxy_url)
             .env("http_proxy", &proxy_url);
-        let mut exec = Exec::spawn(command);
-        let r = exec.call(
+        let mut exec = Exec::spawn(&mut command);
+        let r = exec.answer(
             "1",
             "web_fetch",
             json!({"url": "http://public.example.invalid/"}),

@@ -89,11 +89,12 @@ fn a_fifo_ignore_file_hangs_no_walk_and_leaves_no_thread_behind() {
         if round == 0 {
             threads_after_first_round = threads;
         } else {
-            // A blocked call would leave a thread each: 4 more a round. The blocking pool may
-            // start one or two more when a call comes while the last one's thread is being
-            // handed back; that is all it may grow by.
+            // A blocked call would leave a thread each: 4 more a round, 16 by the last round
+            // (and `threads_opening_a_fifo` above names any such thread directly). Under load
+            // the blocking pool may start a few more when calls come while earlier threads are
+            // being handed back (seen: 3); that bounded slack is all it may grow by.
             assert!(
-                threads <= threads_after_first_round + 2,
+                threads <= threads_after_first_round + 4,
                 "round {round}: {threads} threads, {threads_after_first_round} after the first"
             );
         }

@@ -5,12 +5,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_taskdaemon");
 
@@ -36,16 +38,13 @@ struct Front {
 
 impl Front {
     fn start(args: &[&str], worktree: &Path) -> Front {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .arg("--worktree")
-            .arg(worktree)
-            .env("TASKDAEMON_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = common::spawn_piped(
+            Command::new(BIN)
+                .args(args)
+                .arg("--worktree")
+                .arg(worktree)
+                .env("TASKDAEMON_LOG", "warn"),
+        );
         let stdin = child.stdin.take().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let (sender, answers) = mpsc::channel();
@@ -110,12 +109,7 @@ impl Front {
 
     /// The peak resident memory of the front so far (VmHWM), in kB.
     fn peak_rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .unwrap_or_else(|| panic!("no VmHWM in {status}"));
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        common::tool_exec::peak_kib(self.child.id())
     }
 
     /// Closes stdin and waits for the exit; returns the status and everything on stderr.

@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 use td_toolkit::context::ToolContext;
 use td_toolkit::receipts::read_log;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_taskdaemon");
 
 fn call(name: &'static str, args: Value) -> CallToolRequestParams {
@@ -94,14 +96,10 @@ async fn rmcp_client_sees_the_tool_set_through_the_binary() {
 
     client.cancel().await.unwrap();
     let log = read_log(&receipts).unwrap();
-    let tools: Vec<&str> = log.receipts.iter().map(|r| r.tool.as_str()).collect();
+    let tools: Vec<&str> = log.items.iter().map(|r| r.tool.as_str()).collect();
     assert_eq!(tools, ["read_file", "read_file", "read_fiel"]);
-    assert!(
-        log.receipts
-            .iter()
-            .all(|r| r.exec_id == "exec" && r.is_error)
-    );
-    assert_eq!(log.receipts[1].input, json!({"path": 7}));
+    assert!(log.items.iter().all(|r| r.exec_id == "exec" && r.is_error));
+    assert_eq!(log.items[1].input, json!({"path": 7}));
 }
 
 /// Waits for `child` to exit, killing it after `limit`.
@@ -125,17 +123,14 @@ fn run_raw(
     extra_args: &[&str],
     input: &str,
 ) -> (std::process::ExitStatus, String, String) {
-    let mut child = Command::new(BIN)
-        .args(["mcp", "--worktree"])
-        .arg(worktree)
-        .args(extra_args)
-        // Debug logging makes rmcp log every message, so stdout staying pure is a real check.
-        .env("TASKDAEMON_LOG", "debug")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_piped(
+        Command::new(BIN)
+            .args(["mcp", "--worktree"])
+            .arg(worktree)
+            .args(extra_args)
+            // Debug logging makes rmcp log every message, so stdout staying pure is a real check.
+            .env("TASKDAEMON_LOG", "debug"),
+    );
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input.as_bytes()).unwrap();
     drop(stdin);
@@ -244,29 +239,12 @@ fn a_bad_tools_flag_fails_before_serving() {
     assert!(err.contains("did you mean 'grep'"), "{err}");
 }
 
-/// The Python SDK must be installed (`pip install mcp`); CI installs it in .ci/run. Set
-/// TASKDAEMON_SKIP_PYTHON_MCP=1 to skip this test where it cannot be.
+/// Drives the server with the official Python SDK: the one installed for `python3`, or else
+/// one this test installs into its own virtual environment under the target directory
+/// (common/python_sdk.rs), so that `cargo test` needs no setup beyond network access.
 #[test]
 fn python_sdk_reads_then_edits_a_file() {
-    let has_sdk = Command::new("python3")
-        .args(["-c", "import mcp"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_sdk {
-        if std::env::var("TASKDAEMON_SKIP_PYTHON_MCP").as_deref() == Ok("1") {
-            eprintln!(
-                "SKIPPED python_sdk_reads_then_edits_a_file: the Python MCP SDK is not \
-                 installed and TASKDAEMON_SKIP_PYTHON_MCP=1"
-            );
-            return;
-        }
-        panic!(
-            "`python3 -c \"import mcp\"` failed: install the official Python MCP SDK with \
-             `pip install mcp` (or set TASKDAEMON_SKIP_PYTHON_MCP=1 to skip this test)"
-        );
-    }
+    let python = common::python_sdk::python_with_sdk();
 
     let worktree = tempfile::tempdir().unwrap();
     let notes = worktree.path().join("notes.txt");
@@ -274,7 +252,7 @@ fn python_sdk_reads_then_edits_a_file() {
     std::fs::write(&notes, "hello world\n").unwrap();
     std::fs::write(&other, "untouched\n").unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client.py");
-    let mut child = Command::new("python3")
+    let mut child = Command::new(&python)
         .arg(&script)
         .arg(BIN)
         .arg(worktree.path())

@@ -9,13 +9,17 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 mod common;
-use common::init_repo;
+use common::tool_exec::Exec;
+use common::{flagged_project, init_repo, lines, wait_until};
+
+/// How long the tests wait for a run to reach the state they need.
+const WAIT: Duration = Duration::from_secs(60);
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
@@ -25,30 +29,11 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 fn jsonl(path: &Path) -> Vec<Value> {
     lines(path)
         .iter()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A small tmpfs, unmounted when dropped.
@@ -138,26 +123,18 @@ fn a_full_disk_stops_the_loops_before_their_next_call_and_resume_finishes_the_ru
     let Some(disk) = Tmpfs::mount(&root.join("disk"), "16m") else {
         return;
     };
-    let flags = root.join("flags");
-    let repo = root.join("repo");
-    std::fs::create_dir_all(&flags).unwrap();
-    init_repo(&repo, &[("README.md", "sample\n")]);
-    let f = flags.display().to_string();
     let loops = ["a", "b"];
     let script: String = loops.iter().map(|n| filling_script(n)).collect();
-    std::fs::write(repo.join("script.yml"), script.replace("{f}", &f)).unwrap();
-    std::fs::write(
-        repo.join("taskdaemon.yml"),
-        format!(
-            "llm: {{provider: scripted, script: script.yml}}\nsandbox: {{writable: ['{f}']}}\nloops:\n  - {{name: a, type: ralph, task: \"Count.\"}}\n  - {{name: b, type: ralph, task: \"Count.\"}}\n"
-        ),
-    )
-    .unwrap();
+    let (config, flags) = flagged_project(
+        &root,
+        &script,
+        "  - {name: a, type: ralph, task: \"Count.\"}\n  - {name: b, type: ralph, task: \"Count.\"}\n",
+    );
     let run_dir = disk.dir.join("run");
     let run = |extra: &[&str]| {
         let mut c = Command::new(bin());
         c.args(["run", "-c"])
-            .arg(repo.join("taskdaemon.yml"))
+            .arg(&config)
             .arg("--run-dir")
             .arg(&run_dir)
             .args(extra);
@@ -171,7 +148,7 @@ fn a_full_disk_stops_the_loops_before_their_next_call_and_resume_finishes_the_ru
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until("both loops to wait", || {
+    wait_until("both loops to wait", WAIT, || {
         loops.iter().all(|n| calls(n).len() == 1)
     });
     let run_id = serde_json::from_str::<Value>(
@@ -241,45 +218,40 @@ fn a_full_disk_stops_the_loops_before_their_next_call_and_resume_finishes_the_ru
     }
 }
 
-/// A `tool exec` session driven a line at a time.
-struct Exec {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+/// A worktree, and its receipts log on a 1 MiB tmpfs that the test fills up.
+struct FullDisk {
+    // Fields drop in order: the tmpfs is unmounted before its directory is removed.
+    disk: Tmpfs,
+    worktree: PathBuf,
+    log: PathBuf,
+    _tmp: tempfile::TempDir,
 }
 
-impl Exec {
-    fn start(worktree: &Path, receipts: &Path) -> Exec {
-        let mut child = Command::new(bin())
-            .args(["tool", "exec", "--worktree"])
-            .arg(worktree)
-            .arg("--receipts")
-            .arg(receipts)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Exec {
-            child,
-            stdin,
-            stdout,
-        }
+impl FullDisk {
+    /// `None` (with the reason printed) where this machine cannot mount a tmpfs.
+    fn new() -> Option<FullDisk> {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let disk = Tmpfs::mount(&root.join("disk"), "1m")?;
+        let worktree = root.join("wt");
+        std::fs::create_dir_all(&worktree).unwrap();
+        let log = disk.dir.join("receipts.jsonl");
+        Some(FullDisk {
+            disk,
+            worktree,
+            log,
+            _tmp: tmp,
+        })
     }
 
-    fn call(&mut self, id: &str, name: &str, input: Value) -> Value {
-        writeln!(
-            self.stdin,
-            "{}",
-            json!({"id": id, "name": name, "input": input})
-        )
-        .unwrap();
-        self.stdin.flush().unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
-        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
+    /// After the session closed: it exited with 1, saying on stderr that a receipt of the
+    /// log could not be written.
+    fn check_exit(&self, status: ExitStatus, stderr: &str) {
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("receipt") && stderr.contains(&self.log.display().to_string()),
+            "{stderr}"
+        );
     }
 }
 
@@ -344,62 +316,47 @@ fn check_refusals(worktree: &Path, log: &Path, first: usize) {
 
 #[test]
 fn tool_exec_answers_an_error_and_runs_nothing_more_once_a_receipt_cannot_be_written() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().canonicalize().unwrap();
-    let Some(disk) = Tmpfs::mount(&root.join("disk"), "1m") else {
+    let Some(full) = FullDisk::new() else {
         return;
     };
-    let worktree = root.join("wt");
-    std::fs::create_dir_all(&worktree).unwrap();
-    let log = disk.dir.join("receipts.jsonl");
-    let mut exec = Exec::start(&worktree, &log);
-    let first = exec.call("0", "list_directory", json!({}));
+    let mut exec = Exec::spawn(
+        Exec::command(&full.worktree)
+            .arg("--receipts")
+            .arg(&full.log)
+            .stderr(Stdio::piped()),
+    );
+    let first = exec.answer("0", "list_directory", json!({}));
     assert_eq!(first["is_error"], false, "{first}");
-    disk.fill();
+    full.disk.fill();
     let failed = write_until_refused(|i| {
-        let a = exec.call(
+        let a = exec.answer(
             &i.to_string(),
             "write_file",
             json!({"path": format!("n{i}.txt"), "content": "x\n"}),
         );
-        assert_eq!(a["id"], i.to_string());
         (
             a["is_error"] == true,
             a["content"].as_str().unwrap_or_default().to_string(),
         )
     });
-    check_refusals(&worktree, &log, failed);
-    drop(exec.stdin);
-    let out = exec.child.wait_with_output().unwrap();
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("receipt") && stderr.contains(&log.display().to_string()),
-        "{stderr}"
-    );
+    check_refusals(&full.worktree, &full.log, failed);
+    let (status, stderr) = exec.finish_with_stderr();
+    full.check_exit(status, &stderr);
 }
 
 #[test]
 fn mcp_answers_an_error_and_runs_nothing_more_once_a_receipt_cannot_be_written() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().canonicalize().unwrap();
-    let Some(disk) = Tmpfs::mount(&root.join("disk"), "1m") else {
+    let Some(full) = FullDisk::new() else {
         return;
     };
-    let worktree = root.join("wt");
-    std::fs::create_dir_all(&worktree).unwrap();
-    let log = disk.dir.join("receipts.jsonl");
-    let mut child = Command::new(bin())
-        .args(["mcp", "--worktree"])
-        .arg(&worktree)
-        .arg("--receipts")
-        .arg(&log)
-        .env("TASKDAEMON_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_piped(
+        Command::new(bin())
+            .args(["mcp", "--worktree"])
+            .arg(&full.worktree)
+            .arg("--receipts")
+            .arg(&full.log)
+            .env("TASKDAEMON_LOG", "error"),
+    );
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut send = |message: Value| {
@@ -424,7 +381,7 @@ fn mcp_answers_an_error_and_runs_nothing_more_once_a_receipt_cannot_be_written()
     );
     answer(0);
     send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    disk.fill();
+    full.disk.fill();
     let failed = write_until_refused(|i| {
         send(
             json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
@@ -441,15 +398,10 @@ fn mcp_answers_an_error_and_runs_nothing_more_once_a_receipt_cannot_be_written()
                 .to_string(),
         )
     });
-    check_refusals(&worktree, &log, failed);
+    check_refusals(&full.worktree, &full.log, failed);
     drop(stdin);
     let out = child.wait_with_output().unwrap();
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("receipt") && stderr.contains(&log.display().to_string()),
-        "{stderr}"
-    );
+    full.check_exit(out.status, &text(&out.stderr));
 }
 
 /// What `strace -y` saw a process do to its files: one line per call.

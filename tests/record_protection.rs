@@ -7,16 +7,15 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
+use common::attack::{
+    VICTIM_TURNS, assert_chain_key_kept_from, assert_victim_record_intact,
+    victim_and_attacker_config,
+};
 
 /// The attacker's script: file tools and a command go for the record at `records` (the
 /// `--run-dir` case) and under `.taskdaemon` and `sub/.taskdaemon` (config at the root or in
-/// a subdirectory). `victim` only writes a file and completes.
-const SCRIPT: &str = r#"
-victim:
-  turns:
-    - calls:
-        - write_file: {path: victim.txt, content: "victim was here\n"}
-        - complete_task: {summary: "done"}
+/// a subdirectory). `victim` (from `common::attack`) only writes a file and completes.
+const ATTACKER_TURNS: &str = r#"
 attacker:
   turns:
     - calls:
@@ -30,11 +29,9 @@ attacker:
         - complete_task: {summary: "tried"}
 "#;
 
-fn config(repo: &Path) -> String {
-    format!(
-        "repo: {}\nllm: {{provider: scripted, script: script.yml}}\nloops:\n  - {{name: victim, type: code, task: Write., worktree: repo, validation: \"true\"}}\n  - {{name: attacker, type: code, task: Attack., worktree: repo, depends-on: [victim], validation: \"true\"}}\n",
-        repo.display()
-    )
+/// The attack script with the record at `record`.
+fn script(record: &str) -> String {
+    [VICTIM_TURNS, &ATTACKER_TURNS.replace("{{RECORD}}", record)].concat()
 }
 
 /// Runs the two loops with the config in `config_dir` and (optionally) `--run-dir`.
@@ -49,47 +46,18 @@ fn run(home: &Path, config_dir: &Path, run_dir: Option<&Path>) -> Output {
     cmd.env("HOME", home).output().unwrap()
 }
 
-/// The victim's records after the run, byte for byte.
-fn victim_records(run_dir: &Path) -> Vec<(String, String)> {
-    [
-        "loops/victim/receipts.jsonl",
-        "loops/victim/transcript.jsonl",
-        "summary.json",
-        "events.jsonl",
-    ]
-    .iter()
-    .map(|rel| {
-        let text =
-            std::fs::read_to_string(run_dir.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
-        (rel.to_string(), text)
-    })
-    .collect()
-}
-
 /// `key_path_known`: the script named the real record (`--run-dir`), so its read of the key
 /// must be refused as hidden (with the default record it can only guess the run id).
 fn check(run_dir: &Path, out: &Output, key_path_known: bool) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for (rel, text) in victim_records(run_dir) {
-        assert!(
-            !text.contains("forged"),
-            "{rel} was changed by the attacker: {text}\n{stderr}"
-        );
-        assert!(!text.trim().is_empty(), "{rel} was emptied\n{stderr}");
-    }
+    assert_victim_record_intact(run_dir, &stderr);
     let receipts = std::fs::read_to_string(run_dir.join("loops/victim/receipts.jsonl")).unwrap();
     assert!(receipts.contains("write_file"), "{receipts}");
     let transcript =
         std::fs::read_to_string(run_dir.join("loops/attacker/transcript.jsonl")).unwrap();
     assert!(transcript.contains("tried"), "the attack ran: {transcript}");
     // The key that vouches for the receipts never reached the attacker's model.
-    let key = std::fs::read_to_string(run_dir.join("receipt-chain.key")).unwrap();
-    let key = key.trim();
-    assert!(key.len() >= 32, "{key}");
-    assert!(
-        !transcript.contains(key),
-        "the chain key leaked: {transcript}"
-    );
+    assert_chain_key_kept_from(run_dir, &transcript);
     // Not only redacted on the way out (the key is a registered secret): never opened.
     let mut reads = 0;
     for line in transcript.lines() {
@@ -114,12 +82,12 @@ fn a_run_dir_inside_the_repository_cannot_be_touched_by_a_loop_working_there() {
     common::init_repo(&repo, &[("README.md", "x\n"), (".gitignore", "records/\n")]);
     let config_dir = root.join("config");
     std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(config_dir.join("script.yml"), script("records")).unwrap();
     std::fs::write(
-        config_dir.join("script.yml"),
-        SCRIPT.replace("{{RECORD}}", "records"),
+        config_dir.join("taskdaemon.yml"),
+        victim_and_attacker_config(&repo),
     )
     .unwrap();
-    std::fs::write(config_dir.join("taskdaemon.yml"), config(&repo)).unwrap();
     let run_dir = repo.join("records");
     let out = run(&root, &config_dir, Some(&run_dir));
     check(&run_dir, &out, true);
@@ -133,10 +101,14 @@ fn a_config_in_a_subdirectory_of_the_repository_keeps_its_record_from_the_loops(
     std::fs::create_dir_all(repo.join("sub")).unwrap();
     std::fs::write(
         repo.join("sub/script.yml"),
-        SCRIPT.replace("{{RECORD}}", "sub/.taskdaemon/runs/latest-placeholder"),
+        script("sub/.taskdaemon/runs/latest-placeholder"),
     )
     .unwrap();
-    std::fs::write(repo.join("sub/taskdaemon.yml"), config(Path::new(".."))).unwrap();
+    std::fs::write(
+        repo.join("sub/taskdaemon.yml"),
+        victim_and_attacker_config(Path::new("..")),
+    )
+    .unwrap();
     common::init_repo(&repo, &[("README.md", "x\n")]);
     let out = run(&root, &repo.join("sub"), None);
     // The run that happened, as the binary names it (not whatever else is under `runs`).

@@ -111,13 +111,7 @@ impl Recorded {
             log.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        let mut child = self
-            .command(&args, env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = common::spawn_piped(&mut self.command(&args, env));
         let mut stdin = child.stdin.take().unwrap();
         for (i, (name, input)) in calls.iter().enumerate() {
             let line = json!({"id": i.to_string(), "name": name, "input": input});

@@ -16,21 +16,13 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod common;
-use common::init_repo;
+use common::{flagged_project, init_repo, lines, wait_until};
+
+/// How long the tests wait for a run to reach the state they need.
+const WAIT: Duration = Duration::from_secs(60);
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn summary(run_dir: &Path) -> Value {
@@ -38,14 +30,6 @@ fn summary(run_dir: &Path) -> Value {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null)
-}
-
-fn lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 #[test]
@@ -117,7 +101,7 @@ loops:
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("first to complete", || {
+    wait_until("first to complete", WAIT, || {
         summary(&run_dir)["loops"]["first"]["status"] == "completed"
     });
     let events_before = lines(&run_dir.join("events.jsonl"));
@@ -226,23 +210,11 @@ impl Project {
     fn new(script: &str, loops: &str) -> Project {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().canonicalize().unwrap();
-        let flags = root.join("flags");
-        let repo = root.join("repo");
-        std::fs::create_dir_all(&flags).unwrap();
-        init_repo(&repo, &[("README.md", "sample\n")]);
-        let f = flags.display().to_string();
-        std::fs::write(repo.join("script.yml"), script.replace("{f}", &f)).unwrap();
-        std::fs::write(
-            repo.join("taskdaemon.yml"),
-            format!(
-                "llm: {{provider: scripted, script: script.yml}}\nsandbox: {{writable: ['{f}']}}\nloops:\n{loops}"
-            ),
-        )
-        .unwrap();
+        let (config, flags) = flagged_project(&root, script, loops);
         Project {
             _tmp: tmp,
             flags,
-            config: repo.join("taskdaemon.yml"),
+            config,
             run_dir: root.join("run"),
         }
     }
@@ -313,7 +285,7 @@ second:
     /// returns the run id.
     fn killed_pair_run(&self) -> String {
         let mut child = self.start();
-        wait_until("first to complete and second to wait", || {
+        wait_until("first to complete and second to wait", WAIT, || {
             summary(&self.run_dir)["loops"]["first"]["status"] == "completed"
                 && self.flag("second-waiting").exists()
         });
@@ -481,7 +453,7 @@ solo:
     );
     let starts = || lines(&p.flag("starts")).len();
     let mut child = p.start();
-    wait_until("the reply's command to start", || starts() == 1);
+    wait_until("the reply's command to start", WAIT, || starts() == 1);
     child.kill().unwrap();
     child.wait().unwrap();
     let run_id = summary(&p.run_dir)["run_id"].as_str().unwrap().to_string();

@@ -305,7 +305,7 @@ fn receipts_go_to_the_loop_log() {
     assert_eq!(
         td_toolkit::receipts::read_log(log.path())
             .unwrap()
-            .receipts
+            .items
             .len(),
         2
     );

@@ -169,7 +169,7 @@ impl Config {
         if let Some(llm) = &self.llm
             && let Err(e) = llm.validate()
         {
-            problems.push(Problem::new("llm", e));
+            problems.push(Problem::new("llm", e.to_string()));
         }
         if let Err(e) = self.lanes.validate() {
             problems.push(Problem::new("lanes", format!("lanes: {e}")));
@@ -254,7 +254,9 @@ impl Config {
     /// The default catalog with this file's overrides applied.
     pub fn catalog(&self) -> Result<Catalog, String> {
         let mut catalog = Catalog::default();
-        catalog.apply_overrides(&self.catalog)?;
+        catalog
+            .apply_overrides(&self.catalog)
+            .map_err(|e| e.to_string())?;
         Ok(catalog)
     }
 

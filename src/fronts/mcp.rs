@@ -335,7 +335,7 @@ mod tests {
     fn receipts(s: &Session) -> Vec<td_toolkit::receipts::Receipt> {
         let read = td_toolkit::receipts::read_log(s.log.path()).unwrap();
         assert!(read.bad_lines.is_empty());
-        read.receipts
+        read.items
     }
 
     #[tokio::test]

@@ -54,7 +54,7 @@ impl ReceiptSession {
             .map(Path::to_path_buf)
             .unwrap_or_else(|| key_path_for_log(log));
         refuse_inside(&key_path, worktree)?;
-        let key = Arc::new(ChainKey::load_or_create(&key_path)?);
+        let key = Arc::new(ChainKey::load_or_create(&key_path).map_err(|e| e.to_string())?);
         // Where the key really is (a relative path would name another file from a command's
         // working directory).
         let real = key_path.canonicalize().map_err(|e| {
@@ -101,7 +101,9 @@ impl ReceiptSession {
             validation: None,
             tool_set: self.log.tool_set(),
         };
-        SessionReceipt::from_tally(end, &self.log.tally()).write(&self.session_path, key)
+        SessionReceipt::from_tally(end, &self.log.tally())
+            .write(&self.session_path, key)
+            .map_err(|e| e.to_string())
     }
 }
 

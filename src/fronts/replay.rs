@@ -183,7 +183,7 @@ fn recorded_commands(receipts: &[&Receipt]) -> BTreeMap<String, LoopCommands> {
 /// cannot be read; `Ok(Err(why))` when none was found.
 fn find_key(options: &VerifyOptions) -> Result<Result<ChainKey, String>, String> {
     if let Some(path) = &options.chain_key {
-        return ChainKey::load(path).map(Ok);
+        return ChainKey::load(path).map(Ok).map_err(|e| e.to_string());
     }
     let mut looked = vec![key_path_for_log(&options.log)];
     if let Some(run_dir) = run_dir_of(&options.log) {
@@ -191,7 +191,7 @@ fn find_key(options: &VerifyOptions) -> Result<Result<ChainKey, String>, String>
     }
     for path in &looked {
         if path.exists() {
-            return Ok(ChainKey::load(path));
+            return Ok(ChainKey::load(path).map_err(|e| e.to_string()));
         }
     }
     Ok(Err(format!(
@@ -220,7 +220,9 @@ fn find_session(
     key: Option<&ChainKey>,
 ) -> Result<Result<Option<SessionRead>, String>, String> {
     if let Some(path) = &options.session {
-        return read_session(path, key).map(|s| Ok(Some(s)));
+        return read_session(path, key)
+            .map(|s| Ok(Some(s)))
+            .map_err(|e| e.to_string());
     }
     if options.no_session {
         return Ok(Ok(None));
@@ -231,7 +233,7 @@ fn find_session(
     }
     for path in &looked {
         if path.exists() {
-            return Ok(read_session(path, key).map(Some));
+            return Ok(read_session(path, key).map(Some).map_err(|e| e.to_string()));
         }
     }
     Ok(Err(format!(
@@ -247,7 +249,7 @@ fn find_session(
 /// Checks `options.log`, then replays its trusted calls on a copy of `options.worktree`.
 pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
     let log = &options.log;
-    let read = read_entries(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+    let read = read_entries(log).map_err(|e| e.to_string())?;
     let (key, key_problem) = match find_key(options)? {
         Ok(key) => (Some(key), None),
         Err(why) => (None, Some(why)),

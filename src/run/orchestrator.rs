@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
-use crate::run::progress::{Progress, ProgressMode};
+use crate::run::progress::{ProgressDisplay, ProgressMode};
 use crate::run::record::{
     LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, new_run_id, now_rfc3339,
 };
@@ -78,7 +78,9 @@ struct Place {
     base: String,
 }
 
-struct Plan {
+/// What a run will do: the config, the directory it lies in, its loop types and the loops
+/// picked (see `plan`).
+struct RunPlan {
     config: Config,
     base_dir: PathBuf,
     types: BTreeMap<String, LoopType>,
@@ -86,7 +88,7 @@ struct Plan {
 }
 
 /// Loads the config and picks the loops to run (`only` plus their dependencies).
-fn plan(options: &RunOptions) -> Result<Plan, String> {
+fn plan(options: &RunOptions) -> Result<RunPlan, String> {
     let config = Config::load(&options.config)?;
     let base_dir = options
         .config
@@ -128,7 +130,7 @@ fn plan(options: &RunOptions) -> Result<Plan, String> {
         .filter(|l| wanted.contains(&l.name))
         .cloned()
         .collect();
-    Ok(Plan {
+    Ok(RunPlan {
         config,
         base_dir,
         types,
@@ -138,7 +140,7 @@ fn plan(options: &RunOptions) -> Result<Plan, String> {
 
 /// Runs the loops of a config to the end and returns the report.
 pub async fn run(options: RunOptions) -> Result<RunReport, String> {
-    let Plan {
+    let RunPlan {
         config,
         base_dir,
         types,
@@ -161,7 +163,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             options.config.display()
         )
     })?;
-    let llm = td_llm::config::build_client(&llm_config, &base_dir, in_flight)?;
+    let llm = td_llm::config::build_client(&llm_config, &base_dir, in_flight)
+        .map_err(|e| e.to_string())?;
     let catalog = Arc::new(config.catalog()?);
     let sandbox = Arc::new(config.sandbox_settings(&base_dir));
     let sandbox_report =
@@ -236,7 +239,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             let copy = if restored.is_some() && copy.join(".git").exists() {
                 copy
             } else {
-                td_git::fresh_copy::fresh_copy(&source, &copy).await?
+                td_git::fresh_copy::fresh_copy(&source, &copy)
+                    .await
+                    .map_err(|e| e.to_string())?
             };
             Repo::open(&copy).await.map_err(|e| e.to_string())?
         }
@@ -278,7 +283,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         None => EventLog::new(),
     });
     events.subscribe(record.events_listener());
-    let progress = Arc::new(Progress::new(
+    let progress = Arc::new(ProgressDisplay::new(
         options.progress,
         &loops
             .iter()
@@ -581,7 +586,7 @@ fn block_orphans(
     loops: &[LoopDef],
     status: &mut BTreeMap<String, LoopStatus>,
     record: &RunRecord,
-    progress: &Progress,
+    progress: &ProgressDisplay,
     events: &EventLog,
 ) {
     loop {
@@ -636,7 +641,7 @@ async fn start_loop(
     sandbox: &Arc<td_confine::SandboxSettings>,
     web_access: &td_toolkit::web_access::WebAccess,
     events: &Arc<EventLog>,
-    progress: &Arc<Progress>,
+    progress: &Arc<ProgressDisplay>,
     record: &Arc<RunRecord>,
 ) -> Result<(LoopSpec, Place), String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
@@ -743,7 +748,7 @@ async fn finish_loop(
     places: &BTreeMap<String, Place>,
     repo: &Repo,
     record: &RunRecord,
-    progress: &Progress,
+    progress: &ProgressDisplay,
     events: &EventLog,
 ) -> LoopStatus {
     let mut status = match end {

@@ -37,7 +37,7 @@ struct Row {
 }
 
 /// The progress display; also a transcript sink (to learn each loop's current tool).
-pub struct Progress {
+pub struct ProgressDisplay {
     mode: ProgressMode,
     rows: Mutex<BTreeMap<String, Row>>,
     drawn: Mutex<usize>,
@@ -45,7 +45,7 @@ pub struct Progress {
     out: Mutex<Box<dyn Write + Send>>,
 }
 
-impl Progress {
+impl ProgressDisplay {
     /// A display on stdout for `loops` (name, max iterations) that forwards transcripts to
     /// `inner`.
     pub fn new(
@@ -288,7 +288,7 @@ impl Progress {
     }
 }
 
-impl TranscriptSink for Progress {
+impl TranscriptSink for ProgressDisplay {
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
         if let TranscriptEntry::Response {
             iteration,
@@ -371,9 +371,9 @@ mod tests {
         }
     }
 
-    fn show(mode: ProgressMode) -> (Progress, Buf) {
+    fn show(mode: ProgressMode) -> (ProgressDisplay, Buf) {
         let buf = Buf::default();
-        let p = Progress::with_writer(
+        let p = ProgressDisplay::with_writer(
             mode,
             &[("api".into(), 3), ("client".into(), 5)],
             Arc::new(NoTranscript),

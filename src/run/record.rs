@@ -1,5 +1,5 @@
-//! The run record: what `taskdaemon run` leaves on disk, and the tolerant readers that
-//! `status`, `logs` and outside tests use to read it back.
+//! The run record: what `taskdaemon run` leaves on disk, and the tolerant readers (over
+//! [`td_base::jsonl`]) that `status`, `logs` and outside tests use to read it back.
 //!
 //! Layout of a run directory (`.taskdaemon/runs/<run-id>/`, or `--run-dir DIR`):
 //!
@@ -41,7 +41,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -873,68 +873,20 @@ fn append_line(file: &Mutex<File>, value: &impl Serialize, sync: bool) -> std::i
     td_base::record_io::append(&mut lock(file), line.as_bytes(), sync)
 }
 
-/// What reading a JSONL file found.
-#[derive(Debug)]
-pub struct JsonlRead<T> {
-    /// The lines that parsed, in file order.
-    pub items: Vec<T>,
-    /// Lines that did not: (1-based line number, what was wrong). A line torn by a crash
-    /// (the last one, without its newline) shows up here.
-    pub bad_lines: Vec<(usize, String)>,
-}
+pub use td_base::jsonl::JsonlRead;
 
-impl<T> Default for JsonlRead<T> {
-    fn default() -> Self {
-        JsonlRead {
-            items: Vec::new(),
-            bad_lines: Vec::new(),
-        }
-    }
-}
-
-/// Calls `each` with every non-blank line of the JSONL file at `path`, parsed, in order
-/// (1-based line number, the value or why the line is unreadable). Reads one line at a time,
-/// so memory stays bounded by the longest line.
+/// [`td_base::jsonl::for_each`] (the one tolerant JSONL reader) with this crate's string
+/// errors.
 pub fn for_each_jsonl<T: DeserializeOwned>(
     path: &Path,
-    mut each: impl FnMut(usize, Result<T, String>),
+    each: impl FnMut(usize, Result<T, td_base::jsonl::BadLine>),
 ) -> Result<(), String> {
-    let file = File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut reader = std::io::BufReader::new(file);
-    let mut line = Vec::new();
-    let mut number = 0usize;
-    loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if n == 0 {
-            return Ok(());
-        }
-        number += 1;
-        let complete = line.last() == Some(&b'\n');
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let parsed = serde_json::from_slice::<T>(&line).map_err(|e| {
-            if complete {
-                format!("invalid line: {e}")
-            } else {
-                format!("incomplete last line (the writer stopped in the middle of it): {e}")
-            }
-        });
-        each(number, parsed);
-    }
+    td_base::jsonl::for_each(path, each).map_err(|e| e.to_string())
 }
 
-/// Reads a whole JSONL file, keeping the lines that parse and reporting the others.
+/// [`td_base::jsonl::read`] with this crate's string errors.
 pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<JsonlRead<T>, String> {
-    let mut out = JsonlRead::default();
-    for_each_jsonl(path, |number, parsed| match parsed {
-        Ok(item) => out.items.push(item),
-        Err(e) => out.bad_lines.push((number, e)),
-    })?;
-    Ok(out)
+    td_base::jsonl::read(path).map_err(|e| e.to_string())
 }
 
 /// Reads a run's `events.jsonl`.

@@ -44,7 +44,7 @@ impl RunChain {
         if let Some(key) = slot.as_ref() {
             return Ok(key.clone());
         }
-        let key = Arc::new(ChainKey::load_or_create(&self.key_path())?);
+        let key = Arc::new(ChainKey::load_or_create(&self.key_path()).map_err(|e| e.to_string())?);
         *slot = Some(key.clone());
         Ok(key)
     }
@@ -78,7 +78,9 @@ impl RunChain {
         };
         std::fs::create_dir_all(loop_dir)
             .map_err(|e| format!("cannot create {}: {e}", loop_dir.display()))?;
-        SessionReceipt::from_tally(end, tally).write(&loop_dir.join(SESSION_RECEIPT_FILE), &key)?;
+        SessionReceipt::from_tally(end, tally)
+            .write(&loop_dir.join(SESSION_RECEIPT_FILE), &key)
+            .map_err(|e| e.to_string())?;
         lock(&self.closed).insert(summary.name.clone());
         Ok(())
     }

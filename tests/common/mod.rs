@@ -1,14 +1,79 @@
-//! Helpers shared by the integration tests: git repositories, and finding the processes a
-//! confined command left.
+//! Helpers shared by the integration tests: git repositories, waiting for a condition,
+//! whether commands are fully confined here, and finding the processes a confined command
+//! left.
 
 // Each test crate uses part of this module.
 #![allow(dead_code)]
 
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub mod attack;
+pub mod python_sdk;
 pub mod tool_exec;
+
+/// The lines of the file at `path`; none while it cannot be read (not written yet).
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Polls `done` every 20 ms until it holds; panics, naming `what`, once `limit` has passed.
+pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether this machine confines commands fully (the probe the launcher uses); when not,
+/// the attack tests have nothing to attack (the gap is reported by `status` and the run's
+/// warning instead), and they say which branch they took.
+pub fn fully_confined() -> bool {
+    let missing = td_confine::protections().missing();
+    if !missing.is_empty() {
+        eprintln!("branch: this machine lacks protections: {missing:?}");
+    }
+    missing.is_empty()
+}
+
+/// Starts `command` with its stdin, stdout and stderr piped.
+pub fn spawn_piped(command: &mut Command) -> Child {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {command:?}: {e}"))
+}
+
+/// Writes a project for the scripted model into `root`: a git repository `root/repo` with
+/// `script.yml` (`script`) and `taskdaemon.yml` running `loops` (YAML list items). `{f}` in
+/// the script stands for `root/flags`, a directory the loops' commands may write
+/// (`sandbox.writable`), through which they signal the test. Returns the config's path and
+/// the flags directory.
+pub fn flagged_project(root: &Path, script: &str, loops: &str) -> (PathBuf, PathBuf) {
+    let flags = root.join("flags");
+    let repo = root.join("repo");
+    std::fs::create_dir_all(&flags).unwrap();
+    init_repo(&repo, &[("README.md", "sample\n")]);
+    let f = flags.display().to_string();
+    std::fs::write(repo.join("script.yml"), script.replace("{f}", &f)).unwrap();
+    let config = repo.join("taskdaemon.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "llm: {{provider: scripted, script: script.yml}}\nsandbox: {{writable: ['{f}']}}\nloops:\n{loops}"
+        ),
+    )
+    .unwrap();
+    (config, flags)
+}
 
 /// Runs git in `dir` with a fixed identity and no system config; panics with git's stderr
 /// when it fails; returns its stdout.

@@ -97,10 +97,71 @@ fn escape(bytes: &[u8]) -> String {
     out
 }
 
+/// Why an escaped name in a path is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EscapedNameError {
+    /// `""`: names no file.
+    #[error("the escaped name \"\" is empty")]
+    Empty,
+    /// The bytes would name more than one component (or hold NUL).
+    #[error(
+        "in {name}: a name cannot hold '/' or NUL (write the path's separators outside the quotes)"
+    )]
+    HoldsSeparator {
+        /// The escaped form, quotes included.
+        name: String,
+    },
+    /// The bytes are `.` or `..`.
+    #[error("in {name}: '.' and '..' are not names; write them without quotes")]
+    DotName {
+        /// The escaped form, quotes included.
+        name: String,
+    },
+    /// The escaped form does not parse.
+    #[error("in {name}: {why}")]
+    Malformed {
+        /// The escaped form, quotes included.
+        name: String,
+        /// What is wrong inside the quotes.
+        why: Malformed,
+    },
+}
+
+/// What is wrong inside the quotes of an escaped name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    /// `\/`.
+    #[error("a name cannot hold '/'")]
+    EscapedSlash,
+    /// `\x` without two hex digits.
+    #[error("'\\x' at byte {at} must be followed by two hex digits")]
+    BadHex {
+        /// Byte offset of the backslash inside the quotes.
+        at: usize,
+    },
+    /// A backslash before anything but the escapes listed.
+    #[error("unknown escape '\\{escape}' at byte {at} (use \\\\ \\\" \\n \\r \\t or \\xNN)")]
+    UnknownEscape {
+        /// The character after the backslash.
+        escape: char,
+        /// Byte offset of the backslash inside the quotes.
+        at: usize,
+    },
+    /// The form ends in the middle of an escape.
+    #[error("the escaped form ends with a lone '\\'")]
+    LoneBackslash,
+    /// A `"` that is not escaped.
+    #[error("an unescaped '\"' at byte {at} (write it as \\\" inside the quotes)")]
+    UnescapedQuote {
+        /// Byte offset of the quote inside the quotes.
+        at: usize,
+    },
+}
+
 /// Reads a path the model gave: `None` when no name in it is escaped (use it as it is),
 /// `Some(Ok(bytes))` when its escaped names are well formed, `Some(Err(why))` when one is
 /// broken.
-pub fn parse(input: &str) -> Option<Result<OsString, String>> {
+pub fn parse(input: &str) -> Option<Result<OsString, EscapedNameError>> {
     let escaped = |name: &str| name.len() >= 2 && name.starts_with('"') && name.ends_with('"');
     if !input.split('/').any(escaped) {
         return None;
@@ -112,22 +173,25 @@ pub fn parse(input: &str) -> Option<Result<OsString, String>> {
         }
         if escaped(name) {
             match unescape(&name[1..name.len() - 1]) {
-                Ok(bytes) if bytes.is_empty() => {
-                    return Some(Err("the escaped name \"\" is empty".to_string()));
-                }
+                Ok(bytes) if bytes.is_empty() => return Some(Err(EscapedNameError::Empty)),
                 // An escape names one file, never a path: no `/`, no NUL, not `.` or `..`.
                 Ok(bytes) if bytes.contains(&b'/') || bytes.contains(&0) => {
-                    return Some(Err(format!(
-                        "in {name}: a name cannot hold '/' or NUL (write the path's separators outside the quotes)"
-                    )));
+                    return Some(Err(EscapedNameError::HoldsSeparator {
+                        name: name.to_string(),
+                    }));
                 }
                 Ok(bytes) if bytes == b"." || bytes == b".." => {
-                    return Some(Err(format!(
-                        "in {name}: '.' and '..' are not names; write them without quotes"
-                    )));
+                    return Some(Err(EscapedNameError::DotName {
+                        name: name.to_string(),
+                    }));
                 }
                 Ok(bytes) => out.extend_from_slice(&bytes),
-                Err(why) => return Some(Err(format!("in {name}: {why}"))),
+                Err(why) => {
+                    return Some(Err(EscapedNameError::Malformed {
+                        name: name.to_string(),
+                        why,
+                    }));
+                }
             }
         } else {
             out.extend_from_slice(name.as_bytes());
@@ -137,7 +201,7 @@ pub fn parse(input: &str) -> Option<Result<OsString, String>> {
 }
 
 /// The bytes of the inside of an escaped form.
-fn unescape(inner: &str) -> Result<Vec<u8>, String> {
+fn unescape(inner: &str) -> Result<Vec<u8>, Malformed> {
     let mut out = Vec::with_capacity(inner.len());
     let mut chars = inner.char_indices();
     while let Some((at, c)) = chars.next() {
@@ -148,29 +212,19 @@ fn unescape(inner: &str) -> Result<Vec<u8>, String> {
                 Some((_, 'n')) => out.push(b'\n'),
                 Some((_, 'r')) => out.push(b'\r'),
                 Some((_, 't')) => out.push(b'\t'),
-                Some((_, '/')) => return Err("a name cannot hold '/'".to_string()),
+                Some((_, '/')) => return Err(Malformed::EscapedSlash),
                 Some((_, 'x')) => {
                     let hex: String = chars.by_ref().take(2).map(|(_, h)| h).collect();
                     let byte = (hex.len() == 2)
                         .then(|| u8::from_str_radix(&hex, 16).ok())
                         .flatten()
-                        .ok_or_else(|| {
-                            format!("'\\x' at byte {at} must be followed by two hex digits")
-                        })?;
+                        .ok_or(Malformed::BadHex { at })?;
                     out.push(byte);
                 }
-                Some((_, other)) => {
-                    return Err(format!(
-                        "unknown escape '\\{other}' at byte {at} (use \\\\ \\\" \\n \\r \\t or \\xNN)"
-                    ));
-                }
-                None => return Err("the escaped form ends with a lone '\\'".to_string()),
+                Some((_, escape)) => return Err(Malformed::UnknownEscape { escape, at }),
+                None => return Err(Malformed::LoneBackslash),
             },
-            '"' => {
-                return Err(format!(
-                    "an unescaped '\"' at byte {at} (write it as \\\" inside the quotes)"
-                ));
-            }
+            '"' => return Err(Malformed::UnescapedQuote { at }),
             c => {
                 let mut buf = [0u8; 4];
                 out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
@@ -241,9 +295,50 @@ mod tests {
             ("\"\\x2e\\x2e\"/etc", "not names"),
             ("\"\\x2e\"", "not names"),
         ] {
-            let err = parse(bad).unwrap().unwrap_err();
+            let err = parse(bad).unwrap().unwrap_err().to_string();
             assert!(err.contains(why), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn refusals_say_exactly_what_is_wrong() {
+        for (bad, message) in [
+            (
+                r#""a\q""#,
+                r#"in "a\q": unknown escape '\q' at byte 1 (use \\ \" \n \r \t or \xNN)"#,
+            ),
+            (
+                r#""a\x4""#,
+                r#"in "a\x4": '\x' at byte 1 must be followed by two hex digits"#,
+            ),
+            (
+                r#""a"b""#,
+                r#"in "a"b": an unescaped '"' at byte 1 (write it as \" inside the quotes)"#,
+            ),
+            (
+                r#""a\""#,
+                r#"in "a\": the escaped form ends with a lone '\'"#,
+            ),
+            (r#"d/"""#, r#"the escaped name "" is empty"#),
+            (
+                r#""a\x2fb""#,
+                r#"in "a\x2fb": a name cannot hold '/' or NUL (write the path's separators outside the quotes)"#,
+            ),
+            (
+                r#""\x2e""#,
+                r#"in "\x2e": '.' and '..' are not names; write them without quotes"#,
+            ),
+        ] {
+            let err = parse(bad).unwrap().unwrap_err();
+            assert_eq!(err.to_string(), message, "{bad}");
+        }
+        assert_eq!(
+            parse(r#"x/"a\q""#).unwrap().unwrap_err(),
+            EscapedNameError::Malformed {
+                name: r#""a\q""#.to_string(),
+                why: Malformed::UnknownEscape { escape: 'q', at: 1 },
+            }
+        );
     }
 
     proptest! {

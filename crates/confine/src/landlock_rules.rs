@@ -85,14 +85,22 @@ pub fn device_masks(rules: &Rules<'_>, abi: i32) -> (u64, u64) {
     (dir.bits(), file.bits())
 }
 
+/// Why the Landlock ruleset could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesetError {
+    /// The landlock crate or the kernel refused a step (what it said).
+    #[error("building the Landlock ruleset: {0}")]
+    Landlock(#[from] landlock::RulesetError),
+}
+
 /// Builds the ruleset; `Ok(None)` when the kernel has no Landlock at all. A writable or
 /// readable path that does not exist is skipped (nothing can be granted on it).
-pub fn ruleset(rules: &Rules<'_>) -> Result<Option<OwnedFd>, String> {
+pub fn ruleset(rules: &Rules<'_>) -> Result<Option<OwnedFd>, RulesetError> {
     let read = AccessFs::from_read(NEWEST);
     let write = AccessFs::from_write(NEWEST);
     let handled = handled(rules);
     let grant_dir = handled;
-    let err = |e: landlock::RulesetError| format!("building the Landlock ruleset: {e}");
+    let err = RulesetError::Landlock;
     let mut created = Ruleset::default()
         .handle_access(handled)
         .map_err(err)?

@@ -248,18 +248,31 @@ impl SandboxReport {
 /// machine has none, the error says so (the caller warns: under `sandbox.mode: required`
 /// such a machine runs no commands at all, and refusing every command for this file alone
 /// would turn best-effort into nothing).
-pub fn hide_from_commands(settings: &mut SandboxSettings, path: &Path) -> Result<(), String> {
+pub fn hide_from_commands(settings: &mut SandboxSettings, path: &Path) -> Result<(), HideError> {
     if !settings.secret_files.iter().any(|p| p == path) {
         settings.secret_files.push(path.to_path_buf());
     }
     settings.seals.record(path);
     if !probe::protections().namespaces {
-        return Err(format!(
-            "{} cannot be hidden from commands on this machine (no mount namespaces), so a command could read it",
-            path.display()
-        ));
+        return Err(HideError::NoMountNamespaces {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
+}
+
+/// Why a file could not be hidden from commands (the file tools refuse it all the same).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HideError {
+    /// The machine has no mount namespaces, so commands would read the file.
+    #[error(
+        "{} cannot be hidden from commands on this machine (no mount namespaces), so a command could read it",
+        path.display()
+    )]
+    NoMountNamespaces {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 /// Paths inside a worktree that commands may read but not change.
@@ -302,9 +315,12 @@ pub enum ConfineError {
     /// The no-net lane needs a network namespace.
     #[error("network isolation is not available on this machine (no network namespaces)")]
     NoNetworkIsolation,
-    /// A path could not be handed to the kernel, or a rule could not be built.
+    /// A path could not be handed to the kernel.
     #[error("{0}")]
     Setup(String),
+    /// The Landlock ruleset could not be built.
+    #[error(transparent)]
+    Ruleset(#[from] landlock_rules::RulesetError),
     /// A hidden or protected path is not the one the daemon took on (moved, replaced, gone,
     /// or reachable under another name); the message names it.
     #[error("{0}")]
@@ -354,7 +370,7 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         private_shm,
     };
     let landlock = if protections.landlock_abi > 0 {
-        landlock_rules::ruleset(&rules).map_err(ConfineError::Setup)?
+        landlock_rules::ruleset(&rules)?
     } else {
         None
     };

@@ -3,7 +3,7 @@
 //! with stdin closed, stdout and stderr captured into bounded head+tail buffers while it
 //! runs, and a timeout.
 //!
-//! A confined command ([`RunOptions::confined`], what every tool uses) runs under the
+//! A confined command ([`CommandOptions::confined`], what every tool uses) runs under the
 //! policy of `crate`: no capabilities, Landlock, seccomp, its own PID and mount
 //! namespaces (and network namespace in the no-net lane), a built environment. Its process
 //! tree is `monitor -> init -> command` (see `confine::child`): when the command exits, times
@@ -61,7 +61,7 @@ const SHELL: &str = "/bin/sh";
 
 /// What to run and under which limits.
 #[derive(Debug)]
-pub struct RunOptions {
+pub struct CommandOptions {
     command: String,
     cwd: PathBuf,
     timeout: Duration,
@@ -70,7 +70,7 @@ pub struct RunOptions {
     confinement: Option<Prepared>,
 }
 
-impl RunOptions {
+impl CommandOptions {
     /// `command` run by `/bin/sh -c` in `cwd`, with a 120 s timeout, 100 000 bytes kept per
     /// stream, unconfined, with the environment inherited.
     pub fn new(command: impl Into<String>, cwd: impl Into<PathBuf>) -> Self {
@@ -183,7 +183,7 @@ pub enum RunError {
 
 /// Runs `options.command` to completion, timeout or cancellation. See the module docs for
 /// what is guaranteed about child processes and memory.
-pub async fn run(options: RunOptions) -> Result<RunOutput, RunError> {
+pub async fn run(options: CommandOptions) -> Result<RunOutput, RunError> {
     if options.command.contains('\0') {
         return Err(RunError::InvalidCommand);
     }
@@ -423,8 +423,8 @@ mod tests {
     use std::path::Path;
     use std::time::Instant;
 
-    fn opts(command: &str, dir: &Path) -> RunOptions {
-        RunOptions::new(command, dir).timeout(Duration::from_secs(20))
+    fn opts(command: &str, dir: &Path) -> CommandOptions {
+        CommandOptions::new(command, dir).timeout(Duration::from_secs(20))
     }
 
     /// True once `pid` no longer runs: gone, or a zombie nobody reaped (PID 1 of a container
@@ -499,7 +499,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pids");
         let started = Instant::now();
-        let out = run(RunOptions::new(
+        let out = run(CommandOptions::new(
             format!(
                 "sleep 1000 & echo $! > {p}; sleep 1000 & echo $! >> {p}; echo started; wait",
                 p = pidfile.display()
@@ -640,7 +640,7 @@ mod tests {
     }
 
     /// A confined command in `worktree` (default settings), with its temp dir in `tmp`.
-    fn confined(command: &str, worktree: &Path, tmp: &Path, no_network: bool) -> RunOptions {
+    fn confined(command: &str, worktree: &Path, tmp: &Path, no_network: bool) -> CommandOptions {
         static SETTINGS: std::sync::OnceLock<crate::SandboxSettings> = std::sync::OnceLock::new();
         let settings = SETTINGS.get_or_init(Default::default);
         let prepared = crate::prepare(&crate::CommandPolicy {

@@ -14,7 +14,7 @@ use td_toolkit::call_path::CallPath;
 use crate::prompt;
 use crate::transcript::TranscriptSink;
 use crate::turns::{TurnRules, Turns, TurnsEnd};
-use crate::{EngineConfig, Progress};
+use crate::{EngineConfig, ProgressNotes};
 
 /// Model turns an answer may take before it gives up.
 const MAX_ANSWER_TURNS: u32 = 4;
@@ -44,7 +44,7 @@ pub struct Answerer {
     /// The loop's calls (context, tools, routes, lanes, receipts), shared with its engine.
     calls: Arc<CallPath>,
     llm: Arc<dyn LlmClient>,
-    progress: Arc<Progress>,
+    progress: Arc<ProgressNotes>,
     transcript: Arc<dyn TranscriptSink>,
     /// The tools an answer may use, looked up at the first question (loops of one type
     /// share them).
@@ -58,7 +58,7 @@ impl Answerer {
         config: &EngineConfig,
         calls: Arc<CallPath>,
         llm: Arc<dyn LlmClient>,
-        progress: Arc<Progress>,
+        progress: Arc<ProgressNotes>,
         transcript: Arc<dyn TranscriptSink>,
     ) -> Self {
         Self {
@@ -267,7 +267,7 @@ mod tests {
             &config,
             calls,
             llm.clone(),
-            Arc::new(Progress::default()),
+            Arc::new(ProgressNotes::default()),
             transcripts.clone(),
         );
         let answer = answerer.answer("a", "what is there?").await.unwrap();
@@ -355,7 +355,7 @@ mod tests {
             &config,
             calls,
             Arc::new(Forever),
-            Arc::new(Progress::default()),
+            Arc::new(ProgressNotes::default()),
             Arc::new(crate::transcript::NoTranscript),
         );
         let err = answerer.answer("a", "q").await.unwrap_err();

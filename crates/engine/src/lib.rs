@@ -110,11 +110,11 @@ impl Inbox {
 
 /// Notes carried from one iteration to the next (and shown to query answerers).
 #[derive(Debug, Default)]
-pub struct Progress {
+pub struct ProgressNotes {
     notes: Mutex<Vec<String>>,
 }
 
-impl Progress {
+impl ProgressNotes {
     /// Adds a note.
     pub fn push(&self, note: String) {
         lock(&self.notes).push(note);
@@ -175,7 +175,7 @@ pub struct Engine {
     /// Waiting shares and alerts.
     pub inbox: Arc<Inbox>,
     /// Notes across iterations.
-    pub progress: Arc<Progress>,
+    pub progress: Arc<ProgressNotes>,
     /// The run's events.
     pub events: Arc<EventLog>,
     /// The loop's transcript.

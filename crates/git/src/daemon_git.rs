@@ -2,6 +2,9 @@
 //! merges, the fresh copy of `copy-repo: true`, reading HEAD). That git is the daemon's own
 //! work and runs unconfined, so nothing a loop can write may steer it into running code.
 
+use std::path::Path;
+use std::process::Stdio;
+
 /// Arguments that turn off every hook for one git command. Hooks commonly run scripts from
 /// the worktree (husky, pre-commit), which a loop controls; `--no-verify` skips only
 /// `pre-commit` and `commit-msg`, while `prepare-commit-msg`, `post-commit`,
@@ -16,3 +19,53 @@
 /// Checked with git 2.39 and 2.47 (`tests/daemon_git_hooks.rs` runs every git on the
 /// machine).
 pub const NO_HOOKS: [&str; 2] = ["-c", "core.hooksPath=/dev/null"];
+
+/// Environment variables removed from every git command the daemon runs for a repository it
+/// names: each would make git act on another repository, index or identity (a daemon
+/// started from a git hook inherits them).
+pub const SCRUBBED_ENV: &[&str] = &[
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+];
+
+/// A `git` command run in `dir` with everything the daemon's own git gets; the caller adds
+/// the subcommand and its arguments, and how stdout and stderr are taken.
+///
+/// - no hooks ([`NO_HOOKS`]); no fsmonitor, and nested repositories (gitlinks) are not
+///   entered by status or diff: a loop's commands may create a nested repository in its
+///   worktree, and its config must not run anything when the daemon's unconfined git looks
+///   into it (`-c` reaches git's child processes too, through `GIT_CONFIG_PARAMETERS`);
+/// - stdin closed, no terminal prompt, a no-op editor;
+/// - its own process group: a Ctrl-C at the terminal goes to the foreground group, and must
+///   reach the daemon (which stops cleanly), never a git halfway through;
+/// - none of [`SCRUBBED_ENV`].
+pub fn command(dir: &Path) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("git");
+    cmd.args([
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "diff.ignoreSubmodules=all",
+    ])
+    .args(NO_HOOKS)
+    .current_dir(dir)
+    .stdin(Stdio::null())
+    .env("GIT_TERMINAL_PROMPT", "0")
+    .env("GIT_EDITOR", "true")
+    .process_group(0);
+    for key in SCRUBBED_ENV {
+        cmd.env_remove(key);
+    }
+    cmd
+}

@@ -3,4 +3,5 @@
 
 pub mod daemon_git;
 pub mod fresh_copy;
+pub mod head;
 pub mod worktree;

@@ -51,23 +51,6 @@ const LISTED_FILES: usize = 10;
 /// Longest git stderr quoted in an error (head and tail are kept).
 const MAX_STDERR: usize = 2000;
 
-/// Environment variables removed from every git command: each would make git act on another
-/// repository, index or identity than the one this module names.
-const SCRUBBED_ENV: &[&str] = &[
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR",
-    "GIT_NAMESPACE",
-    "GIT_PREFIX",
-    "GIT_AUTHOR_NAME",
-    "GIT_AUTHOR_EMAIL",
-    "GIT_COMMITTER_NAME",
-    "GIT_COMMITTER_EMAIL",
-];
-
 /// Result of this module's operations.
 pub type Result<T, E = WorktreeError> = std::result::Result<T, E>;
 
@@ -273,32 +256,12 @@ impl Git {
         S: AsRef<OsStr>,
     {
         let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-        let mut cmd = tokio::process::Command::new("git");
-        // A loop's commands may create a nested repository in its worktree; its config must
-        // not run anything when the daemon's (unconfined) git looks into it: no fsmonitor,
-        // and nested repositories (gitlinks) are not entered by status or diff. `-c` reaches
-        // git's child processes too (GIT_CONFIG_PARAMETERS).
-        cmd.args([
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "diff.ignoreSubmodules=all",
-        ])
-        // No hooks: see `crate::daemon_git::NO_HOOKS`.
-        .args(crate::daemon_git::NO_HOOKS)
-        .args(&args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_EDITOR", "true")
-        // Its own process group: a Ctrl-C at the terminal goes to the foreground group,
-        // and must reach the run (which stops cleanly), never a merge halfway through.
-        .process_group(0);
-        for key in SCRUBBED_ENV {
-            cmd.env_remove(key);
-        }
+        // The daemon's git environment: no hooks, no fsmonitor, nothing inherited that points
+        // at another repository, its own process group (see `crate::daemon_git::command`).
+        let mut cmd = tokio::process::Command::from(crate::daemon_git::command(dir));
+        cmd.args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (key, value) in self.extra_env.iter() {
             cmd.env(key, value);
         }

@@ -11,7 +11,6 @@
 //! - `usage.input_tokens` counts every prompt token the call consumed: Anthropic reports
 //!   cache reads and cache writes apart from `input_tokens`, so they are added in.
 
-use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -19,7 +18,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
-use super::http::{ApiKey, HttpSettings, HttpTransport, quote_json};
+use td_protocol::tool_definition::ToolDefinition;
+
+use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
 use super::{
     Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
 };
@@ -45,22 +46,13 @@ pub struct AnthropicSettings {
 }
 
 /// A client of the Anthropic Messages API.
+// Debug is derived: the transport's own Debug leaves out the headers, which hold the key.
+#[derive(Debug)]
 pub struct AnthropicClient {
     transport: HttpTransport,
     model: String,
     max_tokens: u32,
     temperature: Option<f64>,
-}
-
-impl fmt::Debug for AnthropicClient {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnthropicClient")
-            .field("transport", &self.transport)
-            .field("model", &self.model)
-            .field("max_tokens", &self.max_tokens)
-            .field("temperature", &self.temperature)
-            .finish()
-    }
 }
 
 impl AnthropicClient {
@@ -69,7 +61,7 @@ impl AnthropicClient {
         settings: AnthropicSettings,
         http: HttpSettings,
         in_flight: Arc<Semaphore>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SetupError> {
         let mut headers = HeaderMap::new();
         headers.insert(
             HeaderName::from_static("x-api-key"),
@@ -113,17 +105,7 @@ impl AnthropicClient {
             .collect();
         body.insert("messages".into(), Value::Array(messages));
         if !request.tools.is_empty() {
-            let tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({
-                        "name": t.name,
-                        "description": t.description,
-                        "input_schema": t.input_schema,
-                    })
-                })
-                .collect();
+            let tools: Vec<Value> = request.tools.iter().map(tool_json).collect();
             body.insert("tools".into(), Value::Array(tools));
         }
         if let Some(t) = self.temperature {
@@ -131,6 +113,16 @@ impl AnthropicClient {
         }
         Value::Object(body)
     }
+}
+
+/// A tool definition as the Messages API takes it: `{name, description, input_schema}`.
+/// Requests send it, and `taskdaemon tools list --format anthropic` prints it.
+pub fn tool_json(tool: &ToolDefinition) -> Value {
+    json!({
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": tool.input_schema,
+    })
 }
 
 fn block_json(block: &Block) -> Option<Value> {
@@ -234,7 +226,8 @@ impl LlmClient for AnthropicClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Message, Purpose};
+    use crate::Message;
+    use crate::test_support::request;
     use td_protocol::tool_definition::ToolDefinition;
 
     fn client(temperature: Option<f64>) -> AnthropicClient {
@@ -250,16 +243,6 @@ mod tests {
             Arc::new(Semaphore::new(1)),
         )
         .unwrap()
-    }
-
-    fn request(messages: Vec<Message>) -> LlmRequest {
-        LlmRequest {
-            loop_name: "l".into(),
-            purpose: Purpose::Iteration,
-            system: String::new(),
-            messages,
-            tools: Vec::new().into(),
-        }
     }
 
     #[test]

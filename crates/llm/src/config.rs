@@ -30,10 +30,10 @@ use tokio::sync::Semaphore;
 
 use super::LlmClient;
 use super::anthropic::{self, AnthropicClient, AnthropicSettings};
-use super::http::{self, DEFAULT_MAX_BODY_BYTES, HttpSettings, KeySource};
+use super::http::{self, DEFAULT_MAX_BODY_BYTES, HttpSettings, KeyError, KeySource, SetupError};
 use super::openai::{self, OpenAiClient, OpenAiSettings};
 use super::redacting::RedactingClient;
-use super::scripted::ScriptedLlm;
+use super::scripted::{ScriptError, ScriptedLlm};
 
 /// Default output limit for Anthropic, which requires one.
 pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = 4096;
@@ -49,6 +49,58 @@ pub const MAX_RETRY_BASE_MS: u64 = 60_000;
 pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
 /// Most timeout accepted, in milliseconds (one hour).
 pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+/// An `llm:` section that cannot be used, with every reason (each says what to change).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("llm: {}", .problems.join("; "))]
+pub struct InvalidConfig {
+    /// One sentence per wrong or missing key.
+    pub problems: Vec<String>,
+}
+
+/// Why no client could be built from an `llm:` section. (A cause shown in the message is
+/// not also given as `source()`, so that a chain printer does not say it twice.)
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The section itself is wrong.
+    #[error(transparent)]
+    Invalid(#[from] InvalidConfig),
+    /// The scripted provider's script cannot be read or parsed.
+    #[error(transparent)]
+    Script(#[from] ScriptError),
+    /// The configured key source cannot be read, or its key is unusable.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// Anthropic needs a key and the variable holding it is not set.
+    #[error(
+        "llm: provider anthropic needs an API key: set the environment variable {variable} \
+         (or name another variable with `api-key-env`, or a file with `api-key-file`)"
+    )]
+    AnthropicKeyMissing {
+        /// The variable looked in.
+        variable: String,
+    },
+    /// The key source gave no key.
+    #[error("llm: no API key in {origin}")]
+    NoKey {
+        /// The source, described ("the file k.txt").
+        origin: String,
+    },
+    /// `api-key-env` names a variable that is not set.
+    #[error(
+        "llm: `api-key-env` names {origin}, which is not set; set it or remove `api-key-env` for a server that needs no key"
+    )]
+    KeyVariableUnset {
+        /// The variable, described.
+        origin: String,
+    },
+    /// The provider's client cannot be made (its key or its URL).
+    #[error("llm: {0}")]
+    Client(SetupError),
+    /// A network provider without a key source (a bug: every network provider has one).
+    #[error("no key source")]
+    NoKeySource,
+}
 
 /// Which model provider a run uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -116,7 +168,7 @@ pub struct LlmConfig {
 impl LlmConfig {
     /// Checks the section without touching files or the environment, so a config can be
     /// refused at load time with every reason a key is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         let provider = self.provider.name();
         let mut problems = Vec::new();
         let network_keys = [
@@ -218,7 +270,7 @@ impl LlmConfig {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!("llm: {}", problems.join("; ")))
+            Err(InvalidConfig { problems })
         }
     }
 
@@ -259,7 +311,7 @@ pub fn build_client(
     cfg: &LlmConfig,
     base_dir: &Path,
     in_flight: Arc<Semaphore>,
-) -> Result<Arc<dyn LlmClient>, String> {
+) -> Result<Arc<dyn LlmClient>, BuildError> {
     build_client_with_env(cfg, base_dir, in_flight, &|name| std::env::var(name).ok())
 }
 
@@ -270,7 +322,7 @@ pub fn build_client_with_env(
     base_dir: &Path,
     in_flight: Arc<Semaphore>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Arc<dyn LlmClient>, String> {
+) -> Result<Arc<dyn LlmClient>, BuildError> {
     let client = build_provider(cfg, base_dir, in_flight, env)?;
     Ok(Arc::new(RedactingClient::new(client)))
 }
@@ -281,7 +333,7 @@ fn build_provider(
     base_dir: &Path,
     in_flight: Arc<Semaphore>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Arc<dyn LlmClient>, String> {
+) -> Result<Arc<dyn LlmClient>, BuildError> {
     cfg.validate()?;
     let model = cfg.model.clone().unwrap_or_default().trim().to_string();
     match cfg.provider {
@@ -291,13 +343,14 @@ fn build_provider(
             Ok(Arc::new(llm))
         }
         ProviderKind::Anthropic => {
-            let source = cfg.key_source(base_dir).ok_or("no key source")?;
+            let source = cfg.key_source(base_dir).ok_or(BuildError::NoKeySource)?;
             let api_key = source.load(env)?.ok_or_else(|| match &source {
-                KeySource::Env(name) => format!(
-                    "llm: provider anthropic needs an API key: set the environment variable {name} \
-                     (or name another variable with `api-key-env`, or a file with `api-key-file`)"
-                ),
-                KeySource::File(_) => format!("llm: no API key in {}", source.describe()),
+                KeySource::Env(name) => BuildError::AnthropicKeyMissing {
+                    variable: name.clone(),
+                },
+                KeySource::File(_) => BuildError::NoKey {
+                    origin: source.describe(),
+                },
             })?;
             let settings = AnthropicSettings {
                 base_url: cfg
@@ -310,19 +363,18 @@ fn build_provider(
                 api_key,
             };
             let client = AnthropicClient::new(settings, cfg.http_settings(), in_flight)
-                .map_err(|e| format!("llm: {e}"))?;
+                .map_err(BuildError::Client)?;
             Ok(Arc::new(client))
         }
         ProviderKind::Openai => {
-            let source = cfg.key_source(base_dir).ok_or("no key source")?;
+            let source = cfg.key_source(base_dir).ok_or(BuildError::NoKeySource)?;
             let api_key = source.load(env)?;
             // A variable the user named must exist; the default one is optional because
             // local servers (Ollama, llama.cpp, vLLM) need no key.
             if api_key.is_none() && cfg.api_key_env.is_some() {
-                return Err(format!(
-                    "llm: `api-key-env` names {}, which is not set; set it or remove `api-key-env` for a server that needs no key",
-                    source.describe()
-                ));
+                return Err(BuildError::KeyVariableUnset {
+                    origin: source.describe(),
+                });
             }
             let settings = OpenAiSettings {
                 base_url: cfg
@@ -335,7 +387,7 @@ fn build_provider(
                 api_key,
             };
             let client = OpenAiClient::new(settings, cfg.http_settings(), in_flight)
-                .map_err(|e| format!("llm: {e}"))?;
+                .map_err(BuildError::Client)?;
             Ok(Arc::new(client))
         }
     }
@@ -361,7 +413,7 @@ mod tests {
     ) -> String {
         match build_client_with_env(cfg, dir, in_flight, env) {
             Ok(_) => panic!("{cfg:?} built"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         }
     }
 
@@ -510,7 +562,7 @@ mod tests {
             ),
         ];
         for (yaml, want) in cases {
-            let err = parse(yaml).unwrap().validate().unwrap_err();
+            let err = parse(yaml).unwrap().validate().unwrap_err().to_string();
             assert!(err.contains(want), "{yaml:?}: {err}");
         }
         parse("provider: openai\nmodel: m\ntemperature: 1.5\n")
@@ -522,6 +574,9 @@ mod tests {
             .unwrap()
             .validate()
             .unwrap_err();
+        assert_eq!(err.problems.len(), 3, "{err}");
+        let err = err.to_string();
+        assert!(err.starts_with("llm: "), "{err}");
         assert!(
             err.contains("`script`") && err.contains("`model`") && err.contains("max-tokens"),
             "{err}"
@@ -532,9 +587,13 @@ mod tests {
     fn anthropic_without_a_key_names_the_variable() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = parse("provider: anthropic\nmodel: m\n").unwrap();
+        assert!(matches!(
+            build_client_with_env(&cfg, dir.path(), sem(), &no_env),
+            Err(BuildError::AnthropicKeyMissing { variable }) if variable == "ANTHROPIC_API_KEY"
+        ));
         let err = build_err(&cfg, dir.path(), sem(), &no_env);
         assert!(
-            err.contains("set the environment variable ANTHROPIC_API_KEY"),
+            err.starts_with("llm: provider anthropic needs an API key: set the environment variable ANTHROPIC_API_KEY (or name"),
             "{err}"
         );
         let cfg = parse("provider: anthropic\nmodel: m\napi-key-env: MY_KEY\n").unwrap();

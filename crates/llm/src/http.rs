@@ -1,7 +1,8 @@
-//! The HTTP side shared by the network providers: pooled reqwest clients (rustls; one for
-//! loopback endpoints, which bypass proxies, one for the rest), a per-request timeout, retries with exponential backoff and full jitter, the run-wide limit
-//! on model calls in flight, a cap on the bytes read from a reply, and API keys (from an
-//! environment variable or a file; never printed).
+//! The HTTP side shared by the network providers: a per-request timeout, retries with
+//! exponential backoff and full jitter, the run-wide limit on model calls in flight, a cap on
+//! the bytes read from a reply, and API keys (from an environment variable or a file; never
+//! printed). The pooled clients (rustls; loopback endpoints bypass proxies; redirects are not
+//! followed) and the capped body reader are td-http's, shared with the web tools.
 //!
 //! Retry policy: a 429 or any 5xx (Anthropic's 529 "overloaded" included), a refused or broken
 //! connection and a timeout are retried; every other 4xx is final, because sending the same
@@ -16,12 +17,13 @@
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{StatusCode, Url};
 use serde_json::Value;
+use td_http::{ClientError, Redirects};
 use tokio::sync::Semaphore;
 
 use super::LlmError;
@@ -60,6 +62,72 @@ impl Default for HttpSettings {
     }
 }
 
+/// Why an API key cannot be had or used. The messages name where the key comes from, never
+/// the key. (A cause shown in the message is not also given as `source()`, so that a chain
+/// printer does not say it twice.)
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key is empty once trimmed.
+    #[error("the API key from {origin} is empty; put the key there")]
+    Empty {
+        /// Where it came from ("the environment variable X", "the file Y").
+        origin: String,
+    },
+    /// The key holds bytes an HTTP header cannot carry.
+    #[error(
+        "the API key from {origin} contains characters an HTTP header cannot carry \
+         (control characters or non-ASCII); check that it was copied correctly"
+    )]
+    NotAHeaderValue {
+        /// Where it came from.
+        origin: String,
+    },
+    /// The key file named in the config cannot be read.
+    #[error("cannot read the API key file {}: {error}", .path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The key with its prefix is not a header value.
+    #[error("the API key cannot be used as an HTTP header")]
+    Unusable,
+}
+
+/// Why a transport cannot be set up for a model URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    /// The URL does not parse.
+    #[error("invalid model URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL as configured.
+        url: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// The URL is not http(s).
+    #[error("the model URL {url} must start with http:// or https://")]
+    NotHttp {
+        /// The URL.
+        url: String,
+    },
+    /// No HTTP client could be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// Why a provider client cannot be made: its key or its endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The key cannot be sent.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The endpoint cannot be reached this way.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+}
+
 /// An API key. Its `Debug` and `Display` never show it, so it cannot leak into logs or
 /// error messages by accident.
 #[derive(Clone, PartialEq, Eq)]
@@ -68,26 +136,25 @@ pub struct ApiKey(String);
 impl ApiKey {
     /// Checks a key: not empty once trimmed, and usable as an HTTP header value.
     /// `origin` (a variable or file name) is named in the error; the key never is.
-    pub fn new(key: &str, origin: &str) -> Result<Self, String> {
+    pub fn new(key: &str, origin: &str) -> Result<Self, KeyError> {
         let key = key.trim();
         if key.is_empty() {
-            return Err(format!(
-                "the API key from {origin} is empty; put the key there"
-            ));
+            return Err(KeyError::Empty {
+                origin: origin.to_string(),
+            });
         }
         if HeaderValue::from_str(key).is_err() {
-            return Err(format!(
-                "the API key from {origin} contains characters an HTTP header cannot carry \
-                 (control characters or non-ASCII); check that it was copied correctly"
-            ));
+            return Err(KeyError::NotAHeaderValue {
+                origin: origin.to_string(),
+            });
         }
         Ok(ApiKey(key.to_string()))
     }
 
     /// The key as a header value marked sensitive (reqwest and hyper never print those).
-    pub(crate) fn header_value(&self, prefix: &str) -> Result<HeaderValue, String> {
+    pub(crate) fn header_value(&self, prefix: &str) -> Result<HeaderValue, KeyError> {
         let mut value = HeaderValue::from_str(&format!("{prefix}{}", self.0))
-            .map_err(|_| "the API key cannot be used as an HTTP header".to_string())?;
+            .map_err(|_| KeyError::Unusable)?;
         value.set_sensitive(true);
         Ok(value)
     }
@@ -116,7 +183,7 @@ impl KeySource {
     /// The key read is registered as a secret (under the variable's name, or
     /// `api-key-file`) before anything else is done with it, so that a provider echoing it
     /// back, or a command printing it, shows a marker instead, whatever its name or source.
-    pub fn load(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<ApiKey>, String> {
+    pub fn load(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<ApiKey>, KeyError> {
         match self {
             KeySource::Env(name) => match env(name) {
                 Some(value) if !value.trim().is_empty() => {
@@ -126,8 +193,10 @@ impl KeySource {
                 _ => Ok(None),
             },
             KeySource::File(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read the API key file {}: {e}", path.display()))?;
+                let text = std::fs::read_to_string(path).map_err(|error| KeyError::Unreadable {
+                    path: path.clone(),
+                    error,
+                })?;
                 td_base::secrets::register("api-key-file", &text);
                 ApiKey::new(&text, &format!("the file {}", path.display())).map(Some)
             }
@@ -189,16 +258,21 @@ impl HttpTransport {
         mut headers: HeaderMap,
         settings: HttpSettings,
         in_flight: Arc<Semaphore>,
-    ) -> Result<Self, String> {
-        let url = Url::parse(url).map_err(|e| format!("invalid model URL {url}: {e}"))?;
+    ) -> Result<Self, EndpointError> {
+        let url = Url::parse(url).map_err(|e| EndpointError::InvalidUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
-                "the model URL {url} must start with http:// or https://"
-            ));
+            return Err(EndpointError::NotHttp {
+                url: url.to_string(),
+            });
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         Ok(HttpTransport {
-            client: shared_client(&url)?,
+            // Redirects are not followed: the request (key included) must not be sent on to
+            // wherever a misconfigured endpoint points.
+            client: td_http::shared_client(&url, Redirects::Never)?,
             url,
             headers,
             settings,
@@ -260,7 +334,7 @@ impl HttpTransport {
                 "the run is shutting down (model call limiter closed)".to_string(),
             ))
         })?;
-        let response = self
+        let mut response = self
             .client
             .post(self.url.clone())
             .headers(self.headers.clone())
@@ -271,15 +345,28 @@ impl HttpTransport {
             .map_err(|e| self.transport_failure(&e))?;
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
-        let body = read_capped(response, self.settings.max_body_bytes)
-            .await
-            .map_err(|failure| match failure {
-                ReadFailure::TooLarge => Attempt::Fatal(LlmError::BadReply(format!(
-                    "the reply from {} is larger than {} bytes",
-                    self.url, self.settings.max_body_bytes
-                ))),
-                ReadFailure::Broken(e) => self.transport_failure(&e),
-            })?;
+        let cap = self.settings.max_body_bytes;
+        let too_large = || {
+            Attempt::Fatal(LlmError::BadReply(format!(
+                "the reply from {} is larger than {cap} bytes",
+                self.url
+            )))
+        };
+        // Refused by its announced length before a byte is read, else while streaming.
+        if response
+            .content_length()
+            .is_some_and(|len| len > cap as u64)
+        {
+            return Err(too_large());
+        }
+        let read = td_http::read_capped(&mut response, cap).await;
+        if let Some(e) = &read.interrupted {
+            return Err(self.transport_failure(e));
+        }
+        if read.truncated {
+            return Err(too_large());
+        }
+        let body = read.bytes;
         if status.is_success() {
             return serde_json::from_slice(&body).map_err(|e| {
                 Attempt::Fatal(LlmError::BadReply(format!(
@@ -310,7 +397,7 @@ impl HttpTransport {
         } else {
             format!("request to {} failed", self.url)
         };
-        let error = LlmError::Transport(format!("{what}: {}", error_chain(err)));
+        let error = LlmError::Transport(format!("{what}: {}", td_http::error_chain(err)));
         if err.is_builder() {
             Attempt::Fatal(error)
         } else {
@@ -320,72 +407,6 @@ impl HttpTransport {
             }
         }
     }
-}
-
-/// One reqwest client per proxy mode for the whole process, so connections are pooled
-/// across loops. Loopback endpoints (Ollama, llama.cpp, vLLM on this machine) bypass any
-/// proxy from the environment, which could not reach them on our behalf.
-fn shared_client(url: &Url) -> Result<reqwest::Client, String> {
-    static PROXIED: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
-    static DIRECT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
-    let host = url.host_str().unwrap_or_default();
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    let cell = if loopback { &DIRECT } else { &PROXIED };
-    cell.get_or_init(|| {
-        let mut builder = reqwest::Client::builder()
-            .user_agent(concat!("taskdaemon/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none());
-        if loopback {
-            builder = builder.no_proxy();
-        }
-        builder
-            .build()
-            .map_err(|e| format!("the HTTP client could not be set up: {}", error_chain(&e)))
-    })
-    .clone()
-}
-
-/// The error and its sources, joined: reqwest's own message rarely says why.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![err.to_string()];
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
-}
-
-enum ReadFailure {
-    TooLarge,
-    Broken(reqwest::Error),
-}
-
-/// Reads a body, refusing more than `cap` bytes (by Content-Length up front, and while
-/// streaming for servers that send none).
-async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Vec<u8>, ReadFailure> {
-    if response
-        .content_length()
-        .is_some_and(|len| len > cap as u64)
-    {
-        return Err(ReadFailure::TooLarge);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(ReadFailure::Broken)? {
-        if body.len() + chunk.len() > cap {
-            return Err(ReadFailure::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// The wait a reply asks for: `retry-after-ms` (milliseconds), else `retry-after` as
@@ -642,9 +663,19 @@ mod tests {
         assert!(header.is_sensitive());
         assert_eq!(header.to_str().unwrap(), "Bearer sk-secret-123");
 
-        let empty = ApiKey::new(" \n", "the file k").unwrap_err();
+        assert!(matches!(
+            ApiKey::new(" \n", "the file k"),
+            Err(KeyError::Empty { origin }) if origin == "the file k"
+        ));
+        assert!(matches!(
+            ApiKey::new("a\u{1}b", "x"),
+            Err(KeyError::NotAHeaderValue { .. })
+        ));
+        let empty = ApiKey::new(" \n", "the file k").unwrap_err().to_string();
         assert!(empty.contains("the file k is empty"), "{empty}");
-        let weird = ApiKey::new("sk-\u{7}bell", "the environment variable K").unwrap_err();
+        let weird = ApiKey::new("sk-\u{7}bell", "the environment variable K")
+            .unwrap_err()
+            .to_string();
         assert!(weird.contains("environment variable K"), "{weird}");
         assert!(!weird.contains("bell"), "{weird}");
     }
@@ -670,11 +701,17 @@ mod tests {
             .load(&env)
             .unwrap_err();
         assert!(
+            matches!(&missing, KeyError::Unreadable { path, error }
+                if path.ends_with("nope") && error.kind() == std::io::ErrorKind::NotFound),
+            "{missing:?}"
+        );
+        let missing = missing.to_string();
+        assert!(
             missing.contains("cannot read the API key file"),
             "{missing}"
         );
         std::fs::write(&file, "").unwrap();
-        let empty = KeySource::File(file).load(&env).unwrap_err();
+        let empty = KeySource::File(file).load(&env).unwrap_err().to_string();
         assert!(empty.contains("is empty"), "{empty}");
     }
 
@@ -729,16 +766,22 @@ mod tests {
     #[test]
     fn only_http_urls_are_accepted() {
         let sem = Arc::new(Semaphore::new(1));
+        assert!(matches!(
+            HttpTransport::new("ftp://x/y", HeaderMap::new(), HttpSettings::default(), sem.clone()),
+            Err(EndpointError::NotHttp { url }) if url == "ftp://x/y"
+        ));
         let err = HttpTransport::new(
             "ftp://x/y",
             HeaderMap::new(),
             HttpSettings::default(),
             sem.clone(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("http://"), "{err}");
         let err = HttpTransport::new("not a url", HeaderMap::new(), HttpSettings::default(), sem)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("invalid model URL"), "{err}");
     }
 

@@ -16,6 +16,23 @@ pub mod openai;
 pub mod redacting;
 pub mod scripted;
 
+/// What the providers' tests share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::{LlmRequest, Message, Purpose};
+
+    /// An iteration request of loop `l` with `messages`, no system prompt and no tools.
+    pub(crate) fn request(messages: Vec<Message>) -> LlmRequest {
+        LlmRequest {
+            loop_name: "l".into(),
+            purpose: Purpose::Iteration,
+            system: String::new(),
+            messages,
+            tools: Vec::new().into(),
+        }
+    }
+}
+
 /// Why a model is called.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

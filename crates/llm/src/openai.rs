@@ -26,7 +26,6 @@
 //! - `finish_reason: "stop"` with tool calls (older Ollama) counts as tool use;
 //! - missing `usage` counts as zero tokens.
 
-use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -34,7 +33,9 @@ use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
-use super::http::{ApiKey, HttpSettings, HttpTransport, quote_json};
+use td_protocol::tool_definition::ToolDefinition;
+
+use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
 use super::{
     Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
 };
@@ -61,22 +62,13 @@ pub struct OpenAiSettings {
 }
 
 /// A client of an OpenAI-compatible Chat Completions endpoint.
+// Debug is derived: the transport's own Debug leaves out the headers, which hold the key.
+#[derive(Debug)]
 pub struct OpenAiClient {
     transport: HttpTransport,
     model: String,
     max_tokens: Option<u32>,
     temperature: Option<f64>,
-}
-
-impl fmt::Debug for OpenAiClient {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAiClient")
-            .field("transport", &self.transport)
-            .field("model", &self.model)
-            .field("max_tokens", &self.max_tokens)
-            .field("temperature", &self.temperature)
-            .finish()
-    }
 }
 
 impl OpenAiClient {
@@ -85,7 +77,7 @@ impl OpenAiClient {
         settings: OpenAiSettings,
         http: HttpSettings,
         in_flight: Arc<Semaphore>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SetupError> {
         let mut headers = HeaderMap::new();
         if let Some(key) = &settings.api_key {
             headers.insert(AUTHORIZATION, key.header_value("Bearer ")?);
@@ -129,20 +121,7 @@ impl OpenAiClient {
         body.insert("model".into(), json!(self.model));
         body.insert("messages".into(), Value::Array(messages));
         if !request.tools.is_empty() {
-            let tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({
-                        "type": "function",
-                        "function": {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters": t.input_schema,
-                        }
-                    })
-                })
-                .collect();
+            let tools: Vec<Value> = request.tools.iter().map(tool_json).collect();
             body.insert("tools".into(), Value::Array(tools));
         }
         if let Some(n) = self.max_tokens {
@@ -153,6 +132,20 @@ impl OpenAiClient {
         }
         Value::Object(body)
     }
+}
+
+/// A tool definition as Chat Completions takes it:
+/// `{type: "function", function: {name, description, parameters}}`. Requests send it, and
+/// `taskdaemon tools list --format openai` prints it.
+pub fn tool_json(tool: &ToolDefinition) -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.input_schema,
+        }
+    })
 }
 
 /// Appends the wire messages of one conversation message.
@@ -313,7 +306,8 @@ impl LlmClient for OpenAiClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Message, Purpose};
+    use crate::Message;
+    use crate::test_support::request;
 
     fn client(base_url: &str, max_tokens: Option<u32>) -> OpenAiClient {
         OpenAiClient::new(
@@ -328,16 +322,6 @@ mod tests {
             Arc::new(Semaphore::new(1)),
         )
         .unwrap()
-    }
-
-    fn request(messages: Vec<Message>) -> LlmRequest {
-        LlmRequest {
-            loop_name: "l".into(),
-            purpose: Purpose::Iteration,
-            system: String::new(),
-            messages,
-            tools: Vec::new().into(),
-        }
     }
 
     #[test]

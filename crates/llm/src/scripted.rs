@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -111,28 +111,57 @@ struct Answer {
     delay_ms: u64,
 }
 
+/// Why a script cannot be used. (The I/O error is shown in the message, so it is not also
+/// given as `source()`: a chain printer would say it twice.)
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    /// The file cannot be read.
+    #[error("cannot read {}: {error}", .path.display())]
+    Unreadable {
+        /// The script's path.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The text is not a valid script.
+    #[error("{origin}{}: {reason}", at(.line_column))]
+    Invalid {
+        /// The file (or whatever the text came from).
+        origin: String,
+        /// Where in it (1-based line and column), when the parser knows.
+        line_column: Option<(usize, usize)>,
+        /// What is wrong, with the nearest valid key for a misspelt one.
+        reason: String,
+    },
+}
+
+/// `:line:column`, or nothing.
+fn at(line_column: &Option<(usize, usize)>) -> String {
+    line_column
+        .map(|(line, column)| format!(":{line}:{column}"))
+        .unwrap_or_default()
+}
+
 impl ScriptedLlm {
     /// Reads and checks the script at `path`.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, ScriptError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ScriptError::Unreadable {
+            path: path.to_path_buf(),
+            error,
+        })?;
         Self::from_yaml(&text, &path.display().to_string())
     }
 
     /// Parses a script; `origin` names the file in error messages, which give its line and
     /// column and, for a misspelt key, the nearest valid one.
-    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, String> {
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ScriptError> {
         // An empty file (or one with only comments) is a script with no loops.
-        let loops: Option<LoopMap> = serde_yaml_ng::from_str(text).map_err(|e| {
-            let at = e
-                .location()
-                .map(|l| format!(":{}:{}", l.line(), l.column()))
-                .unwrap_or_default();
-            format!(
-                "{origin}{at}: {}",
-                td_base::suggest::serde_with_suggestion(&e.to_string())
-            )
-        })?;
+        let loops: Option<LoopMap> =
+            serde_yaml_ng::from_str(text).map_err(|e| ScriptError::Invalid {
+                origin: origin.to_string(),
+                line_column: e.location().map(|l| (l.line(), l.column())),
+                reason: td_base::suggest::serde_with_suggestion(&e.to_string()),
+            })?;
         Ok(ScriptedLlm {
             loops: loops.map(|l| l.0).unwrap_or_default(),
         })
@@ -452,7 +481,9 @@ client:
     }
 
     fn load_err(text: &str) -> String {
-        ScriptedLlm::from_yaml(text, "s.yml").unwrap_err()
+        ScriptedLlm::from_yaml(text, "s.yml")
+            .unwrap_err()
+            .to_string()
     }
 
     #[tokio::test]
@@ -718,11 +749,22 @@ client:
         assert_eq!(ScriptedLlm::load(&path).unwrap().turns_left("client"), 2);
 
         std::fs::write(&path, "client:\n  answer: []\n").unwrap();
-        let err = ScriptedLlm::load(&path).unwrap_err();
+        assert!(matches!(
+            ScriptedLlm::load(&path),
+            Err(ScriptError::Invalid {
+                line_column: Some((2, _)),
+                ..
+            })
+        ));
+        let err = ScriptedLlm::load(&path).unwrap_err().to_string();
         assert!(err.starts_with(&format!("{}:2:", path.display())), "{err}");
         assert!(err.contains("did you mean `answers`"), "{err}");
 
         let err = ScriptedLlm::load(&dir.path().join("missing.yml")).unwrap_err();
+        assert!(
+            matches!(&err, ScriptError::Unreadable { path, .. } if path.ends_with("missing.yml"))
+        );
+        let err = err.to_string();
         assert!(err.starts_with("cannot read "), "{err}");
     }
 

@@ -209,6 +209,17 @@ pub struct PlannedLoop {
 /// apart; from here, 2^64 − 2^53 events remain before the counter could wrap.
 pub const MAX_SEQ: u64 = (1 << 53) - 1;
 
+/// Why an event log cannot be made as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventLogError {
+    /// A record's last event number is past [`MAX_SEQ`], so its numbering cannot go on.
+    #[error("event number {last_seq} is past the largest a run may reach ({MAX_SEQ})")]
+    SeqPastMax {
+        /// The record's last event number.
+        last_seq: u64,
+    },
+}
+
 /// One recorded event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -260,11 +271,9 @@ impl EventLog {
 
     /// A log whose next event gets number `last_seq + 1` (a resumed run continues its
     /// numbering); an error when `last_seq` is past [`MAX_SEQ`].
-    pub fn continuing_after(last_seq: u64) -> Result<Self, String> {
+    pub fn continuing_after(last_seq: u64) -> Result<Self, EventLogError> {
         if last_seq > MAX_SEQ {
-            return Err(format!(
-                "event number {last_seq} is past the largest a run may reach ({MAX_SEQ})"
-            ));
+            return Err(EventLogError::SeqPastMax { last_seq });
         }
         let log = Self::new();
         log.seq.store(last_seq, Ordering::SeqCst);
@@ -318,7 +327,11 @@ mod tests {
         assert_eq!(*lock(&seen), vec![MAX_SEQ]);
         for past in [MAX_SEQ + 1, u64::MAX] {
             let e = EventLog::continuing_after(past).unwrap_err();
-            assert!(e.contains(&past.to_string()), "{e}");
+            assert_eq!(e, EventLogError::SeqPastMax { last_seq: past });
+            assert_eq!(
+                e.to_string(),
+                format!("event number {past} is past the largest a run may reach ({MAX_SEQ})")
+            );
         }
         // The counter itself never wraps, whatever it holds.
         let log = EventLog::new();

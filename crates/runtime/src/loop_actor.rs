@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::coordinator::{CoordMsg, SYSTEM_SENDER};
 use crate::messages::LoopMsg;
 use td_engine::transcript::TranscriptSink;
-use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, Progress};
+use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes};
 use td_llm::LlmClient;
 use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::call_path::{CallPath, LaneRunner};
@@ -81,7 +81,7 @@ pub struct LoopState {
     /// The loop's calls, shared by its engine and its answerer.
     calls: Arc<CallPath>,
     inbox: Arc<Inbox>,
-    progress: Arc<Progress>,
+    progress: Arc<ProgressNotes>,
     stop: watch::Sender<bool>,
     engine: Option<AbortOnDrop>,
     end: Option<LoopEnd>,
@@ -105,7 +105,7 @@ impl Actor for LoopActor {
         for item in &spec.initial_inbox {
             inbox.push(Arc::new(item.clone()));
         }
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(ProgressNotes::default());
         for note in &spec.initial_progress {
             progress.push(note.clone());
         }

@@ -1,10 +1,43 @@
-//! The tool catalog: for each tool its lane, timeout and output cap, and the default tool
-//! sets of the built-in loop types. Defaults follow the loopr catalog; `taskdaemon.yml` may
-//! override any field of any tool.
+//! The tool catalog: for each tool its route (a worker lane, or the coordinator for the
+//! coordination tools), timeout and output cap, and the default tool sets of the built-in
+//! loop types. Defaults follow the loopr catalog; `taskdaemon.yml` may override the limits of
+//! any tool and the lane of any tool but the coordination tools.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+/// Why catalog overrides were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    /// An override names a tool the catalog does not know (a typo would otherwise be
+    /// silently ignored).
+    #[error("catalog override for unknown tool '{name}'; known tools: {}", known.join(", "))]
+    UnknownTool {
+        /// The name in the override.
+        name: String,
+        /// Every tool the catalog knows, sorted.
+        known: Vec<String>,
+    },
+    /// A lane for a coordination tool, which runs in the calling loop and talks to the
+    /// coordinator: in a worker lane it would hold the worker while it waits for an answer
+    /// whose own tool calls need one.
+    #[error(
+        "catalog override for '{tool}': a coordination tool runs in the calling loop and talks to the coordinator, never in a worker lane; remove its `lane`"
+    )]
+    CoordinatorLane {
+        /// The tool.
+        tool: String,
+    },
+    /// A limit set to zero, which no call could meet.
+    #[error("catalog override for '{tool}': {field} must be > 0")]
+    Zero {
+        /// The tool.
+        tool: String,
+        /// The field (`timeout-ms`, `max-output-bytes`).
+        field: &'static str,
+    },
+}
 
 /// A worker lane: a pool of tool workers that runs calls of the tools the catalog puts
 /// there (the pools themselves are `td_runtime::tool_lanes`).
@@ -195,36 +228,33 @@ impl Catalog {
     pub fn apply_overrides(
         &mut self,
         overrides: &BTreeMap<String, ToolSpecOverride>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CatalogError> {
+        let zero = |tool: &str, field| CatalogError::Zero {
+            tool: tool.to_string(),
+            field,
+        };
         for (name, o) in overrides {
             let Some(spec) = self.specs.get_mut(name) else {
-                let known: Vec<&str> = self.specs.keys().map(String::as_str).collect();
-                return Err(format!(
-                    "catalog override for unknown tool '{name}'; known tools: {}",
-                    known.join(", ")
-                ));
+                return Err(CatalogError::UnknownTool {
+                    name: name.clone(),
+                    known: self.specs.keys().cloned().collect(),
+                });
             };
             if let Some(lane) = o.lane {
                 if spec.lane == Route::Coordinator {
-                    return Err(format!(
-                        "catalog override for '{name}': a coordination tool runs in the calling loop and talks to the coordinator, never in a worker lane; remove its `lane`"
-                    ));
+                    return Err(CatalogError::CoordinatorLane { tool: name.clone() });
                 }
                 spec.lane = Route::Lane(lane);
             }
             if let Some(t) = o.timeout_ms {
                 if t == 0 {
-                    return Err(format!(
-                        "catalog override for '{name}': timeout-ms must be > 0"
-                    ));
+                    return Err(zero(name, "timeout-ms"));
                 }
                 spec.timeout_ms = t;
             }
             if let Some(b) = o.max_output_bytes {
                 if b == 0 {
-                    return Err(format!(
-                        "catalog override for '{name}': max-output-bytes must be > 0"
-                    ));
+                    return Err(zero(name, "max-output-bytes"));
                 }
                 spec.max_output_bytes = b;
             }
@@ -359,7 +389,12 @@ mod tests {
         );
         let mut bad = BTreeMap::new();
         bad.insert("grpe".to_string(), ToolSpecOverride::default());
-        assert!(c.apply_overrides(&bad).unwrap_err().contains("grpe"));
+        let err = c.apply_overrides(&bad).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("catalog override for unknown tool 'grpe'; known tools: bro"),
+            "{err}"
+        );
         let mut zero = BTreeMap::new();
         zero.insert(
             "grep".to_string(),
@@ -368,7 +403,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert!(c.apply_overrides(&zero).is_err());
+        assert_eq!(
+            c.apply_overrides(&zero).unwrap_err().to_string(),
+            "catalog override for 'grep': timeout-ms must be > 0"
+        );
     }
 
     #[test]
@@ -383,6 +421,13 @@ mod tests {
             },
         );
         let err = c.apply_overrides(&o).unwrap_err();
+        assert_eq!(
+            err,
+            CatalogError::CoordinatorLane {
+                tool: "query_loop".into()
+            }
+        );
+        let err = err.to_string();
         assert!(
             err.contains("'query_loop'") && err.contains("remove its `lane`"),
             "{err}"

@@ -1,12 +1,11 @@
 //! `ToolContext`: everything a tool call may know about the loop it runs for — the canonical
-//! worktree root, the sandbox, read stamps, the loop's configured commands, the catalog
-//! limits, the network destinations web tools may reach, and (inside a run) the port to the
-//! coordinator.
+//! worktree root, the sandbox, the loop's read tracking (`crate::read_tracking`), the loop's
+//! configured commands, the catalog limits, the network destinations web tools may reach,
+//! and (inside a run) the port to the coordinator.
 //!
 //! One context per loop (or per `tool exec` / MCP session). It is shared by reference between
 //! concurrent read-only calls, so its mutable parts sit behind short-lived locks.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -14,11 +13,12 @@ use crate::catalog::{Catalog, ToolSpec};
 use crate::coordination::Coordination;
 use crate::error::{ToolError, display_path};
 use crate::read_index::ReadIndex;
+use crate::read_tracking::ReadTracking;
+pub use crate::read_tracking::{StampCheck, StampObserver};
 use crate::sandbox::resolve_in;
 use crate::stamp::Stamp;
 use crate::web_access::WebAccess;
 use crate::worktree_fs::WorktreeFs;
-use crate::worktree_fs::replace::stamp_of_open;
 use td_base::sync::lock;
 use td_confine::SandboxSettings;
 
@@ -33,17 +33,6 @@ pub struct LoopCommands {
     pub validate: Option<String>,
 }
 
-/// How a stamp check for an edit came out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StampCheck {
-    /// The file is what the loop last saw.
-    Current,
-    /// The loop never read (or wrote) this file, or its stamp was dropped.
-    NeverRead,
-    /// The file changed since.
-    Stale,
-}
-
 /// The per-loop execution context of every tool call.
 pub struct ToolContext {
     root: PathBuf,
@@ -54,30 +43,17 @@ pub struct ToolContext {
     commands: LoopCommands,
     /// What `web_fetch` may reach besides the public internet (`web:` in the config).
     web_access: WebAccess,
-    stamps: Mutex<HashMap<PathBuf, Stamp>>,
-    /// Paths whose stamp an outside change dropped: an edit is refused as stale, not as
-    /// "never read", so the model learns what happened.
-    dropped: Mutex<std::collections::HashSet<PathBuf>>,
-    /// Paths the loop is writing right now: a change event for them is the loop's own.
-    writing: Mutex<std::collections::HashSet<PathBuf>>,
-    changed_since_read: Mutex<Vec<PathBuf>>,
+    /// What the loop has read and written, and what changed under it since.
+    reads: ReadTracking,
     completion: Mutex<Option<String>>,
     coordination: Option<Arc<dyn Coordination>>,
     commit_cache: Mutex<Option<Option<String>>>,
-    /// Indexes of large files read in full (see `tools::read_file`), so that reading
-    /// another window of an unchanged file reads only that window.
-    read_indexes: Mutex<HashMap<PathBuf, Arc<ReadIndex>>>,
-    /// Told about every path the context starts holding a stamp for (see `observe_stamps`).
-    stamp_observer: Mutex<Option<StampObserver>>,
     /// How commands are confined (`sandbox:` of the config).
     sandbox_settings: Arc<SandboxSettings>,
     /// The loop's private temp dir for commands (`TMPDIR`), made at the first command and
     /// removed with the context.
     temp_dir: Mutex<Option<tempfile::TempDir>>,
 }
-
-/// Called with the path of each new stamp: one for a path the context held no stamp for.
-pub type StampObserver = Arc<dyn Fn(&Path) + Send + Sync>;
 
 impl std::fmt::Debug for ToolContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -110,22 +86,18 @@ impl ToolContext {
                 "Pass an existing directory as the worktree.",
             )
         })?;
+        let files = Arc::new(files);
         Ok(Self {
             root,
             exec_id: exec_id.into(),
-            files: Arc::new(files),
+            reads: ReadTracking::new(Arc::clone(&files)),
+            files,
             catalog: Arc::new(Catalog::default()),
             commands: LoopCommands::default(),
             web_access: WebAccess::default(),
-            stamps: Mutex::new(HashMap::new()),
-            dropped: Mutex::new(std::collections::HashSet::new()),
-            writing: Mutex::new(std::collections::HashSet::new()),
-            changed_since_read: Mutex::new(Vec::new()),
             completion: Mutex::new(None),
             coordination: None,
             commit_cache: Mutex::new(None),
-            stamp_observer: Mutex::new(None),
-            read_indexes: Mutex::new(HashMap::new()),
             sandbox_settings: Arc::new(SandboxSettings::default()),
             temp_dir: Mutex::new(None),
         })
@@ -286,160 +258,82 @@ impl ToolContext {
         display_path(&self.root, path)
     }
 
-    /// Records that the loop saw (or wrote) exactly `content` at `path`.
+    /// The loop's read tracking: stamps, own writes, outside changes, read indexes.
+    pub fn reads(&self) -> &ReadTracking {
+        &self.reads
+    }
+
+    // Shorthands for the read tracking, which most tools and the watcher use through the
+    // context: see the `ReadTracking` method of the same name.
+
+    /// See [`ReadTracking::record_stamp`].
     pub fn record_stamp(&self, path: &Path, content: &[u8]) {
-        self.record_stamp_hash(path, Stamp::of(content));
+        self.reads.record_stamp(path, content);
     }
 
-    /// Records a stamp computed elsewhere (e.g. hashed while streaming a file too large to
-    /// hold in memory); the same as `record_stamp` with the bytes it was computed from.
+    /// See [`ReadTracking::record_stamp_hash`].
     pub fn record_stamp_hash(&self, path: &Path, stamp: Stamp) {
-        lock(&self.dropped).remove(path);
-        let new = lock(&self.stamps)
-            .insert(path.to_path_buf(), stamp)
-            .is_none();
-        if new {
-            // Cloned out of the lock: the observer may take its time (it only enqueues now).
-            let observer = lock(&self.stamp_observer).clone();
-            if let Some(observer) = observer {
-                observer(path);
-            }
-        }
+        self.reads.record_stamp_hash(path, stamp);
     }
 
-    /// Sets (or with `None` removes) the observer told the path of every new stamp: the file
-    /// watcher watches the directories leading to the files a loop has read or written, and
-    /// only those. A stamp replaced by another for the same path is not new; one recorded
-    /// after the old one was dropped is.
+    /// See [`ReadTracking::observe_stamps`].
     pub fn observe_stamps(&self, observer: Option<StampObserver>) {
-        *lock(&self.stamp_observer) = observer;
+        self.reads.observe_stamps(observer);
     }
 
-    /// Records the loop's own coming write of `content` at `path` before it happens and
-    /// returns the stamp it replaced: the watcher may report the write before the tool
-    /// returns, and the loop must then recognise those bytes as its own. Give the returned
-    /// value to [`ToolContext::undo_write_stamp`] if the write fails.
-    ///
-    /// Until [`ToolContext::finish_own_write`] (or `undo_write_stamp`), change notices for the
-    /// path are the loop's own and are ignored: a notice read while the bytes are half
-    /// written must not look like somebody else's change.
+    /// See [`ReadTracking::stamp_own_write`].
     pub fn stamp_own_write(&self, path: &Path, content: &[u8]) -> Option<Stamp> {
-        let previous = self.stamp(path);
-        lock(&self.writing).insert(path.to_path_buf());
-        self.record_stamp_hash(path, Stamp::of(content));
-        previous
+        self.reads.stamp_own_write(path, content)
     }
 
-    /// The loop's own write of `path` is complete.
+    /// See [`ReadTracking::finish_own_write`].
     pub fn finish_own_write(&self, path: &Path) {
-        lock(&self.writing).remove(path);
+        self.reads.finish_own_write(path);
     }
 
-    /// Puts back the stamp that [`ToolContext::stamp_own_write`] replaced (the write failed).
+    /// See [`ReadTracking::undo_write_stamp`].
     pub fn undo_write_stamp(&self, path: &Path, previous: Option<Stamp>) {
-        {
-            let mut stamps = lock(&self.stamps);
-            match previous {
-                Some(stamp) => stamps.insert(path.to_path_buf(), stamp),
-                None => stamps.remove(path),
-            };
-        }
-        self.finish_own_write(path);
+        self.reads.undo_write_stamp(path, previous);
     }
 
-    /// The stamp held for `path`, if any.
+    /// See [`ReadTracking::stamp`].
     pub fn stamp(&self, path: &Path) -> Option<Stamp> {
-        lock(&self.stamps).get(path).cloned()
+        self.reads.stamp(path)
     }
 
-    /// The index kept for `path` by an earlier full read, if the loop still holds the stamp
-    /// that read recorded (an own write, a new read or an outside change replaces or drops
-    /// the stamp, and so retires the index). `read_file` also checks the file's identity.
+    /// See [`ReadTracking::read_index`].
     pub fn read_index(&self, path: &Path) -> Option<Arc<ReadIndex>> {
-        let index = lock(&self.read_indexes).get(path).cloned()?;
-        let held = lock(&self.stamps).get(path) == Some(index.stamp());
-        held.then_some(index)
+        self.reads.read_index(path)
     }
 
-    /// Keeps the index of a large file just read in full. A loop reads few large files; past
-    /// `MAX_READ_INDEXES` the kept ones are dropped and collecting starts over (an index is
-    /// only a shortcut: without it a read makes a full pass).
+    /// See [`ReadTracking::keep_read_index`].
     pub fn keep_read_index(&self, path: &Path, index: Arc<ReadIndex>) {
-        const MAX_READ_INDEXES: usize = 16;
-        let mut indexes = lock(&self.read_indexes);
-        if indexes.len() >= MAX_READ_INDEXES && !indexes.contains_key(path) {
-            indexes.clear();
-        }
-        indexes.insert(path.to_path_buf(), index);
+        self.reads.keep_read_index(path, index);
     }
 
-    /// Whether `path` currently holds what the loop last saw.
+    /// See [`ReadTracking::check_stamp`].
     pub fn check_stamp(&self, path: &Path, current_content: &[u8]) -> StampCheck {
-        match self.stamp(path) {
-            None if lock(&self.dropped).contains(path) => StampCheck::Stale,
-            None => StampCheck::NeverRead,
-            Some(s) if s == Stamp::of(current_content) => StampCheck::Current,
-            Some(_) => StampCheck::Stale,
-        }
+        self.reads.check_stamp(path, current_content)
     }
 
-    /// What a stamp check of `path` says before the file is read: `Some(NeverRead)` or
-    /// `Some(Stale)` when the loop holds no stamp for it (an edit is refused without reading
-    /// a byte), `None` when the content must be compared.
+    /// See [`ReadTracking::check_without_content`].
     pub fn check_without_content(&self, path: &Path) -> Option<StampCheck> {
-        if lock(&self.stamps).contains_key(path) {
-            None
-        } else if lock(&self.dropped).contains(path) {
-            Some(StampCheck::Stale)
-        } else {
-            Some(StampCheck::NeverRead)
-        }
+        self.reads.check_without_content(path)
     }
 
-    /// Paths this loop holds a stamp for (what a file watcher needs to care about).
+    /// See [`ReadTracking::stamped_paths`].
     pub fn stamped_paths(&self) -> Vec<PathBuf> {
-        lock(&self.stamps).keys().cloned().collect()
+        self.reads.stamped_paths()
     }
 
-    /// Called when something outside the loop may have changed `path`: drops the stamp if
-    /// the content on disk really differs (a touch that changes nothing is not a change) and
-    /// remembers the path for the next model turn. Returns whether the stamp was dropped.
+    /// See [`ReadTracking::note_outside_change`].
     pub fn note_outside_change(&self, path: &Path) -> bool {
-        if lock(&self.writing).contains(path) {
-            return false;
-        }
-        let Some(stamp) = self.stamp(path) else {
-            return false;
-        };
-        // Opened beneath the root and non-blocking: a FIFO or symlink swapped in cannot
-        // hang or mislead the check (either counts as a change).
-        let now = self
-            .files
-            .open_named_file(path)
-            .ok()
-            .and_then(|f| stamp_of_open(&f.file).ok());
-        if now == Some(stamp) {
-            return false;
-        }
-        {
-            let mut stamps = lock(&self.stamps);
-            // A read or write of the new content may have replaced the stamp meanwhile.
-            if stamps.get(path) != Some(&stamp) {
-                return false;
-            }
-            stamps.remove(path);
-        }
-        lock(&self.dropped).insert(path.to_path_buf());
-        let mut changed = lock(&self.changed_since_read);
-        if !changed.iter().any(|p| p == path) {
-            changed.push(path.to_path_buf());
-        }
-        true
+        self.reads.note_outside_change(path)
     }
 
-    /// Paths whose stamp was dropped since the last call (each reported once).
+    /// See [`ReadTracking::take_changed_since_read`].
     pub fn take_changed_since_read(&self) -> Vec<PathBuf> {
-        std::mem::take(&mut *lock(&self.changed_since_read))
+        self.reads.take_changed_since_read()
     }
 
     /// Records a `complete_task` summary for the engine.
@@ -464,24 +358,15 @@ impl ToolContext {
         *lock(&self.commit_cache) = None;
     }
 
-    /// The worktree's HEAD commit, cached until `invalidate_commit`; `None` outside git.
+    /// The worktree's HEAD commit, cached until `invalidate_commit`; `None` outside git or
+    /// before the first commit. Read from the repository's files; where they cannot answer,
+    /// the daemon's own git is asked, off the async workers (see `td_git::head`).
     pub fn worktree_commit(&self) -> Option<String> {
         let mut cache = lock(&self.commit_cache);
         if let Some(c) = cache.as_ref() {
             return c.clone();
         }
-        let out = std::process::Command::new("git")
-            .args(td_git::daemon_git::NO_HOOKS)
-            .args(["rev-parse", "--verify", "-q", "HEAD"])
-            .current_dir(&self.root)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok();
-        let commit = out
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .filter(|s| !s.is_empty());
+        let commit = td_git::head::head_commit(&self.root);
         *cache = Some(commit.clone());
         commit
     }
@@ -492,75 +377,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_outside_change_to_a_large_file_is_told_from_a_touch() {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let p = ctx.root().join("big.log");
-        // Several of stamp_of_file's chunks, and a last one that is not full.
-        let content: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
-        std::fs::write(&p, &content).unwrap();
-        let opened = ctx.files().open_file(&p).unwrap();
-        assert_eq!(stamp_of_open(&opened.file).unwrap(), Stamp::of(&content));
-        ctx.record_stamp(&p, &content);
-        std::fs::write(&p, &content).unwrap();
-        assert!(!ctx.note_outside_change(&p), "same bytes: no change");
-        let mut changed = content.clone();
-        changed[250_000] = b'!';
-        std::fs::write(&p, &changed).unwrap();
-        assert!(ctx.note_outside_change(&p));
-        assert_eq!(ctx.check_stamp(&p, &changed), StampCheck::Stale);
-        // Gone entirely is a change too.
-        ctx.record_stamp(&p, &changed);
-        std::fs::remove_file(&p).unwrap();
-        assert!(ctx.note_outside_change(&p));
-    }
-
-    #[test]
-    fn stamps_track_content_not_time() {
+    fn the_context_tracks_reads_through_its_own_worktree() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ToolContext::new(dir.path(), "t").unwrap();
         let p = ctx.resolve("a.txt").unwrap();
         std::fs::write(&p, "one").unwrap();
-        assert_eq!(ctx.check_stamp(&p, b"one"), StampCheck::NeverRead);
         ctx.record_stamp(&p, b"one");
-        assert_eq!(ctx.check_stamp(&p, b"one"), StampCheck::Current);
-        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Stale);
-        // A touch that leaves the bytes alone is not a change.
-        std::fs::write(&p, "one").unwrap();
-        assert!(!ctx.note_outside_change(&p));
+        assert_eq!(ctx.reads().stamp(&p), Some(Stamp::of(b"one")));
         std::fs::write(&p, "two").unwrap();
         assert!(ctx.note_outside_change(&p));
-        // The stamp is gone, and an edit is told why: the file changed.
-        assert_eq!(ctx.stamp(&p), None);
         assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Stale);
-        ctx.record_stamp(&p, b"two");
-        assert_eq!(ctx.check_stamp(&p, b"two"), StampCheck::Current);
-        assert_eq!(ctx.take_changed_since_read(), vec![p.clone()]);
-        assert!(ctx.take_changed_since_read().is_empty());
-    }
-
-    #[test]
-    fn the_loops_own_write_in_progress_is_not_an_outside_change() {
-        let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "t").unwrap();
-        let p = ctx.resolve("a.txt").unwrap();
-        std::fs::write(&p, "old").unwrap();
-        ctx.record_stamp(&p, b"old");
-        let previous = ctx.stamp_own_write(&p, b"new content");
-        // Half written: a notice now must not drop the stamp.
-        std::fs::write(&p, "new").unwrap();
-        assert!(!ctx.note_outside_change(&p));
-        std::fs::write(&p, "new content").unwrap();
-        ctx.finish_own_write(&p);
-        assert!(!ctx.note_outside_change(&p));
-        assert_eq!(ctx.check_stamp(&p, b"new content"), StampCheck::Current);
-        // A failed write puts the old stamp back and ends the "own write" window.
-        let prev2 = ctx.stamp_own_write(&p, b"never written");
-        ctx.undo_write_stamp(&p, prev2);
-        assert_eq!(ctx.check_stamp(&p, b"new content"), StampCheck::Current);
-        std::fs::write(&p, "someone else").unwrap();
-        assert!(ctx.note_outside_change(&p));
-        let _ = previous;
+        assert_eq!(ctx.take_changed_since_read(), vec![p]);
     }
 
     #[test]

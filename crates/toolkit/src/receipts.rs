@@ -12,7 +12,6 @@ pub mod check;
 pub mod session;
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -20,6 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use sha2::{Digest, Sha256};
+
+use td_base::jsonl::{self, JsonlRead};
 use td_base::sync::lock;
 
 /// Something a call did beyond returning text.
@@ -443,55 +444,26 @@ fn chained_line(
 /// the chain goes on from the last receipt that was written whole.
 fn tally_of(path: &Path) -> std::io::Result<LogTally> {
     let mut tally = LogTally::default();
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(tally),
-        Err(e) => return Err(e),
-    };
-    let mut reader = std::io::BufReader::new(file);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(tally);
-        }
-        if let Ok(receipt) = serde_json::from_slice::<Receipt>(&line) {
+    let read = jsonl::for_each::<Receipt>(path, |_, parsed| {
+        if let Ok(receipt) = parsed {
             tally.add(&receipt);
         }
+    });
+    match read {
+        Ok(()) => Ok(tally),
+        Err(e) if e.is_not_found() => Ok(LogTally::default()),
+        Err(e) => Err(e.error),
     }
 }
 
-/// What reading a receipt log found.
-#[derive(Debug, Default)]
-pub struct ReceiptRead {
-    /// Receipts in file order.
-    pub receipts: Vec<Receipt>,
-    /// Lines that could not be parsed: (1-based line number, error). A torn last line after
-    /// a crash shows up here rather than failing the whole read.
-    pub bad_lines: Vec<(usize, String)>,
-}
+/// What reading a receipt log found: the receipts in file order, and the lines that could
+/// not be parsed (a torn last line after a crash shows up there rather than failing the
+/// whole read).
+pub type ReceiptRead = JsonlRead<Receipt>;
 
 /// Reads every receipt of a log, tolerating (and reporting) unparsable lines.
-pub fn read_log(path: &Path) -> std::io::Result<ReceiptRead> {
-    let file = std::fs::File::open(path)?;
-    let mut out = ReceiptRead::default();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = match line {
-            Ok(l) => l,
-            Err(e) => {
-                out.bad_lines.push((i + 1, e.to_string()));
-                continue;
-            }
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Receipt>(&line) {
-            Ok(r) => out.receipts.push(r),
-            Err(e) => out.bad_lines.push((i + 1, e.to_string())),
-        }
-    }
-    Ok(out)
+pub fn read_log(path: &Path) -> Result<ReceiptRead, jsonl::ReadError> {
+    jsonl::read(path)
 }
 
 #[cfg(test)]
@@ -598,8 +570,8 @@ mod tests {
             .unwrap();
         f.write_all(b"{\"id\": \"torn").unwrap();
         let read = read_log(&path).unwrap();
-        assert_eq!(read.receipts.len(), 2);
-        assert_eq!(read.receipts[1].tool, "b");
+        assert_eq!(read.items.len(), 2);
+        assert_eq!(read.items[1].tool, "b");
         assert_eq!(read.bad_lines.len(), 1);
         assert_eq!(read.bad_lines[0].0, 3);
     }

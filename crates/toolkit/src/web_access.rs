@@ -29,6 +29,29 @@ pub enum WebAccess {
     Any,
 }
 
+/// Why an `allow-private` entry was refused; each message says how to write it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostEntryError {
+    /// Not a host name or an IP address (a scheme, port, path, wildcard...).
+    #[error(
+        "`{entry}` is not a host name or an IP address; write names such as `localhost` or `internal.example` and addresses such as `127.0.0.1` or `::1`, without scheme, port, path or wildcard"
+    )]
+    NotAHost {
+        /// The entry as written.
+        entry: String,
+    },
+    /// A name a URL would read as an address (`127.1`, `8080`).
+    #[error(
+        "`{entry}` would be read as the IP address {address}; write addresses in their usual form (`127.0.0.1`, `::1`) and host names with a letter in them"
+    )]
+    ReadAsAddress {
+        /// The entry as written.
+        entry: String,
+        /// The address a URL reads it as.
+        address: String,
+    },
+}
+
 /// One entry of `allow-private: [...]`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum AllowedHost {
@@ -42,11 +65,9 @@ pub enum AllowedHost {
 impl AllowedHost {
     /// Parses a host name or an IP address (`[::1]` and `::1` alike); anything with a
     /// scheme, port, path or wildcard is refused with a message that says how to write it.
-    pub fn parse(entry: &str) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "`{entry}` is not a host name or an IP address; write names such as `localhost` or `internal.example` and addresses such as `127.0.0.1` or `::1`, without scheme, port, path or wildcard"
-            )
+    pub fn parse(entry: &str) -> Result<Self, HostEntryError> {
+        let bad = || HostEntryError::NotAHost {
+            entry: entry.to_string(),
         };
         let trimmed = entry.trim();
         let bare = trimmed
@@ -67,9 +88,10 @@ impl AllowedHost {
         if host.parse::<IpAddr>().is_ok() {
             // `127.1`, `0x7f.1`, `8080`: a URL reads them as addresses, which `8080` surely
             // did not mean; an address in its usual form leaves no doubt.
-            return Err(format!(
-                "`{entry}` would be read as the IP address {host}; write addresses in their usual form (`127.0.0.1`, `::1`) and host names with a letter in them"
-            ));
+            return Err(HostEntryError::ReadAsAddress {
+                entry: entry.to_string(),
+                address: host.to_string(),
+            });
         }
         Ok(AllowedHost::Name(host.trim_end_matches('.').to_string()))
     }
@@ -538,7 +560,12 @@ mod tests {
         );
         for odd in ["127.1", "0x7f.0.0.1", "8080"] {
             let err = AllowedHost::parse(odd).unwrap_err();
-            assert!(err.contains("would be read as the IP address"), "{err}");
+            assert!(matches!(err, HostEntryError::ReadAsAddress { .. }), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("`{odd}` would be read as the IP address ")),
+                "{err}"
+            );
         }
         assert_eq!(parse("[::1]"), AllowedHost::Ip("::1".parse().unwrap()));
         assert_eq!(parse("::1"), AllowedHost::Ip("::1".parse().unwrap()));
@@ -556,7 +583,16 @@ mod tests {
             "a b",
         ] {
             let err = AllowedHost::parse(bad).unwrap_err();
-            assert!(err.contains("without scheme, port, path"), "{bad}: {err}");
+            assert_eq!(
+                err,
+                HostEntryError::NotAHost {
+                    entry: bad.to_string()
+                }
+            );
+            assert!(
+                err.to_string().contains("without scheme, port, path"),
+                "{bad}: {err}"
+            );
         }
 
         let access =

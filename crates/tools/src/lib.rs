@@ -51,10 +51,19 @@ pub fn builtin() -> &'static ToolBox {
     BUILTIN.get_or_init(|| ToolBox::new(builtin_tools()))
 }
 
+/// Why a list of tool names makes no tool set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolSetError {
+    /// A name is unknown (the message names the closest valid tool) or repeated, or its
+    /// tool could not be built; the registry (`ToolBox::set`) says which.
+    #[error(transparent)]
+    Refused(#[from] RegistryError),
+}
+
 /// The built-in tools named in `names`, in that order; an unknown or repeated name is an
 /// error naming the closest valid tool.
-pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, RegistryError> {
-    builtin().set(names)
+pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, ToolSetError> {
+    Ok(builtin().set(names)?)
 }
 
 /// Every built-in tool.
@@ -77,8 +86,14 @@ mod tests {
 
     #[test]
     fn builtin_sets_share_compiled_tools_and_suggest_names() {
-        let err = tool_set(&["read_file", "grpe"]).unwrap_err().to_string();
-        assert!(err.contains("did you mean 'grep'"), "{err}");
+        let err = tool_set(&["read_file", "grpe"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("unknown tool 'grpe' (did you mean 'grep'?); known tools: "),
+            "{err}"
+        );
+        let err = tool_set(&["grep", "grep"]).unwrap_err();
+        assert_eq!(err.to_string(), "tool 'grep' is listed twice");
         let a = tool_set(&["grep", "read_file"]).unwrap();
         let b = tool_set(&["grep", "read_file"]).unwrap();
         assert!(Arc::ptr_eq(

@@ -48,6 +48,50 @@ const KEY_BYTES: usize = 32;
 /// A key file is 64 hex digits and a newline; anything much longer is not one.
 const MAX_KEY_FILE: u64 = 1024;
 
+/// Why a chain key could not be read or made; each message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainKeyError {
+    /// The key file could not be opened or read.
+    #[error("cannot read the receipt chain key {}: {source}", path.display())]
+    Unreadable {
+        /// The key file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file is there but holds no key (or is not a regular file, or is too large).
+    #[error("{} is not a receipt chain key (a key file holds 64 hex digits)", path.display())]
+    NotAKey {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Whether a key file exists could not be told.
+    #[error("cannot look for the receipt chain key {}: {source}", path.display())]
+    Lookup {
+        /// The key file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The OS random source failed.
+    #[error("cannot make a receipt chain key: the OS gave no random bytes ({detail})")]
+    NoRandomness {
+        /// What the random source said.
+        detail: String,
+    },
+    /// A new key could not be written.
+    #[error(
+        "cannot write the receipt chain key {}: {source}; its directory must be writable",
+        path.display()
+    )]
+    Write {
+        /// The key file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
 /// The secret key of one chain. `Debug` does not show it.
 #[derive(Clone)]
 pub struct ChainKey {
@@ -77,54 +121,52 @@ impl ChainKey {
     }
 
     /// Reads the key at `path`.
-    pub fn load(path: &Path) -> Result<ChainKey, String> {
-        let file = std::fs::File::open(path)
-            .map_err(|e| format!("cannot read the receipt chain key {}: {e}", path.display()))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("cannot read the receipt chain key {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<ChainKey, ChainKeyError> {
+        let unreadable = |source| ChainKeyError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let not_a_key = || ChainKeyError::NotAKey {
+            path: path.to_path_buf(),
+        };
+        let file = std::fs::File::open(path).map_err(unreadable)?;
+        let meta = file.metadata().map_err(unreadable)?;
         if !meta.is_file() || meta.len() > MAX_KEY_FILE {
-            return Err(format!(
-                "{} is not a receipt chain key (a key file holds 64 hex digits)",
-                path.display()
-            ));
+            return Err(not_a_key());
         }
         let mut text = String::new();
         file.take(MAX_KEY_FILE)
             .read_to_string(&mut text)
-            .map_err(|e| format!("cannot read the receipt chain key {}: {e}", path.display()))?;
+            .map_err(unreadable)?;
         let decoded = hex::decode(text.trim()).ok();
-        let bytes: [u8; KEY_BYTES] = decoded.and_then(|d| d.try_into().ok()).ok_or_else(|| {
-            format!(
-                "{} is not a receipt chain key (a key file holds 64 hex digits)",
-                path.display()
-            )
-        })?;
+        let bytes: [u8; KEY_BYTES] = decoded
+            .and_then(|d| d.try_into().ok())
+            .ok_or_else(not_a_key)?;
         Ok(ChainKey::from_bytes(bytes, path.to_path_buf()))
     }
 
     /// The key at `path`, made (random, mode 0600, written atomically and synced) when there
     /// is none yet. When two processes race to make it, both end up with the one that won.
-    pub fn load_or_create(path: &Path) -> Result<ChainKey, String> {
+    pub fn load_or_create(path: &Path) -> Result<ChainKey, ChainKeyError> {
         match std::fs::symlink_metadata(path) {
             Ok(_) => return ChainKey::load(path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(format!(
-                    "cannot look for the receipt chain key {}: {e}",
-                    path.display()
-                ));
+            Err(source) => {
+                return Err(ChainKeyError::Lookup {
+                    path: path.to_path_buf(),
+                    source,
+                });
             }
         }
         let mut bytes = [0u8; KEY_BYTES];
-        getrandom::fill(&mut bytes).map_err(|e| {
-            format!("cannot make a receipt chain key: the OS gave no random bytes ({e})")
+        getrandom::fill(&mut bytes).map_err(|e| ChainKeyError::NoRandomness {
+            detail: e.to_string(),
         })?;
-        write_new_file(path, format!("{}\n", hex::encode(bytes)).as_bytes()).map_err(|e| {
-            format!(
-                "cannot write the receipt chain key {}: {e}; its directory must be writable",
-                path.display()
-            )
+        write_new_file(path, format!("{}\n", hex::encode(bytes)).as_bytes()).map_err(|source| {
+            ChainKeyError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         // Whoever won a race wrote the file that is there now.
         ChainKey::load(path)
@@ -272,11 +314,26 @@ mod tests {
             let path = dir.path().join(name);
             std::fs::write(&path, content).unwrap();
             let err = ChainKey::load(&path).unwrap_err();
-            assert!(err.contains("not a receipt chain key"), "{err}");
+            assert!(matches!(err, ChainKeyError::NotAKey { .. }), "{err}");
+            assert!(err.to_string().contains("not a receipt chain key"), "{err}");
         }
         std::fs::write(dir.path().join("big"), "0".repeat(5000)).unwrap();
-        assert!(ChainKey::load(&dir.path().join("big")).is_err());
+        assert!(matches!(
+            ChainKey::load(&dir.path().join("big")),
+            Err(ChainKeyError::NotAKey { .. })
+        ));
         let err = ChainKey::load(&dir.path().join("missing")).unwrap_err();
-        assert!(err.contains("cannot read"), "{err}");
+        assert!(matches!(err, ChainKeyError::Unreadable { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot read the receipt chain key "),
+            "{err}"
+        );
+        let err = ChainKey::load_or_create(&dir.path().join("no-such-dir/k.key")).unwrap_err();
+        assert!(matches!(err, ChainKeyError::Write { .. }), "{err}");
+        assert!(
+            err.to_string().ends_with("its directory must be writable"),
+            "{err}"
+        );
     }
 }

@@ -21,6 +21,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use serde_json::Value;
+use td_base::jsonl::{self, BadLine, ReadError};
 
 use super::chain::{ChainKey, GENESIS};
 use super::session::SessionRead;
@@ -50,31 +51,16 @@ pub struct LogRead {
 }
 
 /// Reads every line of the log at `path`, one at a time (memory is bounded by the longest
-/// line plus the receipts kept).
-pub fn read_entries(path: &Path) -> std::io::Result<LogRead> {
-    use std::io::BufRead;
-    let file = std::fs::File::open(path)?;
-    let mut reader = std::io::BufReader::new(file);
+/// line plus the receipts kept), with the one tolerant JSONL reader.
+pub fn read_entries(path: &Path) -> Result<LogRead, ReadError> {
     let mut out = LogRead::default();
-    let mut line = Vec::new();
-    let mut number = 0usize;
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(out);
-        }
-        number += 1;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let parsed = serde_json::from_slice::<Value>(&line)
-            .map_err(|e| e.to_string())
-            .and_then(|value| {
-                // Parsed from the same value the chain is checked on, so both agree.
-                serde_json::from_value::<Receipt>(value.clone())
-                    .map(|receipt| (value, receipt))
-                    .map_err(|e| e.to_string())
-            });
+    jsonl::for_each::<Value>(path, |number, parsed| {
+        // Parsed from the same value the chain is checked on, so both agree.
+        let parsed = parsed.map_err(|e| e.to_string()).and_then(|value| {
+            serde_json::from_value::<Receipt>(value.clone())
+                .map(|receipt| (value, receipt))
+                .map_err(|e| BadLine::Invalid(e).to_string())
+        });
         match parsed {
             Ok((value, receipt)) => {
                 let index = out.entries.len() + 1;
@@ -87,7 +73,8 @@ pub fn read_entries(path: &Path) -> std::io::Result<LogRead> {
             }
             Err(e) => out.bad_lines.push((number, e)),
         }
-    }
+    })?;
+    Ok(out)
 }
 
 /// What the chain check concluded about the whole log.

@@ -28,6 +28,51 @@ pub const SESSION_RECEIPT_VERSION: u32 = 1;
 /// make a long loop's receipt a few MB at most).
 const MAX_SESSION_RECEIPT_BYTES: u64 = 256 << 20;
 
+/// Why a session receipt could not be written or read; each message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionReceiptError {
+    /// The receipt could not be turned into JSON.
+    #[error("cannot serialize a session receipt: {0}")]
+    Serialize(#[source] serde_json::Error),
+    /// The receipt did not serialize to a JSON object.
+    #[error("a session receipt is not a JSON object")]
+    NotAnObject,
+    /// The file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The session receipt file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file could not be opened or read.
+    #[error("cannot read the session receipt {}: {source}", path.display())]
+    Unreadable {
+        /// The session receipt file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file is larger than any session receipt.
+    #[error(
+        "{} is over {} MiB: not a session receipt",
+        path.display(),
+        MAX_SESSION_RECEIPT_BYTES >> 20
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not a session receipt's JSON.
+    #[error("{} is not a session receipt: {source}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What the JSON reader said.
+        source: serde_json::Error,
+    },
+}
+
 /// The last validation of a loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionValidation {
@@ -122,23 +167,24 @@ impl SessionReceipt {
     /// Seals the receipt with `key` and writes it to `path` atomically (temporary file,
     /// fsync, rename, fsync of the directory). Secrets are redacted before the seal, so the
     /// seal covers what is on disk.
-    pub fn write(&self, path: &Path, key: &ChainKey) -> Result<(), String> {
-        let mut value = serde_json::to_value(self)
-            .map_err(|e| format!("cannot serialize a session receipt: {e}"))?;
+    pub fn write(&self, path: &Path, key: &ChainKey) -> Result<(), SessionReceiptError> {
+        let mut value = serde_json::to_value(self).map_err(SessionReceiptError::Serialize)?;
         td_base::secrets::redact_value(&mut value);
         let object = value
             .as_object_mut()
-            .ok_or("a session receipt is not a JSON object")?;
+            .ok_or(SessionReceiptError::NotAnObject)?;
         object.remove("mac");
         let mac = key.seal_session(&canonical_json(&value));
         if let Some(object) = value.as_object_mut() {
             object.insert("mac".into(), Value::String(mac));
         }
-        let mut text = serde_json::to_string_pretty(&value)
-            .map_err(|e| format!("cannot serialize a session receipt: {e}"))?;
+        let mut text =
+            serde_json::to_string_pretty(&value).map_err(SessionReceiptError::Serialize)?;
         text.push('\n');
-        replace_file(path, text.as_bytes())
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        replace_file(path, text.as_bytes()).map_err(|source| SessionReceiptError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -154,24 +200,30 @@ pub struct SessionRead {
 }
 
 /// Reads the session receipt at `path` and checks its seal with `key`.
-pub fn read_session(path: &Path, key: Option<&ChainKey>) -> Result<SessionRead, String> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot read the session receipt {}: {e}", path.display()))?;
+pub fn read_session(
+    path: &Path,
+    key: Option<&ChainKey>,
+) -> Result<SessionRead, SessionReceiptError> {
+    let unreadable = |source| SessionReceiptError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    };
+    let malformed = |source| SessionReceiptError::Malformed {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
     let mut bytes = Vec::new();
     file.take(MAX_SESSION_RECEIPT_BYTES.saturating_add(1))
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read the session receipt {}: {e}", path.display()))?;
+        .map_err(unreadable)?;
     if bytes.len() as u64 > MAX_SESSION_RECEIPT_BYTES {
-        return Err(format!(
-            "{} is over {} MiB: not a session receipt",
-            path.display(),
-            MAX_SESSION_RECEIPT_BYTES >> 20
-        ));
+        return Err(SessionReceiptError::TooLarge {
+            path: path.to_path_buf(),
+        });
     }
-    let mut value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{} is not a session receipt: {e}", path.display()))?;
-    let receipt: SessionReceipt = serde_json::from_value(value.clone())
-        .map_err(|e| format!("{} is not a session receipt: {e}", path.display()))?;
+    let mut value: Value = serde_json::from_slice(&bytes).map_err(malformed)?;
+    let receipt: SessionReceipt = serde_json::from_value(value.clone()).map_err(malformed)?;
     let authentic = key.map(|key| {
         let mac = receipt.mac.clone().unwrap_or_default();
         if let Some(object) = value.as_object_mut() {
@@ -245,7 +297,26 @@ mod tests {
             Some(false)
         );
         std::fs::write(&path, "{").unwrap();
-        assert!(read_session(&path, Some(&key)).is_err());
+        let err = read_session(&path, Some(&key)).unwrap_err();
+        assert!(
+            matches!(err, SessionReceiptError::Malformed { .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("is not a session receipt: "),
+            "{err}"
+        );
+        let err = read_session(&dir.path().join("missing"), Some(&key)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("cannot read the session receipt "),
+            "{err}"
+        );
+        let err = SessionReceipt::from_tally(end(), &tally)
+            .write(&dir.path().join("no-such-dir/RECEIPT.json"), &key)
+            .unwrap_err();
+        assert!(matches!(err, SessionReceiptError::Write { .. }), "{err}");
+        assert!(err.to_string().starts_with("cannot write "), "{err}");
     }
 
     #[test]

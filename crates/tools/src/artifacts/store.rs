@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::files::write_file::replace_error;
+use crate::files::access::replace_error;
 use td_base::hash::sha256_hex;
 use td_toolkit::args;
 use td_toolkit::context::ToolContext;

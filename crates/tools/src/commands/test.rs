@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::commands::run_command::{configured_schema, execute_configured};
+use crate::commands::launch::{configured_schema, execute_configured};
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::ToolResult;
 use td_toolkit::tool::{Tool, ToolOutput};

@@ -11,11 +11,9 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::files::list_directory::human_size;
-use crate::files::read_file::{
-    count_lines, count_newlines, io_error, line_start, not_found, number_line, split_line,
-};
-use crate::files::write_file::replace_error;
+use crate::files::access::{io_error, not_found, replace_error};
+use crate::files::lines::{count_lines, count_newlines, line_start, number_line, split_line};
+use crate::files::size::human_size;
 use crate::search::walk;
 use td_base::hash::sha256_hex;
 use td_toolkit::args;
@@ -862,16 +860,19 @@ fn line_ranges(bytes: &[u8], ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::read_file::ReadFile;
-    use crate::files::write_file::WriteFile;
     use crate::test_support::worktree as setup;
     use std::os::unix::fs::symlink;
     use std::path::{Path, PathBuf};
     use td_base::hash::sha256_hex;
 
+    /// Calls another tool by name, as a loop would (the tools never import each other).
+    async fn call_tool(ctx: &ToolContext, name: &str, input: Value) {
+        let out = crate::all_tools().call(ctx, None, name, input).await;
+        assert!(!out.is_error, "{name}: {}", out.content);
+    }
+
     async fn read(ctx: &ToolContext, path: &str) {
-        let out = ReadFile.execute(json!({"path": path}), ctx).await.unwrap();
-        assert!(!out.is_error);
+        call_tool(ctx, "read_file", json!({"path": path})).await;
     }
 
     /// Puts a file on disk (as the user would) and reads it (as the model must).
@@ -1215,10 +1216,12 @@ mod tests {
     #[tokio::test]
     async fn a_file_written_by_the_loop_can_be_edited_without_a_read() {
         let (_d, ctx) = setup();
-        WriteFile
-            .execute(json!({"path": "n.txt", "content": "draft\n"}), &ctx)
-            .await
-            .unwrap();
+        call_tool(
+            &ctx,
+            "write_file",
+            json!({"path": "n.txt", "content": "draft\n"}),
+        )
+        .await;
         edit(
             &ctx,
             json!({"path": "n.txt", "old_string": "draft", "new_string": "final"}),

@@ -23,15 +23,10 @@
 //! ctime (the kernel sets it; no user call can), and an index is only kept when the file's
 //! ctime was already `SETTLE` old when the pass began, so a write in the same clock tick as
 //! the pass cannot hide behind an unchanged timestamp (git's "racy clean" rule).
-//!
-//! Also home of the small helpers the other file tools share: the numbered-line format, the
-//! line splitting rule (`\n`, with a `\r` before it dropped, as `str::lines`) and the
-//! not-found error with a "did you mean".
 
 use std::fmt::Write as _;
 use std::io::Read as _;
 use std::io::{Seek as _, SeekFrom};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -40,7 +35,9 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::files::list_directory::human_size;
+use crate::files::access::open_for_reading;
+use crate::files::lines::{MAX_LINE_CHARS, count_newlines, line_start, write_numbered};
+use crate::files::size::human_size;
 use crate::search::walk;
 use td_toolkit::args;
 use td_toolkit::context::ToolContext;
@@ -49,12 +46,9 @@ use td_toolkit::read_index::{FileIdentity, ReadIndex};
 use td_toolkit::stamp::Stamp;
 use td_toolkit::stamp::StampHasher;
 use td_toolkit::tool::{Tool, ToolOutput};
-use td_toolkit::worktree_fs::{OpenedFile, WorktreeFs};
+use td_toolkit::worktree_fs::OpenedFile;
 
 const NAME: &str = "read_file";
-
-/// Lines longer than this many characters are cut in the output.
-pub(crate) const MAX_LINE_CHARS: usize = 2000;
 
 /// Lines shown when the call gives no `limit`.
 const DEFAULT_LIMIT: u64 = 2000;
@@ -71,10 +65,6 @@ const READ_CHUNK: usize = 32 * 1024;
 
 /// Room before each chunk for the cut start of a UTF-8 sequence (at most 3 bytes).
 const UTF8_CARRY_ROOM: usize = 4;
-
-/// Bytes counted per step when skipping to a line: large enough for the counting loop to
-/// vectorise, small enough that the final byte-by-byte scan stays short.
-const SKIP_CHUNK: usize = 64 * 1024;
 
 /// Files smaller than this are hashed again on every read (under a millisecond); larger
 /// ones get a [`ReadIndex`].
@@ -228,23 +218,6 @@ struct Request {
     limit: usize,
     /// The tool's output cap in bytes.
     cap: usize,
-}
-
-/// Opens `real` beneath the worktree root for reading (a regular file, all of whose hard
-/// links are inside), with read_file's messages.
-pub(crate) fn open_for_reading(
-    files: &WorktreeFs,
-    real: &Path,
-    shown: &str,
-) -> ToolResult<OpenedFile> {
-    files.open_named_file(real).map_err(|refusal| {
-        refusal.into_tool_error(
-            "reading",
-            shown,
-            "Use list_directory to see its entries, then read_file on one of the files.",
-            |e| io_error(files, "reading", real, shown, &e),
-        )
-    })
 }
 
 /// Reads the file in one streaming pass (see the module docs) and renders the window; or,
@@ -689,171 +662,11 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// Number of lines as `str::lines` counts them: a final line without `\n` counts too.
-pub(crate) fn count_lines(bytes: &[u8]) -> usize {
-    let newlines = count_newlines(bytes);
-    match bytes.last() {
-        None => 0,
-        Some(b'\n') => newlines,
-        Some(_) => newlines + 1,
-    }
-}
-
-/// Number of `\n` bytes. Every read and edit counts the lines of the whole file, so this
-/// is written for the vectoriser: byte-wide counters (16 or 32 to a register) for up to 255
-/// blocks, then one widening sum. Summing straight into `usize` keeps only 2 to 4 counters
-/// per register and measured 15 times slower (4 ms against 0.25 ms for 10 MB).
-pub(crate) fn count_newlines(bytes: &[u8]) -> usize {
-    const LANES: usize = 32;
-    let mut blocks = bytes.chunks_exact(LANES);
-    let mut total = 0usize;
-    loop {
-        let mut counters = [0u8; LANES];
-        let mut taken = 0;
-        // At most 255 blocks, so that no byte-wide counter can overflow.
-        for block in blocks.by_ref().take(usize::from(u8::MAX)) {
-            for (c, &b) in counters.iter_mut().zip(block) {
-                *c += u8::from(b == b'\n');
-            }
-            taken += 1;
-        }
-        total += counters.iter().map(|&c| usize::from(c)).sum::<usize>();
-        if taken < usize::from(u8::MAX) {
-            break;
-        }
-    }
-    total + blocks.remainder().iter().filter(|&&b| b == b'\n').count()
-}
-
-/// Byte index where the line after the first `skip` lines starts (`bytes.len()` if none).
-pub(crate) fn line_start(bytes: &[u8], skip: usize) -> usize {
-    if skip == 0 {
-        return 0;
-    }
-    let mut seen = 0usize;
-    let mut base = 0usize;
-    for chunk in bytes.chunks(SKIP_CHUNK) {
-        let here = count_newlines(chunk);
-        if seen + here < skip {
-            seen += here;
-            base += chunk.len();
-            continue;
-        }
-        for (i, &b) in chunk.iter().enumerate() {
-            if b == b'\n' {
-                seen += 1;
-                if seen == skip {
-                    return base + i + 1;
-                }
-            }
-        }
-    }
-    bytes.len()
-}
-
-/// One piece of `split_inclusive('\n')` as a line: without its `\n`, and without a `\r`
-/// right before that `\n`. Returns whether such a `\r` was dropped.
-pub(crate) fn split_line(raw: &str) -> (&str, bool) {
-    match raw.strip_suffix('\n') {
-        Some(l) => match l.strip_suffix('\r') {
-            Some(l) => (l, true),
-            None => (l, false),
-        },
-        None => (raw, false),
-    }
-}
-
-/// Appends `line` numbered as `cat -n` does (number right-aligned in 6 columns, a tab),
-/// cut after `MAX_LINE_CHARS` characters with a marker, and a newline.
-pub(crate) fn number_line(out: &mut String, number: usize, line: &str) {
-    match line.char_indices().nth(MAX_LINE_CHARS) {
-        Some((cut, _)) => write_numbered(out, number, &line[..cut], line[cut..].chars().count()),
-        None => write_numbered(out, number, line, 0),
-    }
-}
-
-/// Appends the numbered line whose first characters are `head`, with a marker when `more`
-/// characters were cut off.
-fn write_numbered(out: &mut String, number: usize, head: &str, more: usize) {
-    let _ = write!(out, "{number:>6}\t{head}");
-    if more > 0 {
-        let _ = write!(out, " [... line cut: {more} more characters]");
-    }
-    out.push('\n');
-}
-
-/// Maps an I/O error on a file tool's path; a missing file names close matches in its
-/// directory, or says that the directory itself is missing.
-pub(crate) fn io_error(
-    files: &WorktreeFs,
-    action: &str,
-    real: &Path,
-    shown: &str,
-    err: &std::io::Error,
-) -> ToolError {
-    if err.kind() == std::io::ErrorKind::NotFound {
-        return not_found(
-            files,
-            real,
-            shown,
-            "Use list_directory or glob to find the right path.",
-        );
-    }
-    ToolError::from_io(action, shown, err)
-}
-
-/// A `NotFound` error for `real` with a "did you mean" from its directory, then `advice`.
-pub(crate) fn not_found(files: &WorktreeFs, real: &Path, shown: &str, advice: &str) -> ToolError {
-    let hint = match (real.parent(), real.file_name()) {
-        // Listed beneath the root: a parent swapped for a symlink shows nothing from outside.
-        (Some(parent), Some(name)) => match files.entry_names(parent) {
-            Some(entries) => {
-                // Compared and shown as a model sees names (escaped where not plain).
-                let mut names: Vec<String> = entries
-                    .iter()
-                    .map(|n| td_base::shown_path::show(n).into_owned())
-                    .collect();
-                // Sorted so that ties between equally close names resolve the same way.
-                names.sort_unstable();
-                let name = td_base::shown_path::show(name);
-                match td_base::suggest::closest(&name, names.iter().map(String::as_str)) {
-                    Some(close) => {
-                        format!("Did you mean '{}'? {advice}", sibling_display(shown, close))
-                    }
-                    None => advice.to_string(),
-                }
-            }
-            None => format!(
-                "Its directory '{}' does not exist either. {advice}",
-                parent_display(shown)
-            ),
-        },
-        _ => advice.to_string(),
-    };
-    ToolError::NotFound {
-        path: shown.to_string(),
-        hint,
-    }
-}
-
-/// How a file named `name` (as shown) next to `shown` is displayed.
-fn sibling_display(shown: &str, name: &str) -> String {
-    match shown.rsplit_once('/') {
-        Some((parent, _)) if !parent.is_empty() => format!("{parent}/{name}"),
-        _ => name.to_string(),
-    }
-}
-
-fn parent_display(shown: &str) -> String {
-    match shown.rsplit_once('/') {
-        Some((parent, _)) if !parent.is_empty() => parent.to_string(),
-        _ => ".".to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::files::lines::{count_lines, number_line, split_line};
+    use td_toolkit::worktree_fs::WorktreeFs;
 
     /// `load_opened` of the file at `path` (opened beneath its own directory).
     fn load_with(
@@ -873,7 +686,7 @@ mod tests {
     use crate::test_support::{put, with_limits, worktree as setup};
     use proptest::prelude::*;
     use std::os::unix::fs::symlink;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
     use td_toolkit::catalog::ToolSpecOverride;
     use td_toolkit::context::StampCheck;
 
@@ -1193,67 +1006,6 @@ mod tests {
             .await;
         assert!(out.is_error);
         assert!(out.content.contains("past the end"), "{}", out.content);
-    }
-
-    #[test]
-    fn newline_count_agrees_with_a_naive_count_at_every_length_and_density() {
-        let naive = |b: &[u8]| b.iter().filter(|&&c| c == b'\n').count();
-        // Lengths around the 32-byte blocks and the 255-block rounds; all-newline input
-        // is the case that would overflow a byte-wide counter.
-        for len in [
-            0,
-            1,
-            31,
-            32,
-            33,
-            255 * 32 - 1,
-            255 * 32,
-            255 * 32 + 1,
-            3 * 255 * 32 + 7,
-        ] {
-            for every in [1, 2, 7, 80] {
-                let bytes: Vec<u8> = (0..len)
-                    .map(|i| if i % every == 0 { b'\n' } else { b'x' })
-                    .collect();
-                assert_eq!(
-                    count_newlines(&bytes),
-                    naive(&bytes),
-                    "len {len} every {every}"
-                );
-                assert_eq!(
-                    count_newlines(&bytes[1.min(len)..]),
-                    naive(&bytes[1.min(len)..])
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn line_helpers_agree_with_a_naive_count_across_chunks() {
-        let mut bytes = Vec::new();
-        for i in 0..30_000 {
-            bytes.extend_from_slice(format!("{i}\n").as_bytes());
-        }
-        bytes.extend_from_slice(b"tail");
-        assert!(bytes.len() > 2 * SKIP_CHUNK);
-        assert_eq!(count_lines(&bytes), 30_001);
-        let starts: Vec<usize> = std::iter::once(0)
-            .chain(
-                bytes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| **b == b'\n')
-                    .map(|(i, _)| i + 1),
-            )
-            .collect();
-        for skip in [0, 1, 2, 9_999, 12_345, 29_999, 30_000] {
-            assert_eq!(line_start(&bytes, skip), starts[skip], "skip {skip}");
-        }
-        assert_eq!(line_start(&bytes, 40_000), bytes.len());
-        assert_eq!(count_lines(b""), 0);
-        assert_eq!(count_lines(b"\n"), 1);
-        assert_eq!(split_line("a\r\n"), ("a", true));
-        assert_eq!(split_line("a\r"), ("a\r", false));
     }
 
     /// The window as the whole-file renderer computed it before reads streamed (`None` for

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::files::read_file::io_error;
+use crate::files::access::replace_error;
 use td_base::hash::sha256_hex;
 use td_base::text::count;
 use td_toolkit::args;
@@ -18,7 +18,7 @@ use td_toolkit::error::{ToolError, ToolResult};
 use td_toolkit::receipts::SideEffect;
 use td_toolkit::tool::{Tool, ToolOutput};
 use td_toolkit::worktree_fs::WorktreeFs;
-use td_toolkit::worktree_fs::replace::{Expect, ReplaceError};
+use td_toolkit::worktree_fs::replace::Expect;
 
 const NAME: &str = "write_file";
 
@@ -147,55 +147,6 @@ fn write_new(
         },
     };
     Ok((content, before))
-}
-
-/// The tool error for a replace that did not happen (the old file is as it was). Shared with
-/// `edit_file`.
-pub(crate) fn replace_error(
-    files: &WorktreeFs,
-    err: ReplaceError,
-    action: &str,
-    real: &Path,
-    shown: &str,
-) -> ToolError {
-    match err {
-        ReplaceError::Open(refusal) => refusal.into_tool_error(
-            action,
-            shown,
-            &format!(
-                "Choose a file path, e.g. '{}/name.ext', or use list_directory to see what is inside.",
-                shown.trim_end_matches('/')
-            ),
-            |e| match e.raw_os_error() {
-                Some(libc::ENOTDIR) => ToolError::failed(
-                    format!("{action} '{shown}'"),
-                    "a part of the path before the file name is a file, not a directory",
-                    "Choose another path, or check the parts with list_directory.",
-                ),
-                _ => io_error(files, action, real, shown, &e),
-            },
-        ),
-        ReplaceError::Write(e) if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) => {
-            ToolError::failed(
-                format!("{action} '{shown}'"),
-                e,
-                "The disk is full; the file was left as it was. Free space (e.g. remove build output you made) and try again.",
-            )
-        }
-        ReplaceError::Write(e) => ToolError::failed(
-            format!("{action} '{shown}'"),
-            e,
-            "The file was left as it was; check the path and try again.",
-        ),
-        ReplaceError::Stale => ToolError::StaleRead {
-            path: shown.to_string(),
-        },
-        ReplaceError::StaleWithLostWrite => ToolError::failed(
-            format!("{action} '{shown}'"),
-            "it changed on disk since you last read it, and another process wrote to it while the edit was being put in place: what it wrote then is lost",
-            "Read it again with read_file, check what the other process needed there, then redo the edit.",
-        ),
-    }
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ fn default_max() -> u64 {
 
 /// A pattern taken apart for the walk.
 #[derive(Debug, PartialEq)]
-struct Plan {
+struct GlobPlan {
     /// The pattern as matched (leading `./` and empty components removed).
     pattern: String,
     /// Leading directory components free of glob syntax: the only route the walk takes.
@@ -68,7 +68,7 @@ fn has_glob_syntax(component: &str) -> bool {
     component.contains(['*', '?', '[', ']', '{', '}', '\\'])
 }
 
-fn plan(pattern: &str) -> ToolResult<Plan> {
+fn plan(pattern: &str) -> ToolResult<GlobPlan> {
     if pattern.starts_with('/') {
         return Err(ToolError::invalid(
             TOOL,
@@ -100,7 +100,7 @@ fn plan(pattern: &str) -> ToolResult<Plan> {
         .take_while(|c| !has_glob_syntax(c))
         .map(OsString::from)
         .collect();
-    Ok(Plan {
+    Ok(GlobPlan {
         pattern: parts.join("/"),
         prefix,
         max_depth: (!parts.iter().any(|c| c.contains("**"))).then_some(parts.len()),

@@ -34,7 +34,7 @@ use ignore::{DirEntry, Walk, WalkState};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::files::read_file::open_for_reading;
+use crate::files::access::open_for_reading;
 use crate::search::walk;
 use crate::search::walk::WalkIgnores;
 use td_base::sync::lock;
@@ -191,15 +191,15 @@ impl FileFilter {
 }
 
 /// How far an ordered search has got (see the module docs).
-struct Progress {
+struct SearchProgress {
     cap: usize,
-    state: Mutex<ProgressState>,
+    state: Mutex<SearchProgressState>,
     /// Set once `limit` is known: threads then stop taking files.
     enough: AtomicBool,
 }
 
 #[derive(Default)]
-struct ProgressState {
+struct SearchProgressState {
     /// Every file numbered below this one has been searched.
     done_below: usize,
     /// Matching lines in those files.
@@ -211,11 +211,11 @@ struct ProgressState {
     limit: Option<usize>,
 }
 
-impl Progress {
+impl SearchProgress {
     fn new(cap: usize) -> Self {
         Self {
             cap,
-            state: Mutex::new(ProgressState::default()),
+            state: Mutex::new(SearchProgressState::default()),
             enough: AtomicBool::new(false),
         }
     }
@@ -753,7 +753,7 @@ where
         base,
         root,
     });
-    let progress = Progress::new(cap);
+    let progress = SearchProgress::new(cap);
     let work = || {
         let mut searcher = searcher(context, cap + 1);
         let mut found: Vec<(usize, FileHits)> = Vec::new();
@@ -993,7 +993,7 @@ mod tests {
 
     #[test]
     fn progress_limit_is_the_first_prefix_over_the_cap_whatever_the_finishing_order() {
-        let p = Progress::new(3);
+        let p = SearchProgress::new(3);
         p.searched(1, 5);
         p.searched(2, 1);
         // File 0 is not done: nothing is known yet.
@@ -1005,13 +1005,13 @@ mod tests {
         assert_eq!(p.limit(), 2);
         p.searched(3, 9);
         assert_eq!(p.limit(), 2);
-        let p = Progress::new(3);
+        let p = SearchProgress::new(3);
         for n in 0..4 {
             p.searched(n, 1);
         }
         assert_eq!(p.limit(), 4);
         // Exactly at the cap is not over it.
-        let p = Progress::new(3);
+        let p = SearchProgress::new(3);
         for n in 0..3 {
             p.searched(n, 1);
         }

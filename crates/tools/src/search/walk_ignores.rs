@@ -207,7 +207,7 @@ impl WalkIgnores {
                 // A directory swapped for a symlink mid-walk: its files were not read, and
                 // names met through it are not shown (they may lie outside).
                 Err(_) if !self.is_directory_beneath(dir) => {}
-                Err(why) => skipped.push((display_path(self.files.root(), &file), why)),
+                Err(why) => skipped.push((display_path(self.files.root(), &file), why.to_string())),
             }
         }
         let level = Arc::new(Level { rules, up });
@@ -231,7 +231,7 @@ impl WalkIgnores {
 
     /// The rules in the ignore file at `file`, whose patterns are relative to `rules_root`:
     /// `Ok(None)` when there is no such file, `Err(why)` when it is there but not read.
-    fn read(&self, file: &Path, rules_root: &Path) -> Result<Option<Gitignore>, String> {
+    fn read(&self, file: &Path, rules_root: &Path) -> Result<Option<Gitignore>, Skipped> {
         let opened = match self.files.open_file(file) {
             Ok(opened) => opened,
             Err(OpenError::Io(e))
@@ -240,20 +240,19 @@ impl WalkIgnores {
             {
                 return Ok(None);
             }
-            Err(e) => return Err(refusal(e)),
+            Err(e) => return Err(Skipped::from(e)),
         };
-        let too_large = || format!("larger than {MAX_IGNORE_FILE_BYTES} bytes");
         if opened.len > MAX_IGNORE_FILE_BYTES {
-            return Err(too_large());
+            return Err(Skipped::TooLarge);
         }
         let mut text = Vec::new();
         // Bounded even if the file grows after the size was seen.
         (&opened.file)
             .take(MAX_IGNORE_FILE_BYTES + 1)
             .read_to_end(&mut text)
-            .map_err(|e| format!("it could not be read: {e}"))?;
+            .map_err(Skipped::Unreadable)?;
         if text.len() as u64 > MAX_IGNORE_FILE_BYTES {
-            return Err(too_large());
+            return Err(Skipped::TooLarge);
         }
         parse(file, rules_root, &text).map(Some)
     }
@@ -275,23 +274,49 @@ fn matched(level: &Arc<Level>, path: &Path, is_dir: bool) -> bool {
     false
 }
 
-/// Why an ignore file that is there was not opened.
-fn refusal(err: OpenError) -> String {
-    match err {
-        OpenError::Io(e) => format!("it could not be opened: {e}"),
-        OpenError::Swapped => "a symlink, which is never followed".to_string(),
-        OpenError::Directory => "a directory".to_string(),
-        OpenError::NotRegular => "not a regular file: a FIFO, socket or device".to_string(),
-        OpenError::Hidden => "hidden from loops".to_string(),
-        OpenError::LinkedOutside { .. } => "a hard link to a file outside the worktree".to_string(),
-        OpenError::LinksChanging => "its hard links were changing".to_string(),
+/// Why an ignore file that is there was not applied; the message completes "skipped:".
+#[derive(Debug, thiserror::Error)]
+enum Skipped {
+    #[error("it could not be opened: {0}")]
+    Unopenable(std::io::Error),
+    #[error("a symlink, which is never followed")]
+    Symlink,
+    #[error("a directory")]
+    Directory,
+    #[error("not a regular file: a FIFO, socket or device")]
+    NotRegular,
+    #[error("hidden from loops")]
+    Hidden,
+    #[error("a hard link to a file outside the worktree")]
+    LinkedOutside,
+    #[error("its hard links were changing")]
+    LinksChanging,
+    #[error("larger than {MAX_IGNORE_FILE_BYTES} bytes")]
+    TooLarge,
+    #[error("it could not be read: {0}")]
+    Unreadable(std::io::Error),
+    #[error("its patterns could not be compiled: {0}")]
+    Patterns(ignore::Error),
+}
+
+impl From<OpenError> for Skipped {
+    fn from(err: OpenError) -> Self {
+        match err {
+            OpenError::Io(e) => Skipped::Unopenable(e),
+            OpenError::Swapped => Skipped::Symlink,
+            OpenError::Directory => Skipped::Directory,
+            OpenError::NotRegular => Skipped::NotRegular,
+            OpenError::Hidden => Skipped::Hidden,
+            OpenError::LinkedOutside { .. } => Skipped::LinkedOutside,
+            OpenError::LinksChanging => Skipped::LinksChanging,
+        }
     }
 }
 
 /// The rules of an ignore file's `text`, as the `ignore` crate reads a gitignore file: one
 /// pattern a line (`\n` or `\r\n`), a leading byte-order mark dropped. A line that is not
 /// UTF-8 or not a valid glob is left out; the others still count.
-fn parse(file: &Path, rules_root: &Path, text: &[u8]) -> Result<Gitignore, String> {
+fn parse(file: &Path, rules_root: &Path, text: &[u8]) -> Result<Gitignore, Skipped> {
     let mut builder = GitignoreBuilder::new(rules_root);
     for (i, line) in text.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -305,9 +330,7 @@ fn parse(file: &Path, rules_root: &Path, text: &[u8]) -> Result<Gitignore, Strin
         };
         let _ = builder.add_line(Some(file.to_path_buf()), line);
     }
-    builder
-        .build()
-        .map_err(|e| format!("its patterns could not be compiled: {e}"))
+    builder.build().map_err(Skipped::Patterns)
 }
 
 #[cfg(test)]

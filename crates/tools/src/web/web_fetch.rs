@@ -3,11 +3,11 @@
 //!
 //! The body is read as a stream and cut at a byte cap, so memory stays bounded whatever the
 //! server sends. Destinations are confined by the context's [`WebAccess`]: by default only
-//! public internet addresses are reached (see `web_access`). This module also owns the HTTP
-//! plumbing `web_search` reuses: the shared clients, the capped body reader and error-chain
-//! formatting.
+//! public internet addresses are reached (see `web_access`). The HTTP side it shares with
+//! `web_search` is in [`super::fetching`] and td-http; the light HTML scanner in
+//! [`super::html`].
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,8 +15,11 @@ use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::fetching::{client_for, client_unavailable, request_error, request_timeout};
+use super::html::{nesting_depth, strip_tags};
 use td_base::sync::lock;
-use td_base::text::{floor_char_boundary, truncate_to};
+use td_base::text::truncate_to;
+use td_http::{MAX_REDIRECTS, error_chain};
 use td_toolkit::args;
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::{ToolError, ToolResult};
@@ -37,9 +40,6 @@ const SNIFF_BYTES: usize = 1024;
 
 /// Column width of text rendered from HTML (wide, so that lines rarely wrap).
 const HTML_TEXT_WIDTH: usize = 120;
-
-/// Redirects followed before giving up.
-const MAX_REDIRECTS: usize = 10;
 
 /// The `web_fetch` tool.
 pub struct WebFetch;
@@ -138,39 +138,6 @@ fn parse_http_url(tool: &str, pointer: &str, raw: &str) -> ToolResult<Url> {
     }
 }
 
-/// The time a request may take: a little under the catalog limit, so that this tool's own
-/// timeout message (which names the URL) wins over the registry's generic watchdog.
-pub(crate) fn request_timeout(catalog_ms: u64) -> Duration {
-    let margin = (catalog_ms / 10).min(1_000);
-    Duration::from_millis(catalog_ms.saturating_sub(margin).max(1))
-}
-
-/// A shared HTTP client. Proxies from the environment are honoured, except for loopback
-/// hosts, which no proxy could reach on our behalf.
-pub(crate) fn client_for(url: &Url) -> ToolResult<reqwest::Client> {
-    static PROXIED: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
-    static DIRECT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
-    let host = url.host_str().unwrap_or_default();
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    let cell = if loopback { &DIRECT } else { &PROXIED };
-    cell.get_or_init(|| {
-        let mut builder = reqwest::Client::builder()
-            .user_agent(concat!("taskdaemon/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS));
-        if loopback {
-            builder = builder.no_proxy();
-        }
-        builder.build().map_err(|e| error_chain(&e))
-    })
-    .clone()
-    .map_err(client_unavailable)
-}
-
 /// The client `web_fetch` uses under `access`: with every address allowed, the shared
 /// client of [`client_for`]; otherwise one that checks every address it connects to (one
 /// per policy for the whole process, so connections are pooled across loops).
@@ -182,10 +149,9 @@ fn fetch_client(url: &Url, access: &WebAccess) -> ToolResult<reqwest::Client> {
     }
     let mut clients = lock(&GUARDED);
     if let Some((_, client)) = clients.iter().find(|(a, _)| a == access) {
-        return client.clone().map_err(client_unavailable);
+        return client.clone().map_err(|cause| client_unavailable(&cause));
     }
-    let built = reqwest::Client::builder()
-        .user_agent(concat!("taskdaemon/", env!("CARGO_PKG_VERSION")))
+    let built = td_http::builder()
         // Never through a proxy from the environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY):
         // a proxy resolves the name and connects on our behalf, so the resolver below would
         // never see the address reached, and a proxy inside the private network reaches
@@ -197,16 +163,7 @@ fn fetch_client(url: &Url, access: &WebAccess) -> ToolResult<reqwest::Client> {
         .build()
         .map_err(|e| error_chain(&e));
     clients.push((access.clone(), built.clone()));
-    built.map_err(client_unavailable)
-}
-
-/// The error when no HTTP client can be built (no TLS roots, say).
-fn client_unavailable(cause: String) -> ToolError {
-    ToolError::Unavailable {
-        message: format!(
-            "the HTTP client could not be set up ({cause}); web tools cannot be used in this environment. Continue without them."
-        ),
-    }
+    built.map_err(|cause| client_unavailable(&cause))
 }
 
 /// The error for a destination the context's [`WebAccess`] refuses, reached from
@@ -224,79 +181,6 @@ fn refused(mut refusal: Refusal, requested: &Url) -> ToolError {
     ToolError::Unavailable {
         message: refusal.to_string(),
     }
-}
-
-/// The error and all its sources, joined — reqwest's own message alone rarely says why.
-pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![err.to_string()];
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
-}
-
-/// Maps a failed request to a tool error that names the URL.
-pub(crate) fn request_error(url: &Url, err: &reqwest::Error, timeout: Duration) -> ToolError {
-    if err.is_timeout() {
-        return ToolError::Timeout {
-            timeout_ms: timeout.as_millis() as u64,
-            detail: format!(
-                " fetching {url}; the server is slow or unreachable, try another source"
-            ),
-        };
-    }
-    let hint = if err.is_redirect() {
-        "The site redirects in a loop or too often; try the final URL directly or another source."
-    } else {
-        "Check the host name and port in the URL; if the site is down or unreachable, try another source (web_search can find one)."
-    };
-    ToolError::failed(format!("fetching {url}"), error_chain(err), hint)
-}
-
-/// A body read up to a cap.
-#[derive(Debug, Default)]
-pub(crate) struct CappedBody {
-    /// The bytes kept (at most the cap).
-    pub bytes: Vec<u8>,
-    /// Whether the server had more to send.
-    pub truncated: bool,
-    /// Why reading stopped early, if the transfer broke.
-    pub interrupted: Option<String>,
-}
-
-/// Reads the body of `resp` chunk by chunk, keeping at most `cap` bytes; stops reading (and
-/// so drops the connection) as soon as the cap is passed.
-pub(crate) async fn read_capped(resp: &mut reqwest::Response, cap: usize) -> CappedBody {
-    let expected = resp.content_length().unwrap_or(0);
-    let initial = usize::try_from(expected).unwrap_or(usize::MAX).min(cap);
-    let mut body = CappedBody {
-        bytes: Vec::with_capacity(initial),
-        ..CappedBody::default()
-    };
-    loop {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
-                let room = cap - body.bytes.len();
-                if chunk.len() > room {
-                    body.bytes.extend_from_slice(&chunk[..room]);
-                    body.truncated = true;
-                    break;
-                }
-                body.bytes.extend_from_slice(&chunk);
-            }
-            Ok(None) => break,
-            Err(e) => {
-                body.interrupted = Some(error_chain(&e));
-                break;
-            }
-        }
-    }
-    body
 }
 
 /// How a body is shown.
@@ -413,191 +297,6 @@ fn decode(bytes: &[u8]) -> String {
 /// Deepest element nesting html2text is given; deeper pages are only stripped of tags,
 /// because html5ever's parse time grows with the square of the depth.
 const MAX_HTML_DEPTH: usize = 512;
-
-/// Elements that never hold content or whose end tag may be left out; they do not add to
-/// the nesting depth estimate.
-const FLAT_ELEMENTS: &[&str] = &[
-    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track",
-    "wbr", "p", "li", "dt", "dd", "tr", "td", "th", "option", "optgroup", "thead", "tbody",
-    "tfoot", "colgroup", "rb", "rt", "rp", "html", "head", "body", "!doctype",
-];
-
-/// Elements whose content is not text for a reader.
-const HIDDEN_ELEMENTS: &[&str] = &["script", "style", "noscript", "template"];
-
-/// One piece of an HTML byte stream, as the light scanner sees it.
-enum Piece<'a> {
-    Text(&'a [u8]),
-    Open(String),
-    Close(String),
-}
-
-/// A linear, forgiving HTML scanner: text runs and tag names, comments dropped, the content
-/// of hidden elements skipped. Good enough to estimate depth and strip tags.
-fn scan_html(html: &[u8], mut on: impl FnMut(Piece<'_>)) {
-    let find = |from: usize, needle: &[u8]| {
-        html.get(from..)
-            .and_then(|rest| {
-                rest.windows(needle.len())
-                    .position(|w| w.eq_ignore_ascii_case(needle))
-            })
-            .map(|p| from + p)
-    };
-    let mut i = 0;
-    while i < html.len() {
-        let Some(lt) = html[i..].iter().position(|&b| b == b'<').map(|p| i + p) else {
-            on(Piece::Text(&html[i..]));
-            break;
-        };
-        if lt > i {
-            on(Piece::Text(&html[i..lt]));
-        }
-        if html[lt..].starts_with(b"<!--") {
-            i = find(lt + 4, b"-->").map_or(html.len(), |p| p + 3);
-            continue;
-        }
-        let closing = html.get(lt + 1) == Some(&b'/');
-        let name_start = (lt + 1 + usize::from(closing)).min(html.len());
-        let name_len = html[name_start..]
-            .iter()
-            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'!' || **b == b'-')
-            .count();
-        if name_len == 0 {
-            on(Piece::Text(&html[lt..lt + 1]));
-            i = lt + 1;
-            continue;
-        }
-        let name =
-            String::from_utf8_lossy(&html[name_start..name_start + name_len]).to_ascii_lowercase();
-        let gt = html[name_start..]
-            .iter()
-            .position(|&b| b == b'>')
-            .map_or(html.len(), |p| name_start + p);
-        let self_closing = html.get(gt.wrapping_sub(1)) == Some(&b'/');
-        i = (gt + 1).min(html.len());
-        if closing {
-            on(Piece::Close(name));
-        } else if HIDDEN_ELEMENTS.contains(&name.as_str()) {
-            let end = format!("</{name}");
-            i = find(i, end.as_bytes())
-                .and_then(|p| html[p..].iter().position(|&b| b == b'>').map(|q| p + q + 1))
-                .unwrap_or(html.len());
-        } else if self_closing {
-            on(Piece::Open(name.clone()));
-            on(Piece::Close(name));
-        } else {
-            on(Piece::Open(name));
-        }
-    }
-}
-
-/// An estimate of the deepest element nesting in `html` (unclosed elements count).
-fn nesting_depth(html: &[u8]) -> usize {
-    let (mut depth, mut max) = (0usize, 0usize);
-    scan_html(html, |piece| match piece {
-        Piece::Open(name) if !FLAT_ELEMENTS.contains(&name.as_str()) => {
-            depth += 1;
-            max = max.max(depth);
-        }
-        Piece::Close(name) if !FLAT_ELEMENTS.contains(&name.as_str()) => {
-            depth = depth.saturating_sub(1);
-        }
-        _ => {}
-    });
-    max
-}
-
-/// The text of `html` without tags: block elements start new lines, entities are decoded,
-/// runs of spaces are collapsed.
-pub(crate) fn strip_tags(html: &str) -> String {
-    const BLOCKS: &[&str] = &[
-        "p",
-        "div",
-        "br",
-        "li",
-        "tr",
-        "h1",
-        "h2",
-        "h3",
-        "h4",
-        "h5",
-        "h6",
-        "pre",
-        "table",
-        "ul",
-        "ol",
-        "section",
-        "article",
-        "header",
-        "footer",
-        "blockquote",
-        "hr",
-        "dt",
-        "dd",
-    ];
-    let mut raw = String::with_capacity(html.len() / 2);
-    scan_html(html.as_bytes(), |piece| match piece {
-        Piece::Text(t) => raw.push_str(&String::from_utf8_lossy(t)),
-        Piece::Open(name) | Piece::Close(name) => {
-            if BLOCKS.contains(&name.as_str()) {
-                raw.push('\n');
-            }
-        }
-    });
-    let decoded = decode_entities(&raw);
-    let mut out = String::with_capacity(decoded.len());
-    for line in decoded.lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        if !words.is_empty() {
-            out.push_str(&words.join(" "));
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Decodes the character references that matter for reading (named basics and numeric).
-pub(crate) fn decode_entities(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(amp) = rest.find('&') {
-        out.push_str(&rest[..amp]);
-        rest = &rest[amp..];
-        let window = &rest[..floor_char_boundary(rest, 12)];
-        let decoded = window.find(';').and_then(|end| {
-            let entity = &rest[1..end];
-            let ch = match entity {
-                "amp" => Some('&'),
-                "lt" => Some('<'),
-                "gt" => Some('>'),
-                "quot" => Some('"'),
-                "apos" => Some('\''),
-                "nbsp" => Some(' '),
-                _ => {
-                    let num = entity.strip_prefix('#')?;
-                    let code = match num.strip_prefix(['x', 'X']) {
-                        Some(hex) => u32::from_str_radix(hex, 16).ok(),
-                        None => num.parse::<u32>().ok(),
-                    };
-                    code.and_then(char::from_u32)
-                }
-            };
-            ch.map(|c| (c, end + 1))
-        });
-        match decoded {
-            Some((c, len)) => {
-                out.push(c);
-                rest = &rest[len..];
-            }
-            None => {
-                out.push('&');
-                rest = &rest[1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
 
 /// HTML reduced to readable text; on failure, the raw markup with a note.
 async fn html_to_text(html: Vec<u8>, base: &Url) -> String {
@@ -729,7 +428,7 @@ async fn render_body(
     } else {
         max_bytes
     };
-    let mut body = read_capped(resp, raw_cap).await;
+    let mut body = td_http::read_capped(resp, raw_cap).await;
     let declared_text = content_type.map(essence).as_deref() == Some("text/plain");
     let kind = declared.unwrap_or_else(|| sniff(&body.bytes, declared_text));
     if kind == Kind::Binary {
@@ -752,7 +451,7 @@ async fn render_body(
     }
     let read = body.bytes.len();
     let raw_truncated = body.truncated;
-    let interrupted = body.interrupted.take();
+    let interrupted = body.interrupted.take().map(|e| error_chain(&e));
     let mut text = if kind == Kind::Html {
         html_to_text(body.bytes, base).await
     } else {
@@ -877,102 +576,11 @@ async fn fetch(
     Ok(ToolOutput::text(content))
 }
 
-/// A tiny HTTP/1.1 server on 127.0.0.1 answering canned responses, for tests of the web
-/// tools (the test machine has no other network).
-#[cfg(test)]
-pub(crate) mod test_server {
-    use std::sync::{Arc, Mutex};
-
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    /// A canned answer: status line, headers, body, and how many times to repeat the body.
-    #[derive(Clone, Debug)]
-    pub struct Canned {
-        pub status: &'static str,
-        pub headers: Vec<(String, String)>,
-        pub body: Vec<u8>,
-        pub repeat: usize,
-    }
-
-    impl Canned {
-        pub fn new(status: &'static str, content_type: &str, body: impl Into<Vec<u8>>) -> Self {
-            Self {
-                status,
-                headers: vec![("Content-Type".into(), content_type.into())],
-                body: body.into(),
-                repeat: 1,
-            }
-        }
-    }
-
-    /// The running server: its base URL and the request heads it saw.
-    pub struct Server {
-        pub base: String,
-        pub requests: Arc<Mutex<Vec<String>>>,
-    }
-
-    /// Starts a server whose `route` maps a request path (with query) to an answer.
-    pub async fn start(route: impl Fn(&str) -> Canned + Send + Sync + 'static) -> Server {
-        let route = Arc::new(route);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut sock, _)) = listener.accept().await else {
-                    return;
-                };
-                let seen = seen.clone();
-                let route = route.clone();
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
-                    seen.lock().unwrap().push(head);
-                    let c = route(&path);
-                    let len = c.body.len() * c.repeat;
-                    let mut out = format!(
-                        "HTTP/1.1 {}\r\nContent-Length: {len}\r\nConnection: close\r\n",
-                        c.status
-                    );
-                    for (k, v) in &c.headers {
-                        out.push_str(&format!("{k}: {v}\r\n"));
-                    }
-                    out.push_str("\r\n");
-                    if sock.write_all(out.as_bytes()).await.is_err() {
-                        return;
-                    }
-                    for _ in 0..c.repeat {
-                        // The client may hang up once it has enough; that is expected.
-                        if sock.write_all(&c.body).await.is_err() {
-                            return;
-                        }
-                    }
-                    let _ = sock.shutdown().await;
-                });
-            }
-        });
-        Server {
-            base: format!("http://{addr}"),
-            requests,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::test_server::{Canned, start};
     use super::*;
     use crate::test_support::{peak_rss_kib, run_isolated, with_limits, worktree};
+    use td_http::test_server::{Canned, start};
     use td_toolkit::catalog::ToolSpecOverride;
     use td_toolkit::registry::ToolSet;
     use td_toolkit::web_access::AllowedHost;
@@ -1053,7 +661,7 @@ mod tests {
         )
     }
 
-    fn port(s: &super::test_server::Server) -> u16 {
+    fn port(s: &td_http::test_server::Server) -> u16 {
         s.base.rsplit(':').next().unwrap().parse().unwrap()
     }
 
@@ -1574,39 +1182,5 @@ mod tests {
             &text[..text.len().min(300)]
         );
         assert!(text.contains("nests too deeply"));
-    }
-
-    #[test]
-    fn depth_estimate_ignores_flat_elements_and_hidden_content() {
-        assert_eq!(
-            nesting_depth(b"<div><div><p>a<p>b<br><img src=x></div></div>"),
-            2
-        );
-        assert_eq!(
-            nesting_depth(b"<script>if (a<b) { '<div><div><div>' }</script><span/>"),
-            1
-        );
-        assert_eq!(nesting_depth(b"<!-- <div><div> --><b>x</b>"), 1);
-        assert_eq!(nesting_depth(b"<b><b><b>"), 3);
-        assert_eq!(nesting_depth(b"a < b and <> and <"), 0);
-        assert_eq!(nesting_depth(b"<div"), 1);
-        assert_eq!(nesting_depth(b"</"), 0);
-    }
-
-    #[test]
-    fn strip_tags_keeps_text_and_lines() {
-        let html = "<h1>Title</h1><p>One &amp; <b>two</b>&#33; &#x263A;</p>\
-                    <style>p{}</style><ul><li>x</li><li>y &unknown; z &#xFFFFFFFF; &é;</li></ul>";
-        assert_eq!(
-            strip_tags(html),
-            "Title\nOne & two! \u{263A}\nx\ny &unknown; z &#xFFFFFFFF; &é;\n"
-        );
-    }
-
-    #[test]
-    fn request_timeout_stays_under_the_catalog_limit() {
-        assert_eq!(request_timeout(30_000), Duration::from_millis(29_000));
-        assert_eq!(request_timeout(500), Duration::from_millis(450));
-        assert_eq!(request_timeout(0), Duration::from_millis(1));
     }
 }

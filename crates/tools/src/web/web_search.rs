@@ -14,10 +14,10 @@ use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::web::web_fetch::{
-    client_for, decode_entities, read_capped, request_error, request_timeout, strip_tags,
-};
+use super::fetching::{client_for, request_error, request_timeout};
+use super::html::{decode_entities, strip_tags};
 use td_base::text::truncate_to;
+use td_http::error_chain;
 use td_toolkit::args;
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::{ToolError, ToolResult};
@@ -269,7 +269,7 @@ async fn search(
         .await
         .map_err(|e| request_error(&url, &e, timeout))?;
     let status = resp.status();
-    let body = read_capped(&mut resp, MAX_REPLY_BYTES).await;
+    let body = td_http::read_capped(&mut resp, MAX_REPLY_BYTES).await;
     let label = provider.label();
     let action = format!("searching with {label}");
     if !status.is_success() {
@@ -300,7 +300,7 @@ async fn search(
     if let Some(err) = body.interrupted {
         return Err(ToolError::failed(
             action,
-            format!("the reply broke off: {err}"),
+            format!("the reply broke off: {}", error_chain(&err)),
             "Search again.",
         ));
     }
@@ -388,9 +388,9 @@ fn render(query: &str, label: &str, hits: &[Hit]) -> String {
 mod tests {
     use super::*;
     use crate::test_support::worktree;
-    use crate::web::web_fetch::test_server::{Canned, Server, start};
     use std::collections::HashMap;
     use std::sync::Arc;
+    use td_http::test_server::{Canned, Server, start};
     use td_toolkit::registry::ToolSet;
 
     fn searx_routes(path: &str) -> Canned {
