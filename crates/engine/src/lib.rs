@@ -5,10 +5,10 @@
 //! output becomes a progress note for the next iteration.
 //!
 //! The engine knows nothing about actors: tool calls take the loop's
-//! [`CallPath`](td_toolkit::call_path::CallPath) (routes, the tool lanes in a run, receipts),
+//! [`CallPath`] (routes, the tool lanes in a run, receipts),
 //! inbox items come from a shared `Inbox`, and a stop request arrives on a watch channel. The
 //! model turns of an iteration and of an answer to another loop's question are one loop
-//! ([`turns`]): independent read-only calls of one response run concurrently; calls that
+//! (the `turns` module): independent read-only calls of one response run concurrently; calls that
 //! write run in order; a stop takes effect after the call in flight.
 
 use std::collections::{HashMap, VecDeque};

@@ -1,11 +1,11 @@
-//! Tool lanes: one supervised pool of [`ToolWorker`] actors per worker lane (no-net, net,
+//! Tool lanes: one supervised pool of `ToolWorker` actors per worker lane (no-net, net,
 //! heavy), and [`ToolLanes`], the handle that runs a call in the lane its caller's route
 //! names (the [`LaneRunner`] of a run: see `td_toolkit::call_path`).
 //!
 //! Invariants:
 //! - A lane never runs more calls at once than it has workers; calls beyond that wait in a
 //!   FIFO queue and start in the order they arrived.
-//! - Each call is answered exactly once through its [`ReplySlot`], which the pool and the
+//! - Each call is answered exactly once through its `ReplySlot`, which the pool and the
 //!   worker running the call share: the worker answers with its outcome as soon as the tool
 //!   returns (the caller does not wait for another hop through the pool), and tells the pool
 //!   it is idle; if the worker died instead, the pool answers with an error outcome (and
@@ -17,7 +17,7 @@
 //! - A caller that stops waiting (its iteration timed out, its loop was stopped, the asker
 //!   of the question it was answering gave up) cancels its call: a call still queued is
 //!   skipped, and a call already running is dropped by its worker within
-//!   `ABANDON_POLL` (see `tool_worker`) (a command's process group is killed with it), so
+//!   `tool_worker::ABANDON_POLL`, 50 ms (a command's process group is killed with it), so
 //!   abandoned work does not hold a worker.
 //! - Only lane tools come here: the lanes take a [`Lane`], and coordination tools have a
 //!   route, not a lane (they run in the calling loop's task: a worker must never wait on

@@ -8,11 +8,11 @@
 //! replacement. A worker that finishes answers the caller itself (one hop fewer on every
 //! call's way back) and then tells the pool it is idle.
 //!
-//! A call whose caller stops waiting is cancelled: the worker checks every [`ABANDON_POLL`]
+//! A call whose caller stops waiting is cancelled: the worker checks every `ABANDON_POLL`
 //! and drops the call once nobody waits for it (dropping a command's call kills its process
 //! group), so that abandoned work frees the worker.
 //!
-//! The worker knows its pool only as somewhere to report [`WorkerIdle`] (a ractor
+//! The worker knows its pool only as somewhere to report `WorkerIdle` (a ractor
 //! `DerivedActorRef`), so this module does not depend on the pool's.
 
 use std::sync::Arc;
