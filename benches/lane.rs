@@ -1,9 +1,10 @@
 //! `cargo bench --bench lane`: one small `read_file` through a tool lane vs the same call
 //! made directly.
 //!
-//! Ours: `ToolRunner::run` on `ToolLanes` exactly as the engine calls it (loop task → lane
-//! pool actor → worker actor → reply straight to the caller). Baseline: `ToolSet::call` on
-//! the same context, tool set and input in the caller's task (what `DirectRunner` does).
+//! Ours: `CallPath::call` over `ToolLanes` exactly as the engine calls it (route → loop task
+//! → lane pool actor → worker actor → reply straight to the caller; no receipt log).
+//! Baseline: `ToolSet::call` on the same context, tool set and input in the caller's task
+//! (what `InCallerTask` does).
 //! Both run alternately, sample by sample, from one tokio task; both include everything the
 //! registry does (schema validation, timeout guard, receipt, stamp). The file is 20 short
 //! lines. Target: p50(ours) − p50(baseline) ≤ 20 µs.
@@ -16,8 +17,8 @@ use std::time::Instant;
 use common::Report;
 use common::actors::{Dist, print_machine};
 use serde_json::json;
-use td_engine::ToolRunner;
 use td_runtime::tool_lanes::{LaneSizes, ToolLanes};
+use td_toolkit::call_path::CallPath;
 use td_toolkit::context::ToolContext;
 
 #[tokio::main]
@@ -37,22 +38,17 @@ async fn main() {
 
     const WARMUP: usize = 2_000;
     const SAMPLES: usize = 30_000;
-    let l = lanes.clone();
+    let calls = CallPath::new(ctx.clone(), tools.clone(), Arc::new(lanes.clone()), None);
     let driver = tokio::spawn(async move {
         let input = json!({"path": "small.txt"});
         let mut ours = Vec::with_capacity(SAMPLES);
         let mut base = Vec::with_capacity(SAMPLES);
         for i in 0..WARMUP + SAMPLES {
             let t = Instant::now();
-            let out = ToolRunner::run(
-                &l,
-                ctx.clone(),
-                tools.clone(),
-                Some("c".to_string()),
-                "read_file".to_string(),
-                input.clone(),
-            )
-            .await;
+            let out = calls
+                .call(Some("c"), "read_file", input.clone())
+                .await
+                .outcome;
             let d_ours = t.elapsed();
             assert!(!out.is_error, "{}", out.content);
 

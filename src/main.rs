@@ -11,6 +11,7 @@ use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::fronts::policy::SessionPolicy;
 use taskdaemon::fronts::receipt_session::ReceiptSession;
 use td_base::secrets::{self, RedactingWriter};
+use td_toolkit::call_path::{CallPath, InCallerTask};
 use td_toolkit::catalog::{Catalog, default_tool_set};
 use td_toolkit::context::{LoopCommands, ToolContext};
 use td_toolkit::registry::ToolSet;
@@ -247,16 +248,6 @@ impl SessionArgs {
     }
 }
 
-impl Session {
-    /// Ends the session: its session receipt is written.
-    fn close(&self) -> Result<(), String> {
-        match &self.receipts {
-            Some(r) => r.close(),
-            None => Ok(()),
-        }
-    }
-}
-
 /// The default catalog, with the overrides of `config` when given.
 fn load_catalog(config: Option<&std::path::Path>) -> Result<Catalog, String> {
     match config {
@@ -407,23 +398,27 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         Command::Tool {
             command: ToolCommand::Exec(args),
         } => {
-            let session = args.open()?;
+            let Session {
+                ctx,
+                tools,
+                receipts,
+            } = args.open()?;
             let stdin = tokio::io::BufReader::with_capacity(
                 taskdaemon::fronts::lines::READ_BUFFER_BYTES,
                 tokio::io::stdin(),
             );
             let stdout = tokio::io::stdout();
-            let served = taskdaemon::fronts::exec::serve(
-                stdin,
-                stdout,
-                &session.ctx,
-                &session.tools,
-                session.receipts.as_ref().map(|r| r.log().as_ref()),
-            )
-            .await
-            .map_err(|e| format!("exec stream failed: {e}"));
+            let calls = CallPath::new(
+                Arc::new(ctx),
+                Arc::new(tools),
+                Arc::new(InCallerTask),
+                receipts.as_ref().map(|r| r.log().clone()),
+            );
+            let served = taskdaemon::fronts::exec::serve(stdin, stdout, &calls)
+                .await
+                .map_err(|e| format!("exec stream failed: {e}"));
             // The session ended either way: what its log holds is sealed.
-            let closed = session.close();
+            let closed = receipts.as_ref().map_or(Ok(()), |r| r.close());
             end_session(served?, closed)
         }
         Command::Run(args) => run_command(args).await,

@@ -89,3 +89,54 @@ fn cli_prints_the_same_definitions() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("built-in types"));
 }
+
+/// `tools list -c FILE --format json` with `catalog:` overrides in FILE.
+fn list_with_catalog(dir: &std::path::Path, catalog: &str) -> std::process::Output {
+    let config = dir.join("taskdaemon.yml");
+    std::fs::write(&config, format!("catalog:\n{catalog}")).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .args(["tools", "list", "--format", "json", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn no_catalog_override_moves_a_tool_into_or_out_of_the_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    // A coordination tool in a worker lane would hold the worker while it waits for an
+    // answer whose own tool calls need one.
+    let out = list_with_catalog(dir.path(), "  query_loop: {lane: no-net}\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'query_loop'") && err.contains("remove its `lane`"),
+        "{err}"
+    );
+    // And the coordinator is no lane for other tools.
+    let out = list_with_catalog(dir.path(), "  grep: {lane: coordinator}\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown variant `coordinator`"), "{err}");
+    // Lanes still move, and coordination tools still show as such.
+    let out = list_with_catalog(
+        dir.path(),
+        "  grep: {lane: heavy}\n  query_loop: {timeout-ms: 1000}\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lane = |name: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .map(|d| (d["lane"].clone(), d["timeout_ms"].clone()))
+            .unwrap()
+    };
+    assert_eq!(lane("grep").0, "heavy");
+    assert_eq!(lane("query_loop"), ("coordinator".into(), 1000.into()));
+}

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::Value;
-use td_toolkit::catalog::{Catalog, Lane};
+use td_toolkit::catalog::{Catalog, Lane, Route};
 use td_toolkit::context::ToolContext;
 
 mod props_support;
@@ -56,10 +56,10 @@ fn key() -> impl Strategy<Value = String> {
 }
 
 fn executes_safely(tool: &str, catalog: &Catalog) -> bool {
-    let lane = catalog.spec(tool).lane;
-    lane != Lane::Net
-        && lane != Lane::Heavy
-        && !matches!(tool, "run_command" | "run_command_isolated")
+    !matches!(
+        catalog.route(tool),
+        Route::Lane(Lane::Net) | Route::Lane(Lane::Heavy)
+    ) && !matches!(tool, "run_command" | "run_command_isolated")
 }
 
 fn runtime() -> &'static tokio::runtime::Runtime {

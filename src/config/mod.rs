@@ -284,7 +284,7 @@ fn position(text: &str, at: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use td_toolkit::catalog::Lane;
+    use td_toolkit::catalog::{Lane, Route};
     use td_toolkit::web_access::AllowedHost;
 
     #[test]
@@ -297,7 +297,7 @@ mod tests {
         let cat = c.catalog().unwrap();
         assert_eq!(cat.spec("grep").timeout_ms, 5000);
         assert_eq!(cat.spec("grep").max_output_bytes, 2048);
-        assert_eq!(cat.spec("build").lane, Lane::NoNet);
+        assert_eq!(cat.spec("build").lane, Route::Lane(Lane::NoNet));
         assert_eq!(cat.spec("read_file").timeout_ms, 10_000);
     }
 

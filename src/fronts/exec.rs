@@ -18,22 +18,19 @@ use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use super::lines::{Line, LineReader, MAX_LINE_BYTES};
 use super::salvage::{first_bad_byte, salvage, salvage_bytes};
 use crate::fronts::receipt_gate::ReceiptGate;
-use td_toolkit::context::ToolContext;
-use td_toolkit::receipts::ReceiptLog;
-use td_toolkit::registry::ToolSet;
+use td_toolkit::call_path::CallPath;
 
 /// What a request line looks like, for error answers.
 const REQUEST_SHAPE: &str =
     "Send one JSON object per line: {\"id\": \"...\", \"name\": \"tool\", \"input\": {...}}";
 
-/// Serves the exec protocol until `input` ends. Returns why receipts stopped being written,
-/// when they did (the session then ran no call after it).
+/// Serves the exec protocol until `input` ends, running each call on `calls` (its context,
+/// tools and receipt log; calls run in this task, one at a time). Returns why receipts
+/// stopped being written, when they did (the session then ran no call after it).
 pub async fn serve<R, W>(
     input: R,
     mut output: W,
-    ctx: &ToolContext,
-    tools: &ToolSet,
-    receipts: Option<&ReceiptLog>,
+    calls: &CallPath,
 ) -> std::io::Result<Option<String>>
 where
     R: AsyncBufRead + Unpin,
@@ -47,7 +44,7 @@ where
         let answer = match line {
             Line::Complete(bytes) if bytes.trim_ascii().is_empty() => continue,
             Line::Complete(bytes) => match std::str::from_utf8(&bytes) {
-                Ok(text) => answer_line(text, ctx, tools, receipts, &gate).await,
+                Ok(text) => answer_line(text, calls, &gate).await,
                 Err(_) => not_utf8_answer(&bytes, number),
             },
             Line::TooLong { head, len } => too_long_answer(&head, len, number),
@@ -94,13 +91,7 @@ fn too_long_answer(head: &[u8], len: u64, number: u64) -> Value {
     )
 }
 
-async fn answer_line(
-    line: &str,
-    ctx: &ToolContext,
-    tools: &ToolSet,
-    receipts: Option<&ReceiptLog>,
-    gate: &ReceiptGate,
-) -> Value {
+async fn answer_line(line: &str, calls: &CallPath, gate: &ReceiptGate) -> Value {
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => {
@@ -123,17 +114,16 @@ async fn answer_line(
         Value::Null => None,
         other => Some(other.to_string()),
     };
-    if receipts.is_some()
+    if calls.receipts().is_some()
         && let Err(refused) = gate.admit()
     {
         return error_answer(id, refused);
     }
-    let outcome = tools.call(ctx, call_id.as_deref(), name, input).await;
-    if let Some(log) = receipts
-        && let Some(unrecorded) = gate.keep(log, &outcome)
-    {
+    let called = calls.call(call_id.as_deref(), name, input).await;
+    if let Some(unrecorded) = gate.keep(&called) {
         return error_answer(id, unrecorded);
     }
+    let outcome = called.outcome;
     json!({"id": id, "is_error": outcome.is_error, "content": outcome.content})
 }
 
@@ -172,10 +162,15 @@ mod tests {
 
     async fn run_bytes(lines: &[u8]) -> Vec<Value> {
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "exec").unwrap();
-        let tools = td_tools::all_tools();
+        let ctx = td_toolkit::context::ToolContext::new(dir.path(), "exec").unwrap();
+        let calls = CallPath::new(
+            std::sync::Arc::new(ctx),
+            std::sync::Arc::new(td_tools::all_tools()),
+            std::sync::Arc::new(td_toolkit::call_path::InCallerTask),
+            None,
+        );
         let mut out = Vec::new();
-        serve(lines, &mut out, &ctx, &tools, None).await.unwrap();
+        serve(lines, &mut out, &calls).await.unwrap();
         String::from_utf8(out)
             .unwrap()
             .lines()

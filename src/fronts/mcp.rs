@@ -25,6 +25,7 @@ use tokio::sync::RwLock;
 
 use super::mcp_transport::LineTransport;
 use crate::fronts::receipt_gate::ReceiptGate;
+use td_toolkit::call_path::{CallPath, InCallerTask};
 use td_toolkit::context::ToolContext;
 use td_toolkit::receipts::ReceiptLog;
 use td_toolkit::registry::ToolSet;
@@ -35,9 +36,8 @@ relative to the worktree root. Read a file with read_file before editing it.";
 
 /// An MCP server over one tool set and one session context.
 pub struct McpServer {
-    ctx: Arc<ToolContext>,
-    tools: Arc<ToolSet>,
-    receipts: Option<Arc<ReceiptLog>>,
+    /// The session's context, tools and receipt log; calls run in the request's task.
+    calls: CallPath,
     /// Closed once a receipt could not be written: no call runs after that.
     gate: Arc<ReceiptGate>,
     /// The tool list as sent to clients; the set never changes during a session.
@@ -66,9 +66,7 @@ impl McpServer {
             })
             .collect();
         Self {
-            ctx,
-            tools,
-            receipts,
+            calls: CallPath::new(ctx, tools, Arc::new(InCallerTask), receipts),
             gate: Arc::new(ReceiptGate::new()),
             listed: Arc::new(listed),
             lane: RwLock::new(()),
@@ -121,8 +119,8 @@ impl ServerHandler for McpServer {
         // MCP lets a client omit `arguments`; for tools whose fields are all optional that
         // means "all defaults", which is what an empty object says to the schema.
         let input = Value::Object(request.arguments.unwrap_or_default());
-        let tool = self.tools.get(name);
-        if self.receipts.is_some()
+        let tool = self.calls.tools().get(name);
+        if self.calls.receipts().is_some()
             && let Err(refused) = self.gate.admit()
         {
             return Ok(CallToolResult::error(vec![ContentBlock::text(refused)]).into());
@@ -131,18 +129,17 @@ impl ServerHandler for McpServer {
         // A cancelled request is not aborted: its tool may already be writing files or
         // running a command, and the registry's timeout bounds how long it can take. rmcp
         // drops the late answer.
-        let outcome = if exclusive {
+        let called = if exclusive {
             let _turn = self.lane.write().await;
-            self.tools.call(&self.ctx, None, name, input).await
+            self.calls.call(None, name, input).await
         } else {
             let _turn = self.lane.read().await;
-            self.tools.call(&self.ctx, None, name, input).await
+            self.calls.call(None, name, input).await
         };
-        if let Some(log) = &self.receipts
-            && let Some(unrecorded) = self.gate.keep(log, &outcome)
-        {
+        if let Some(unrecorded) = self.gate.keep(&called) {
             return Ok(CallToolResult::error(vec![ContentBlock::text(unrecorded)]).into());
         }
+        let outcome = called.outcome;
         if tool.is_none() {
             // The MCP spec (tools, "Error Handling") lists unknown tools among protocol
             // errors, with -32602 in its example; a client only offers listed tools, so this

@@ -3,11 +3,14 @@
 //! it ran — and every later call of the session is refused without running. A caller thus
 //! never takes an unrecorded call for a recorded one, and the log never has a hole followed
 //! by more receipts. The session ends with a non-zero exit status that says why.
+//!
+//! The receipts themselves are saved by the session's call path
+//! ([`CallPath`](td_toolkit::call_path::CallPath)), as every caller's are; the gate decides
+//! what a receipt that could not be saved means for the session.
 
 use std::sync::OnceLock;
 
-use td_toolkit::receipts::ReceiptLog;
-use td_toolkit::registry::CallOutcome;
+use td_toolkit::call_path::Called;
 
 /// Whether a session's calls may still run: closed once a receipt could not be written.
 #[derive(Debug, Default)]
@@ -33,14 +36,16 @@ impl ReceiptGate {
         }
     }
 
-    /// After a call: appends its receipt to `log`. When that fails, closes the gate and
-    /// returns what to answer instead of the plain result (an error that says the receipt
-    /// is missing, followed by the result, since the call ran).
-    pub fn keep(&self, log: &ReceiptLog, outcome: &CallOutcome) -> Option<String> {
-        let e = log.append(&outcome.receipt).err()?;
+    /// After a call: when its receipt could not be saved, closes the gate and returns what
+    /// to answer instead of the plain result (an error that says the receipt is missing,
+    /// followed by the result, since the call ran).
+    pub fn keep(&self, called: &Called) -> Option<String> {
+        let e = called.saved.as_ref().err()?;
+        let outcome = &called.outcome;
         let why = format!(
-            "a receipt could not be written to {}: {e}",
-            log.path().display()
+            "a receipt could not be written to {}: {}",
+            e.path.display(),
+            e.source
         );
         tracing::error!("{why}");
         let _ = self.failure.set(why.clone());
@@ -61,20 +66,33 @@ impl ReceiptGate {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use td_toolkit::call_path::{CallPath, InCallerTask};
     use td_toolkit::context::ToolContext;
+    use td_toolkit::receipts::ReceiptLog;
+
+    fn calls(dir: &std::path::Path, log: ReceiptLog) -> CallPath {
+        let ctx = ToolContext::new(dir, "gate").unwrap();
+        CallPath::new(
+            Arc::new(ctx),
+            Arc::new(td_tools::all_tools()),
+            Arc::new(InCallerTask),
+            Some(Arc::new(log)),
+        )
+    }
 
     #[tokio::test]
     async fn a_receipt_that_cannot_be_written_closes_the_gate() {
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ToolContext::new(dir.path(), "gate").unwrap();
-        let outcome = td_tools::all_tools()
-            .call(&ctx, None, "list_directory", serde_json::json!({}))
+        let log = ReceiptLog::open(&dir.path().join("receipts.jsonl")).unwrap();
+        let called = calls(dir.path(), log)
+            .call(None, "list_directory", serde_json::json!({}))
             .await;
         let gate = ReceiptGate::new();
-        let log = ReceiptLog::open(&dir.path().join("receipts.jsonl")).unwrap();
         assert!(gate.admit().is_ok());
-        assert_eq!(gate.keep(&log, &outcome), None);
+        assert_eq!(gate.keep(&called), None);
         assert_eq!(gate.failure(), None);
 
         // /dev/full answers every write with "no space left on device".
@@ -82,9 +100,12 @@ mod tests {
             eprintln!("SKIPPED: no /dev/full here; the tmpfs tests cover a real full disk");
             return;
         };
-        let answer = gate.keep(&broken, &outcome).unwrap();
+        let called = calls(dir.path(), broken)
+            .call(None, "list_directory", serde_json::json!({}))
+            .await;
+        let answer = gate.keep(&called).unwrap();
         assert!(answer.starts_with("the call ran, but a receipt could not be written to"));
-        assert!(answer.ends_with(&outcome.content), "{answer}");
+        assert!(answer.ends_with(&called.outcome.content), "{answer}");
         let refusal = gate.admit().unwrap_err();
         assert!(
             refusal.starts_with("not run: a receipt could not be written"),

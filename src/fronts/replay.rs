@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 
 use crate::fronts::policy::SessionPolicy;
-use td_toolkit::catalog::Lane;
+use td_toolkit::catalog::{Lane, Route};
 use td_toolkit::context::{LoopCommands, ToolContext};
 use td_toolkit::receipts::chain::{ChainKey, RUN_KEY_FILE, key_path_for_log};
 use td_toolkit::receipts::check::{ChainState, LogCheck, LogEntry, check, read_entries};
@@ -147,8 +147,8 @@ impl ReplayReport {
 /// Why a recorded call is not replayed, if it cannot be reproduced offline.
 fn skip_reason(receipt: &Receipt, policy: &SessionPolicy) -> Option<String> {
     match policy.catalog.spec(&receipt.tool).lane {
-        Lane::Coordinator => Some("coordination tool: needs the other loops of a run".into()),
-        Lane::Net if receipt.tool != "run_command" => {
+        Route::Coordinator => Some("coordination tool: needs the other loops of a run".into()),
+        Route::Lane(Lane::Net) if receipt.tool != "run_command" => {
             Some("network tool: its answer depends on the outside world".into())
         }
         _ => None,

@@ -319,7 +319,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         },
         events.clone(),
     )
-    .await?;
+    .await
+    .map_err(|e| e.to_string())?;
 
     let names: Vec<String> = loops.iter().map(|l| l.name.clone()).collect();
     // A resumed run keeps the loops that ran to their end (completed, failed, or blocked by
@@ -412,7 +413,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                         s.status = LoopStatus::Running;
                     });
                     places.insert(def.name.clone(), place);
-                    rt.spawn_loop(spec).await?;
+                    rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
                     status.insert(def.name.clone(), LoopStatus::Running);
                     free -= 1;
                 }

@@ -3,20 +3,29 @@
 /// The current time as RFC 3339 with milliseconds, UTC (the `time` of events and receipts).
 ///
 /// Formatting a date costs more than recording an event; within one millisecond the text is
-/// the same, so each thread keeps the last one it formatted.
+/// the same, so each thread keeps the last one it formatted, and only a new millisecond is
+/// turned into a date (every tool call and event asks for the time).
 pub fn timestamp_now() -> String {
     use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
     thread_local! {
-        static LAST: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+        static LAST: RefCell<(i128, String)> = const { RefCell::new((i128::MIN, String::new())) };
     }
-    let now = chrono::Utc::now();
-    let millis = now.timestamp_millis();
+    // Milliseconds since the epoch, negative before it (a clock set before 1970).
+    let millis: i128 = match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(after) => i128::try_from(after.as_millis()).unwrap_or(i128::MAX),
+        Err(before) => -i128::try_from(before.duration().as_millis()).unwrap_or(i128::MAX),
+    };
     LAST.with(|last| {
         let mut last = last.borrow_mut();
         if last.0 != millis {
+            let date = i64::try_from(millis)
+                .ok()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .unwrap_or_default();
             *last = (
                 millis,
-                now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                date.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             );
         }
         last.1.clone()

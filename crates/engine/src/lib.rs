@@ -4,36 +4,39 @@
 //! command. Exit code equal to the success code completes the loop; otherwise the validation
 //! output becomes a progress note for the next iteration.
 //!
-//! The engine knows nothing about actors: tools run through a `ToolRunner` (the tool lanes in
-//! a run, a direct call in tests), inbox items come from a shared `Inbox`, and a stop request
-//! arrives on a watch channel. Independent read-only calls of one response run concurrently;
-//! calls that write run in order; a stop takes effect after the call in flight.
+//! The engine knows nothing about actors: tool calls take the loop's
+//! [`CallPath`] (routes, the tool lanes in a run, receipts),
+//! inbox items come from a shared `Inbox`, and a stop request arrives on a watch channel. The
+//! model turns of an iteration and of an answer to another loop's question are one loop
+//! (the `turns` module): independent read-only calls of one response run concurrently; calls that
+//! write run in order; a stop takes effect after the call in flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::watch;
 
 use td_base::sync::lock;
 use td_base::text::head_tail;
-use td_llm::{Block, LlmClient, LlmRequest, LlmResponse, Message, Purpose, Role};
+use td_llm::{Block, LlmClient, LlmRequest, Message, Purpose};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
-use td_protocol::tool_definition::ToolDefinition;
-use td_toolkit::catalog::Lane;
+use td_toolkit::call_path::CallPath;
 use td_toolkit::context::ToolContext;
-use td_toolkit::receipts::{ReceiptLog, SideEffect};
-use td_toolkit::registry::{CallOutcome, ToolSet};
+use td_toolkit::receipts::SideEffect;
 
+mod answer;
 pub mod prompt;
 pub mod transcript;
+mod turns;
 
+pub use answer::{AnswerError, Answerer};
 use transcript::{TranscriptEntry, TranscriptSink};
+use turns::{TurnRules, Turns, TurnsEnd};
 
 /// How a loop ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,38 +75,6 @@ impl LoopEnd {
             LoopEnd::Failed { .. } => "failed",
             LoopEnd::Stopped { .. } => "stopped",
         }
-    }
-}
-
-/// Runs one tool call somewhere (a lane worker, or directly).
-#[async_trait]
-pub trait ToolRunner: Send + Sync {
-    /// Runs the call and returns its outcome.
-    async fn run(
-        &self,
-        ctx: Arc<ToolContext>,
-        tools: Arc<ToolSet>,
-        call_id: Option<String>,
-        name: String,
-        input: Value,
-    ) -> CallOutcome;
-}
-
-/// Runs calls in the caller's task (tests, and coordination tools).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct DirectRunner;
-
-#[async_trait]
-impl ToolRunner for DirectRunner {
-    async fn run(
-        &self,
-        ctx: Arc<ToolContext>,
-        tools: Arc<ToolSet>,
-        call_id: Option<String>,
-        name: String,
-        input: Value,
-    ) -> CallOutcome {
-        tools.call(&ctx, call_id.as_deref(), &name, input).await
     }
 }
 
@@ -192,17 +163,15 @@ pub struct EngineConfig {
 pub struct Engine {
     /// Settings.
     pub config: EngineConfig,
-    /// The loop's tool context (private to the loop).
-    pub ctx: Arc<ToolContext>,
-    /// The tools its model sees.
-    pub tools: Arc<ToolSet>,
-    /// The tool the loop's validation step calls (`validate`), chosen by whoever builds the
-    /// engine: the engine knows tools only through the toolkit's `ToolSet`.
-    pub validation_tools: Arc<ToolSet>,
+    /// The calls of the tools its model sees: the loop's private context, its tools, their
+    /// routes, the lanes and the loop's receipts. Shared with the loop's [`Answerer`].
+    pub calls: Arc<CallPath>,
+    /// The calls of the loop's validation step (`validate`, from a tool set chosen by
+    /// whoever builds the engine: the engine knows tools only through the toolkit), with the
+    /// same context, lanes and receipts.
+    pub validation: CallPath,
     /// The model.
     pub llm: Arc<dyn LlmClient>,
-    /// Where tool calls run.
-    pub runner: Arc<dyn ToolRunner>,
     /// Waiting shares and alerts.
     pub inbox: Arc<Inbox>,
     /// Notes across iterations.
@@ -211,15 +180,13 @@ pub struct Engine {
     pub events: Arc<EventLog>,
     /// The loop's transcript.
     pub transcript: Arc<dyn TranscriptSink>,
-    /// The loop's receipts, if kept.
-    pub receipts: Option<Arc<ReceiptLog>>,
     /// Becomes `true` when the loop must stop.
     pub stop: watch::Receiver<bool>,
 }
 
-/// Why an iteration's model turns ended.
+/// Why an iteration's model turns ended (its `ended_by` in the events).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum TurnsEnded {
+enum IterationEnd {
     EndTurn,
     CompleteTask,
     MaxTurns,
@@ -230,21 +197,25 @@ enum TurnsEnded {
     RecordUnwritable(String),
 }
 
-impl TurnsEnded {
+impl IterationEnd {
     fn label(&self) -> &'static str {
         match self {
-            TurnsEnded::EndTurn => "end_turn",
-            TurnsEnded::CompleteTask => "complete_task",
-            TurnsEnded::MaxTurns => "max_turns",
-            TurnsEnded::Timeout => "iteration_timeout",
-            TurnsEnded::Stopped => "stopped",
-            TurnsEnded::ModelError(_) => "model_error",
-            TurnsEnded::RecordUnwritable(_) => "record_unwritable",
+            IterationEnd::EndTurn => "end_turn",
+            IterationEnd::CompleteTask => "complete_task",
+            IterationEnd::MaxTurns => "max_turns",
+            IterationEnd::Timeout => "iteration_timeout",
+            IterationEnd::Stopped => "stopped",
+            IterationEnd::ModelError(_) => "model_error",
+            IterationEnd::RecordUnwritable(_) => "record_unwritable",
         }
     }
 }
 
 impl Engine {
+    fn ctx(&self) -> &Arc<ToolContext> {
+        self.calls.ctx()
+    }
+
     fn stopped(&self) -> bool {
         *self.stop.borrow()
     }
@@ -269,7 +240,6 @@ impl Engine {
 
     /// Runs iterations until the loop completes, fails or is stopped.
     pub async fn run(self) -> LoopEnd {
-        let validation_tools = self.validation_tools.clone();
         let mut last_failure = String::from("no iteration ran");
         let first = self.config.first_iteration.max(1);
         for iteration in first..=self.config.max_iterations {
@@ -291,11 +261,11 @@ impl Engine {
             let (ended, completion) = match self.config.iteration_timeout {
                 Some(limit) => tokio::time::timeout(limit, self.iterate(iteration, &calls))
                     .await
-                    .unwrap_or((TurnsEnded::Timeout, self.ctx.take_completion())),
+                    .unwrap_or((IterationEnd::Timeout, self.ctx().take_completion())),
                 None => self.iterate(iteration, &calls).await,
             };
             let calls = calls.load(Ordering::Relaxed);
-            if ended == TurnsEnded::Stopped {
+            if ended == IterationEnd::Stopped {
                 self.record_iteration_end(iteration, &ended, calls, None, None);
                 return LoopEnd::Stopped {
                     iterations: iteration,
@@ -304,29 +274,28 @@ impl Engine {
             }
             // No validation command runs unrecorded either.
             let unwritable = match &ended {
-                TurnsEnded::RecordUnwritable(why) => Some(why.clone()),
+                IterationEnd::RecordUnwritable(why) => Some(why.clone()),
                 _ => self.record_failure(),
             };
             if let Some(why) = unwritable {
                 self.record_iteration_end(
                     iteration,
-                    &TurnsEnded::RecordUnwritable(why.clone()),
+                    &IterationEnd::RecordUnwritable(why.clone()),
                     calls,
                     None,
                     None,
                 );
                 return self.halt(iteration, &why);
             }
-            if let TurnsEnded::ModelError(e) = &ended {
+            if let IterationEnd::ModelError(e) = &ended {
                 self.record_iteration_end(iteration, &ended, calls, None, None);
                 return LoopEnd::Failed {
                     iterations: iteration,
                     reason: format!("the model call failed: {e}"),
                 };
             }
-            let (passed, exit, output, unrecorded) = self
-                .validate(iteration, &validation_tools, completion.is_some())
-                .await;
+            let (passed, exit, output, unrecorded) =
+                self.validate(iteration, completion.is_some()).await;
             self.record_iteration_end(iteration, &ended, calls, exit, Some(passed));
             if passed {
                 return LoopEnd::Completed {
@@ -342,7 +311,7 @@ impl Engine {
                 Some(code) => note.push_str(&format!(
                     "; validation failed with exit code {code}:\n{output}"
                 )),
-                None if self.ctx.commands().validate.is_none() => {
+                None if self.ctx().commands().validate.is_none() => {
                     note.push_str("; complete_task was not called")
                 }
                 None => note.push_str(&format!("; validation did not finish:\n{output}")),
@@ -370,7 +339,7 @@ impl Engine {
     fn record_iteration_end(
         &self,
         iteration: u32,
-        ended: &TurnsEnded,
+        ended: &IterationEnd,
         model_calls: u32,
         exit: Option<i32>,
         passed: Option<bool>,
@@ -390,23 +359,18 @@ impl Engine {
     async fn validate(
         &self,
         iteration: u32,
-        validation_tools: &Arc<ToolSet>,
         completed: bool,
     ) -> (bool, Option<i32>, String, Option<String>) {
-        if self.ctx.commands().validate.is_none() {
+        if self.ctx().commands().validate.is_none() {
             return (completed, None, String::new(), None);
         }
-        let outcome = self
-            .runner
-            .run(
-                self.ctx.clone(),
-                validation_tools.clone(),
-                None,
-                "validate".to_string(),
-                json!({}),
-            )
-            .await;
-        let unrecorded = self.keep_receipt(&outcome);
+        let called = self.validation.call(None, "validate", json!({})).await;
+        let unrecorded = called
+            .saved
+            .as_ref()
+            .err()
+            .map(|e| turns::receipt_not_saved(self.transcript.as_ref(), &self.config.name, e));
+        let outcome = called.outcome;
         let exit = outcome.receipt.side_effects.iter().find_map(|e| match e {
             SideEffect::CommandRun { exit_code, .. } => *exit_code,
             _ => None,
@@ -425,23 +389,8 @@ impl Engine {
         (passed, exit, output, unrecorded)
     }
 
-    /// Appends the call's receipt; when it cannot be written, says why (and tells the
-    /// record, so that every loop of the run stops before its next call).
-    fn keep_receipt(&self, outcome: &CallOutcome) -> Option<String> {
-        let log = self.receipts.as_ref()?;
-        let e = log.append(&outcome.receipt).err()?;
-        let why = format!(
-            "cannot append a receipt of loop `{}` to {}: {e}",
-            self.config.name,
-            log.path().display()
-        );
-        // The record logs it (it says which run), and every loop stops at its next call.
-        self.transcript.write_failed(why.clone());
-        Some(why)
-    }
-
-    fn render(&self, template: &str, iteration: u32) -> Result<String, String> {
-        let commands = self.ctx.commands();
+    fn render(&self, template: &str, iteration: u32) -> Result<String, prompt::PromptError> {
+        let commands = self.ctx().commands();
         prompt::render(
             template,
             &json!({
@@ -460,14 +409,14 @@ impl Engine {
 
     /// One iteration's model turns. Returns why they ended and the completion summary;
     /// counts its model calls in `calls` (each as it is made).
-    async fn iterate(&self, iteration: u32, calls: &AtomicU32) -> (TurnsEnded, Option<String>) {
+    async fn iterate(&self, iteration: u32, calls: &AtomicU32) -> (IterationEnd, Option<String>) {
         let system = match self.render(&self.config.system_template, iteration) {
             Ok(s) => s,
-            Err(e) => return (TurnsEnded::ModelError(e), None),
+            Err(e) => return (IterationEnd::ModelError(e.to_string()), None),
         };
         let first = match self.render(&self.config.iteration_template, iteration) {
             Ok(s) => s,
-            Err(e) => return (TurnsEnded::ModelError(e), None),
+            Err(e) => return (IterationEnd::ModelError(e.to_string()), None),
         };
         self.transcript.record(
             &self.config.name,
@@ -482,87 +431,40 @@ impl Engine {
             purpose: Purpose::Iteration,
             system,
             messages: vec![Message::user_text(first)],
-            tools: self.tools.shared_definitions(),
+            tools: self.calls.tools().shared_definitions(),
         };
-        let mut sent = 0usize;
-        for turn in 1..=self.config.max_turns {
-            if self.stopped() {
-                return (TurnsEnded::Stopped, self.ctx.take_completion());
-            }
-            if let Some(why) = self.record_failure() {
-                return (
-                    TurnsEnded::RecordUnwritable(why),
-                    self.ctx.take_completion(),
-                );
-            }
-            self.attach_notices(&mut request.messages);
-            self.transcript.record(
-                &self.config.name,
-                TranscriptEntry::Request {
-                    iteration,
-                    turn,
-                    purpose: Purpose::Iteration,
-                    new_messages: request.messages[sent..].to_vec(),
-                },
-            );
-            sent = request.messages.len();
-            let mut stop = self.stop.clone();
-            calls.fetch_add(1, Ordering::Relaxed);
-            let response = tokio::select! {
-                r = self.llm.complete(&request) => r,
-                _ = stop.wait_for(|s| *s) => return (TurnsEnded::Stopped, self.ctx.take_completion()),
-            };
-            let response = match response {
-                Ok(r) => r,
-                Err(e) => {
-                    self.transcript.record(
-                        &self.config.name,
-                        TranscriptEntry::ModelError {
-                            iteration,
-                            error: e.to_string(),
-                        },
-                    );
-                    return (TurnsEnded::ModelError(e.to_string()), None);
-                }
-            };
-            self.transcript.record(
-                &self.config.name,
-                TranscriptEntry::Response {
-                    iteration,
-                    turn,
-                    response: response.clone(),
-                },
-            );
-            request.messages.push(assistant_message(&response));
-            if response.tool_calls.is_empty() {
-                return (TurnsEnded::EndTurn, self.ctx.take_completion());
-            }
-            let (results, stopped, unrecorded) = self.run_calls(iteration, turn, &response).await;
-            request.messages.push(Message {
-                role: Role::User,
-                content: results,
-            });
-            if let Some(why) = unrecorded {
-                return (
-                    TurnsEnded::RecordUnwritable(why),
-                    self.ctx.take_completion(),
-                );
-            }
-            if let Some(summary) = self.ctx.take_completion() {
-                return (TurnsEnded::CompleteTask, Some(summary));
-            }
-            if stopped {
-                return (TurnsEnded::Stopped, None);
-            }
-        }
-        (TurnsEnded::MaxTurns, self.ctx.take_completion())
+        let turns = Turns {
+            loop_name: &self.config.name,
+            iteration,
+            max_turns: self.config.max_turns,
+            llm: self.llm.as_ref(),
+            transcript: self.transcript.as_ref(),
+            calls: &self.calls,
+            stop: Some(&self.stop),
+            model_calls: Some(calls),
+        };
+        let mut rules = IterationRules {
+            engine: self,
+            completion: None,
+        };
+        let end = turns.run(&mut request, &mut rules).await;
+        let completion = rules.completion.take();
+        let ended = match end {
+            TurnsEnd::EndTurn(_) => IterationEnd::EndTurn,
+            TurnsEnd::Finished => IterationEnd::CompleteTask,
+            TurnsEnd::MaxTurns => IterationEnd::MaxTurns,
+            TurnsEnd::Stopped => IterationEnd::Stopped,
+            TurnsEnd::RecordUnwritable(why) => IterationEnd::RecordUnwritable(why),
+            TurnsEnd::ModelError(e) => return (IterationEnd::ModelError(e.to_string()), None),
+        };
+        (ended, completion.or_else(|| self.ctx().take_completion()))
     }
 
     /// Adds waiting inbox items and file-change notices to the last user message, clearly
     /// marked, exactly once.
     fn attach_notices(&self, messages: &mut [Message]) {
         let items = self.inbox.drain();
-        let changed = self.ctx.take_changed_since_read();
+        let changed = self.ctx().take_changed_since_read();
         if items.is_empty() && changed.is_empty() {
             return;
         }
@@ -582,7 +484,7 @@ impl Engine {
             });
         }
         if !changed.is_empty() {
-            let paths: Vec<String> = changed.iter().map(|p| self.ctx.display(p)).collect();
+            let paths: Vec<String> = changed.iter().map(|p| self.ctx().display(p)).collect();
             text.push_str(&format!(
                 "[files changed on disk since you read them; read them again before editing: {}]\n",
                 paths.join(", ")
@@ -594,141 +496,24 @@ impl Engine {
             });
         }
     }
-
-    /// Runs the calls of one response: consecutive read-only calls concurrently, others in
-    /// order; stops after the call in flight when a stop arrives, and after complete_task;
-    /// runs nothing more once the record cannot be written. Returns the results, whether a
-    /// stop came, and why the record could not be written, if so.
-    async fn run_calls(
-        &self,
-        iteration: u32,
-        turn: u32,
-        response: &LlmResponse,
-    ) -> (Vec<Block>, bool, Option<String>) {
-        let calls = &response.tool_calls;
-        let mut results: Vec<Option<CallOutcome>> = vec![None; calls.len()];
-        let mut stopped = false;
-        let mut unrecorded: Option<String> = None;
-        let mut i = 0;
-        while i < calls.len() {
-            if self.stopped() {
-                stopped = true;
-                break;
-            }
-            if let Some(why) = unrecorded.clone().or_else(|| self.record_failure()) {
-                unrecorded = Some(why);
-                break;
-            }
-            let mut j = i + 1;
-            if self.concurrent_ok(&calls[i].name) {
-                while j < calls.len() && self.concurrent_ok(&calls[j].name) {
-                    j += 1;
-                }
-            }
-            let batch = calls[i..j].iter().map(|c| self.run_one(c));
-            let outcomes = futures::future::join_all(batch).await;
-            for (k, (outcome, failed)) in outcomes.into_iter().enumerate() {
-                results[i + k] = Some(outcome);
-                if unrecorded.is_none() {
-                    unrecorded = failed;
-                }
-            }
-            let completed = calls[i..j].iter().any(|c| c.name == "complete_task");
-            i = j;
-            if completed {
-                break;
-            }
-        }
-        let mut blocks = Vec::with_capacity(calls.len());
-        for (call, outcome) in calls.iter().zip(results) {
-            let (content, is_error) = match (outcome, &unrecorded) {
-                (Some(o), _) => (o.content, o.is_error),
-                (None, Some(why)) => (
-                    format!("not run: the run record could not be written ({why})"),
-                    true,
-                ),
-                (None, None) if stopped => (
-                    "not run: the loop was stopped before this call".to_string(),
-                    true,
-                ),
-                (None, None) => (
-                    "not run: complete_task ended the iteration before this call".to_string(),
-                    true,
-                ),
-            };
-            self.transcript.record(
-                &self.config.name,
-                TranscriptEntry::ToolResult {
-                    iteration,
-                    turn,
-                    call_id: call.id.clone(),
-                    name: call.name.clone(),
-                    content: content.clone(),
-                    is_error,
-                },
-            );
-            blocks.push(Block::ToolResult {
-                tool_use_id: call.id.clone(),
-                content,
-                is_error,
-            });
-        }
-        (blocks, stopped, unrecorded)
-    }
-
-    fn concurrent_ok(&self, name: &str) -> bool {
-        self.tools.get(name).is_some_and(|t| t.read_only())
-            && self.ctx.spec(name).lane != Lane::Coordinator
-    }
-
-    /// Runs one call and keeps its receipt; the second value says why the receipt could
-    /// not be written, if so.
-    async fn run_one(&self, call: &td_llm::ToolCall) -> (CallOutcome, Option<String>) {
-        let outcome = if self.ctx.spec(&call.name).lane == Lane::Coordinator
-            || self.tools.get(&call.name).is_none()
-        {
-            // Coordination tools talk to the coordinator, not to a worker lane; unknown names
-            // are answered by the registry without running anything.
-            DirectRunner
-                .run(
-                    self.ctx.clone(),
-                    self.tools.clone(),
-                    Some(call.id.clone()),
-                    call.name.clone(),
-                    call.input.clone(),
-                )
-                .await
-        } else {
-            self.runner
-                .run(
-                    self.ctx.clone(),
-                    self.tools.clone(),
-                    Some(call.id.clone()),
-                    call.name.clone(),
-                    call.input.clone(),
-                )
-                .await
-        };
-        let unrecorded = self.keep_receipt(&outcome);
-        (outcome, unrecorded)
-    }
 }
 
-fn assistant_message(response: &LlmResponse) -> Message {
-    let mut content = Vec::new();
-    if let Some(text) = &response.text {
-        content.push(Block::Text { text: text.clone() });
+/// What an iteration adds to the turn loop: the inbox and file-change notices before each
+/// request, and its end once the model called `complete_task`.
+struct IterationRules<'a> {
+    engine: &'a Engine,
+    /// The summary `complete_task` left, once taken.
+    completion: Option<String>,
+}
+
+impl TurnRules for IterationRules<'_> {
+    fn before_request(&mut self, messages: &mut [Message]) {
+        self.engine.attach_notices(messages);
     }
-    for call in &response.tool_calls {
-        content.push(Block::ToolUse {
-            id: call.id.clone(),
-            name: call.name.clone(),
-            input: call.input.clone(),
-        });
-    }
-    Message {
-        role: Role::Assistant,
-        content,
+
+    fn finished(&mut self) -> bool {
+        self.completion = self.engine.ctx().take_completion();
+        self.completion.is_some()
     }
 }
 
@@ -798,141 +583,6 @@ pub fn render_item(item: &InboxItem) -> String {
             Some(d) => format!("- alert from `{from}` ({event_type}): {message} {d}"),
             None => format!("- alert from `{from}` ({event_type}): {message}"),
         },
-    }
-}
-
-/// What a loop needs to answer other loops' questions: built once per loop and shared by
-/// every answer in progress, so that answering a question copies nothing per loop (its
-/// settings, its tool definitions) and only renders the prompt and calls the model.
-pub struct Answerer {
-    /// The loop's name, type and task: all of its settings an answer uses.
-    name: String,
-    loop_type: String,
-    task: String,
-    ctx: Arc<ToolContext>,
-    tools: Arc<ToolSet>,
-    llm: Arc<dyn LlmClient>,
-    progress: Arc<ProgressNotes>,
-    transcript: Arc<dyn TranscriptSink>,
-    /// The read-only, non-coordination tools of the loop (all an answer may use); looked up
-    /// at the first question (loops of one type share them).
-    read_only: OnceLock<Arc<[ToolDefinition]>>,
-}
-
-impl Answerer {
-    /// The answerer of the loop with these settings, context, tools, model, progress notes
-    /// and transcript.
-    pub fn new(
-        config: &EngineConfig,
-        ctx: Arc<ToolContext>,
-        tools: Arc<ToolSet>,
-        llm: Arc<dyn LlmClient>,
-        progress: Arc<ProgressNotes>,
-        transcript: Arc<dyn TranscriptSink>,
-    ) -> Self {
-        Self {
-            name: config.name.clone(),
-            loop_type: config.loop_type.clone(),
-            task: config.task.clone(),
-            ctx,
-            tools,
-            llm,
-            progress,
-            transcript,
-            read_only: OnceLock::new(),
-        }
-    }
-
-    fn read_only(&self) -> &Arc<[ToolDefinition]> {
-        self.read_only.get_or_init(|| {
-            self.tools.shared_subset(|name| {
-                self.tools.get(name).is_some_and(|t| t.read_only())
-                    && self.ctx.spec(name).lane != Lane::Coordinator
-            })
-        })
-    }
-
-    /// Answers another loop's question with a side model call that sees this loop's task
-    /// and progress; the model may use the read-only tools on this loop's worktree.
-    pub async fn answer(&self, from: &str, question: &str) -> Result<String, String> {
-        const MAX_ANSWER_TURNS: u32 = 4;
-        let system = self.progress.with_notes(|notes| {
-            prompt::answer_system(&self.name, &self.loop_type, from, &self.task, notes)
-        });
-        let read_only = self.read_only().clone();
-        let mut request = LlmRequest {
-            loop_name: self.name.clone(),
-            purpose: Purpose::QueryAnswer {
-                from: from.to_string(),
-                question: question.to_string(),
-            },
-            system,
-            messages: vec![Message::user_text(format!(
-                "Question from loop `{from}`:\n{question}"
-            ))],
-            tools: read_only.clone(),
-        };
-        let mut sent = 0;
-        for turn in 1..=MAX_ANSWER_TURNS {
-            self.transcript.record(
-                &self.name,
-                TranscriptEntry::Request {
-                    iteration: 0,
-                    turn,
-                    purpose: request.purpose.clone(),
-                    new_messages: request.messages[sent..].to_vec(),
-                },
-            );
-            sent = request.messages.len();
-            let response = self
-                .llm
-                .complete(&request)
-                .await
-                .map_err(|e| e.to_string())?;
-            self.transcript.record(
-                &self.name,
-                TranscriptEntry::Response {
-                    iteration: 0,
-                    turn,
-                    response: response.clone(),
-                },
-            );
-            if response.tool_calls.is_empty() {
-                return Ok(response.text.unwrap_or_default());
-            }
-            request.messages.push(assistant_message(&response));
-            let mut results = Vec::new();
-            for call in &response.tool_calls {
-                let allowed = read_only.iter().any(|d| d.name == call.name);
-                let (content, is_error) = if allowed {
-                    let o = self
-                        .tools
-                        .call(&self.ctx, Some(&call.id), &call.name, call.input.clone())
-                        .await;
-                    (o.content, o.is_error)
-                } else {
-                    (
-                        format!(
-                            "'{}' is not available while answering a question: only read-only tools are",
-                            call.name
-                        ),
-                        true,
-                    )
-                };
-                results.push(Block::ToolResult {
-                    tool_use_id: call.id.clone(),
-                    content,
-                    is_error,
-                });
-            }
-            request.messages.push(Message {
-                role: Role::User,
-                content: results,
-            });
-        }
-        Err(format!(
-            "no answer after {MAX_ANSWER_TURNS} model turns of tool use"
-        ))
     }
 }
 

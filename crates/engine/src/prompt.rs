@@ -93,7 +93,18 @@ type Compiled = HashMap<String, Arc<Environment<'static>>>;
 /// over rather than grow without bound.
 const MAX_CACHED: usize = 64;
 
-fn compiled(template: &str) -> Result<Arc<Environment<'static>>, String> {
+/// A prompt template that does not parse or does not render.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// Bad syntax.
+    #[error("prompt template does not parse: {0}")]
+    Parse(#[source] minijinja::Error),
+    /// It parsed, but rendering failed (an unknown variable, a failing filter...).
+    #[error("prompt template failed: {0}")]
+    Render(#[source] minijinja::Error),
+}
+
+fn compiled(template: &str) -> Result<Arc<Environment<'static>>, PromptError> {
     static CACHE: OnceLock<Mutex<Compiled>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(env) = lock(cache).get(template) {
@@ -103,7 +114,7 @@ fn compiled(template: &str) -> Result<Arc<Environment<'static>>, String> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.add_template_owned("prompt", template.to_string())
-        .map_err(|e| format!("prompt template does not parse: {e}"))?;
+        .map_err(PromptError::Parse)?;
     let env = Arc::new(env);
     let mut map = lock(cache);
     if map.len() >= MAX_CACHED {
@@ -114,11 +125,11 @@ fn compiled(template: &str) -> Result<Arc<Environment<'static>>, String> {
 }
 
 /// Renders `template` with `vars`; unknown variables are errors.
-pub fn render<S: Serialize>(template: &str, vars: &S) -> Result<String, String> {
+pub fn render<S: Serialize>(template: &str, vars: &S) -> Result<String, PromptError> {
     compiled(template)?
         .get_template("prompt")
         .and_then(|t| t.render(minijinja::value::Serde(vars)))
-        .map_err(|e| format!("prompt template failed: {e}"))
+        .map_err(PromptError::Render)
 }
 
 #[cfg(test)]
@@ -194,14 +205,25 @@ mod tests {
             render(t, &json!({"who": "b", "more": true})).unwrap(),
             "b and more"
         );
-        assert!(render(t, &json!({})).unwrap_err().contains("undefined"));
+        assert!(
+            render(t, &json!({}))
+                .unwrap_err()
+                .to_string()
+                .contains("undefined")
+        );
     }
 
     #[test]
     fn missing_variables_and_bad_syntax_are_errors() {
         let err = render("hello {{ nobody }}", &json!({})).unwrap_err();
-        assert!(err.contains("undefined"), "{err}");
+        assert!(matches!(err, PromptError::Render(_)), "{err:?}");
+        assert!(
+            err.to_string().starts_with("prompt template failed: "),
+            "{err}"
+        );
+        assert!(err.to_string().contains("undefined"), "{err}");
         let err = render("{% if x %}", &json!({"x": true})).unwrap_err();
-        assert!(err.contains("does not parse"), "{err}");
+        assert!(matches!(err, PromptError::Parse(_)), "{err:?}");
+        assert!(err.to_string().contains("does not parse"), "{err}");
     }
 }

@@ -27,12 +27,59 @@ use crate::coordinator::{
 };
 use crate::loop_actor::{LoopActor, LoopSpec};
 use crate::messages::LoopMsg;
-use crate::tool_lanes::{LaneSizes, ToolLanes};
+use crate::tool_lanes::{LaneSizes, LanesError, ToolLanes};
 use crate::watcher::{Watcher, WatcherMsg};
 use td_engine::LoopEnd;
 use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::ToolError;
+
+/// What can go wrong starting or driving a runtime.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// An actor of the runtime itself did not start (`what`: the daemon, the coordinator,
+    /// the file watcher).
+    #[error("{what} could not start: {reason}")]
+    Start {
+        /// Which actor.
+        what: &'static str,
+        /// What ractor said.
+        reason: String,
+    },
+    /// The tool lanes did not start.
+    #[error(transparent)]
+    Lanes(#[from] LanesError),
+    /// A loop of that name is running already.
+    #[error("a loop named '{0}' is already running")]
+    LoopExists(String),
+    /// A loop actor did not start.
+    #[error("loop {name} could not start: {reason}")]
+    LoopStart {
+        /// The loop.
+        name: String,
+        /// What ractor said.
+        reason: String,
+    },
+    /// The daemon actor is gone (the runtime is shutting down).
+    #[error("the daemon is not running: {0}")]
+    DaemonGone(String),
+    /// The daemon did not answer a request about a loop.
+    #[error("the daemon did not answer for loop {0}")]
+    NoAnswer(String),
+    /// No loop of that name was started.
+    #[error("no loop named '{0}'")]
+    NoSuchLoop(String),
+    /// The loop's actor has stopped.
+    #[error("loop '{0}' has already stopped")]
+    AlreadyStopped(String),
+}
+
+fn start_failed(what: &'static str) -> impl FnOnce(ractor::SpawnErr) -> RuntimeError {
+    move |e| RuntimeError::Start {
+        what,
+        reason: e.to_string(),
+    }
+}
 
 /// Messages of the daemon.
 pub enum DaemonMsg {
@@ -41,7 +88,7 @@ pub enum DaemonMsg {
         /// The loop.
         spec: Box<LoopSpec>,
         /// Its actor, or why it could not start.
-        reply: RpcReplyPort<Result<ActorRef<LoopMsg>, String>>,
+        reply: RpcReplyPort<Result<ActorRef<LoopMsg>, RuntimeError>>,
     },
 }
 
@@ -82,7 +129,10 @@ impl Actor for Daemon {
                 let result = Actor::spawn_linked(None, LoopActor, spec.clone(), myself.get_cell())
                     .await
                     .map(|(actor, _)| actor)
-                    .map_err(|e| format!("loop {} could not start: {e}", spec.config.name));
+                    .map_err(|e| RuntimeError::LoopStart {
+                        name: spec.config.name.clone(),
+                        reason: e.to_string(),
+                    });
                 if let Ok(actor) = &result {
                     state.loops.insert(actor.get_id(), spec);
                 }
@@ -170,10 +220,10 @@ pub struct Runtime {
 
 impl Runtime {
     /// Starts the daemon, coordinator, watcher and lanes.
-    pub async fn start(config: RuntimeConfig, events: Arc<EventLog>) -> Result<Self, String> {
+    pub async fn start(config: RuntimeConfig, events: Arc<EventLog>) -> Result<Self, RuntimeError> {
         let (daemon, _) = Actor::spawn(None, Daemon, events.clone())
             .await
-            .map_err(|e| format!("the daemon could not start: {e}"))?;
+            .map_err(start_failed("the daemon"))?;
         let cell: ActorCell = daemon.get_cell();
         let (coordinator, _) = Actor::spawn_linked(
             None,
@@ -185,11 +235,11 @@ impl Runtime {
             cell.clone(),
         )
         .await
-        .map_err(|e| format!("the coordinator could not start: {e}"))?;
+        .map_err(start_failed("the coordinator"))?;
         let watcher = if config.watch_files {
             let (w, _) = Actor::spawn_linked(None, Watcher, (), cell.clone())
                 .await
-                .map_err(|e| format!("the file watcher could not start: {e}"))?;
+                .map_err(start_failed("the file watcher"))?;
             Some(w)
         } else {
             None
@@ -218,10 +268,10 @@ impl Runtime {
 
     /// Starts a loop actor. Its engine begins once [`Runtime::release`] was called (at once
     /// when it already was). Its end is reported by [`Runtime::next_end`].
-    pub async fn spawn_loop(&mut self, mut spec: LoopSpec) -> Result<(), String> {
+    pub async fn spawn_loop(&mut self, mut spec: LoopSpec) -> Result<(), RuntimeError> {
         let name = spec.config.name.clone();
         if self.loops.contains_key(&name) {
-            return Err(format!("a loop named '{name}' is already running"));
+            return Err(RuntimeError::LoopExists(name));
         }
         spec.ended = Some(self.ended_tx.clone());
         spec.gate = Some(self.gate.subscribe());
@@ -236,8 +286,8 @@ impl Runtime {
                 None,
             )
             .await
-            .map_err(|e| format!("the daemon is not running: {e}"))?
-            .success_or(format!("the daemon did not answer for loop {name}"))??;
+            .map_err(|e| RuntimeError::DaemonGone(e.to_string()))?
+            .success_or(RuntimeError::NoAnswer(name.clone()))??;
         if let Some(w) = &self.watcher {
             let _ = w.cast(WatcherMsg::Watch {
                 loop_name: name.clone(),
@@ -286,24 +336,24 @@ impl Runtime {
     }
 
     /// Asks a loop to stop after its tool call in flight.
-    pub fn stop_loop(&self, name: &str) -> Result<(), String> {
+    pub fn stop_loop(&self, name: &str) -> Result<(), RuntimeError> {
         let actor = self
             .loops
             .get(name)
-            .ok_or_else(|| format!("no loop named '{name}'"))?;
+            .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?;
         actor
             .cast(LoopMsg::Stop)
-            .map_err(|_| format!("loop '{name}' has already stopped"))
+            .map_err(|_| RuntimeError::AlreadyStopped(name.to_string()))
     }
 
     /// Stops a loop at once, without waiting for its tool call in flight: its engine is
     /// aborted, and a command it was running is killed with its process group (the worker
     /// drops the abandoned call). The loop ends as stopped.
-    pub fn kill_loop(&self, name: &str) -> Result<(), String> {
+    pub fn kill_loop(&self, name: &str) -> Result<(), RuntimeError> {
         let actor = self
             .loops
             .get(name)
-            .ok_or_else(|| format!("no loop named '{name}'"))?;
+            .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?;
         actor.stop(Some("stopped at once (second Ctrl-C)".to_string()));
         Ok(())
     }

@@ -2,6 +2,9 @@
 //! the iteration engine in a task of its own (so its mailbox stays open while the loop
 //! works), and meanwhile takes deliveries, file-change notices, queries and stop requests.
 //!
+//! The loop's tool calls, its engine's and those of its answers alike, take one
+//! [`CallPath`]: the routes of its tools, the tool lanes, and its receipt log.
+//!
 //! Queries to the loop are answered by its [`Answerer`] (a side model call with the loop's
 //! task and progress), which the actor hands to the coordinator when it registers: each
 //! answer runs in the asking loop's task, concurrently with this loop's iteration (two loops
@@ -18,9 +21,10 @@ use tokio::task::JoinHandle;
 use crate::coordinator::{CoordMsg, SYSTEM_SENDER};
 use crate::messages::LoopMsg;
 use td_engine::transcript::TranscriptSink;
-use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes, ToolRunner};
+use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes};
 use td_llm::LlmClient;
 use td_protocol::events::{EventKind, EventLog};
+use td_toolkit::call_path::{CallPath, LaneRunner};
 use td_toolkit::context::ToolContext;
 use td_toolkit::receipts::ReceiptLog;
 use td_toolkit::registry::ToolSet;
@@ -38,15 +42,15 @@ pub struct LoopSpec {
     pub validation_tools: Arc<ToolSet>,
     /// The model.
     pub llm: Arc<dyn LlmClient>,
-    /// Where tool calls run (the tool lanes in a run).
-    pub runner: Arc<dyn ToolRunner>,
+    /// Where lane tools run (the tool lanes in a run).
+    pub runner: Arc<dyn LaneRunner>,
     /// The run's coordinator.
     pub coordinator: ActorRef<CoordMsg>,
     /// The run's events.
     pub events: Arc<EventLog>,
     /// The loop's transcript.
     pub transcript: Arc<dyn TranscriptSink>,
-    /// The loop's receipts, if kept.
+    /// The loop's receipts, if kept (also of the calls its answers make).
     pub receipts: Option<Arc<ReceiptLog>>,
     /// Alert event types the loop hears; `None` = all.
     pub subscriptions: Option<Vec<String>>,
@@ -74,6 +78,8 @@ impl Drop for AbortOnDrop {
 /// The state of a loop actor.
 pub struct LoopState {
     spec: LoopSpec,
+    /// The loop's calls, shared by its engine and its answerer.
+    calls: Arc<CallPath>,
     inbox: Arc<Inbox>,
     progress: Arc<ProgressNotes>,
     stop: watch::Sender<bool>,
@@ -103,10 +109,15 @@ impl Actor for LoopActor {
         for note in &spec.initial_progress {
             progress.push(note.clone());
         }
-        let answerer = Arc::new(Answerer::new(
-            &spec.config,
+        let calls = Arc::new(CallPath::new(
             spec.ctx.clone(),
             spec.tools.clone(),
+            spec.runner.clone(),
+            spec.receipts.clone(),
+        ));
+        let answerer = Arc::new(Answerer::new(
+            &spec.config,
+            calls.clone(),
             spec.llm.clone(),
             progress.clone(),
             spec.transcript.clone(),
@@ -140,6 +151,7 @@ impl Actor for LoopActor {
         let (stop, _) = watch::channel(false);
         Ok(LoopState {
             spec,
+            calls,
             inbox,
             progress,
             stop,
@@ -156,16 +168,18 @@ impl Actor for LoopActor {
         let spec = &state.spec;
         let engine = Engine {
             config: spec.config.clone(),
-            ctx: spec.ctx.clone(),
-            tools: spec.tools.clone(),
-            validation_tools: spec.validation_tools.clone(),
+            calls: state.calls.clone(),
+            validation: CallPath::new(
+                spec.ctx.clone(),
+                spec.validation_tools.clone(),
+                spec.runner.clone(),
+                spec.receipts.clone(),
+            ),
             llm: spec.llm.clone(),
-            runner: spec.runner.clone(),
             inbox: state.inbox.clone(),
             progress: state.progress.clone(),
             events: spec.events.clone(),
             transcript: spec.transcript.clone(),
-            receipts: spec.receipts.clone(),
             stop: state.stop.subscribe(),
         };
         let gate = spec.gate.clone();

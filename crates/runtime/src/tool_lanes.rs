@@ -1,6 +1,6 @@
 //! Tool lanes: one supervised pool of `ToolWorker` actors per worker lane (no-net, net,
-//! heavy), and [`ToolLanes`], the handle loops use to run a call in the lane the catalog
-//! names for its tool.
+//! heavy), and [`ToolLanes`], the handle that runs a call in the lane its caller's route
+//! names (the [`LaneRunner`] of a run: see `td_toolkit::call_path`).
 //!
 //! Invariants:
 //! - A lane never runs more calls at once than it has workers; calls beyond that wait in a
@@ -14,35 +14,54 @@
 //!   lane stopped.
 //! - The pool's handler never awaits a tool: it dispatches and returns, so it stays free to
 //!   take new calls and supervision events while workers run.
-//! - A caller that stops waiting does not cancel a call already running in a worker (the
-//!   tool finishes and its outcome is dropped); a call still queued when its caller gave up
-//!   is skipped, so abandoned work does not take a heavy worker.
-//! - Coordination tools never enter a lane: they belong to the coordinator.
+//! - A caller that stops waiting (its iteration timed out, its loop was stopped, the asker
+//!   of the question it was answering gave up) cancels its call: a call still queued is
+//!   skipped, and a call already running is dropped by its worker within
+//!   `tool_worker::ABANDON_POLL`, 50 ms (a command's process group is killed with it), so
+//!   abandoned work does not hold a worker.
+//! - Only lane tools come here: the lanes take a [`Lane`], and coordination tools have a
+//!   route, not a lane (they run in the calling loop's task: a worker must never wait on
+//!   another loop).
 //!
 //! The registry inside the worker applies schema validation, the catalog timeout and the
 //! output cap, so an unknown tool, invalid input or a timeout is an ordinary outcome here.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::tool_worker::{ToolWorker, WorkerMsg, WorkerState};
-use td_base::sync::lock;
+use crate::reply_slot::ReplySlot;
+use crate::tool_worker::{ToolWorker, WorkerIdle, WorkerMsg, WorkerState};
+use td_toolkit::call_path::{LaneRunner, ToolJob};
 use td_toolkit::catalog::Lane;
-use td_toolkit::context::ToolContext;
 use td_toolkit::error::ToolError;
-use td_toolkit::registry::{CallOutcome, ToolSet};
+use td_toolkit::registry::CallOutcome;
 
-/// The lanes that have workers, in the order they are started.
-const WORKER_LANES: [Lane; 3] = [Lane::NoNet, Lane::Net, Lane::Heavy];
+/// Why the tool lanes could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LanesError {
+    /// A lane was given no workers.
+    #[error(
+        "lane size '{}' must be at least 1 (got 0): a lane without workers would never run its tools",
+        .0.as_str()
+    )]
+    NoWorkers(Lane),
+    /// A pool actor did not start.
+    #[error("could not start the {} tool lane: {reason}", .lane.as_str())]
+    Start {
+        /// The lane.
+        lane: Lane,
+        /// What ractor said.
+        reason: String,
+    },
+}
 
 /// Worker counts per lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,43 +87,22 @@ impl Default for LaneSizes {
 }
 
 impl LaneSizes {
-    /// The worker count of `lane`; `None` for the coordinator lane, which has no workers.
-    pub fn workers(&self, lane: Lane) -> Option<usize> {
+    /// The worker count of `lane`.
+    pub fn workers(&self, lane: Lane) -> usize {
         match lane {
-            Lane::NoNet => Some(self.no_net),
-            Lane::Net => Some(self.net),
-            Lane::Heavy => Some(self.heavy),
-            Lane::Coordinator => None,
+            Lane::NoNet => self.no_net,
+            Lane::Net => self.net,
+            Lane::Heavy => self.heavy,
         }
     }
 
     /// Refuses a lane without workers: its calls would wait forever.
-    pub fn validate(&self) -> Result<(), String> {
-        for lane in WORKER_LANES {
-            if self.workers(lane) == Some(0) {
-                return Err(format!(
-                    "lane size '{}' must be at least 1 (got 0): a lane without workers would never run its tools",
-                    lane.as_str()
-                ));
-            }
+    pub fn validate(&self) -> Result<(), LanesError> {
+        match Lane::ALL.into_iter().find(|&lane| self.workers(lane) == 0) {
+            Some(lane) => Err(LanesError::NoWorkers(lane)),
+            None => Ok(()),
         }
-        Ok(())
     }
-}
-
-/// One tool call to run in a lane.
-#[derive(Debug)]
-pub struct ToolJob {
-    /// The calling loop's context (worktree, read stamps, catalog).
-    pub ctx: Arc<ToolContext>,
-    /// The loop's tool set.
-    pub tools: Arc<ToolSet>,
-    /// The model's id for this call, kept in the receipt.
-    pub call_id: Option<String>,
-    /// Tool name; its catalog entry chooses the lane.
-    pub name: String,
-    /// The tool's input, as the model gave it.
-    pub input: Value,
 }
 
 /// How busy one lane is right now.
@@ -135,51 +133,40 @@ struct LaneHandle {
 impl ToolLanes {
     /// Spawns one pool actor per worker lane (no-net, net, heavy), each linked to `supervisor`
     /// when given. A lane size of 0 is an error.
-    pub async fn start(sizes: LaneSizes, supervisor: Option<ActorCell>) -> Result<Self, String> {
+    pub async fn start(
+        sizes: LaneSizes,
+        supervisor: Option<ActorCell>,
+    ) -> Result<Self, LanesError> {
         sizes.validate()?;
-        let mut handles = Vec::with_capacity(WORKER_LANES.len());
-        for lane in WORKER_LANES {
-            let size = sizes.workers(lane).unwrap_or(1);
-            match spawn_pool(lane, size, supervisor.clone()).await {
-                Ok(handle) => handles.push(handle),
+        let mut started: Vec<LaneHandle> = Vec::with_capacity(Lane::ALL.len());
+        let spawn = |lane| spawn_pool(lane, sizes.workers(lane), supervisor.clone());
+        let stop_started = |started: &[LaneHandle]| started.iter().for_each(|h| h.pool.stop(None));
+        for lane in Lane::ALL {
+            match spawn(lane).await {
+                Ok(handle) => started.push(handle),
                 Err(e) => {
-                    for h in &handles {
-                        h.pool.stop(None);
-                    }
+                    stop_started(&started);
                     return Err(e);
                 }
             }
         }
-        let mut handles = handles.into_iter();
-        match (handles.next(), handles.next(), handles.next()) {
-            (Some(no_net), Some(net), Some(heavy)) => Ok(Self { no_net, net, heavy }),
-            _ => Err("tool lanes: a lane pool is missing after start".to_string()),
-        }
+        let [no_net, net, heavy]: [LaneHandle; 3] = started
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one pool was started per lane"));
+        Ok(Self { no_net, net, heavy })
     }
 
-    fn handle(&self, lane: Lane) -> Option<&LaneHandle> {
+    fn handle(&self, lane: Lane) -> &LaneHandle {
         match lane {
-            Lane::NoNet => Some(&self.no_net),
-            Lane::Net => Some(&self.net),
-            Lane::Heavy => Some(&self.heavy),
-            Lane::Coordinator => None,
+            Lane::NoNet => &self.no_net,
+            Lane::Net => &self.net,
+            Lane::Heavy => &self.heavy,
         }
     }
 
-    /// Runs one call in the lane the catalog (`job.ctx.spec(&job.name).lane`) names and
-    /// returns its outcome. Coordination tools (`Lane::Coordinator`) are refused with an error
-    /// outcome: they go to the coordinator.
-    pub async fn run(&self, job: ToolJob) -> CallOutcome {
-        let lane = job.ctx.spec(&job.name).lane;
-        let Some(handle) = self.handle(lane) else {
-            let error = ToolError::Unavailable {
-                message: format!(
-                    "'{}' is a coordination tool: it runs in the coordinator, not in a tool lane, so it was not run (a routing bug in TaskDaemon). Continue without it.",
-                    job.name
-                ),
-            };
-            return fail(&job, error, Duration::ZERO);
-        };
+    /// Runs one call in a worker of `lane` and returns its outcome.
+    pub async fn run(&self, lane: Lane, job: ToolJob) -> CallOutcome {
+        let handle = self.handle(lane);
         let sent = Instant::now();
         let job = Arc::new(job);
         let (tx, rx) = oneshot::channel();
@@ -197,15 +184,14 @@ impl ToolLanes {
         }
     }
 
-    /// Restarts so far per lane (for tests and status); always 0 for the coordinator lane.
+    /// Restarts so far per lane (for tests and status).
     pub fn restarts(&self, lane: Lane) -> u64 {
-        self.handle(lane)
-            .map_or(0, |h| h.restarts.load(Ordering::Relaxed))
+        self.handle(lane).restarts.load(Ordering::Relaxed)
     }
 
-    /// How busy `lane` is; `None` for the coordinator lane or a lane that is not running.
+    /// How busy `lane` is; `None` when the lane is not running.
     pub async fn load(&self, lane: Lane) -> Option<LaneLoad> {
-        let handle = self.handle(lane)?;
+        let handle = self.handle(lane);
         let (tx, rx) = oneshot::channel();
         handle.pool.send_message(PoolMsg::Load(tx.into())).ok()?;
         rx.await.ok()
@@ -234,7 +220,7 @@ async fn spawn_pool(
     lane: Lane,
     size: usize,
     supervisor: Option<ActorCell>,
-) -> Result<LaneHandle, String> {
+) -> Result<LaneHandle, LanesError> {
     let restarts = Arc::new(AtomicU64::new(0));
     let args = PoolArgs {
         lane,
@@ -245,8 +231,10 @@ async fn spawn_pool(
         Some(sup) => Actor::spawn_linked(None, LanePool, args, sup).await,
         None => Actor::spawn(None, LanePool, args).await,
     };
-    let (pool, _) =
-        spawned.map_err(|e| format!("could not start the {} tool lane: {e}", lane.as_str()))?;
+    let (pool, _) = spawned.map_err(|e| LanesError::Start {
+        lane,
+        reason: e.to_string(),
+    })?;
     Ok(LaneHandle { pool, restarts })
 }
 
@@ -277,31 +265,6 @@ fn lane_down(name: &str, lane: Lane, accepted: bool) -> ToolError {
     ToolError::Unavailable { message }
 }
 
-/// Where one call's outcome goes: the caller's port, taken by whoever answers first (the
-/// worker with the outcome, or the pool when the worker died). Only the pool and the worker
-/// hold it, never the caller, so that when both are gone the caller's receiver closes.
-#[derive(Clone)]
-pub(crate) struct ReplySlot(Arc<Mutex<Option<RpcReplyPort<CallOutcome>>>>);
-
-impl ReplySlot {
-    fn new(tx: oneshot::Sender<CallOutcome>) -> Self {
-        Self(Arc::new(Mutex::new(Some(tx.into()))))
-    }
-
-    /// Answers the call unless it was answered already. A caller that gave up has dropped
-    /// its receiver; the outcome is then dropped.
-    pub(crate) fn answer(&self, outcome: CallOutcome) {
-        if let Some(port) = lock(&self.0).take() {
-            let _ = port.send(outcome);
-        }
-    }
-
-    /// Whether nobody waits for this outcome any more.
-    pub(crate) fn abandoned(&self) -> bool {
-        lock(&self.0).as_ref().is_none_or(RpcReplyPort::is_closed)
-    }
-}
-
 /// Messages a lane pool handles.
 pub(crate) enum PoolMsg {
     /// Run a call; the outcome goes to `reply`.
@@ -312,14 +275,28 @@ pub(crate) enum PoolMsg {
         reply: ReplySlot,
     },
     /// A worker answered its call and waits for the next one.
-    Idle {
-        /// The worker's slot.
-        slot: usize,
-        /// The worker, to tell its report from one of a worker that slot had before.
-        worker: ActorId,
-    },
+    Idle(WorkerIdle),
     /// Report the lane's load.
     Load(RpcReplyPort<LaneLoad>),
+}
+
+// What lets a worker report to its pool without knowing the pool's messages (ractor's
+// `DerivedActorRef`): the worker depends on the pool for nothing.
+impl From<WorkerIdle> for PoolMsg {
+    fn from(idle: WorkerIdle) -> Self {
+        PoolMsg::Idle(idle)
+    }
+}
+
+impl TryFrom<PoolMsg> for WorkerIdle {
+    type Error = PoolMsg;
+
+    fn try_from(message: PoolMsg) -> Result<Self, PoolMsg> {
+        match message {
+            PoolMsg::Idle(idle) => Ok(idle),
+            other => Err(other),
+        }
+    }
 }
 
 /// The pool actor of one lane.
@@ -360,7 +337,7 @@ async fn spawn_worker(
     slot: usize,
 ) -> Result<ActorRef<WorkerMsg>, ActorProcessingErr> {
     let state = WorkerState {
-        pool: pool.clone(),
+        pool: pool.get_derived(),
         slot,
     };
     let (worker, _) = Actor::spawn_linked(None, ToolWorker, state, pool.get_cell()).await?;
@@ -510,7 +487,7 @@ impl Actor for LanePool {
                 state.queue.push_back(Pending { job, reply });
                 state.dispatch();
             }
-            PoolMsg::Idle { slot, worker } => {
+            PoolMsg::Idle(WorkerIdle { slot, worker }) => {
                 let Some(s) = state.slots.get_mut(slot) else {
                     return Ok(());
                 };
@@ -555,26 +532,9 @@ impl Actor for LanePool {
 }
 
 #[async_trait::async_trait]
-impl td_engine::ToolRunner for ToolLanes {
-    async fn run(
-        &self,
-        ctx: Arc<ToolContext>,
-        tools: Arc<ToolSet>,
-        call_id: Option<String>,
-        name: String,
-        input: serde_json::Value,
-    ) -> CallOutcome {
-        ToolLanes::run(
-            self,
-            ToolJob {
-                ctx,
-                tools,
-                call_id,
-                name,
-                input,
-            },
-        )
-        .await
+impl LaneRunner for ToolLanes {
+    async fn run(&self, lane: Lane, job: ToolJob) -> CallOutcome {
+        ToolLanes::run(self, lane, job).await
     }
 }
 
@@ -589,7 +549,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use serde_json::Value;
     use td_toolkit::catalog::{Catalog, ToolSpecOverride};
+    use td_toolkit::context::ToolContext;
+    use td_toolkit::registry::ToolSet;
     use td_toolkit::tool::{Tool, ToolOutput};
 
     /// What the probe tools saw, shared by every probe of a set.
@@ -683,8 +646,8 @@ mod tests {
                 .unwrap()
                 .with_catalog(Arc::new(catalog));
             let stats = Arc::new(Stats::default());
-            // One probe per lane: no-net, net, heavy, coordinator.
-            let probes = ["read_file", "web_fetch", "build", "query_loop"]
+            // One probe per lane: no-net, net, heavy.
+            let probes = ["read_file", "web_fetch", "build"]
                 .into_iter()
                 .map(|name| {
                     Arc::new(Probe {
@@ -710,6 +673,12 @@ mod tests {
                 input,
             }
         }
+    }
+
+    /// Runs `job` in the lane its tool's route names, as a caller's call path does.
+    async fn run(lanes: &ToolLanes, job: ToolJob) -> CallOutcome {
+        let lane = job.ctx.spec(&job.name).lane.lane().expect("a lane tool");
+        lanes.run(lane, job).await
     }
 
     fn sizes(no_net: usize, net: usize, heavy: usize) -> LaneSizes {
@@ -752,17 +721,21 @@ mod tests {
         let err = serde_json::from_str::<LaneSizes>(r#"{"workers": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
         assert!(serde_json::from_str::<LaneSizes>(r#"{"no_net": 3}"#).is_err());
-        assert_eq!(LaneSizes::default().workers(Lane::Heavy), Some(2));
-        assert_eq!(LaneSizes::default().workers(Lane::Coordinator), None);
+        assert_eq!(LaneSizes::default().workers(Lane::Heavy), 2);
         assert!(LaneSizes::default().validate().is_ok());
         let err = sizes(1, 0, 1).validate().unwrap_err();
-        assert!(err.contains("'net'") && err.contains("at least 1"), "{err}");
+        assert_eq!(err, LanesError::NoWorkers(Lane::Net));
+        assert!(
+            err.to_string()
+                .starts_with("lane size 'net' must be at least 1 (got 0)"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
     async fn a_zero_sized_lane_is_refused_at_start() {
         let err = ToolLanes::start(sizes(2, 2, 0), None).await.unwrap_err();
-        assert!(err.contains("'heavy'"), "{err}");
+        assert_eq!(err, LanesError::NoWorkers(Lane::Heavy));
     }
 
     #[tokio::test]
@@ -772,7 +745,7 @@ mod tests {
         for name in ["read_file", "web_fetch", "build"] {
             let mut job = fx.job(name, json!({"id": 5}));
             job.call_id = Some("call-5".to_string());
-            let out = lanes.run(job).await;
+            let out = run(&lanes, job).await;
             assert!(!out.is_error, "{name}: {}", out.content);
             assert_eq!(out.content, "done 5");
             assert_eq!(out.receipt.tool, name);
@@ -786,7 +759,8 @@ mod tests {
     async fn heavy_lane_runs_at_most_its_size_at_once() {
         let fx = Fixture::new();
         let lanes = ToolLanes::start(sizes(8, 4, 2), None).await.unwrap();
-        let calls = (0..6).map(|id| lanes.run(fx.job("build", json!({"id": id, "sleep_ms": 60}))));
+        let calls =
+            (0..6).map(|id| run(&lanes, fx.job("build", json!({"id": id, "sleep_ms": 60}))));
         let outs = within(futures::future::join_all(calls)).await;
         assert!(outs.iter().all(|o| !o.is_error));
         assert_eq!(fx.stats.max_running.load(Ordering::SeqCst), 2);
@@ -799,8 +773,12 @@ mod tests {
         // Default catalog: read_file is no-net, so four calls overlap in a lane of 8.
         let fx = Fixture::new();
         let lanes = ToolLanes::start(sizes(8, 4, 1), None).await.unwrap();
-        let calls =
-            (0..4).map(|id| lanes.run(fx.job("read_file", json!({"id": id, "sleep_ms": 60}))));
+        let calls = (0..4).map(|id| {
+            run(
+                &lanes,
+                fx.job("read_file", json!({"id": id, "sleep_ms": 60})),
+            )
+        });
         within(futures::future::join_all(calls)).await;
         assert_eq!(fx.stats.max_running.load(Ordering::SeqCst), 4);
 
@@ -816,8 +794,12 @@ mod tests {
         );
         catalog.apply_overrides(&o).unwrap();
         let fx = Fixture::with_catalog(catalog);
-        let calls =
-            (0..4).map(|id| lanes.run(fx.job("read_file", json!({"id": id, "sleep_ms": 30}))));
+        let calls = (0..4).map(|id| {
+            run(
+                &lanes,
+                fx.job("read_file", json!({"id": id, "sleep_ms": 30})),
+            )
+        });
         let outs = within(futures::future::join_all(calls)).await;
         assert!(outs.iter().all(|o| !o.is_error));
         assert_eq!(fx.stats.max_running.load(Ordering::SeqCst), 1);
@@ -829,7 +811,12 @@ mod tests {
         let fx = Fixture::new();
         let lanes = ToolLanes::start(sizes(8, 4, 1), None).await.unwrap();
         let mut calls: Vec<_> = (0..20)
-            .map(|id| Box::pin(lanes.run(fx.job("build", json!({"id": id, "sleep_ms": 2})))))
+            .map(|id| {
+                Box::pin(run(
+                    &lanes,
+                    fx.job("build", json!({"id": id, "sleep_ms": 2})),
+                ))
+            })
             .collect();
         // Poll each call once, in order, so they reach the lane in that order.
         for call in &mut calls {
@@ -850,7 +837,7 @@ mod tests {
         let input = json!({"id": 7, "panic": true});
         let mut job = fx.job("read_file", input.clone());
         job.call_id = Some("c1".to_string());
-        let out = within(lanes.run(job)).await;
+        let out = within(run(&lanes, job)).await;
         assert!(out.is_error);
         for part in [
             "crashed",
@@ -871,7 +858,7 @@ mod tests {
         assert_eq!(lanes.restarts(Lane::NoNet), 1);
         assert_eq!(lanes.restarts(Lane::Net), 0);
         for id in 0..10 {
-            let out = within(lanes.run(fx.job("read_file", json!({"id": id})))).await;
+            let out = within(run(&lanes, fx.job("read_file", json!({"id": id})))).await;
             assert_eq!(out.content, format!("done {id}"));
         }
         wait_for_load(&lanes, Lane::NoNet, 0, 0).await;
@@ -885,12 +872,15 @@ mod tests {
         let lanes = ToolLanes::start(sizes(3, 1, 1), None).await.unwrap();
         // Three overlapping panics take all three workers; three good calls wait behind them.
         let crashing = (0..3).map(|id| {
-            lanes.run(fx.job(
-                "read_file",
-                json!({"id": id, "sleep_ms": 40, "panic": true}),
-            ))
+            run(
+                &lanes,
+                fx.job(
+                    "read_file",
+                    json!({"id": id, "sleep_ms": 40, "panic": true}),
+                ),
+            )
         });
-        let good = (10..13).map(|id| lanes.run(fx.job("read_file", json!({"id": id}))));
+        let good = (10..13).map(|id| run(&lanes, fx.job("read_file", json!({"id": id}))));
         let (crashed, served) = within(futures::future::join(
             futures::future::join_all(crashing),
             futures::future::join_all(good),
@@ -905,7 +895,7 @@ mod tests {
             assert_eq!(out.content, format!("done {id}"));
         }
         assert_eq!(lanes.restarts(Lane::NoNet), 3);
-        let more = (20..40).map(|id| lanes.run(fx.job("read_file", json!({"id": id}))));
+        let more = (20..40).map(|id| run(&lanes, fx.job("read_file", json!({"id": id}))));
         assert!(
             within(futures::future::join_all(more))
                 .await
@@ -913,20 +903,6 @@ mod tests {
                 .all(|o| !o.is_error)
         );
         assert_eq!(lanes.load(Lane::NoNet).await.unwrap().workers, 3);
-        lanes.stop_and_wait().await;
-    }
-
-    #[tokio::test]
-    async fn coordination_tools_are_refused() {
-        let fx = Fixture::new();
-        let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
-        let out = lanes.run(fx.job("query_loop", json!({"id": 1}))).await;
-        assert!(out.is_error);
-        assert!(out.content.contains("coordination tool"), "{}", out.content);
-        assert_eq!(out.receipt.tool, "query_loop");
-        assert!(fx.stats.started().is_empty());
-        assert_eq!(lanes.restarts(Lane::Coordinator), 0);
-        assert_eq!(lanes.load(Lane::Coordinator).await, None);
         lanes.stop_and_wait().await;
     }
 
@@ -944,16 +920,18 @@ mod tests {
         catalog.apply_overrides(&o).unwrap();
         let fx = Fixture::with_catalog(catalog);
         let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
-        let out = lanes.run(fx.job("read_file", json!({"id": "x"}))).await;
+        let out = run(&lanes, fx.job("read_file", json!({"id": "x"}))).await;
         assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
-        let out = lanes.run(fx.job("grep", json!({}))).await;
+        let out = run(&lanes, fx.job("grep", json!({}))).await;
         assert_eq!(out.receipt.error_kind.as_deref(), Some("unknown_tool"));
-        let out = lanes
-            .run(fx.job("web_fetch", json!({"id": 1, "sleep_ms": 10_000})))
-            .await;
+        let out = run(
+            &lanes,
+            fx.job("web_fetch", json!({"id": 1, "sleep_ms": 10_000})),
+        )
+        .await;
         assert_eq!(out.receipt.error_kind.as_deref(), Some("timeout"));
         assert_eq!(lanes.restarts(Lane::NoNet) + lanes.restarts(Lane::Net), 0);
-        let out = lanes.run(fx.job("web_fetch", json!({"id": 2}))).await;
+        let out = run(&lanes, fx.job("web_fetch", json!({"id": 2}))).await;
         assert_eq!(out.content, "done 2");
         lanes.stop_and_wait().await;
     }
@@ -962,7 +940,7 @@ mod tests {
     async fn a_thousand_small_calls_through_a_lane_of_eight_are_all_answered() {
         let fx = Fixture::new();
         let lanes = ToolLanes::start(sizes(8, 1, 1), None).await.unwrap();
-        let calls = (0..1000).map(|id| lanes.run(fx.job("read_file", json!({"id": id}))));
+        let calls = (0..1000).map(|id| run(&lanes, fx.job("read_file", json!({"id": id}))));
         let outs = within(futures::future::join_all(calls)).await;
         for (id, out) in outs.iter().enumerate() {
             assert_eq!(out.content, format!("done {id}"));
@@ -976,7 +954,7 @@ mod tests {
     async fn a_running_call_whose_caller_gave_up_is_cancelled_and_released() {
         let fx = Fixture::new();
         let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
-        let call = lanes.run(fx.job("build", json!({"id": 1, "sleep_ms": 5_000})));
+        let call = run(&lanes, fx.job("build", json!({"id": 1, "sleep_ms": 5_000})));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), call)
                 .await
@@ -992,7 +970,7 @@ mod tests {
         })
         .await;
         wait_for_load(&lanes, Lane::Heavy, 0, 0).await;
-        let out = lanes.run(fx.job("build", json!({"id": 2}))).await;
+        let out = run(&lanes, fx.job("build", json!({"id": 2}))).await;
         assert_eq!(out.content, "done 2");
         lanes.stop_and_wait().await;
     }
@@ -1004,17 +982,17 @@ mod tests {
         let first = tokio::spawn({
             let lanes = lanes.clone();
             let job = fx.job("build", json!({"id": 1, "sleep_ms": 400}));
-            async move { lanes.run(job).await }
+            async move { run(&lanes, job).await }
         });
         wait_for_load(&lanes, Lane::Heavy, 1, 0).await;
-        let queued = lanes.run(fx.job("build", json!({"id": 2})));
+        let queued = run(&lanes, fx.job("build", json!({"id": 2})));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), queued)
                 .await
                 .is_err()
         );
         assert_eq!(first.await.unwrap().content, "done 1");
-        let out = lanes.run(fx.job("build", json!({"id": 3}))).await;
+        let out = run(&lanes, fx.job("build", json!({"id": 3}))).await;
         assert_eq!(out.content, "done 3");
         assert_eq!(fx.stats.started(), vec![1, 3]);
         lanes.stop_and_wait().await;
@@ -1033,13 +1011,13 @@ mod tests {
         let running = tokio::spawn({
             let lanes = lanes.clone();
             let job = fx.job("build", json!({"id": 1, "sleep_ms": 10_000}));
-            async move { lanes.run(job).await }
+            async move { run(&lanes, job).await }
         });
         wait_for_load(&lanes, Lane::Heavy, 1, 0).await;
         let queued = tokio::spawn({
             let lanes = lanes.clone();
             let job = fx.job("build", json!({"id": 2}));
-            async move { lanes.run(job).await }
+            async move { run(&lanes, job).await }
         });
         wait_for_load(&lanes, Lane::Heavy, 1, 1).await;
 
@@ -1053,7 +1031,7 @@ mod tests {
         })
         .await;
         assert_eq!(fx.stats.finished.load(Ordering::SeqCst), 0);
-        let out = lanes.run(fx.job("read_file", json!({"id": 3}))).await;
+        let out = run(&lanes, fx.job("read_file", json!({"id": 3}))).await;
         assert!(out.is_error);
         assert!(out.content.contains("not running"), "{}", out.content);
         assert_eq!(lanes.load(Lane::NoNet).await, None);
@@ -1107,7 +1085,7 @@ mod tests {
                 .all(|h| h.pool.get_status() == ActorStatus::Stopped)
         })
         .await;
-        let out = lanes.run(fx.job("read_file", json!({"id": 1}))).await;
+        let out = run(&lanes, fx.job("read_file", json!({"id": 1}))).await;
         assert!(out.content.contains("not running"), "{}", out.content);
     }
 }

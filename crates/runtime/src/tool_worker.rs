@@ -7,12 +7,28 @@
 //! `SupervisionEvent::ActorFailed` for the pool, which answers the call and starts a
 //! replacement. A worker that finishes answers the caller itself (one hop fewer on every
 //! call's way back) and then tells the pool it is idle.
+//!
+//! A call whose caller stops waiting is cancelled: the worker checks every `ABANDON_POLL`
+//! and drops the call once nobody waits for it (dropping a command's call kills its process
+//! group), so that abandoned work frees the worker.
+//!
+//! The worker knows its pool only as somewhere to report `WorkerIdle` (a ractor
+//! `DerivedActorRef`), so this module does not depend on the pool's.
 
 use std::sync::Arc;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, DerivedActorRef};
 
-use crate::tool_lanes::{PoolMsg, ReplySlot, ToolJob};
+use crate::reply_slot::ReplySlot;
+use td_toolkit::call_path::ToolJob;
+
+/// A worker's report that it answered its call and waits for the next one.
+pub(crate) struct WorkerIdle {
+    /// The worker's slot.
+    pub(crate) slot: usize,
+    /// The worker, to tell its report from one of a worker that slot had before.
+    pub(crate) worker: ActorId,
+}
 
 /// Messages a worker handles.
 pub(crate) enum WorkerMsg {
@@ -30,8 +46,8 @@ pub(crate) struct ToolWorker;
 
 /// Where a worker reports.
 pub(crate) struct WorkerState {
-    /// The pool that supervises this worker.
-    pub(crate) pool: ActorRef<PoolMsg>,
+    /// The pool that supervises this worker, as somewhere to report to.
+    pub(crate) pool: DerivedActorRef<WorkerIdle>,
     /// This worker's slot in the pool (a replacement takes over the slot of the one it
     /// replaces).
     pub(crate) slot: usize,
@@ -77,7 +93,7 @@ impl Actor for ToolWorker {
         drop((job, reply));
         let worker: ActorId = myself.get_id();
         // A pool that is gone no longer hands out calls; there is nobody to tell.
-        let _ = state.pool.send_message(PoolMsg::Idle {
+        let _ = state.pool.send_message(WorkerIdle {
             slot: state.slot,
             worker,
         });
@@ -86,7 +102,7 @@ impl Actor for ToolWorker {
 }
 
 /// How often a running call checks whether its caller still waits.
-const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Resolves once nobody waits for the call's outcome any more.
 async fn caller_gone(reply: &ReplySlot) {

@@ -70,7 +70,7 @@ pub enum WatcherMsg {
         /// Where `LoopMsg::FileChanged` goes.
         target: ActorRef<LoopMsg>,
         /// Optional answer: whether watching the worktree worked.
-        reply: Option<RpcReplyPort<Result<(), String>>>,
+        reply: Option<RpcReplyPort<Result<(), WatchError>>>,
     },
     /// Stop telling that loop. Unknown names are ignored.
     Unwatch {
@@ -208,7 +208,7 @@ impl WatcherState {
         loop_name: String,
         ctx: Arc<ToolContext>,
         target: ActorRef<LoopMsg>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WatchError> {
         let root = ctx.root().to_path_buf();
         match self.loops.get_mut(&loop_name) {
             Some(existing) if existing.root == root => {
@@ -618,21 +618,45 @@ fn has_git_component(root: &Path, path: &Path) -> bool {
 }
 
 /// The message for a root that could not be watched: what happened and what to do.
-fn watch_failure(root: &Path, err: &notify::Error) -> String {
-    let consequence = "until this is fixed the loop is not told when something else changes \
-                       files it has read";
+/// Why a loop's worktree could not be watched; until it is, the loop is not told when
+/// something else changes files it has read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WatchError {
+    /// The kernel's inotify watch limit is reached.
+    #[error(
+        "watching worktree '{}' for outside changes failed: the inotify watch limit is \
+         reached. Raise /proc/sys/fs/inotify/max_user_watches (e.g. \
+         `echo 524288 | sudo tee /proc/sys/fs/inotify/max_user_watches`) or run fewer \
+         loops at once; until this is fixed the loop is not told when something else \
+         changes files it has read.",
+        .root.display()
+    )]
+    WatchLimit {
+        /// The worktree.
+        root: PathBuf,
+    },
+    /// Any other failure of the OS watch.
+    #[error(
+        "watching worktree '{}' for outside changes failed: {reason}; until this is fixed \
+         the loop is not told when something else changes files it has read.",
+        .root.display()
+    )]
+    Failed {
+        /// The worktree.
+        root: PathBuf,
+        /// What notify said.
+        reason: String,
+    },
+}
+
+fn watch_failure(root: &Path, err: &notify::Error) -> WatchError {
+    let root = root.to_path_buf();
     match err.kind {
-        notify::ErrorKind::MaxFilesWatch => format!(
-            "watching worktree '{}' for outside changes failed: the inotify watch limit is \
-             reached. Raise /proc/sys/fs/inotify/max_user_watches (e.g. \
-             `echo 524288 | sudo tee /proc/sys/fs/inotify/max_user_watches`) or run fewer \
-             loops at once; {consequence}.",
-            root.display()
-        ),
-        _ => format!(
-            "watching worktree '{}' for outside changes failed: {err}; {consequence}.",
-            root.display()
-        ),
+        notify::ErrorKind::MaxFilesWatch => WatchError::WatchLimit { root },
+        _ => WatchError::Failed {
+            root,
+            reason: err.to_string(),
+        },
     }
 }
 
@@ -697,7 +721,7 @@ mod tests {
         name: &str,
         ctx: &Arc<ToolContext>,
         target: &ActorRef<LoopMsg>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WatchError> {
         ractor::call!(w, |reply| WatcherMsg::Watch {
             loop_name: name.to_string(),
             ctx: Arc::clone(ctx),
@@ -1182,6 +1206,8 @@ mod tests {
         let (p, _rx) = probe().await;
 
         let err = watch(&w, "a", &ctx, &p).await.unwrap_err();
+        assert!(matches!(err, WatchError::Failed { .. }), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("watching worktree"), "{err}");
         assert!(err.contains("not told"), "{err}");
         assert!(roots(&w).await.is_empty());
@@ -1190,7 +1216,7 @@ mod tests {
     #[test]
     fn the_watch_limit_message_says_how_to_raise_it() {
         let err = notify::Error::new(notify::ErrorKind::MaxFilesWatch);
-        let msg = watch_failure(Path::new("/w/tree"), &err);
+        let msg = watch_failure(Path::new("/w/tree"), &err).to_string();
         assert!(
             msg.contains("/proc/sys/fs/inotify/max_user_watches"),
             "{msg}"

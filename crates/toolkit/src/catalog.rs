@@ -1,6 +1,7 @@
-//! The tool catalog: for each tool its lane, timeout and output cap, and the default tool
-//! sets of the built-in loop types. Defaults follow the loopr catalog; `taskdaemon.yml` may
-//! override any field of any tool.
+//! The tool catalog: for each tool its route (a worker lane, or the coordinator for the
+//! coordination tools), timeout and output cap, and the default tool sets of the built-in
+//! loop types. Defaults follow the loopr catalog; `taskdaemon.yml` may override the limits of
+//! any tool and the lane of any tool but the coordination tools.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,16 @@ pub enum CatalogError {
         /// Every tool the catalog knows, sorted.
         known: Vec<String>,
     },
+    /// A lane for a coordination tool, which runs in the calling loop and talks to the
+    /// coordinator: in a worker lane it would hold the worker while it waits for an answer
+    /// whose own tool calls need one.
+    #[error(
+        "catalog override for '{tool}': a coordination tool runs in the calling loop and talks to the coordinator, never in a worker lane; remove its `lane`"
+    )]
+    CoordinatorLane {
+        /// The tool.
+        tool: String,
+    },
     /// A limit set to zero, which no call could meet.
     #[error("catalog override for '{tool}': {field} must be > 0")]
     Zero {
@@ -28,7 +39,8 @@ pub enum CatalogError {
     },
 }
 
-/// Where a tool call executes.
+/// A worker lane: a pool of tool workers that runs calls of the tools the catalog puts
+/// there (the pools themselves are `td_runtime::tool_lanes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "kebab-case")]
 pub enum Lane {
@@ -38,27 +50,85 @@ pub enum Lane {
     Net,
     /// Builds, tests and validation: few workers so that loops don't start a compiler each.
     Heavy,
-    /// Coordination tools: routed to the coordinator, never to a worker lane.
-    Coordinator,
 }
 
 impl Lane {
+    /// Every lane, in the order the runtime starts them.
+    pub const ALL: [Lane; 3] = [Lane::NoNet, Lane::Net, Lane::Heavy];
+
     /// The lane's name as written in configs and definitions.
     pub fn as_str(self) -> &'static str {
         match self {
             Lane::NoNet => "no-net",
             Lane::Net => "net",
             Lane::Heavy => "heavy",
-            Lane::Coordinator => "coordinator",
         }
+    }
+}
+
+/// Where the calls of a tool go: the one routing decision, which every caller takes from
+/// the catalog ([`Catalog::route`]).
+///
+/// Coordination tools are fixed to [`Route::Coordinator`] and every other tool to a lane: a
+/// configuration can move a tool from lane to lane, never into or out of the coordinator.
+/// That is what keeps answering a query free of deadlocks: a loop waiting for an answer
+/// holds no worker, so the tool calls of the answer always find one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Route {
+    /// A worker of this lane runs the call.
+    Lane(Lane),
+    /// Coordination tools: the call runs in the calling loop's task and talks to the
+    /// coordinator, which bounds it (see `td_toolkit::coordination::Coordination`); it never
+    /// takes a worker.
+    Coordinator,
+}
+
+impl Route {
+    /// The name shown as a tool's `lane` in definitions and configs (`coordinator` for
+    /// coordination tools).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Lane(lane) => lane.as_str(),
+            Route::Coordinator => "coordinator",
+        }
+    }
+
+    /// The worker lane, unless the call goes to the coordinator.
+    pub fn lane(self) -> Option<Lane> {
+        match self {
+            Route::Lane(lane) => Some(lane),
+            Route::Coordinator => None,
+        }
+    }
+}
+
+impl Serialize for Route {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Route {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        if name == Route::Coordinator.as_str() {
+            return Ok(Route::Coordinator);
+        }
+        Lane::ALL
+            .into_iter()
+            .find(|lane| lane.as_str() == name)
+            .map(Route::Lane)
+            .ok_or_else(|| {
+                serde::de::Error::unknown_variant(&name, &["no-net", "net", "heavy", "coordinator"])
+            })
     }
 }
 
 /// Limits of one tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolSpec {
-    /// Lane the call runs in.
-    pub lane: Lane,
+    /// Where its calls go (shown as `lane`: a worker lane, or `coordinator`).
+    pub lane: Route,
     /// Default and maximum duration of one call, in milliseconds.
     pub timeout_ms: u64,
     /// Cap on the text returned to the model, in bytes.
@@ -69,7 +139,7 @@ pub struct ToolSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ToolSpecOverride {
-    /// New lane.
+    /// New worker lane (coordination tools have none: they always go to the coordinator).
     pub lane: Option<Lane>,
     /// New timeout in milliseconds.
     pub timeout_ms: Option<u64>,
@@ -88,30 +158,33 @@ pub struct Catalog {
 
 impl Default for Catalog {
     fn default() -> Self {
-        use Lane::*;
-        let entries: &[(&str, Lane, u64, usize)] = &[
-            ("read_file", NoNet, 10_000, 100_000),
-            ("write_file", NoNet, 10_000, DEFAULT_OUTPUT_BYTES),
-            ("edit_file", NoNet, 10_000, DEFAULT_OUTPUT_BYTES),
-            ("list_directory", NoNet, 5_000, DEFAULT_OUTPUT_BYTES),
-            ("glob", NoNet, 30_000, 50_000),
-            ("grep", NoNet, 60_000, 100_000),
-            ("symbols", NoNet, 30_000, 100_000),
-            ("run_command", Net, 120_000, 100_000),
-            ("run_command_isolated", NoNet, 120_000, 100_000),
-            ("web_fetch", Net, 30_000, 500_000),
-            ("web_search", Net, 30_000, 50_000),
-            ("build", Heavy, 600_000, 1_000_000),
-            ("test", Heavy, 600_000, 1_000_000),
-            ("validate", Heavy, 600_000, 500_000),
-            ("complete_task", NoNet, 1_000, DEFAULT_OUTPUT_BYTES),
-            ("create_plan", NoNet, 5_000, DEFAULT_OUTPUT_BYTES),
-            ("create_spec", NoNet, 5_000, DEFAULT_OUTPUT_BYTES),
-            ("create_phase", NoNet, 5_000, DEFAULT_OUTPUT_BYTES),
-            ("query_loop", Coordinator, 300_000, DEFAULT_OUTPUT_BYTES),
-            ("share_data", Coordinator, 5_000, DEFAULT_OUTPUT_BYTES),
-            ("broadcast_alert", Coordinator, 5_000, DEFAULT_OUTPUT_BYTES),
-            ("list_loops", Coordinator, 5_000, DEFAULT_OUTPUT_BYTES),
+        const NO_NET: Route = Route::Lane(Lane::NoNet);
+        const NET: Route = Route::Lane(Lane::Net);
+        const HEAVY: Route = Route::Lane(Lane::Heavy);
+        const COORDINATOR: Route = Route::Coordinator;
+        let entries: &[(&str, Route, u64, usize)] = &[
+            ("read_file", NO_NET, 10_000, 100_000),
+            ("write_file", NO_NET, 10_000, DEFAULT_OUTPUT_BYTES),
+            ("edit_file", NO_NET, 10_000, DEFAULT_OUTPUT_BYTES),
+            ("list_directory", NO_NET, 5_000, DEFAULT_OUTPUT_BYTES),
+            ("glob", NO_NET, 30_000, 50_000),
+            ("grep", NO_NET, 60_000, 100_000),
+            ("symbols", NO_NET, 30_000, 100_000),
+            ("run_command", NET, 120_000, 100_000),
+            ("run_command_isolated", NO_NET, 120_000, 100_000),
+            ("web_fetch", NET, 30_000, 500_000),
+            ("web_search", NET, 30_000, 50_000),
+            ("build", HEAVY, 600_000, 1_000_000),
+            ("test", HEAVY, 600_000, 1_000_000),
+            ("validate", HEAVY, 600_000, 500_000),
+            ("complete_task", NO_NET, 1_000, DEFAULT_OUTPUT_BYTES),
+            ("create_plan", NO_NET, 5_000, DEFAULT_OUTPUT_BYTES),
+            ("create_spec", NO_NET, 5_000, DEFAULT_OUTPUT_BYTES),
+            ("create_phase", NO_NET, 5_000, DEFAULT_OUTPUT_BYTES),
+            ("query_loop", COORDINATOR, 300_000, DEFAULT_OUTPUT_BYTES),
+            ("share_data", COORDINATOR, 5_000, DEFAULT_OUTPUT_BYTES),
+            ("broadcast_alert", COORDINATOR, 5_000, DEFAULT_OUTPUT_BYTES),
+            ("list_loops", COORDINATOR, 5_000, DEFAULT_OUTPUT_BYTES),
         ];
         let specs = entries
             .iter()
@@ -134,10 +207,15 @@ impl Catalog {
     /// Limits of `tool`; an unknown tool gets no-net, 30 s and the default cap.
     pub fn spec(&self, tool: &str) -> ToolSpec {
         self.specs.get(tool).copied().unwrap_or(ToolSpec {
-            lane: Lane::NoNet,
+            lane: Route::Lane(Lane::NoNet),
             timeout_ms: 30_000,
             max_output_bytes: DEFAULT_OUTPUT_BYTES,
         })
+    }
+
+    /// Where calls of `tool` go: the routing decision every caller takes from here.
+    pub fn route(&self, tool: &str) -> Route {
+        self.spec(tool).lane
     }
 
     /// Every entry, sorted by tool name.
@@ -163,7 +241,10 @@ impl Catalog {
                 });
             };
             if let Some(lane) = o.lane {
-                spec.lane = lane;
+                if spec.lane == Route::Coordinator {
+                    return Err(CatalogError::CoordinatorLane { tool: name.clone() });
+                }
+                spec.lane = Route::Lane(lane);
             }
             if let Some(t) = o.timeout_ms {
                 if t == 0 {
@@ -279,9 +360,10 @@ mod tests {
         assert_eq!(c.spec("run_command").timeout_ms, 120_000);
         assert_eq!(c.spec("build").timeout_ms, 600_000);
         assert_eq!(c.spec("test").max_output_bytes, 1_000_000);
-        assert_eq!(c.spec("build").lane, Lane::Heavy);
-        assert_eq!(c.spec("web_fetch").lane, Lane::Net);
-        assert_eq!(c.spec("query_loop").lane, Lane::Coordinator);
+        assert_eq!(c.spec("build").lane, Route::Lane(Lane::Heavy));
+        assert_eq!(c.spec("web_fetch").lane, Route::Lane(Lane::Net));
+        assert_eq!(c.route("query_loop"), Route::Coordinator);
+        assert_eq!(c.route("no_such_tool"), Route::Lane(Lane::NoNet));
     }
 
     #[test]
@@ -300,7 +382,7 @@ mod tests {
         assert_eq!(
             c.spec("grep"),
             ToolSpec {
-                lane: Lane::Heavy,
+                lane: Route::Lane(Lane::Heavy),
                 timeout_ms: 5,
                 max_output_bytes: 7
             }
@@ -325,6 +407,61 @@ mod tests {
             c.apply_overrides(&zero).unwrap_err().to_string(),
             "catalog override for 'grep': timeout-ms must be > 0"
         );
+    }
+
+    #[test]
+    fn no_override_moves_a_tool_into_or_out_of_the_coordinator() {
+        let mut c = Catalog::default();
+        let mut o = BTreeMap::new();
+        o.insert(
+            "query_loop".to_string(),
+            ToolSpecOverride {
+                lane: Some(Lane::NoNet),
+                ..Default::default()
+            },
+        );
+        let err = c.apply_overrides(&o).unwrap_err();
+        assert_eq!(
+            err,
+            CatalogError::CoordinatorLane {
+                tool: "query_loop".into()
+            }
+        );
+        let err = err.to_string();
+        assert!(
+            err.contains("'query_loop'") && err.contains("remove its `lane`"),
+            "{err}"
+        );
+        assert_eq!(c.route("query_loop"), Route::Coordinator);
+        // Its other limits may still change.
+        o.insert(
+            "query_loop".to_string(),
+            ToolSpecOverride {
+                timeout_ms: Some(9),
+                ..Default::default()
+            },
+        );
+        c.apply_overrides(&o).unwrap();
+        assert_eq!(c.spec("query_loop").timeout_ms, 9);
+        // `coordinator` is no lane a tool can be put in.
+        let err = serde_json::from_str::<ToolSpecOverride>(r#"{"lane": "coordinator"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown variant `coordinator`"), "{err}");
+    }
+
+    #[test]
+    fn routes_are_named_as_before_in_definitions_and_configs() {
+        for (route, name) in [
+            (Route::Lane(Lane::NoNet), "\"no-net\""),
+            (Route::Lane(Lane::Net), "\"net\""),
+            (Route::Lane(Lane::Heavy), "\"heavy\""),
+            (Route::Coordinator, "\"coordinator\""),
+        ] {
+            assert_eq!(serde_json::to_string(&route).unwrap(), name);
+            assert_eq!(serde_json::from_str::<Route>(name).unwrap(), route);
+        }
+        assert!(serde_json::from_str::<Route>("\"fast\"").is_err());
     }
 
     #[test]

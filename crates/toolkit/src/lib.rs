@@ -2,10 +2,13 @@
 //! race-free file access beneath a worktree (`sandbox`, `worktree_fs`), a loop's
 //! `ToolContext` (`context`) with its read tracking (`read_tracking`, `stamp`,
 //! `read_index`), the `Tool` trait, the tool registry (`ToolSet::call`: schema, timeout,
-//! panic guard, cap, receipt), receipts, the catalog of limits, web access policy and the
-//! coordination port. Knows no actor, provider or concrete tool (those are in `td_tools`).
+//! panic guard, cap, receipt), the call path of callers that keep receipts (`call_path`:
+//! route, run, receipt saved), receipts, the catalog of limits and routes, web access policy
+//! and the coordination port. Knows no actor, provider or concrete tool (those are in
+//! `td_tools`).
 
 pub mod args;
+pub mod call_path;
 pub mod catalog;
 pub mod context;
 pub mod coordination;

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use td_base::hash::sha256_hex;
+use sha2::{Digest, Sha256};
+
 use td_base::jsonl::{self, JsonlRead};
 use td_base::sync::lock;
 
@@ -184,51 +185,95 @@ impl LogTally {
 /// Serializes `value` with object keys sorted at every level, so equal values hash equally
 /// whatever order their keys arrived in.
 pub fn canonical_json(value: &Value) -> String {
-    // serde_json may preserve insertion order (feature unification), so the keys are
-    // written in sorted order here rather than trusting the map type.
-    let mut out = String::new();
-    write_sorted(value, &mut out);
-    out
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail, and every `Value` serializes.
+    let _ = write_sorted(value, &mut out);
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
-fn write_sorted(v: &Value, out: &mut String) {
+/// Writes the canonical JSON of `v` to `out`, streaming: hashing a receipt's input and
+/// output this way costs no copy of either (an output may be a megabyte of build log).
+fn write_sorted<W: std::io::Write>(v: &Value, out: &mut W) -> std::io::Result<()> {
+    // serde_json may preserve insertion order (feature unification), so the keys are
+    // written in sorted order here rather than trusting the map type. Strings and scalars
+    // are written by serde_json, exactly as `Value::to_string` writes them.
     match v {
         Value::Object(m) => {
             let mut keys: Vec<&String> = m.keys().collect();
             keys.sort();
-            out.push('{');
+            out.write_all(b"{")?;
             for (i, k) in keys.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.write_all(b",")?;
                 }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
-                write_sorted(&m[k.as_str()], out);
+                serde_json::to_writer(&mut *out, k)?;
+                out.write_all(b":")?;
+                write_sorted(&m[k.as_str()], out)?;
             }
-            out.push('}');
+            out.write_all(b"}")
         }
         Value::Array(a) => {
-            out.push('[');
+            out.write_all(b"[")?;
             for (i, x) in a.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.write_all(b",")?;
                 }
-                write_sorted(x, out);
+                write_sorted(x, out)?;
             }
-            out.push(']');
+            out.write_all(b"]")
         }
-        other => out.push_str(&other.to_string()),
+        other => Ok(serde_json::to_writer(&mut *out, other)?),
+    }
+}
+
+/// A SHA-256 fed through `std::io::Write`, which never fails.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl HashWriter {
+    /// `sha256:<lowercase hex>` of what was written.
+    fn finish(self) -> String {
+        let mut hex = [0u8; 64];
+        // 32 bytes always fit 64 hex digits.
+        let _ = hex::encode_to_slice(self.0.finalize(), &mut hex);
+        let mut text = String::with_capacity(7 + hex.len());
+        text.push_str("sha256:");
+        text.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+        text
     }
 }
 
 /// `sha256:<hex>` of the canonical JSON of `value`.
 pub fn hash_value(value: &Value) -> String {
-    format!("sha256:{}", sha256_hex(canonical_json(value).as_bytes()))
+    let mut hasher = HashWriter(Sha256::new());
+    // Writing to a hasher cannot fail, and every `Value` serializes.
+    let _ = write_sorted(value, &mut hasher);
+    hasher.finish()
 }
 
-/// `sha256:<hex>` of a call's full output.
+/// `sha256:<hex>` of a call's full output: of the canonical JSON of
+/// `{"content": content, "is_error": is_error}`, written straight into the hash.
 pub fn hash_output(content: &str, is_error: bool) -> String {
-    hash_value(&serde_json::json!({"content": content, "is_error": is_error}))
+    let mut hasher = HashWriter(Sha256::new());
+    hasher.0.update(b"{\"content\":");
+    // Writing to a hasher cannot fail, and a `str` serializes.
+    let _ = serde_json::to_writer(&mut hasher, content);
+    hasher.0.update(if is_error {
+        &b",\"is_error\":true}"[..]
+    } else {
+        &b",\"is_error\":false}"[..]
+    });
+    hasher.finish()
 }
 
 /// Called with every receipt a log wrote (as written: with its `seq` and `chain`).
@@ -426,6 +471,45 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::io::Write;
+
+    /// The hashes as first defined: SHA-256 of the canonical JSON text, as hex.
+    fn hash_of_text(value: &Value) -> String {
+        format!(
+            "sha256:{}",
+            td_base::hash::sha256_hex(canonical_json(value).as_bytes())
+        )
+    }
+
+    #[test]
+    fn streamed_hashes_equal_hashes_of_the_canonical_text() {
+        let values = [
+            json!({}),
+            json!([]),
+            json!(null),
+            json!({"b": 1, "a": [true, false, null, -0.5, 1e300, 18446744073709551615u64]}),
+            json!({"path": "ünï\u{1F600}\"quoted\"\n\t\\ \u{0}\u{1f}\u{7f}", "z": {"y": {"x": []}}}),
+            json!({"text": "x".repeat(100_000)}),
+        ];
+        for v in &values {
+            assert_eq!(hash_value(v), hash_of_text(v), "{v}");
+        }
+        for (content, is_error) in [("", false), ("an error\n\"q\"", true), ("ü\u{0}", false)] {
+            assert_eq!(
+                hash_output(content, is_error),
+                hash_of_text(&json!({"content": content, "is_error": is_error}))
+            );
+        }
+        assert_eq!(
+            canonical_json(&json!({"b": {"d": 1, "c": "é"}, "a": [2, "\u{1}"]})),
+            r#"{"a":[2,"\u0001"],"b":{"c":"é","d":1}}"#
+        );
+        // A fixed value, so that a change of the canonical form cannot go unnoticed: every
+        // receipt ever written would stop verifying.
+        assert_eq!(
+            hash_output("", false),
+            "sha256:7c979489768bc7bdb4454e6a808865f48b7677e4b3407659c6442ef9377b5fea"
+        );
+    }
 
     #[test]
     fn canonical_json_ignores_key_order() {

@@ -5,12 +5,16 @@
 //! receipts and the redaction of secrets cannot differ between fronts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use serde_json::Value;
 
+use crate::catalog::{Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::error::{ArgumentProblem, ToolError};
 use crate::receipts::{Receipt, SideEffect, hash_output, hash_value};
@@ -22,6 +26,38 @@ use td_protocol::tool_definition::ToolDefinition;
 
 /// Extra time a self-timing tool (a command) gets before the registry's watchdog fires.
 const WATCHDOG_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a tool set could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// A tool's input schema does not compile.
+    #[error("schema of tool '{tool}' is invalid: {reason}")]
+    InvalidSchema {
+        /// The tool.
+        tool: String,
+        /// What the schema compiler said.
+        reason: String,
+    },
+    /// A name was given twice.
+    #[error("tool '{0}' is listed twice")]
+    ListedTwice(String),
+    /// A name that is no tool of the box.
+    #[error("unknown tool '{name}'{}; known tools: {known}", did_you_mean(.suggestion.as_deref()))]
+    UnknownTool {
+        /// The name as given.
+        name: String,
+        /// The closest known name, if one is close.
+        suggestion: Option<String>,
+        /// Every known name, comma-separated.
+        known: String,
+    },
+}
+
+fn did_you_mean(suggestion: Option<&str>) -> String {
+    suggestion
+        .map(|s| format!(" (did you mean '{s}'?)"))
+        .unwrap_or_default()
+}
 
 /// The result of one call as the model sees it, plus its receipt.
 #[derive(Debug, Clone)]
@@ -48,9 +84,13 @@ impl Entry {
         }
     }
 
-    fn compile(tool: Arc<dyn Tool>) -> Result<Self, String> {
-        let validator = jsonschema::validator_for(&tool.input_schema())
-            .map_err(|e| format!("schema of tool '{}' is invalid: {e}", tool.name()))?;
+    fn compile(tool: Arc<dyn Tool>) -> Result<Self, RegistryError> {
+        let validator = jsonschema::validator_for(&tool.input_schema()).map_err(|e| {
+            RegistryError::InvalidSchema {
+                tool: tool.name().to_string(),
+                reason: e.to_string(),
+            }
+        })?;
         Ok(Self { tool, validator })
     }
 }
@@ -61,7 +101,7 @@ impl Entry {
 /// again for each (about 120 KB per set) made them most of a loop's memory. Tools are
 /// stateless and validators immutable, so sharing them changes nothing.
 pub struct ToolBox {
-    entries: BTreeMap<&'static str, Result<Arc<Entry>, String>>,
+    entries: BTreeMap<&'static str, Result<Arc<Entry>, RegistryError>>,
     names: Vec<&'static str>,
     /// Definitions of the tool lists chosen so far (see [`ToolBox::definitions`]).
     definitions: Mutex<HashMap<Vec<String>, Arc<[ToolDefinition]>>>,
@@ -89,31 +129,30 @@ impl ToolBox {
     }
 
     /// Every tool of the box, in order.
-    pub fn all(&'static self) -> Result<ToolSet, String> {
+    pub fn all(&'static self) -> Result<ToolSet, RegistryError> {
         self.set(&self.names)
     }
 
     /// The tools named in `names`, in that order. An unknown or repeated name is an error
     /// that names the closest valid tool (never a silent drop).
-    pub fn set<S: AsRef<str>>(&'static self, names: &[S]) -> Result<ToolSet, String> {
+    pub fn set<S: AsRef<str>>(&'static self, names: &[S]) -> Result<ToolSet, RegistryError> {
         let mut chosen: Vec<Arc<Entry>> = Vec::new();
         let mut taken: HashSet<&str> = HashSet::new();
         for name in names {
             let name = name.as_ref();
             match self.entries.get(name) {
                 Some(_) if !taken.insert(name) => {
-                    return Err(format!("tool '{name}' is listed twice"));
+                    return Err(RegistryError::ListedTwice(name.to_string()));
                 }
                 Some(Ok(entry)) => chosen.push(entry.clone()),
                 Some(Err(e)) => return Err(e.clone()),
                 None => {
-                    let hint = td_base::suggest::closest(name, self.names.iter().copied())
-                        .map(|s| format!(" (did you mean '{s}'?)"))
-                        .unwrap_or_default();
-                    return Err(format!(
-                        "unknown tool '{name}'{hint}; known tools: {}",
-                        self.names.join(", ")
-                    ));
+                    return Err(RegistryError::UnknownTool {
+                        name: name.to_string(),
+                        suggestion: td_base::suggest::closest(name, self.names.iter().copied())
+                            .map(str::to_string),
+                        known: self.names.join(", "),
+                    });
                 }
             }
         }
@@ -164,7 +203,7 @@ impl std::fmt::Debug for ToolSet {
 
 impl ToolSet {
     /// A set of arbitrary tools (tests use this to add tools of their own).
-    pub fn from_tools(tools: Vec<Arc<dyn Tool>>) -> Result<Self, String> {
+    pub fn from_tools(tools: Vec<Arc<dyn Tool>>) -> Result<Self, RegistryError> {
         let entries = tools
             .into_iter()
             .map(|tool| Entry::compile(tool).map(Arc::new))
@@ -306,7 +345,8 @@ impl ToolSet {
             result: Err(error),
             schema_valid: None,
         };
-        self.outcome(ctx, call_id, name, input, checked, latency, time)
+        let spec = ctx.spec(name);
+        self.outcome(ctx, &spec, call_id, name, input, checked, latency, time)
     }
 
     async fn call_with(
@@ -319,8 +359,20 @@ impl ToolSet {
     ) -> CallOutcome {
         let started = Instant::now();
         let time = td_base::time::timestamp_now();
-        let checked = self.run_guarded(ctx, name, input.clone(), panics).await;
-        self.outcome(ctx, call_id, name, input, checked, started.elapsed(), time)
+        let spec = ctx.spec(name);
+        let checked = self
+            .run_guarded(ctx, &spec, name, input.clone(), panics)
+            .await;
+        self.outcome(
+            ctx,
+            &spec,
+            call_id,
+            name,
+            input,
+            checked,
+            started.elapsed(),
+            time,
+        )
     }
 
     /// The model's view of a result and its receipt. Every known secret is redacted from the
@@ -332,6 +384,7 @@ impl ToolSet {
     fn outcome(
         &self,
         ctx: &ToolContext,
+        spec: &ToolSpec,
         call_id: Option<&str>,
         name: &str,
         mut input: Value,
@@ -345,7 +398,6 @@ impl ToolSet {
         } = checked;
         secrets::redact_value(&mut input);
         let input_hash = hash_value(&input);
-        let spec = ctx.spec(name);
         let latency_ms = latency.as_millis() as u64;
         let (full, is_error, mut effects, error_kind) = match result {
             Ok(out) => (out.content, out.is_error, out.effects, None),
@@ -362,8 +414,13 @@ impl ToolSet {
         }
         let output_hash = hash_output(&full, is_error);
         let output_bytes = full.len();
-        let content = head_tail(&full, spec.max_output_bytes);
-        let output_capped = content.len() != full.len();
+        // Most outputs fit: they are handed on as they are, not copied.
+        let content = if output_bytes <= spec.max_output_bytes {
+            full
+        } else {
+            head_tail(&full, spec.max_output_bytes)
+        };
+        let output_capped = content.len() != output_bytes;
         let receipt = Receipt {
             id: uuid::Uuid::now_v7().to_string(),
             call_id: call_id.map(str::to_string),
@@ -396,6 +453,7 @@ impl ToolSet {
     async fn run_guarded(
         &self,
         ctx: &ToolContext,
+        spec: &ToolSpec,
         name: &str,
         input: Value,
         panics: PanicPolicy,
@@ -407,51 +465,98 @@ impl ToolSet {
         let Some(entry) = self.entries.get(name) else {
             return refused(self.unknown(name));
         };
-        if let Err(error) = self.validate(name, &input) {
+        // The quick check first; the problems are listed only for an input it refuses.
+        if !entry.validator.is_valid(&input)
+            && let Err(error) = self.validate(name, &input)
+        {
             return refused(error);
         }
         Checked {
-            result: self.run_validated(entry, ctx, name, input, panics).await,
+            result: run_validated(entry, ctx, spec, name, input, panics).await,
             schema_valid: Some(true),
         }
     }
+}
 
-    /// Timeout and panic guard around `execute`, for an input the schema accepted.
-    async fn run_validated(
-        &self,
-        entry: &Entry,
-        ctx: &ToolContext,
-        name: &str,
-        input: Value,
-        panics: PanicPolicy,
-    ) -> Result<ToolOutput, ToolError> {
-        let spec = ctx.spec(name);
-        let limit = Duration::from_millis(spec.timeout_ms);
-        let watchdog = if entry.tool.enforces_own_timeout() {
-            limit + WATCHDOG_GRACE
-        } else {
-            limit
-        };
-        let timed_out = || ToolError::Timeout {
-            timeout_ms: watchdog.as_millis() as u64,
-            detail: format!(" ({name})"),
-        };
-        if panics == PanicPolicy::Propagate {
-            return tokio::time::timeout(watchdog, entry.tool.execute(input, ctx))
+/// Timeout and panic guard around `execute`, for an input the schema accepted.
+///
+/// The catalog timeout is the registry's to enforce, except for the coordination tools
+/// ([`Route::Coordinator`]): the coordinator bounds them (it never waits on a loop in its
+/// handler, and a query's answer ends at the asker's deadline: see
+/// [`Coordination`](crate::coordination::Coordination)), so no watchdog is armed for them.
+/// A tool that enforces its own timeout (a command, which must kill its process group
+/// rather than be dropped) gets a late watchdog as a backstop.
+async fn run_validated(
+    entry: &Entry,
+    ctx: &ToolContext,
+    spec: &ToolSpec,
+    name: &str,
+    input: Value,
+    panics: PanicPolicy,
+) -> Result<ToolOutput, ToolError> {
+    let deadline = match spec.lane {
+        Route::Coordinator => None,
+        Route::Lane(_) => {
+            let limit = Duration::from_millis(spec.timeout_ms);
+            let watchdog = if entry.tool.enforces_own_timeout() {
+                limit + WATCHDOG_GRACE
+            } else {
+                limit
+            };
+            Some((tokio::time::Instant::now() + watchdog, watchdog))
+        }
+    };
+    let timed_out = |watchdog: Duration| ToolError::Timeout {
+        timeout_ms: watchdog.as_millis() as u64,
+        detail: format!(" ({name})"),
+    };
+    let run = entry.tool.execute(input, ctx);
+    if panics == PanicPolicy::Propagate {
+        return match deadline {
+            None => run.await,
+            Some((at, watchdog)) => watched(run, at)
                 .await
-                .unwrap_or_else(|_| Err(timed_out()));
-        }
-        let run = std::panic::AssertUnwindSafe(entry.tool.execute(input, ctx)).catch_unwind();
-        match tokio::time::timeout(watchdog, run).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(panic)) => Err(ToolError::failed(
-                format!("tool {name}"),
-                format!("it panicked: {}", panic_message(&panic)),
-                "This is a bug in the tool; try a different approach or other arguments.",
-            )),
-            Err(_) => Err(timed_out()),
-        }
+                .unwrap_or_else(|| Err(timed_out(watchdog))),
+        };
     }
+    let run = std::panic::AssertUnwindSafe(run).catch_unwind();
+    let ran = match deadline {
+        None => Some(run.await),
+        Some((at, _)) => watched(run, at).await,
+    };
+    match ran {
+        Some(Ok(result)) => result,
+        Some(Err(panic)) => Err(ToolError::failed(
+            format!("tool {name}"),
+            format!("it panicked: {}", panic_message(&panic)),
+            "This is a bug in the tool; try a different approach or other arguments.",
+        )),
+        None => Err(timed_out(deadline.map_or(Duration::ZERO, |(_, w)| w))),
+    }
+}
+
+/// Runs `call` until `deadline`: its output, or `None` when the deadline came first.
+///
+/// The timer is armed only when the call does not finish at its first poll. Many calls do
+/// (a small read, `complete_task`), and arming a timer wakes the thread parked on tokio's
+/// timer driver, which costs more than such a call; the deadline still counts from the
+/// start of the call.
+async fn watched<F: Future>(call: F, deadline: tokio::time::Instant) -> Option<F::Output> {
+    let mut call = pin!(call);
+    let mut timer = pin!(None::<tokio::time::Sleep>);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = call.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        if timer.is_none() {
+            timer.set(Some(tokio::time::sleep_until(deadline)));
+        }
+        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// A side effect with every known secret redacted (a command line may spell a key out).
@@ -582,6 +687,106 @@ mod tests {
         assert_eq!(out.receipt.error_kind.as_deref(), Some("timeout"));
     }
 
+    /// A tool under a given catalog name that sleeps `ms` (virtual time in these tests).
+    struct Sleepy(&'static str);
+    #[async_trait]
+    impl Tool for Sleepy {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn description(&self) -> &'static str {
+            "sleeps"
+        }
+        fn input_schema(&self) -> Value {
+            json!({"type": "object", "properties": {"ms": {"type": "integer"}}})
+        }
+        async fn execute(
+            &self,
+            input: Value,
+            _ctx: &ToolContext,
+        ) -> crate::error::ToolResult<ToolOutput> {
+            let ms = input["ms"].as_u64().unwrap_or(0);
+            if ms > 0 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            Ok(ToolOutput::text("woke"))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_counts_from_the_start_of_the_call_for_lane_tools_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![
+            Arc::new(Sleepy("grep")),
+            Arc::new(Sleepy("list_loops")),
+        ])
+        .unwrap();
+        let c = ctx(dir.path());
+        // grep: 60 s in the catalog.
+        let out = set.call(&c, None, "grep", json!({"ms": 59_000})).await;
+        assert_eq!(out.content, "woke");
+        let started = tokio::time::Instant::now();
+        let out = set.call(&c, None, "grep", json!({"ms": 61_000})).await;
+        assert_eq!(
+            out.receipt.error_kind.as_deref(),
+            Some("timeout"),
+            "{}",
+            out.content
+        );
+        assert!(out.content.contains("60000"), "{}", out.content);
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+        // list_loops: 5 s in the catalog, but the coordinator bounds coordination tools.
+        let out = set.call(&c, None, "list_loops", json!({"ms": 6_000})).await;
+        assert_eq!(out.content, "woke");
+        assert!(!out.is_error);
+    }
+
+    #[test]
+    fn set_errors_are_typed_and_say_what_to_fix() {
+        assert_eq!(
+            test_box().set(&["echo", "patern"]).unwrap_err(),
+            RegistryError::UnknownTool {
+                name: "patern".into(),
+                suggestion: Some("pattern".into()),
+                known: "echo, pattern".into(),
+            }
+        );
+        assert_eq!(
+            test_box().set(&["zzzzzzzz"]).unwrap_err().to_string(),
+            "unknown tool 'zzzzzzzz'; known tools: echo, pattern"
+        );
+        struct Broken;
+        #[async_trait]
+        impl Tool for Broken {
+            fn name(&self) -> &'static str {
+                "broken"
+            }
+            fn description(&self) -> &'static str {
+                "bad schema"
+            }
+            fn input_schema(&self) -> Value {
+                json!({"type": 7})
+            }
+            async fn execute(
+                &self,
+                _input: Value,
+                _ctx: &ToolContext,
+            ) -> crate::error::ToolResult<ToolOutput> {
+                Ok(ToolOutput::text(""))
+            }
+        }
+        let err = ToolSet::from_tools(vec![Arc::new(Broken)]).unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::InvalidSchema { tool, .. } if tool == "broken"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("schema of tool 'broken' is invalid: "),
+            "{err}"
+        );
+    }
+
     #[tokio::test]
     async fn output_is_capped_but_hashed_in_full() {
         let dir = tempfile::tempdir().unwrap();
@@ -701,10 +906,10 @@ mod tests {
 
     #[test]
     fn sets_by_name_refuse_unknown_and_duplicate_names() {
-        let err = test_box().set(&["echo", "patern"]).unwrap_err();
+        let err = test_box().set(&["echo", "patern"]).unwrap_err().to_string();
         assert!(err.contains("did you mean 'pattern'"), "{err}");
         let err = test_box().set(&["pattern", "pattern"]).unwrap_err();
-        assert!(err.contains("twice"));
+        assert_eq!(err.to_string(), "tool 'pattern' is listed twice");
         let set = test_box().set(&["pattern", "echo"]).unwrap();
         assert_eq!(set.names(), &["pattern".to_string(), "echo".to_string()]);
         assert_eq!(

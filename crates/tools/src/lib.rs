@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use td_toolkit::registry::{ToolBox, ToolSet};
+use td_toolkit::registry::{RegistryError, ToolBox, ToolSet};
 use td_toolkit::tool::Tool;
 
 pub mod artifacts;
@@ -56,19 +56,14 @@ pub fn builtin() -> &'static ToolBox {
 pub enum ToolSetError {
     /// A name is unknown (the message names the closest valid tool) or repeated, or its
     /// tool could not be built; the registry (`ToolBox::set`) says which.
-    #[error("{reason}")]
-    Refused {
-        /// The registry's message.
-        reason: String,
-    },
+    #[error(transparent)]
+    Refused(#[from] RegistryError),
 }
 
 /// The built-in tools named in `names`, in that order; an unknown or repeated name is an
 /// error naming the closest valid tool.
 pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, ToolSetError> {
-    builtin().set(names).map_err(|e| ToolSetError::Refused {
-        reason: e.to_string(),
-    })
+    Ok(builtin().set(names)?)
 }
 
 /// Every built-in tool.

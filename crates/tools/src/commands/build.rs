@@ -151,7 +151,10 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let ctx = ctx_with(dir.path(), None);
-        assert_eq!(ctx.spec(NAME).lane, td_toolkit::catalog::Lane::Heavy);
+        assert_eq!(
+            ctx.spec(NAME).lane,
+            td_toolkit::catalog::Route::Lane(td_toolkit::catalog::Lane::Heavy)
+        );
         assert!(Build.enforces_own_timeout());
     }
 }

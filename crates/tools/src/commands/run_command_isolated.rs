@@ -71,6 +71,9 @@ mod tests {
             crate::commands::launch::timeout_property(NAME)["description"]
         );
         assert!(RunCommandIsolated.enforces_own_timeout());
-        assert_eq!(ctx.spec(NAME).lane, td_toolkit::catalog::Lane::NoNet);
+        assert_eq!(
+            ctx.spec(NAME).lane,
+            td_toolkit::catalog::Route::Lane(td_toolkit::catalog::Lane::NoNet)
+        );
     }
 }

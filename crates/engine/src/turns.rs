@@ -1,0 +1,302 @@
+//! The model turn loop, the one implementation behind a loop's iterations and its answers
+//! to other loops' questions: send the conversation, record the response, run the tool calls
+//! it asks for through the loop's [`CallPath`] (routes, lanes, receipts), append the results,
+//! and go on until the model answers without calling a tool, a turn limit, a stop, a model
+//! error, or a record that can no longer be written.
+//!
+//! What differs between the two is given by [`TurnRules`]: notices added before each
+//! request (an iteration's inbox), calls refused without running (an answer may only read),
+//! and whether the conversation is over after a turn's calls (`complete_task`).
+//!
+//! Calls of one response: consecutive calls that [`CallPath::concurrent`] allows run
+//! together, the others one at a time in order; after a stop only the call in flight
+//! finishes; after `complete_task` nothing more of the response runs; nothing more runs once
+//! the record cannot be written (a receipt that could not be saved says so to the record, so
+//! that every loop of the run stops before its next call).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::sync::watch;
+
+use td_llm::{Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Role};
+use td_toolkit::call_path::{CallPath, ReceiptNotSaved};
+use td_toolkit::registry::CallOutcome;
+
+use crate::transcript::{TranscriptEntry, TranscriptSink};
+
+/// How a conversation's turns ended.
+#[derive(Debug)]
+pub(crate) enum TurnsEnd {
+    /// The model answered without calling a tool; its text.
+    EndTurn(Option<String>),
+    /// [`TurnRules::finished`] said so after a turn's calls (`complete_task` ran).
+    Finished,
+    /// The turn limit was reached.
+    MaxTurns,
+    /// A stop was requested.
+    Stopped,
+    /// The model call failed.
+    ModelError(LlmError),
+    /// The run record (or a receipt) could not be written: nothing more may run.
+    RecordUnwritable(String),
+}
+
+/// What one kind of conversation adds to the shared turn loop.
+pub(crate) trait TurnRules: Send + Sync {
+    /// Before each request: adds what must reach the model at this turn (inbox items,
+    /// file-change notices) to the last message.
+    fn before_request(&mut self, _messages: &mut [Message]) {}
+
+    /// Why the model may not call `name` in this conversation, if it may not: the call is
+    /// answered with this text as an error and not run.
+    fn refuse(&self, _name: &str) -> Option<String> {
+        None
+    }
+
+    /// After a turn's calls: whether the conversation is over.
+    fn finished(&mut self) -> bool {
+        false
+    }
+}
+
+/// One conversation of a loop with its model.
+pub(crate) struct Turns<'a> {
+    /// The loop's name (its transcript).
+    pub loop_name: &'a str,
+    /// The iteration (0 for answers to other loops).
+    pub iteration: u32,
+    /// Model calls before the conversation gives up.
+    pub max_turns: u32,
+    /// The model.
+    pub llm: &'a dyn LlmClient,
+    /// The loop's transcript (and the health of its run record).
+    pub transcript: &'a dyn TranscriptSink,
+    /// Where the calls run and their receipts go.
+    pub calls: &'a CallPath,
+    /// Becomes `true` when the loop must stop (`None`: the conversation is not stopped).
+    pub stop: Option<&'a watch::Receiver<bool>>,
+    /// Counts model calls as they are made, when given.
+    pub model_calls: Option<&'a AtomicU32>,
+}
+
+impl Turns<'_> {
+    fn stopped(&self) -> bool {
+        self.stop.is_some_and(|s| *s.borrow())
+    }
+
+    /// Runs the conversation in `request` (which keeps growing turn by turn) to its end.
+    pub(crate) async fn run<R: TurnRules>(
+        &self,
+        request: &mut LlmRequest,
+        rules: &mut R,
+    ) -> TurnsEnd {
+        let mut sent = 0usize;
+        for turn in 1..=self.max_turns {
+            if self.stopped() {
+                return TurnsEnd::Stopped;
+            }
+            if let Some(why) = self.transcript.unwritable() {
+                return TurnsEnd::RecordUnwritable(why);
+            }
+            rules.before_request(&mut request.messages);
+            self.transcript.record(
+                self.loop_name,
+                TranscriptEntry::Request {
+                    iteration: self.iteration,
+                    turn,
+                    purpose: request.purpose.clone(),
+                    new_messages: request.messages[sent..].to_vec(),
+                },
+            );
+            sent = request.messages.len();
+            if let Some(count) = self.model_calls {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            let response = match self.stop {
+                Some(stop) => {
+                    let mut stop = stop.clone();
+                    tokio::select! {
+                        r = self.llm.complete(request) => r,
+                        _ = stop.wait_for(|s| *s) => return TurnsEnd::Stopped,
+                    }
+                }
+                None => self.llm.complete(request).await,
+            };
+            let response = match response {
+                Ok(r) => r,
+                Err(e) => {
+                    self.transcript.record(
+                        self.loop_name,
+                        TranscriptEntry::ModelError {
+                            iteration: self.iteration,
+                            error: e.to_string(),
+                        },
+                    );
+                    return TurnsEnd::ModelError(e);
+                }
+            };
+            self.transcript.record(
+                self.loop_name,
+                TranscriptEntry::Response {
+                    iteration: self.iteration,
+                    turn,
+                    response: response.clone(),
+                },
+            );
+            if response.tool_calls.is_empty() {
+                // The conversation ends here: nothing will send the reply back.
+                return TurnsEnd::EndTurn(response.text);
+            }
+            request.messages.push(assistant_message(&response));
+            let (results, stopped, unrecorded) = self.run_calls(turn, &response, rules).await;
+            request.messages.push(Message {
+                role: Role::User,
+                content: results,
+            });
+            if let Some(why) = unrecorded {
+                return TurnsEnd::RecordUnwritable(why);
+            }
+            if rules.finished() {
+                return TurnsEnd::Finished;
+            }
+            if stopped {
+                return TurnsEnd::Stopped;
+            }
+        }
+        TurnsEnd::MaxTurns
+    }
+
+    /// Runs the calls of one response (see the module doc). Returns the results, whether a
+    /// stop came, and why the record could not be written, if so.
+    async fn run_calls<R: TurnRules>(
+        &self,
+        turn: u32,
+        response: &LlmResponse,
+        rules: &R,
+    ) -> (Vec<Block>, bool, Option<String>) {
+        let calls = &response.tool_calls;
+        let mut results: Vec<Option<(String, bool)>> = vec![None; calls.len()];
+        let mut stopped = false;
+        let mut unrecorded: Option<String> = None;
+        let mut i = 0;
+        while i < calls.len() {
+            if self.stopped() {
+                stopped = true;
+                break;
+            }
+            if let Some(why) = unrecorded.clone().or_else(|| self.transcript.unwritable()) {
+                unrecorded = Some(why);
+                break;
+            }
+            if let Some(refusal) = rules.refuse(&calls[i].name) {
+                results[i] = Some((refusal, true));
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            if self.calls.concurrent(&calls[i].name) {
+                while j < calls.len()
+                    && rules.refuse(&calls[j].name).is_none()
+                    && self.calls.concurrent(&calls[j].name)
+                {
+                    j += 1;
+                }
+            }
+            let batch = calls[i..j]
+                .iter()
+                .map(|c| self.calls.call(Some(&c.id), &c.name, c.input.clone()));
+            let called = futures::future::join_all(batch).await;
+            for (k, called) in called.into_iter().enumerate() {
+                if let Err(e) = &called.saved
+                    && unrecorded.is_none()
+                {
+                    unrecorded = Some(self.receipt_not_saved(e));
+                }
+                let CallOutcome {
+                    content, is_error, ..
+                } = called.outcome;
+                results[i + k] = Some((content, is_error));
+            }
+            let completed = calls[i..j].iter().any(|c| c.name == "complete_task");
+            i = j;
+            if completed {
+                break;
+            }
+        }
+        let mut blocks = Vec::with_capacity(calls.len());
+        for (call, result) in calls.iter().zip(results) {
+            let (content, is_error) = match (result, &unrecorded) {
+                (Some(r), _) => r,
+                (None, Some(why)) => (
+                    format!("not run: the run record could not be written ({why})"),
+                    true,
+                ),
+                (None, None) if stopped => (
+                    "not run: the loop was stopped before this call".to_string(),
+                    true,
+                ),
+                (None, None) => (
+                    "not run: complete_task ended the iteration before this call".to_string(),
+                    true,
+                ),
+            };
+            self.transcript.record(
+                self.loop_name,
+                TranscriptEntry::ToolResult {
+                    iteration: self.iteration,
+                    turn,
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: content.clone(),
+                    is_error,
+                },
+            );
+            blocks.push(Block::ToolResult {
+                tool_use_id: call.id.clone(),
+                content,
+                is_error,
+            });
+        }
+        (blocks, stopped, unrecorded)
+    }
+
+    /// Why the record is now unwritable after a receipt could not be saved; tells the
+    /// record, so that every loop of the run stops before its next call.
+    fn receipt_not_saved(&self, e: &ReceiptNotSaved) -> String {
+        receipt_not_saved(self.transcript, self.loop_name, e)
+    }
+}
+
+/// The message for a receipt of `loop_name` that could not be saved, after telling the
+/// record (which logs it and says which run) that it can no longer be written.
+pub(crate) fn receipt_not_saved(
+    transcript: &dyn TranscriptSink,
+    loop_name: &str,
+    e: &ReceiptNotSaved,
+) -> String {
+    let why = format!(
+        "cannot append a receipt of loop `{loop_name}` to {}: {}",
+        e.path.display(),
+        e.source
+    );
+    transcript.write_failed(why.clone());
+    why
+}
+
+fn assistant_message(response: &LlmResponse) -> Message {
+    let mut content = Vec::new();
+    if let Some(text) = &response.text {
+        content.push(Block::Text { text: text.clone() });
+    }
+    for call in &response.tool_calls {
+        content.push(Block::ToolUse {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            input: call.input.clone(),
+        });
+    }
+    Message {
+        role: Role::Assistant,
+        content,
+    }
+}
