@@ -357,6 +357,24 @@ fn own_repository_state(project: &Project) -> (String, Vec<String>) {
     (status, branches)
 }
 
+/// The quickstart copies its project and makes the copy a repository with git of the
+/// daemon's own: a `GIT_DIR` in the daemon's environment (a user's shell, a git hook that
+/// started it) must not turn that `git init`/`add`/`commit` onto another repository.
+#[test]
+fn a_git_dir_in_the_environment_does_not_steer_the_quickstart_copy() {
+    let project = Project::new("deps", &[]);
+    let head_before = project.git(&["rev-parse", "HEAD"]);
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("taskdaemon.yml");
+    let (config, run_dir) = (path_arg(&config), path_arg(&project.run_dir()));
+    let mut cmd = project.taskdaemon(&["run", "-c", &config, "--run-dir", &run_dir]);
+    cmd.env("GIT_DIR", project.repo().join(".git"));
+    let out = finish(cmd.spawn().unwrap(), RUN_GUARD);
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(project.git(&["rev-parse", "HEAD"]), head_before, "{out}");
+    assert_eq!(project.git(&["log", "--format=%s"]), "initial");
+    assert_eq!(project.status(), "");
+}
+
 #[test]
 fn the_quickstart_runs_offline_and_leaves_the_repository_alone() {
     let project = Project::empty();

@@ -38,7 +38,8 @@ pub struct LoopSpec {
     pub ctx: Arc<ToolContext>,
     /// The tools its model sees.
     pub tools: Arc<ToolSet>,
-    /// The tool set of the loop's validation step (see `Engine::validation_tools`).
+    /// The tool set of the loop's validation step (`validate`; the engine calls it through
+    /// its `validation` call path).
     pub validation_tools: Arc<ToolSet>,
     /// The model.
     pub llm: Arc<dyn LlmClient>,

@@ -51,19 +51,10 @@ pub fn builtin() -> &'static ToolBox {
     BUILTIN.get_or_init(|| ToolBox::new(builtin_tools()))
 }
 
-/// Why a list of tool names makes no tool set.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ToolSetError {
-    /// A name is unknown (the message names the closest valid tool) or repeated, or its
-    /// tool could not be built; the registry (`ToolBox::set`) says which.
-    #[error(transparent)]
-    Refused(#[from] RegistryError),
-}
-
 /// The built-in tools named in `names`, in that order; an unknown or repeated name is an
 /// error naming the closest valid tool.
-pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, ToolSetError> {
-    Ok(builtin().set(names)?)
+pub fn tool_set<S: AsRef<str>>(names: &[S]) -> Result<ToolSet, RegistryError> {
+    builtin().set(names)
 }
 
 /// Every built-in tool.
