@@ -103,6 +103,7 @@ fn one_loop(record: &RunRecord, events: &EventLog, name: &str, receipt: &Receipt
                             usage: Usage {
                                 input_tokens: 1200,
                                 output_tokens: 40,
+                                ..Default::default()
                             },
                         },
                     },

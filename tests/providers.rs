@@ -454,7 +454,8 @@ async fn anthropic_text_reply() {
             stop_reason: StopReason::EndTurn,
             usage: Usage {
                 input_tokens: 48,
-                output_tokens: 14
+                output_tokens: 14,
+                ..Default::default()
             },
         }
     );
@@ -499,7 +500,8 @@ async fn anthropic_two_tool_calls_and_their_results_round_trip() {
         calls.usage,
         Usage {
             input_tokens: 612,
-            output_tokens: 131
+            output_tokens: 131,
+            ..Default::default()
         }
     );
 
@@ -552,7 +554,8 @@ async fn openai_text_reply() {
             stop_reason: StopReason::EndTurn,
             usage: Usage {
                 input_tokens: 41,
-                output_tokens: 12
+                output_tokens: 12,
+                ..Default::default()
             },
         }
     );
@@ -595,7 +598,8 @@ async fn openai_two_tool_calls_and_their_results_round_trip() {
         calls.usage,
         Usage {
             input_tokens: 187,
-            output_tokens: 58
+            output_tokens: 58,
+            ..Default::default()
         }
     );
 
@@ -627,7 +631,8 @@ async fn openai_max_tokens_stop_and_no_key_means_no_authorization() {
         reply.usage,
         Usage {
             input_tokens: 45,
-            output_tokens: 1024
+            output_tokens: 1024,
+            ..Default::default()
         }
     );
     assert_openai_call(&server.seen()[0], None, "openai/max_tokens.request.json");

@@ -56,6 +56,7 @@ fn response(
         usage: Usage {
             input_tokens: tokens,
             output_tokens: tokens / 10,
+            ..Default::default()
         },
     }
 }
@@ -272,7 +273,8 @@ fn transcripts_are_kept_per_loop_and_count_token_usage() {
         summary.loops["api"].usage,
         Usage {
             input_tokens: 350,
-            output_tokens: 35
+            output_tokens: 35,
+            ..Default::default()
         }
     );
 
@@ -552,6 +554,7 @@ fn fixed_run(project: &Path, id: &str) -> std::path::PathBuf {
             s.usage = Usage {
                 input_tokens: 1200,
                 output_tokens: 300,
+                ..Default::default()
             };
             s.merge = Some(MergeSummary {
                 merged: true,

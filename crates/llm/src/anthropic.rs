@@ -204,10 +204,10 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
         tool_calls,
         stop_reason,
         usage: Usage {
-            input_tokens: count("input_tokens")
-                .saturating_add(count("cache_creation_input_tokens"))
-                .saturating_add(count("cache_read_input_tokens")),
+            input_tokens: count("input_tokens"),
             output_tokens: count("output_tokens"),
+            cache_read_tokens: count("cache_read_input_tokens"),
+            cache_write_tokens: count("cache_creation_input_tokens"),
         },
     })
 }
@@ -340,8 +340,10 @@ mod tests {
         assert_eq!(
             r.usage,
             Usage {
-                input_tokens: 111,
-                output_tokens: 5
+                input_tokens: 10,
+                output_tokens: 5,
+                cache_read_tokens: 100,
+                cache_write_tokens: 1,
             }
         );
     }

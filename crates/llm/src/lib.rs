@@ -134,11 +134,50 @@ pub enum StopReason {
 /// Token counts of one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Prompt tokens.
+    /// Prompt tokens billed at the full input price (for Anthropic: not read from or written
+    /// to the cache; for OpenAI-compatible servers: the prompt tokens less the cached ones).
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// Prompt tokens read from the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A retry a provider is about to make: what failed and how long it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryNotice {
+    /// The attempt that failed (1-based).
+    pub attempt: u32,
+    /// How long the provider waits before the next attempt.
+    pub wait: std::time::Duration,
+    /// The HTTP status of the failed attempt, when the server answered.
+    pub status: Option<u16>,
+    /// Why the attempt failed, as the server or the transport said it (redacted).
+    pub cause: String,
+}
+
+/// What a provider reports while one call is in flight; the engine turns it into events
+/// and live progress. Every method has a default that ignores the report.
+pub trait CallObserver: Send + Sync {
+    /// The call failed and will be tried again.
+    fn retrying(&self, _notice: &RetryNotice) {}
+
+    /// A streamed reply has grown: `chars` characters of text and tool input so far.
+    fn output_growing(&self, _chars: u64) {}
+}
+
+/// A [`CallObserver`] that ignores every report.
+pub struct NoObserver;
+
+impl CallObserver for NoObserver {}
 
 /// A request to a model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -206,6 +245,16 @@ pub trait LlmClient: Send + Sync {
     /// keeps its conversation in one request and appends to it turn by turn, so a turn
     /// never copies the history it sends.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+
+    /// [`LlmClient::complete`], reporting retries and streamed output to `observer` as they
+    /// happen. Providers that neither retry nor stream need not override it.
+    async fn complete_observed(
+        &self,
+        request: &LlmRequest,
+        _observer: &dyn CallObserver,
+    ) -> Result<LlmResponse, LlmError> {
+        self.complete(request).await
+    }
 
     /// A resumed run tells the provider how many iteration requests a loop made in the
     /// iterations its record shows finished (an iteration cut short by a crash runs again

@@ -269,13 +269,20 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
             .and_then(Value::as_u64)
             .unwrap_or(0)
     };
+    let cached = usage
+        .and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
     Ok(LlmResponse {
         text,
         tool_calls,
         stop_reason,
         usage: Usage {
-            input_tokens: count("prompt_tokens"),
+            // `prompt_tokens` counts the cached ones too; they are billed apart.
+            input_tokens: count("prompt_tokens").saturating_sub(cached),
             output_tokens: count("completion_tokens"),
+            cache_read_tokens: cached,
+            cache_write_tokens: 0,
         },
     })
 }
@@ -409,15 +416,18 @@ mod tests {
         assert_eq!(r.usage, Usage::default());
 
         let parts = json!({"choices": [{"message": {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            "finish_reason": "content_filter"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}});
+            "finish_reason": "content_filter"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 2}}});
         let r = parse_response(&parts).unwrap();
         assert_eq!(r.text.as_deref(), Some("a\nb"));
         assert_eq!(r.stop_reason, StopReason::Other("content_filter".into()));
         assert_eq!(
             r.usage,
             Usage {
-                input_tokens: 3,
-                output_tokens: 4
+                input_tokens: 1,
+                output_tokens: 4,
+                cache_read_tokens: 2,
+                cache_write_tokens: 0,
             }
         );
     }

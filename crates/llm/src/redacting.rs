@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use super::{CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, NoObserver};
 use td_base::secrets::redact_owned;
 
 /// An [`LlmClient`] whose responses and errors carry no registered secret.
@@ -29,7 +29,15 @@ impl RedactingClient {
 #[async_trait]
 impl LlmClient for RedactingClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        match self.inner.complete(request).await {
+        self.complete_observed(request, &NoObserver).await
+    }
+
+    async fn complete_observed(
+        &self,
+        request: &LlmRequest,
+        observer: &dyn CallObserver,
+    ) -> Result<LlmResponse, LlmError> {
+        match self.inner.complete_observed(request, observer).await {
             Ok(mut response) => {
                 response.text = response.text.map(redact_owned);
                 Ok(response)

@@ -271,6 +271,7 @@ impl LlmClient for ScriptedLlm {
             usage: Usage {
                 input_tokens,
                 output_tokens,
+                ..Default::default()
             },
         })
     }
@@ -659,7 +660,8 @@ client:
             r.usage,
             Usage {
                 input_tokens: 6,
-                output_tokens: 3
+                output_tokens: 3,
+                ..Default::default()
             }
         );
     }
