@@ -68,6 +68,7 @@ mod tests {
     #[test]
     fn provider_formats_are_what_requests_send() {
         use std::sync::Arc;
+        use td_llm::endpoint::EndpointSettings;
         use td_llm::http::{ApiKey, HttpSettings};
         use td_llm::{LlmRequest, Purpose, anthropic, openai};
 
@@ -90,10 +91,8 @@ mod tests {
         let permits = || Arc::new(tokio::sync::Semaphore::new(1));
         let sent = anthropic::AnthropicClient::new(
             anthropic::AnthropicSettings {
-                base_url: "http://127.0.0.1:9".into(),
-                model: "m".into(),
+                endpoint: EndpointSettings::new("http://127.0.0.1:9", "m"),
                 max_tokens: 1,
-                temperature: None,
                 api_key: key.clone(),
             },
             HttpSettings::default(),
@@ -108,10 +107,8 @@ mod tests {
         );
         let sent = openai::OpenAiClient::new(
             openai::OpenAiSettings {
-                base_url: "http://127.0.0.1:9".into(),
-                model: "m".into(),
+                endpoint: EndpointSettings::new("http://127.0.0.1:9", "m"),
                 max_tokens: None,
-                temperature: None,
                 api_key: Some(key),
             },
             HttpSettings::default(),

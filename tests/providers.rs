@@ -21,11 +21,12 @@ use tokio::sync::Semaphore;
 
 use td_llm::anthropic::{AnthropicClient, AnthropicSettings};
 use td_llm::config::{LlmConfig, build_client, build_client_with_env};
+use td_llm::endpoint::EndpointSettings;
 use td_llm::http::{ApiKey, HttpSettings, HttpTransport};
 use td_llm::openai::{OpenAiClient, OpenAiSettings};
 use td_llm::{
-    Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Purpose, Role, StopReason,
-    ToolCall, Usage,
+    Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, NoObserver, Purpose, Role,
+    StopReason, ToolCall, Usage,
 };
 use td_protocol::tool_definition::ToolDefinition;
 
@@ -349,10 +350,8 @@ fn permits(n: usize) -> Arc<Semaphore> {
 fn anthropic(base: &str, http: HttpSettings, in_flight: Arc<Semaphore>) -> AnthropicClient {
     AnthropicClient::new(
         AnthropicSettings {
-            base_url: base.into(),
-            model: "claude-sonnet-4-5".into(),
+            endpoint: EndpointSettings::new(base, "claude-sonnet-4-5"),
             max_tokens: 1024,
-            temperature: None,
             api_key: ApiKey::new(ANTHROPIC_KEY, "test").unwrap(),
         },
         http,
@@ -369,10 +368,8 @@ fn openai(
 ) -> OpenAiClient {
     OpenAiClient::new(
         OpenAiSettings {
-            base_url: format!("{base}/v1"),
-            model: "gpt-4.1".into(),
+            endpoint: EndpointSettings::new(format!("{base}/v1"), "gpt-4.1"),
             max_tokens: Some(1024),
-            temperature: None,
             api_key: key.map(|k| ApiKey::new(k, "test").unwrap()),
         },
         http,
@@ -980,14 +977,17 @@ async fn reply_bodies_are_capped_with_or_without_a_length() {
     )
     .unwrap();
     for _ in 0..2 {
-        let err = transport.post_json(&json!({})).await.unwrap_err();
+        let err = transport
+            .post_json(&json!({}), &NoObserver)
+            .await
+            .unwrap_err();
         assert!(
             matches!(&err, LlmError::BadReply(m) if m.contains("larger than 1024 bytes")),
             "{err:?}"
         );
     }
     assert_eq!(
-        transport.post_json(&json!({})).await.unwrap(),
+        transport.post_json(&json!({}), &NoObserver).await.unwrap(),
         json!({"ok": true})
     );
     assert_eq!(server.seen().len(), 3, "an oversized reply is not retried");
@@ -1170,7 +1170,12 @@ async fn an_anthropic_config_drives_model_limits_temperature_key_file_and_retrie
 async fn retry_base_ms_sets_the_backoff() {
     // Five retries at the default 500 ms base would wait 7.75 s on average (up to 15.5 s);
     // at 1 ms they take milliseconds.
-    let replies = |n| (0..n).map(|_| Reply::json(503, "busy")).collect::<Vec<_>>();
+    // Each body differs: a body that repeats is tried at most three times.
+    let replies = |n| {
+        (0..n)
+            .map(|i| Reply::json(503, format!("busy {i}")))
+            .collect::<Vec<_>>()
+    };
     let server = TestServer::start(replies(6)).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(&format!(
@@ -1184,7 +1189,7 @@ async fn retry_base_ms_sets_the_backoff() {
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(2));
-    assert_api_error(err, 503, &["busy", "gave up after 6 attempts"]);
+    assert_api_error(err, 503, &["busy 5", "gave up after 6 attempts"]);
     assert_eq!(server.seen().len(), 6);
 }
 
@@ -1248,4 +1253,245 @@ async fn the_scripted_provider_stays_the_offline_default() {
         .await
         .unwrap();
     assert_eq!(reply.text.as_deref(), Some("scripted hello"));
+}
+
+// ---------------------------------------------------------------------------------------
+// What real servers need (issue 14): `tool_choice`, the content of a calls-only assistant
+// turn, the retry policy, and retries reported while they happen.
+// ---------------------------------------------------------------------------------------
+
+/// A client built from `llm:` keys (besides provider, model and base-url) for `server`.
+fn configured(provider: &str, server: &TestServer, keys: &str) -> Arc<dyn LlmClient> {
+    let base = match provider {
+        "openai" => format!("{}/v1", server.base),
+        _ => server.base.clone(),
+    };
+    let cfg = config(&format!(
+        "llm:\n  provider: {provider}\n  model: m\n  base-url: {base}\n  retry-base-ms: 1\n{keys}"
+    ));
+    let env = |name: &str| (name == "ANTHROPIC_API_KEY").then(|| ANTHROPIC_KEY.to_string());
+    build_client_with_env(&cfg, Path::new("."), permits(1), &env).unwrap()
+}
+
+#[tokio::test]
+async fn tools_are_sent_with_tool_choice_auto_unless_configured_otherwise() {
+    // llama-cpp-python's server ignores the tools of a request without `tool_choice`.
+    let ok = |provider: &str| {
+        Reply::fixture(
+            200,
+            if provider == "openai" {
+                "openai/text.response.json"
+            } else {
+                "anthropic/text.response.json"
+            },
+        )
+    };
+    for (provider, keys, want) in [
+        ("openai", "", Some(json!("auto"))),
+        ("openai", "  tool-choice: auto\n", Some(json!("auto"))),
+        (
+            "openai",
+            "  tool-choice: required\n",
+            Some(json!("required")),
+        ),
+        ("openai", "  tool-choice: none\n", Some(json!("none"))),
+        ("openai", "  tool-choice: omit\n", None),
+        ("anthropic", "", Some(json!({"type": "auto"}))),
+        (
+            "anthropic",
+            "  tool-choice: required\n",
+            Some(json!({"type": "any"})),
+        ),
+        (
+            "anthropic",
+            "  tool-choice: none\n",
+            Some(json!({"type": "none"})),
+        ),
+        ("anthropic", "  tool-choice: omit\n", None),
+    ] {
+        let server = TestServer::start(vec![ok(provider), ok(provider)]).await;
+        let client = configured(provider, &server, keys);
+        client
+            .complete(&request(vec![Message::user_text(TASK)], true))
+            .await
+            .unwrap();
+        // Without tools there is nothing to choose from: OpenAI refuses `tool_choice` then.
+        client
+            .complete(&request(vec![Message::user_text(HELLO)], false))
+            .await
+            .unwrap();
+        let seen = server.seen();
+        assert_eq!(
+            seen[0].json().get("tool_choice"),
+            want.as_ref(),
+            "{provider} {keys:?}"
+        );
+        assert_eq!(
+            seen[1].json().get("tool_choice"),
+            None,
+            "{provider} {keys:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_assistant_turn_of_only_tool_calls_carries_empty_text() {
+    // llama-cpp-python's server answers 500 both to `"content": null` and to a message
+    // without `content`; `""` is what every server tried accepts.
+    let server = TestServer::start(vec![Reply::fixture(200, "openai/text.response.json")]).await;
+    let client = configured("openai", &server, "");
+    client
+        .complete(&request(
+            vec![
+                Message::user_text(TASK),
+                Message {
+                    role: Role::Assistant,
+                    content: vec![Block::ToolUse {
+                        id: "call_1".into(),
+                        name: "grep".into(),
+                        input: json!({"pattern": "port"}),
+                    }],
+                },
+                Message {
+                    role: Role::User,
+                    content: vec![Block::ToolResult {
+                        tool_use_id: "call_1".into(),
+                        content: GREP_OUT.into(),
+                        is_error: false,
+                    }],
+                },
+            ],
+            true,
+        ))
+        .await
+        .unwrap();
+    let body = server.seen()[0].json();
+    let assistant = &body["messages"][2];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(assistant.get("content"), Some(&json!("")), "{assistant}");
+    assert_eq!(assistant["tool_calls"][0]["id"], "call_1");
+}
+
+/// llama-cpp-python's answer to a request it cannot validate: a 500.
+const LLAMA_500: &str = r#"{"error":{"message":"'dict object' has no attribute 'content'","type":"internal_server_error","param":null,"code":null}}"#;
+
+#[tokio::test]
+async fn a_5xx_that_repeats_its_body_is_tried_three_times_and_its_text_shown() {
+    let server = TestServer::start((0..6).map(|_| Reply::json(500, LLAMA_500)).collect()).await;
+    let client = openai(&server.base, None, http(5, 1), permits(1));
+    let err = client
+        .complete(&request(vec![Message::user_text(HELLO)], false))
+        .await
+        .unwrap_err();
+    assert_eq!(server.seen().len(), 3, "the first attempt and two retries");
+    assert_api_error(
+        err,
+        500,
+        &[
+            "internal_server_error: 'dict object' has no attribute 'content'",
+            "the same error 3 times",
+        ],
+    );
+
+    // Errors that differ are each allowed their own repeats, within `max-retries`.
+    let server = TestServer::start(vec![
+        Reply::json(503, "upstream connect error"),
+        Reply::json(500, LLAMA_500),
+        Reply::json(503, "upstream connect error"),
+        Reply::json(500, LLAMA_500),
+        Reply::fixture(200, "openai/text.response.json"),
+    ])
+    .await;
+    let client = openai(&server.base, None, http(5, 1), permits(1));
+    client
+        .complete(&request(vec![Message::user_text(HELLO)], false))
+        .await
+        .unwrap();
+    assert_eq!(server.seen().len(), 5);
+}
+
+#[tokio::test]
+async fn a_4xx_is_final_except_timeouts_conflicts_and_rate_limits() {
+    for status in [400, 404, 413, 422] {
+        let server = TestServer::start(vec![
+            Reply::json(status, r#"{"error":{"message":"your request"}}"#),
+            Reply::fixture(200, "openai/text.response.json"),
+        ])
+        .await;
+        let client = openai(&server.base, None, http(4, 1), permits(1));
+        let err = client
+            .complete(&request(vec![Message::user_text(HELLO)], false))
+            .await
+            .unwrap_err();
+        assert_api_error(err, status, &["your request"]);
+        assert_eq!(server.seen().len(), 1, "{status} must not be retried");
+    }
+    // 408 (the server gave up waiting), 409 (a conflict with the server's state) and 429
+    // (rate limit) say nothing about the request itself: the same request may pass later.
+    let server = TestServer::start(vec![
+        Reply::json(408, r#"{"error":{"message":"request timeout"}}"#),
+        Reply::json(409, r#"{"error":{"message":"conflict"}}"#),
+        Reply::fixture(429, "openai/error_429.json").header("retry-after-ms", "1"),
+        Reply::fixture(200, "openai/text.response.json"),
+    ])
+    .await;
+    let client = openai(&server.base, None, http(4, 1), permits(1));
+    client
+        .complete(&request(vec![Message::user_text(HELLO)], false))
+        .await
+        .unwrap();
+    assert_eq!(server.seen().len(), 4);
+}
+
+/// Keeps what a provider reports.
+#[derive(Default)]
+struct Notices(Mutex<Vec<td_llm::RetryNotice>>);
+
+impl td_llm::CallObserver for Notices {
+    fn retrying(&self, notice: &td_llm::RetryNotice) {
+        self.0.lock().unwrap().push(notice.clone());
+    }
+}
+
+#[tokio::test]
+async fn every_retry_is_reported_with_its_attempt_wait_status_and_cause() {
+    let server = TestServer::start(vec![
+        Reply::fixture(529, "anthropic/error_529.json"),
+        Reply::fixture(429, "anthropic/error_429.json").header("retry-after", "0.2"),
+        Reply::fixture(200, "anthropic/text.response.json"),
+    ])
+    .await;
+    let client = configured("anthropic", &server, "");
+    let notices = Notices::default();
+    client
+        .complete_observed(&request(vec![Message::user_text(HELLO)], false), &notices)
+        .await
+        .unwrap();
+    let seen = notices.0.into_inner().unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].attempt, 1);
+    assert_eq!(seen[0].status, Some(529));
+    assert!(
+        seen[0].cause.contains("overloaded_error: Overloaded"),
+        "{seen:?}"
+    );
+    assert!(seen[0].wait <= Duration::from_millis(1), "{seen:?}");
+    assert_eq!(seen[1].attempt, 2);
+    assert_eq!(seen[1].status, Some(429));
+    assert_eq!(seen[1].wait, Duration::from_millis(200));
+
+    // A refused connection has no status; its cause says what failed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let client = openai(&base, None, http(1, 1), permits(1));
+    let notices = Notices::default();
+    client
+        .complete_observed(&request(vec![Message::user_text(HELLO)], false), &notices)
+        .await
+        .unwrap_err();
+    let seen = notices.0.into_inner().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].status, None);
+    assert!(seen[0].cause.contains(&base), "{seen:?}");
 }

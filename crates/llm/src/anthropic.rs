@@ -6,6 +6,8 @@
 //! - blocks map one to one (`text`, `tool_use`, `tool_result` with `is_error` when true);
 //!   empty text blocks are dropped and so are messages left with no block, because the API
 //!   rejects both;
+//! - when tools are sent, `tool_choice` is sent too (`{"type": "auto"}` unless configured,
+//!   see [`ToolChoice`]; `required` is the API's `any`);
 //! - reply text blocks are joined with a newline; block types this client does not use
 //!   (thinking, server tools) are skipped;
 //! - `usage.input_tokens` counts every prompt token the call consumed: Anthropic reports
@@ -13,17 +15,15 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
 use td_protocol::tool_definition::ToolDefinition;
 
+use super::endpoint::{ApiClient, EndpointSettings, ToolChoice, WireFormat, token_count};
 use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
-use super::{
-    Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
-};
+use super::{Block, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage};
 
 /// The API version this client speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -33,26 +33,22 @@ pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 /// What an Anthropic client needs besides HTTP settings.
 #[derive(Debug, Clone)]
 pub struct AnthropicSettings {
-    /// API root without `/v1/messages` (a trailing slash is ignored).
-    pub base_url: String,
-    /// Model name, e.g. `claude-sonnet-4-5`.
-    pub model: String,
+    /// Model (e.g. `claude-sonnet-4-5`), temperature, `tool_choice`, and the API root
+    /// without `/v1/messages`.
+    pub endpoint: EndpointSettings,
     /// Output token limit of each call (the API requires one).
     pub max_tokens: u32,
-    /// Sampling temperature; the API default when `None`.
-    pub temperature: Option<f64>,
     /// The key sent as `x-api-key`.
     pub api_key: ApiKey,
 }
 
 /// A client of the Anthropic Messages API.
-// Debug is derived: the transport's own Debug leaves out the headers, which hold the key.
+pub type AnthropicClient = ApiClient<AnthropicFormat>;
+
+/// The Messages API JSON of one configured endpoint.
 #[derive(Debug)]
-pub struct AnthropicClient {
-    transport: HttpTransport,
-    model: String,
+pub struct AnthropicFormat {
     max_tokens: u32,
-    temperature: Option<f64>,
 }
 
 impl AnthropicClient {
@@ -71,19 +67,23 @@ impl AnthropicClient {
             HeaderName::from_static("anthropic-version"),
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
-        let url = format!("{}/v1/messages", settings.base_url.trim_end_matches('/'));
-        Ok(AnthropicClient {
-            transport: HttpTransport::new(&url, headers, http, in_flight)?,
-            model: settings.model,
+        let url = format!(
+            "{}/v1/messages",
+            settings.endpoint.base_url.trim_end_matches('/')
+        );
+        let format = AnthropicFormat {
             max_tokens: settings.max_tokens,
-            temperature: settings.temperature,
-        })
+        };
+        Ok(ApiClient::with_format(
+            HttpTransport::new(&url, headers, http, in_flight)?,
+            settings.endpoint,
+            format,
+        ))
     }
+}
 
-    /// The JSON body sent for `request`.
-    pub fn request_body(&self, request: &LlmRequest) -> Value {
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.model));
+impl WireFormat for AnthropicFormat {
+    fn add_request(&self, request: &LlmRequest, body: &mut Map<String, Value>) {
         body.insert("max_tokens".into(), json!(self.max_tokens));
         if !request.system.is_empty() {
             body.insert("system".into(), json!(request.system));
@@ -108,10 +108,22 @@ impl AnthropicClient {
             let tools: Vec<Value> = request.tools.iter().map(tool_json).collect();
             body.insert("tools".into(), Value::Array(tools));
         }
-        if let Some(t) = self.temperature {
-            body.insert("temperature".into(), json!(t));
-        }
-        Value::Object(body)
+    }
+
+    /// `auto` is the API's default; it is sent anyway, so that compatible servers that
+    /// default otherwise behave the same.
+    fn tool_choice(choice: ToolChoice) -> Option<Value> {
+        let kind = match choice {
+            ToolChoice::Auto => "auto",
+            ToolChoice::Required => "any",
+            ToolChoice::None => "none",
+            ToolChoice::Omit => return None,
+        };
+        Some(json!({"type": kind}))
+    }
+
+    fn parse_response(reply: &Value) -> Result<LlmResponse, LlmError> {
+        parse_response(reply)
     }
 }
 
@@ -192,13 +204,7 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
         Some(other) => StopReason::Other(other.to_string()),
         None => return Err(bad("has no `stop_reason`")),
     };
-    let usage = body.get("usage");
-    let count = |name: &str| {
-        usage
-            .and_then(|u| u.get(name))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
+    let count = |name: &str| token_count(body, &format!("/usage/{name}"));
     Ok(LlmResponse {
         text: (!texts.is_empty()).then(|| texts.join("\n")),
         tool_calls,
@@ -212,17 +218,6 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
     })
 }
 
-#[async_trait]
-impl LlmClient for AnthropicClient {
-    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let reply = self
-            .transport
-            .post_json(&self.request_body(request))
-            .await?;
-        parse_response(&reply)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,10 +228,11 @@ mod tests {
     fn client(temperature: Option<f64>) -> AnthropicClient {
         AnthropicClient::new(
             AnthropicSettings {
-                base_url: "http://127.0.0.1:9/".into(),
-                model: "claude-test".into(),
+                endpoint: EndpointSettings {
+                    temperature,
+                    ..EndpointSettings::new("http://127.0.0.1:9/", "claude-test")
+                },
                 max_tokens: 100,
-                temperature,
                 api_key: ApiKey::new("sk-ant-unit", "test").unwrap(),
             },
             HttpSettings::default(),
@@ -312,6 +308,7 @@ mod tests {
             body["tools"],
             json!([{"name": "t", "description": "d", "input_schema": {"type": "object"}}])
         );
+        assert_eq!(body["tool_choice"], json!({"type": "auto"}));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   max-retries: 4               # retries after the first attempt (0–10)
 //!   retry-base-ms: 500           # first backoff wait bound; doubles per retry
 //!   timeout-ms: 300000           # one attempt, connect to last byte
+//!   tool-choice: auto            # auto (default) | required | none | omit (send none)
 //!   script: script.yml           # scripted only; relative to the config
 //! ```
 //!
@@ -30,6 +31,7 @@ use tokio::sync::Semaphore;
 
 use super::LlmClient;
 use super::anthropic::{self, AnthropicClient, AnthropicSettings};
+use super::endpoint::{EndpointSettings, ToolChoice};
 use super::http::{self, DEFAULT_MAX_BODY_BYTES, HttpSettings, KeyError, KeySource, SetupError};
 use super::openai::{self, OpenAiClient, OpenAiSettings};
 use super::redacting::RedactingClient;
@@ -160,6 +162,9 @@ pub struct LlmConfig {
     /// Time one attempt may take, in milliseconds (anthropic, openai).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// The `tool_choice` sent with tools (anthropic, openai); `auto` when absent.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
     /// The script to replay, relative to the config's directory (scripted).
     #[serde(default)]
     pub script: Option<PathBuf>,
@@ -181,6 +186,7 @@ impl LlmConfig {
             ("max-retries", self.max_retries.is_some()),
             ("retry-base-ms", self.retry_base_ms.is_some()),
             ("timeout-ms", self.timeout_ms.is_some()),
+            ("tool-choice", self.tool_choice.is_some()),
         ];
         match self.provider {
             ProviderKind::Scripted => {
@@ -284,6 +290,20 @@ impl LlmConfig {
         }
     }
 
+    /// The endpoint settings these keys describe, for `model` (`default_url` when
+    /// `base-url` is absent).
+    fn endpoint(&self, model: String, default_url: &str) -> EndpointSettings {
+        EndpointSettings {
+            base_url: self
+                .base_url
+                .clone()
+                .unwrap_or_else(|| default_url.to_string()),
+            model,
+            temperature: self.temperature,
+            tool_choice: self.tool_choice.unwrap_or_default(),
+        }
+    }
+
     /// Where the key comes from for this provider (scripted has none).
     fn key_source(&self, base_dir: &Path) -> Option<KeySource> {
         if let Some(file) = &self.api_key_file {
@@ -353,13 +373,8 @@ fn build_provider(
                 },
             })?;
             let settings = AnthropicSettings {
-                base_url: cfg
-                    .base_url
-                    .clone()
-                    .unwrap_or_else(|| anthropic::DEFAULT_BASE_URL.to_string()),
-                model,
+                endpoint: cfg.endpoint(model, anthropic::DEFAULT_BASE_URL),
                 max_tokens: cfg.max_tokens.unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS),
-                temperature: cfg.temperature,
                 api_key,
             };
             let client = AnthropicClient::new(settings, cfg.http_settings(), in_flight)
@@ -377,13 +392,8 @@ fn build_provider(
                 });
             }
             let settings = OpenAiSettings {
-                base_url: cfg
-                    .base_url
-                    .clone()
-                    .unwrap_or_else(|| openai::DEFAULT_BASE_URL.to_string()),
-                model,
+                endpoint: cfg.endpoint(model, openai::DEFAULT_BASE_URL),
                 max_tokens: cfg.max_tokens,
-                temperature: cfg.temperature,
                 api_key,
             };
             let client = OpenAiClient::new(settings, cfg.http_settings(), in_flight)
@@ -425,7 +435,7 @@ mod tests {
     fn every_key_is_read_in_kebab_case() {
         let cfg = parse(
             "provider: openai\nmodel: m\nbase-url: http://localhost:11434/v1\napi-key-env: K\n\
-             max-tokens: 10\ntemperature: 0.5\nmax-retries: 2\nretry-base-ms: 7\ntimeout-ms: 99\n",
+             max-tokens: 10\ntemperature: 0.5\nmax-retries: 2\nretry-base-ms: 7\ntimeout-ms: 99\ntool-choice: required\n",
         )
         .unwrap();
         assert_eq!(
@@ -441,6 +451,7 @@ mod tests {
                 max_retries: Some(2),
                 retry_base_ms: Some(7),
                 timeout_ms: Some(99),
+                tool_choice: Some(ToolChoice::Required),
                 script: None,
             }
         );
@@ -497,6 +508,17 @@ mod tests {
         assert!(err.contains("unknown variant `gemini`"), "{err}");
         let err = parse("max_tokens: 3\n").unwrap_err();
         assert!(err.contains("unknown field `max_tokens`"), "{err}");
+        let err = parse("provider: openai\nmodel: m\ntool-choice: requird\n").unwrap_err();
+        assert!(
+            err.contains(
+                "unknown variant `requird`, expected one of `auto`, `required`, `none`, `omit`"
+            ),
+            "{err}"
+        );
+        assert!(
+            td_base::suggest::serde_with_suggestion(&err).ends_with("(did you mean `required`?)"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -510,6 +532,10 @@ mod tests {
             (
                 "script: s.yml\ntimeout-ms: 5\n",
                 "`timeout-ms` does not apply",
+            ),
+            (
+                "script: s.yml\ntool-choice: auto\n",
+                "`tool-choice` does not apply",
             ),
             ("provider: anthropic\n", "provider anthropic needs `model`"),
             (

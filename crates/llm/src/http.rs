@@ -4,12 +4,24 @@
 //! printed). The pooled clients (rustls; loopback endpoints bypass proxies; redirects are not
 //! followed) and the capped body reader are td-http's, shared with the web tools.
 //!
-//! Retry policy: a 429 or any 5xx (Anthropic's 529 "overloaded" included), a refused or broken
-//! connection and a timeout are retried; every other 4xx is final, because sending the same
-//! request again cannot change the answer. A `retry-after` header (seconds or an HTTP date),
-//! or `retry-after-ms` (sent by OpenAI-compatible servers), sets the wait; otherwise the wait
-//! is drawn uniformly from `[0, base × 2^(attempt−1)]` ("full jitter": loops that failed
-//! together do not retry together), capped at [`MAX_BACKOFF`].
+//! Retry policy:
+//! - a 4xx says our request is wrong, and sending it again cannot change the answer: it is
+//!   final, except 408 (the server gave up waiting for the request), 409 (a conflict with
+//!   the server's state, which the official OpenAI and Anthropic SDKs retry too) and 429
+//!   (rate limit), which are about the server's state at that moment;
+//! - a 5xx (Anthropic's 529 "overloaded" included) is retried, but an answer that repeats the
+//!   same status and body is taken at most [`SAME_ERROR_ATTEMPTS`] times: some servers
+//!   (llama-cpp-python) answer a request they cannot process with a 500, and the identical
+//!   request then gets the identical answer however often it is sent. The final error quotes
+//!   the body's message and says it repeated;
+//! - a refused or broken connection and a timeout are retried.
+//!
+//! A `retry-after` header (seconds or an HTTP date), or `retry-after-ms` (sent by
+//! OpenAI-compatible servers), sets the wait; otherwise the wait is drawn uniformly from
+//! `[0, base × 2^(attempt−1)]` ("full jitter": loops that failed together do not retry
+//! together), capped at [`MAX_BACKOFF`]. Every retry is reported to the call's
+//! [`CallObserver`] (attempt, wait, status, cause) before the wait, so that the run record
+//! and the live progress show it.
 //!
 //! The in-flight permit is held for one attempt only (request and reply body), never while
 //! waiting to retry, so a loop that backs off does not block the others.
@@ -26,7 +38,7 @@ use serde_json::Value;
 use td_http::{ClientError, Redirects};
 use tokio::sync::Semaphore;
 
-use super::LlmError;
+use super::{CallObserver, LlmError, RetryNotice};
 
 /// Replies larger than this are refused, so one bad server cannot exhaust memory.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -35,6 +47,9 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A server asking to wait longer than this is not waited for: the call fails at once and
 /// says how long the server asked for (a run should not hang silently for an hour).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+/// How many times one server error (the same 5xx status and body) is taken before the call
+/// gives up on it: the first answer and two retries.
+pub const SAME_ERROR_ATTEMPTS: u32 = 3;
 /// Error messages quoted from a server body are cut to this many bytes.
 const ERROR_QUOTE_LIMIT: usize = 1000;
 
@@ -248,7 +263,60 @@ enum Attempt {
     Retry {
         error: LlmError,
         retry_after: Option<Duration>,
+        /// The HTTP status, when the server answered.
+        status: Option<u16>,
+        /// A server error's status and body, hashed: what "the same error" means.
+        same_error: Option<u64>,
     },
+}
+
+/// How often each server error was answered during one call.
+#[derive(Default)]
+struct ErrorRepeats(Vec<(u64, u32)>);
+
+impl ErrorRepeats {
+    /// Counts one more answer of the error `key`; returns how many there were.
+    fn count(&mut self, key: u64) -> u32 {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => {
+                *n = n.saturating_add(1);
+                *n
+            }
+            None => {
+                self.0.push((key, 1));
+                1
+            }
+        }
+    }
+}
+
+/// What tells one server error from another: its status and its body.
+fn error_key(status: StatusCode, body: &[u8]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&status.as_u16(), &mut hasher);
+    std::hash::Hash::hash(body, &mut hasher);
+    hasher.finish()
+}
+
+/// Whether a failed status may be retried (see the module documentation).
+fn retryable(status: StatusCode) -> bool {
+    status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+        )
+}
+
+/// What a retry notice says failed: the server's or the transport's message, without the
+/// error kind that [`LlmError`]'s `Display` adds (the status is given apart).
+fn cause(error: &LlmError) -> String {
+    let text = match error {
+        LlmError::Transport(m)
+        | LlmError::Api { message: m, .. }
+        | LlmError::BadReply(m)
+        | LlmError::Script(m) => m,
+    };
+    td_base::secrets::redact(text).into_owned()
 }
 
 impl HttpTransport {
@@ -286,18 +354,34 @@ impl HttpTransport {
     }
 
     /// Posts `body` and returns the parsed JSON of a 2xx reply, retrying as the module
-    /// documentation says.
-    pub async fn post_json(&self, body: &Value) -> Result<Value, LlmError> {
+    /// documentation says and telling `observer` of each retry.
+    pub async fn post_json(
+        &self,
+        body: &Value,
+        observer: &dyn CallObserver,
+    ) -> Result<Value, LlmError> {
         let bytes = serde_json::to_vec(body)
             .map_err(|e| LlmError::Transport(format!("cannot encode the request: {e}")))?;
         let attempts = self.settings.max_retries.saturating_add(1);
+        let mut repeats = ErrorRepeats::default();
         let mut attempt = 1;
         loop {
-            let (error, retry_after) = match self.attempt(bytes.clone()).await {
+            let (error, retry_after, status, same_error) = match self.attempt(bytes.clone()).await {
                 Ok(value) => return Ok(value),
                 Err(Attempt::Fatal(error)) => return Err(error),
-                Err(Attempt::Retry { error, retry_after }) => (error, retry_after),
+                Err(Attempt::Retry {
+                    error,
+                    retry_after,
+                    status,
+                    same_error,
+                }) => (error, retry_after, status, same_error),
             };
+            if let Some(key) = same_error {
+                let times = repeats.count(key);
+                if times >= SAME_ERROR_ATTEMPTS {
+                    return Err(gave_up_on_repeats(error, attempt, times));
+                }
+            }
             if attempt >= attempts {
                 return Err(gave_up(error, attempts));
             }
@@ -315,7 +399,15 @@ impl HttpTransport {
                 Some(wait) => wait,
                 None => full_jitter(backoff_cap(self.settings.retry_base, attempt), random_u64()),
             };
-            tracing::warn!(
+            observer.retrying(&RetryNotice {
+                attempt,
+                wait,
+                status,
+                cause: cause(&error),
+            });
+            // The observer puts the retry in the run record and the progress line; the log
+            // line is for debugging (a warning would cut through the live table on stderr).
+            tracing::info!(
                 url = %self.url,
                 attempt,
                 attempts,
@@ -380,8 +472,13 @@ impl HttpTransport {
             status: status.as_u16(),
             message: api_error_message(status, &body),
         };
-        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            Err(Attempt::Retry { error, retry_after })
+        if retryable(status) {
+            Err(Attempt::Retry {
+                error,
+                retry_after,
+                status: Some(status.as_u16()),
+                same_error: status.is_server_error().then(|| error_key(status, &body)),
+            })
         } else {
             Err(Attempt::Fatal(error))
         }
@@ -404,6 +501,8 @@ impl HttpTransport {
             Attempt::Retry {
                 error,
                 retry_after: None,
+                status: None,
+                same_error: None,
             }
         }
     }
@@ -540,6 +639,17 @@ fn quote_limited(text: &str, limit: usize) -> String {
 fn gave_up(error: LlmError, attempts: u32) -> LlmError {
     let plural = if attempts == 1 { "" } else { "s" };
     with_note(error, &format!("gave up after {attempts} attempt{plural}"))
+}
+
+/// The final error of a call whose server gave the same error `times` times, at `attempt`.
+fn gave_up_on_repeats(error: LlmError, attempt: u32, times: u32) -> LlmError {
+    with_note(
+        error,
+        &format!(
+            "gave up after {attempt} attempts: the server answered with the same error {times} \
+             times, so sending the request again will not change it"
+        ),
+    )
 }
 
 fn with_note(error: LlmError, note: &str) -> LlmError {

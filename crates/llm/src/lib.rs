@@ -11,6 +11,7 @@ use td_protocol::tool_definition::ToolDefinition;
 
 pub mod anthropic;
 pub mod config;
+pub mod endpoint;
 pub mod http;
 pub mod openai;
 pub mod redacting;

@@ -4,10 +4,17 @@
 //!
 //! Mapping notes:
 //! - the system prompt is the first message (role `system`), left out when empty;
-//! - an assistant message carries its text as `content` (null when it only calls tools) and
-//!   its calls as `tool_calls` whose `arguments` is the input serialized as JSON text (an
-//!   input kept as raw text, see below, goes back as a JSON string literal, so servers that
-//!   parse the history, like vLLM's chat templates, still can);
+//! - an assistant message carries its text as `content` and its calls as `tool_calls` whose
+//!   `arguments` is the input serialized as JSON text (an input kept as raw text, see below,
+//!   goes back as a JSON string literal, so servers that parse the history, like vLLM's chat
+//!   templates, still can);
+//! - an assistant message that only calls tools (or says nothing) has `"content": ""`. The
+//!   API reference allows `content` to be null or absent beside `tool_calls`, but
+//!   llama-cpp-python's server (0.3) answers HTTP 500 to both (its request model wants a
+//!   string, its chat templates read `message.content`), while `""` is accepted by it, by
+//!   mock-myna and by the reference's own type (a string);
+//! - when tools are sent, `tool_choice` is sent too (`"auto"` unless configured, see
+//!   [`ToolChoice`]): llama-cpp-python's server drops the tools of a request without it;
 //! - each tool result becomes a `tool` message with its `tool_call_id`, placed before any
 //!   text of the same user message, because the API wants results right after the calls.
 //!   The API has no error flag, so an error result's content starts with `ERROR: `;
@@ -28,17 +35,15 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
 use td_protocol::tool_definition::ToolDefinition;
 
+use super::endpoint::{ApiClient, EndpointSettings, ToolChoice, WireFormat, token_count};
 use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
-use super::{
-    Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
-};
+use super::{Block, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage};
 
 /// Where the API lives unless configured otherwise.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -48,27 +53,24 @@ pub const ERROR_PREFIX: &str = "ERROR: ";
 /// What an OpenAI-compatible client needs besides HTTP settings.
 #[derive(Debug, Clone)]
 pub struct OpenAiSettings {
-    /// API root without `/chat/completions` (a trailing slash is ignored), e.g.
-    /// `https://api.openai.com/v1` or `http://localhost:11434/v1`.
-    pub base_url: String,
-    /// Model name.
-    pub model: String,
+    /// Model, temperature, `tool_choice`, and the API root without `/chat/completions`,
+    /// e.g. `https://api.openai.com/v1` or `http://localhost:11434/v1`.
+    pub endpoint: EndpointSettings,
     /// Output token limit; the server's default when `None`.
     pub max_tokens: Option<u32>,
-    /// Sampling temperature; the server's default when `None`.
-    pub temperature: Option<f64>,
     /// Sent as `Authorization: Bearer`; nothing is sent when `None`.
     pub api_key: Option<ApiKey>,
 }
 
 /// A client of an OpenAI-compatible Chat Completions endpoint.
-// Debug is derived: the transport's own Debug leaves out the headers, which hold the key.
+pub type OpenAiClient = ApiClient<OpenAiFormat>;
+
+/// The Chat Completions JSON of one configured endpoint.
 #[derive(Debug)]
-pub struct OpenAiClient {
-    transport: HttpTransport,
-    model: String,
+pub struct OpenAiFormat {
     max_tokens: Option<u32>,
-    temperature: Option<f64>,
+    /// The name of the output-limit field this endpoint understands.
+    max_tokens_field: &'static str,
 }
 
 impl OpenAiClient {
@@ -84,32 +86,27 @@ impl OpenAiClient {
         }
         let url = format!(
             "{}/chat/completions",
-            settings.base_url.trim_end_matches('/')
+            settings.endpoint.base_url.trim_end_matches('/')
         );
-        Ok(OpenAiClient {
-            transport: HttpTransport::new(&url, headers, http, in_flight)?,
-            model: settings.model,
-            max_tokens: settings.max_tokens,
-            temperature: settings.temperature,
-        })
-    }
-
-    /// The name of the output-limit field this endpoint understands.
-    fn max_tokens_field(&self) -> &'static str {
-        if self
-            .transport
+        let transport = HttpTransport::new(&url, headers, http, in_flight)?;
+        let official = transport
             .url()
             .host_str()
-            .is_some_and(|h| h.eq_ignore_ascii_case("api.openai.com"))
-        {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        }
+            .is_some_and(|h| h.eq_ignore_ascii_case("api.openai.com"));
+        let format = OpenAiFormat {
+            max_tokens: settings.max_tokens,
+            max_tokens_field: if official {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            },
+        };
+        Ok(ApiClient::with_format(transport, settings.endpoint, format))
     }
+}
 
-    /// The JSON body sent for `request`.
-    pub fn request_body(&self, request: &LlmRequest) -> Value {
+impl WireFormat for OpenAiFormat {
+    fn add_request(&self, request: &LlmRequest, body: &mut Map<String, Value>) {
         let mut messages = Vec::new();
         if !request.system.is_empty() {
             messages.push(json!({"role": "system", "content": request.system}));
@@ -117,20 +114,27 @@ impl OpenAiClient {
         for message in &request.messages {
             push_message(&mut messages, message.role, &message.content);
         }
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.model));
         body.insert("messages".into(), Value::Array(messages));
         if !request.tools.is_empty() {
             let tools: Vec<Value> = request.tools.iter().map(tool_json).collect();
             body.insert("tools".into(), Value::Array(tools));
         }
         if let Some(n) = self.max_tokens {
-            body.insert(self.max_tokens_field().into(), json!(n));
+            body.insert(self.max_tokens_field.into(), json!(n));
         }
-        if let Some(t) = self.temperature {
-            body.insert("temperature".into(), json!(t));
+    }
+
+    fn tool_choice(choice: ToolChoice) -> Option<Value> {
+        match choice {
+            ToolChoice::Auto => Some(json!("auto")),
+            ToolChoice::Required => Some(json!("required")),
+            ToolChoice::None => Some(json!("none")),
+            ToolChoice::Omit => None,
         }
-        Value::Object(body)
+    }
+
+    fn parse_response(reply: &Value) -> Result<LlmResponse, LlmError> {
+        parse_response(reply)
     }
 }
 
@@ -176,18 +180,8 @@ fn push_message(out: &mut Vec<Value>, role: Role, blocks: &[Block]) {
     }
     let text = (!texts.is_empty()).then(|| texts.join("\n"));
     match role {
-        Role::Assistant => {
-            if text.is_none() && calls.is_empty() {
-                // A turn where the model said nothing still takes its place in the history.
-                out.push(json!({"role": "assistant", "content": ""}));
-                return;
-            }
-            let mut m = json!({"role": "assistant", "content": text});
-            if !calls.is_empty() {
-                m["tool_calls"] = Value::Array(calls);
-            }
-            out.push(m);
-        }
+        // A turn where the model said nothing still takes its place in the history.
+        Role::Assistant => out.push(assistant_json(text.unwrap_or_default(), calls)),
         Role::User => {
             if let Some(text) = text {
                 out.push(json!({"role": "user", "content": text}));
@@ -195,10 +189,20 @@ fn push_message(out: &mut Vec<Value>, role: Role, blocks: &[Block]) {
             // Calls only come from the model; should one ever sit in a user message, it is
             // still sent (as the assistant's) rather than silently dropped.
             if !calls.is_empty() {
-                out.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                out.push(assistant_json(String::new(), calls));
             }
         }
     }
+}
+
+/// An assistant message: `content` is always a string, `""` when the model only called
+/// tools (see the module notes: servers answer 500 to null or absent content).
+fn assistant_json(text: String, calls: Vec<Value>) -> Value {
+    let mut m = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
 }
 
 /// Reads a Chat Completions reply.
@@ -262,17 +266,8 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
         Some(other) => StopReason::Other(other.to_string()),
         None => StopReason::EndTurn,
     };
-    let usage = body.get("usage");
-    let count = |name: &str| {
-        usage
-            .and_then(|u| u.get(name))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
-    let cached = usage
-        .and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens"))
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
+    let count = |name: &str| token_count(body, &format!("/usage/{name}"));
+    let cached = count("prompt_tokens_details/cached_tokens");
     Ok(LlmResponse {
         text,
         tool_calls,
@@ -299,17 +294,6 @@ fn arguments(raw: Option<&Value>) -> Value {
     }
 }
 
-#[async_trait]
-impl LlmClient for OpenAiClient {
-    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let reply = self
-            .transport
-            .post_json(&self.request_body(request))
-            .await?;
-        parse_response(&reply)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,10 +303,8 @@ mod tests {
     fn client(base_url: &str, max_tokens: Option<u32>) -> OpenAiClient {
         OpenAiClient::new(
             OpenAiSettings {
-                base_url: base_url.into(),
-                model: "m".into(),
+                endpoint: EndpointSettings::new(base_url, "m"),
                 max_tokens,
-                temperature: None,
                 api_key: Some(ApiKey::new("sk-openai-unit", "test").unwrap()),
             },
             HttpSettings::default(),
@@ -385,7 +367,7 @@ mod tests {
                 {"role": "assistant", "content": ""},
                 {"role": "tool", "tool_call_id": "c1", "content": "ERROR: boom"},
                 {"role": "user", "content": "note"},
-                {"role": "assistant", "content": null, "tool_calls": [
+                {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "odd", "type": "function", "function": {"name": "t", "arguments": "{}"}}
                 ]}
             ])
