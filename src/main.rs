@@ -328,10 +328,22 @@ fn print_notes(notes: &[String]) {
     }
 }
 
+/// Whether log lines on stderr may carry colour codes: only when stderr is a terminal, and
+/// not when `NO_COLOR` is set to anything but the empty string (<https://no-color.org>).
+/// A pipe or a file gets plain text.
+fn stderr_colours(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn main() -> ExitCode {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         // Log lines quote errors and outputs: they leave the process redacted like the rest.
         .with_writer(|| RedactingWriter(std::io::stderr()))
+        .with_ansi(stderr_colours(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TASKDAEMON_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -493,5 +505,19 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             };
             taskdaemon::fronts::replay::verify_command(&options, json).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stderr_colours;
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(stderr_colours(true, None));
+        assert!(stderr_colours(true, Some("".into())));
+        assert!(!stderr_colours(true, Some("1".into())));
+        assert!(!stderr_colours(false, None));
+        assert!(!stderr_colours(false, Some("".into())));
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use td_base::sync::lock;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
@@ -225,6 +225,29 @@ impl ProgressDisplay {
                 EventKind::FileChanged { loop_name, path } => {
                     row(rows, loop_name).last = format!("{path} changed on disk");
                 }
+                EventKind::ModelRetried {
+                    loop_name,
+                    attempt,
+                    wait_ms,
+                    status,
+                    cause,
+                } => {
+                    let failed = match status {
+                        Some(status) => short(&format!("HTTP {status}: {cause}")),
+                        None => short(cause),
+                    };
+                    let wait = format!("{:.1} s", Duration::from_millis(*wait_ms).as_secs_f64());
+                    let r = row(rows, loop_name);
+                    // Back to `running` once the call answers (see `record`).
+                    if r.status == "running" {
+                        r.status = RETRYING.into();
+                    }
+                    // The wait first: the row's note is cut to its width.
+                    r.last = format!("retry in {wait} after {failed}");
+                    plain = Some(format!(
+                        "{loop_name}: retrying the model call (attempt {attempt} failed: {failed}) in {wait}"
+                    ));
+                }
                 _ => {}
             }
         }
@@ -290,6 +313,18 @@ impl ProgressDisplay {
 
 impl TranscriptSink for ProgressDisplay {
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+        // A model call that answered, or failed for good, is no longer being retried.
+        if matches!(
+            entry,
+            TranscriptEntry::Response { .. } | TranscriptEntry::ModelError { .. }
+        ) {
+            let mut rows = lock(&self.rows);
+            if let Some(row) = rows.get_mut(loop_name)
+                && row.status == RETRYING
+            {
+                row.status = "running".into();
+            }
+        }
         if let TranscriptEntry::Response {
             iteration,
             response,
@@ -319,6 +354,9 @@ impl TranscriptSink for ProgressDisplay {
         self.inner.write_failed(what);
     }
 }
+
+/// The status of a running loop whose model call failed and is about to be tried again.
+const RETRYING: &str = "retrying";
 
 fn sep(note: &str) -> String {
     if note.is_empty() {
@@ -490,6 +528,75 @@ mod tests {
                 "{mode:?}: {text}"
             );
         }
+    }
+
+    fn retried(seq: u64, status: Option<u16>) -> Event {
+        event(
+            seq,
+            EventKind::ModelRetried {
+                loop_name: "api".into(),
+                attempt: 2,
+                wait_ms: 1500,
+                status,
+                cause: "overloaded_error: Overloaded".into(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_retrying_model_call_shows_until_the_call_answers() {
+        let (p, buf) = show(ProgressMode::Live);
+        p.on_event(&retried(4, Some(529)));
+        let frame = |text: String| text.rsplit("\x1b[2A").next().unwrap().to_string();
+        let api = frame(buf.text()).lines().next().unwrap().to_string();
+        assert!(api.contains("retrying"), "{api}");
+        assert!(
+            api.contains("retry in 1.5 s after HTTP 529: overloaded_error: Overl"),
+            "{api}"
+        );
+        p.record(
+            "api",
+            TranscriptEntry::Response {
+                iteration: 2,
+                turn: 2,
+                response: LlmResponse {
+                    text: Some("done".into()),
+                    tool_calls: Vec::new(),
+                    stop_reason: StopReason::EndTurn,
+                    usage: Usage::default(),
+                },
+            },
+        );
+        let api = frame(buf.text()).lines().next().unwrap().to_string();
+        assert!(
+            api.contains("running") && !api.contains("retrying"),
+            "{api}"
+        );
+        // A loop that is not running (stopped meanwhile) keeps its status.
+        p.set_status("api", "stopped", "");
+        p.on_event(&retried(5, None));
+        let api = frame(buf.text()).lines().next().unwrap().to_string();
+        assert!(api.contains("stopped"), "{api}");
+    }
+
+    #[test]
+    fn plain_mode_says_why_a_model_call_is_retried() {
+        let (p, buf) = show(ProgressMode::Plain);
+        p.on_event(&retried(4, Some(529)));
+        p.on_event(&retried(5, None));
+        let text = buf.text();
+        assert!(
+            text.contains(
+                "api: retrying the model call (attempt 2 failed: HTTP 529: overloaded_error: Overloaded) in 1.5 s\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "api: retrying the model call (attempt 2 failed: overloaded_error: Overloaded) in 1.5 s\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use td_llm::{LlmClient, LlmError, LlmRequest, Message, Purpose};
+use td_protocol::events::EventLog;
 use td_protocol::tool_definition::ToolDefinition;
 use td_toolkit::call_path::CallPath;
 
@@ -49,6 +50,8 @@ pub struct Answerer {
     /// The tools an answer may use, looked up at the first question (loops of one type
     /// share them).
     read_only: OnceLock<Arc<[ToolDefinition]>>,
+    /// Where the retries of an answer's model calls are recorded.
+    events: Option<Arc<EventLog>>,
 }
 
 impl Answerer {
@@ -70,7 +73,14 @@ impl Answerer {
             progress,
             transcript,
             read_only: OnceLock::new(),
+            events: None,
         }
+    }
+
+    /// The same answerer, recording the retries of its model calls in `events`.
+    pub fn with_events(mut self, events: Arc<EventLog>) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// The read-only tools of worker lanes: all an answer may use.
@@ -112,6 +122,7 @@ impl Answerer {
             // (the coordinator drops it); a stop of this loop's iteration does not end it.
             stop: None,
             model_calls: None,
+            events: self.events.as_deref(),
         };
         let mut rules = AnswerRules { read_only };
         match turns.run(&mut request, &mut rules).await {
@@ -361,5 +372,80 @@ mod tests {
         let err = answerer.answer("a", "q").await.unwrap_err();
         assert!(matches!(err, AnswerError::TooManyTurns), "{err:?}");
         assert_eq!(err.to_string(), "no answer after 4 model turns of tool use");
+    }
+
+    /// Reports one retry of each call, then answers.
+    struct RetriesOnce;
+
+    #[async_trait]
+    impl LlmClient for RetriesOnce {
+        async fn complete(&self, _: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            Err(LlmError::Script("only observed calls are made".into()))
+        }
+
+        async fn complete_observed(
+            &self,
+            _: &LlmRequest,
+            observer: &dyn td_llm::CallObserver,
+        ) -> Result<LlmResponse, LlmError> {
+            observer.retrying(&td_llm::RetryNotice {
+                attempt: 1,
+                wait: std::time::Duration::from_millis(250),
+                status: Some(529),
+                cause: "overloaded".into(),
+            });
+            Ok(LlmResponse {
+                text: Some("port 8080".into()),
+                tool_calls: Vec::new(),
+                stop_reason: StopReason::EndTurn,
+                usage: Default::default(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_retries_of_an_answer_are_events_of_the_answering_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::new(dir.path(), "b").unwrap();
+        let calls = Arc::new(CallPath::new(
+            Arc::new(ctx),
+            Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
+            Arc::new(InCallerTask),
+            None,
+        ));
+        let config = EngineConfig {
+            name: "b".into(),
+            loop_type: "ralph".into(),
+            task: "t".into(),
+            max_iterations: 1,
+            max_turns: 1,
+            iteration_timeout: None,
+            success_code: 0,
+            system_template: String::new(),
+            iteration_template: String::new(),
+            peers: Vec::new(),
+            first_iteration: 1,
+        };
+        let events = Arc::new(EventLog::in_memory());
+        let answerer = Answerer::new(
+            &config,
+            calls,
+            Arc::new(RetriesOnce),
+            Arc::new(ProgressNotes::default()),
+            Arc::new(crate::transcript::NoTranscript),
+        )
+        .with_events(events.clone());
+        assert_eq!(answerer.answer("a", "port?").await.unwrap(), "port 8080");
+        let kinds: Vec<_> = events.events().into_iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![td_protocol::events::EventKind::ModelRetried {
+                loop_name: "b".into(),
+                attempt: 1,
+                wait_ms: 250,
+                status: Some(529),
+                cause: "overloaded".into(),
+            }]
+        );
     }
 }

@@ -442,6 +442,7 @@ impl Engine {
             calls: &self.calls,
             stop: Some(&self.stop),
             model_calls: Some(calls),
+            events: Some(&self.events),
         };
         let mut rules = IterationRules {
             engine: self,

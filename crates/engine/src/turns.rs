@@ -18,7 +18,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::watch;
 
-use td_llm::{Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Role};
+use td_llm::{
+    Block, CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, Message, RetryNotice, Role,
+};
+use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::call_path::{CallPath, ReceiptNotSaved};
 use td_toolkit::registry::CallOutcome;
 
@@ -77,6 +80,29 @@ pub(crate) struct Turns<'a> {
     pub stop: Option<&'a watch::Receiver<bool>>,
     /// Counts model calls as they are made, when given.
     pub model_calls: Option<&'a AtomicU32>,
+    /// Where the retries of the model calls are recorded, when given.
+    pub events: Option<&'a EventLog>,
+}
+
+/// Records each retry of a loop's model call as a [`EventKind::ModelRetried`] event, which
+/// the run record keeps and the live progress shows.
+struct RetryEvents<'a> {
+    loop_name: &'a str,
+    events: Option<&'a EventLog>,
+}
+
+impl CallObserver for RetryEvents<'_> {
+    fn retrying(&self, notice: &RetryNotice) {
+        if let Some(events) = self.events {
+            events.record(EventKind::ModelRetried {
+                loop_name: self.loop_name.to_string(),
+                attempt: notice.attempt,
+                wait_ms: u64::try_from(notice.wait.as_millis()).unwrap_or(u64::MAX),
+                status: notice.status,
+                cause: notice.cause.clone(),
+            });
+        }
+    }
 }
 
 impl Turns<'_> {
@@ -112,15 +138,20 @@ impl Turns<'_> {
             if let Some(count) = self.model_calls {
                 count.fetch_add(1, Ordering::Relaxed);
             }
+            let observer = RetryEvents {
+                loop_name: self.loop_name,
+                events: self.events,
+            };
+            let call = self.llm.complete_observed(request, &observer);
             let response = match self.stop {
                 Some(stop) => {
                     let mut stop = stop.clone();
                     tokio::select! {
-                        r = self.llm.complete(request) => r,
+                        r = call => r,
                         _ = stop.wait_for(|s| *s) => return TurnsEnd::Stopped,
                     }
                 }
-                None => self.llm.complete(request).await,
+                None => call.await,
             };
             let response = match response {
                 Ok(r) => r,

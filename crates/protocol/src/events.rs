@@ -185,6 +185,23 @@ pub enum EventKind {
         /// How many items.
         items: usize,
     },
+    /// A model call of a loop failed and is tried again (its iteration's or one answering
+    /// another loop's question).
+    ModelRetried {
+        /// Loop name.
+        loop_name: String,
+        /// The attempt that failed (1-based).
+        attempt: u32,
+        /// How long the provider waits before the next attempt, in milliseconds.
+        wait_ms: u64,
+        /// The HTTP status of the failed attempt; absent when the server did not answer
+        /// (refused connection, timeout).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        /// Why it failed, as the server or the transport said it (redacted).
+        #[serde(default)]
+        cause: String,
+    },
     /// A file a loop had read changed underneath it; its stamp was dropped.
     FileChanged {
         /// Loop name.
@@ -340,6 +357,26 @@ mod tests {
             loop_name: "a".into(),
         });
         assert_eq!(log.seq.load(Ordering::SeqCst), u64::MAX);
+    }
+
+    #[test]
+    fn a_model_retry_reads_without_its_optional_fields() {
+        let event: Event = serde_json::from_str(
+            r#"{"seq":3,"time":"t","event":"model_retried","loop_name":"a","attempt":2,"wait_ms":40}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            event.kind,
+            EventKind::ModelRetried {
+                loop_name: "a".into(),
+                attempt: 2,
+                wait_ms: 40,
+                status: None,
+                cause: String::new(),
+            }
+        );
+        let json = serde_json::to_value(&event).unwrap();
+        assert!(json.get("status").is_none(), "{json}");
     }
 
     #[test]

@@ -116,13 +116,16 @@ impl Actor for LoopActor {
             spec.runner.clone(),
             spec.receipts.clone(),
         ));
-        let answerer = Arc::new(Answerer::new(
-            &spec.config,
-            calls.clone(),
-            spec.llm.clone(),
-            progress.clone(),
-            spec.transcript.clone(),
-        ));
+        let answerer = Arc::new(
+            Answerer::new(
+                &spec.config,
+                calls.clone(),
+                spec.llm.clone(),
+                progress.clone(),
+                spec.transcript.clone(),
+            )
+            .with_events(spec.events.clone()),
+        );
         spec.coordinator
             .call(
                 |reply| CoordMsg::Register {
