@@ -1079,6 +1079,19 @@ fn an_unknown_key_is_refused_with_its_place_and_a_suggestion() {
 }
 
 #[test]
+fn an_unknown_tool_choice_is_refused_with_the_values_and_a_suggestion() {
+    let (_project, config, out) = startup_error("unknown-tool-choice.yml");
+    let place = format!("{}:6:16", config.display());
+    assert!(out.stderr.contains(&place), "{place} missing: {out}");
+    assert!(
+        out.stderr.contains(
+            "unknown variant `requird`, expected one of `auto`, `required`, `none`, `omit`"
+        ) && out.stderr.contains("did you mean `required`?"),
+        "{out}"
+    );
+}
+
+#[test]
 fn a_dependency_cycle_is_refused_naming_the_cycle() {
     let (_project, _config, out) = startup_error("cycle.yml");
     assert!(
