@@ -27,6 +27,8 @@ pub enum ToolChoice {
     Auto,
     /// The model must call a tool every turn (OpenAI `"required"`, Anthropic
     /// `{"type": "any"}`): a loop then ends only through `complete_task` or its limits.
+    /// Not every server has it: llama-cpp-python's (0.3.36, chatml-function-calling)
+    /// answers HTTP 500 with an empty message.
     Required,
     /// The model may not call tools (OpenAI `"none"`, Anthropic `{"type": "none"}`).
     None,

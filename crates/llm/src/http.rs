@@ -578,11 +578,14 @@ pub fn api_error_message(status: StatusCode, body: &[u8]) -> String {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let from_json = parsed.as_ref().and_then(|v| {
         let error = v.get("error");
+        // An empty message (llama-cpp-python's 500 to `tool_choice: "required"`) says
+        // nothing: the whole body is quoted instead.
         let message = error
             .and_then(|e| e.get("message"))
             .and_then(Value::as_str)
             .or_else(|| error.and_then(Value::as_str))
-            .or_else(|| v.get("message").and_then(Value::as_str))?;
+            .or_else(|| v.get("message").and_then(Value::as_str))
+            .filter(|m| !m.trim().is_empty())?;
         let kind = error
             .and_then(|e| e.get("type"))
             .and_then(Value::as_str)
@@ -745,6 +748,11 @@ mod tests {
             "model 'x' not found"
         );
         assert_eq!(api_error_message(bad, br#"{"message":"nope"}"#), "nope");
+        let empty = br#"{"error":{"message":"","type":"internal_server_error"}}"#;
+        assert_eq!(
+            api_error_message(StatusCode::INTERNAL_SERVER_ERROR, empty),
+            String::from_utf8_lossy(empty)
+        );
         assert_eq!(
             api_error_message(bad, b"<html>oops</html>"),
             "<html>oops</html>"
