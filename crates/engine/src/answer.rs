@@ -170,6 +170,23 @@ mod tests {
     use td_toolkit::registry::ToolSet;
     use td_toolkit::tool::{Tool, ToolOutput};
 
+    /// The settings of loop `b`: all an answer uses of them is its name, type and task.
+    fn config() -> EngineConfig {
+        EngineConfig {
+            name: "b".into(),
+            loop_type: "ralph".into(),
+            task: "t".into(),
+            max_iterations: 1,
+            max_turns: 1,
+            iteration_timeout: None,
+            success_code: 0,
+            system_template: String::new(),
+            iteration_template: String::new(),
+            peers: Vec::new(),
+            first_iteration: 1,
+        }
+    }
+
     /// A test tool under a catalog name; `read_only` says whether answers may use it.
     struct Probe(&'static str, bool);
 
@@ -261,19 +278,7 @@ mod tests {
             offered: Mutex::new(Vec::new()),
         });
         let transcripts = Arc::new(MemoryTranscripts::new());
-        let config = EngineConfig {
-            name: "b".into(),
-            loop_type: "ralph".into(),
-            task: "t".into(),
-            max_iterations: 1,
-            max_turns: 1,
-            iteration_timeout: None,
-            success_code: 0,
-            system_template: String::new(),
-            iteration_template: String::new(),
-            peers: Vec::new(),
-            first_iteration: 1,
-        };
+        let config = config();
         let answerer = Answerer::new(
             &config,
             calls,
@@ -349,19 +354,7 @@ mod tests {
             Arc::new(InCallerTask),
             None,
         ));
-        let config = EngineConfig {
-            name: "b".into(),
-            loop_type: "ralph".into(),
-            task: "t".into(),
-            max_iterations: 1,
-            max_turns: 1,
-            iteration_timeout: None,
-            success_code: 0,
-            system_template: String::new(),
-            iteration_template: String::new(),
-            peers: Vec::new(),
-            first_iteration: 1,
-        };
+        let config = config();
         let answerer = Answerer::new(
             &config,
             calls,
@@ -413,19 +406,7 @@ mod tests {
             Arc::new(InCallerTask),
             None,
         ));
-        let config = EngineConfig {
-            name: "b".into(),
-            loop_type: "ralph".into(),
-            task: "t".into(),
-            max_iterations: 1,
-            max_turns: 1,
-            iteration_timeout: None,
-            success_code: 0,
-            system_template: String::new(),
-            iteration_template: String::new(),
-            peers: Vec::new(),
-            first_iteration: 1,
-        };
+        let config = config();
         let events = Arc::new(EventLog::in_memory());
         let answerer = Answerer::new(
             &config,
