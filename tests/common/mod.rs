@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod attack;
+pub mod interop;
 pub mod python_sdk;
 pub mod tool_exec;
 
