@@ -347,7 +347,14 @@ fn permits(n: usize) -> Arc<Semaphore> {
     Arc::new(Semaphore::new(n))
 }
 
+/// An Anthropic client without prompt caching: the recordings show the mapping, and
+/// [`anthropic_prompt_cache_breakpoints_follow_the_conversation`] adds the breakpoints.
 fn anthropic(base: &str, http: HttpSettings, in_flight: Arc<Semaphore>) -> AnthropicClient {
+    anthropic_cached(base, http, in_flight).with_prompt_cache(false)
+}
+
+/// An Anthropic client as configured by default (prompt caching on).
+fn anthropic_cached(base: &str, http: HttpSettings, in_flight: Arc<Semaphore>) -> AnthropicClient {
     AnthropicClient::new(
         AnthropicSettings {
             endpoint: EndpointSettings::new(base, "claude-sonnet-4-5"),
@@ -511,6 +518,62 @@ async fn anthropic_two_tool_calls_and_their_results_round_trip() {
     assert_eq!(seen.len(), 2);
     assert_anthropic_call(&seen[0], "anthropic/tool_calls.request.json");
     assert_anthropic_call(&seen[1], "anthropic/tool_results.request.json");
+}
+
+/// `recorded` as sent with prompt caching: the system prompt as a one-block list, and a
+/// breakpoint on the last tool, the system block and each block at `blocks` (message,
+/// block).
+fn with_breakpoints(mut recorded: Value, blocks: &[(usize, usize)]) -> Value {
+    let mark = json!({"type": "ephemeral"});
+    let system = recorded["system"].take();
+    recorded["system"] = json!([{"type": "text", "text": system, "cache_control": mark}]);
+    if let Some(last) = recorded
+        .get_mut("tools")
+        .and_then(Value::as_array_mut)
+        .and_then(|t| t.last_mut())
+    {
+        last["cache_control"] = mark.clone();
+    }
+    for &(m, b) in blocks {
+        recorded["messages"][m]["content"][b]["cache_control"] = mark.clone();
+    }
+    recorded
+}
+
+#[tokio::test]
+async fn anthropic_prompt_cache_breakpoints_follow_the_conversation() {
+    let server = TestServer::start(vec![
+        Reply::fixture(200, "anthropic/tool_calls.response.json"),
+        Reply::fixture(200, "anthropic/tool_results.response.json"),
+    ])
+    .await;
+    let client = anthropic_cached(&server.base, http(0, 1), permits(4));
+    let calls = client
+        .complete(&request(vec![Message::user_text(TASK)], true))
+        .await
+        .unwrap();
+    client.complete(&results_request(&calls)).await.unwrap();
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    // First turn: tools, system, the task. Second: the same three (the task is where the
+    // first request ended) and the last block of the results.
+    assert_eq!(
+        seen[0].json(),
+        with_breakpoints(fixture("anthropic/tool_calls.request.json"), &[(0, 0)])
+    );
+    assert_eq!(
+        seen[1].json(),
+        with_breakpoints(
+            fixture("anthropic/tool_results.request.json"),
+            &[(0, 0), (2, 2)]
+        )
+    );
+    let marks = |s: &Seen| {
+        String::from_utf8_lossy(&s.body)
+            .matches("cache_control")
+            .count()
+    };
+    assert_eq!((marks(&seen[0]), marks(&seen[1])), (3, 4));
 }
 
 #[tokio::test]
@@ -1137,11 +1200,29 @@ async fn an_anthropic_config_drives_model_limits_temperature_key_file_and_retrie
     assert_eq!(seen.len(), 2, "max-retries: 1 allows one retry");
     assert_eq!(seen[1].path, "/v1/messages");
     assert_eq!(seen[1].header("x-api-key"), Some(ANTHROPIC_KEY));
-    let mut expected = fixture("anthropic/text.request.json");
+    // Prompt caching is on unless the config says `prompt-cache: off` (no tools here).
+    let mut expected = with_breakpoints(fixture("anthropic/text.request.json"), &[(0, 0)]);
     expected["model"] = json!("claude-haiku-4-5");
     expected["max_tokens"] = json!(256);
     expected["temperature"] = json!(0.2);
     assert_eq!(seen[1].json(), expected);
+
+    // prompt-cache: off → no breakpoints.
+    let server = TestServer::start(vec![Reply::fixture(200, "anthropic/text.response.json")]).await;
+    let cfg = config(&format!(
+        "llm:\n  provider: anthropic\n  model: claude-sonnet-4-5\n  base-url: {}\n  \
+         api-key-file: secrets/anthropic.key\n  max-tokens: 1024\n  prompt-cache: off\n",
+        server.base
+    ));
+    let client = build_client(&cfg, dir.path(), permits(1)).unwrap();
+    client
+        .complete(&request(vec![Message::user_text(HELLO)], false))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.seen()[0].json(),
+        fixture("anthropic/text.request.json")
+    );
 
     // max-retries: 0 → one attempt only.
     let server = TestServer::start(vec![

@@ -232,19 +232,34 @@ fn check(t: &LoopType) -> Result<(), Problem> {
             format!("{at}: iteration-timeout-ms must be at least 1"),
         ));
     }
-    let sample = serde_json::json!({
-        "loop_name": "example", "loop_type": t.name, "task": "example task",
-        "progress": ["a note"], "iteration": 1, "max_iterations": t.max_iterations,
-        "has_validation": t.validation.is_some(),
-        "validation": t.validation.clone().unwrap_or_default(), "peers": ["other"],
-    });
-    for (field, template) in [
-        ("system-prompt", &t.system_prompt),
-        ("iteration-prompt", &t.iteration_prompt),
-    ] {
-        prompt::render(template, &sample)
-            .map_err(|e| problem(field, format!("{at}.{field}: {e}")))?;
-    }
+    let (peers, progress) = (["other".to_string()], ["a note".to_string()]);
+    let sample = prompt::PromptVars {
+        loop_name: "example",
+        loop_type: &t.name,
+        task: "example task",
+        validation: t.validation.as_deref(),
+        peers: &peers,
+        progress: &progress,
+        iteration: 1,
+        max_iterations: t.max_iterations,
+    };
+    prompt::render(&t.system_prompt, &sample.system()).map_err(|e| {
+        // The system prompt is sent unchanged with every iteration (the prompt cache
+        // depends on it): say so when it uses a variable that changes between them.
+        let why = if prompt::render(&t.system_prompt, &sample.iteration()).is_ok() {
+            format!(
+                "it uses a variable that changes between iterations ({}), and the system \
+                 prompt must be the same for every iteration so that it can be cached; move \
+                 that part to iteration-prompt",
+                prompt::ITERATION_VARIABLES.join(", ")
+            )
+        } else {
+            e.to_string()
+        };
+        problem("system-prompt", format!("{at}.system-prompt: {why}"))
+    })?;
+    prompt::render(&t.iteration_prompt, &sample.iteration())
+        .map_err(|e| problem("iteration-prompt", format!("{at}.iteration-prompt: {e}")))?;
     Ok(())
 }
 
@@ -360,5 +375,24 @@ strict:
         .unwrap_err()
         .messages();
         assert!(err.contains("iteration-prompt"), "{err}");
+    }
+
+    #[test]
+    fn a_system_prompt_that_changes_between_iterations_is_refused() {
+        for var in ["iteration", "progress", "max_iterations"] {
+            let yaml = format!("a: {{extends: code, system-prompt: \"Turn {{{{ {var} }}}}\"}}\n");
+            let err = resolve(&defs(&yaml)).unwrap_err().messages();
+            assert!(
+                err.contains(
+                    "loop-types.a.system-prompt: it uses a variable that changes between iterations"
+                ) && err.contains("move that part to iteration-prompt"),
+                "{var}: {err}"
+            );
+        }
+        // In the iteration prompt they are fine.
+        resolve(&defs(
+            "a: {extends: code, iteration-prompt: \"{{ iteration }} {{ progress }}\"}\n",
+        ))
+        .unwrap();
     }
 }

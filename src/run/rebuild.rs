@@ -108,6 +108,12 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
                 usage.output_tokens = usage
                     .output_tokens
                     .saturating_add(response.usage.output_tokens);
+                usage.cache_read_tokens = usage
+                    .cache_read_tokens
+                    .saturating_add(response.usage.cache_read_tokens);
+                usage.cache_write_tokens = usage
+                    .cache_write_tokens
+                    .saturating_add(response.usage.cache_write_tokens);
             }
             Ok(_) => {}
             Err(why) => notes.push(format!(

@@ -803,6 +803,14 @@ impl TranscriptSink for RunRecord {
             inner.update_loop(loop_name, |s| {
                 s.usage.input_tokens = s.usage.input_tokens.saturating_add(usage.input_tokens);
                 s.usage.output_tokens = s.usage.output_tokens.saturating_add(usage.output_tokens);
+                s.usage.cache_read_tokens = s
+                    .usage
+                    .cache_read_tokens
+                    .saturating_add(usage.cache_read_tokens);
+                s.usage.cache_write_tokens = s
+                    .usage
+                    .cache_write_tokens
+                    .saturating_add(usage.cache_write_tokens);
             });
         }
     }

@@ -389,32 +389,41 @@ impl Engine {
         (passed, exit, output, unrecorded)
     }
 
-    fn render(&self, template: &str, iteration: u32) -> Result<String, prompt::PromptError> {
+    /// Renders `template` with the loop's variables: for the system prompt (`system`) only
+    /// those that are the same for every iteration (see [`prompt::ITERATION_VARIABLES`]).
+    fn render(
+        &self,
+        template: &str,
+        iteration: u32,
+        system: bool,
+    ) -> Result<String, prompt::PromptError> {
         let commands = self.ctx().commands();
-        prompt::render(
-            template,
-            &json!({
-                "loop_name": self.config.name,
-                "loop_type": self.config.loop_type,
-                "task": self.config.task,
-                "progress": self.progress.notes(),
-                "iteration": iteration,
-                "max_iterations": self.config.max_iterations,
-                "has_validation": commands.validate.is_some(),
-                "validation": commands.validate.clone().unwrap_or_default(),
-                "peers": self.config.peers,
-            }),
-        )
+        let progress = self.progress.notes();
+        let vars = prompt::PromptVars {
+            loop_name: &self.config.name,
+            loop_type: &self.config.loop_type,
+            task: &self.config.task,
+            validation: commands.validate.as_deref(),
+            peers: &self.config.peers,
+            progress: &progress,
+            iteration,
+            max_iterations: self.config.max_iterations,
+        };
+        if system {
+            prompt::render(template, &vars.system())
+        } else {
+            prompt::render(template, &vars.iteration())
+        }
     }
 
     /// One iteration's model turns. Returns why they ended and the completion summary;
     /// counts its model calls in `calls` (each as it is made).
     async fn iterate(&self, iteration: u32, calls: &AtomicU32) -> (IterationEnd, Option<String>) {
-        let system = match self.render(&self.config.system_template, iteration) {
+        let system = match self.render(&self.config.system_template, iteration, true) {
             Ok(s) => s,
             Err(e) => return (IterationEnd::ModelError(e.to_string()), None),
         };
-        let first = match self.render(&self.config.iteration_template, iteration) {
+        let first = match self.render(&self.config.iteration_template, iteration, false) {
             Ok(s) => s,
             Err(e) => return (IterationEnd::ModelError(e.to_string()), None),
         };

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
+use serde_json::{Value, json};
 
 use td_base::sync::lock;
 
@@ -31,6 +32,60 @@ pub const DEFAULT_ITERATION: &str = "\
 This is iteration {{ iteration }} of at most {{ max_iterations }}; your context starts \
 fresh each iteration, so the files in your worktree and the notes above are all that \
 carries over.";
+
+/// The variables of an iteration's first message that change from one iteration to the next.
+/// A system prompt does not see them: it must be byte-identical for every iteration of a
+/// loop, so that the provider's prompt cache serves it, and the tool definitions sent before
+/// it, to every iteration. (Anything else that changes — inbox items, file-change notices —
+/// is added after the conversation so far, never before.)
+pub const ITERATION_VARIABLES: [&str; 3] = ["progress", "iteration", "max_iterations"];
+
+/// What a loop's prompts are rendered from.
+#[derive(Debug, Clone)]
+pub struct PromptVars<'a> {
+    /// The loop's name.
+    pub loop_name: &'a str,
+    /// Its type.
+    pub loop_type: &'a str,
+    /// Its task.
+    pub task: &'a str,
+    /// Its validation command, if any.
+    pub validation: Option<&'a str>,
+    /// The other loops of the run.
+    pub peers: &'a [String],
+    /// Notes from earlier iterations.
+    pub progress: &'a [String],
+    /// This iteration's number.
+    pub iteration: u32,
+    /// The loop's iteration limit.
+    pub max_iterations: u32,
+}
+
+impl PromptVars<'_> {
+    /// What the system prompt sees: the same for every iteration of the loop.
+    pub fn system(&self) -> Value {
+        json!({
+            "loop_name": self.loop_name,
+            "loop_type": self.loop_type,
+            "task": self.task,
+            "has_validation": self.validation.is_some(),
+            "validation": self.validation.unwrap_or_default(),
+            "peers": self.peers,
+        })
+    }
+
+    /// What an iteration's first message sees: the system prompt's variables and
+    /// [`ITERATION_VARIABLES`].
+    pub fn iteration(&self) -> Value {
+        let mut vars = self.system();
+        if let Some(map) = vars.as_object_mut() {
+            map.insert("progress".into(), json!(self.progress));
+            map.insert("iteration".into(), json!(self.iteration));
+            map.insert("max_iterations".into(), json!(self.max_iterations));
+        }
+        vars
+    }
+}
 
 /// The system prompt of a side call that answers another loop's question.
 pub const ANSWER_SYSTEM: &str = "\
@@ -161,6 +216,33 @@ mod tests {
         )
         .unwrap();
         assert!(!first.contains("Progress"));
+    }
+
+    #[test]
+    fn the_system_prompt_sees_no_iteration_variable() {
+        let progress = vec!["a note".to_string()];
+        let peers = vec!["client".to_string()];
+        let vars = |iteration| PromptVars {
+            loop_name: "api",
+            loop_type: "code",
+            task: "T",
+            validation: Some("cargo test"),
+            peers: &peers,
+            progress: &progress,
+            iteration,
+            max_iterations: 9,
+        };
+        assert_eq!(vars(1).system(), vars(7).system());
+        for name in ITERATION_VARIABLES {
+            assert!(vars(1).system().get(name).is_none(), "{name}");
+            assert!(vars(1).iteration().get(name).is_some(), "{name}");
+            let err = render(&format!("{{{{ {name} }}}}"), &vars(1).system()).unwrap_err();
+            assert!(err.to_string().contains("undefined"), "{name}: {err}");
+        }
+        let it = render(DEFAULT_ITERATION, &vars(3).iteration()).unwrap();
+        assert!(it.starts_with("# Task\nT\n"), "{it}");
+        assert!(it.contains("- a note\n") && it.contains("iteration 3 of at most 9"));
+        render(DEFAULT_SYSTEM, &vars(1).system()).unwrap();
     }
 
     #[test]

@@ -10,8 +10,19 @@
 //!   see [`ToolChoice`]; `required` is the API's `any`);
 //! - reply text blocks are joined with a newline; block types this client does not use
 //!   (thinking, server tools) are skipped;
-//! - `usage.input_tokens` counts every prompt token the call consumed: Anthropic reports
-//!   cache reads and cache writes apart from `input_tokens`, so they are added in.
+//! - `usage.input_tokens` is what Anthropic bills at the full input price; cache reads and
+//!   cache writes are counted apart (`cache_read_tokens`, `cache_write_tokens`).
+//!
+//! Prompt caching (on unless `prompt-cache: off`): `cache_control: {"type": "ephemeral"}`
+//! breakpoints mark the last tool definition, the system prompt, the end of the conversation
+//! the previous request of this conversation sent, and the conversation's last block —
+//! Anthropic's limit is four. The API caches the prefix up to a breakpoint in the order
+//! tools, system, messages, so later turns read the definitions, the system prompt and the
+//! conversation so far from the cache (at a tenth of the input price) instead of paying for
+//! them again, and a new iteration reads the definitions and system prompt that every
+//! iteration of the loop sends unchanged. The breakpoint on the previous request's end is
+//! what makes that read certain: the API looks back only about 20 blocks from a breakpoint
+//! for an earlier cache entry, and one turn with many tool calls adds more blocks than that.
 
 use std::sync::Arc;
 
@@ -42,6 +53,9 @@ pub struct AnthropicSettings {
     pub api_key: ApiKey,
 }
 
+/// The most `cache_control` breakpoints one request may carry (Anthropic refuses more).
+pub const MAX_CACHE_BREAKPOINTS: usize = 4;
+
 /// A client of the Anthropic Messages API.
 pub type AnthropicClient = ApiClient<AnthropicFormat>;
 
@@ -49,6 +63,8 @@ pub type AnthropicClient = ApiClient<AnthropicFormat>;
 #[derive(Debug)]
 pub struct AnthropicFormat {
     max_tokens: u32,
+    /// Whether requests carry prompt-cache breakpoints (see the module doc).
+    prompt_cache: bool,
 }
 
 impl AnthropicClient {
@@ -73,12 +89,21 @@ impl AnthropicClient {
         );
         let format = AnthropicFormat {
             max_tokens: settings.max_tokens,
+            prompt_cache: true,
         };
         Ok(ApiClient::with_format(
             HttpTransport::new(&url, headers, http, in_flight)?,
             settings.endpoint,
             format,
         ))
+    }
+}
+
+impl AnthropicClient {
+    /// The same client with prompt caching on or off (on by default).
+    pub fn with_prompt_cache(mut self, on: bool) -> Self {
+        self.format.prompt_cache = on;
+        self
     }
 }
 
@@ -110,6 +135,13 @@ impl WireFormat for AnthropicFormat {
         }
     }
 
+    /// The breakpoints go in last, once every other key is in the body.
+    fn finish_body(&self, body: &mut Map<String, Value>) {
+        if self.prompt_cache {
+            mark_cache_breakpoints(body);
+        }
+    }
+
     /// `auto` is the API's default; it is sent anyway, so that compatible servers that
     /// default otherwise behave the same.
     fn tool_choice(choice: ToolChoice) -> Option<Value> {
@@ -124,6 +156,59 @@ impl WireFormat for AnthropicFormat {
 
     fn parse_response(reply: &Value) -> Result<LlmResponse, LlmError> {
         parse_response(reply)
+    }
+}
+
+/// Adds the prompt-cache breakpoints to a request body built without them (see the module
+/// doc): the last tool, the system prompt (which becomes a one-block list, the form that
+/// takes a `cache_control`), the last block of the message before the last assistant message
+/// (where the previous request of the conversation ended: a conversation only grows, and
+/// each request ends with the user message answering the assistant message before it), and
+/// the last block of the last message. At most [`MAX_CACHE_BREAKPOINTS`].
+fn mark_cache_breakpoints(body: &mut Map<String, Value>) {
+    let mut marked = 0usize;
+    let mut mark = |block: &mut Value| {
+        if marked < MAX_CACHE_BREAKPOINTS
+            && let Some(obj) = block.as_object_mut()
+        {
+            obj.insert("cache_control".into(), json!({"type": "ephemeral"}));
+            marked += 1;
+        }
+    };
+    if let Some(last) = body
+        .get_mut("tools")
+        .and_then(Value::as_array_mut)
+        .and_then(|tools| tools.last_mut())
+    {
+        mark(last);
+    }
+    if let Some(system) = body.get_mut("system")
+        && let Some(text) = system.as_str()
+    {
+        let mut block = json!({"type": "text", "text": text});
+        mark(&mut block);
+        *system = Value::Array(vec![block]);
+    }
+    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let last = messages.len().checked_sub(1);
+    let previous_end = messages
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .and_then(|i| i.checked_sub(1));
+    // One breakpoint each for the tools, the system prompt and these two: never more than
+    // four. (When both indexes are the same message it is marked once.)
+    for index in [previous_end, last].into_iter().flatten() {
+        if let Some(block) = messages
+            .get_mut(index)
+            .and_then(|m| m.get_mut("content"))
+            .and_then(Value::as_array_mut)
+            .and_then(|blocks| blocks.last_mut())
+            && block.get("cache_control").is_none()
+        {
+            mark(block);
+        }
     }
 }
 
@@ -225,7 +310,13 @@ mod tests {
     use crate::test_support::request;
     use td_protocol::tool_definition::ToolDefinition;
 
+    /// A client without prompt caching: the mapping tests compare whole bodies.
     fn client(temperature: Option<f64>) -> AnthropicClient {
+        cached_client(temperature).with_prompt_cache(false)
+    }
+
+    /// A client as configured by default (prompt caching on).
+    fn cached_client(temperature: Option<f64>) -> AnthropicClient {
         AnthropicClient::new(
             AnthropicSettings {
                 endpoint: EndpointSettings {
@@ -309,6 +400,221 @@ mod tests {
             json!([{"name": "t", "description": "d", "input_schema": {"type": "object"}}])
         );
         assert_eq!(body["tool_choice"], json!({"type": "auto"}));
+    }
+
+    fn tool(name: &str) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: format!("the {name} tool"),
+            input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }
+    }
+
+    fn assistant(blocks: Vec<Block>) -> Message {
+        Message {
+            role: Role::Assistant,
+            content: blocks,
+        }
+    }
+
+    fn results(ids: &[&str]) -> Message {
+        Message {
+            role: Role::User,
+            content: ids
+                .iter()
+                .map(|id| Block::ToolResult {
+                    tool_use_id: (*id).into(),
+                    content: format!("result of {id}"),
+                    is_error: false,
+                })
+                .collect(),
+        }
+    }
+
+    fn call(id: &str) -> Block {
+        Block::ToolUse {
+            id: id.into(),
+            name: "read_file".into(),
+            input: json!({"path": "a"}),
+        }
+    }
+
+    /// Every JSON pointer of the body where a `cache_control` is.
+    fn breakpoints(value: &Value, at: String, found: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    if k == "cache_control" {
+                        assert_eq!(v, &json!({"type": "ephemeral"}), "at {at}");
+                        found.push(at.clone());
+                    } else {
+                        breakpoints(v, format!("{at}/{k}"), found);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    breakpoints(v, format!("{at}/{i}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn breakpoints_of(body: &Value) -> Vec<String> {
+        let mut found = Vec::new();
+        breakpoints(body, String::new(), &mut found);
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn breakpoints_mark_the_last_tool_the_system_the_previous_end_and_the_last_block() {
+        let mut req = request(vec![
+            Message::user_text("task"),
+            assistant(vec![
+                Block::Text {
+                    text: "looking".into(),
+                },
+                call("a"),
+                call("b"),
+            ]),
+            Message {
+                role: Role::User,
+                content: vec![
+                    Block::ToolResult {
+                        tool_use_id: "a".into(),
+                        content: "one".into(),
+                        is_error: false,
+                    },
+                    Block::ToolResult {
+                        tool_use_id: "b".into(),
+                        content: "two".into(),
+                        is_error: true,
+                    },
+                    Block::Text {
+                        text: "[inbox: 1 new message(s)]".into(),
+                    },
+                ],
+            },
+        ]);
+        req.system = "You are a loop.".into();
+        req.tools = vec![tool("read_file"), tool("grep"), tool("edit_file")].into();
+        let body = cached_client(None).request_body(&req);
+        assert_eq!(
+            breakpoints_of(&body),
+            [
+                "/messages/0/content/0",
+                "/messages/2/content/2",
+                "/system/0",
+                "/tools/2",
+            ]
+        );
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "You are a loop.",
+                    "cache_control": {"type": "ephemeral"}}])
+        );
+        assert_eq!(
+            body["messages"][2]["content"][2],
+            json!({"type": "text", "text": "[inbox: 1 new message(s)]",
+                   "cache_control": {"type": "ephemeral"}})
+        );
+        // Removing the breakpoints gives the body sent without caching: they add, never
+        // change, content.
+        let mut stripped = body.clone();
+        strip(&mut stripped);
+        let mut plain = client(None).request_body(&req);
+        plain["system"] = json!([{"type": "text", "text": "You are a loop."}]);
+        assert_eq!(stripped, plain);
+    }
+
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                map.remove("cache_control");
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_first_turn_has_three_breakpoints_and_none_without_tools_or_system() {
+        let mut req = request(vec![Message::user_text("task")]);
+        req.system = "sys".into();
+        req.tools = vec![tool("read_file")].into();
+        let body = cached_client(None).request_body(&req);
+        assert_eq!(
+            breakpoints_of(&body),
+            ["/messages/0/content/0", "/system/0", "/tools/0"]
+        );
+        let bare = cached_client(None).request_body(&request(vec![Message::user_text("hi")]));
+        assert_eq!(breakpoints_of(&bare), ["/messages/0/content/0"]);
+        assert!(bare.get("system").is_none() && bare.get("tools").is_none());
+    }
+
+    #[test]
+    fn no_conversation_carries_more_than_four_breakpoints() {
+        for turns in 0..12usize {
+            for (with_system, with_tools) in [(true, true), (true, false), (false, true)] {
+                let mut messages = vec![Message::user_text("task")];
+                for t in 0..turns {
+                    let ids: Vec<String> = (0..=t % 4).map(|i| format!("c{t}_{i}")).collect();
+                    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                    messages.push(assistant(ids.iter().map(|id| call(id)).collect()));
+                    messages.push(results(&ids));
+                    if t % 3 == 2 {
+                        // An empty message the API would refuse is left out, and the
+                        // breakpoints go where the sent conversation ends.
+                        messages.push(assistant(vec![Block::Text {
+                            text: String::new(),
+                        }]));
+                    }
+                }
+                let mut req = request(messages);
+                if with_system {
+                    req.system = "sys".into();
+                }
+                if with_tools {
+                    req.tools = vec![tool("a"), tool("b")].into();
+                }
+                let body = cached_client(None).request_body(&req);
+                let found = breakpoints_of(&body);
+                assert!(found.len() <= MAX_CACHE_BREAKPOINTS, "{turns}: {found:?}");
+                let sent = body["messages"].as_array().unwrap();
+                let last = sent.len() - 1;
+                let last_block = sent[last]["content"].as_array().unwrap().len() - 1;
+                assert!(
+                    found.contains(&format!("/messages/{last}/content/{last_block}")),
+                    "{turns}: {found:?}"
+                );
+                if turns > 0 {
+                    // The previous request ended two messages before this one's end.
+                    let prev = sent[last - 2]["content"].as_array().unwrap().len() - 1;
+                    assert!(
+                        found.contains(&format!("/messages/{}/content/{prev}", last - 2)),
+                        "{turns}: {found:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn prompt_cache_off_sends_no_breakpoint() {
+        let mut req = request(vec![
+            Message::user_text("task"),
+            assistant(vec![call("a")]),
+            results(&["a"]),
+        ]);
+        req.system = "sys".into();
+        req.tools = vec![tool("read_file")].into();
+        let body = client(None).request_body(&req);
+        assert_eq!(breakpoints_of(&body), Vec::<String>::new());
+        assert!(!body.to_string().contains("cache_control"));
+        assert_eq!(body["system"], json!("sys"));
     }
 
     #[test]

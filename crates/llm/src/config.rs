@@ -13,6 +13,7 @@
 //!   retry-base-ms: 500           # first backoff wait bound; doubles per retry
 //!   timeout-ms: 300000           # one attempt, connect to last byte
 //!   tool-choice: auto            # auto (default) | required | none | omit (send none)
+//!   prompt-cache: on             # anthropic only: cache breakpoints (on | off; default on)
 //!   script: script.yml           # scripted only; relative to the config
 //! ```
 //!
@@ -104,6 +105,18 @@ pub enum BuildError {
     NoKeySource,
 }
 
+/// Whether Anthropic requests carry prompt-cache breakpoints (`prompt-cache: on | off`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptCache {
+    /// Breakpoints on the tools, the system prompt and the conversation (the default):
+    /// cache writes cost 1.25x the input price once, reads 0.1x on every later turn.
+    #[default]
+    On,
+    /// No breakpoints: every request is billed in full.
+    Off,
+}
+
 /// Which model provider a run uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -168,6 +181,10 @@ pub struct LlmConfig {
     /// The script to replay, relative to the config's directory (scripted).
     #[serde(default)]
     pub script: Option<PathBuf>,
+    /// Prompt-cache breakpoints (anthropic; on when absent). OpenAI-compatible servers
+    /// cache prompts on their own, without markers.
+    #[serde(default)]
+    pub prompt_cache: Option<PromptCache>,
 }
 
 impl LlmConfig {
@@ -187,6 +204,7 @@ impl LlmConfig {
             ("retry-base-ms", self.retry_base_ms.is_some()),
             ("timeout-ms", self.timeout_ms.is_some()),
             ("tool-choice", self.tool_choice.is_some()),
+            ("prompt-cache", self.prompt_cache.is_some()),
         ];
         match self.provider {
             ProviderKind::Scripted => {
@@ -209,6 +227,13 @@ impl LlmConfig {
                     problems.push(format!(
                         "`script` only applies to provider scripted; remove it from provider {provider}"
                     ));
+                }
+                if self.prompt_cache.is_some() && self.provider == ProviderKind::Openai {
+                    problems.push(
+                        "`prompt-cache` only applies to provider anthropic (OpenAI-compatible \
+                         servers cache prompts without markers); remove it"
+                            .to_string(),
+                    );
                 }
                 match self.model.as_deref().map(str::trim) {
                     None | Some("") => problems.push(format!(
@@ -378,7 +403,8 @@ fn build_provider(
                 api_key,
             };
             let client = AnthropicClient::new(settings, cfg.http_settings(), in_flight)
-                .map_err(BuildError::Client)?;
+                .map_err(BuildError::Client)?
+                .with_prompt_cache(cfg.prompt_cache.unwrap_or_default() == PromptCache::On);
             Ok(Arc::new(client))
         }
         ProviderKind::Openai => {
@@ -453,6 +479,7 @@ mod tests {
                 timeout_ms: Some(99),
                 tool_choice: Some(ToolChoice::Required),
                 script: None,
+                prompt_cache: None,
             }
         );
         cfg.validate().unwrap();
@@ -498,6 +525,19 @@ mod tests {
             file.key_source(Path::new("/c")),
             Some(KeySource::File("/c/k".into()))
         );
+    }
+
+    #[test]
+    fn prompt_cache_is_on_or_off() {
+        let on = parse("provider: anthropic\nmodel: m\nprompt-cache: on\n").unwrap();
+        assert_eq!(on.prompt_cache, Some(PromptCache::On));
+        on.validate().unwrap();
+        let off = parse("provider: anthropic\nmodel: m\nprompt-cache: off\n").unwrap();
+        assert_eq!(off.prompt_cache, Some(PromptCache::Off));
+        off.validate().unwrap();
+        assert_eq!(PromptCache::default(), PromptCache::On);
+        let err = parse("provider: anthropic\nmodel: m\nprompt-cache: yes\n").unwrap_err();
+        assert!(err.contains("unknown variant `yes`"), "{err}");
     }
 
     #[test]
@@ -585,6 +625,14 @@ mod tests {
             (
                 "provider: openai\nmodel: m\ntimeout-ms: 0\n",
                 "`timeout-ms` must be between",
+            ),
+            (
+                "provider: openai\nmodel: m\nprompt-cache: on\n",
+                "`prompt-cache` only applies to provider anthropic",
+            ),
+            (
+                "script: s.yml\nprompt-cache: off\n",
+                "`prompt-cache` does not apply to provider scripted",
             ),
         ];
         for (yaml, want) in cases {

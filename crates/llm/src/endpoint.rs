@@ -68,6 +68,10 @@ pub trait WireFormat: fmt::Debug + Send + Sync {
     /// Adds the conversation, the tools and the output limit of `request` to `body`.
     fn add_request(&self, request: &LlmRequest, body: &mut Map<String, Value>);
 
+    /// Last changes to a body once every key is in it (Anthropic's prompt-cache
+    /// breakpoints); none by default.
+    fn finish_body(&self, _body: &mut Map<String, Value>) {}
+
     /// `tool_choice` as this API spells `choice`; `None` sends no `tool_choice`.
     fn tool_choice(choice: ToolChoice) -> Option<Value>;
 
@@ -82,7 +86,8 @@ pub trait WireFormat: fmt::Debug + Send + Sync {
 pub struct ApiClient<F> {
     transport: HttpTransport,
     endpoint: EndpointSettings,
-    format: F,
+    /// The provider module sets its format's own options through it.
+    pub(crate) format: F,
 }
 
 impl<F: WireFormat> ApiClient<F> {
@@ -113,6 +118,7 @@ impl<F: WireFormat> ApiClient<F> {
         if let Some(t) = self.endpoint.temperature {
             body.insert("temperature".into(), json!(t));
         }
+        self.format.finish_body(&mut body);
         Value::Object(body)
     }
 }
