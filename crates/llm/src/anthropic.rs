@@ -21,8 +21,10 @@ use tokio::sync::Semaphore;
 use td_protocol::tool_definition::ToolDefinition;
 
 use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
+use super::stream::{StreamSettings, Streaming, anthropic::AnthropicAssembler};
 use super::{
-    Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
+    Block, CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, NoObserver, Role,
+    StopReason, ToolCall, Usage,
 };
 
 /// The API version this client speaks.
@@ -53,6 +55,7 @@ pub struct AnthropicClient {
     model: String,
     max_tokens: u32,
     temperature: Option<f64>,
+    streaming: Streaming,
 }
 
 impl AnthropicClient {
@@ -77,7 +80,15 @@ impl AnthropicClient {
             model: settings.model,
             max_tokens: settings.max_tokens,
             temperature: settings.temperature,
+            streaming: Streaming::new(StreamSettings::off()),
         })
+    }
+
+    /// The client, streaming as `settings` say (a client made with `new` does not stream;
+    /// `taskdaemon.yml`'s default is `auto`, see [`crate::stream`]).
+    pub fn with_streaming(mut self, settings: StreamSettings) -> Self {
+        self.streaming = Streaming::new(settings);
+        self
     }
 
     /// The JSON body sent for `request`.
@@ -215,11 +226,24 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
 #[async_trait]
 impl LlmClient for AnthropicClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let reply = self
-            .transport
-            .post_json(&self.request_body(request))
-            .await?;
-        parse_response(&reply)
+        self.complete_observed(request, &NoObserver).await
+    }
+
+    async fn complete_observed(
+        &self,
+        request: &LlmRequest,
+        observer: &dyn CallObserver,
+    ) -> Result<LlmResponse, LlmError> {
+        self.streaming
+            .call(
+                &self.transport,
+                self.request_body(request),
+                &[("stream", json!(true))],
+                observer,
+                parse_response,
+                AnthropicAssembler::default(),
+            )
+            .await
     }
 }
 

@@ -553,6 +553,11 @@ fn with_note(error: LlmError, note: &str) -> LlmError {
     }
 }
 
+// Streamed calls (server-sent events): a child module, so that it shares this transport's
+// client, settings and retry pieces without widening their visibility.
+mod streaming;
+pub use streaming::{SseEvent, SseEvents, StreamReply};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ pub mod http;
 pub mod openai;
 pub mod redacting;
 pub mod scripted;
+pub mod stream;
 
 /// What the providers' tests share.
 #[cfg(test)]

@@ -36,8 +36,10 @@ use tokio::sync::Semaphore;
 use td_protocol::tool_definition::ToolDefinition;
 
 use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
+use super::stream::{StreamSettings, Streaming, openai::OpenAiAssembler};
 use super::{
-    Block, LlmClient, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage,
+    Block, CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, NoObserver, Role,
+    StopReason, ToolCall, Usage,
 };
 
 /// Where the API lives unless configured otherwise.
@@ -69,6 +71,7 @@ pub struct OpenAiClient {
     model: String,
     max_tokens: Option<u32>,
     temperature: Option<f64>,
+    streaming: Streaming,
 }
 
 impl OpenAiClient {
@@ -91,7 +94,15 @@ impl OpenAiClient {
             model: settings.model,
             max_tokens: settings.max_tokens,
             temperature: settings.temperature,
+            streaming: Streaming::new(StreamSettings::off()),
         })
+    }
+
+    /// The client, streaming as `settings` say (a client made with `new` does not stream;
+    /// `taskdaemon.yml`'s default is `auto`, see [`crate::stream`]).
+    pub fn with_streaming(mut self, settings: StreamSettings) -> Self {
+        self.streaming = Streaming::new(settings);
+        self
     }
 
     /// The name of the output-limit field this endpoint understands.
@@ -302,11 +313,28 @@ fn arguments(raw: Option<&Value>) -> Value {
 #[async_trait]
 impl LlmClient for OpenAiClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let reply = self
-            .transport
-            .post_json(&self.request_body(request))
-            .await?;
-        parse_response(&reply)
+        self.complete_observed(request, &NoObserver).await
+    }
+
+    async fn complete_observed(
+        &self,
+        request: &LlmRequest,
+        observer: &dyn CallObserver,
+    ) -> Result<LlmResponse, LlmError> {
+        self.streaming
+            .call(
+                &self.transport,
+                self.request_body(request),
+                &[
+                    ("stream", json!(true)),
+                    // Without it OpenAI sends no usage in a stream.
+                    ("stream_options", json!({"include_usage": true})),
+                ],
+                observer,
+                parse_response,
+                OpenAiAssembler::default(),
+            )
+            .await
     }
 }
 

@@ -1,0 +1,275 @@
+//! Streamed model replies (server-sent events) for both network APIs: the `stream:` setting,
+//! the detection of servers that do not stream, and the loop that feeds a stream's events to
+//! an assembler. What each API's events mean is in [`anthropic`] and [`openai`]; the HTTP
+//! side (timeouts, retries before the first byte) is in [`crate::http`].
+//!
+//! A streamed call ends in the same [`LlmResponse`] as a non-streamed one: each assembler
+//! rebuilds the reply the API would have sent whole and hands it to that API's own reply
+//! parser, so tool inputs, stop reasons, usage and every leniency are the same either way.
+//!
+//! `stream: auto` (the default of `taskdaemon.yml`) asks for a stream and falls back to
+//! plain calls for the rest of the client's life when the server shows it does not stream:
+//! it answers with a JSON reply (that reply is used), or it refuses the request with a 4xx
+//! whose message names the `stream` field (the request is sent again without streaming).
+//! `on` always asks for a stream and reports a refusal as the error it is; `off` never asks.
+
+pub mod anthropic;
+pub mod openai;
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::http::{HttpTransport, SseEvent, StreamReply};
+use crate::{CallObserver, LlmError, LlmResponse};
+
+/// Default of `stream-idle-timeout-ms`: the longest silence between two chunks of a stream.
+/// Generous, because some servers say nothing while a model reasons.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether calls ask for a streamed reply (`llm.stream`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamMode {
+    /// Stream, and stop asking once the server shows it does not stream.
+    #[default]
+    Auto,
+    /// Always stream.
+    On,
+    /// Never stream.
+    Off,
+}
+
+/// How a client streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSettings {
+    /// Whether to stream.
+    pub mode: StreamMode,
+    /// The longest silence between two chunks of a stream.
+    pub idle_timeout: Duration,
+}
+
+impl StreamSettings {
+    /// No streaming (what a client made with `new` does until told otherwise).
+    pub fn off() -> Self {
+        StreamSettings {
+            mode: StreamMode::Off,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+impl Default for StreamSettings {
+    /// `auto` with the default idle timeout.
+    fn default() -> Self {
+        StreamSettings {
+            mode: StreamMode::Auto,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// What feeding one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// More events are expected.
+    More,
+    /// The stream's last event: the reply is complete.
+    Done,
+}
+
+/// Rebuilds one API's reply from its stream events.
+pub(crate) trait Assembler {
+    /// Takes one event.
+    fn feed(&mut self, event: &SseEvent) -> Result<Step, LlmError>;
+    /// Characters of text and tool input received so far.
+    fn chars(&self) -> u64;
+    /// The reply, once the stream is over: `done` says whether its last event came (false:
+    /// the server closed the stream before).
+    fn finish(self, done: bool) -> Result<LlmResponse, LlmError>;
+}
+
+/// A client's streaming state: its settings and whether its server was found not to stream.
+#[derive(Debug)]
+pub(crate) struct Streaming {
+    settings: StreamSettings,
+    unsupported: AtomicBool,
+}
+
+impl Streaming {
+    pub(crate) fn new(settings: StreamSettings) -> Self {
+        Streaming {
+            settings,
+            unsupported: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the next call asks for a stream.
+    pub(crate) fn wanted(&self) -> bool {
+        match self.settings.mode {
+            StreamMode::Off => false,
+            StreamMode::On => true,
+            StreamMode::Auto => !self.unsupported.load(Ordering::Relaxed),
+        }
+    }
+
+    fn give_up_streaming(&self, transport: &HttpTransport, why: &str) {
+        if !self.unsupported.swap(true, Ordering::Relaxed) {
+            tracing::info!(url = %transport.url(), "{why}; later calls are not streamed");
+        }
+    }
+
+    /// Makes one call: `body` is the non-streamed request, `stream_fields` what asks for a
+    /// stream, `parse` the API's reply parser and `assembler` its stream assembler.
+    pub(crate) async fn call(
+        &self,
+        transport: &HttpTransport,
+        body: Value,
+        stream_fields: &[(&str, Value)],
+        observer: &dyn CallObserver,
+        parse: fn(&Value) -> Result<LlmResponse, LlmError>,
+        assembler: impl Assembler,
+    ) -> Result<LlmResponse, LlmError> {
+        if !self.wanted() {
+            return parse(&transport.post_json(&body).await?);
+        }
+        let mut streamed = body.clone();
+        if let Some(map) = streamed.as_object_mut() {
+            for (name, value) in stream_fields {
+                map.insert((*name).to_string(), value.clone());
+            }
+        }
+        let auto = self.settings.mode == StreamMode::Auto;
+        match transport
+            .post_stream(&streamed, self.settings.idle_timeout, observer)
+            .await
+        {
+            Ok(StreamReply::Events(mut events)) => {
+                let mut assembler = assembler;
+                let mut reported = 0;
+                loop {
+                    let Some(event) = events.next().await? else {
+                        return assembler.finish(false);
+                    };
+                    let step = assembler.feed(&event)?;
+                    let chars = assembler.chars();
+                    if chars > reported {
+                        reported = chars;
+                        observer.output_growing(chars);
+                    }
+                    if step == Step::Done {
+                        return assembler.finish(true);
+                    }
+                }
+            }
+            Ok(StreamReply::Json(reply)) => {
+                if auto {
+                    self.give_up_streaming(
+                        transport,
+                        "the server answered a streaming request with JSON",
+                    );
+                }
+                parse(&reply)
+            }
+            Err(e) if rejects_streaming(&e) => {
+                if !auto {
+                    return Err(with_hint(e));
+                }
+                self.give_up_streaming(transport, "the server refused a streaming request");
+                parse(&transport.post_json(&body).await?)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Whether an error is a server refusing the `stream` field (or `stream_options`): a 4xx
+/// caused by the request (not a key, rate or missing-endpoint problem) whose message names it.
+pub(crate) fn rejects_streaming(error: &LlmError) -> bool {
+    static NAMES_STREAM: LazyLock<Option<regex::Regex>> =
+        LazyLock::new(|| regex::Regex::new(r"(?i)\bstream").ok());
+    match error {
+        LlmError::Api { status, message } => {
+            (400..500).contains(status)
+                && !matches!(status, 401 | 403 | 404 | 408 | 429)
+                && NAMES_STREAM.as_ref().is_some_and(|r| r.is_match(message))
+        }
+        _ => false,
+    }
+}
+
+fn with_hint(error: LlmError) -> LlmError {
+    match error {
+        LlmError::Api { status, message } => LlmError::Api {
+            status,
+            message: format!(
+                "{message} (the server refused a streaming request: set `stream: auto` or `stream: off` under `llm:`)"
+            ),
+        },
+        other => other,
+    }
+}
+
+/// Parses an event's data as JSON, or says which API's stream sent something else.
+pub(crate) fn event_json(api: &str, event: &SseEvent) -> Result<Value, LlmError> {
+    serde_json::from_str(&event.data).map_err(|e| {
+        LlmError::BadReply(format!(
+            "{api} stream event `{}` is not JSON ({e}): {}",
+            event.event,
+            crate::http::quote_json(&Value::String(event.data.clone()))
+        ))
+    })
+}
+
+/// Counts characters for progress, without overflow.
+pub(crate) fn add_chars(total: &mut u64, text: &str) {
+    *total = total.saturating_add(text.chars().count() as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_of_the_stream_field_are_recognised() {
+        let api = |status, message: &str| LlmError::Api {
+            status,
+            message: message.into(),
+        };
+        assert!(rejects_streaming(&api(
+            400,
+            "Unrecognized request argument supplied: stream"
+        )));
+        assert!(rejects_streaming(&api(
+            422,
+            "extra fields not permitted: `stream_options`"
+        )));
+        assert!(rejects_streaming(&api(400, "'Stream' is not supported")));
+        assert!(!rejects_streaming(&api(400, "max_tokens: too big")));
+        assert!(!rejects_streaming(&api(400, "upstream model failed")));
+        assert!(!rejects_streaming(&api(401, "streaming needs a paid key")));
+        assert!(!rejects_streaming(&api(429, "stream limit reached")));
+        assert!(!rejects_streaming(&api(500, "stream broke")));
+        assert!(!rejects_streaming(&LlmError::Transport("stream".into())));
+    }
+
+    #[test]
+    fn the_default_is_auto_and_new_clients_do_not_stream() {
+        assert_eq!(StreamSettings::default().mode, StreamMode::Auto);
+        assert_eq!(StreamSettings::off().mode, StreamMode::Off);
+        let s = Streaming::new(StreamSettings::default());
+        assert!(s.wanted());
+        s.unsupported.store(true, Ordering::Relaxed);
+        assert!(!s.wanted());
+        let on = Streaming::new(StreamSettings {
+            mode: StreamMode::On,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        });
+        on.unsupported.store(true, Ordering::Relaxed);
+        assert!(on.wanted());
+        assert!(!Streaming::new(StreamSettings::off()).wanted());
+    }
+}
