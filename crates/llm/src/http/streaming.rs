@@ -97,14 +97,57 @@ impl fmt::Debug for SseEvents {
     }
 }
 
-/// The state of the byte reader under the SSE parser.
+/// The byte reader under the SSE parser. It hands on whole lines only: the parser
+/// re-reads its whole buffer on every chunk until a line ends, so a long line fed in many
+/// chunks cost quadratic time (a 3 MiB line without a newline took a minute).
 struct Reader {
     response: Response,
     first: Option<Vec<u8>>,
+    /// The bytes after the last newline handed on.
+    pending: Vec<u8>,
     read: usize,
     cap: usize,
     idle: Duration,
     done: bool,
+}
+
+impl Reader {
+    /// The next run of whole lines (or the rest, at the end); `None` when nothing is left.
+    async fn next(&mut self) -> Option<Result<Vec<u8>, ReadError>> {
+        while !self.done {
+            let chunk = match self.first.take() {
+                Some(first) => first,
+                None => match tokio::time::timeout(self.idle, self.response.chunk()).await {
+                    Err(_) => return self.fail(ReadError::Idle),
+                    Ok(Err(e)) => return self.fail(ReadError::Http(e)),
+                    Ok(Ok(Some(chunk))) => Vec::from(chunk),
+                    Ok(Ok(None)) => {
+                        self.done = true;
+                        break;
+                    }
+                },
+            };
+            self.read = self.read.saturating_add(chunk.len());
+            if self.read > self.cap {
+                return self.fail(ReadError::TooLarge);
+            }
+            let Some(end) = chunk.iter().rposition(|&b| b == b'\n') else {
+                self.pending.extend_from_slice(&chunk);
+                continue;
+            };
+            let mut lines = std::mem::take(&mut self.pending);
+            lines.extend_from_slice(&chunk[..=end]);
+            self.pending = chunk[end + 1..].to_vec();
+            return Some(Ok(lines));
+        }
+        (!self.pending.is_empty()).then(|| Ok(std::mem::take(&mut self.pending)))
+    }
+
+    fn fail(&mut self, error: ReadError) -> Option<Result<Vec<u8>, ReadError>> {
+        self.done = true;
+        self.pending.clear();
+        Some(Err(error))
+    }
 }
 
 impl SseEvents {
@@ -119,39 +162,15 @@ impl SseEvents {
         let reader = Reader {
             response,
             first: Some(first),
+            pending: Vec::new(),
             read: 0,
             cap,
             idle,
             done: false,
         };
         let bytes = stream::unfold(reader, |mut r| async move {
-            if r.done {
-                return None;
-            }
-            let next = match r.first.take() {
-                Some(first) => Ok(Some(first)),
-                None => match tokio::time::timeout(r.idle, r.response.chunk()).await {
-                    Err(_) => Err(ReadError::Idle),
-                    Ok(Err(e)) => Err(ReadError::Http(e)),
-                    Ok(Ok(chunk)) => Ok(chunk.map(Vec::from)),
-                },
-            };
-            match next {
-                Ok(None) => None,
-                Ok(Some(chunk)) => {
-                    r.read = r.read.saturating_add(chunk.len());
-                    if r.read > r.cap {
-                        r.done = true;
-                        Some((Err(ReadError::TooLarge), r))
-                    } else {
-                        Some((Ok(chunk), r))
-                    }
-                }
-                Err(e) => {
-                    r.done = true;
-                    Some((Err(e), r))
-                }
-            }
+            let next = r.next().await?;
+            Some((next, r))
         });
         SseEvents {
             events: Box::pin(bytes.eventsource()),
