@@ -232,6 +232,96 @@ pub(crate) fn add_chars(total: &mut u64, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    use serde_json::json;
+
+    /// Feeds `wire` to the SSE parser in the two pieces cut at `at` and the events to `a`.
+    async fn assemble(wire: &[u8], at: usize, mut a: impl Assembler) -> LlmResponse {
+        let pieces = vec![
+            Ok::<_, std::convert::Infallible>(wire[..at].to_vec()),
+            Ok(wire[at..].to_vec()),
+        ];
+        let mut events = futures::stream::iter(pieces).eventsource();
+        while let Some(event) = events.next().await {
+            let event = event.unwrap();
+            let event = SseEvent {
+                event: event.event,
+                data: event.data,
+            };
+            if a.feed(&event).unwrap() == Step::Done {
+                return a.finish(true).unwrap();
+            }
+        }
+        a.finish(false).unwrap()
+    }
+
+    /// Both APIs' streams cut at every byte (inside multi-byte characters, escapes, line
+    /// ends and field names) give the reply of the uncut stream.
+    #[tokio::test]
+    async fn streams_cut_at_every_byte_give_the_same_reply() {
+        let args = r#"{"text":"é — 日本 \"q\" \u00e9 😀"}"#;
+        let data = |v: Value| format!("data: {v}\r\n\r\n");
+        let mut openai = String::from(": keep-alive comment\n\n");
+        openai += &data(json!({"choices": [{"index": 0, "delta": {"content": "ça"}}]}));
+        openai += &data(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "w", "arguments": &args[..9]}}]}}]}),
+        );
+        openai += &data(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": &args[9..]}}]}, "finish_reason": "tool_calls"}]}),
+        );
+        openai += "data: [DONE]\n\n";
+        let mut anthropic = String::new();
+        for (name, v) in [
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"usage": {"input_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "t", "name": "w", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": &args[..9]}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": &args[9..]}}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 5}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ] {
+            anthropic += &format!("event: {name}\ndata: {v}\n\n");
+        }
+        let want_input: Value = serde_json::from_str(args).unwrap();
+        let whole = assemble(openai.as_bytes(), 0, openai::OpenAiAssembler::default()).await;
+        assert_eq!(whole.text.as_deref(), Some("ça"));
+        assert_eq!(whole.tool_calls[0].input, want_input);
+        for at in 1..openai.len() {
+            let r = assemble(openai.as_bytes(), at, openai::OpenAiAssembler::default()).await;
+            assert_eq!(r, whole, "openai cut at byte {at}");
+        }
+        let whole = assemble(
+            anthropic.as_bytes(),
+            0,
+            anthropic::AnthropicAssembler::default(),
+        )
+        .await;
+        assert_eq!(whole.tool_calls[0].input, want_input);
+        for at in 1..anthropic.len() {
+            let r = assemble(
+                anthropic.as_bytes(),
+                at,
+                anthropic::AnthropicAssembler::default(),
+            )
+            .await;
+            assert_eq!(r, whole, "anthropic cut at byte {at}");
+        }
+    }
 
     #[test]
     fn refusals_of_the_stream_field_are_recognised() {
