@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use td_base::sync::lock;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
@@ -34,7 +34,12 @@ struct Row {
     started: Option<Instant>,
     ended: Option<Instant>,
     last: String,
+    /// Characters of the reply streaming in now, if one is.
+    streaming: Option<u64>,
 }
+
+/// Growth of a streamed reply redraws the live table at most this often.
+const GROWTH_REDRAW: Duration = Duration::from_millis(250);
 
 /// The progress display; also a transcript sink (to learn each loop's current tool).
 pub struct ProgressDisplay {
@@ -43,6 +48,8 @@ pub struct ProgressDisplay {
     drawn: Mutex<usize>,
     inner: Arc<dyn TranscriptSink>,
     out: Mutex<Box<dyn Write + Send>>,
+    /// When growth of a streamed reply last redrew the table.
+    growth_drawn: Mutex<Option<Instant>>,
 }
 
 impl ProgressDisplay {
@@ -82,6 +89,7 @@ impl ProgressDisplay {
             drawn: Mutex::new(0),
             inner,
             out: Mutex::new(out),
+            growth_drawn: Mutex::new(None),
         }
     }
 
@@ -266,10 +274,10 @@ impl ProgressDisplay {
                 (Some(s), None) => s.elapsed().as_secs(),
                 _ => 0,
             };
-            let tool = if r.status == "running" && !r.tool.is_empty() {
-                format!(" [{}]", r.tool)
-            } else {
-                String::new()
+            let tool = match r.streaming {
+                Some(chars) if r.status == "running" => format!(" [reply: {chars} chars]"),
+                _ if r.status == "running" && !r.tool.is_empty() => format!(" [{}]", r.tool),
+                _ => String::new(),
             };
             text.push_str(&format!(
                 "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{tool}  {}\n",
@@ -290,6 +298,10 @@ impl ProgressDisplay {
 
 impl TranscriptSink for ProgressDisplay {
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+        // A reply streams in only between a request and its response (or error).
+        if let Some(row) = lock(&self.rows).get_mut(loop_name) {
+            row.streaming = None;
+        }
         if let TranscriptEntry::Response {
             iteration,
             response,
@@ -302,13 +314,37 @@ impl TranscriptSink for ProgressDisplay {
                 .last()
                 .map(|c| c.name.clone())
                 .unwrap_or_default();
-            lock(&self.rows)
-                .entry(loop_name.to_string())
-                .or_default()
-                .tool = tool;
+            {
+                let mut rows = lock(&self.rows);
+                let row = rows.entry(loop_name.to_string()).or_default();
+                row.tool = tool;
+                row.streaming = None;
+            }
             self.redraw();
         }
         self.inner.record(loop_name, entry);
+    }
+
+    /// Shows the reply growing in the live table (redrawn at most every
+    /// [`GROWTH_REDRAW`]); plain and JSON modes show nothing of it, and it is never an event.
+    fn output_growing(&self, loop_name: &str, chars: u64) {
+        if self.mode != ProgressMode::Live {
+            return;
+        }
+        if let Some(row) = lock(&self.rows).get_mut(loop_name) {
+            row.streaming = Some(chars);
+        }
+        let due = {
+            let mut drawn = lock(&self.growth_drawn);
+            let due = drawn.is_none_or(|at| at.elapsed() >= GROWTH_REDRAW);
+            if due {
+                *drawn = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.redraw();
+        }
     }
 
     fn unwritable(&self) -> Option<String> {
@@ -447,6 +483,55 @@ mod tests {
                 && lines[1].contains("blocked")
                 && lines[1].contains("did not complete")
         );
+    }
+
+    #[test]
+    fn a_streamed_reply_is_shown_growing_throttled_and_never_as_a_line() {
+        let (p, buf) = show(ProgressMode::Live);
+        let frames = |buf: &Buf| buf.text().matches("\x1b[2A").count();
+        let before = frames(&buf);
+        p.output_growing("api", 120);
+        let text = buf.text();
+        let last = text.rsplit("\x1b[2A").next().unwrap();
+        assert!(last.contains("[reply: 120 chars]"), "{last:?}");
+        // More growth within the throttle window updates the row without redrawing.
+        p.output_growing("api", 480);
+        assert_eq!(frames(&buf), before + 1);
+        std::thread::sleep(GROWTH_REDRAW);
+        p.output_growing("api", 900);
+        assert_eq!(frames(&buf), before + 2);
+        assert!(buf.text().contains("[reply: 900 chars]"));
+        // The response replaces it with its last tool.
+        p.record(
+            "api",
+            TranscriptEntry::Response {
+                iteration: 2,
+                turn: 2,
+                response: LlmResponse {
+                    text: None,
+                    tool_calls: vec![ToolCall {
+                        id: "2".into(),
+                        name: "read_file".into(),
+                        input: serde_json::json!({}),
+                    }],
+                    stop_reason: StopReason::ToolUse,
+                    usage: Usage::default(),
+                },
+            },
+        );
+        let text = buf.text();
+        let last = text.rsplit("\x1b[2A").next().unwrap();
+        assert!(
+            last.contains("[read_file]") && !last.contains("reply:"),
+            "{last:?}"
+        );
+
+        for mode in [ProgressMode::Plain, ProgressMode::Json] {
+            let (p, buf) = show(mode);
+            let before = buf.text();
+            p.output_growing("api", 50);
+            assert_eq!(buf.text(), before, "{mode:?}");
+        }
     }
 
     #[test]

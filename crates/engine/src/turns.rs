@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::watch;
 
-use td_llm::{Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Role};
+use td_llm::{Block, CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Role};
 use td_toolkit::call_path::{CallPath, ReceiptNotSaved};
 use td_toolkit::registry::CallOutcome;
 
@@ -39,6 +39,18 @@ pub(crate) enum TurnsEnd {
     ModelError(LlmError),
     /// The run record (or a receipt) could not be written: nothing more may run.
     RecordUnwritable(String),
+}
+
+/// Passes a streamed reply's growth on to the transcript sink (the live progress).
+struct Growth<'a> {
+    loop_name: &'a str,
+    transcript: &'a dyn TranscriptSink,
+}
+
+impl CallObserver for Growth<'_> {
+    fn output_growing(&self, chars: u64) {
+        self.transcript.output_growing(self.loop_name, chars);
+    }
 }
 
 /// What one kind of conversation adds to the shared turn loop.
@@ -112,15 +124,19 @@ impl Turns<'_> {
             if let Some(count) = self.model_calls {
                 count.fetch_add(1, Ordering::Relaxed);
             }
+            let observer = Growth {
+                loop_name: self.loop_name,
+                transcript: self.transcript,
+            };
             let response = match self.stop {
                 Some(stop) => {
                     let mut stop = stop.clone();
                     tokio::select! {
-                        r = self.llm.complete(request) => r,
+                        r = self.llm.complete_observed(request, &observer) => r,
                         _ = stop.wait_for(|s| *s) => return TurnsEnd::Stopped,
                     }
                 }
-                None => self.llm.complete(request).await,
+                None => self.llm.complete_observed(request, &observer).await,
             };
             let response = match response {
                 Ok(r) => r,
