@@ -1,4 +1,5 @@
-//! The Anthropic Messages API provider (`POST {base_url}/v1/messages`, non-streaming):
+//! The Anthropic Messages API provider (`POST {base_url}/v1/messages`; streamed as
+//! [`crate::stream`] says):
 //! maps the provider-neutral conversation to Anthropic's JSON and back.
 //!
 //! Mapping notes:

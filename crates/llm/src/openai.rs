@@ -1,4 +1,5 @@
-//! The OpenAI Chat Completions provider (`POST {base_url}/chat/completions`, non-streaming),
+//! The OpenAI Chat Completions provider (`POST {base_url}/chat/completions`; streamed as
+//! [`crate::stream`] says),
 //! also spoken by Ollama (`http://localhost:11434/v1`), vLLM, the llama.cpp server and
 //! OpenRouter: maps the provider-neutral conversation to that JSON and back.
 //!
