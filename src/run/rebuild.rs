@@ -108,6 +108,7 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
                 usage.output_tokens = usage
                     .output_tokens
                     .saturating_add(response.usage.output_tokens);
+                usage.estimated |= response.usage.estimated;
             }
             Ok(_) => {}
             Err(why) => notes.push(format!(

@@ -803,6 +803,8 @@ impl TranscriptSink for RunRecord {
             inner.update_loop(loop_name, |s| {
                 s.usage.input_tokens = s.usage.input_tokens.saturating_add(usage.input_tokens);
                 s.usage.output_tokens = s.usage.output_tokens.saturating_add(usage.output_tokens);
+                // Some of the counts are estimates when one of the calls' were.
+                s.usage.estimated |= usage.estimated;
             });
         }
     }
