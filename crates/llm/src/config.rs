@@ -174,7 +174,8 @@ pub struct LlmConfig {
     /// Whether replies are streamed (anthropic, openai); `auto` when absent.
     #[serde(default)]
     pub stream: Option<StreamMode>,
-    /// The longest silence between two chunks of a stream, in milliseconds (anthropic, openai).
+    /// The longest wait for more output of a stream (keep-alives do not count), in
+    /// milliseconds (anthropic, openai).
     #[serde(default)]
     pub stream_idle_timeout_ms: Option<u64>,
 }

@@ -39,7 +39,7 @@ use crate::endpoint::WireFormat;
 use crate::http::{HttpTransport, SseEvent, SseEvents, StreamReply};
 use crate::{CallObserver, LlmError, LlmResponse, Usage};
 
-/// Default of `stream-idle-timeout-ms`: the longest silence between two chunks of a stream.
+/// Default of `stream-idle-timeout-ms`: the longest wait for more output of a stream.
 /// Generous, because some servers say nothing while a model reasons.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -61,7 +61,7 @@ pub enum StreamMode {
 pub struct StreamSettings {
     /// Whether to stream.
     pub mode: StreamMode,
-    /// The longest silence between two chunks of a stream.
+    /// The longest wait for more output of a stream (keep-alives do not count).
     pub idle_timeout: Duration,
 }
 
