@@ -1205,6 +1205,8 @@ async fn an_anthropic_config_drives_model_limits_temperature_key_file_and_retrie
     expected["model"] = json!("claude-haiku-4-5");
     expected["max_tokens"] = json!(256);
     expected["temperature"] = json!(0.2);
+    // The default `stream: auto` asks for a stream (this server answers JSON).
+    expected["stream"] = json!(true);
     assert_eq!(seen[1].json(), expected);
 
     // prompt-cache: off → no breakpoints.
@@ -1219,10 +1221,9 @@ async fn an_anthropic_config_drives_model_limits_temperature_key_file_and_retrie
         .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
-    assert_eq!(
-        server.seen()[0].json(),
-        fixture("anthropic/text.request.json")
-    );
+    let mut expected = fixture("anthropic/text.request.json");
+    expected["stream"] = json!(true);
+    assert_eq!(server.seen()[0].json(), expected);
 
     // max-retries: 0 → one attempt only.
     let server = TestServer::start(vec![
@@ -1312,11 +1313,18 @@ async fn an_openai_config_with_a_key_variable_and_a_base_path() {
         .complete(&request(vec![Message::user_text(HELLO)], false))
         .await
         .unwrap();
-    assert_openai_call(
-        &server.seen()[0],
-        Some(OPENAI_KEY),
-        "openai/text.request.json",
+    // The default `stream: auto` asks for a stream (this server answers JSON); the rest of
+    // the body is the recorded one.
+    let mut seen = server.seen()[0].clone();
+    let mut body = seen.json();
+    let fields = body.as_object_mut().unwrap();
+    assert_eq!(fields.remove("stream"), Some(json!(true)));
+    assert_eq!(
+        fields.remove("stream_options"),
+        Some(json!({"include_usage": true}))
     );
+    seen.body = serde_json::to_vec(&body).unwrap();
+    assert_openai_call(&seen, Some(OPENAI_KEY), "openai/text.request.json");
 }
 
 #[tokio::test]

@@ -34,7 +34,12 @@ struct Row {
     started: Option<Instant>,
     ended: Option<Instant>,
     last: String,
+    /// Characters of the reply streaming in now, if one is.
+    streaming: Option<u64>,
 }
+
+/// Growth of a streamed reply redraws the live table at most this often.
+const GROWTH_REDRAW: Duration = Duration::from_millis(250);
 
 /// The progress display; also a transcript sink (to learn each loop's current tool).
 pub struct ProgressDisplay {
@@ -43,6 +48,8 @@ pub struct ProgressDisplay {
     drawn: Mutex<usize>,
     inner: Arc<dyn TranscriptSink>,
     out: Mutex<Box<dyn Write + Send>>,
+    /// When growth of a streamed reply last redrew the table.
+    growth_drawn: Mutex<Option<Instant>>,
 }
 
 impl ProgressDisplay {
@@ -82,6 +89,7 @@ impl ProgressDisplay {
             drawn: Mutex::new(0),
             inner,
             out: Mutex::new(out),
+            growth_drawn: Mutex::new(None),
         }
     }
 
@@ -289,10 +297,10 @@ impl ProgressDisplay {
                 (Some(s), None) => s.elapsed().as_secs(),
                 _ => 0,
             };
-            let tool = if r.status == "running" && !r.tool.is_empty() {
-                format!(" [{}]", r.tool)
-            } else {
-                String::new()
+            let tool = match r.streaming {
+                Some(chars) if r.status == "running" => format!(" [reply: {chars} chars]"),
+                _ if r.status == "running" && !r.tool.is_empty() => format!(" [{}]", r.tool),
+                _ => String::new(),
             };
             text.push_str(&format!(
                 "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{tool}  {}\n",
@@ -313,14 +321,14 @@ impl ProgressDisplay {
 
 impl TranscriptSink for ProgressDisplay {
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
-        // A model call that answered, or failed for good, is no longer being retried.
-        if matches!(
-            entry,
-            TranscriptEntry::Response { .. } | TranscriptEntry::ModelError { .. }
-        ) {
-            let mut rows = lock(&self.rows);
-            if let Some(row) = rows.get_mut(loop_name)
-                && row.status == RETRYING
+        if let Some(row) = lock(&self.rows).get_mut(loop_name) {
+            // A reply streams in only between a request and its response (or error).
+            row.streaming = None;
+            // A model call that answered, or failed for good, is no longer being retried.
+            if matches!(
+                entry,
+                TranscriptEntry::Response { .. } | TranscriptEntry::ModelError { .. }
+            ) && row.status == RETRYING
             {
                 row.status = "running".into();
             }
@@ -337,13 +345,37 @@ impl TranscriptSink for ProgressDisplay {
                 .last()
                 .map(|c| c.name.clone())
                 .unwrap_or_default();
-            lock(&self.rows)
-                .entry(loop_name.to_string())
-                .or_default()
-                .tool = tool;
+            {
+                let mut rows = lock(&self.rows);
+                let row = rows.entry(loop_name.to_string()).or_default();
+                row.tool = tool;
+                row.streaming = None;
+            }
             self.redraw();
         }
         self.inner.record(loop_name, entry);
+    }
+
+    /// Shows the reply growing in the live table (redrawn at most every
+    /// [`GROWTH_REDRAW`]); plain and JSON modes show nothing of it, and it is never an event.
+    fn output_growing(&self, loop_name: &str, chars: u64) {
+        if self.mode != ProgressMode::Live {
+            return;
+        }
+        if let Some(row) = lock(&self.rows).get_mut(loop_name) {
+            row.streaming = Some(chars);
+        }
+        let due = {
+            let mut drawn = lock(&self.growth_drawn);
+            let due = drawn.is_none_or(|at| at.elapsed() >= GROWTH_REDRAW);
+            if due {
+                *drawn = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.redraw();
+        }
     }
 
     fn unwritable(&self) -> Option<String> {
@@ -431,23 +463,7 @@ mod tests {
                 iteration: 2,
             },
         ));
-        p.record(
-            "api",
-            TranscriptEntry::Response {
-                iteration: 2,
-                turn: 1,
-                response: LlmResponse {
-                    text: None,
-                    tool_calls: vec![ToolCall {
-                        id: "1".into(),
-                        name: "grep".into(),
-                        input: serde_json::json!({}),
-                    }],
-                    stop_reason: StopReason::ToolUse,
-                    usage: Usage::default(),
-                },
-            },
-        );
+        p.record("api", response(1, Some("grep")));
         p.on_event(&event(
             3,
             EventKind::QueryAsked {
@@ -459,6 +475,32 @@ mod tests {
         ));
         p.set_status("client", "blocked", "its dependency `x` did not complete");
         (p, buf)
+    }
+
+    /// The model's reply at `turn` of iteration 2: a call of `tool`, or the text "done".
+    fn response(turn: u32, tool: Option<&str>) -> TranscriptEntry {
+        let tool_calls: Vec<ToolCall> = tool
+            .map(|name| ToolCall {
+                id: turn.to_string(),
+                name: name.into(),
+                input: serde_json::json!({}),
+            })
+            .into_iter()
+            .collect();
+        TranscriptEntry::Response {
+            iteration: 2,
+            turn,
+            response: LlmResponse {
+                text: tool.is_none().then(|| "done".into()),
+                stop_reason: if tool_calls.is_empty() {
+                    StopReason::EndTurn
+                } else {
+                    StopReason::ToolUse
+                },
+                tool_calls,
+                usage: Usage::default(),
+            },
+        }
     }
 
     #[test]
@@ -485,6 +527,39 @@ mod tests {
                 && lines[1].contains("blocked")
                 && lines[1].contains("did not complete")
         );
+    }
+
+    #[test]
+    fn a_streamed_reply_is_shown_growing_throttled_and_never_as_a_line() {
+        let (p, buf) = show(ProgressMode::Live);
+        let frames = |buf: &Buf| buf.text().matches("\x1b[2A").count();
+        let before = frames(&buf);
+        p.output_growing("api", 120);
+        let text = buf.text();
+        let last = text.rsplit("\x1b[2A").next().unwrap();
+        assert!(last.contains("[reply: 120 chars]"), "{last:?}");
+        // More growth within the throttle window updates the row without redrawing.
+        p.output_growing("api", 480);
+        assert_eq!(frames(&buf), before + 1);
+        std::thread::sleep(GROWTH_REDRAW);
+        p.output_growing("api", 900);
+        assert_eq!(frames(&buf), before + 2);
+        assert!(buf.text().contains("[reply: 900 chars]"));
+        // The response replaces it with its last tool.
+        p.record("api", response(2, Some("read_file")));
+        let text = buf.text();
+        let last = text.rsplit("\x1b[2A").next().unwrap();
+        assert!(
+            last.contains("[read_file]") && !last.contains("reply:"),
+            "{last:?}"
+        );
+
+        for mode in [ProgressMode::Plain, ProgressMode::Json] {
+            let (p, buf) = show(mode);
+            let before = buf.text();
+            p.output_growing("api", 50);
+            assert_eq!(buf.text(), before, "{mode:?}");
+        }
     }
 
     #[test]
@@ -554,19 +629,7 @@ mod tests {
             api.contains("retry in 1.5 s after HTTP 529: overloaded_error: Overl"),
             "{api}"
         );
-        p.record(
-            "api",
-            TranscriptEntry::Response {
-                iteration: 2,
-                turn: 2,
-                response: LlmResponse {
-                    text: Some("done".into()),
-                    tool_calls: Vec::new(),
-                    stop_reason: StopReason::EndTurn,
-                    usage: Usage::default(),
-                },
-            },
-        );
+        p.record("api", response(2, None));
         let api = frame(buf.text()).lines().next().unwrap().to_string();
         assert!(
             api.contains("running") && !api.contains("retrying"),

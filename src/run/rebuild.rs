@@ -114,6 +114,7 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
                 usage.cache_write_tokens = usage
                     .cache_write_tokens
                     .saturating_add(response.usage.cache_write_tokens);
+                usage.estimated |= response.usage.estimated;
             }
             Ok(_) => {}
             Err(why) => notes.push(format!(

@@ -811,6 +811,8 @@ impl TranscriptSink for RunRecord {
                     .usage
                     .cache_write_tokens
                     .saturating_add(usage.cache_write_tokens);
+                // Some of the counts are estimates when one of the calls' were.
+                s.usage.estimated |= usage.estimated;
             });
         }
     }

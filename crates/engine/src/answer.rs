@@ -367,7 +367,7 @@ mod tests {
         assert_eq!(err.to_string(), "no answer after 4 model turns of tool use");
     }
 
-    /// Reports one retry of each call, then answers.
+    /// Reports one retry and a streamed reply's growth of each call, then answers.
     struct RetriesOnce;
 
     #[async_trait]
@@ -387,12 +387,25 @@ mod tests {
                 status: Some(529),
                 cause: "overloaded".into(),
             });
+            observer.output_growing(9);
             Ok(LlmResponse {
                 text: Some("port 8080".into()),
                 tool_calls: Vec::new(),
                 stop_reason: StopReason::EndTurn,
                 usage: Default::default(),
             })
+        }
+    }
+
+    /// Keeps the growth of streamed replies reported to it.
+    #[derive(Default)]
+    struct GrowthSeen(Mutex<Vec<(String, u64)>>);
+
+    impl crate::transcript::TranscriptSink for GrowthSeen {
+        fn record(&self, _: &str, _: crate::transcript::TranscriptEntry) {}
+
+        fn output_growing(&self, loop_name: &str, chars: u64) {
+            self.0.lock().unwrap().push((loop_name.to_string(), chars));
         }
     }
 
@@ -408,15 +421,18 @@ mod tests {
         ));
         let config = config();
         let events = Arc::new(EventLog::in_memory());
+        let growth = Arc::new(GrowthSeen::default());
         let answerer = Answerer::new(
             &config,
             calls,
             Arc::new(RetriesOnce),
             Arc::new(ProgressNotes::default()),
-            Arc::new(crate::transcript::NoTranscript),
+            growth.clone(),
         )
         .with_events(events.clone());
         assert_eq!(answerer.answer("a", "port?").await.unwrap(), "port 8080");
+        // The answer's reply growing is shown on the answering loop's row.
+        assert_eq!(*growth.0.lock().unwrap(), vec![("b".to_string(), 9)]);
         let kinds: Vec<_> = events.events().into_iter().map(|e| e.kind).collect();
         assert_eq!(
             kinds,

@@ -91,6 +91,11 @@ pub trait TranscriptSink: Send + Sync {
     /// Reports a write of the same record made elsewhere (a loop's receipt) that failed, so
     /// that [`TranscriptSink::unwritable`] says so from now on.
     fn write_failed(&self, _what: String) {}
+
+    /// A reply streaming in for `loop_name` has grown to `chars` characters of text and tool
+    /// input. For live progress only: nothing of it goes into the record. Called for every
+    /// chunk of a stream, so a sink that acts on it must be cheap (and throttle what it shows).
+    fn output_growing(&self, _loop_name: &str, _chars: u64) {}
 }
 
 /// Keeps every transcript in memory (tests, scenario snapshots).

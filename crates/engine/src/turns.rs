@@ -84,14 +84,21 @@ pub(crate) struct Turns<'a> {
     pub events: Option<&'a EventLog>,
 }
 
-/// Records each retry of a loop's model call as a [`EventKind::ModelRetried`] event, which
-/// the run record keeps and the live progress shows.
-struct RetryEvents<'a> {
+/// What a loop's model call reports on its way: each retry becomes a
+/// [`EventKind::ModelRetried`] event, which the run record keeps and the live progress shows;
+/// a streamed reply's growth goes to the transcript sink (the live progress only, never the
+/// record).
+struct CallEvents<'a> {
     loop_name: &'a str,
     events: Option<&'a EventLog>,
+    transcript: &'a dyn TranscriptSink,
 }
 
-impl CallObserver for RetryEvents<'_> {
+impl CallObserver for CallEvents<'_> {
+    fn output_growing(&self, chars: u64) {
+        self.transcript.output_growing(self.loop_name, chars);
+    }
+
     fn retrying(&self, notice: &RetryNotice) {
         if let Some(events) = self.events {
             events.record(EventKind::ModelRetried {
@@ -138,9 +145,10 @@ impl Turns<'_> {
             if let Some(count) = self.model_calls {
                 count.fetch_add(1, Ordering::Relaxed);
             }
-            let observer = RetryEvents {
+            let observer = CallEvents {
                 loop_name: self.loop_name,
                 events: self.events,
+                transcript: self.transcript,
             };
             let call = self.llm.complete_observed(request, &observer);
             let response = match self.stop {
@@ -329,5 +337,69 @@ fn assistant_message(response: &LlmResponse) -> Message {
     Message {
         role: Role::Assistant,
         content,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Keeps the growth reported to it.
+    #[derive(Default)]
+    struct GrowthSeen(Mutex<Vec<(String, u64)>>);
+
+    impl TranscriptSink for GrowthSeen {
+        fn record(&self, _loop_name: &str, _entry: TranscriptEntry) {}
+
+        fn output_growing(&self, loop_name: &str, chars: u64) {
+            self.0.lock().unwrap().push((loop_name.to_string(), chars));
+        }
+    }
+
+    /// The one observer of a call (iterations and answers alike) records retries as events
+    /// and passes a streamed reply's growth to the transcript sink, never to the record.
+    #[test]
+    fn one_observer_records_retries_and_shows_growth() {
+        let events = EventLog::in_memory();
+        let sink = GrowthSeen::default();
+        let observer = CallEvents {
+            loop_name: "api",
+            events: Some(&events),
+            transcript: &sink,
+        };
+        observer.output_growing(12);
+        observer.retrying(&RetryNotice {
+            attempt: 2,
+            wait: Duration::from_millis(1500),
+            status: Some(503),
+            cause: "busy".into(),
+        });
+        observer.output_growing(40);
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            vec![("api".to_string(), 12), ("api".to_string(), 40)]
+        );
+        let kinds: Vec<_> = events.events().into_iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![EventKind::ModelRetried {
+                loop_name: "api".into(),
+                attempt: 2,
+                wait_ms: 1500,
+                status: Some(503),
+                cause: "busy".into(),
+            }]
+        );
+        // Without an event log (a caller that records none) growth still reaches the sink.
+        let observer = CallEvents {
+            loop_name: "b",
+            events: None,
+            transcript: &sink,
+        };
+        observer.output_growing(3);
+        assert_eq!(sink.0.lock().unwrap().last(), Some(&("b".to_string(), 3)));
     }
 }

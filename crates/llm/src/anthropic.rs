@@ -1,4 +1,5 @@
-//! The Anthropic Messages API provider (`POST {base_url}/v1/messages`, non-streaming):
+//! The Anthropic Messages API provider (`POST {base_url}/v1/messages`; streamed as
+//! [`crate::stream`] says):
 //! maps the provider-neutral conversation to Anthropic's JSON and back.
 //!
 //! Mapping notes:
@@ -34,6 +35,7 @@ use td_protocol::tool_definition::ToolDefinition;
 
 use super::endpoint::{ApiClient, EndpointSettings, ToolChoice, WireFormat, token_count};
 use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
+use super::stream::anthropic::AnthropicAssembler;
 use super::{Block, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage};
 
 /// The API version this client speaks.
@@ -157,6 +159,12 @@ impl WireFormat for AnthropicFormat {
     fn parse_response(reply: &Value) -> Result<LlmResponse, LlmError> {
         parse_response(reply)
     }
+
+    type Assembler = AnthropicAssembler;
+
+    fn add_stream_fields(body: &mut Map<String, Value>) {
+        body.insert("stream".into(), json!(true));
+    }
 }
 
 /// Adds the prompt-cache breakpoints to a request body built without them (see the module
@@ -244,6 +252,11 @@ fn block_json(block: &Block) -> Option<Value> {
     })
 }
 
+/// The text field `name` of a content block (a tool call's `id` or `name`).
+pub(crate) fn text_field(block: &Value, name: &str) -> Option<String> {
+    block.get(name).and_then(Value::as_str).map(str::to_string)
+}
+
 /// Reads a Messages API reply.
 pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
     let bad =
@@ -267,10 +280,7 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
             }
             Some("tool_use") => {
                 let field = |name: &str| {
-                    block
-                        .get(name)
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
+                    text_field(block, name)
                         .ok_or_else(|| bad(&format!("has a tool_use block without `{name}`")))
                 };
                 tool_calls.push(ToolCall {
@@ -299,6 +309,7 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
             output_tokens: count("output_tokens"),
             cache_read_tokens: count("cache_read_input_tokens"),
             cache_write_tokens: count("cache_creation_input_tokens"),
+            estimated: false,
         },
     })
 }
@@ -647,6 +658,7 @@ mod tests {
                 output_tokens: 5,
                 cache_read_tokens: 100,
                 cache_write_tokens: 1,
+                estimated: false,
             }
         );
     }

@@ -11,9 +11,11 @@
 //!   temperature: 0.2             # default: the provider's
 //!   max-retries: 4               # retries after the first attempt (0–10)
 //!   retry-base-ms: 500           # first backoff wait bound; doubles per retry
-//!   timeout-ms: 300000           # one attempt, connect to last byte
+//!   timeout-ms: 300000           # one attempt, connect to last byte (streamed: to the first byte)
 //!   tool-choice: auto            # auto (default) | required | none | omit (send none)
 //!   prompt-cache: on             # anthropic only: cache breakpoints (on | off; default on)
+//!   stream: auto                 # auto (default) | on | off: streamed replies (see crate::stream)
+//!   stream-idle-timeout-ms: 120000  # longest wait for more output of a stream
 //!   script: script.yml           # scripted only; relative to the config
 //! ```
 //!
@@ -37,6 +39,7 @@ use super::http::{self, DEFAULT_MAX_BODY_BYTES, HttpSettings, KeyError, KeySourc
 use super::openai::{self, OpenAiClient, OpenAiSettings};
 use super::redacting::RedactingClient;
 use super::scripted::{ScriptError, ScriptedLlm};
+use super::stream::{StreamMode, StreamSettings};
 
 /// Default output limit for Anthropic, which requires one.
 pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = 4096;
@@ -185,6 +188,13 @@ pub struct LlmConfig {
     /// cache prompts on their own, without markers.
     #[serde(default)]
     pub prompt_cache: Option<PromptCache>,
+    /// Whether replies are streamed (anthropic, openai); `auto` when absent.
+    #[serde(default)]
+    pub stream: Option<StreamMode>,
+    /// The longest wait for more output of a stream (keep-alives do not count), in
+    /// milliseconds (anthropic, openai).
+    #[serde(default)]
+    pub stream_idle_timeout_ms: Option<u64>,
 }
 
 impl LlmConfig {
@@ -205,6 +215,11 @@ impl LlmConfig {
             ("timeout-ms", self.timeout_ms.is_some()),
             ("tool-choice", self.tool_choice.is_some()),
             ("prompt-cache", self.prompt_cache.is_some()),
+            ("stream", self.stream.is_some()),
+            (
+                "stream-idle-timeout-ms",
+                self.stream_idle_timeout_ms.is_some(),
+            ),
         ];
         match self.provider {
             ProviderKind::Scripted => {
@@ -296,6 +311,14 @@ impl LlmConfig {
                         "`timeout-ms` must be between 1 and {MAX_TIMEOUT_MS}"
                     ));
                 }
+                if self
+                    .stream_idle_timeout_ms
+                    .is_some_and(|ms| !(1..=MAX_TIMEOUT_MS).contains(&ms))
+                {
+                    problems.push(format!(
+                        "`stream-idle-timeout-ms` must be between 1 and {MAX_TIMEOUT_MS}"
+                    ));
+                }
             }
         }
         if problems.is_empty() {
@@ -326,6 +349,17 @@ impl LlmConfig {
             model,
             temperature: self.temperature,
             tool_choice: self.tool_choice.unwrap_or_default(),
+        }
+    }
+
+    /// How replies are streamed (defaults where absent: `auto`, the default idle timeout).
+    pub fn stream_settings(&self) -> StreamSettings {
+        let default = StreamSettings::default();
+        StreamSettings {
+            mode: self.stream.unwrap_or(default.mode),
+            idle_timeout: self
+                .stream_idle_timeout_ms
+                .map_or(default.idle_timeout, Duration::from_millis),
         }
     }
 
@@ -404,7 +438,8 @@ fn build_provider(
             };
             let client = AnthropicClient::new(settings, cfg.http_settings(), in_flight)
                 .map_err(BuildError::Client)?
-                .with_prompt_cache(cfg.prompt_cache.unwrap_or_default() == PromptCache::On);
+                .with_prompt_cache(cfg.prompt_cache.unwrap_or_default() == PromptCache::On)
+                .with_streaming(cfg.stream_settings());
             Ok(Arc::new(client))
         }
         ProviderKind::Openai => {
@@ -423,7 +458,8 @@ fn build_provider(
                 api_key,
             };
             let client = OpenAiClient::new(settings, cfg.http_settings(), in_flight)
-                .map_err(BuildError::Client)?;
+                .map_err(BuildError::Client)?
+                .with_streaming(cfg.stream_settings());
             Ok(Arc::new(client))
         }
     }
@@ -461,7 +497,8 @@ mod tests {
     fn every_key_is_read_in_kebab_case() {
         let cfg = parse(
             "provider: openai\nmodel: m\nbase-url: http://localhost:11434/v1\napi-key-env: K\n\
-             max-tokens: 10\ntemperature: 0.5\nmax-retries: 2\nretry-base-ms: 7\ntimeout-ms: 99\ntool-choice: required\n",
+             max-tokens: 10\ntemperature: 0.5\nmax-retries: 2\nretry-base-ms: 7\ntimeout-ms: 99\n\
+             tool-choice: required\nstream: on\nstream-idle-timeout-ms: 45\n",
         )
         .unwrap();
         assert_eq!(
@@ -480,8 +517,23 @@ mod tests {
                 tool_choice: Some(ToolChoice::Required),
                 script: None,
                 prompt_cache: None,
+                stream: Some(StreamMode::On),
+                stream_idle_timeout_ms: Some(45),
             }
         );
+        assert_eq!(
+            cfg.stream_settings(),
+            StreamSettings {
+                mode: StreamMode::On,
+                idle_timeout: Duration::from_millis(45),
+            }
+        );
+        for (word, mode) in [("off", StreamMode::Off), ("auto", StreamMode::Auto)] {
+            let cfg = parse(&format!("provider: openai\nmodel: m\nstream: {word}\n")).unwrap();
+            assert_eq!(cfg.stream_settings().mode, mode);
+        }
+        let err = parse("provider: openai\nmodel: m\nstream: yes\n").unwrap_err();
+        assert!(err.contains("unknown variant `yes`"), "{err}");
         cfg.validate().unwrap();
         assert_eq!(
             cfg.http_settings(),
@@ -502,6 +554,8 @@ mod tests {
     #[test]
     fn defaults_apply_when_keys_are_absent() {
         let cfg = parse("provider: anthropic\nmodel: m\n").unwrap();
+        assert_eq!(cfg.stream_settings(), StreamSettings::default());
+        assert_eq!(cfg.stream_settings().mode, StreamMode::Auto);
         assert_eq!(
             cfg.http_settings(),
             HttpSettings {
@@ -634,6 +688,11 @@ mod tests {
                 "script: s.yml\nprompt-cache: off\n",
                 "`prompt-cache` does not apply to provider scripted",
             ),
+            (
+                "provider: openai\nmodel: m\nstream-idle-timeout-ms: 0\n",
+                "`stream-idle-timeout-ms` must be between",
+            ),
+            ("script: s.yml\nstream: on\n", "`stream` does not apply"),
         ];
         for (yaml, want) in cases {
             let err = parse(yaml).unwrap().validate().unwrap_err().to_string();

@@ -2,7 +2,9 @@
 //! format ([`EndpointSettings`], with [`ToolChoice`]), and the one way a call goes
 //! ([`ApiClient`]): the provider's [`WireFormat`] makes the body, the [`HttpTransport`] posts
 //! it (retries, the in-flight limit, each retry reported to the call's observer), and the
-//! format reads the reply. A provider module is its wire format and a constructor.
+//! format reads the reply, whole or, when the client streams ([`ApiClient::with_streaming`],
+//! see [`crate::stream`]), rebuilt from the events by the format's assembler. A provider
+//! module is its wire format and a constructor.
 
 use std::fmt;
 
@@ -11,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::http::HttpTransport;
+use super::stream::{Assembler, StreamSettings, Streaming};
 use super::{CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, NoObserver};
 
 /// Whether the model may, must or must not call a tool: sent as `tool_choice` with every
@@ -77,6 +80,12 @@ pub trait WireFormat: fmt::Debug + Send + Sync {
 
     /// Reads a successful (2xx) reply.
     fn parse_response(reply: &Value) -> Result<LlmResponse, LlmError>;
+
+    /// Rebuilds a reply from this API's stream events (then read by `parse_response`).
+    type Assembler: Assembler;
+
+    /// Adds to a request body what asks this API for a streamed reply.
+    fn add_stream_fields(body: &mut Map<String, Value>);
 }
 
 /// A client of one model API: its wire format `F` over an HTTP transport.
@@ -88,6 +97,7 @@ pub struct ApiClient<F> {
     endpoint: EndpointSettings,
     /// The provider module sets its format's own options through it.
     pub(crate) format: F,
+    streaming: Streaming,
 }
 
 impl<F: WireFormat> ApiClient<F> {
@@ -101,7 +111,15 @@ impl<F: WireFormat> ApiClient<F> {
             transport,
             endpoint,
             format,
+            streaming: Streaming::new(StreamSettings::off()),
         }
+    }
+
+    /// The client, streaming as `settings` say (a client made by a provider's `new` does
+    /// not stream; `taskdaemon.yml`'s default is `auto`, see [`crate::stream`]).
+    pub fn with_streaming(mut self, settings: StreamSettings) -> Self {
+        self.streaming = Streaming::new(settings);
+        self
     }
 
     /// The JSON body sent for `request`.
@@ -134,11 +152,9 @@ impl<F: WireFormat> LlmClient for ApiClient<F> {
         request: &LlmRequest,
         observer: &dyn CallObserver,
     ) -> Result<LlmResponse, LlmError> {
-        let reply = self
-            .transport
-            .post_json(&self.request_body(request), observer)
-            .await?;
-        F::parse_response(&reply)
+        self.streaming
+            .call::<F>(&self.transport, self.request_body(request), observer)
+            .await
     }
 }
 

@@ -27,6 +27,7 @@
 //! waiting to retry, so a loop that backs off does not block the others.
 
 use std::fmt;
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -270,6 +271,19 @@ enum Attempt {
     },
 }
 
+impl Attempt {
+    /// A retryable failure without an answer from the server (a connection refused or
+    /// broken, a timeout).
+    fn retry_without_reply(error: LlmError) -> Self {
+        Attempt::Retry {
+            error,
+            retry_after: None,
+            status: None,
+            same_error: None,
+        }
+    }
+}
+
 /// How often each server error was answered during one call.
 #[derive(Default)]
 struct ErrorRepeats(Vec<(u64, u32)>);
@@ -296,6 +310,19 @@ fn error_key(status: StatusCode, body: &[u8]) -> u64 {
     std::hash::Hash::hash(&status.as_u16(), &mut hasher);
     std::hash::Hash::hash(body, &mut hasher);
     hasher.finish()
+}
+
+/// The request body as sent.
+fn encode(body: &Value) -> Result<Vec<u8>, LlmError> {
+    serde_json::to_vec(body)
+        .map_err(|e| LlmError::Transport(format!("cannot encode the request: {e}")))
+}
+
+/// The final error of a call made while the run shuts down.
+fn limiter_closed() -> Attempt {
+    Attempt::Fatal(LlmError::Transport(
+        "the run is shutting down (model call limiter closed)".to_string(),
+    ))
 }
 
 /// Whether a failed status may be retried (see the module documentation).
@@ -360,13 +387,28 @@ impl HttpTransport {
         body: &Value,
         observer: &dyn CallObserver,
     ) -> Result<Value, LlmError> {
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| LlmError::Transport(format!("cannot encode the request: {e}")))?;
+        let bytes = encode(body)?;
+        self.with_retries(observer, || self.attempt(bytes.clone()))
+            .await
+    }
+
+    /// Makes attempts until one succeeds, fails for good, or the retry policy of the
+    /// module documentation says to stop; each retry is reported to `observer` before its
+    /// wait. Every kind of call ([`HttpTransport::post_json`], and the streamed one) goes
+    /// through this one loop, so they retry alike.
+    async fn with_retries<T, Fut>(
+        &self,
+        observer: &dyn CallObserver,
+        mut attempt_once: impl FnMut() -> Fut,
+    ) -> Result<T, LlmError>
+    where
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
         let attempts = self.settings.max_retries.saturating_add(1);
         let mut repeats = ErrorRepeats::default();
         let mut attempt = 1;
         loop {
-            let (error, retry_after, status, same_error) = match self.attempt(bytes.clone()).await {
+            let (error, retry_after, status, same_error) = match attempt_once().await {
                 Ok(value) => return Ok(value),
                 Err(Attempt::Fatal(error)) => return Err(error),
                 Err(Attempt::Retry {
@@ -421,12 +463,12 @@ impl HttpTransport {
     }
 
     async fn attempt(&self, body: Vec<u8>) -> Result<Value, Attempt> {
-        let _permit = self.in_flight.acquire().await.map_err(|_| {
-            Attempt::Fatal(LlmError::Transport(
-                "the run is shutting down (model call limiter closed)".to_string(),
-            ))
-        })?;
-        let mut response = self
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| limiter_closed())?;
+        let response = self
             .client
             .post(self.url.clone())
             .headers(self.headers.clone())
@@ -435,6 +477,12 @@ impl HttpTransport {
             .send()
             .await
             .map_err(|e| self.transport_failure(&e))?;
+        self.whole_reply(response).await
+    }
+
+    /// Reads a whole reply: the JSON of a 2xx, else the API error, retryable or not as the
+    /// module documentation says.
+    async fn whole_reply(&self, mut response: reqwest::Response) -> Result<Value, Attempt> {
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let cap = self.settings.max_body_bytes;
@@ -498,12 +546,7 @@ impl HttpTransport {
         if err.is_builder() {
             Attempt::Fatal(error)
         } else {
-            Attempt::Retry {
-                error,
-                retry_after: None,
-                status: None,
-                same_error: None,
-            }
+            Attempt::retry_without_reply(error)
         }
     }
 }
@@ -665,6 +708,11 @@ fn with_note(error: LlmError, note: &str) -> LlmError {
         other => other,
     }
 }
+
+// Streamed calls (server-sent events): a child module, so that it shares this transport's
+// client, settings and retry pieces without widening their visibility.
+mod streaming;
+pub use streaming::{SseEvent, SseEvents, StreamReply};
 
 #[cfg(test)]
 mod tests {

@@ -16,6 +16,7 @@ pub mod http;
 pub mod openai;
 pub mod redacting;
 pub mod scripted;
+pub mod stream;
 
 /// What the providers' tests share.
 #[cfg(test)]
@@ -146,6 +147,11 @@ pub struct Usage {
     /// Prompt tokens written to the provider's prompt cache.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_write_tokens: u64,
+    /// The server reported no usage and these counts are estimated from the bytes sent and
+    /// the characters received (about four a token; see [`stream`]), so that a call is never
+    /// counted as free. Streamed replies of some servers (llama-cpp-python) carry no usage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -1,4 +1,5 @@
-//! The OpenAI Chat Completions provider (`POST {base_url}/chat/completions`, non-streaming),
+//! The OpenAI Chat Completions provider (`POST {base_url}/chat/completions`; streamed as
+//! [`crate::stream`] says),
 //! also spoken by Ollama (`http://localhost:11434/v1`), vLLM, the llama.cpp server and
 //! OpenRouter: maps the provider-neutral conversation to that JSON and back.
 //!
@@ -43,6 +44,7 @@ use td_protocol::tool_definition::ToolDefinition;
 
 use super::endpoint::{ApiClient, EndpointSettings, ToolChoice, WireFormat, token_count};
 use super::http::{ApiKey, HttpSettings, HttpTransport, SetupError, quote_json};
+use super::stream::openai::OpenAiAssembler;
 use super::{Block, LlmError, LlmRequest, LlmResponse, Role, StopReason, ToolCall, Usage};
 
 /// Where the API lives unless configured otherwise.
@@ -135,6 +137,15 @@ impl WireFormat for OpenAiFormat {
 
     fn parse_response(reply: &Value) -> Result<LlmResponse, LlmError> {
         parse_response(reply)
+    }
+
+    type Assembler = OpenAiAssembler;
+
+    fn add_stream_fields(body: &mut Map<String, Value>) {
+        body.insert("stream".into(), json!(true));
+        // Without it OpenAI sends no usage in a stream (some servers send none even so:
+        // see crate::stream).
+        body.insert("stream_options".into(), json!({"include_usage": true}));
     }
 }
 
@@ -278,6 +289,7 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
             output_tokens: count("completion_tokens"),
             cache_read_tokens: cached,
             cache_write_tokens: 0,
+            estimated: false,
         },
     })
 }
@@ -410,6 +422,7 @@ mod tests {
                 output_tokens: 4,
                 cache_read_tokens: 2,
                 cache_write_tokens: 0,
+                estimated: false,
             }
         );
     }
