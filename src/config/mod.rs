@@ -16,11 +16,13 @@ use td_runtime::tool_lanes::LaneSizes;
 use td_toolkit::catalog::{Catalog, ToolSpecOverride};
 use td_toolkit::web_access::WebAccess;
 
+pub mod budget;
 pub mod locate;
 pub mod loop_types;
 pub mod loops;
 pub mod web;
 
+pub use budget::BudgetDef;
 pub use loop_types::{LoopType, LoopTypeDef};
 pub use loops::{LoopDef, WorktreeMode};
 pub use web::{AllowPrivate, WebConfig};
@@ -87,6 +89,13 @@ pub struct Config {
     /// How commands are confined (see `td_confine`).
     #[serde(default)]
     pub sandbox: td_confine::SandboxSettings,
+    /// What models cost, per model name, over the built-in table (dollars per million
+    /// tokens).
+    #[serde(default)]
+    pub prices: BTreeMap<String, td_llm::prices::PriceConfig>,
+    /// The run's budget (loop types and loops have their own).
+    #[serde(default)]
+    pub budget: BudgetDef,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -203,11 +212,53 @@ impl Config {
             problems.append(&mut p);
         }
         problems.extend(self.sandbox_problems());
+        problems.extend(self.budget_problems());
         if problems.is_empty() {
             Ok(())
         } else {
             Err(problems)
         }
+    }
+
+    /// Problems of `prices:` and of every `budget:`, and what the budgets need of the model
+    /// (a price, a known output limit).
+    fn budget_problems(&self) -> Vec<Problem> {
+        let mut budgets: Vec<(String, BudgetDef)> = vec![("budget".into(), self.budget)];
+        for (name, def) in &self.loop_types {
+            if let Some(b) = def.budget {
+                budgets.push((format!("loop-types.{name}.budget"), b));
+            }
+        }
+        for (i, def) in self.loops.iter().enumerate() {
+            if let Some(b) = def.budget {
+                budgets.push((format!("loops[{i}].budget"), b));
+            }
+        }
+        let mut problems: Vec<Problem> =
+            budgets.iter().flat_map(|(at, b)| b.problems(at)).collect();
+        match budget::price_table(&self.prices) {
+            Ok(table) => problems.extend(budget::needs(self.llm.as_ref(), &table, &budgets)),
+            Err(mut p) => problems.append(&mut p),
+        }
+        problems
+    }
+
+    /// The prices of this file's runs: the built-in table with `prices:` over it.
+    pub fn price_table(&self) -> Result<td_llm::prices::PriceTable, String> {
+        budget::price_table(&self.prices).map_err(|p| p.messages())
+    }
+
+    /// How this file's model calls are priced.
+    pub fn pricing(&self) -> Result<td_engine::budget::Pricing, String> {
+        Ok(budget::pricing(self.llm.as_ref(), &self.price_table()?))
+    }
+
+    /// The budget of loop `def` of type `loop_type`: its own keys over its type's.
+    pub fn loop_limits(&self, def: &LoopDef, loop_type: &LoopType) -> td_engine::budget::Limits {
+        def.budget
+            .unwrap_or_default()
+            .over(&loop_type.budget)
+            .limits()
     }
 
     /// Problems of `sandbox.env`: names and values a process environment cannot hold.

@@ -1,5 +1,5 @@
-//! Live progress of a run: one line per loop (status, iteration/max, current tool, elapsed,
-//! last coordination message), redrawn in place on a terminal; plain log lines otherwise;
+//! Live progress of a run: one line per loop (status, iteration/max, elapsed, what is charged
+//! to it so far, current tool, last coordination message), redrawn in place on a terminal; plain log lines otherwise;
 //! JSON event lines with `--json`.
 //!
 //! Everything written is redacted ([`td_base::secrets`]) as it is written, and text cut short
@@ -13,6 +13,7 @@ use std::time::Instant;
 use td_base::sync::lock;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_protocol::events::{Event, EventKind};
+use td_protocol::spend::Spend;
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,8 @@ struct Row {
     started: Option<Instant>,
     ended: Option<Instant>,
     last: String,
+    /// What is charged to the loop so far (its calls, and answers to its questions).
+    charged: Spend,
 }
 
 /// The progress display; also a transcript sink (to learn each loop's current tool).
@@ -136,6 +139,7 @@ impl ProgressDisplay {
                     ended_by,
                     validation_exit,
                     validation_passed,
+                    spend,
                     ..
                 } => {
                     let v = match (validation_passed, validation_exit) {
@@ -145,8 +149,17 @@ impl ProgressDisplay {
                         (None, _) => String::new(),
                     };
                     row(rows, loop_name).last = format!("iteration {iteration}: {ended_by} {v}");
+                    let spent = match spend {
+                        Some(s) if s.model_calls > 0 => format!(
+                            " ({} model call(s), {} tokens, {})",
+                            s.model_calls,
+                            s.tokens(),
+                            s.cost_text()
+                        ),
+                        _ => String::new(),
+                    };
                     plain = Some(format!(
-                        "{loop_name}: iteration {iteration} ended by {ended_by}{}",
+                        "{loop_name}: iteration {iteration} ended by {ended_by}{}{spent}",
                         sep(&v)
                     ));
                 }
@@ -168,6 +181,14 @@ impl ProgressDisplay {
                     r.ended = Some(Instant::now());
                     r.last = reason.lines().next().unwrap_or("").to_string();
                     plain = Some(format!("{loop_name}: failed: {reason}"));
+                }
+                EventKind::LoopPaused { loop_name, reason } => {
+                    let r = row(rows, loop_name);
+                    r.status = "paused".into();
+                    r.ended = Some(Instant::now());
+                    r.tool.clear();
+                    r.last = reason.clone();
+                    plain = Some(format!("{loop_name}: paused: {reason}"));
                 }
                 EventKind::LoopStopped { loop_name } => {
                     let r = row(rows, loop_name);
@@ -271,8 +292,13 @@ impl ProgressDisplay {
             } else {
                 String::new()
             };
+            let cost = if r.charged.model_calls > 0 {
+                format!(" {}", r.charged.cost_text())
+            } else {
+                String::new()
+            };
             text.push_str(&format!(
-                "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{tool}  {}\n",
+                "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{cost}{tool}  {}\n",
                 r.status,
                 r.iteration,
                 r.max_iterations,
@@ -306,6 +332,18 @@ impl TranscriptSink for ProgressDisplay {
                 .entry(loop_name.to_string())
                 .or_default()
                 .tool = tool;
+            self.redraw();
+        }
+        if let TranscriptEntry::Spent {
+            charged_to, spend, ..
+        } = &entry
+        {
+            let payer = charged_to.as_deref().unwrap_or(loop_name);
+            lock(&self.rows)
+                .entry(payer.to_string())
+                .or_default()
+                .charged
+                .add(spend);
             self.redraw();
         }
         self.inner.record(loop_name, entry);

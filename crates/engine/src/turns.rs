@@ -14,14 +14,19 @@
 //! the record cannot be written (a receipt that could not be saved says so to the record, so
 //! that every loop of the run stops before its next call).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::watch;
 
+use td_base::sync::lock;
 use td_llm::{Block, LlmClient, LlmError, LlmRequest, LlmResponse, Message, Role};
 use td_toolkit::call_path::{CallPath, ReceiptNotSaved};
 use td_toolkit::registry::CallOutcome;
 
+use td_protocol::spend::Spend;
+
+use crate::budget::{Account, Hold};
 use crate::transcript::{TranscriptEntry, TranscriptSink};
 
 /// How a conversation's turns ended.
@@ -39,6 +44,8 @@ pub(crate) enum TurnsEnd {
     ModelError(LlmError),
     /// The run record (or a receipt) could not be written: nothing more may run.
     RecordUnwritable(String),
+    /// The next model call does not fit a budget: why, and what to do.
+    OverBudget(String),
 }
 
 /// What one kind of conversation adds to the shared turn loop.
@@ -77,6 +84,19 @@ pub(crate) struct Turns<'a> {
     pub stop: Option<&'a watch::Receiver<bool>>,
     /// Counts model calls as they are made, when given.
     pub model_calls: Option<&'a AtomicU32>,
+    /// Where the calls are charged (reserved before, settled after), and the loop that is
+    /// charged when it is not this one (the asker of a question).
+    pub charge: Charge<'a>,
+}
+
+/// Where a conversation's model calls are charged, and where what they spent adds up.
+pub(crate) struct Charge<'a> {
+    /// The account of the loop that pays.
+    pub account: &'a Account,
+    /// The paying loop, when it is not the one that calls (an answer's asker).
+    pub charged_to: Option<&'a str>,
+    /// What the conversation's calls spent, kept outside it (a timeout drops it).
+    pub spent: &'a Mutex<Spend>,
 }
 
 impl Turns<'_> {
@@ -98,6 +118,12 @@ impl Turns<'_> {
             if let Some(why) = self.transcript.unwritable() {
                 return TurnsEnd::RecordUnwritable(why);
             }
+            // Reserved before the turn's notices are drained from the inbox, so that a call
+            // refused leaves them for the next iteration.
+            let hold = match self.charge.account.reserve(request) {
+                Ok(hold) => hold,
+                Err(why) => return TurnsEnd::OverBudget(why),
+            };
             rules.before_request(&mut request.messages);
             self.transcript.record(
                 self.loop_name,
@@ -143,6 +169,7 @@ impl Turns<'_> {
                     response: response.clone(),
                 },
             );
+            self.settle(hold, turn, &response);
             if response.tool_calls.is_empty() {
                 // The conversation ends here: nothing will send the reply back.
                 return TurnsEnd::EndTurn(response.text);
@@ -164,6 +191,21 @@ impl Turns<'_> {
             }
         }
         TurnsEnd::MaxTurns
+    }
+
+    /// Settles a call's reservation to what it spent, and records that.
+    fn settle(&self, hold: Hold, turn: u32, response: &LlmResponse) {
+        let spend = hold.settle(&response.usage);
+        lock(self.charge.spent).add(&spend);
+        self.transcript.record(
+            self.loop_name,
+            TranscriptEntry::Spent {
+                iteration: self.iteration,
+                turn,
+                charged_to: self.charge.charged_to.map(str::to_string),
+                spend,
+            },
+        );
     }
 
     /// Runs the calls of one response (see the module doc). Returns the results, whether a

@@ -13,6 +13,7 @@ pub mod anthropic;
 pub mod config;
 pub mod http;
 pub mod openai;
+pub mod prices;
 pub mod redacting;
 pub mod scripted;
 
