@@ -186,6 +186,15 @@ fn a_money_budget_pauses_the_loop_and_resume_with_a_raised_budget_completes_it()
     assert!(total > spent, "{work:#}");
     assert!(total <= 5_000_000_000, "{work:#}");
     assert_eq!(summary["status"], "completed");
+    // The work done before the pause was kept: every file is on the loop's branch.
+    let branch = work["branch"].as_str().unwrap();
+    let repo = p.config.parent().unwrap();
+    for i in 0..8 {
+        assert_eq!(
+            common::git(repo, &["show", &format!("{branch}:f{i}.txt")]),
+            format!("{i}\n")
+        );
+    }
 }
 
 #[test]
@@ -234,6 +243,16 @@ answerer:
         assert_eq!(summary["spend"]["input_tokens"], 5207, "{summary:#}");
     };
     check(&p.summary());
+    // The event of the answer says what it cost, charged to the asker.
+    let answered: Vec<Value> = p
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "query_answered")
+        .collect();
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(answered[0]["from"], "asker");
+    assert_eq!(answered[0]["spend"]["input_tokens"], 5000, "{answered:?}");
+    assert_eq!(answered[0]["spend"]["cost"], "$0.5003", "{answered:?}");
     // The summary is a view of the record: made again from it, it says the same.
     std::fs::remove_file(p.run_dir.join("summary.json")).unwrap();
     let out = p.status(true);

@@ -95,8 +95,19 @@ impl Answerer {
     /// and progress; the model may use the read-only tools on this loop's worktree. Its
     /// model calls are charged to `from`, the loop that asked.
     pub async fn answer(&self, from: &str, question: &str) -> Result<String, AnswerError> {
+        self.answer_counting(from, question, &Mutex::new(Spend::default()))
+            .await
+    }
+
+    /// [`Answerer::answer`], adding what its model calls spend to `spent` as they are
+    /// answered (so that an answer given up on still says what it cost).
+    pub async fn answer_counting(
+        &self,
+        from: &str,
+        question: &str,
+        spent: &Mutex<Spend>,
+    ) -> Result<String, AnswerError> {
         let account = self.budgets.account(from);
-        let spent = Mutex::new(Spend::default());
         let system = self.progress.with_notes(|notes| {
             prompt::answer_system(&self.name, &self.loop_type, from, &self.task, notes)
         });
@@ -127,7 +138,7 @@ impl Answerer {
             charge: Charge {
                 account: &account,
                 charged_to: Some(from),
-                spent: &spent,
+                spent,
             },
         };
         let mut rules = AnswerRules { read_only };

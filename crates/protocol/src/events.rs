@@ -140,6 +140,10 @@ pub enum EventKind {
         to: String,
         /// The reply.
         reply: String,
+        /// What the answer's model calls spent: made by the answering loop, charged to the
+        /// asking one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spend: Option<Spend>,
     },
     /// A query failed (unknown target, timeout, target stopped...).
     QueryFailed {
@@ -151,6 +155,9 @@ pub enum EventKind {
         to: String,
         /// Why.
         error: String,
+        /// What the answer's model calls spent before it failed, charged to the asking loop.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spend: Option<Spend>,
     },
     /// Data was shared with one target (one event per target).
     Shared {
