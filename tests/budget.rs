@@ -122,7 +122,7 @@ fn a_money_budget_pauses_the_loop_and_resume_with_a_raised_budget_completes_it()
     let loops = "loops:\n  - {name: work, type: mini, task: write the files}\n";
     let p = Project::new(
         &script,
-        &format!("{MINI}{PRICES}budget: {{usd: 0.1}}\n{loops}"),
+        &format!("{MINI}{PRICES}budget: {{usd: 0.1, soft-percent: 10}}\n{loops}"),
     );
     let out = p.run(&[]);
     assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -163,6 +163,30 @@ fn a_money_budget_pauses_the_loop_and_resume_with_a_raised_budget_completes_it()
                 .iter()
                 .all(|e| e["spend"]["model_calls"].as_u64().is_some()),
         "per-iteration spend in the events: {ended:?}"
+    );
+
+    // Past the soft threshold the model was told what is left: at the end of the
+    // conversation, never in the system prompt (which a prompt cache keeps).
+    let transcript: Vec<Value> = common::lines(&p.run_dir.join("loops/work/transcript.jsonl"))
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let told: Vec<&Value> = transcript
+        .iter()
+        .filter(|e| e["entry"] == "request" && e.to_string().contains("[budget: "))
+        .collect();
+    assert!(!told.is_empty(), "the model was told its budget");
+    assert!(
+        told[0].to_string().contains("money ($0.0"),
+        "what is left: {}",
+        told[0]
+    );
+    assert!(
+        transcript
+            .iter()
+            .filter(|e| e["entry"] == "iteration_started")
+            .all(|e| !e["system"].as_str().unwrap().contains("budget")),
+        "not in the system prompt"
     );
 
     let status = p.status(false);

@@ -524,6 +524,57 @@ loops:
     }
 
     #[test]
+    fn budgets_and_prices_are_checked_against_the_model() {
+        let openai = "llm: {provider: openai, model: gpt-4o, base-url: 'http://127.0.0.1:1/v1'}\n";
+        let err =
+            Config::parse(&format!("{openai}budget: {{tokens: 1000}}\n"), "t.yml").unwrap_err();
+        assert!(
+            err.starts_with("t.yml:1:1: llm: a money or token budget (budget)"),
+            "{err}"
+        );
+        assert!(err.contains("needs `max-tokens`"), "{err}");
+        // Iterations and wall time need no reservation.
+        Config::parse(&format!("{openai}budget: {{iterations: 3}}\n"), "t.yml").unwrap();
+        let local = "llm: {provider: openai, model: smollm2, base-url: 'http://127.0.0.1:1/v1', max-tokens: 64}\n";
+        let text =
+            format!("{local}loops:\n  - {{name: a, type: code, task: t, budget: {{usd: 1}}}}\n");
+        let err = Config::parse(&text, "t.yml").unwrap_err();
+        assert!(
+            err.starts_with("t.yml:3:45: loops[0].budget.usd: the model `smollm2` has no price"),
+            "{err}"
+        );
+        let priced = format!("{text}prices:\n  smollm2: {{input: 0, output: 0}}\n");
+        let c = Config::parse(&priced, "t.yml").unwrap();
+        assert_eq!(c.pricing().unwrap().max_output_tokens, 64);
+        let types = c.loop_types().unwrap();
+        assert_eq!(
+            c.loop_limits(&c.loops[0], &types["code"]).nano_usd,
+            Some(1_000_000_000)
+        );
+        let err = Config::parse(
+            "prices:\n  m: {input: -1, output: 1}\nbudget: {soft-percent: 101, wall-seconds: 0}\n",
+            "t.yml",
+        )
+        .unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(
+            lines[0].starts_with("t.yml:3:") && lines[0].contains("wall-seconds"),
+            "{err}"
+        );
+        assert!(
+            lines[1].contains("soft-percent: 101 is not a percentage"),
+            "{err}"
+        );
+        assert!(
+            lines[2].starts_with("t.yml:2:3: prices.m: `input` is -1"),
+            "{err}"
+        );
+        let err = Config::parse("budget: {ussd: 1}\n", "t.yml").unwrap_err();
+        assert!(err.contains("did you mean `usd`"), "{err}");
+    }
+
+    #[test]
     fn empty_file_is_the_default() {
         assert_eq!(Config::parse("{}", "t.yml").unwrap(), Config::default());
     }
