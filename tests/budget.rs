@@ -204,10 +204,17 @@ fn a_money_budget_pauses_the_loop_and_resume_with_a_raised_budget_completes_it()
     let summary = p.summary();
     let work = &summary["loops"]["work"];
     assert_eq!(work["status"], "completed", "{work:#}");
-    // Nine turns in all, none paid twice: the paused iteration's calls are not repeated
-    // (scripted replies of a cut-short iteration are given again, and paid again).
+    // What was spent before the pause still counts: the paused iteration runs again from
+    // its start (like one cut short by a stop), so its calls are made, and paid, again:
+    // nine turns after the resume, on top of those before it.
     let total = nano(&work["charged"]);
-    assert!(total > spent, "{work:#}");
+    assert_eq!(total, spent + 9 * 10_100_000, "{work:#}");
+    let paused_ends = p
+        .events()
+        .iter()
+        .filter(|e| e["event"] == "iteration_ended" && e["ended_by"] == "paused")
+        .count();
+    assert_eq!(paused_ends, 1, "the iteration cut short by the budget");
     assert!(total <= 5_000_000_000, "{work:#}");
     assert_eq!(summary["status"], "completed");
     // The work done before the pause was kept: every file is on the loop's branch.
