@@ -342,3 +342,138 @@ fn assistant_message(response: &LlmResponse) -> Message {
         content,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use td_llm::{LlmResponse, Purpose, StopReason, Usage};
+    use td_toolkit::call_path::InCallerTask;
+    use td_toolkit::context::ToolContext;
+    use td_toolkit::registry::ToolSet;
+
+    use super::*;
+    use crate::budget::{Budgets, Carried, Limits, Pricing};
+    use crate::transcript::MemoryTranscripts;
+
+    /// Ends its turn at once, reporting 100 input and 10 output tokens; counts its calls.
+    struct Counting(AtomicU32);
+
+    #[async_trait]
+    impl LlmClient for Counting {
+        async fn complete(&self, _: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(LlmResponse {
+                text: Some("done".into()),
+                tool_calls: Vec::new(),
+                stop_reason: StopReason::EndTurn,
+                usage: Usage {
+                    input_tokens: 100,
+                    output_tokens: 10,
+                    ..Usage::default()
+                },
+            })
+        }
+    }
+
+    /// Counts the notices it was asked to add.
+    struct Notices(u32);
+
+    impl TurnRules for Notices {
+        fn before_request(&mut self, _: &mut [Message]) {
+            self.0 += 1;
+        }
+    }
+
+    fn request() -> LlmRequest {
+        LlmRequest {
+            loop_name: "b".into(),
+            purpose: Purpose::Iteration,
+            system: String::new(),
+            messages: vec![Message::user_text("go")],
+            tools: Vec::new().into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_does_not_fit_is_not_made_and_leaves_the_notices_for_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = CallPath::new(
+            Arc::new(ToolContext::new(dir.path(), "b").unwrap()),
+            Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
+            Arc::new(InCallerTask),
+            None,
+        );
+        let budgets = Budgets::new(
+            Limits {
+                tokens: Some(700),
+                ..Limits::default()
+            },
+            Pricing {
+                model: "m".into(),
+                price: None,
+                max_output_tokens: 500,
+            },
+            Carried::default(),
+        );
+        let asker = budgets.account("a");
+        let llm = Counting(AtomicU32::new(0));
+        let transcripts = MemoryTranscripts::new();
+        let spent = Mutex::new(Spend::default());
+        let turns = Turns {
+            loop_name: "b",
+            iteration: 0,
+            max_turns: 4,
+            llm: &llm,
+            transcript: &transcripts,
+            calls: &calls,
+            stop: None,
+            model_calls: None,
+            charge: Charge {
+                account: &asker,
+                charged_to: Some("a"),
+                spent: &spent,
+            },
+        };
+        // 506 tokens reserved per call (18 request bytes: 6 input tokens, and 500 output):
+        // the first fits and spends 110 tokens.
+        let mut notices = Notices(0);
+        assert!(matches!(
+            turns.run(&mut request(), &mut notices).await,
+            TurnsEnd::EndTurn(Some(_))
+        ));
+        assert_eq!(notices.0, 1);
+        assert_eq!(lock(&spent).tokens(), 110);
+        // What it spent follows its response, charged to the asker.
+        let entries = transcripts.of("b");
+        assert!(
+            matches!(
+                &entries[2],
+                TranscriptEntry::Spent { charged_to: Some(a), spend, .. }
+                    if a == "a" && spend.tokens() == 110 && spend.unpriced_calls == 1
+            ),
+            "{entries:?}"
+        );
+        // 110 spent + 506 reserved fits 700 once more; 220 + 506 does not.
+        let mut notices = Notices(0);
+        assert!(matches!(
+            turns.run(&mut request(), &mut notices).await,
+            TurnsEnd::EndTurn(_)
+        ));
+        let mut notices = Notices(0);
+        let end = turns.run(&mut request(), &mut notices).await;
+        let TurnsEnd::OverBudget(why) = end else {
+            panic!("{end:?}")
+        };
+        assert!(
+            why.contains("the run has used 220 of its 700 budgeted tokens"),
+            "{why}"
+        );
+        // Refused before the turn's notices were taken (they wait for the next iteration),
+        // and never sent.
+        assert_eq!(notices.0, 0);
+        assert_eq!(llm.0.load(Ordering::Relaxed), 2);
+        assert_eq!(budgets.run_spent().tokens(), 220);
+    }
+}
