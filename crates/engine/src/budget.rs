@@ -414,18 +414,17 @@ impl Account {
         };
         // Held in each ledger in turn: the loop's own first, then the run's. A call the
         // run's refuses releases what it held in the loop's.
-        let mut held: Vec<Arc<Ledger>> = Vec::new();
-        for ledger in self.ledgers() {
-            if let Err(why) = ledger.try_hold(worst) {
-                for l in &held {
-                    l.release(worst, None);
-                }
-                return Err(why);
+        if let Some(own) = &self.own {
+            own.try_hold(worst)?;
+        }
+        if let Err(why) = self.budgets.run.try_hold(worst) {
+            if let Some(own) = &self.own {
+                own.release(worst, None);
             }
-            held.push(ledger.clone());
+            return Err(why);
         }
         Ok(Hold {
-            ledgers: held,
+            account: self.clone(),
             worst,
             price: self.budgets.pricing.price,
             settled: false,
@@ -450,7 +449,8 @@ impl Account {
 /// A call's reservation: settled with the call's real usage, or released when dropped.
 #[derive(Debug)]
 pub struct Hold {
-    ledgers: Vec<Arc<Ledger>>,
+    /// Where it is held: the loop's ledger and the run's.
+    account: Account,
     worst: Worst,
     price: Option<Price>,
     settled: bool,
@@ -469,7 +469,7 @@ impl Hold {
             // A cost past what a u64 holds is no price the record can keep: the most it can.
             self.price.map(|p| p.cost(usage).unwrap_or(u64::MAX)),
         );
-        for ledger in &self.ledgers {
+        for ledger in self.account.ledgers() {
             ledger.release(self.worst, Some(&spend));
         }
         self.settled = true;
@@ -480,7 +480,7 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if !self.settled {
-            for ledger in &self.ledgers {
+            for ledger in self.account.ledgers() {
                 ledger.release(self.worst, None);
             }
         }
