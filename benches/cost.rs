@@ -280,6 +280,7 @@ async fn run_loop(on: bool) -> Vec<Vec<u8>> {
         tools: Arc::new(td_tools::tool_set(&names).expect("built-in tools")),
         validation_tools: Arc::new(td_tools::tool_set(&["validate"]).expect("built-in tools")),
         llm: Arc::new(llm),
+        budgets: td_engine::budget::Budgets::unlimited(),
         runner: Arc::new(rt.lanes.clone()),
         coordinator: rt.coordinator.clone(),
         events,

@@ -132,6 +132,8 @@ fn one_loop(record: &RunRecord, events: &EventLog, name: &str, receipt: &Receipt
                 validation_exit: Some(1),
                 validation_passed: Some(false),
                 model_calls: Some(1),
+                spend: None,
+                wall_ms: None,
             })
         });
         timed(&mut s.other, || {

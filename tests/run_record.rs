@@ -15,6 +15,7 @@ use taskdaemon::run::status::{
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_llm::{Block, LlmResponse, Message, Purpose, Role, StopReason, ToolCall, Usage};
 use td_protocol::events::{EventKind, EventLog};
+use td_protocol::spend::Spend;
 use td_toolkit::receipts::{Receipt, hash_output, hash_value};
 
 fn meta(loops: &[(&str, &str)]) -> RunMeta {
@@ -131,6 +132,8 @@ fn events_are_appended_and_keep_the_summary_in_step() {
         validation_exit: Some(1),
         validation_passed: Some(false),
         model_calls: Some(1),
+        spend: None,
+        wall_ms: None,
     });
     // summary.json follows the summary in memory from a writer thread: flush waits for it.
     assert_eq!(record.summary().loops["api"].iterations, 1);
@@ -152,6 +155,8 @@ fn events_are_appended_and_keep_the_summary_in_step() {
         validation_exit: Some(0),
         validation_passed: Some(true),
         model_calls: Some(1),
+        spend: None,
+        wall_ms: None,
     });
     log.record(EventKind::LoopCompleted {
         loop_name: api(),
@@ -235,6 +240,12 @@ fn transcripts_are_kept_per_loop_and_count_token_usage() {
                 100,
             ),
         },
+        TranscriptEntry::Spent {
+            iteration: 1,
+            turn: 1,
+            charged_to: None,
+            spend: Spend::call([100, 10, 0, 0], Some(450_000)),
+        },
         TranscriptEntry::ToolResult {
             iteration: 1,
             turn: 1,
@@ -247,6 +258,12 @@ fn transcripts_are_kept_per_loop_and_count_token_usage() {
             iteration: 1,
             turn: 2,
             response: response(None, &[], 250),
+        },
+        TranscriptEntry::Spent {
+            iteration: 1,
+            turn: 2,
+            charged_to: None,
+            spend: Spend::call([250, 25, 0, 0], None),
         },
     ];
     for e in &entries {
@@ -269,6 +286,8 @@ fn transcripts_are_kept_per_loop_and_count_token_usage() {
     );
     record.flush().unwrap();
     let summary = read_summary(tmp.path()).unwrap();
+    // What each call spent (the entry after its response) adds up: tokens, calls, and the
+    // cost of the priced ones, with the unpriced call counted apart.
     assert_eq!(
         summary.loops["api"].usage,
         Usage {
@@ -277,6 +296,10 @@ fn transcripts_are_kept_per_loop_and_count_token_usage() {
             ..Default::default()
         }
     );
+    let charged = summary.loops["api"].charged;
+    assert_eq!((charged.model_calls, charged.unpriced_calls), (2, 1));
+    assert_eq!(charged.cost_text(), "$0.0005 + unknown price (1 call)");
+    assert_eq!(summary.spend, charged);
 
     // A name that would leave the run directory is refused and counted, never written.
     record.record(
@@ -551,11 +574,6 @@ fn fixed_run(project: &Path, id: &str) -> std::path::PathBuf {
             s.branch = Some("taskdaemon/api".into());
             s.started_at = Some("2025-01-01T12:00:00.000Z".into());
             s.mark_ended("2025-01-01T12:01:05.000Z");
-            s.usage = Usage {
-                input_tokens: 1200,
-                output_tokens: 300,
-                ..Default::default()
-            };
             s.merge = Some(MergeSummary {
                 merged: true,
                 into: Some("main".into()),
@@ -578,6 +596,26 @@ fn fixed_run(project: &Path, id: &str) -> std::path::PathBuf {
             s.reason = Some("max iterations (3) reached without passing validation".into());
         })
         .unwrap();
+    // Tokens and cost come from what each call spent: api's own (priced), and api's answer
+    // to a question of client's (charged to client, with no price).
+    record.record(
+        "api",
+        TranscriptEntry::Spent {
+            iteration: 1,
+            turn: 1,
+            charged_to: None,
+            spend: Spend::call([1200, 300, 0, 0], Some(8_100_000)),
+        },
+    );
+    record.record(
+        "api",
+        TranscriptEntry::Spent {
+            iteration: 0,
+            turn: 1,
+            charged_to: Some("client".into()),
+            spend: Spend::call([500, 10, 40, 0], None),
+        },
+    );
     record.finish(RunStatus::Failed).unwrap();
     // Fix the run's own times so the table is the same on every run of the test.
     let mut summary = read_summary(&dir).unwrap();
@@ -637,9 +675,14 @@ fn status_shows_elapsed_time_of_running_loops() {
         "{text}"
     );
     let row = text.lines().find(|l| l.starts_with("api")).unwrap();
-    assert!(row.contains("running") && row.ends_with("1m 05s"), "{row}");
     assert!(
-        text.ends_with("1 loop(s): 1 running; tokens 0 in, 0 out\n"),
+        row.contains("running") && row.ends_with("1m 05s         -  -"),
+        "{row}"
+    );
+    assert!(
+        text.ends_with(
+            "1 loop(s): 1 running; tokens 0 in, 0 out, 0 cache read, 0 cache write; cost -\n"
+        ),
         "{text}"
     );
     let empty = render_status(&RunSummary::default(), "2025-01-01T12:00:00Z");

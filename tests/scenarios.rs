@@ -167,6 +167,7 @@ impl Run {
             gate: None,
             initial_inbox: Vec::new(),
             initial_progress: Vec::new(),
+            budgets: td_engine::budget::Budgets::unlimited(),
         };
         self.rt.spawn_loop(spec).await.unwrap();
         self.names.push(name.to_string());
@@ -295,6 +296,8 @@ fn normalise(v: &mut Value, root: &Path) {
         Value::Array(a) => a.iter_mut().for_each(|x| normalise(x, Path::new(&root))),
         Value::Object(m) => {
             m.remove("id");
+            // How long an iteration took differs from run to run.
+            m.remove("wall_ms");
             for x in m.values_mut() {
                 normalise(x, Path::new(&root));
             }

@@ -39,6 +39,8 @@ pub struct LoopTypeDef {
     pub build: Option<String>,
     /// Command of the `test` tool.
     pub test: Option<String>,
+    /// The budget of each loop of the type, key by key over the type it extends.
+    pub budget: Option<super::BudgetDef>,
 }
 
 /// A loop type with every field resolved.
@@ -68,6 +70,8 @@ pub struct LoopType {
     pub build: Option<String>,
     /// `test` tool command.
     pub test: Option<String>,
+    /// The budget of each loop of the type.
+    pub budget: super::BudgetDef,
 }
 
 /// The built-in type `name`.
@@ -94,6 +98,7 @@ fn builtin(name: &str) -> Option<LoopType> {
         subscriptions: None,
         build: None,
         test: None,
+        budget: super::BudgetDef::default(),
     })
 }
 
@@ -206,6 +211,7 @@ fn resolve_one(
         subscriptions: def.subscriptions.clone().or(base.subscriptions),
         build: def.build.clone().or(base.build),
         test: def.test.clone().or(base.test),
+        budget: def.budget.unwrap_or_default().over(&base.budget),
     };
     check(&resolved)?;
     done.insert(name.to_string(), resolved.clone());

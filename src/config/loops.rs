@@ -56,6 +56,8 @@ pub struct LoopDef {
     pub base: Option<String>,
     /// Merge its branch into its base when it completes (default: the run's `merge`).
     pub merge: Option<bool>,
+    /// Its budget, key by key over its type's.
+    pub budget: Option<super::BudgetDef>,
 }
 
 /// Loop names become branch and directory names.

@@ -16,11 +16,13 @@ use td_runtime::tool_lanes::LaneSizes;
 use td_toolkit::catalog::{Catalog, ToolSpecOverride};
 use td_toolkit::web_access::WebAccess;
 
+pub mod budget;
 pub mod locate;
 pub mod loop_types;
 pub mod loops;
 pub mod web;
 
+pub use budget::BudgetDef;
 pub use loop_types::{LoopType, LoopTypeDef};
 pub use loops::{LoopDef, WorktreeMode};
 pub use web::{AllowPrivate, WebConfig};
@@ -87,6 +89,13 @@ pub struct Config {
     /// How commands are confined (see `td_confine`).
     #[serde(default)]
     pub sandbox: td_confine::SandboxSettings,
+    /// What models cost, per model name, over the built-in table (dollars per million
+    /// tokens).
+    #[serde(default)]
+    pub prices: BTreeMap<String, td_llm::prices::PriceConfig>,
+    /// The run's budget (loop types and loops have their own).
+    #[serde(default)]
+    pub budget: BudgetDef,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -203,11 +212,53 @@ impl Config {
             problems.append(&mut p);
         }
         problems.extend(self.sandbox_problems());
+        problems.extend(self.budget_problems());
         if problems.is_empty() {
             Ok(())
         } else {
             Err(problems)
         }
+    }
+
+    /// Problems of `prices:` and of every `budget:`, and what the budgets need of the model
+    /// (a price, a known output limit).
+    fn budget_problems(&self) -> Vec<Problem> {
+        let mut budgets: Vec<(String, BudgetDef)> = vec![("budget".into(), self.budget)];
+        for (name, def) in &self.loop_types {
+            if let Some(b) = def.budget {
+                budgets.push((format!("loop-types.{name}.budget"), b));
+            }
+        }
+        for (i, def) in self.loops.iter().enumerate() {
+            if let Some(b) = def.budget {
+                budgets.push((format!("loops[{i}].budget"), b));
+            }
+        }
+        let mut problems: Vec<Problem> =
+            budgets.iter().flat_map(|(at, b)| b.problems(at)).collect();
+        match budget::price_table(&self.prices) {
+            Ok(table) => problems.extend(budget::needs(self.llm.as_ref(), &table, &budgets)),
+            Err(mut p) => problems.append(&mut p),
+        }
+        problems
+    }
+
+    /// The prices of this file's runs: the built-in table with `prices:` over it.
+    pub fn price_table(&self) -> Result<td_llm::prices::PriceTable, String> {
+        budget::price_table(&self.prices).map_err(|p| p.messages())
+    }
+
+    /// How this file's model calls are priced.
+    pub fn pricing(&self) -> Result<td_engine::budget::Pricing, String> {
+        Ok(budget::pricing(self.llm.as_ref(), &self.price_table()?))
+    }
+
+    /// The budget of loop `def` of type `loop_type`: its own keys over its type's.
+    pub fn loop_limits(&self, def: &LoopDef, loop_type: &LoopType) -> td_engine::budget::Limits {
+        def.budget
+            .unwrap_or_default()
+            .over(&loop_type.budget)
+            .limits()
     }
 
     /// Problems of `sandbox.env`: names and values a process environment cannot hold.
@@ -470,6 +521,57 @@ loops:
             lines[1].starts_with("t.yml:5:7: web.allow-private[2]: `*.corp`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn budgets_and_prices_are_checked_against_the_model() {
+        let openai = "llm: {provider: openai, model: gpt-4o, base-url: 'http://127.0.0.1:1/v1'}\n";
+        let err =
+            Config::parse(&format!("{openai}budget: {{tokens: 1000}}\n"), "t.yml").unwrap_err();
+        assert!(
+            err.starts_with("t.yml:1:1: llm: a money or token budget (budget)"),
+            "{err}"
+        );
+        assert!(err.contains("needs `max-tokens`"), "{err}");
+        // Iterations and wall time need no reservation.
+        Config::parse(&format!("{openai}budget: {{iterations: 3}}\n"), "t.yml").unwrap();
+        let local = "llm: {provider: openai, model: smollm2, base-url: 'http://127.0.0.1:1/v1', max-tokens: 64}\n";
+        let text =
+            format!("{local}loops:\n  - {{name: a, type: code, task: t, budget: {{usd: 1}}}}\n");
+        let err = Config::parse(&text, "t.yml").unwrap_err();
+        assert!(
+            err.starts_with("t.yml:3:45: loops[0].budget.usd: the model `smollm2` has no price"),
+            "{err}"
+        );
+        let priced = format!("{text}prices:\n  smollm2: {{input: 0, output: 0}}\n");
+        let c = Config::parse(&priced, "t.yml").unwrap();
+        assert_eq!(c.pricing().unwrap().max_output_tokens, 64);
+        let types = c.loop_types().unwrap();
+        assert_eq!(
+            c.loop_limits(&c.loops[0], &types["code"]).nano_usd,
+            Some(1_000_000_000)
+        );
+        let err = Config::parse(
+            "prices:\n  m: {input: -1, output: 1}\nbudget: {soft-percent: 101, wall-seconds: 0}\n",
+            "t.yml",
+        )
+        .unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(
+            lines[0].starts_with("t.yml:3:") && lines[0].contains("wall-seconds"),
+            "{err}"
+        );
+        assert!(
+            lines[1].contains("soft-percent: 101 is not a percentage"),
+            "{err}"
+        );
+        assert!(
+            lines[2].starts_with("t.yml:2:3: prices.m: `input` is -1"),
+            "{err}"
+        );
+        let err = Config::parse("budget: {ussd: 1}\n", "t.yml").unwrap_err();
+        assert!(err.contains("did you mean `usd`"), "{err}");
     }
 
     #[test]

@@ -13,9 +13,11 @@ use tokio::sync::Semaphore;
 use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
 use crate::run::progress::{ProgressDisplay, ProgressMode};
 use crate::run::record::{
-    LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, new_run_id, now_rfc3339,
+    LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, RunSummary, duration_between,
+    new_run_id, now_rfc3339,
 };
 use crate::run::signals::{StopSignal, StopSignals};
+use td_engine::budget::{Budgets, Carried};
 use td_engine::{EngineConfig, LoopEnd};
 use td_git::worktree::{MergeOutcome, Repo, Worktree};
 use td_protocol::events::{EventKind, EventLog};
@@ -273,6 +275,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         .as_ref()
         .map(|(_, r)| r.loops.clone())
         .unwrap_or_default();
+    let budgets = run_budgets(&config, restored.as_ref().map(|(_, r)| &r.summary))?;
     let events = Arc::new(match &restored {
         Some((_, r)) => EventLog::continuing_after(r.last_seq).map_err(|e| {
             format!(
@@ -402,6 +405,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                 &events,
                 &progress,
                 &record,
+                &budgets,
             )
             .await;
             match started {
@@ -540,6 +544,23 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             options.config.display()
         );
     }
+    let paused: Vec<&str> = status
+        .iter()
+        .filter(|(_, s)| **s == LoopStatus::Paused)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !paused.is_empty() && record_failure.is_none() {
+        let dir_arg = match &options.run_dir {
+            Some(d) => format!(" --run-dir {}", d.display()),
+            None => String::new(),
+        };
+        eprintln!(
+            "taskdaemon: paused by a budget, with their work kept: {}. Raise the budget in {}              (see each loop's reason in the table), then continue the run with: taskdaemon              run -c {}{dir_arg} --resume {run_id}",
+            paused.join(", "),
+            options.config.display(),
+            options.config.display()
+        );
+    }
     Ok(RunReport {
         run_id,
         run_dir,
@@ -547,6 +568,30 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
         interrupted,
         record_failure,
     })
+}
+
+/// The run's budgets: the `budget:` of the config, calls priced by its model, and what a
+/// resumed run (its `summary`) spent, counted and took before.
+fn run_budgets(config: &Config, summary: Option<&RunSummary>) -> Result<Arc<Budgets>, String> {
+    let carried = match summary {
+        Some(s) => Carried {
+            spend: s.spend,
+            iterations: s
+                .loops
+                .values()
+                .fold(0u64, |n, l| n.saturating_add(u64::from(l.iterations))),
+            // The run's wall time runs from its start, a pause included.
+            wall: Duration::from_millis(
+                duration_between(&s.started_at, &now_rfc3339()).unwrap_or(0),
+            ),
+        },
+        None => Carried::default(),
+    };
+    Ok(Budgets::new(
+        config.budget.limits(),
+        config.pricing()?,
+        carried,
+    ))
 }
 
 /// Writes the session receipt of a loop that ended; a failure is said, and the run goes on
@@ -598,7 +643,12 @@ fn block_orphans(
             let dead = def.depends_on.iter().find(|d| {
                 matches!(
                     status.get(*d),
-                    Some(LoopStatus::Failed | LoopStatus::Blocked | LoopStatus::Stopped)
+                    Some(
+                        LoopStatus::Failed
+                            | LoopStatus::Blocked
+                            | LoopStatus::Stopped
+                            | LoopStatus::Paused
+                    )
                 )
             });
             if let Some(dep) = dead {
@@ -643,6 +693,7 @@ async fn start_loop(
     events: &Arc<EventLog>,
     progress: &Arc<ProgressDisplay>,
     record: &Arc<RunRecord>,
+    budgets: &Arc<Budgets>,
 ) -> Result<(LoopSpec, Place), String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
     let place = match def.worktree.clone().unwrap_or(WorktreeMode::Own) {
@@ -705,6 +756,20 @@ async fn start_loop(
     let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
+    // What a resumed loop spent before counts against its budget: its charges, its
+    // finished iterations, the time they took.
+    let carried = match resume {
+        Some(r) => {
+            let entry = record.summary().loops.get(&def.name).cloned();
+            Carried {
+                spend: entry.as_ref().map(|e| e.charged).unwrap_or_default(),
+                iterations: u64::from(r.next_iteration.saturating_sub(1)),
+                wall: Duration::from_millis(entry.map_or(0, |e| e.wall_ms)),
+            }
+        }
+        None => Carried::default(),
+    };
+    budgets.open_loop(&def.name, config.loop_limits(def, loop_type), carried);
     let spec = LoopSpec {
         config: EngineConfig {
             name: def.name.clone(),
@@ -733,8 +798,8 @@ async fn start_loop(
         gate: None,
         initial_inbox: resume.map(|r| r.unseen_inbox.clone()).unwrap_or_default(),
         initial_progress: resume.map(|r| r.progress.clone()).unwrap_or_default(),
+        budgets: budgets.clone(),
     };
-    let _ = config;
     Ok((spec, place))
 }
 
@@ -754,6 +819,7 @@ async fn finish_loop(
     let mut status = match end {
         LoopEnd::Completed { .. } => LoopStatus::Completed,
         LoopEnd::Failed { .. } => LoopStatus::Failed,
+        LoopEnd::Paused { .. } => LoopStatus::Paused,
         LoopEnd::Stopped { .. } => LoopStatus::Stopped,
     };
     let _ = record.update_loop(name, |s| {

@@ -1,5 +1,5 @@
-//! Live progress of a run: one line per loop (status, iteration/max, current tool, elapsed,
-//! last coordination message), redrawn in place on a terminal; plain log lines otherwise;
+//! Live progress of a run: one line per loop (status, iteration/max, elapsed, what is charged
+//! to it so far, current tool, last coordination message), redrawn in place on a terminal; plain log lines otherwise;
 //! JSON event lines with `--json`.
 //!
 //! Everything written is redacted ([`td_base::secrets`]) as it is written, and text cut short
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use td_base::sync::lock;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_protocol::events::{Event, EventKind};
+use td_protocol::spend::Spend;
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,8 @@ struct Row {
     last: String,
     /// Characters of the reply streaming in now, if one is.
     streaming: Option<u64>,
+    /// What is charged to the loop so far (its calls, and answers to its questions).
+    charged: Spend,
 }
 
 /// Growth of a streamed reply redraws the live table at most this often.
@@ -144,6 +147,7 @@ impl ProgressDisplay {
                     ended_by,
                     validation_exit,
                     validation_passed,
+                    spend,
                     ..
                 } => {
                     let v = match (validation_passed, validation_exit) {
@@ -153,8 +157,17 @@ impl ProgressDisplay {
                         (None, _) => String::new(),
                     };
                     row(rows, loop_name).last = format!("iteration {iteration}: {ended_by} {v}");
+                    let spent = match spend {
+                        Some(s) if s.model_calls > 0 => format!(
+                            " ({} model call(s), {} tokens, {})",
+                            s.model_calls,
+                            s.tokens(),
+                            s.cost_text()
+                        ),
+                        _ => String::new(),
+                    };
                     plain = Some(format!(
-                        "{loop_name}: iteration {iteration} ended by {ended_by}{}",
+                        "{loop_name}: iteration {iteration} ended by {ended_by}{}{spent}",
                         sep(&v)
                     ));
                 }
@@ -176,6 +189,14 @@ impl ProgressDisplay {
                     r.ended = Some(Instant::now());
                     r.last = reason.lines().next().unwrap_or("").to_string();
                     plain = Some(format!("{loop_name}: failed: {reason}"));
+                }
+                EventKind::LoopPaused { loop_name, reason } => {
+                    let r = row(rows, loop_name);
+                    r.status = "paused".into();
+                    r.ended = Some(Instant::now());
+                    r.tool.clear();
+                    r.last = reason.clone();
+                    plain = Some(format!("{loop_name}: paused: {reason}"));
                 }
                 EventKind::LoopStopped { loop_name } => {
                     let r = row(rows, loop_name);
@@ -302,8 +323,13 @@ impl ProgressDisplay {
                 _ if r.status == "running" && !r.tool.is_empty() => format!(" [{}]", r.tool),
                 _ => String::new(),
             };
+            let cost = if r.charged.model_calls > 0 {
+                format!(" {}", r.charged.cost_text())
+            } else {
+                String::new()
+            };
             text.push_str(&format!(
-                "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{tool}  {}\n",
+                "\x1b[2K{name:<width$}  {:<9} {:>2}/{:<2} {:>4}s{cost}{tool}  {}\n",
                 r.status,
                 r.iteration,
                 r.max_iterations,
@@ -351,6 +377,18 @@ impl TranscriptSink for ProgressDisplay {
                 row.tool = tool;
                 row.streaming = None;
             }
+            self.redraw();
+        }
+        if let TranscriptEntry::Spent {
+            charged_to, spend, ..
+        } = &entry
+        {
+            let payer = charged_to.as_deref().unwrap_or(loop_name);
+            lock(&self.rows)
+                .entry(payer.to_string())
+                .or_default()
+                .charged
+                .add(spend);
             self.redraw();
         }
         self.inner.record(loop_name, entry);

@@ -4,8 +4,8 @@
 //!
 //! What the events say is all there: the run id, config, start time and sandbox report (the
 //! run's first event, `run_started`), each loop's type, status, iterations, last validation,
-//! start and end times, completion summary or reason, merge; token usage comes from the
-//! transcripts, the per-tool counts from the receipt logs. What only the orchestrator wrote into the summary is not: each loop's branch
+//! start and end times, completion summary or reason, merge; tokens and cost from the
+//! transcripts' `spent` entries (an answer's charged to the loop that asked), the per-tool counts from the receipt logs. What only the orchestrator wrote into the summary is not: each loop's branch
 //! and worktree, and why a loop failed before it started. A record of a run older than
 //! `run_started` takes its run id from its directory name.
 
@@ -100,22 +100,9 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
             continue;
         }
         for_each_jsonl::<TranscriptEntry>(&path, |line, item| match item {
-            Ok(TranscriptEntry::Response { response, .. }) => {
-                let usage = &mut entry.usage;
-                usage.input_tokens = usage
-                    .input_tokens
-                    .saturating_add(response.usage.input_tokens);
-                usage.output_tokens = usage
-                    .output_tokens
-                    .saturating_add(response.usage.output_tokens);
-                usage.cache_read_tokens = usage
-                    .cache_read_tokens
-                    .saturating_add(response.usage.cache_read_tokens);
-                usage.cache_write_tokens = usage
-                    .cache_write_tokens
-                    .saturating_add(response.usage.cache_write_tokens);
-                usage.estimated |= response.usage.estimated;
-            }
+            Ok(TranscriptEntry::Spent {
+                charged_to, spend, ..
+            }) => summary.add_spend(&name, charged_to.as_deref(), &spend),
             Ok(_) => {}
             Err(why) => notes.push(format!(
                 "loops/{name}/transcript.jsonl line {line}: {why} (skipped)"

@@ -55,6 +55,7 @@ use td_engine::LoopEnd;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_llm::Usage;
 use td_protocol::events::{Event, EventKind};
+use td_protocol::spend::Spend;
 use td_toolkit::receipts::{Receipt, ReceiptLog, ToolCounts};
 
 /// The run's summary file, replaced atomically on every change.
@@ -118,6 +119,9 @@ pub enum LoopStatus {
     Blocked,
     /// It was stopped on request.
     Stopped,
+    /// It reached a hard limit of its budget or the run's; `run --resume` with a raised
+    /// budget goes on with it.
+    Paused,
 }
 
 impl LoopStatus {
@@ -130,14 +134,16 @@ impl LoopStatus {
             LoopStatus::Failed => "failed",
             LoopStatus::Blocked => "blocked",
             LoopStatus::Stopped => "stopped",
+            LoopStatus::Paused => "paused",
         }
     }
 
-    /// Whether the loop will not run again in this run.
+    /// Whether the loop will not run again in this run (a stopped or paused loop may in a
+    /// resumed one).
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            LoopStatus::Completed | LoopStatus::Failed | LoopStatus::Stopped
+            LoopStatus::Completed | LoopStatus::Failed | LoopStatus::Stopped | LoopStatus::Paused
         )
     }
 }
@@ -155,6 +161,8 @@ pub enum RunStatus {
     Failed,
     /// The run was stopped before its loops finished.
     Stopped,
+    /// A budget paused loops (none failed); `run --resume` with a raised budget goes on.
+    Paused,
 }
 
 impl RunStatus {
@@ -165,6 +173,7 @@ impl RunStatus {
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Stopped => "stopped",
+            RunStatus::Paused => "paused",
         }
     }
 }
@@ -220,8 +229,24 @@ pub struct LoopSummary {
     pub summary: Option<String>,
     /// Why it failed, was blocked or was stopped.
     pub reason: Option<String>,
-    /// Tokens of every model call made for it (iterations and query answers).
+    /// Tokens of every model call charged to it: its iterations' and the answers other
+    /// loops gave to its questions (the tokens of [`LoopSummary::charged`]).
     pub usage: Usage,
+    /// What its iterations' model calls spent.
+    #[serde(skip_serializing_if = "Spend::is_empty")]
+    pub spend: Spend,
+    /// What other loops' answers to its questions spent: charged to it.
+    #[serde(skip_serializing_if = "Spend::is_empty")]
+    pub spent_on_answers: Spend,
+    /// What its answers to other loops' questions spent: charged to the askers, not to it.
+    #[serde(skip_serializing_if = "Spend::is_empty")]
+    pub answers_for_others: Spend,
+    /// Everything charged to it (`spend` + `spent_on_answers`): what its budget counts.
+    #[serde(skip_serializing_if = "Spend::is_empty")]
+    pub charged: Spend,
+    /// The time its iterations took, in milliseconds (what its wall-time budget counts).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub wall_ms: u64,
     /// Merge of its branch, when one was attempted.
     pub merge: Option<MergeSummary>,
     /// Per tool: calls, errors and inputs the schema refused, counted from the receipts as
@@ -266,6 +291,11 @@ impl LoopSummary {
                 self.iterations = *iterations;
                 self.reason = Some(reason.clone());
             }
+            LoopEnd::Paused { iterations, reason } => {
+                self.status = LoopStatus::Paused;
+                self.iterations = self.iterations.max(*iterations);
+                self.reason = Some(reason.clone());
+            }
             LoopEnd::Stopped { iterations, reason } => {
                 self.status = LoopStatus::Stopped;
                 // A loop stopped by force reports 0: the iterations already recorded stand.
@@ -299,21 +329,69 @@ pub struct RunSummary {
     /// How the run's commands are confined, and what this machine lacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<td_confine::SandboxReport>,
+    /// What every model call of the run spent.
+    #[serde(skip_serializing_if = "Spend::is_empty")]
+    pub spend: Spend,
 }
 
 impl RunSummary {
     /// The status the loops imply: failed if any failed or is blocked, completed if all
-    /// completed, stopped otherwise (some loops never finished).
+    /// completed, paused if a budget paused some (and the others completed or were paused
+    /// too), stopped otherwise (some loops never finished).
     pub fn status_from_loops(&self) -> RunStatus {
         let statuses = || self.loops.values().map(|l| l.status);
         if statuses().any(|s| matches!(s, LoopStatus::Failed | LoopStatus::Blocked)) {
             RunStatus::Failed
         } else if statuses().all(|s| s == LoopStatus::Completed) {
             RunStatus::Completed
+        } else if statuses().all(|s| matches!(s, LoopStatus::Completed | LoopStatus::Paused)) {
+            RunStatus::Paused
         } else {
             RunStatus::Stopped
         }
     }
+
+    /// Adds one model call's `spend` made by loop `loop_name`: to the loop that asked the
+    /// question it answers when `charged_to` names one (`answers_for_others` of the
+    /// answerer, `spent_on_answers` of the asker), to the loop itself otherwise; and to the
+    /// run's. The one rule for the live record and a rebuilt summary.
+    pub fn add_spend(&mut self, loop_name: &str, charged_to: Option<&str>, spend: &Spend) {
+        fn entry<'a>(summary: &'a mut RunSummary, name: &str) -> &'a mut LoopSummary {
+            let entry = summary
+                .loops
+                .entry(name.to_string())
+                .or_insert_with(|| LoopSummary::pending(name, ""));
+            entry.name = name.to_string();
+            entry
+        }
+        self.spend.add(spend);
+        let payer = match charged_to {
+            Some(asker) if asker != loop_name => {
+                entry(self, loop_name).answers_for_others.add(spend);
+                let asker = entry(self, asker);
+                asker.spent_on_answers.add(spend);
+                asker
+            }
+            _ => {
+                let own = entry(self, loop_name);
+                own.spend.add(spend);
+                own
+            }
+        };
+        payer.charged.add(spend);
+        payer.usage = Usage {
+            input_tokens: payer.charged.input_tokens,
+            output_tokens: payer.charged.output_tokens,
+            cache_read_tokens: payer.charged.cache_read_tokens,
+            cache_write_tokens: payer.charged.cache_write_tokens,
+            // Some of the counts are estimates when one of the calls' were.
+            estimated: payer.charged.estimated_calls > 0,
+        };
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the run is, for [`RunRecord::create`].
@@ -657,6 +735,7 @@ fn resume_relies_on(kind: &EventKind) -> bool {
             | EventKind::LoopCompleted { .. }
             | EventKind::LoopFailed { .. }
             | EventKind::LoopStopped { .. }
+            | EventKind::LoopPaused { .. }
             | EventKind::LoopBlocked { .. }
             | EventKind::LoopMerged { .. }
     )
@@ -721,10 +800,12 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             iteration,
             validation_exit,
             validation_passed,
+            wall_ms,
             ..
         } => {
             let s = entry(summary, loop_name);
             s.iterations = s.iterations.max(*iteration);
+            s.wall_ms = s.wall_ms.saturating_add(wall_ms.unwrap_or(0));
             if let Some(passed) = validation_passed {
                 s.validation = Some(ValidationSummary {
                     exit_code: *validation_exit,
@@ -752,6 +833,12 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
         EventKind::LoopStopped { loop_name } => {
             let s = entry(summary, loop_name);
             s.status = LoopStatus::Stopped;
+            s.mark_ended(time);
+        }
+        EventKind::LoopPaused { loop_name, reason } => {
+            let s = entry(summary, loop_name);
+            s.status = LoopStatus::Paused;
+            s.reason = Some(reason.clone());
             s.mark_ended(time);
         }
         EventKind::LoopBlocked { loop_name, reason } => {
@@ -798,21 +885,13 @@ impl TranscriptSink for RunRecord {
             }
             Err(e) => inner.write_failed(e),
         }
-        if let TranscriptEntry::Response { response, .. } = &entry {
-            let usage = response.usage;
-            inner.update_loop(loop_name, |s| {
-                s.usage.input_tokens = s.usage.input_tokens.saturating_add(usage.input_tokens);
-                s.usage.output_tokens = s.usage.output_tokens.saturating_add(usage.output_tokens);
-                s.usage.cache_read_tokens = s
-                    .usage
-                    .cache_read_tokens
-                    .saturating_add(usage.cache_read_tokens);
-                s.usage.cache_write_tokens = s
-                    .usage
-                    .cache_write_tokens
-                    .saturating_add(usage.cache_write_tokens);
-                // Some of the counts are estimates when one of the calls' were.
-                s.usage.estimated |= usage.estimated;
+        if let TranscriptEntry::Spent {
+            charged_to, spend, ..
+        } = &entry
+        {
+            inner.summary.change(|summary| {
+                summary.add_spend(loop_name, charged_to.as_deref(), spend);
+                true
             });
         }
     }

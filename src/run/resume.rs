@@ -388,6 +388,8 @@ mod tests {
             validation_exit: None,
             validation_passed: passed,
             model_calls: Some(1),
+            spend: None,
+            wall_ms: None,
         }
     }
 

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use td_base::text::head_tail;
 use td_engine::transcript::TranscriptEntry;
 use td_llm::{Block, Purpose, Role, StopReason};
+use td_protocol::spend::Spend;
 
 use super::record::{
     LoopStatus, LoopSummary, RunSummary, duration_between, for_each_jsonl, is_run_dir, loop_names,
@@ -156,8 +157,10 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
         "VALIDATION",
         "BRANCH",
         "DURATION",
+        "TOKENS",
+        "COST",
     ];
-    let rows: Vec<[String; 7]> = summary
+    let rows: Vec<[String; 9]> = summary
         .loops
         .values()
         .map(|l| {
@@ -169,6 +172,8 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
                 validation_cell(l),
                 dash(l.branch.as_deref().unwrap_or("")),
                 duration_cell(l, now),
+                tokens_cell(&l.charged),
+                cost_cell(l),
             ]
         })
         .collect();
@@ -181,8 +186,8 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
     let mut line = |cells: &[String]| {
         let mut text = String::new();
         for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            // ITER is a number: right-aligned; the last column carries no padding.
-            if i == 3 {
+            // ITER and TOKENS are numbers: right-aligned; the last column carries no padding.
+            if i == 3 || i == 7 {
                 let _ = write!(text, "{cell:>w$}  ");
             } else if i + 1 == cells.len() {
                 text.push_str(cell);
@@ -255,6 +260,24 @@ fn duration_cell(l: &LoopSummary, now: &str) -> String {
     ms.map(human_duration).unwrap_or_else(|| "-".into())
 }
 
+/// Tokens of every kind, `-` for none.
+fn tokens_cell(spend: &Spend) -> String {
+    match spend.tokens() {
+        0 => "-".into(),
+        n => n.to_string(),
+    }
+}
+
+/// What is charged to the loop, with what its answers to its questions cost when there is
+/// any (`$0.6003 (answers $0.5003)`).
+fn cost_cell(l: &LoopSummary) -> String {
+    let mut cell = l.charged.cost_text();
+    if !l.spent_on_answers.is_empty() {
+        cell.push_str(&format!(" (answers {})", l.spent_on_answers.cost_text()));
+    }
+    cell
+}
+
 fn totals(summary: &RunSummary) -> String {
     let mut counts: Vec<(LoopStatus, usize)> = Vec::new();
     for l in summary.loops.values() {
@@ -268,16 +291,16 @@ fn totals(summary: &RunSummary) -> String {
         .iter()
         .map(|(s, n)| format!("{n} {}", s.as_str()))
         .collect();
-    let (input, output) = summary.loops.values().fold((0u64, 0u64), |(i, o), l| {
-        (
-            i.saturating_add(l.usage.input_tokens),
-            o.saturating_add(l.usage.output_tokens),
-        )
-    });
+    let spend = &summary.spend;
     format!(
-        "{} loop(s): {}; tokens {input} in, {output} out\n",
+        "{} loop(s): {}; tokens {} in, {} out, {} cache read, {} cache write; cost {}\n",
         summary.loops.len(),
-        parts.join(", ")
+        parts.join(", "),
+        spend.input_tokens,
+        spend.output_tokens,
+        spend.cache_read_tokens,
+        spend.cache_write_tokens,
+        spend.cost_text()
     )
 }
 
@@ -384,6 +407,7 @@ fn iteration_of(entry: &TranscriptEntry) -> u32 {
         TranscriptEntry::IterationStarted { iteration, .. }
         | TranscriptEntry::Request { iteration, .. }
         | TranscriptEntry::Response { iteration, .. }
+        | TranscriptEntry::Spent { iteration, .. }
         | TranscriptEntry::ToolResult { iteration, .. }
         | TranscriptEntry::Validation { iteration, .. }
         | TranscriptEntry::ModelError { iteration, .. } => *iteration,
@@ -517,6 +541,21 @@ impl LogView<'_> {
                     let input = self.cut(&call.input.to_string());
                     let _ = writeln!(self.out, "→ {} [{}] {input}", call.name, call.id);
                 }
+            }
+            TranscriptEntry::Spent {
+                charged_to, spend, ..
+            } => {
+                let payer = match charged_to {
+                    Some(asker) => format!(", charged to `{asker}`, who asked"),
+                    None => String::new(),
+                };
+                let _ = writeln!(
+                    self.out,
+                    "(cost {}; cache {} read, {} written{payer})",
+                    spend.cost_text(),
+                    spend.cache_read_tokens,
+                    spend.cache_write_tokens
+                );
             }
             TranscriptEntry::ToolResult {
                 iteration,

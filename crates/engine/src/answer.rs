@@ -5,16 +5,18 @@
 //! lanes are offered (and allowed): an answer reads, it never changes the worktree, and it
 //! never waits on a third loop.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use td_llm::{LlmClient, LlmError, LlmRequest, Message, Purpose};
 use td_protocol::events::EventLog;
+use td_protocol::spend::Spend;
 use td_protocol::tool_definition::ToolDefinition;
 use td_toolkit::call_path::CallPath;
 
+use crate::budget::Budgets;
 use crate::prompt;
 use crate::transcript::TranscriptSink;
-use crate::turns::{TurnRules, Turns, TurnsEnd};
+use crate::turns::{Charge, TurnRules, Turns, TurnsEnd};
 use crate::{EngineConfig, ProgressNotes};
 
 /// Model turns an answer may take before it gives up.
@@ -32,6 +34,9 @@ pub enum AnswerError {
     /// The run record (or a receipt of the answer's calls) could not be written.
     #[error("the run record could not be written ({0})")]
     RecordUnwritable(String),
+    /// The asking loop's budget (which pays for the answer) or the run's has no room for it.
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// What a loop needs to answer other loops' questions: built once per loop and shared by
@@ -47,6 +52,8 @@ pub struct Answerer {
     llm: Arc<dyn LlmClient>,
     progress: Arc<ProgressNotes>,
     transcript: Arc<dyn TranscriptSink>,
+    /// The run's budgets: an answer is charged to the loop that asked.
+    budgets: Arc<Budgets>,
     /// The tools an answer may use, looked up at the first question (loops of one type
     /// share them).
     read_only: OnceLock<Arc<[ToolDefinition]>>,
@@ -56,13 +63,14 @@ pub struct Answerer {
 
 impl Answerer {
     /// The answerer of the loop with these settings, calls, model, progress notes and
-    /// transcript.
+    /// transcript; its answers are charged to the askers' accounts in `budgets`.
     pub fn new(
         config: &EngineConfig,
         calls: Arc<CallPath>,
         llm: Arc<dyn LlmClient>,
         progress: Arc<ProgressNotes>,
         transcript: Arc<dyn TranscriptSink>,
+        budgets: Arc<Budgets>,
     ) -> Self {
         Self {
             name: config.name.clone(),
@@ -72,6 +80,7 @@ impl Answerer {
             llm,
             progress,
             transcript,
+            budgets,
             read_only: OnceLock::new(),
             events: None,
         }
@@ -93,8 +102,22 @@ impl Answerer {
     }
 
     /// Answers another loop's question with a side model call that sees this loop's task
-    /// and progress; the model may use the read-only tools on this loop's worktree.
+    /// and progress; the model may use the read-only tools on this loop's worktree. Its
+    /// model calls are charged to `from`, the loop that asked.
     pub async fn answer(&self, from: &str, question: &str) -> Result<String, AnswerError> {
+        self.answer_counting(from, question, &Mutex::new(Spend::default()))
+            .await
+    }
+
+    /// [`Answerer::answer`], adding what its model calls spend to `spent` as they are
+    /// answered (so that an answer given up on still says what it cost).
+    pub async fn answer_counting(
+        &self,
+        from: &str,
+        question: &str,
+        spent: &Mutex<Spend>,
+    ) -> Result<String, AnswerError> {
+        let account = self.budgets.account(from);
         let system = self.progress.with_notes(|notes| {
             prompt::answer_system(&self.name, &self.loop_type, from, &self.task, notes)
         });
@@ -123,12 +146,18 @@ impl Answerer {
             stop: None,
             model_calls: None,
             events: self.events.as_deref(),
+            charge: Charge {
+                account: &account,
+                charged_to: Some(from),
+                spent,
+            },
         };
         let mut rules = AnswerRules { read_only };
         match turns.run(&mut request, &mut rules).await {
             TurnsEnd::EndTurn(text) => Ok(text.unwrap_or_default()),
             TurnsEnd::ModelError(e) => Err(e.into()),
             TurnsEnd::RecordUnwritable(why) => Err(AnswerError::RecordUnwritable(why)),
+            TurnsEnd::OverBudget(why) => Err(AnswerError::OverBudget(why)),
             // An answer is given no stop and its rules never finish it, so running out of
             // turns is the only other end.
             TurnsEnd::MaxTurns | TurnsEnd::Stopped | TurnsEnd::Finished => {
@@ -285,6 +314,7 @@ mod tests {
             llm.clone(),
             Arc::new(ProgressNotes::default()),
             transcripts.clone(),
+            Budgets::unlimited(),
         );
         let answer = answerer.answer("a", "what is there?").await.unwrap();
         let refused = "only read-only tools are (error: true)";
@@ -361,6 +391,7 @@ mod tests {
             Arc::new(Forever),
             Arc::new(ProgressNotes::default()),
             Arc::new(crate::transcript::NoTranscript),
+            Budgets::unlimited(),
         );
         let err = answerer.answer("a", "q").await.unwrap_err();
         assert!(matches!(err, AnswerError::TooManyTurns), "{err:?}");
@@ -428,6 +459,7 @@ mod tests {
             Arc::new(RetriesOnce),
             Arc::new(ProgressNotes::default()),
             growth.clone(),
+            Budgets::unlimited(),
         )
         .with_events(events.clone());
         assert_eq!(answerer.answer("a", "port?").await.unwrap(), "port 8080");

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -25,18 +25,28 @@ use td_base::text::head_tail;
 use td_llm::{Block, LlmClient, LlmRequest, Message, Purpose};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
+use td_protocol::spend::Spend;
 use td_toolkit::call_path::CallPath;
 use td_toolkit::context::ToolContext;
 use td_toolkit::receipts::SideEffect;
 
 mod answer;
+pub mod budget;
 pub mod prompt;
 pub mod transcript;
 mod turns;
 
 pub use answer::{AnswerError, Answerer};
+use budget::Account;
 use transcript::{TranscriptEntry, TranscriptSink};
-use turns::{TurnRules, Turns, TurnsEnd};
+use turns::{Charge, TurnRules, Turns, TurnsEnd};
+
+/// What an iteration's model calls came to, for its `iteration_ended` event.
+struct IterationCounts {
+    model_calls: u32,
+    spend: Spend,
+    started: Instant,
+}
 
 /// How a loop ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +66,14 @@ pub enum LoopEnd {
         /// Why.
         reason: String,
     },
+    /// Paused at a hard limit of its budget or the run's: its state is kept, and a resumed
+    /// run with a raised budget goes on with it.
+    Paused {
+        /// Iterations used (the one cut short by the limit included: it runs again).
+        iterations: u32,
+        /// Which limit, and what to do.
+        reason: String,
+    },
     /// Stopped on request, or because its record could not be written.
     Stopped {
         /// Iterations used.
@@ -68,11 +86,12 @@ pub enum LoopEnd {
 }
 
 impl LoopEnd {
-    /// `completed`, `failed` or `stopped`.
+    /// `completed`, `failed`, `paused` or `stopped`.
     pub fn status(&self) -> &'static str {
         match self {
             LoopEnd::Completed { .. } => "completed",
             LoopEnd::Failed { .. } => "failed",
+            LoopEnd::Paused { .. } => "paused",
             LoopEnd::Stopped { .. } => "stopped",
         }
     }
@@ -182,6 +201,8 @@ pub struct Engine {
     pub transcript: Arc<dyn TranscriptSink>,
     /// Becomes `true` when the loop must stop.
     pub stop: watch::Receiver<bool>,
+    /// Where its model calls are charged (its budget and the run's).
+    pub account: Account,
 }
 
 /// Why an iteration's model turns ended (its `ended_by` in the events).
@@ -195,6 +216,8 @@ enum IterationEnd {
     ModelError(String),
     /// The run record (or a receipt) could not be written: nothing more may run.
     RecordUnwritable(String),
+    /// A hard limit of a budget was reached: the loop pauses.
+    Paused(String),
 }
 
 impl IterationEnd {
@@ -207,6 +230,7 @@ impl IterationEnd {
             IterationEnd::Stopped => "stopped",
             IterationEnd::ModelError(_) => "model_error",
             IterationEnd::RecordUnwritable(_) => "record_unwritable",
+            IterationEnd::Paused(_) => "paused",
         }
     }
 }
@@ -252,24 +276,44 @@ impl Engine {
             if let Some(why) = self.record_failure() {
                 return self.halt(iteration - 1, &why);
             }
+            if let Err(reason) = self.account.start_iteration() {
+                return LoopEnd::Paused {
+                    iterations: iteration - 1,
+                    reason,
+                };
+            }
             self.events.record(EventKind::IterationStarted {
                 loop_name: self.config.name.clone(),
                 iteration,
             });
             // Counted outside the iteration's future, which a timeout drops.
             let calls = AtomicU32::new(0);
+            let spent = Mutex::new(Spend::default());
+            let started = Instant::now();
             let (ended, completion) = match self.config.iteration_timeout {
-                Some(limit) => tokio::time::timeout(limit, self.iterate(iteration, &calls))
+                Some(limit) => tokio::time::timeout(limit, self.iterate(iteration, &calls, &spent))
                     .await
                     .unwrap_or((IterationEnd::Timeout, self.ctx().take_completion())),
-                None => self.iterate(iteration, &calls).await,
+                None => self.iterate(iteration, &calls, &spent).await,
             };
-            let calls = calls.load(Ordering::Relaxed);
+            let calls = IterationCounts {
+                model_calls: calls.load(Ordering::Relaxed),
+                spend: *lock(&spent),
+                started,
+            };
             if ended == IterationEnd::Stopped {
-                self.record_iteration_end(iteration, &ended, calls, None, None);
+                self.record_iteration_end(iteration, &ended, &calls, None, None);
                 return LoopEnd::Stopped {
                     iterations: iteration,
                     reason: None,
+                };
+            }
+            if let IterationEnd::Paused(reason) = &ended {
+                // Like a stop: no validation, and a resumed run runs the iteration again.
+                self.record_iteration_end(iteration, &ended, &calls, None, None);
+                return LoopEnd::Paused {
+                    iterations: iteration,
+                    reason: reason.clone(),
                 };
             }
             // No validation command runs unrecorded either.
@@ -281,14 +325,14 @@ impl Engine {
                 self.record_iteration_end(
                     iteration,
                     &IterationEnd::RecordUnwritable(why.clone()),
-                    calls,
+                    &calls,
                     None,
                     None,
                 );
                 return self.halt(iteration, &why);
             }
             if let IterationEnd::ModelError(e) = &ended {
-                self.record_iteration_end(iteration, &ended, calls, None, None);
+                self.record_iteration_end(iteration, &ended, &calls, None, None);
                 return LoopEnd::Failed {
                     iterations: iteration,
                     reason: format!("the model call failed: {e}"),
@@ -296,7 +340,7 @@ impl Engine {
             }
             let (passed, exit, output, unrecorded) =
                 self.validate(iteration, completion.is_some()).await;
-            self.record_iteration_end(iteration, &ended, calls, exit, Some(passed));
+            self.record_iteration_end(iteration, &ended, &calls, exit, Some(passed));
             if passed {
                 return LoopEnd::Completed {
                     iterations: iteration,
@@ -340,7 +384,7 @@ impl Engine {
         &self,
         iteration: u32,
         ended: &IterationEnd,
-        model_calls: u32,
+        counts: &IterationCounts,
         exit: Option<i32>,
         passed: Option<bool>,
     ) {
@@ -350,7 +394,9 @@ impl Engine {
             ended_by: ended.label().to_string(),
             validation_exit: exit,
             validation_passed: passed,
-            model_calls: Some(model_calls),
+            model_calls: Some(counts.model_calls),
+            spend: Some(counts.spend),
+            wall_ms: Some(u64::try_from(counts.started.elapsed().as_millis()).unwrap_or(u64::MAX)),
         });
     }
 
@@ -418,7 +464,12 @@ impl Engine {
 
     /// One iteration's model turns. Returns why they ended and the completion summary;
     /// counts its model calls in `calls` (each as it is made).
-    async fn iterate(&self, iteration: u32, calls: &AtomicU32) -> (IterationEnd, Option<String>) {
+    async fn iterate(
+        &self,
+        iteration: u32,
+        calls: &AtomicU32,
+        spent: &Mutex<Spend>,
+    ) -> (IterationEnd, Option<String>) {
         let system = match self.render(&self.config.system_template, iteration, true) {
             Ok(s) => s,
             Err(e) => return (IterationEnd::ModelError(e.to_string()), None),
@@ -452,6 +503,11 @@ impl Engine {
             stop: Some(&self.stop),
             model_calls: Some(calls),
             events: Some(&self.events),
+            charge: Charge {
+                account: &self.account,
+                charged_to: None,
+                spent,
+            },
         };
         let mut rules = IterationRules {
             engine: self,
@@ -465,17 +521,20 @@ impl Engine {
             TurnsEnd::MaxTurns => IterationEnd::MaxTurns,
             TurnsEnd::Stopped => IterationEnd::Stopped,
             TurnsEnd::RecordUnwritable(why) => IterationEnd::RecordUnwritable(why),
+            TurnsEnd::OverBudget(why) => IterationEnd::Paused(why),
             TurnsEnd::ModelError(e) => return (IterationEnd::ModelError(e.to_string()), None),
         };
         (ended, completion.or_else(|| self.ctx().take_completion()))
     }
 
     /// Adds waiting inbox items and file-change notices to the last user message, clearly
-    /// marked, exactly once.
+    /// marked, exactly once; and, past a budget's soft threshold, what is left of it. All of
+    /// it goes at the end of the conversation, after the part a prompt cache can keep.
     fn attach_notices(&self, messages: &mut [Message]) {
         let items = self.inbox.drain();
         let changed = self.ctx().take_changed_since_read();
-        if items.is_empty() && changed.is_empty() {
+        let budget = self.account.notice();
+        if items.is_empty() && changed.is_empty() && budget.is_none() {
             return;
         }
         let mut text = String::new();
@@ -499,6 +558,10 @@ impl Engine {
                 "[files changed on disk since you read them; read them again before editing: {}]\n",
                 paths.join(", ")
             ));
+        }
+        if let Some(budget) = budget {
+            text.push_str(&budget);
+            text.push('\n');
         }
         if let Some(last) = messages.last_mut() {
             last.content.push(Block::Text {

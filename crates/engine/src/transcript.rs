@@ -1,5 +1,6 @@
 //! What a loop's transcript records: each model request (the messages new since the last
-//! one), each response, each tool result, inbox notices, validation and answered queries.
+//! one), each response and what it spent, each tool result, inbox notices, validation and
+//! answered queries.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -8,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use td_base::sync::lock;
 use td_llm::{LlmResponse, Message, Purpose};
+use td_protocol::spend::Spend;
 
 /// One transcript line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +41,19 @@ pub enum TranscriptEntry {
         turn: u32,
         /// The response.
         response: LlmResponse,
+    },
+    /// What the model call just answered spent (right after its response).
+    Spent {
+        /// 1-based iteration (0 for query answers).
+        iteration: u32,
+        /// 1-based turn.
+        turn: u32,
+        /// The loop the call is charged to when it is not this one: the loop whose question
+        /// this call answers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        charged_to: Option<String>,
+        /// Tokens and cost.
+        spend: Spend,
     },
     /// A tool call's result as the model saw it.
     ToolResult {

@@ -14,10 +14,12 @@
 //! the record cannot be written (a receipt that could not be saved says so to the record, so
 //! that every loop of the run stops before its next call).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::watch;
 
+use td_base::sync::lock;
 use td_llm::{
     Block, CallObserver, LlmClient, LlmError, LlmRequest, LlmResponse, Message, RetryNotice, Role,
 };
@@ -25,6 +27,9 @@ use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::call_path::{CallPath, ReceiptNotSaved};
 use td_toolkit::registry::CallOutcome;
 
+use td_protocol::spend::Spend;
+
+use crate::budget::{Account, Hold};
 use crate::transcript::{TranscriptEntry, TranscriptSink};
 
 /// How a conversation's turns ended.
@@ -42,6 +47,8 @@ pub(crate) enum TurnsEnd {
     ModelError(LlmError),
     /// The run record (or a receipt) could not be written: nothing more may run.
     RecordUnwritable(String),
+    /// The next model call does not fit a budget: why, and what to do.
+    OverBudget(String),
 }
 
 /// What one kind of conversation adds to the shared turn loop.
@@ -82,6 +89,9 @@ pub(crate) struct Turns<'a> {
     pub model_calls: Option<&'a AtomicU32>,
     /// Where the retries of the model calls are recorded, when given.
     pub events: Option<&'a EventLog>,
+    /// Where the calls are charged (reserved before, settled after), and the loop that is
+    /// charged when it is not this one (the asker of a question).
+    pub charge: Charge<'a>,
 }
 
 /// What a loop's model call reports on its way: each retry becomes a
@@ -112,6 +122,16 @@ impl CallObserver for CallEvents<'_> {
     }
 }
 
+/// Where a conversation's model calls are charged, and where what they spent adds up.
+pub(crate) struct Charge<'a> {
+    /// The account of the loop that pays.
+    pub account: &'a Account,
+    /// The paying loop, when it is not the one that calls (an answer's asker).
+    pub charged_to: Option<&'a str>,
+    /// What the conversation's calls spent, kept outside it (a timeout drops it).
+    pub spent: &'a Mutex<Spend>,
+}
+
 impl Turns<'_> {
     fn stopped(&self) -> bool {
         self.stop.is_some_and(|s| *s.borrow())
@@ -131,6 +151,12 @@ impl Turns<'_> {
             if let Some(why) = self.transcript.unwritable() {
                 return TurnsEnd::RecordUnwritable(why);
             }
+            // Reserved before the turn's notices are drained from the inbox, so that a call
+            // refused leaves them for the next iteration.
+            let hold = match self.charge.account.reserve(request) {
+                Ok(hold) => hold,
+                Err(why) => return TurnsEnd::OverBudget(why),
+            };
             rules.before_request(&mut request.messages);
             self.transcript.record(
                 self.loop_name,
@@ -182,6 +208,7 @@ impl Turns<'_> {
                     response: response.clone(),
                 },
             );
+            self.settle(hold, turn, &response);
             if response.tool_calls.is_empty() {
                 // The conversation ends here: nothing will send the reply back.
                 return TurnsEnd::EndTurn(response.text);
@@ -203,6 +230,21 @@ impl Turns<'_> {
             }
         }
         TurnsEnd::MaxTurns
+    }
+
+    /// Settles a call's reservation to what it spent, and records that.
+    fn settle(&self, hold: Hold, turn: u32, response: &LlmResponse) {
+        let spend = hold.settle(&response.usage);
+        lock(self.charge.spent).add(&spend);
+        self.transcript.record(
+            self.loop_name,
+            TranscriptEntry::Spent {
+                iteration: self.iteration,
+                turn,
+                charged_to: self.charge.charged_to.map(str::to_string),
+                spend,
+            },
+        );
     }
 
     /// Runs the calls of one response (see the module doc). Returns the results, whether a
@@ -342,10 +384,18 @@ fn assistant_message(response: &LlmResponse) -> Message {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::Arc;
     use std::time::Duration;
 
+    use async_trait::async_trait;
+    use td_llm::{LlmResponse, Purpose, StopReason, Usage};
+    use td_toolkit::call_path::InCallerTask;
+    use td_toolkit::context::ToolContext;
+    use td_toolkit::registry::ToolSet;
+
     use super::*;
+    use crate::budget::{Budgets, Carried, Limits, Pricing};
+    use crate::transcript::MemoryTranscripts;
 
     /// Keeps the growth reported to it.
     #[derive(Default)]
@@ -401,5 +451,126 @@ mod tests {
         };
         observer.output_growing(3);
         assert_eq!(sink.0.lock().unwrap().last(), Some(&("b".to_string(), 3)));
+    }
+
+    /// Ends its turn at once, reporting 100 input and 10 output tokens; counts its calls.
+    struct Counting(AtomicU32);
+
+    #[async_trait]
+    impl LlmClient for Counting {
+        async fn complete(&self, _: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(LlmResponse {
+                text: Some("done".into()),
+                tool_calls: Vec::new(),
+                stop_reason: StopReason::EndTurn,
+                usage: Usage {
+                    input_tokens: 100,
+                    output_tokens: 10,
+                    ..Usage::default()
+                },
+            })
+        }
+    }
+
+    /// Counts the notices it was asked to add.
+    struct Notices(u32);
+
+    impl TurnRules for Notices {
+        fn before_request(&mut self, _: &mut [Message]) {
+            self.0 += 1;
+        }
+    }
+
+    fn request() -> LlmRequest {
+        LlmRequest {
+            loop_name: "b".into(),
+            purpose: Purpose::Iteration,
+            system: String::new(),
+            messages: vec![Message::user_text("go")],
+            tools: Vec::new().into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_does_not_fit_is_not_made_and_leaves_the_notices_for_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = CallPath::new(
+            Arc::new(ToolContext::new(dir.path(), "b").unwrap()),
+            Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
+            Arc::new(InCallerTask),
+            None,
+        );
+        let budgets = Budgets::new(
+            Limits {
+                tokens: Some(700),
+                ..Limits::default()
+            },
+            Pricing {
+                model: "m".into(),
+                price: None,
+                max_output_tokens: 500,
+            },
+            Carried::default(),
+        );
+        let asker = budgets.account("a");
+        let llm = Counting(AtomicU32::new(0));
+        let transcripts = MemoryTranscripts::new();
+        let spent = Mutex::new(Spend::default());
+        let turns = Turns {
+            loop_name: "b",
+            iteration: 0,
+            max_turns: 4,
+            llm: &llm,
+            transcript: &transcripts,
+            calls: &calls,
+            stop: None,
+            model_calls: None,
+            events: None,
+            charge: Charge {
+                account: &asker,
+                charged_to: Some("a"),
+                spent: &spent,
+            },
+        };
+        // 506 tokens reserved per call (18 request bytes: 6 input tokens, and 500 output):
+        // the first fits and spends 110 tokens.
+        let mut notices = Notices(0);
+        assert!(matches!(
+            turns.run(&mut request(), &mut notices).await,
+            TurnsEnd::EndTurn(Some(_))
+        ));
+        assert_eq!(notices.0, 1);
+        assert_eq!(lock(&spent).tokens(), 110);
+        // What it spent follows its response, charged to the asker.
+        let entries = transcripts.of("b");
+        assert!(
+            matches!(
+                &entries[2],
+                TranscriptEntry::Spent { charged_to: Some(a), spend, .. }
+                    if a == "a" && spend.tokens() == 110 && spend.unpriced_calls == 1
+            ),
+            "{entries:?}"
+        );
+        // 110 spent + 506 reserved fits 700 once more; 220 + 506 does not.
+        let mut notices = Notices(0);
+        assert!(matches!(
+            turns.run(&mut request(), &mut notices).await,
+            TurnsEnd::EndTurn(_)
+        ));
+        let mut notices = Notices(0);
+        let end = turns.run(&mut request(), &mut notices).await;
+        let TurnsEnd::OverBudget(why) = end else {
+            panic!("{end:?}")
+        };
+        assert!(
+            why.contains("the run has used 220 of its 700 budgeted tokens"),
+            "{why}"
+        );
+        // Refused before the turn's notices were taken (they wait for the next iteration),
+        // and never sent.
+        assert_eq!(notices.0, 0);
+        assert_eq!(llm.0.load(Ordering::Relaxed), 2);
+        assert_eq!(budgets.run_spent().tokens(), 220);
     }
 }

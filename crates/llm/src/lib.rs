@@ -14,6 +14,7 @@ pub mod config;
 pub mod endpoint;
 pub mod http;
 pub mod openai;
+pub mod prices;
 pub mod redacting;
 pub mod scripted;
 pub mod stream;

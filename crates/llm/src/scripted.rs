@@ -21,7 +21,9 @@
 //! ```
 //!
 //! Extensions over the brief: `delay_ms` on a turn and on an answer (to exercise timeouts
-//! and concurrency without a real model). A delayed turn is consumed when the request
+//! and concurrency without a real model), and `usage` on a turn and on an answer (`{input_tokens,
+//! output_tokens, cache_read_tokens, cache_write_tokens}`: the counts reported instead of
+//! the estimate of about four characters per token, for accounting and budgets). A delayed turn is consumed when the request
 //! arrives, not when the delay ends, so a request cancelled mid-delay (an LLM timeout) does
 //! not replay the same slow turn forever.
 
@@ -85,6 +87,39 @@ struct Turn {
     /// Milliseconds to wait before answering.
     #[serde(default)]
     delay_ms: u64,
+    /// The usage to report instead of the estimate.
+    #[serde(default)]
+    usage: Option<ScriptUsage>,
+}
+
+/// Token counts a script reports for one response (extension: accounting and budgets are
+/// tested offline with figures like a real provider's).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "usage: a map of input_tokens, output_tokens, cache_read_tokens, cache_write_tokens"
+)]
+struct ScriptUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_read_tokens: u64,
+    #[serde(default)]
+    cache_write_tokens: u64,
+}
+
+impl From<ScriptUsage> for Usage {
+    fn from(u: ScriptUsage) -> Usage {
+        Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cache_read_tokens: u.cache_read_tokens,
+            cache_write_tokens: u.cache_write_tokens,
+            estimated: false,
+        }
+    }
 }
 
 /// One scripted tool call: `- tool_name: {input}`.
@@ -109,6 +144,9 @@ struct Answer {
     /// Milliseconds to wait before answering.
     #[serde(default)]
     delay_ms: u64,
+    /// The usage to report instead of the estimate.
+    #[serde(default)]
+    usage: Option<ScriptUsage>,
 }
 
 /// Why a script cannot be used. (The I/O error is shown in the message, so it is not also
@@ -222,10 +260,10 @@ impl LlmClient for ScriptedLlm {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let script = self.script(&request.loop_name)?;
         let input_tokens = estimate_input_tokens(request);
-        let (text, tool_calls, delay_ms) = match &request.purpose {
+        let (text, tool_calls, delay_ms, usage) = match &request.purpose {
             Purpose::Iteration => match script.take_turn() {
                 // Out of turns: end the turn silently and let validation decide (the brief).
-                None => (None, Vec::new(), 0),
+                None => (None, Vec::new(), 0, None),
                 Some((number, turn)) => {
                     let calls = turn
                         .calls
@@ -237,11 +275,16 @@ impl LlmClient for ScriptedLlm {
                             input: call.input.clone(),
                         })
                         .collect();
-                    (turn.say.clone(), calls, turn.delay_ms)
+                    (turn.say.clone(), calls, turn.delay_ms, turn.usage)
                 }
             },
             Purpose::QueryAnswer { question, .. } => match script.answer_for(question) {
-                Some(answer) => (Some(answer.reply.clone()), Vec::new(), answer.delay_ms),
+                Some(answer) => (
+                    Some(answer.reply.clone()),
+                    Vec::new(),
+                    answer.delay_ms,
+                    answer.usage,
+                ),
                 None => {
                     let quoted = match td_base::text::truncate_to(question, QUOTE_LIMIT) {
                         Some(cut) => format!("{cut}…"),
@@ -263,16 +306,19 @@ impl LlmClient for ScriptedLlm {
         } else {
             StopReason::ToolUse
         };
-        let output_tokens = estimate_output_tokens(text.as_deref(), &tool_calls);
+        let usage = match usage {
+            Some(scripted) => scripted.into(),
+            None => Usage {
+                input_tokens,
+                output_tokens: estimate_output_tokens(text.as_deref(), &tool_calls),
+                ..Default::default()
+            },
+        };
         Ok(LlmResponse {
             text,
             tool_calls,
             stop_reason,
-            usage: Usage {
-                input_tokens,
-                output_tokens,
-                ..Default::default()
-            },
+            usage,
         })
     }
 }
@@ -664,6 +710,34 @@ client:
                 ..Default::default()
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_script_can_report_usage_like_a_provider() {
+        let llm = script(
+            "a:\n  turns:\n    - say: hi\n      usage: {input_tokens: 1000, output_tokens: 20, cache_read_tokens: 5}\n  answers:\n    - reply: r\n      usage: {cache_write_tokens: 7}\n",
+        );
+        let r = llm.complete(&iteration("a")).await.unwrap();
+        assert_eq!(
+            r.usage,
+            Usage {
+                input_tokens: 1000,
+                output_tokens: 20,
+                cache_read_tokens: 5,
+                cache_write_tokens: 0,
+                estimated: false,
+            }
+        );
+        let r = llm.complete(&question("a", "q")).await.unwrap();
+        assert_eq!(
+            r.usage,
+            Usage {
+                cache_write_tokens: 7,
+                ..Usage::default()
+            }
+        );
+        let err = load_err("a:\n  turns:\n    - usage: {input_tokenz: 1}\n");
+        assert!(err.contains("did you mean `input_tokens`"), "{err}");
     }
 
     #[test]

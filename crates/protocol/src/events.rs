@@ -9,6 +9,8 @@ use serde_json::Value;
 
 use td_base::sync::lock;
 
+use crate::spend::Spend;
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -56,6 +58,14 @@ pub enum EventKind {
         /// resumed scripted run goes on in its script, once the iteration counts as finished.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model_calls: Option<u32>,
+        /// What the iteration's own model calls spent (answers to its questions are charged
+        /// to it apart: see the transcripts' `spent` entries).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spend: Option<Spend>,
+        /// How long the iteration took, validation included, in milliseconds (what a
+        /// loop's wall-time budget counts).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wall_ms: Option<u64>,
     },
     /// The loop completed.
     LoopCompleted {
@@ -90,6 +100,15 @@ pub enum EventKind {
         /// The base's new tip.
         commit: String,
     },
+    /// The loop reached a hard limit of its budget (or the run's) and was paused: its
+    /// worktree, branch and progress notes are kept, and `taskdaemon run --resume` with a
+    /// raised budget goes on with it.
+    LoopPaused {
+        /// Loop name.
+        loop_name: String,
+        /// Which limit, and what to do.
+        reason: String,
+    },
     /// The loop was stopped on request.
     LoopStopped {
         /// Loop name.
@@ -121,6 +140,10 @@ pub enum EventKind {
         to: String,
         /// The reply.
         reply: String,
+        /// What the answer's model calls spent: made by the answering loop, charged to the
+        /// asking one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spend: Option<Spend>,
     },
     /// A query failed (unknown target, timeout, target stopped...).
     QueryFailed {
@@ -132,6 +155,9 @@ pub enum EventKind {
         to: String,
         /// Why.
         error: String,
+        /// What the answer's model calls spent before it failed, charged to the asking loop.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spend: Option<Spend>,
     },
     /// Data was shared with one target (one event per target).
     Shared {

@@ -4,4 +4,5 @@
 
 pub mod events;
 pub mod inbox;
+pub mod spend;
 pub mod tool_definition;

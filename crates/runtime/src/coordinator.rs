@@ -12,7 +12,7 @@
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -23,9 +23,11 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::messages::LoopMsg;
+use td_base::sync::lock;
 use td_engine::{AnswerError, Answerer, Inbox};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
+use td_protocol::spend::Spend;
 use td_toolkit::coordination::{Coordination, Delivery, LoopInfo};
 use td_toolkit::error::ToolError;
 
@@ -436,6 +438,7 @@ fn handle_query(
             from,
             to: target,
             error: err.to_string(),
+            spend: None,
         });
         let _ = reply.send(Err(err));
         return;
@@ -496,12 +499,14 @@ impl RoutedQuery {
             cancelled,
             mut record,
         } = self;
+        // Outside the answer's future, which a timeout or the target's end drops.
+        let spent = Mutex::new(Spend::default());
         let outcome = {
             // Boxed on its own: `Coordination::query` boxes its future on every query, and
             // with the answer inside it that box grew past the allocator's small sizes, whose
             // allocation then merged freed memory first (glibc's malloc_consolidate: about a
             // tenth of a `query_loop` call, bench query).
-            let mut answering = Box::pin(answerer.answer(&record.from, &question));
+            let mut answering = Box::pin(answerer.answer_counting(&record.from, &question, &spent));
             let target = &record.target;
             let answered = |r: Result<String, AnswerError>| {
                 r.map_err(|why| format!("loop '{target}' could not answer: {why}"))
@@ -524,7 +529,8 @@ impl RoutedQuery {
                 },
             }
         };
-        record.record(&outcome);
+        let spent = *lock(&spent);
+        record.record(&outcome, (!spent.is_empty()).then_some(spent));
         outcome.map_err(|message| ToolError::Unavailable { message })
     }
 }
@@ -541,7 +547,7 @@ struct QueryRecord {
 }
 
 impl QueryRecord {
-    fn record(&mut self, outcome: &Result<String, String>) {
+    fn record(&mut self, outcome: &Result<String, String>, spend: Option<Spend>) {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
@@ -552,12 +558,14 @@ impl QueryRecord {
                 from,
                 to,
                 reply: answer.clone(),
+                spend,
             },
             Err(error) => EventKind::QueryFailed {
                 id,
                 from,
                 to,
                 error: error.clone(),
+                spend,
             },
         });
     }
@@ -570,7 +578,8 @@ impl Drop for QueryRecord {
                 "loop '{}' stopped waiting before the answer came (its iteration or the loop ended)",
                 self.from
             );
-            self.record(&Err(message));
+            // What the answer spent is in the answering loop's transcript.
+            self.record(&Err(message), None);
         }
     }
 }
@@ -803,8 +812,8 @@ mod tests {
     fn a_query_outcome_is_recorded_once() {
         let events = Arc::new(EventLog::in_memory());
         let mut r = record(&events);
-        r.record(&Ok("8080".to_string()));
-        r.record(&Err("late".to_string()));
+        r.record(&Ok("8080".to_string()), None);
+        r.record(&Err("late".to_string()), None);
         drop(r);
         let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
         assert_eq!(kinds.len(), 1, "{kinds:?}");
@@ -820,7 +829,7 @@ mod tests {
         drop(record(&events));
         let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
         assert!(
-            matches!(&kinds[..], [EventKind::QueryFailed { id: 7, from, to, error }]
+            matches!(&kinds[..], [EventKind::QueryFailed { id: 7, from, to, error, .. }]
                 if from == "a" && to == "b" && error.contains("stopped waiting")),
             "{kinds:?}"
         );

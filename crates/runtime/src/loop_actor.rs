@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::coordinator::{CoordMsg, SYSTEM_SENDER};
 use crate::messages::LoopMsg;
+use td_engine::budget::Budgets;
 use td_engine::transcript::TranscriptSink;
 use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes};
 use td_llm::LlmClient;
@@ -64,6 +65,9 @@ pub struct LoopSpec {
     pub initial_inbox: Vec<td_protocol::inbox::InboxItem>,
     /// Progress notes of earlier iterations (a resumed run).
     pub initial_progress: Vec<String>,
+    /// The run's budgets: the loop's calls are charged to its account there (opened by
+    /// whoever starts the loop; without one, to the run's alone), its answers to the askers'.
+    pub budgets: Arc<Budgets>,
 }
 
 /// Aborts its task when dropped, so that no task outlives the actor that started it (also
@@ -123,6 +127,7 @@ impl Actor for LoopActor {
                 spec.llm.clone(),
                 progress.clone(),
                 spec.transcript.clone(),
+                spec.budgets.clone(),
             )
             .with_events(spec.events.clone()),
         );
@@ -185,6 +190,7 @@ impl Actor for LoopActor {
             events: spec.events.clone(),
             transcript: spec.transcript.clone(),
             stop: state.stop.subscribe(),
+            account: spec.budgets.account(&spec.config.name),
         };
         let gate = spec.gate.clone();
         let task = tokio::spawn(async move {
@@ -309,6 +315,13 @@ fn finish(state: &LoopState, end: &LoopEnd) {
                 reason: reason.clone(),
             },
             Some(("loop_failed", format!("loop `{name}` failed: {reason}"))),
+        ),
+        LoopEnd::Paused { reason, .. } => (
+            EventKind::LoopPaused {
+                loop_name: name.clone(),
+                reason: reason.clone(),
+            },
+            Some(("loop_paused", format!("loop `{name}` paused: {reason}"))),
         ),
         LoopEnd::Stopped { .. } => (
             EventKind::LoopStopped {

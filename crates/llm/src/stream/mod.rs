@@ -188,7 +188,15 @@ impl Streaming {
                     transport,
                     "the server closed a streaming reply before its first event",
                 );
-                F::parse_response(&transport.post_json(&body, observer).await?)
+                // A server that breaks off a stream may close the connection it used a moment
+                // later, after the pool has handed that connection to this request (seen with
+                // llama-cpp-python: "connection reset by peer" with `max-retries: 0`). The
+                // failed connection is not pooled again, so one more try goes out on a new one.
+                let reply = match transport.post_json(&body, observer).await {
+                    Err(LlmError::Transport(_)) => transport.post_json(&body, observer).await?,
+                    other => other?,
+                };
+                F::parse_response(&reply)
             }
             Ok(StreamReply::Empty) => Err(LlmError::Transport(format!(
                 "the event stream from {} ended before its first event: the server accepted \
