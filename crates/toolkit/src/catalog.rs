@@ -265,82 +265,31 @@ impl Catalog {
 
 const COORDINATION_TOOLS: &[&str] = &["query_loop", "share_data", "broadcast_alert", "list_loops"];
 
-/// The default tool set of a built-in loop type, or `None` for an unknown type.
+/// The default tool set of a built-in loop type, or `None` for an unknown type. Each type
+/// takes groups of tools in this order, then `complete_task` and the coordination tools.
 pub fn default_tool_set(loop_type: &str) -> Option<Vec<&'static str>> {
-    let base: &[&str] = match loop_type {
-        "plan" => &[
-            "read_file",
-            "write_file",
-            "list_directory",
-            "glob",
-            "grep",
-            "symbols",
-            "web_fetch",
-            "web_search",
-            "create_plan",
-            "complete_task",
-        ],
-        "spec" => &[
-            "read_file",
-            "write_file",
-            "edit_file",
-            "list_directory",
-            "glob",
-            "grep",
-            "symbols",
-            "run_command",
-            "web_fetch",
-            "web_search",
-            "create_spec",
-            "complete_task",
-        ],
-        "phase" => &[
-            "read_file",
-            "write_file",
-            "edit_file",
-            "list_directory",
-            "glob",
-            "grep",
-            "symbols",
-            "run_command",
-            "create_phase",
-            "complete_task",
-        ],
-        "code" => &[
-            "read_file",
-            "write_file",
-            "edit_file",
-            "list_directory",
-            "glob",
-            "grep",
-            "symbols",
-            "run_command",
-            "run_command_isolated",
-            "build",
-            "test",
-            "validate",
-            "complete_task",
-        ],
-        "ralph" => &[
-            "read_file",
-            "write_file",
-            "edit_file",
-            "list_directory",
-            "glob",
-            "grep",
-            "symbols",
-            "run_command",
-            "run_command_isolated",
-            "build",
-            "test",
-            "validate",
-            "web_fetch",
-            "web_search",
-            "complete_task",
-        ],
+    const READ_WRITE: &[&str] = &["read_file", "write_file"];
+    const EDIT: &[&str] = &["read_file", "write_file", "edit_file"];
+    const LOOK: &[&str] = &["list_directory", "glob", "grep", "symbols"];
+    const RUN: &[&str] = &["run_command"];
+    const COMMANDS: &[&str] = &[
+        "run_command",
+        "run_command_isolated",
+        "build",
+        "test",
+        "validate",
+    ];
+    const WEB: &[&str] = &["web_fetch", "web_search"];
+    let groups: &[&[&str]] = match loop_type {
+        "plan" => &[READ_WRITE, LOOK, WEB, &["create_plan"]],
+        "spec" => &[EDIT, LOOK, RUN, WEB, &["create_spec"]],
+        "phase" => &[EDIT, LOOK, RUN, &["create_phase"]],
+        "code" => &[EDIT, LOOK, COMMANDS],
+        "ralph" => &[EDIT, LOOK, COMMANDS, WEB],
         _ => return None,
     };
-    let mut set: Vec<&'static str> = base.to_vec();
+    let mut set: Vec<&'static str> = groups.concat();
+    set.push("complete_task");
     set.extend_from_slice(COORDINATION_TOOLS);
     Some(set)
 }
@@ -351,6 +300,26 @@ pub const BUILTIN_LOOP_TYPES: &[&str] = &["plan", "spec", "phase", "code", "ralp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lists as they were spelled out in full: their order is the order of the tool
+    /// definitions in every request (a prompt-cache prefix), so it must not move.
+    #[test]
+    fn default_tool_sets_keep_their_order() {
+        let files = "read_file write_file edit_file list_directory glob grep symbols";
+        let commands = "run_command run_command_isolated build test validate";
+        let coordination = "complete_task query_loop share_data broadcast_alert list_loops";
+        for (loop_type, tools) in [
+            ("plan", "read_file write_file list_directory glob grep symbols web_fetch web_search create_plan".to_string()),
+            ("spec", format!("{files} run_command web_fetch web_search create_spec")),
+            ("phase", format!("{files} run_command create_phase")),
+            ("code", format!("{files} {commands}")),
+            ("ralph", format!("{files} {commands} web_fetch web_search")),
+        ] {
+            let set = default_tool_set(loop_type).map(|s| s.join(" "));
+            assert_eq!(set, Some(format!("{tools} {coordination}")), "{loop_type}");
+        }
+        assert_eq!(default_tool_set("other"), None);
+    }
 
     #[test]
     fn defaults_follow_the_loopr_catalog() {

@@ -100,10 +100,7 @@ impl Tool for EditFile {
         json!({
             "type": "object",
             "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "Path of the file, relative to the worktree root (required)."
-                },
+                "path": super::path_schema(super::FILE_PATH),
                 "old_string": {
                     "type": "string",
                     "description": "Exact text to replace (single-edit form, with new_string; no default). Must not be empty."

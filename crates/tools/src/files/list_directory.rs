@@ -82,10 +82,7 @@ impl Tool for ListDirectory {
         json!({
             "type": "object",
             "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "Directory to list, relative to the worktree root (default \".\", the root)."
-                },
+                "path": super::path_schema("Directory to list, relative to the worktree root (default \".\", the root)."),
                 "recursive": {
                     "type": "boolean",
                     "description": "List subdirectories too, as an indented tree (default false)."

@@ -144,10 +144,7 @@ impl Tool for ReadFile {
         json!({
             "type": "object",
             "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "Path of the file, relative to the worktree root (required)."
-                },
+                "path": super::path_schema(super::FILE_PATH),
                 "offset": {
                     "type": "integer",
                     "minimum": 1,

@@ -53,10 +53,7 @@ impl Tool for WriteFile {
         json!({
             "type": "object",
             "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "Path of the file, relative to the worktree root (required). Missing parent directories are created."
-                },
+                "path": super::path_schema(&format!("{} Missing parent directories are created.", super::FILE_PATH)),
                 "content": {
                     "type": "string",
                     "description": "The complete new content of the file (required; may be empty)."
