@@ -4,17 +4,16 @@
 //! rebuilt from the events and `status` still read the record, and stderr, a pipe here,
 //! carries no terminal escape codes.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 mod common;
+use common::http_once::answer_once;
 use common::{LocalServer, init_repo};
 
 /// What the server says first: an overload that passes.
@@ -23,55 +22,19 @@ const OVERLOADED: &str =
 
 /// Reads one request and answers it with the next of `replies` (status, body).
 fn answer(stream: TcpStream, replies: &[(u16, String)], next: &AtomicUsize) -> Option<()> {
-    stream.set_nonblocking(false).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.trim().eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().ok()?;
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).ok()?;
-    let (status, reply) = replies
-        .get(next.fetch_add(1, Ordering::SeqCst))
-        .cloned()
-        .unwrap_or((418, r#"{"error":{"message":"no reply scripted"}}"#.into()));
-    let response = format!(
-        "HTTP/1.1 {status} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-        reply.len()
-    );
-    let mut stream = reader.into_inner();
-    stream.write_all(response.as_bytes()).ok()?;
-    stream.flush().ok()
+    answer_once(stream, |_| {
+        replies
+            .get(next.fetch_add(1, Ordering::SeqCst))
+            .cloned()
+            .unwrap_or((418, r#"{"error":{"message":"no reply scripted"}}"#.into()))
+    })
+    .map(drop)
 }
 
+/// `taskdaemon ARGS` isolated, with `NO_COLOR` unset: colours are up to the terminal test.
 fn taskdaemon(dir: &Path, args: &[&str]) -> Command {
-    let home = dir.join("home");
-    std::fs::create_dir_all(home.join(".config")).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
-    cmd.args(args)
-        .current_dir(dir)
-        .env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("NO_COLOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = common::isolated_taskdaemon(dir, args);
+    cmd.env_remove("NO_COLOR");
     cmd
 }
 

@@ -4,15 +4,14 @@
 //! iterations; the cache counts the server reports must reach `summary.json`, and a summary
 //! rebuilt from the record must have them too.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::Output;
 
 use serde_json::{Value, json};
 
 mod common;
+use common::http_once::answer_once;
 use common::init_repo;
 
 const KEY: &str = "sk-ant-prompt-cache-test";
@@ -27,36 +26,8 @@ struct Seen {
 
 /// Reads one request from `stream`, answers `reply` (200, JSON) and returns the request.
 fn serve_one(stream: TcpStream, reply: &Value) -> Option<Seen> {
-    stream.set_nonblocking(false).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.trim().eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().ok()?;
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).ok()?;
-    let text = reply.to_string();
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-        text.len()
-    );
-    let mut stream = reader.into_inner();
-    stream.write_all(response.as_bytes()).ok()?;
-    stream.flush().ok()?;
-    let raw = String::from_utf8(body).ok()?;
+    let request = answer_once(stream, |_| (200, reply.to_string()))?;
+    let raw = String::from_utf8(request.body).ok()?;
     let body = serde_json::from_str(&raw).unwrap_or(Value::Null);
     Some(Seen { raw, body })
 }
@@ -103,19 +74,7 @@ fn replies() -> Vec<Value> {
 }
 
 fn taskdaemon(dir: &Path, args: &[&str]) -> Output {
-    let home = dir.join("home");
-    std::fs::create_dir_all(home.join(".config")).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-        .args(args)
-        .current_dir(dir)
-        .env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("ANTHROPIC_API_KEY")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    common::isolated_taskdaemon(dir, args).output().unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -13,7 +13,7 @@
 //! Timeouts below are failure guards only: every run here takes well under a second or two.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -1163,44 +1163,11 @@ impl ChatServer {
 
 /// Reads one request from `stream`, answers `reply`, and returns the request.
 fn serve_one(stream: TcpStream, reply: &Value) -> Option<SeenRequest> {
-    stream.set_nonblocking(false).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line).ok()?;
-    let mut headers = Vec::new();
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            let name = name.trim().to_ascii_lowercase();
-            if name == "content-length" {
-                length = value.trim().parse().ok()?;
-            }
-            headers.push(name);
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).ok()?;
-    let text = reply.to_string();
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-        text.len()
-    );
-    let mut stream = reader.into_inner();
-    stream.write_all(response.as_bytes()).ok()?;
-    stream.flush().ok()?;
+    let request = common::http_once::answer_once(stream, |_| (200, reply.to_string()))?;
     Some(SeenRequest {
-        line: request_line.trim_end().to_string(),
-        headers,
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        line: request.line,
+        headers: request.headers.into_iter().map(|(name, _)| name).collect(),
+        body: serde_json::from_slice(&request.body).unwrap_or(Value::Null),
     })
 }
 

@@ -6,34 +6,21 @@
 //! Every process gets an isolated `HOME` and none of the provider keys of the machine running
 //! the tests; the test process's own environment is never changed (tests run in parallel).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 mod common;
+use common::http_once::{HttpRequest, answer_once};
 use common::init_repo;
 
 /// `taskdaemon ARGS` with an isolated home, no provider keys but those in `env`, run in `dir`.
 fn taskdaemon(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let home = dir.join("home");
-    std::fs::create_dir_all(home.join(".config")).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
-    cmd.args(args)
-        .current_dir(dir)
-        .env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("ANTHROPIC_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (name, value) in env {
-        cmd.env(name, value);
-    }
+    let mut cmd = common::isolated_taskdaemon(dir, args);
+    cmd.envs(env.iter().copied());
     cmd
 }
 
@@ -319,47 +306,25 @@ impl EchoingServer {
 
 /// Reads one request and answers 401 quoting its bearer token; returns the token.
 fn answer_401(stream: TcpStream) -> Option<String> {
-    stream.set_nonblocking(false).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut token = String::new();
-    let mut length = 0usize;
-    loop {
-        let mut header = String::new();
-        reader.read_line(&mut header).ok()?;
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        let (name, value) = header.split_once(':')?;
-        match name.trim().to_ascii_lowercase().as_str() {
-            "authorization" => {
-                token = value.trim().trim_start_matches("Bearer ").to_string();
-            }
-            "content-length" => length = value.trim().parse().ok()?,
-            _ => {}
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).ok()?;
-    let reply = json!({"error": {
-        "message": format!("Incorrect API key provided: {token}. You can find your API key at https://example.invalid."),
-        "type": "invalid_request_error",
-        "code": "invalid_api_key",
-    }})
-    .to_string();
-    let response = format!(
-        "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-        reply.len()
-    );
-    let mut stream = reader.into_inner();
-    stream.write_all(response.as_bytes()).ok()?;
-    stream.flush().ok()?;
-    Some(token)
+    let request = answer_once(stream, |request| {
+        let token = bearer(request);
+        let reply = json!({"error": {
+            "message": format!("Incorrect API key provided: {token}. You can find your API key at https://example.invalid."),
+            "type": "invalid_request_error",
+            "code": "invalid_api_key",
+        }});
+        (401, reply.to_string())
+    })?;
+    Some(bearer(&request))
+}
+
+/// The bearer token a request was sent with (empty when none).
+fn bearer(request: &HttpRequest) -> String {
+    request
+        .header("authorization")
+        .unwrap_or_default()
+        .trim_start_matches("Bearer ")
+        .to_string()
 }
 
 /// Where the run's key comes from.

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod attack;
+pub mod http_once;
 pub mod interop;
 pub mod python_sdk;
 pub mod tool_exec;
@@ -194,4 +195,23 @@ impl<T: Send + 'static> Drop for LocalServer<T> {
             let _ = t.join();
         }
     }
+}
+
+/// `taskdaemon ARGS` run in `dir` with a home of its own under `dir`, no system git config,
+/// no provider key variables, stdin closed and stdout/stderr piped.
+pub fn isolated_taskdaemon(dir: &Path, args: &[&str]) -> Command {
+    let home = dir.join("home");
+    std::fs::create_dir_all(home.join(".config")).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
+    cmd.args(args)
+        .current_dir(dir)
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
 }
