@@ -351,29 +351,32 @@ impl RunSummary {
         }
     }
 
+    /// The summary of loop `name`, made pending if the record has not named it before (a
+    /// damaged or partial record may mention a loop first anywhere).
+    fn loop_entry(&mut self, name: &str) -> &mut LoopSummary {
+        let entry = self
+            .loops
+            .entry(name.to_string())
+            .or_insert_with(|| LoopSummary::pending(name, ""));
+        entry.name = name.to_string();
+        entry
+    }
+
     /// Adds one model call's `spend` made by loop `loop_name`: to the loop that asked the
     /// question it answers when `charged_to` names one (`answers_for_others` of the
     /// answerer, `spent_on_answers` of the asker), to the loop itself otherwise; and to the
     /// run's. The one rule for the live record and a rebuilt summary.
     pub fn add_spend(&mut self, loop_name: &str, charged_to: Option<&str>, spend: &Spend) {
-        fn entry<'a>(summary: &'a mut RunSummary, name: &str) -> &'a mut LoopSummary {
-            let entry = summary
-                .loops
-                .entry(name.to_string())
-                .or_insert_with(|| LoopSummary::pending(name, ""));
-            entry.name = name.to_string();
-            entry
-        }
         self.spend.add(spend);
         let payer = match charged_to {
             Some(asker) if asker != loop_name => {
-                entry(self, loop_name).answers_for_others.add(spend);
-                let asker = entry(self, asker);
+                self.loop_entry(loop_name).answers_for_others.add(spend);
+                let asker = self.loop_entry(asker);
                 asker.spent_on_answers.add(spend);
                 asker
             }
             _ => {
-                let own = entry(self, loop_name);
+                let own = self.loop_entry(loop_name);
                 own.spend.add(spend);
                 own
             }
@@ -754,14 +757,6 @@ fn sync_new_dir(run_dir: &Path, dir: &Path) -> Result<(), String> {
 /// How `event` changes a run's summary: the one rule for the live record and for a summary
 /// rebuilt from the events. Returns whether it changed anything.
 pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
-    fn entry<'a>(summary: &'a mut RunSummary, name: &str) -> &'a mut LoopSummary {
-        let entry = summary
-            .loops
-            .entry(name.to_string())
-            .or_insert_with(|| LoopSummary::pending(name, ""));
-        entry.name = name.to_string();
-        entry
-    }
     let time = event.time.as_str();
     match &event.kind {
         EventKind::RunStarted {
@@ -778,7 +773,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
                 summary.sandbox = sandbox.clone();
             }
             for planned in loops {
-                let s = entry(summary, &planned.name);
+                let s = summary.loop_entry(&planned.name);
                 if s.loop_type.is_empty() {
                     s.loop_type = planned.loop_type.clone();
                 }
@@ -788,7 +783,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             loop_name,
             loop_type,
         } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Running;
             s.loop_type = loop_type.clone();
             s.started_at = Some(time.to_string());
@@ -803,7 +798,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             wall_ms,
             ..
         } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.iterations = s.iterations.max(*iteration);
             s.wall_ms = s.wall_ms.saturating_add(wall_ms.unwrap_or(0));
             if let Some(passed) = validation_passed {
@@ -818,31 +813,31 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             iterations,
             summary: text,
         } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Completed;
             s.iterations = *iterations;
             s.summary = text.clone();
             s.mark_ended(time);
         }
         EventKind::LoopFailed { loop_name, reason } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Failed;
             s.reason = Some(reason.clone());
             s.mark_ended(time);
         }
         EventKind::LoopStopped { loop_name } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Stopped;
             s.mark_ended(time);
         }
         EventKind::LoopPaused { loop_name, reason } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Paused;
             s.reason = Some(reason.clone());
             s.mark_ended(time);
         }
         EventKind::LoopBlocked { loop_name, reason } => {
-            let s = entry(summary, loop_name);
+            let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Blocked;
             s.reason = Some(reason.clone());
         }
@@ -851,7 +846,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             into,
             commit,
         } => {
-            entry(summary, loop_name).merge = Some(MergeSummary {
+            summary.loop_entry(loop_name).merge = Some(MergeSummary {
                 merged: true,
                 into: Some(into.clone()),
                 commit: Some(commit.clone()),

@@ -150,19 +150,10 @@ fn provision(target: &Path) {
         .stderr(err)
         .spawn()
         .unwrap_or_else(|e| failed(format!("could not start ({e})")));
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return,
-            Ok(Some(status)) => failed(format!("failed ({status})")),
-            Ok(None) if start.elapsed() > PROVISION_LIMIT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                failed(format!("took more than {PROVISION_LIMIT:?} and was killed"))
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
-            Err(e) => failed(format!("could not be waited for ({e})")),
-        }
+    if let Err(why) =
+        super::wait_successful(&mut child, PROVISION_LIMIT, Duration::from_millis(200))
+    {
+        failed(why)
     }
 }
 

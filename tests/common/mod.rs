@@ -215,3 +215,22 @@ pub fn isolated_taskdaemon(dir: &Path, args: &[&str]) -> Command {
         .stderr(Stdio::piped());
     cmd
 }
+
+/// Waits for `child` to end, polling every `poll`; kills it after `limit`. `Err` says why it
+/// did not succeed (for a provisioning step's message of what to do by hand).
+pub fn wait_successful(child: &mut Child, limit: Duration, poll: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("failed ({status})")),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("took more than {limit:?} and was killed"));
+            }
+            Ok(None) => std::thread::sleep(poll),
+            Err(e) => return Err(format!("could not be waited for ({e})")),
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The SDK version the environment gets (the one CI used to install by hand).
 pub const SDK_REQUIREMENT: &str = "mcp==2.3.0";
@@ -154,18 +154,7 @@ fn run_step(mut command: Command, log: &Path, what: &str) {
         .stderr(err)
         .spawn()
         .unwrap_or_else(|e| failed(format!("could not start ({e})")));
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return,
-            Ok(Some(status)) => failed(format!("failed ({status})")),
-            Ok(None) if start.elapsed() > STEP_LIMIT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                failed(format!("took more than {STEP_LIMIT:?} and was killed"))
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-            Err(e) => failed(format!("could not be waited for ({e})")),
-        }
+    if let Err(why) = super::wait_successful(&mut child, STEP_LIMIT, Duration::from_millis(100)) {
+        failed(why)
     }
 }
