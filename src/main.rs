@@ -266,14 +266,22 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     } else {
         ProgressMode::Plain
     };
-    let report = taskdaemon::run::orchestrator::run(taskdaemon::run::orchestrator::RunOptions {
+    let run = taskdaemon::run::orchestrator::run(taskdaemon::run::orchestrator::RunOptions {
         config: args.config,
         only: args.loops,
         run_dir: args.run_dir,
         progress,
         resume: args.resume,
     })
-    .await?;
+    .await;
+    let report = match run {
+        Ok(report) => report,
+        // 2 for a startup error; another code when another process holds the run.
+        Err(e) => {
+            eprintln!("taskdaemon: {}", secrets::redact(&e.message));
+            return Ok(ExitCode::from(e.exit_code));
+        }
+    };
     if !args.json {
         println!();
         match taskdaemon::run::status::status_command(&report.run_dir, None, false) {

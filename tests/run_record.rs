@@ -693,12 +693,15 @@ fn status_shows_elapsed_time_of_running_loops() {
 fn the_newest_run_is_the_default_and_others_are_chosen_by_id() {
     let tmp = tempfile::tempdir().unwrap();
     let root = runs_root(tmp.path());
+    // Created (started) in this order: the newest is the one started last, whatever the
+    // order of the names.
     for id in [
         "20250101-000000-aaaa",
-        "20250102-000000-0000",
         "20241231-235959-ffff",
+        "20250102-000000-0000",
     ] {
         RunRecord::create(&root.join(id), id, RunMeta::default()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
     // Directories without a summary are not runs, whatever their names.
     std::fs::create_dir_all(root.join("zzzz-not-a-run")).unwrap();
@@ -706,8 +709,9 @@ fn the_newest_run_is_the_default_and_others_are_chosen_by_id() {
     assert_eq!(resolve_run_dir(&root, None).unwrap(), newest);
     assert_eq!(resolve_run_dir(tmp.path(), None).unwrap(), newest);
     let first = status_command(&root, None, false).unwrap().text;
+    // Recorded running, but no process holds these records.
     assert!(
-        first.starts_with("run 20250102-000000-0000  running"),
+        first.starts_with("run 20250102-000000-0000  interrupted"),
         "{first}"
     );
     let chosen = root.join("20241231-235959-ffff");

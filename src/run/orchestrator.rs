@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
+use crate::run::owner;
 use crate::run::progress::{ProgressDisplay, ProgressMode};
 use crate::run::record::{
     LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, RunSummary, duration_between,
@@ -140,8 +141,37 @@ fn plan(options: &RunOptions) -> Result<RunPlan, String> {
     })
 }
 
+/// Why a run did not go: the message for stderr and the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunError {
+    /// What went wrong and what to do.
+    pub message: String,
+    /// 2 for a startup error, [`owner::HELD_EXIT_CODE`] when another process holds the run.
+    pub exit_code: u8,
+}
+
+impl From<String> for RunError {
+    fn from(message: String) -> Self {
+        RunError {
+            message,
+            exit_code: 2,
+        }
+    }
+}
+
+/// Takes the run in `dir` for this process: refused when another process holds it.
+fn take_run(dir: &Path) -> Result<owner::OwnerLock, RunError> {
+    owner::take(dir).map_err(|e| match e {
+        owner::TakeError::Held(holder) => RunError {
+            message: owner::held_message(dir, holder.as_ref()),
+            exit_code: owner::HELD_EXIT_CODE,
+        },
+        owner::TakeError::Io(why) => RunError::from(why),
+    })
+}
+
 /// Runs the loops of a config to the end and returns the report.
-pub async fn run(options: RunOptions) -> Result<RunReport, String> {
+pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let RunPlan {
         config,
         base_dir,
@@ -180,18 +210,27 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             return Err(format!(
                 "repo: {} is not a directory; `repo` (relative to the config file) names the project to copy",
                 source.display()
-            ));
+            )
+            .into());
         }
         None
     } else {
         Some(Repo::open(&source).await.map_err(|e| e.to_string())?)
     };
+    // Held until the run returns: the run is this process's (see `owner`).
+    let mut owner_lock: Option<owner::OwnerLock> = None;
     let restored = match &options.resume {
         Some(which) => {
             let dir = match &options.run_dir {
                 Some(d) => d.clone(),
                 None => crate::run::status::resolve_run_dir(&base_dir, Some(which))?,
             };
+            // Before anything of the record is read: a run another process holds goes on
+            // there, not here. (A directory that is not there has no run to resume: restore
+            // says so.)
+            if dir.is_dir() {
+                owner_lock = Some(take_run(&dir)?);
+            }
             let restored = crate::run::resume::restore(&dir)?;
             for warning in &restored.warnings {
                 eprintln!("taskdaemon: resume: {}", td_base::secrets::redact(warning));
@@ -223,6 +262,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
     };
     std::fs::create_dir_all(&run_dir)
         .map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    if owner_lock.is_none() {
+        owner_lock = Some(take_run(&run_dir)?);
+    }
     // The record may lie inside a loop's writable area (`worktree: repo` with the config in a
     // subdirectory of the repository, or a `--run-dir` inside it): no loop may change it.
     // With the record in its default place, the whole `.taskdaemon` beside the config is the
@@ -415,6 +457,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
                         s.worktree = Some(place.dir.display().to_string());
                         s.started_at = Some(now_rfc3339());
                         s.status = LoopStatus::Running;
+                        // Why it stopped or never started in the run a resume continues
+                        // ("never started: the run was interrupted") is no longer true.
+                        s.reason = None;
                     });
                     places.insert(def.name.clone(), place);
                     rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
@@ -561,6 +606,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, String> {
             options.config.display()
         );
     }
+    // The record is final: another process may take the run now.
+    drop(owner_lock);
     Ok(RunReport {
         run_id,
         run_dir,

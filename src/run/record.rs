@@ -163,6 +163,10 @@ pub enum RunStatus {
     Stopped,
     /// A budget paused loops (none failed); `run --resume` with a raised budget goes on.
     Paused,
+    /// Never written by a run: what `status` shows for a run recorded `running` whose
+    /// process is gone (killed, crashed: no process holds its `owner.lock`); `run --resume`
+    /// goes on.
+    Interrupted,
 }
 
 impl RunStatus {
@@ -174,6 +178,7 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::Stopped => "stopped",
             RunStatus::Paused => "paused",
+            RunStatus::Interrupted => "interrupted",
         }
     }
 }

@@ -2,28 +2,33 @@
 //! Pure functions from a run directory to text; the CLI only prints what they return.
 //!
 //! Both accept a project directory (its `.taskdaemon/runs` is used), a runs root, or a run
-//! directory, and an optional run id; without one, the newest run is shown (run ids sort by
-//! start time).
+//! directory, and an optional run id; without one, the newest run is shown: the one that
+//! started last (its recorded start time, not its name: `--run-dir` names are anyone's).
+//!
+//! A run recorded `running` whose process is gone is shown `interrupted` (see
+//! [`super::owner`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use chrono::{DateTime, FixedOffset};
 use td_base::text::head_tail;
 use td_engine::transcript::TranscriptEntry;
 use td_llm::{Block, Purpose, Role, StopReason};
 use td_protocol::spend::Spend;
 
 use super::record::{
-    LoopStatus, LoopSummary, RunSummary, duration_between, for_each_jsonl, is_run_dir, loop_names,
-    read_summary, runs_root, transcript_path,
+    EVENTS_FILE, LoopStatus, LoopSummary, RunStatus, RunSummary, duration_between, for_each_jsonl,
+    is_run_dir, loop_names, read_summary, runs_root, transcript_path,
 };
 
 /// How many run ids an error message lists.
 const LISTED_RUNS: usize = 10;
 
 /// The runs under `root` (directories holding a `summary.json`, or the `events.jsonl` it can
-/// be rebuilt from), oldest first.
+/// be rebuilt from), oldest first by recorded start time (a run whose start cannot be read
+/// counts as oldest), then by name.
 pub fn list_runs(root: &Path) -> Result<Vec<String>, String> {
     let entries = std::fs::read_dir(root).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -35,13 +40,36 @@ pub fn list_runs(root: &Path) -> Result<Vec<String>, String> {
             format!("cannot list {}: {e}", root.display())
         }
     })?;
-    let mut runs: Vec<String> = entries
+    let mut runs: Vec<(Option<DateTime<FixedOffset>>, String)> = entries
         .flatten()
         .filter(|e| is_run_dir(&e.path()))
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            Some((started_at(&e.path()), name))
+        })
         .collect();
     runs.sort();
-    Ok(runs)
+    Ok(runs.into_iter().map(|(_, name)| name).collect())
+}
+
+/// When the run in `dir` started: its summary's start, or else the time of its first event
+/// (`run_started`; the summary may be missing or torn after a crash). `None` when neither
+/// can be read.
+fn started_at(dir: &Path) -> Option<DateTime<FixedOffset>> {
+    let from_summary = read_summary(dir)
+        .ok()
+        .and_then(|s| DateTime::parse_from_rfc3339(&s.started_at).ok());
+    from_summary.or_else(|| {
+        use std::io::BufRead;
+        let file = std::fs::File::open(dir.join(EVENTS_FILE)).ok()?;
+        let mut first = String::new();
+        // One line, and not more than an event's worth of it (a hostile file may have none).
+        std::io::BufReader::new(std::io::Read::take(file, 64 * 1024))
+            .read_line(&mut first)
+            .ok()?;
+        let event: serde_json::Value = serde_json::from_str(first.trim()).ok()?;
+        DateTime::parse_from_rfc3339(event.get("time")?.as_str()?).ok()
+    })
 }
 
 /// Finds the run directory meant by `path` (a project, a runs root or a run directory)
@@ -105,7 +133,12 @@ pub struct StatusOutput {
 /// written.
 pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<StatusOutput, String> {
     let dir = resolve_run_dir(path, run)?;
-    let (summary, notes) = super::rebuild::load_summary(&dir)?;
+    let (mut summary, notes) = super::rebuild::load_summary(&dir)?;
+    // The record says `running` until its process writes the end; if no process holds the
+    // run, none will (it was killed or crashed).
+    if summary.status == RunStatus::Running && !super::owner::is_owned(&dir) {
+        summary.status = RunStatus::Interrupted;
+    }
     let text = if json {
         serde_json::to_string_pretty(&summary)
             .map(|mut s| {
@@ -117,6 +150,16 @@ pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<Stat
         render_status(&summary, &super::record::now_rfc3339())
     };
     Ok(StatusOutput { text, notes })
+}
+
+/// A loop's status as shown: a loop recorded `running` in a run whose process is gone is
+/// `interrupted` like its run (nothing runs it any more).
+fn loop_status(summary: &RunSummary, l: &LoopSummary) -> &'static str {
+    if summary.status == RunStatus::Interrupted && l.status == LoopStatus::Running {
+        RunStatus::Interrupted.as_str()
+    } else {
+        l.status.as_str()
+    }
 }
 
 /// The status table of `summary`; `now` (RFC 3339) gives running loops their elapsed time.
@@ -167,7 +210,7 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
             [
                 l.name.clone(),
                 dash(&l.loop_type),
-                l.status.as_str().to_string(),
+                loop_status(summary, l).to_string(),
                 l.iterations.to_string(),
                 validation_cell(l),
                 dash(l.branch.as_deref().unwrap_or("")),
@@ -279,18 +322,16 @@ fn cost_cell(l: &LoopSummary) -> String {
 }
 
 fn totals(summary: &RunSummary) -> String {
-    let mut counts: Vec<(LoopStatus, usize)> = Vec::new();
+    let mut counts: Vec<(&str, usize)> = Vec::new();
     for l in summary.loops.values() {
-        match counts.iter_mut().find(|(s, _)| *s == l.status) {
+        let shown = loop_status(summary, l);
+        match counts.iter_mut().find(|(s, _)| *s == shown) {
             Some((_, n)) => *n += 1,
-            None => counts.push((l.status, 1)),
+            None => counts.push((shown, 1)),
         }
     }
-    counts.sort_by_key(|(s, _)| s.as_str());
-    let parts: Vec<String> = counts
-        .iter()
-        .map(|(s, n)| format!("{n} {}", s.as_str()))
-        .collect();
+    counts.sort_by_key(|(s, _)| *s);
+    let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
     let spend = &summary.spend;
     format!(
         "{} loop(s): {}; tokens {} in, {} out, {} cache read, {} cache write; cost {}\n",
