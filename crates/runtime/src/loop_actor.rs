@@ -54,7 +54,8 @@ pub struct LoopSpec {
     pub transcript: Arc<dyn TranscriptSink>,
     /// The loop's receipts, if kept (also of the calls its answers make).
     pub receipts: Option<Arc<ReceiptLog>>,
-    /// Alert event types the loop hears; `None` = all.
+    /// Alert event types the loop hears; `None` = every loop's `broadcast_alert` and no
+    /// system alert (a peer's start or end is heard only when subscribed to).
     pub subscriptions: Option<Vec<String>>,
     /// Told once when the loop ends.
     pub ended: Option<mpsc::UnboundedSender<(String, LoopEnd)>>,
