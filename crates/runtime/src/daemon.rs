@@ -211,17 +211,19 @@ impl Actor for Daemon {
         match event {
             SupervisionEvent::ActorFailed(cell, err) => {
                 if let Some(loop_) = state.loops.remove(&cell.get_id()) {
-                    let reason = err.to_string();
-                    let last = lock(&state.started).get(&loop_.spec.config.name).copied();
-                    if let Err(reason) = restart(&myself, state, loop_, last, &reason).await {
-                        let (name, ended, iterations) = reason.0;
+                    let name = loop_.spec.config.name.clone();
+                    let last = lock(&state.started).get(&name).copied();
+                    if let Err((loop_, why)) =
+                        restart(&myself, state, loop_, last, &err.to_string()).await
+                    {
                         // The loop's own `finish` never ran: report its end here.
-                        let reason = format!("the loop actor crashed: {}", reason.1);
+                        let reason = format!("the loop actor crashed: {why}");
                         state.events.record(EventKind::LoopFailed {
                             loop_name: name.clone(),
                             reason: reason.clone(),
                         });
-                        if let Some(tx) = &ended {
+                        if let Some(tx) = &loop_.spec.ended {
+                            let iterations = last.unwrap_or(0);
                             let _ = tx.send((name, LoopEnd::Failed { iterations, reason }));
                         }
                     }
@@ -239,33 +241,20 @@ impl Actor for Daemon {
     }
 }
 
-/// What a loop that is not restarted leaves: its name, its `ended` channel and the
-/// iterations it started, with why it was not restarted.
-type NotRestarted = (
-    (
-        String,
-        Option<mpsc::UnboundedSender<(String, LoopEnd)>>,
-        u32,
-    ),
-    String,
-);
-
 /// Starts a new actor for a loop whose actor panicked with `reason`, at the iteration after
-/// `last` (the last one it started), unless the loop used up its restarts.
+/// `last` (the last one it started). When the loop used up its restarts, or the new actor
+/// does not start, gives the loop back with why it was not restarted.
 async fn restart(
     myself: &ActorRef<DaemonMsg>,
     state: &mut DaemonState,
     mut loop_: Supervised,
     last: Option<u32>,
     reason: &str,
-) -> Result<(), NotRestarted> {
+) -> Result<(), (Box<Supervised>, String)> {
     let name = loop_.spec.config.name.clone();
-    let iterations = last.unwrap_or(0);
-    let not_restarted =
-        |spec: &LoopSpec, why: String| Err(((name.clone(), spec.ended.clone(), iterations), why));
     if loop_.restarts >= MAX_LOOP_RESTARTS {
         let why = format!("{reason} (restarted {MAX_LOOP_RESTARTS} times already, the limit)");
-        return not_restarted(&loop_.spec, why);
+        return Err((Box::new(loop_), why));
     }
     loop_.restarts += 1;
     if let Some(last) = last {
@@ -291,7 +280,7 @@ async fn restart(
         Ok((actor, _)) => actor,
         Err(e) => {
             let why = format!("{reason}; its restart failed: {e}");
-            return not_restarted(&loop_.spec, why);
+            return Err((Box::new(loop_), why));
         }
     };
     if let Some(w) = &loop_.watcher {
