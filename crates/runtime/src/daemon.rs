@@ -16,7 +16,7 @@
 //! panic's message. Queries waiting on the panicked actor fail at once (the coordinator
 //! monitors it). The daemon itself keeps running.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -91,9 +91,17 @@ fn start_failed(what: &'static str) -> impl FnOnce(ractor::SpawnErr) -> RuntimeE
 /// what it costs.
 pub const MAX_LOOP_RESTARTS: u32 = 3;
 
-/// The live actor of each loop, by loop name: shared by the daemon (which replaces a
-/// restarted loop's actor) and the [`Runtime`] (which stops them).
-type LiveLoops = Arc<Mutex<BTreeMap<String, ActorRef<LoopMsg>>>>;
+/// The live actor of each loop, by loop name, and the loops asked to stop: shared by the
+/// daemon (which replaces a restarted loop's actor) and the [`Runtime`] (which stops them).
+#[derive(Default)]
+struct Live {
+    actors: BTreeMap<String, ActorRef<LoopMsg>>,
+    /// Loops a stop was asked of: a restart after it is told to stop too, so a panic
+    /// between the request and the loop's end does not undo it.
+    stopping: BTreeSet<String>,
+}
+
+type LiveLoops = Arc<Mutex<Live>>;
 
 /// Messages of the daemon.
 pub enum DaemonMsg {
@@ -194,7 +202,7 @@ impl Actor for Daemon {
                     });
                 if let Ok(actor) = &result {
                     state.loops.insert(actor.get_id(), supervised);
-                    lock(&state.live).insert(name, actor.clone());
+                    lock(&state.live).actors.insert(name, actor.clone());
                 }
                 let _ = reply.send(result);
             }
@@ -295,7 +303,14 @@ async fn restart(
             reply: None,
         });
     }
-    lock(&state.live).insert(name, actor.clone());
+    let stopping = {
+        let mut live = lock(&state.live);
+        live.actors.insert(name.clone(), actor.clone());
+        live.stopping.contains(&name)
+    };
+    if stopping {
+        let _ = actor.cast(LoopMsg::Stop);
+    }
     state.loops.insert(actor.get_id(), loop_);
     Ok(())
 }
@@ -394,7 +409,7 @@ impl Runtime {
     /// when it already was). Its end is reported by [`Runtime::next_end`].
     pub async fn spawn_loop(&mut self, mut spec: LoopSpec) -> Result<(), RuntimeError> {
         let name = spec.config.name.clone();
-        if lock(&self.loops).contains_key(&name) {
+        if lock(&self.loops).actors.contains_key(&name) {
             return Err(RuntimeError::LoopExists(name));
         }
         spec.ended = Some(self.ended_tx.clone());
@@ -461,7 +476,18 @@ impl Runtime {
 
     /// Asks a loop to stop after its tool call in flight.
     pub fn stop_loop(&self, name: &str) -> Result<(), RuntimeError> {
-        let actor = self.live(name)?;
+        // Noted and looked up under one lock: a restart either happened already (the new
+        // actor is told here) or sees the note (and tells it).
+        let actor = {
+            let mut live = lock(&self.loops);
+            let actor = live
+                .actors
+                .get(name)
+                .cloned()
+                .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?;
+            live.stopping.insert(name.to_string());
+            actor
+        };
         actor
             .cast(LoopMsg::Stop)
             .map_err(|_| RuntimeError::AlreadyStopped(name.to_string()))
@@ -479,6 +505,7 @@ impl Runtime {
     /// The live actor of loop `name` (the latest one, after a restart).
     fn live(&self, name: &str) -> Result<ActorRef<LoopMsg>, RuntimeError> {
         lock(&self.loops)
+            .actors
             .get(name)
             .cloned()
             .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))
@@ -529,7 +556,7 @@ impl Runtime {
 
     /// Stops every loop and every runtime actor.
     pub async fn shutdown(self) {
-        let loops = lock(&self.loops).clone();
+        let loops = lock(&self.loops).actors.clone();
         for (name, actor) in &loops {
             self.unwatch(name);
             actor.stop(Some("run ended".to_string()));

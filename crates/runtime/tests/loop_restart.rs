@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use td_engine::transcript::NoTranscript;
 use td_engine::{EngineConfig, LoopEnd, prompt};
@@ -48,16 +49,25 @@ impl Tool for Complete {
 }
 
 /// A model client with a bug: its first `panics` calls panic; after that it calls
-/// `complete_task` and then ends its turn.
+/// `complete_task` and then ends its turn. With `hold`, its first call after the panics
+/// says it started (`hold.0`) and waits for a permit (`hold.1`) before it answers.
 struct PanicsFirst {
     panics: u32,
     calls: AtomicU32,
+    hold: Option<(Arc<Semaphore>, Arc<Semaphore>)>,
 }
 
 #[async_trait]
 impl LlmClient for PanicsFirst {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if let Some((entered, release)) = self.hold.as_ref().filter(|_| call == self.panics) {
+            entered.add_permits(1);
+            // A closed semaphore would mean the test ended; answer anyway.
+            if let Ok(permit) = release.acquire().await {
+                permit.forget();
+            }
+        }
         if call < self.panics {
             panic!("model adapter bug #{call}");
         }
@@ -91,6 +101,12 @@ impl LlmClient for PanicsFirst {
 /// Runs loop `p` whose model panics on its first `panics` calls; returns its end and the
 /// run's events.
 async fn run_panicking(panics: u32) -> (LoopEnd, Vec<EventKind>) {
+    run(panics, false).await
+}
+
+/// [`run_panicking`]; with `stop_after`, the loop is asked to stop (through the runtime)
+/// while its first model call after the panics is under way.
+async fn run(panics: u32, stop_after: bool) -> (LoopEnd, Vec<EventKind>) {
     let dir = tempfile::tempdir().unwrap();
     let worktree = dir.path().join("p");
     std::fs::create_dir_all(&worktree).unwrap();
@@ -102,6 +118,7 @@ async fn run_panicking(panics: u32) -> (LoopEnd, Vec<EventKind>) {
     let mut rt = Runtime::start(config, events.clone()).await.unwrap();
     let ctx = Arc::new(rt.context(&worktree, "p").unwrap());
     let tools: Vec<Arc<dyn Tool>> = vec![Arc::new(Complete)];
+    let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let spec = LoopSpec {
         config: EngineConfig {
             name: "p".into(),
@@ -122,6 +139,7 @@ async fn run_panicking(panics: u32) -> (LoopEnd, Vec<EventKind>) {
         llm: Arc::new(PanicsFirst {
             panics,
             calls: AtomicU32::new(0),
+            hold: stop_after.then(|| (entered.clone(), release.clone())),
         }),
         runner: Arc::new(rt.lanes.clone()),
         coordinator: rt.coordinator.clone(),
@@ -137,6 +155,16 @@ async fn run_panicking(panics: u32) -> (LoopEnd, Vec<EventKind>) {
     };
     rt.spawn_loop(spec).await.unwrap();
     rt.release().await;
+    if stop_after {
+        let in_call = tokio::time::timeout(GUARD, entered.acquire()).await;
+        assert!(
+            matches!(in_call, Ok(Ok(_))),
+            "the first model call never began"
+        );
+        // The model call is never let go: only the stop can end it.
+        rt.stop_loop("p")
+            .expect("the runtime stops the restarted actor");
+    }
     let mut ends = rt.wait_for(&["p"], GUARD).await;
     let end = ends.remove("p").expect("loop p did not end");
     rt.shutdown().await;
@@ -213,4 +241,16 @@ async fn past_the_restart_limit_the_loop_fails_with_the_panic_message() {
             .any(|k| matches!(k, EventKind::LoopFailed { reason: r, .. } if r.contains(&last))),
         "{events:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_loop_is_stopped_through_the_runtime_like_any_other() {
+    let (end, events) = run(1, true).await;
+    assert!(
+        matches!(end, LoopEnd::Stopped { .. }),
+        "{end:?}\n{events:#?}"
+    );
+    assert_eq!(restarts(&events).len(), 1, "{events:#?}");
+    // The stop reached the restarted actor in its iteration 2, which ended there.
+    assert_eq!(iterations_started(&events), vec![1, 2]);
 }
