@@ -719,6 +719,37 @@ fn by_default_worktrees_are_removed_and_branches_stay() {
 // ---------------------------------------------------------------------------------------
 // 5. Selecting loops.
 
+/// The new messages of `name`'s first model request, as JSON text.
+fn first_prompt(project: &Project, name: &str) -> String {
+    read_jsonl(&project.transcript(name))
+        .into_iter()
+        .find(|e| e["entry"] == "request" && e["iteration"] == 1 && e["turn"] == 1)
+        .map(|e| e["new_messages"].to_string())
+        .unwrap_or_else(|| panic!("{name} made no first request"))
+}
+
+#[test]
+fn peers_lifecycle_alerts_reach_only_the_loops_that_subscribe_to_them() {
+    let project = Project::new("alerts", &[]);
+    let out = project.run(&project.config(), &[]);
+    assert_eq!(out.code, Some(0), "{out}");
+    // `a` and `b` subscribe to nothing: no system alert about a peer opens their prompt.
+    for name in ["a", "b"] {
+        let prompt = first_prompt(&project, name);
+        assert!(prompt.contains(&format!("Do {name}.")), "{name}: {prompt}");
+        assert!(!prompt.contains("`taskdaemon`"), "{name}: {prompt}");
+        assert!(!prompt.contains("started:"), "{name}: {prompt}");
+    }
+    // `listener` subscribes to `loop_started`: it hears both peers start.
+    let prompt = first_prompt(&project, "listener");
+    for peer in ["a", "b"] {
+        assert!(
+            prompt.contains(&format!("loop `{peer}` started: Do {peer}.")),
+            "{prompt}"
+        );
+    }
+}
+
 #[test]
 fn loop_selection_runs_the_loop_and_its_dependencies_only() {
     let project = Project::new("select", &[]);

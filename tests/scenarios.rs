@@ -173,11 +173,10 @@ impl Run {
         self.names.push(name.to_string());
     }
 
-    /// Spawns a loop that hears every alert (the default of a loop type without
-    /// `subscriptions`).
-    async fn spawn_hearing_every_alert(&mut self, name: &str) {
+    /// Spawns a loop that hears the alert event types `events` (system ones included).
+    async fn spawn_hearing(&mut self, name: &str, events: &[&str]) {
         let opts = LoopOpts {
-            subscriptions: None,
+            subscriptions: Some(events.iter().map(|e| e.to_string()).collect()),
             ..LoopOpts::default()
         };
         self.spawn(name, opts).await;
@@ -729,7 +728,7 @@ c:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn s08_broadcasts_and_system_alerts_reach_every_other_loop() {
+async fn s08_broadcasts_and_subscribed_system_alerts_reach_the_other_loops() {
     let mut run = Run::new(
         r#"
 a:
@@ -760,8 +759,10 @@ c:
 "#,
     )
     .await;
+    // Subscribed to peers' ends, not their starts: no `loop_started` line in any prompt.
     for name in ["a", "b", "c"] {
-        run.spawn_hearing_every_alert(name).await;
+        run.spawn_hearing(name, &["api_ready", "loop_completed"])
+            .await;
     }
     run.rt.release().await;
     let system_alert_about = |who: &'static str| {
@@ -809,7 +810,7 @@ async fn many_loops_starting_at_once_are_one_line_of_each_first_prompt() {
         .collect();
     let mut run = Run::new(&script).await;
     for name in &names {
-        run.spawn_hearing_every_alert(name).await;
+        run.spawn_hearing(name, &["loop_started"]).await;
     }
     run.rt.release().await;
     let ends = run.wait().await;
@@ -1257,11 +1258,13 @@ c:
         share.0 && share.1.contains("over the limit of 64 bytes"),
         "{share:?}"
     );
-    // b listens to build_broken only; c hears everything (including a's start alert).
+    // b listens to build_broken only; c subscribes to nothing: it hears every loop's
+    // broadcast but no system alert (not a's start).
     assert_eq!(requests_containing(&run, "b", "main is red"), vec![2]);
     assert!(requests_containing(&run, "b", "see README").is_empty());
     assert_eq!(requests_containing(&run, "c", "main is red"), vec![2]);
     assert_eq!(requests_containing(&run, "c", "see README"), vec![2]);
+    assert!(requests_containing(&run, "c", "loop `a` started").is_empty());
     assert!(requests_containing(&run, "b", "0123456789").is_empty());
 }
 

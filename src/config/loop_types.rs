@@ -33,7 +33,8 @@ pub struct LoopTypeDef {
     pub max_turns: Option<u32>,
     /// Limit of one iteration's model turns, in milliseconds.
     pub iteration_timeout_ms: Option<u64>,
-    /// Alert event types the loop hears (default: all).
+    /// Alert event types the loop hears (default: every loop's `broadcast_alert`, no
+    /// system alert such as `loop_started` / `loop_completed`).
     pub subscriptions: Option<Vec<String>>,
     /// Command of the `build` tool.
     pub build: Option<String>,
@@ -64,7 +65,7 @@ pub struct LoopType {
     pub max_turns: u32,
     /// Limit of one iteration's model turns.
     pub iteration_timeout: Option<Duration>,
-    /// Alert event types heard; `None` = all.
+    /// Alert event types heard; `None` = loops' broadcasts, no system alerts.
     pub subscriptions: Option<Vec<String>>,
     /// `build` tool command.
     pub build: Option<String>,

@@ -198,6 +198,17 @@ impl ProgressDisplay {
                     r.last = reason.clone();
                     plain = Some(format!("{loop_name}: paused: {reason}"));
                 }
+                EventKind::LoopRestarted {
+                    loop_name,
+                    restarts,
+                    reason,
+                } => {
+                    let first = reason.lines().next().unwrap_or("");
+                    row(rows, loop_name).last = format!("restarted after a panic: {first}");
+                    plain = Some(format!(
+                        "{loop_name}: restarted after a panic (restart {restarts}): {reason}"
+                    ));
+                }
                 EventKind::LoopStopped { loop_name } => {
                     let r = row(rows, loop_name);
                     r.status = "stopped".into();

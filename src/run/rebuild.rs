@@ -120,3 +120,22 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
     }
     Ok((summary, notes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_restart_in_the_events_is_read_and_the_loop_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = [
+            r#"{"seq":1,"time":"2026-01-01T00:00:00Z","event":"loop_started","loop_name":"p","loop_type":"code"}"#,
+            r#"{"seq":2,"time":"2026-01-01T00:00:01Z","event":"loop_restarted","loop_name":"p","restarts":1,"reason":"panicked: bug"}"#,
+            r#"{"seq":3,"time":"2026-01-01T00:00:02Z","event":"loop_completed","loop_name":"p","iterations":2,"summary":"done"}"#,
+        ];
+        std::fs::write(dir.path().join(EVENTS_FILE), lines.join("\n") + "\n").unwrap();
+        let (summary, notes) = rebuild(dir.path()).unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(summary.loops["p"].status, LoopStatus::Completed);
+    }
+}

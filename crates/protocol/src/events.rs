@@ -114,6 +114,16 @@ pub enum EventKind {
         /// Loop name.
         loop_name: String,
     },
+    /// The loop's actor panicked and the daemon started it again; it goes on at its next
+    /// iteration. Past the run's restart limit the loop fails instead (`loop_failed`).
+    LoopRestarted {
+        /// Loop name.
+        loop_name: String,
+        /// Restarts of this loop so far in the run, this one included (from 1).
+        restarts: u32,
+        /// The panic's message.
+        reason: String,
+    },
     /// The loop's actor is gone and was unregistered.
     LoopUnregistered {
         /// Loop name.
@@ -383,6 +393,21 @@ mod tests {
             loop_name: "a".into(),
         });
         assert_eq!(log.seq.load(Ordering::SeqCst), u64::MAX);
+    }
+
+    #[test]
+    fn a_loop_restart_has_a_stable_wire_form() {
+        let line = r#"{"seq":4,"time":"t","event":"loop_restarted","loop_name":"a","restarts":1,"reason":"panicked: bug"}"#;
+        let event: Event = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            event.kind,
+            EventKind::LoopRestarted {
+                loop_name: "a".into(),
+                restarts: 1,
+                reason: "panicked: bug".into(),
+            }
+        );
+        assert_eq!(serde_json::to_string(&event).unwrap(), line);
     }
 
     #[test]

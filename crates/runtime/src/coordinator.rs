@@ -66,7 +66,8 @@ pub enum CoordMsg {
         loop_type: String,
         /// Its task (first line is shown in listings).
         task: String,
-        /// Alert event types it listens to; `None` = all.
+        /// Alert event types it listens to; `None` = every loop's alert, no system alert
+        /// (see [`hears`]).
         subscriptions: Option<Vec<String>>,
         /// Its actor.
         actor: ActorRef<LoopMsg>,
@@ -678,10 +679,7 @@ fn handle_alert(
         about: about.filter(|_| from == SYSTEM_SENDER).map(str::to_string),
     });
     for (name, entry) in &state.loops {
-        let listens = entry
-            .subscriptions
-            .as_ref()
-            .is_none_or(|s| s.contains(event_type));
+        let listens = hears(entry.subscriptions.as_ref(), from, event_type);
         if name == from || Some(name.as_str()) == about || entry.status != "running" || !listens {
             continue;
         }
@@ -697,6 +695,21 @@ fn handle_alert(
         error: None,
     });
     Ok(recipients.len())
+}
+
+/// Whether a loop with `subscriptions` hears an alert of `event_type` sent by `from`.
+///
+/// A loop that lists its subscriptions hears exactly those event types, system ones
+/// included. A loop that lists none hears every other loop's `broadcast_alert`, but no
+/// system alert (`loop_started`, `loop_completed`, `loop_failed`, `loop_paused`): in a run
+/// of N loops those are about 2N lines of news no task asked for, which opened prompts
+/// with peers' start notices and cost every loop tokens and attention. A loop that must
+/// know when a peer finishes subscribes to `loop_completed`.
+fn hears(subscriptions: Option<&BTreeSet<String>>, from: &str, event_type: &str) -> bool {
+    match subscriptions {
+        Some(s) => s.contains(event_type),
+        None => from != SYSTEM_SENDER,
+    }
 }
 
 /// The `Coordination` port of one loop's tools, backed by the coordinator actor.
@@ -806,6 +819,17 @@ mod tests {
             events: events.clone(),
             done: false,
         }
+    }
+
+    #[test]
+    fn without_subscriptions_a_loop_hears_peers_broadcasts_but_no_system_alert() {
+        assert!(hears(None, "api", "api_ready"));
+        assert!(!hears(None, SYSTEM_SENDER, "loop_started"));
+        assert!(!hears(None, SYSTEM_SENDER, "loop_completed"));
+        let listed: BTreeSet<String> = ["loop_completed".to_string()].into();
+        assert!(hears(Some(&listed), SYSTEM_SENDER, "loop_completed"));
+        assert!(!hears(Some(&listed), SYSTEM_SENDER, "loop_started"));
+        assert!(!hears(Some(&listed), "api", "api_ready"));
     }
 
     #[test]

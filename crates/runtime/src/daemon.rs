@@ -9,12 +9,16 @@
 //! └── LoopActor × N    one per loop; its engine and answerers run in tasks it owns
 //! ```
 //!
-//! A loop actor that panics is reported as a failed loop (its queries fail at once because
-//! the coordinator monitors it); the daemon itself keeps running.
+//! A loop actor that panics (in its handlers or in its engine) is restarted by the daemon,
+//! at most [`MAX_LOOP_RESTARTS`] times per loop: the new actor keeps the loop's inbox and
+//! progress notes and goes on at the iteration after the last one started, as a resumed run
+//! would, and the restart is a `loop_restarted` event. Past the limit the loop fails with the
+//! panic's message. Queries waiting on the panicked actor fail at once (the coordinator
+//! monitors it). The daemon itself keeps running.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::{
@@ -25,10 +29,11 @@ use tokio::sync::{mpsc, watch};
 use crate::coordinator::{
     CoordMsg, Coordinator, CoordinatorArgs, CoordinatorLimits, CoordinatorPort,
 };
-use crate::loop_actor::{LoopActor, LoopSpec};
+use crate::loop_actor::{LoopActor, LoopSpec, LoopStart};
 use crate::messages::LoopMsg;
 use crate::tool_lanes::{LaneSizes, LanesError, ToolLanes};
 use crate::watcher::{Watcher, WatcherMsg};
+use td_base::sync::lock;
 use td_engine::LoopEnd;
 use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::context::ToolContext;
@@ -81,21 +86,58 @@ fn start_failed(what: &'static str) -> impl FnOnce(ractor::SpawnErr) -> RuntimeE
     }
 }
 
+/// How many times one loop's actor is restarted after a panic before the loop fails. A
+/// panic that repeats at every iteration is a bug, not bad luck: three more tries bound
+/// what it costs.
+pub const MAX_LOOP_RESTARTS: u32 = 3;
+
+/// The live actor of each loop, by loop name, and the loops asked to stop: shared by the
+/// daemon (which replaces a restarted loop's actor) and the [`Runtime`] (which stops them).
+#[derive(Default)]
+struct Live {
+    actors: BTreeMap<String, ActorRef<LoopMsg>>,
+    /// Loops a stop was asked of: a restart after it is told to stop too, so a panic
+    /// between the request and the loop's end does not undo it.
+    stopping: BTreeSet<String>,
+}
+
+type LiveLoops = Arc<Mutex<Live>>;
+
 /// Messages of the daemon.
 pub enum DaemonMsg {
     /// Start a loop actor under the daemon's supervision.
     SpawnLoop {
         /// The loop.
         spec: Box<LoopSpec>,
+        /// The file watcher serving the loop, told of a restarted loop's new actor.
+        watcher: Option<ActorRef<WatcherMsg>>,
         /// Its actor, or why it could not start.
         reply: RpcReplyPort<Result<ActorRef<LoopMsg>, RuntimeError>>,
     },
 }
 
+/// A loop the daemon supervises.
+struct Supervised {
+    spec: LoopSpec,
+    inbox: Arc<td_engine::Inbox>,
+    progress: Arc<td_engine::ProgressNotes>,
+    restarts: u32,
+    watcher: Option<ActorRef<WatcherMsg>>,
+}
+
 /// The daemon's state: which child is which loop.
 pub struct DaemonState {
-    loops: HashMap<ActorId, LoopSpec>,
+    loops: HashMap<ActorId, Supervised>,
     events: Arc<EventLog>,
+    live: LiveLoops,
+    /// The last iteration each loop started (from the events), where a restart goes on.
+    started: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// Arguments of the daemon.
+pub struct DaemonArgs {
+    events: Arc<EventLog>,
+    live: LiveLoops,
 }
 
 /// The root supervisor.
@@ -104,16 +146,29 @@ pub struct Daemon;
 impl Actor for Daemon {
     type Msg = DaemonMsg;
     type State = DaemonState;
-    type Arguments = Arc<EventLog>;
+    type Arguments = DaemonArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<DaemonMsg>,
-        events: Arc<EventLog>,
+        args: DaemonArgs,
     ) -> Result<DaemonState, ActorProcessingErr> {
+        let started = Arc::new(Mutex::new(HashMap::new()));
+        let seen = started.clone();
+        args.events.subscribe(move |e| {
+            if let EventKind::IterationStarted {
+                loop_name,
+                iteration,
+            } = &e.kind
+            {
+                lock(&seen).insert(loop_name.clone(), *iteration);
+            }
+        });
         Ok(DaemonState {
             loops: HashMap::new(),
-            events,
+            events: args.events,
+            live: args.live,
+            started,
         })
     }
 
@@ -124,17 +179,30 @@ impl Actor for Daemon {
         state: &mut DaemonState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            DaemonMsg::SpawnLoop { spec, reply } => {
-                let spec = *spec;
-                let result = Actor::spawn_linked(None, LoopActor, spec.clone(), myself.get_cell())
+            DaemonMsg::SpawnLoop {
+                spec,
+                watcher,
+                reply,
+            } => {
+                let start = LoopStart::first(*spec);
+                let supervised = Supervised {
+                    spec: start.spec.clone(),
+                    inbox: start.inbox.clone(),
+                    progress: start.progress.clone(),
+                    restarts: 0,
+                    watcher,
+                };
+                let name = supervised.spec.config.name.clone();
+                let result = Actor::spawn_linked(None, LoopActor, start, myself.get_cell())
                     .await
                     .map(|(actor, _)| actor)
                     .map_err(|e| RuntimeError::LoopStart {
-                        name: spec.config.name.clone(),
+                        name: name.clone(),
                         reason: e.to_string(),
                     });
                 if let Ok(actor) = &result {
-                    state.loops.insert(actor.get_id(), spec);
+                    state.loops.insert(actor.get_id(), supervised);
+                    lock(&state.live).actors.insert(name, actor.clone());
                 }
                 let _ = reply.send(result);
             }
@@ -144,28 +212,28 @@ impl Actor for Daemon {
 
     async fn handle_supervisor_evt(
         &self,
-        _myself: ActorRef<DaemonMsg>,
+        myself: ActorRef<DaemonMsg>,
         event: SupervisionEvent,
         state: &mut DaemonState,
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorFailed(cell, err) => {
-                if let Some(spec) = state.loops.remove(&cell.get_id()) {
-                    // The loop's own `finish` never ran: report its end here.
-                    let name = spec.config.name.clone();
-                    let reason = format!("the loop actor crashed: {err}");
-                    state.events.record(EventKind::LoopFailed {
-                        loop_name: name.clone(),
-                        reason: reason.clone(),
-                    });
-                    if let Some(tx) = &spec.ended {
-                        let _ = tx.send((
-                            name,
-                            LoopEnd::Failed {
-                                iterations: 0,
-                                reason,
-                            },
-                        ));
+                if let Some(loop_) = state.loops.remove(&cell.get_id()) {
+                    let name = loop_.spec.config.name.clone();
+                    let last = lock(&state.started).get(&name).copied();
+                    if let Err((loop_, why)) =
+                        restart(&myself, state, loop_, last, &err.to_string()).await
+                    {
+                        // The loop's own `finish` never ran: report its end here.
+                        let reason = format!("the loop actor crashed: {why}");
+                        state.events.record(EventKind::LoopFailed {
+                            loop_name: name.clone(),
+                            reason: reason.clone(),
+                        });
+                        if let Some(tx) = &loop_.spec.ended {
+                            let iterations = last.unwrap_or(0);
+                            let _ = tx.send((name, LoopEnd::Failed { iterations, reason }));
+                        }
                     }
                 } else {
                     tracing::error!("a runtime actor failed: {err}");
@@ -179,6 +247,72 @@ impl Actor for Daemon {
         // Never stop the daemon because a child ended: loops end all the time.
         Ok(())
     }
+}
+
+/// Starts a new actor for a loop whose actor panicked with `reason`, at the iteration after
+/// `last` (the last one it started). When the loop used up its restarts, or the new actor
+/// does not start, gives the loop back with why it was not restarted.
+async fn restart(
+    myself: &ActorRef<DaemonMsg>,
+    state: &mut DaemonState,
+    mut loop_: Supervised,
+    last: Option<u32>,
+    reason: &str,
+) -> Result<(), (Box<Supervised>, String)> {
+    let name = loop_.spec.config.name.clone();
+    if loop_.restarts >= MAX_LOOP_RESTARTS {
+        let why = format!("{reason} (restarted {MAX_LOOP_RESTARTS} times already, the limit)");
+        return Err((Box::new(loop_), why));
+    }
+    loop_.restarts += 1;
+    if let Some(last) = last {
+        // The iteration the panic cut counts as run, as after a crash and resume.
+        loop_.spec.config.first_iteration = loop_
+            .spec
+            .config
+            .first_iteration
+            .max(last.saturating_add(1));
+    }
+    state.events.record(EventKind::LoopRestarted {
+        loop_name: name.clone(),
+        restarts: loop_.restarts,
+        reason: reason.to_string(),
+    });
+    let start = LoopStart {
+        spec: loop_.spec.clone(),
+        inbox: loop_.inbox.clone(),
+        progress: loop_.progress.clone(),
+        restarted: true,
+    };
+    let actor = match Actor::spawn_linked(None, LoopActor, start, myself.get_cell()).await {
+        Ok((actor, _)) => actor,
+        Err(e) => {
+            let why = format!("{reason}; its restart failed: {e}");
+            return Err((Box::new(loop_), why));
+        }
+    };
+    if let Some(w) = &loop_.watcher {
+        // The watcher's notices go to the new actor.
+        let _ = w.cast(WatcherMsg::Unwatch {
+            loop_name: name.clone(),
+        });
+        let _ = w.cast(WatcherMsg::Watch {
+            loop_name: name.clone(),
+            ctx: loop_.spec.ctx.clone(),
+            target: actor.clone(),
+            reply: None,
+        });
+    }
+    let stopping = {
+        let mut live = lock(&state.live);
+        live.actors.insert(name.clone(), actor.clone());
+        live.stopping.contains(&name)
+    };
+    if stopping {
+        let _ = actor.cast(LoopMsg::Stop);
+    }
+    state.loops.insert(actor.get_id(), loop_);
+    Ok(())
 }
 
 /// Settings of a runtime.
@@ -214,14 +348,19 @@ pub struct Runtime {
     pub events: Arc<EventLog>,
     ended_tx: mpsc::UnboundedSender<(String, LoopEnd)>,
     ended_rx: mpsc::UnboundedReceiver<(String, LoopEnd)>,
-    loops: BTreeMap<String, ActorRef<LoopMsg>>,
+    loops: LiveLoops,
     gate: watch::Sender<bool>,
 }
 
 impl Runtime {
     /// Starts the daemon, coordinator, watcher and lanes.
     pub async fn start(config: RuntimeConfig, events: Arc<EventLog>) -> Result<Self, RuntimeError> {
-        let (daemon, _) = Actor::spawn(None, Daemon, events.clone())
+        let loops = LiveLoops::default();
+        let args = DaemonArgs {
+            events: events.clone(),
+            live: loops.clone(),
+        };
+        let (daemon, _) = Actor::spawn(None, Daemon, args)
             .await
             .map_err(start_failed("the daemon"))?;
         let cell: ActorCell = daemon.get_cell();
@@ -254,7 +393,7 @@ impl Runtime {
             events,
             ended_tx,
             ended_rx,
-            loops: BTreeMap::new(),
+            loops,
             gate: watch::channel(false).0,
         })
     }
@@ -270,7 +409,7 @@ impl Runtime {
     /// when it already was). Its end is reported by [`Runtime::next_end`].
     pub async fn spawn_loop(&mut self, mut spec: LoopSpec) -> Result<(), RuntimeError> {
         let name = spec.config.name.clone();
-        if self.loops.contains_key(&name) {
+        if lock(&self.loops).actors.contains_key(&name) {
             return Err(RuntimeError::LoopExists(name));
         }
         spec.ended = Some(self.ended_tx.clone());
@@ -281,6 +420,7 @@ impl Runtime {
             .call(
                 |reply| DaemonMsg::SpawnLoop {
                     spec: Box::new(spec),
+                    watcher: self.watcher.clone(),
                     reply,
                 },
                 None,
@@ -296,7 +436,6 @@ impl Runtime {
                 reply: None,
             });
         }
-        self.loops.insert(name, actor);
         Ok(())
     }
 
@@ -337,10 +476,18 @@ impl Runtime {
 
     /// Asks a loop to stop after its tool call in flight.
     pub fn stop_loop(&self, name: &str) -> Result<(), RuntimeError> {
-        let actor = self
-            .loops
-            .get(name)
-            .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?;
+        // Noted and looked up under one lock: a restart either happened already (the new
+        // actor is told here) or sees the note (and tells it).
+        let actor = {
+            let mut live = lock(&self.loops);
+            let actor = live
+                .actors
+                .get(name)
+                .cloned()
+                .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?;
+            live.stopping.insert(name.to_string());
+            actor
+        };
         actor
             .cast(LoopMsg::Stop)
             .map_err(|_| RuntimeError::AlreadyStopped(name.to_string()))
@@ -350,12 +497,18 @@ impl Runtime {
     /// aborted, and a command it was running is killed with its process group (the worker
     /// drops the abandoned call). The loop ends as stopped.
     pub fn kill_loop(&self, name: &str) -> Result<(), RuntimeError> {
-        let actor = self
-            .loops
-            .get(name)
-            .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?;
+        let actor = self.live(name)?;
         actor.stop(Some("stopped at once (second Ctrl-C)".to_string()));
         Ok(())
+    }
+
+    /// The live actor of loop `name` (the latest one, after a restart).
+    fn live(&self, name: &str) -> Result<ActorRef<LoopMsg>, RuntimeError> {
+        lock(&self.loops)
+            .actors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))
     }
 
     /// The next loop to end, or `None` after `timeout`.
@@ -403,7 +556,8 @@ impl Runtime {
 
     /// Stops every loop and every runtime actor.
     pub async fn shutdown(self) {
-        for (name, actor) in &self.loops {
+        let loops = lock(&self.loops).actors.clone();
+        for (name, actor) in &loops {
             self.unwatch(name);
             actor.stop(Some("run ended".to_string()));
         }

@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -54,7 +55,8 @@ pub struct LoopSpec {
     pub transcript: Arc<dyn TranscriptSink>,
     /// The loop's receipts, if kept (also of the calls its answers make).
     pub receipts: Option<Arc<ReceiptLog>>,
-    /// Alert event types the loop hears; `None` = all.
+    /// Alert event types the loop hears; `None` = every loop's `broadcast_alert` and no
+    /// system alert (a peer's start or end is heard only when subscribed to).
     pub subscriptions: Option<Vec<String>>,
     /// Told once when the loop ends.
     pub ended: Option<mpsc::UnboundedSender<(String, LoopEnd)>>,
@@ -68,6 +70,45 @@ pub struct LoopSpec {
     /// The run's budgets: the loop's calls are charged to its account there (opened by
     /// whoever starts the loop; without one, to the run's alone), its answers to the askers'.
     pub budgets: Arc<Budgets>,
+}
+
+/// How a loop actor starts: its spec, and the inbox and progress notes that outlive the
+/// actor (a restarted actor goes on with the items and notes of the one that panicked).
+pub struct LoopStart {
+    pub(crate) spec: LoopSpec,
+    pub(crate) inbox: Arc<Inbox>,
+    pub(crate) progress: Arc<ProgressNotes>,
+    /// A restart after a panic: the loop was announced already (no `loop_started` again).
+    pub(crate) restarted: bool,
+}
+
+impl LoopStart {
+    /// The first start of a loop: inbox and notes from the spec (a resumed run's).
+    pub(crate) fn first(spec: LoopSpec) -> Self {
+        let inbox = Arc::new(Inbox::default());
+        for item in &spec.initial_inbox {
+            inbox.push(Arc::new(item.clone()));
+        }
+        let progress = Arc::new(ProgressNotes::default());
+        for note in &spec.initial_progress {
+            progress.push(note.clone());
+        }
+        Self {
+            spec,
+            inbox,
+            progress,
+            restarted: false,
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Aborts its task when dropped, so that no task outlives the actor that started it (also
@@ -98,22 +139,20 @@ pub struct LoopActor;
 impl Actor for LoopActor {
     type Msg = LoopMsg;
     type State = LoopState;
-    type Arguments = LoopSpec;
+    type Arguments = LoopStart;
 
     async fn pre_start(
         &self,
         myself: ActorRef<LoopMsg>,
-        spec: LoopSpec,
+        start: LoopStart,
     ) -> Result<LoopState, ActorProcessingErr> {
+        let LoopStart {
+            spec,
+            inbox,
+            progress,
+            restarted,
+        } = start;
         let name = spec.config.name.clone();
-        let inbox = Arc::new(Inbox::default());
-        for item in &spec.initial_inbox {
-            inbox.push(Arc::new(item.clone()));
-        }
-        let progress = Arc::new(ProgressNotes::default());
-        for note in &spec.initial_progress {
-            progress.push(note.clone());
-        }
         let calls = Arc::new(CallPath::new(
             spec.ctx.clone(),
             spec.tools.clone(),
@@ -147,16 +186,20 @@ impl Actor for LoopActor {
             )
             .await
             .map_err(|e| format!("loop {name}: cannot register with the coordinator: {e}"))?;
-        spec.events.record(EventKind::LoopStarted {
-            loop_name: name.clone(),
-            loop_type: spec.config.loop_type.clone(),
-        });
-        system_alert(
-            &spec.coordinator,
-            &name,
-            "loop_started",
-            format!("loop `{name}` started: {}", first_line(&spec.config.task)),
-        );
+        // A restarted loop was announced when it first started (its restart is an event of
+        // the daemon's).
+        if !restarted {
+            spec.events.record(EventKind::LoopStarted {
+                loop_name: name.clone(),
+                loop_type: spec.config.loop_type.clone(),
+            });
+            system_alert(
+                &spec.coordinator,
+                &name,
+                "loop_started",
+                format!("loop `{name}` started: {}", first_line(&spec.config.task)),
+            );
+        }
         let (stop, _) = watch::channel(false);
         Ok(LoopState {
             spec,
@@ -204,8 +247,17 @@ impl Actor for LoopActor {
                 }));
                 return;
             }
-            let end = engine.run().await;
-            let _ = myself.cast(LoopMsg::EngineDone(end));
+            // A panic in the engine (a model client's or the engine's own bug) would end
+            // this task silently and leave the loop waiting forever: it fails the actor
+            // instead, which the daemon restarts.
+            let msg = match std::panic::AssertUnwindSafe(engine.run())
+                .catch_unwind()
+                .await
+            {
+                Ok(end) => LoopMsg::EngineDone(end),
+                Err(payload) => LoopMsg::EnginePanicked(panic_message(payload.as_ref())),
+            };
+            let _ = myself.cast(msg);
         });
         state.engine = Some(AbortOnDrop(task));
         Ok(())
@@ -253,6 +305,10 @@ impl Actor for LoopActor {
                 if state.end.is_some() {
                     myself.stop(Some("stop requested".to_string()));
                 }
+            }
+            LoopMsg::EnginePanicked(message) => {
+                state.engine = None;
+                return Err(format!("panicked: {message}").into());
             }
             LoopMsg::EngineDone(end) => {
                 finish(state, &end);

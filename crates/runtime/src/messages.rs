@@ -11,4 +11,7 @@ pub enum LoopMsg {
     Stop,
     /// Internal: the iteration task finished.
     EngineDone(td_engine::LoopEnd),
+    /// Internal: the iteration task panicked (the panic's message). The actor fails with it,
+    /// so that the daemon restarts the loop as for a panic in the actor itself.
+    EnginePanicked(String),
 }
