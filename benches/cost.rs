@@ -291,6 +291,7 @@ async fn run_loop(on: bool) -> Vec<Vec<u8>> {
         gate: None,
         initial_inbox: Vec::new(),
         initial_progress: Vec::new(),
+        announced: false,
     };
     rt.spawn_loop(spec).await.expect("spawn");
     rt.release().await;

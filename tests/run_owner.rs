@@ -311,4 +311,15 @@ later:
     }
     let table = status(&p.run_dir, &[]);
     assert!(!table.contains("never started"), "{table}");
+    // `w` started before the Ctrl-C: the resumed run goes on with it without announcing it
+    // again (no second `loop_started` event, no second alert to the others).
+    let events = std::fs::read_to_string(p.run_dir.join("events.jsonl")).unwrap();
+    for name in ["w", "later"] {
+        let started = events
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "loop_started" && e["loop_name"] == name)
+            .count();
+        assert_eq!(started, 1, "loop_started of {name}:\n{events}");
+    }
 }

@@ -167,6 +167,7 @@ impl Run {
             gate: None,
             initial_inbox: Vec::new(),
             initial_progress: Vec::new(),
+            announced: false,
             budgets: td_engine::budget::Budgets::unlimited(),
         };
         self.rt.spawn_loop(spec).await.unwrap();

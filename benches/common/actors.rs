@@ -178,6 +178,7 @@ pub fn loop_spec(
         gate: None,
         initial_inbox: Vec::new(),
         initial_progress: Vec::new(),
+        announced: false,
         budgets: td_engine::budget::Budgets::unlimited(),
     }
 }

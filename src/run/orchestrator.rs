@@ -845,6 +845,7 @@ async fn start_loop(
         gate: None,
         initial_inbox: resume.map(|r| r.unseen_inbox.clone()).unwrap_or_default(),
         initial_progress: resume.map(|r| r.progress.clone()).unwrap_or_default(),
+        announced: resume.is_some_and(|r| r.announced),
         budgets: budgets.clone(),
     };
     Ok((spec, place))

@@ -94,16 +94,30 @@ pub fn take(run_dir: &Path) -> Result<OwnerLock, TakeError> {
 /// Whether a live process owns the run in `run_dir`. No lock file: none does (a run takes
 /// its lock before it writes anything). An error that keeps the lock from being tested
 /// counts as owned: `status` then shows what the record says.
+///
+/// A held lock whose file names a process that no longer exists is not an owner: a lock
+/// lives as long as any process shares its open file, and a process the owner forked keeps
+/// it for the moment between its fork and its exec (or its closing every descriptor) —
+/// so just after an owner was killed, the lock can still be held for an instant by nobody
+/// who runs the run.
 pub fn is_owned(run_dir: &Path) -> bool {
-    let Ok(file) = File::open(run_dir.join(OWNER_FILE)) else {
+    let Ok(mut file) = File::open(run_dir.join(OWNER_FILE)) else {
         return false;
     };
     match file.try_lock_shared() {
         // Free: the owner is gone. The shared lock ends with `file`.
         Ok(()) => false,
-        Err(TryLockError::WouldBlock) => true,
+        Err(TryLockError::WouldBlock) => match read_info(&mut file) {
+            Some(owner) => process_exists(owner.pid),
+            None => true,
+        },
         Err(TryLockError::Error(_)) => true,
     }
+}
+
+/// Whether process `pid` exists (as anything, a zombie included).
+fn process_exists(pid: u32) -> bool {
+    pid != 0 && Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// What the lock file says, when it can be read (it is the owner's, but treat it as any
@@ -163,6 +177,22 @@ mod tests {
         let again = take(dir.path()).unwrap();
         assert!(is_owned(dir.path()));
         drop(again);
+    }
+
+    #[test]
+    fn a_held_lock_naming_a_gone_process_is_no_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = take(dir.path()).unwrap();
+        assert!(is_owned(dir.path()), "this process holds it");
+        // The lock is still held (by this process), but the file names a process that does
+        // not exist: what a forked child of a killed owner looks like for an instant.
+        std::fs::write(
+            dir.path().join(OWNER_FILE),
+            "{\"pid\": 4294967295, \"since\": \"then\"}\n",
+        )
+        .unwrap();
+        assert!(!is_owned(dir.path()));
+        drop(lock);
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct LoopResume {
     /// Model calls of its finished iterations (a scripted provider skips that many turns:
     /// the next iteration asks for the reply after them).
     pub responses: usize,
+    /// Whether its `loop_started` is in the record: it goes on without being announced again.
+    pub announced: bool,
 }
 
 /// The state of a run to resume.
@@ -82,6 +84,8 @@ struct Seen {
     /// Model calls of the finished iterations; `None` once one of them did not say (a
     /// record older than `model_calls`: the transcript is counted instead).
     model_calls: Option<usize>,
+    /// A `loop_started` event was seen.
+    started: bool,
 }
 
 impl Default for Seen {
@@ -95,6 +99,7 @@ impl Default for Seen {
             delivered: Vec::new(),
             awaiting_note: None,
             model_calls: Some(0),
+            started: false,
         }
     }
 }
@@ -154,6 +159,7 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
             continue;
         }
         let events = seen.remove(&name).unwrap_or_default();
+        let announced = events.started;
         let entry = summary
             .loops
             .entry(name.clone())
@@ -176,6 +182,7 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
                 progress: events.progress,
                 unseen_inbox,
                 responses,
+                announced,
             },
         );
     }
@@ -226,6 +233,7 @@ fn take_event(
         seen.entry(name.to_string()).or_default()
     }
     match &event.kind {
+        EventKind::LoopStarted { loop_name, .. } => of(seen, loop_name).started = true,
         EventKind::IterationEnded {
             loop_name,
             iteration,

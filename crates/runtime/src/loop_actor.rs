@@ -67,6 +67,9 @@ pub struct LoopSpec {
     pub initial_inbox: Vec<td_protocol::inbox::InboxItem>,
     /// Progress notes of earlier iterations (a resumed run).
     pub initial_progress: Vec<String>,
+    /// The loop was announced by an earlier process of this run (a resumed run whose record
+    /// has its `loop_started`): it goes on without a second `loop_started` event or alert.
+    pub announced: bool,
     /// The run's budgets: the loop's calls are charged to its account there (opened by
     /// whoever starts the loop; without one, to the run's alone), its answers to the askers'.
     pub budgets: Arc<Budgets>,
@@ -78,7 +81,8 @@ pub struct LoopStart {
     pub(crate) spec: LoopSpec,
     pub(crate) inbox: Arc<Inbox>,
     pub(crate) progress: Arc<ProgressNotes>,
-    /// A restart after a panic: the loop was announced already (no `loop_started` again).
+    /// The loop was announced already (a restart after a panic, or a loop of a resumed run
+    /// that had started): no `loop_started` again.
     pub(crate) restarted: bool,
 }
 
@@ -93,11 +97,12 @@ impl LoopStart {
         for note in &spec.initial_progress {
             progress.push(note.clone());
         }
+        let restarted = spec.announced;
         Self {
             spec,
             inbox,
+            restarted,
             progress,
-            restarted: false,
         }
     }
 }

@@ -175,6 +175,7 @@ async fn answer_time_calls_wait_for_a_lane_worker_and_leave_receipts() {
         gate: None,
         initial_inbox: Vec::new(),
         initial_progress: Vec::new(),
+        announced: false,
         budgets: td_engine::budget::Budgets::unlimited(),
     };
     // The run's gate is never opened: loop `b` only answers.

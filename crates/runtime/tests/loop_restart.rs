@@ -151,6 +151,7 @@ async fn run(panics: u32, stop_after: bool) -> (LoopEnd, Vec<EventKind>) {
         gate: None,
         initial_inbox: Vec::new(),
         initial_progress: Vec::new(),
+        announced: false,
         budgets: td_engine::budget::Budgets::unlimited(),
     };
     rt.spawn_loop(spec).await.unwrap();
