@@ -9,27 +9,21 @@
 //! the kill (asked for again, its command run), and numbers no run can go on from (refused
 //! with file, line and field, never a panic or a wrap).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 mod common;
-use common::{flagged_project, init_repo, lines, wait_until};
+use common::flagged_run::{FlaggedRun, summary};
+use common::{init_repo, lines, wait_until};
 
 /// How long the tests wait for a run to reach the state they need.
 const WAIT: Duration = Duration::from_secs(60);
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
-}
-
-fn summary(run_dir: &Path) -> Value {
-    std::fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
 }
 
 #[test]
@@ -199,26 +193,9 @@ loops:
 /// A two-loop project whose run the tests kill: `first` completes at once; `second` runs a
 /// command that waits on a flag file, so the run can be killed while it is in the middle of
 /// its first iteration.
-struct Project {
-    _tmp: tempfile::TempDir,
-    flags: PathBuf,
-    config: PathBuf,
-    run_dir: PathBuf,
-}
+type Project = FlaggedRun;
 
 impl Project {
-    fn new(script: &str, loops: &str) -> Project {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().canonicalize().unwrap();
-        let (config, flags) = flagged_project(&root, script, loops);
-        Project {
-            _tmp: tmp,
-            flags,
-            config,
-            run_dir: root.join("run"),
-        }
-    }
-
     /// The usual pair: `first` completes, `second` waits on `{flags}/release` in iteration 1.
     fn pair() -> Project {
         Project::new(
@@ -240,16 +217,6 @@ second:
         )
     }
 
-    fn command(&self, extra: &[&str]) -> Command {
-        let mut c = Command::new(bin());
-        c.args(["run", "-c"])
-            .arg(&self.config)
-            .arg("--run-dir")
-            .arg(&self.run_dir)
-            .args(extra);
-        c
-    }
-
     fn start(&self) -> std::process::Child {
         self.command(&[])
             .stdout(Stdio::null())
@@ -260,25 +227,6 @@ second:
 
     fn resume(&self, run_id: &str) -> std::process::Output {
         self.command(&["--resume", run_id]).output().unwrap()
-    }
-
-    fn flag(&self, name: &str) -> PathBuf {
-        self.flags.join(name)
-    }
-
-    fn events(&self) -> Vec<Value> {
-        lines(&self.run_dir.join("events.jsonl"))
-            .iter()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// How many `event` events name `loop_name`.
-    fn count(&self, event: &str, loop_name: &str) -> usize {
-        self.events()
-            .iter()
-            .filter(|e| e["event"] == event && e["loop_name"] == loop_name)
-            .count()
     }
 
     /// Starts the pair and kills it (SIGKILL) once `first` completed and `second` waits;

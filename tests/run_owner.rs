@@ -4,14 +4,15 @@
 //! run is the one that started last whatever its directory is called, and a resume does not
 //! carry the interrupted run's "never started" reason into a loop that then completed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 mod common;
-use common::{flagged_project, wait_until};
+use common::flagged_run::{FlaggedRun, summary};
+use common::wait_until;
 
 /// How long the tests wait for a run to reach the state they need.
 const WAIT: Duration = Duration::from_secs(60);
@@ -21,13 +22,6 @@ const HELD_EXIT: i32 = 75;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_taskdaemon")
-}
-
-fn summary(run_dir: &Path) -> Value {
-    std::fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null)
 }
 
 /// `taskdaemon status --dir DIR` (plus `extra`): its stdout; panics when it fails.
@@ -75,26 +69,9 @@ fn wait_for(child: &mut Child, limit: Duration) -> Option<Output> {
 
 /// A project whose loop `w` waits on `{flags}/release` in its first iteration (saying so
 /// with `{flags}/waiting`), then completes.
-struct Project {
-    _tmp: tempfile::TempDir,
-    flags: PathBuf,
-    config: PathBuf,
-    run_dir: PathBuf,
-}
+type Project = FlaggedRun;
 
 impl Project {
-    fn new(script: &str, loops: &str) -> Project {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().canonicalize().unwrap();
-        let (config, flags) = flagged_project(&root, script, loops);
-        Project {
-            _tmp: tmp,
-            flags,
-            config,
-            run_dir: root.join("run"),
-        }
-    }
-
     fn waiting() -> Project {
         Project::new(
             r#"
@@ -110,28 +87,11 @@ w:
     }
 
     fn spawn(&self, extra: &[&str]) -> Child {
-        Command::new(bin())
-            .args(["run", "-c"])
-            .arg(&self.config)
-            .arg("--run-dir")
-            .arg(&self.run_dir)
-            .args(extra)
-            .stdin(Stdio::null())
+        self.command(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap()
-    }
-
-    fn flag(&self, name: &str) -> PathBuf {
-        self.flags.join(name)
-    }
-
-    fn run_id(&self) -> String {
-        summary(&self.run_dir)["run_id"]
-            .as_str()
-            .unwrap()
-            .to_string()
     }
 
     /// Starts the run, waits until `w` waits, and kills the process (SIGKILL); returns the
