@@ -3,8 +3,9 @@
 //!
 //! Each loop (a thread of its own, as loops write their records in parallel) records what a
 //! real loop records, through the same `RunRecord` a run uses: its start; then per iteration
-//! its start, 4 model turns (request, reply — which rewrites `summary.json` for the token
-//! usage —, one tool call's receipt and result), its end and a progress note; then its end.
+//! its start, 4 model turns (request, reply and what the call spent — which changes
+//! `summary.json`'s usage and spend —, one tool call's receipt and result), its end and a
+//! progress note; then its end.
 //! Reported per kind of write: p50 and p99 latency, and the run's wall time (until its final
 //! summary is written), for 1, 10 and 100 loops (`--loops 1,10,100`).
 //!
@@ -20,6 +21,7 @@ use taskdaemon::run::record::{RunMeta, RunRecord, RunStatus};
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_llm::{LlmResponse, Message, Purpose, StopReason, ToolCall, Usage};
 use td_protocol::events::{EventKind, EventLog};
+use td_protocol::spend::Spend;
 use td_toolkit::context::ToolContext;
 use td_toolkit::receipts::Receipt;
 
@@ -106,6 +108,17 @@ fn one_loop(record: &RunRecord, events: &EventLog, name: &str, receipt: &Receipt
                                 ..Default::default()
                             },
                         },
+                    },
+                );
+                // What the call spent: since issue 14 this entry, not the reply, changes the
+                // summary's usage and spend.
+                record.record(
+                    name,
+                    TranscriptEntry::Spent {
+                        iteration,
+                        turn,
+                        charged_to: None,
+                        spend: Spend::call([1200, 40, 0, 0], Some(4_200_000)),
                     },
                 )
             });

@@ -1,6 +1,6 @@
 //! Live progress of a run: one line per loop (status, iteration/max, elapsed, what is charged
-//! to it so far, current tool, last coordination message), redrawn in place on a terminal; plain log lines otherwise;
-//! JSON event lines with `--json`.
+//! to it so far, current tool, last coordination message), redrawn in place on a terminal;
+//! plain log lines otherwise; JSON event lines with `--json`.
 //!
 //! Everything written is redacted ([`td_base::secrets`]) as it is written, and text cut short
 //! for a row is redacted before the cut, so that no piece of a secret is shown.

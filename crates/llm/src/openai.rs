@@ -1,7 +1,8 @@
 //! The OpenAI Chat Completions provider (`POST {base_url}/chat/completions`; streamed as
-//! [`crate::stream`] says),
-//! also spoken by Ollama (`http://localhost:11434/v1`), vLLM, the llama.cpp server and
-//! OpenRouter: maps the provider-neutral conversation to that JSON and back.
+//! [`crate::stream`] says): maps the provider-neutral conversation to that JSON and back.
+//! Other servers speak the same API (Ollama at `http://localhost:11434/v1`, vLLM,
+//! OpenRouter); the ones tested against here are llama-cpp-python's server and mock-myna
+//! (`tests/interop.rs`).
 //!
 //! Mapping notes:
 //! - the system prompt is the first message (role `system`), left out when empty;
