@@ -548,3 +548,85 @@ fn numbers_a_record_cannot_go_on_from_are_refused_with_file_line_and_field() {
     let out = p.resume(&run_id);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+#[test]
+fn a_share_shown_in_an_iteration_cut_by_sigkill_is_shown_once_more_and_then_never_again() {
+    // `taker` is shown the share at its second model turn; the process is killed while that
+    // turn's command runs, before the iteration ends. Resumed, the iteration runs again from
+    // its start: the model of that iteration never got to act on the share, so it is shown
+    // again (at least once), and acknowledged then (exactly once): the next iteration does
+    // not see it.
+    let p = Project::new(
+        r#"
+giver:
+  turns:
+    - calls:
+        - share_data: {target_exec_ids: [taker], data_type: note, data: "MARK-OF-THE-SHARE"}
+    - calls:
+        - run_command: {command: "touch {f}/shared"}
+    - calls:
+        - complete_task: {summary: "shared"}
+taker:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/shared ]; do sleep 0.05; done"}
+    - calls:
+        - run_command: {command: "echo shown >> {f}/showings; until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - complete_task: {summary: "not yet"}
+    - calls:
+        - write_file: {path: done.txt, content: "ok\n"}
+    - calls:
+        - complete_task: {summary: "done"}
+"#,
+        "  - {name: giver, type: ralph, task: \"Share a note.\"}\n  - name: taker\n    type: ralph\n    task: \"Write done.txt.\"\n    validation: \"test -e done.txt || { echo 'done.txt is missing'; exit 1; }\"\n",
+    );
+    let mut child = p.start();
+    wait_until("taker to be shown the share", WAIT, || {
+        lines(&p.flag("showings")).len() == 1 && p.count("inbox_shown", "taker") == 1
+    });
+    child.kill().unwrap(); // SIGKILL, in the middle of taker's iteration 1
+    child.wait().unwrap();
+    std::fs::write(p.flag("go"), "").unwrap();
+    let run_id = p.run_id();
+
+    let out = p.resume(&run_id);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = summary(&p.run_dir);
+    assert_eq!(s["loops"]["taker"]["status"], "completed", "{s}");
+    assert_eq!(s["loops"]["taker"]["iterations"], 2, "{s}");
+
+    // Shown twice in all: in the killed attempt and in its re-run; never in iteration 2.
+    assert_eq!(p.count("inbox_shown", "taker"), 2);
+    let transcript: Vec<Value> = lines(&p.run_dir.join("loops/taker/transcript.jsonl"))
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    // Which attempt of which iteration each request with the share belongs to.
+    let mut attempt: Vec<u64> = Vec::new();
+    let mut showing: Vec<(usize, u64)> = Vec::new();
+    for entry in &transcript {
+        if entry["entry"] == "iteration_started" {
+            attempt.push(entry["iteration"].as_u64().unwrap());
+        } else if entry["entry"] == "request" && entry.to_string().contains("MARK-OF-THE-SHARE") {
+            showing.push((attempt.len(), *attempt.last().unwrap()));
+        }
+    }
+    assert_eq!(
+        attempt,
+        vec![1, 1, 2],
+        "killed attempt, re-run, next iteration"
+    );
+    assert!(
+        showing.iter().any(|(a, i)| *a == 1 && *i == 1),
+        "shown in the killed attempt: {showing:?}"
+    );
+    assert!(
+        showing.iter().any(|(a, i)| *a == 2 && *i == 1),
+        "shown again when iteration 1 ran again: {showing:?}"
+    );
+    assert!(
+        showing.iter().all(|(_, i)| *i == 1),
+        "never shown in iteration 2: {showing:?}"
+    );
+}
