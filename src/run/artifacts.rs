@@ -384,6 +384,8 @@ pub async fn keep_at_end(
     let warning = completed
         .then(|| missing_warning(tools, &kept.files))
         .flatten();
+    // What the loop's end made of it (completed, or blocked by its merge) stays shown.
+    let mut status = crate::run::record::LoopStatus::Completed;
     let _ = record.update_loop(name, |s| {
         s.artifacts = kept.files;
         s.artifacts_skipped = kept.skipped;
@@ -393,9 +395,10 @@ pub async fn keep_at_end(
                 None => warning.clone(),
             });
         }
+        status = s.status;
     });
     if let Some(warning) = warning {
-        progress.set_status(name, "completed", &warning);
+        progress.set_status(name, status.as_str(), &warning);
     }
 }
 
