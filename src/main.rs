@@ -51,6 +51,10 @@ enum Command {
         /// Print summary.json instead of a table.
         #[arg(long)]
         json: bool,
+        /// List the plans, specs and phases the loops kept in the run record instead (with
+        /// --json: as a JSON array).
+        #[arg(long)]
+        artifacts: bool,
     },
     /// Print a loop's transcript readably.
     Logs {
@@ -442,8 +446,17 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             end_session(served?, closed)
         }
         Command::Run(args) => run_command(args).await,
-        Command::Status { run, dir, json } => {
-            let status = taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?;
+        Command::Status {
+            run,
+            dir,
+            json,
+            artifacts,
+        } => {
+            let status = if artifacts {
+                taskdaemon::run::status::artifacts_command(&dir, run.as_deref(), json)?
+            } else {
+                taskdaemon::run::status::status_command(&dir, run.as_deref(), json)?
+            };
             print_notes(&status.notes);
             print!("{}", status.text);
             Ok(ExitCode::SUCCESS)

@@ -654,9 +654,9 @@ fn hidden_files_are_neither_read_nor_written_by_the_file_tools_under_any_name() 
 
 #[test]
 fn artifacts_are_never_written_through_a_symlink_a_command_planted() {
-    // A command plants `.taskdaemon/artifacts/plan-x.md -> ../../.git/hooks/pre-commit`
-    // while `.taskdaemon` does not exist yet (so nothing mounts it read-only); create_plan
-    // must not write the hook, which git would run unconfined.
+    // A command plants `taskdaemon-artifacts/plan-x.md -> ../.git/hooks/pre-commit` (the
+    // folder is an ordinary one, the loop's to write); create_plan must not write the hook,
+    // which git would run unconfined.
     let f = fixture();
     common::init_repo(&f.wt, &[("README.md", "x\n")]);
     let hook = f.wt.join(".git/hooks/pre-commit");
@@ -664,7 +664,7 @@ fn artifacts_are_never_written_through_a_symlink_a_command_planted() {
     let mut exec = Exec::start(&f.wt);
     let (is_error, content) = exec.call(
         "run_command",
-        json!({"command": "mkdir -p .taskdaemon/artifacts && ln -s ../../.git/hooks/pre-commit .taskdaemon/artifacts/plan-x.md && ln -s ../../.git .taskdaemon/artifacts/gitdir && ln -s ../.git .taskdaemon/up"}),
+        json!({"command": "mkdir -p taskdaemon-artifacts && ln -s ../.git/hooks/pre-commit taskdaemon-artifacts/plan-x.md && ln -s ../.git/hooks/pre-commit taskdaemon-artifacts/plan-x.json && ln -s ../.git taskdaemon-artifacts/gitdir"}),
     );
     assert!(!is_error, "{content}");
     let plan = json!({

@@ -313,6 +313,6 @@ async fn create_phase_output() {
     .await;
     snap("create_phase", &out);
     let md =
-        std::fs::read_to_string(ctx.root().join(".taskdaemon/artifacts/phase-points.md")).unwrap();
+        std::fs::read_to_string(ctx.root().join("taskdaemon-artifacts/phase-points.md")).unwrap();
     snap("create_phase_markdown", &md);
 }

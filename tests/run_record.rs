@@ -572,6 +572,15 @@ fn fixed_run(project: &Path, id: &str) -> std::path::PathBuf {
                 passed: true,
             });
             s.branch = Some("taskdaemon/api".into());
+            // A plan's two files: one artifact in the table.
+            s.artifacts = ["json", "md"]
+                .map(|ext| taskdaemon::run::artifacts::KeptArtifact {
+                    kind: "plan".into(),
+                    name: "x".into(),
+                    path: format!("loops/api/artifacts/plan-x.{ext}"),
+                    bytes: 10,
+                })
+                .to_vec();
             s.started_at = Some("2025-01-01T12:00:00.000Z".into());
             s.mark_ended("2025-01-01T12:01:05.000Z");
             s.merge = Some(MergeSummary {

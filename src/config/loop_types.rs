@@ -90,7 +90,12 @@ fn builtin(name: &str) -> Option<LoopType> {
         name: name.to_string(),
         tools,
         system_prompt: prompt::DEFAULT_SYSTEM.to_string(),
-        iteration_prompt: prompt::DEFAULT_ITERATION.to_string(),
+        iteration_prompt: match name {
+            // The stages that build on an earlier stage's plans, specs or phases name them.
+            "spec" | "phase" | "code" => prompt::STAGE_ITERATION,
+            _ => prompt::DEFAULT_ITERATION,
+        }
+        .to_string(),
         validation: None,
         success_code: 0,
         max_iterations,
@@ -240,6 +245,11 @@ fn check(t: &LoopType) -> Result<(), Problem> {
         ));
     }
     let (peers, progress) = (["other".to_string()], ["a note".to_string()]);
+    let artifacts = [td_toolkit::artifact_files::ArtifactRef {
+        kind: "plan".to_string(),
+        name: "example".to_string(),
+        path: "taskdaemon-artifacts/plan-example.md".to_string(),
+    }];
     let sample = prompt::PromptVars {
         loop_name: "example",
         loop_type: &t.name,
@@ -249,6 +259,7 @@ fn check(t: &LoopType) -> Result<(), Problem> {
         progress: &progress,
         iteration: 1,
         max_iterations: t.max_iterations,
+        artifacts: &artifacts,
     };
     prompt::render(&t.system_prompt, &sample.system()).map_err(|e| {
         // The system prompt is sent unchanged with every iteration (the prompt cache
@@ -386,7 +397,7 @@ strict:
 
     #[test]
     fn a_system_prompt_that_changes_between_iterations_is_refused() {
-        for var in ["iteration", "progress", "max_iterations"] {
+        for var in ["iteration", "progress", "max_iterations", "artifacts"] {
             let yaml = format!("a: {{extends: code, system-prompt: \"Turn {{{{ {var} }}}}\"}}\n");
             let err = resolve(&defs(&yaml)).unwrap_err().messages();
             assert!(
@@ -398,8 +409,30 @@ strict:
         }
         // In the iteration prompt they are fine.
         resolve(&defs(
-            "a: {extends: code, iteration-prompt: \"{{ iteration }} {{ progress }}\"}\n",
+            "a: {extends: code, iteration-prompt: \"{{ iteration }} {{ progress }} {% for a in artifacts %}{{ a.kind }} {{ a.name }} {{ a.path }}{% endfor %}\"}\n",
         ))
         .unwrap();
+    }
+
+    #[test]
+    fn the_stages_after_a_plan_name_its_artifacts() {
+        let types = resolve(&BTreeMap::new()).unwrap();
+        for name in ["spec", "phase", "code"] {
+            assert_eq!(
+                types[name].iteration_prompt,
+                prompt::STAGE_ITERATION,
+                "{name}"
+            );
+        }
+        for name in ["plan", "ralph"] {
+            assert_eq!(
+                types[name].iteration_prompt,
+                prompt::DEFAULT_ITERATION,
+                "{name}"
+            );
+        }
+        // A type extending one of them inherits it.
+        let types = resolve(&defs("rust: {extends: code}\n")).unwrap();
+        assert_eq!(types["rust"].iteration_prompt, prompt::STAGE_ITERATION);
     }
 }

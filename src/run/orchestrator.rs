@@ -520,6 +520,18 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             &name, &end, &loops, &config, &places, &repo, &record, &progress, &events,
         )
         .await;
+        // Its plans, specs and phases into the record (the worktree goes at the run's end).
+        let tools = loops
+            .iter()
+            .find(|l| l.name == name)
+            .and_then(|l| types.get(&l.loop_type))
+            .map_or(&[][..], |t| t.tools.as_slice());
+        let place = places.get(&name).map(|p| p.dir.as_path());
+        let completed = matches!(end, LoopEnd::Completed { .. });
+        crate::run::artifacts::keep_at_end(
+            &record, &progress, &name, place, tools, completed, &sandbox,
+        )
+        .await;
         close_loop_record(&record, &name);
         status.insert(name, final_status);
     }

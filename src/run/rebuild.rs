@@ -5,8 +5,9 @@
 //! What the events say is all there: the run id, config, start time and sandbox report (the
 //! run's first event, `run_started`), each loop's type, status, iterations, last validation,
 //! start and end times, completion summary or reason, merge; tokens and cost from the
-//! transcripts' `spent` entries (an answer's charged to the loop that asked), the per-tool counts from the receipt logs. What only the orchestrator wrote into the summary is not: each loop's branch
-//! and worktree, and why a loop failed before it started. A record of a run older than
+//! transcripts' `spent` entries (an answer's charged to the loop that asked), the per-tool counts from the receipt logs, the artifacts each loop kept from its copies in
+//! `loops/<loop>/artifacts/` (and `artifacts-skipped.txt`). What only the orchestrator wrote into the summary is not: each loop's branch
+//! and worktree, why a loop failed before it started, and the warning of a stage that completed without an artifact. A record of a run older than
 //! `run_started` takes its run id from its directory name.
 
 use std::path::Path;
@@ -81,6 +82,9 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
             .loops
             .entry(name.clone())
             .or_insert_with(|| LoopSummary::pending(&name, ""));
+        let kept = crate::run::artifacts::kept_in_record(run_dir, &name);
+        entry.artifacts = kept.files;
+        entry.artifacts_skipped = kept.skipped;
         if let Ok(dir) = loop_dir(run_dir, &name)
             && dir.join(RECEIPTS_FILE).is_file()
         {
@@ -137,5 +141,27 @@ mod tests {
         let (summary, notes) = rebuild(dir.path()).unwrap();
         assert!(notes.is_empty(), "{notes:?}");
         assert_eq!(summary.loops["p"].status, LoopStatus::Completed);
+    }
+
+    #[test]
+    fn the_artifacts_a_loop_kept_are_listed_again_from_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = r#"{"seq":1,"time":"2026-01-01T00:00:00Z","event":"loop_completed","loop_name":"p","iterations":1,"summary":"planned"}"#;
+        std::fs::write(dir.path().join(EVENTS_FILE), format!("{line}\n")).unwrap();
+        let kept = dir.path().join("loops/p/artifacts");
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::write(kept.join("plan-x.md"), "# X\n").unwrap();
+        std::fs::write(kept.join("stray.txt"), "not listed").unwrap();
+        std::fs::write(
+            dir.path().join("loops/p/artifacts-skipped.txt"),
+            "plan-y.md: a symlink (not followed)\n",
+        )
+        .unwrap();
+        let (summary, _) = rebuild(dir.path()).unwrap();
+        let p = &summary.loops["p"];
+        assert_eq!(p.artifacts.len(), 1, "{:?}", p.artifacts);
+        assert_eq!(p.artifacts[0].path, "loops/p/artifacts/plan-x.md");
+        assert_eq!(p.artifacts[0].bytes, 4);
+        assert_eq!(p.artifacts_skipped, ["plan-y.md: a symlink (not followed)"]);
     }
 }

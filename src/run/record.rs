@@ -9,6 +9,8 @@
 //! loops/<name>/transcript.jsonl   one TranscriptEntry per line: requests, responses, tool results
 //! loops/<name>/receipts.jsonl     one Receipt per tool call, chained (receipts::chain)
 //! loops/<name>/RECEIPT.json       the loop's session receipt, written when it ends
+//! loops/<name>/artifacts/         its plans, specs and phases, copied when it ends (run/artifacts.rs)
+//! loops/<name>/artifacts-skipped.txt  what of them was not copied, and why
 //! receipt-chain.key               the run's receipt chain key (0600, hidden from commands)
 //! ```
 //!
@@ -259,6 +261,12 @@ pub struct LoopSummary {
     /// ends).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tools: BTreeMap<String, ToolCounts>,
+    /// Its artifacts kept in the record when it (last) ended (see `run/artifacts.rs`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<crate::run::artifacts::KeptArtifact>,
+    /// What of its artifact folder was not kept, and why, one line each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts_skipped: Vec<String>,
 }
 
 impl LoopSummary {

@@ -128,7 +128,7 @@ pub struct StatusOutput {
 }
 
 /// The status of a run: a table of its loops (name, type, status, iterations, validation,
-/// branch, duration), or with `json` the run's `summary.json` as it is. A missing or damaged
+/// branch, artifacts kept, duration, tokens, cost), or with `json` the run's `summary.json` as it is. A missing or damaged
 /// `summary.json` is rebuilt from the run's events (and said so in the notes); nothing is
 /// written.
 pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<StatusOutput, String> {
@@ -150,6 +150,106 @@ pub fn status_command(path: &Path, run: Option<&str>, json: bool) -> Result<Stat
         render_status(&summary, &super::record::now_rfc3339())
     };
     Ok(StatusOutput { text, notes })
+}
+
+/// The artifacts a run's loops kept (`status --artifacts`): a table of loop, kind, name,
+/// bytes and path (relative to the run directory, named on the first line), then what was
+/// not kept, a line each; with `json`, the same as a JSON array of `{loop, kind, name,
+/// path, bytes}` (what was not kept is in `status --json`). Read from the summary (rebuilt
+/// when it is missing or damaged, as for `status`).
+pub fn artifacts_command(
+    path: &Path,
+    run: Option<&str>,
+    json: bool,
+) -> Result<StatusOutput, String> {
+    let dir = resolve_run_dir(path, run)?;
+    let (summary, notes) = super::rebuild::load_summary(&dir)?;
+    let text = if json {
+        let list: Vec<serde_json::Value> = summary
+            .loops
+            .values()
+            .flat_map(|l| {
+                l.artifacts.iter().map(|a| {
+                    serde_json::json!({
+                        "loop": l.name, "kind": a.kind, "name": a.name,
+                        "path": a.path, "bytes": a.bytes,
+                    })
+                })
+            })
+            .collect();
+        serde_json::to_string_pretty(&list)
+            .map(|mut s| {
+                s.push('\n');
+                s
+            })
+            .map_err(|e| format!("cannot serialize the artifacts: {e}"))?
+    } else {
+        render_artifacts(&summary, &dir)
+    };
+    Ok(StatusOutput { text, notes })
+}
+
+/// The text of `status --artifacts` for the run in `dir`.
+fn render_artifacts(summary: &RunSummary, dir: &Path) -> String {
+    let mut out = format!(
+        "run {}  artifacts under {}\n\n",
+        summary.run_id,
+        dir.display()
+    );
+    let rows: Vec<[String; 5]> = summary
+        .loops
+        .values()
+        .flat_map(|l| {
+            l.artifacts.iter().map(|a| {
+                [
+                    l.name.clone(),
+                    a.kind.clone(),
+                    a.name.clone(),
+                    a.bytes.to_string(),
+                    a.path.clone(),
+                ]
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        out.push_str("no artifacts kept\n");
+    } else {
+        let header = ["LOOP", "KIND", "NAME", "BYTES", "PATH"].map(str::to_string);
+        let mut widths = header.clone().map(|h| h.chars().count());
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        for row in std::iter::once(&header).chain(&rows) {
+            let [l, k, n, b, p] = row;
+            let _ = writeln!(
+                out,
+                "{l:<w0$}  {k:<w1$}  {n:<w2$}  {b:>w3$}  {p}",
+                w0 = widths[0],
+                w1 = widths[1],
+                w2 = widths[2],
+                w3 = widths[3]
+            );
+        }
+    }
+    let skipped: Vec<String> = summary
+        .loops
+        .values()
+        .flat_map(|l| {
+            l.artifacts_skipped
+                .iter()
+                .map(move |why| format!("not kept {}: {why}", l.name))
+        })
+        .collect();
+    if !skipped.is_empty() {
+        out.push('\n');
+        for line in skipped {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// A loop's status as shown: a loop recorded `running` in a run whose process is gone is
@@ -199,11 +299,12 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
         "ITER",
         "VALIDATION",
         "BRANCH",
+        "ARTIFACTS",
         "DURATION",
         "TOKENS",
         "COST",
     ];
-    let rows: Vec<[String; 9]> = summary
+    let rows: Vec<[String; 10]> = summary
         .loops
         .values()
         .map(|l| {
@@ -214,6 +315,7 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
                 l.iterations.to_string(),
                 validation_cell(l),
                 dash(l.branch.as_deref().unwrap_or("")),
+                artifacts_cell(l),
                 duration_cell(l, now),
                 tokens_cell(&l.charged),
                 cost_cell(l),
@@ -229,8 +331,9 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
     let mut line = |cells: &[String]| {
         let mut text = String::new();
         for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            // ITER and TOKENS are numbers: right-aligned; the last column carries no padding.
-            if i == 3 || i == 7 {
+            // ITER, ARTIFACTS and TOKENS are numbers: right-aligned; the last column carries
+            // no padding.
+            if i == 3 || i == 6 || i == 8 {
                 let _ = write!(text, "{cell:>w$}  ");
             } else if i + 1 == cells.len() {
                 text.push_str(cell);
@@ -279,6 +382,14 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
 
 fn dash(s: &str) -> String {
     if s.is_empty() { "-".into() } else { s.into() }
+}
+
+/// How many artifacts the loop kept (a plan's `.json` and `.md` count once), `-` for none.
+fn artifacts_cell(l: &LoopSummary) -> String {
+    match super::artifacts::Kept::count(&l.artifacts) {
+        0 => "-".into(),
+        n => n.to_string(),
+    }
 }
 
 fn validation_cell(l: &LoopSummary) -> String {

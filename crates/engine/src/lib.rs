@@ -445,6 +445,13 @@ impl Engine {
     ) -> Result<String, prompt::PromptError> {
         let commands = self.ctx().commands();
         let progress = self.progress.notes();
+        // Only the iteration's first message sees them (the system prompt cannot: see
+        // `prompt::ITERATION_VARIABLES`), so only it pays for the listing.
+        let artifacts = if system {
+            Vec::new()
+        } else {
+            td_toolkit::artifact_files::present(self.ctx().files())
+        };
         let vars = prompt::PromptVars {
             loop_name: &self.config.name,
             loop_type: &self.config.loop_type,
@@ -454,6 +461,7 @@ impl Engine {
             progress: &progress,
             iteration,
             max_iterations: self.config.max_iterations,
+            artifacts: &artifacts,
         };
         if system {
             prompt::render(template, &vars.system())

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use td_base::sync::lock;
+use td_toolkit::artifact_files::ArtifactRef;
 
 /// The default system prompt of a loop.
 pub const DEFAULT_SYSTEM: &str = "\
@@ -33,12 +34,34 @@ This is iteration {{ iteration }} of at most {{ max_iterations }}; your context 
 fresh each iteration, so the files in your worktree and the notes above are all that \
 carries over.";
 
+/// The first user message of every iteration of the built-in `spec`, `phase` and `code` loop
+/// types: [`DEFAULT_ITERATION`] that also names the plans, specs and phases in the worktree
+/// (the stage before wrote them; a dependency's handover or the loop's base branch brought
+/// them), so that a stage starts from the artifacts of the stage before. Without any it is
+/// the same text as [`DEFAULT_ITERATION`] (a test keeps it so).
+pub const STAGE_ITERATION: &str = "\
+# Task
+{{ task }}
+{% if artifacts %}
+# Plans/specs from earlier stages
+These artifact files are in your worktree (written by the stages before this loop, or by \
+this loop in an earlier iteration); read the ones your task builds on before you start:
+{% for a in artifacts %}- {{ a.kind }} `{{ a.name }}`: {{ a.path }}
+{% endfor %}{% endif %}{% if progress %}
+# Progress from earlier iterations
+{% for note in progress %}- {{ note }}
+{% endfor %}{% endif %}
+This is iteration {{ iteration }} of at most {{ max_iterations }}; your context starts \
+fresh each iteration, so the files in your worktree and the notes above are all that \
+carries over.";
+
 /// The variables of an iteration's first message that change from one iteration to the next.
 /// A system prompt does not see them: it must be byte-identical for every iteration of a
 /// loop, so that the provider's prompt cache serves it, and the tool definitions sent before
 /// it, to every iteration. (Anything else that changes — inbox items, file-change notices —
-/// is added after the conversation so far, never before.)
-pub const ITERATION_VARIABLES: [&str; 3] = ["progress", "iteration", "max_iterations"];
+/// is added after the conversation so far, never before.) `artifacts` is one of them: the
+/// artifact files in the worktree at the iteration's start, which the loop itself adds to.
+pub const ITERATION_VARIABLES: [&str; 4] = ["progress", "iteration", "max_iterations", "artifacts"];
 
 /// What a loop's prompts are rendered from.
 #[derive(Debug, Clone)]
@@ -59,6 +82,9 @@ pub struct PromptVars<'a> {
     pub iteration: u32,
     /// The loop's iteration limit.
     pub max_iterations: u32,
+    /// The artifact files in the loop's worktree at the iteration's start (kind, name,
+    /// worktree-relative path), see [`td_toolkit::artifact_files::present`].
+    pub artifacts: &'a [ArtifactRef],
 }
 
 impl PromptVars<'_> {
@@ -82,6 +108,7 @@ impl PromptVars<'_> {
             map.insert("progress".into(), json!(self.progress));
             map.insert("iteration".into(), json!(self.iteration));
             map.insert("max_iterations".into(), json!(self.max_iterations));
+            map.insert("artifacts".into(), json!(self.artifacts));
         }
         vars
     }
@@ -231,6 +258,7 @@ mod tests {
             progress: &progress,
             iteration,
             max_iterations: 9,
+            artifacts: &[],
         };
         assert_eq!(vars(1).system(), vars(7).system());
         for name in ITERATION_VARIABLES {
@@ -243,6 +271,55 @@ mod tests {
         assert!(it.starts_with("# Task\nT\n"), "{it}");
         assert!(it.contains("- a note\n") && it.contains("iteration 3 of at most 9"));
         render(DEFAULT_SYSTEM, &vars(1).system()).unwrap();
+    }
+
+    #[test]
+    fn the_stage_prompt_names_the_artifacts_and_is_the_default_without_them() {
+        let progress = vec!["a note".to_string()];
+        let artifacts = vec![
+            ArtifactRef {
+                kind: "plan".into(),
+                name: "x".into(),
+                path: "taskdaemon-artifacts/plan-x.json".into(),
+            },
+            ArtifactRef {
+                kind: "spec".into(),
+                name: "y".into(),
+                path: "taskdaemon-artifacts/spec-y.md".into(),
+            },
+        ];
+        fn vars<'a>(progress: &'a [String], artifacts: &'a [ArtifactRef]) -> PromptVars<'a> {
+            PromptVars {
+                loop_name: "s",
+                loop_type: "spec",
+                task: "T",
+                validation: None,
+                peers: &[],
+                progress,
+                iteration: 1,
+                max_iterations: 5,
+                artifacts,
+            }
+        }
+        for notes in [&[][..], &progress] {
+            assert_eq!(
+                render(STAGE_ITERATION, &vars(notes, &[]).iteration()).unwrap(),
+                render(DEFAULT_ITERATION, &vars(notes, &[]).iteration()).unwrap()
+            );
+        }
+        let text = render(STAGE_ITERATION, &vars(&progress, &artifacts).iteration()).unwrap();
+        assert!(
+            text.starts_with(
+                "# Task\nT\n\n# Plans/specs from earlier stages\nThese artifact files are in your worktree"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "before you start:\n- plan `x`: taskdaemon-artifacts/plan-x.json\n- spec `y`: taskdaemon-artifacts/spec-y.md\n\n# Progress"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

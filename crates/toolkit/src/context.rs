@@ -202,7 +202,7 @@ impl ToolContext {
                     reason: if git {
                         "git metadata is not the loop's to change; taskdaemon commits the loop's work on its branch when the loop ends, so write your files and leave git to it.".to_string()
                     } else {
-                        ".taskdaemon holds the run's records and artifacts; write artifacts with create_plan, create_spec or create_phase.".to_string()
+                        ".taskdaemon holds the run's records; write your files elsewhere in the worktree (plans, specs and phases go to taskdaemon-artifacts/ through create_plan, create_spec or create_phase).".to_string()
                     },
                 });
             }

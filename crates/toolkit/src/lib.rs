@@ -8,6 +8,7 @@
 //! `td_tools`).
 
 pub mod args;
+pub mod artifact_files;
 pub mod call_path;
 pub mod catalog;
 pub mod context;

@@ -1,6 +1,6 @@
 //! `create_phase`: records a phase — an objective, concrete tasks (optionally naming the
 //! file each touches) and the command that validates it — as
-//! `.taskdaemon/artifacts/phase-<name>.json` and `.md`.
+//! `taskdaemon-artifacts/phase-<name>.json` and `.md`.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -66,7 +66,8 @@ impl Tool for CreatePhase {
     fn description(&self) -> &'static str {
         "Create (or replace) a phase: its objective, the concrete tasks (each optionally naming \
          the worktree file it creates, modifies or deletes) and the shell command that \
-         validates the phase. Written as .taskdaemon/artifacts/phase-<name>.json and .md."
+         validates the phase. Written as taskdaemon-artifacts/phase-<name>.json and .md, \
+         committed with your work for the code loops that follow."
     }
 
     fn input_schema(&self) -> Value {
@@ -217,7 +218,7 @@ mod tests {
         let out = out.unwrap();
         assert_eq!(
             out.content,
-            "Phase 'lexer' created (4 tasks).\nWrote .taskdaemon/artifacts/phase-lexer.json\nWrote .taskdaemon/artifacts/phase-lexer.md\n"
+            "Phase 'lexer' created (4 tasks).\nWrote taskdaemon-artifacts/phase-lexer.json\nWrote taskdaemon-artifacts/phase-lexer.md\n"
         );
         let (stored, md) = stored(dir.path(), "phase-lexer");
         assert_eq!(stored["kind"], "phase");
@@ -249,7 +250,7 @@ mod tests {
             text.contains("at /tasks/2/file: the file is blank"),
             "{text}"
         );
-        assert!(!dir.path().join(".taskdaemon").exists());
+        assert!(!dir.path().join("taskdaemon-artifacts").exists());
     }
 
     #[tokio::test]

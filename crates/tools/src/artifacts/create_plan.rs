@@ -1,5 +1,5 @@
 //! `create_plan`: records a plan — a title, an overview and the specs that carry it out,
-//! with the order they depend on each other — as `.taskdaemon/artifacts/plan-<name>.json`
+//! with the order they depend on each other — as `taskdaemon-artifacts/plan-<name>.json`
 //! and `.md`. Structured input, so nobody has to parse Markdown back.
 
 use async_trait::async_trait;
@@ -46,8 +46,9 @@ impl Tool for CreatePlan {
 
     fn description(&self) -> &'static str {
         "Create (or replace) a plan: a title, an overview and the specs that implement it, each \
-         with the specs it depends on. Written as .taskdaemon/artifacts/plan-<name>.json and \
-         .md. Dependencies must name specs of this plan and must not form a cycle."
+         with the specs it depends on. Written as taskdaemon-artifacts/plan-<name>.json and \
+         .md, committed with your work for the stages that follow. Dependencies must name \
+         specs of this plan and must not form a cycle."
     }
 
     fn input_schema(&self) -> Value {
@@ -269,7 +270,7 @@ mod tests {
         let out = out.unwrap();
         assert_eq!(
             out.content,
-            "Plan 'auth' created (3 specs).\nWrote .taskdaemon/artifacts/plan-auth.json\nWrote .taskdaemon/artifacts/plan-auth.md\n"
+            "Plan 'auth' created (3 specs).\nWrote taskdaemon-artifacts/plan-auth.json\nWrote taskdaemon-artifacts/plan-auth.md\n"
         );
         let (stored, md) = stored(dir.path(), "plan-auth");
         assert_eq!(stored["kind"], "plan");
@@ -288,7 +289,7 @@ mod tests {
         assert!(md.contains("Depends on: nothing"));
         assert_eq!(out.effects.len(), 2);
         assert!(
-            matches!(&out.effects[0], SideEffect::FileWritten { path, .. } if path == ".taskdaemon/artifacts/plan-auth.json")
+            matches!(&out.effects[0], SideEffect::FileWritten { path, .. } if path == "taskdaemon-artifacts/plan-auth.json")
         );
     }
 
@@ -316,7 +317,7 @@ mod tests {
         assert!(text.contains("among: db, api, ui"));
         assert!(text.contains("at /specs/0/dependencies/0: spec 'db' cannot depend on itself"));
         assert!(
-            !dir.path().join(".taskdaemon").exists(),
+            !dir.path().join("taskdaemon-artifacts").exists(),
             "nothing is written on error"
         );
     }
@@ -350,7 +351,7 @@ mod tests {
         );
         assert!(text.contains("at /name: '../escape' is not a valid name"));
         assert!(text.contains("at /overview: the overview is blank"));
-        assert!(!dir.path().join(".taskdaemon").exists());
+        assert!(!dir.path().join("taskdaemon-artifacts").exists());
     }
 
     #[tokio::test]

@@ -1,5 +1,5 @@
 //! `create_spec`: records a spec — an overview and 3 to 7 phases, each with the command
-//! that proves it done — as `.taskdaemon/artifacts/spec-<name>.json` and `.md`.
+//! that proves it done — as `taskdaemon-artifacts/spec-<name>.json` and `.md`.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -51,7 +51,8 @@ impl Tool for CreateSpec {
     fn description(&self) -> &'static str {
         "Create (or replace) a spec: an overview and 3 to 7 phases in order, each with a shell \
          command that validates it (e.g. \"cargo test auth::\"). Written as \
-         .taskdaemon/artifacts/spec-<name>.json and .md."
+         taskdaemon-artifacts/spec-<name>.json and .md, committed with your work for the \
+         stages that follow."
     }
 
     fn input_schema(&self) -> Value {
@@ -187,7 +188,7 @@ mod tests {
         let out = out.unwrap();
         assert_eq!(
             out.content,
-            "Spec 'parser' created (3 phases).\nWrote .taskdaemon/artifacts/spec-parser.json\nWrote .taskdaemon/artifacts/spec-parser.md\n"
+            "Spec 'parser' created (3 phases).\nWrote taskdaemon-artifacts/spec-parser.json\nWrote taskdaemon-artifacts/spec-parser.md\n"
         );
         let (stored, md) = stored(dir.path(), "spec-parser");
         assert_eq!(stored["kind"], "spec");
@@ -231,7 +232,7 @@ mod tests {
             text.contains("at /phases/2/name: phase name 'lexer' is used twice"),
             "{text}"
         );
-        assert!(!dir.path().join(".taskdaemon").exists());
+        assert!(!dir.path().join("taskdaemon-artifacts").exists());
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! What `create_plan`, `create_spec` and `create_phase` share: artifact names, argument
 //! checks that a JSON Schema cannot express, and writing an artifact as a JSON file plus a
-//! readable Markdown file under `.taskdaemon/artifacts/` in the worktree.
+//! readable Markdown file under `taskdaemon-artifacts/` in the worktree (an ordinary folder,
+//! committed with the loop's work: see `td_toolkit::artifact_files`).
 
 use std::sync::Arc;
 
@@ -11,33 +12,12 @@ use serde_json::{Value, json};
 use crate::files::access::replace_error;
 use td_base::hash::sha256_hex;
 use td_toolkit::args;
+pub use td_toolkit::artifact_files::{ARTIFACT_DIR, NAME_PATTERN, is_valid_name};
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::{ArgumentProblem, ToolError, ToolResult};
 use td_toolkit::receipts::SideEffect;
 use td_toolkit::tool::ToolOutput;
 use td_toolkit::worktree_fs::replace::Expect;
-
-/// Worktree-relative directory holding artifacts.
-pub const ARTIFACT_DIR: &str = ".taskdaemon/artifacts";
-
-/// Pattern of artifact, spec and phase names. Names become file names, so the pattern also
-/// keeps them from escaping the artifact directory.
-pub const NAME_PATTERN: &str = "^[a-z0-9][a-z0-9_-]{0,63}$";
-
-/// Longest name [`NAME_PATTERN`] allows.
-const NAME_MAX: usize = 64;
-
-/// Whether `name` matches [`NAME_PATTERN`] (checked in code too: the tools may be called
-/// without schema validation, and a name is a file name).
-pub fn is_valid_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= NAME_MAX
-        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-')
-}
 
 /// Schema of a name property.
 pub fn name_schema(what: &str) -> Value {
@@ -256,18 +236,25 @@ pub async fn save(ctx: &ToolContext, artifact: &Artifact<'_>) -> ToolResult<Tool
     let mut replaced = false;
     let mut written = Vec::new();
     for (ext, content) in [("json", &artifact.json), ("md", &artifact.markdown)] {
-        let rel = format!("{ARTIFACT_DIR}/{kind}-{name}.{ext}");
-        // The daemon writes here, where the loop's own writes are refused: only to the real
-        // file of that name. A symlink on the way (a command may have planted one while
-        // `.taskdaemon` did not exist yet) would otherwise send the write wherever it points
-        // in the worktree, `.git/hooks` included.
+        let rel = td_toolkit::artifact_files::worktree_path(
+            &td_toolkit::artifact_files::file_name(kind, name, ext),
+        );
+        // Only to the real file of that name. A symlink on the way (a command may have
+        // planted `taskdaemon-artifacts` as one, or a link in it) would otherwise send the
+        // write wherever it points in the worktree, `.git/hooks` included; and what is
+        // committed, listed in the next stage's prompt and copied into the run record is
+        // only ever the folder's own regular files. The write rules of the loop's own writes
+        // (no `.git`, no run record) hold here too.
         let path = ctx.root().join(&rel);
         if ctx.resolve(&rel)? != path {
             return Err(ToolError::ProtectedPath {
                 path: rel,
-                reason: "a symlink stands where the artifact goes (the path or a directory on the way); artifacts are written only as real files under .taskdaemon/artifacts. Remove the link with run_command, then try again.".to_string(),
+                reason: format!(
+                    "a symlink stands where the artifact goes (the path or a directory on the way); artifacts are written only as real files under {ARTIFACT_DIR}/. Remove the link with run_command, then try again."
+                ),
             });
         }
+        ctx.resolve_for_write(&rel)?;
         let shown = ctx.display(&path);
         // The loop writes it, so it may edit it next without reading it first; stamped
         // before the write so the watcher sees the loop's own bytes.
@@ -365,25 +352,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_follow_the_pattern() {
-        for ok in ["a", "0", "auth-api", "x_1", &"a".repeat(64)] {
-            assert!(is_valid_name(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "-a",
-            "_a",
-            "A",
-            "a b",
-            "../x",
-            "a/b",
-            "é",
-            &"a".repeat(65),
-            "a.",
-        ] {
-            assert!(!is_valid_name(bad), "{bad}");
-        }
-        // The schema pattern and the code check agree.
+    fn the_schema_pattern_and_the_code_check_agree() {
         let re = regex::Regex::new(NAME_PATTERN).unwrap();
         for s in [
             "a",
@@ -441,11 +410,11 @@ mod tests {
         let out = save(&ctx, &artifact("p1", "# P\n")).await.unwrap();
         assert_eq!(
             out.content,
-            "Plan 'p1' created (1 spec).\nWrote .taskdaemon/artifacts/plan-p1.json\nWrote .taskdaemon/artifacts/plan-p1.md\n"
+            "Plan 'p1' created (1 spec).\nWrote taskdaemon-artifacts/plan-p1.json\nWrote taskdaemon-artifacts/plan-p1.md\n"
         );
-        let json_path = dir.path().join(".taskdaemon/artifacts/plan-p1.json");
+        let json_path = dir.path().join("taskdaemon-artifacts/plan-p1.json");
         assert_eq!(std::fs::read_to_string(&json_path).unwrap(), "{}\n");
-        let real = ctx.resolve(".taskdaemon/artifacts/plan-p1.md").unwrap();
+        let real = ctx.resolve("taskdaemon-artifacts/plan-p1.md").unwrap();
         assert_eq!(
             ctx.check_stamp(&real, b"# P\n"),
             td_toolkit::context::StampCheck::Current
@@ -453,7 +422,7 @@ mod tests {
         assert_eq!(
             out.effects[1],
             SideEffect::FileWritten {
-                path: ".taskdaemon/artifacts/plan-p1.md".into(),
+                path: "taskdaemon-artifacts/plan-p1.md".into(),
                 hash: sha256_hex(b"# P\n")
             }
         );
@@ -473,10 +442,60 @@ mod tests {
         let err = save(&ctx, &artifact("../x", "#")).await.unwrap_err();
         assert_eq!(err.kind(), "invalid_arguments");
         let outside = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(outside.path(), dir.path().join(".taskdaemon")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join(ARTIFACT_DIR)).unwrap();
         let err = save(&ctx, &artifact("x", "#")).await.unwrap_err();
         assert_eq!(err.kind(), "sandbox_violation");
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_folder_planted_as_a_link_into_the_worktree_is_refused() {
+        // A command made `taskdaemon-artifacts` a link to `.git/hooks` (or any directory
+        // of the worktree): the artifact would land there, a hook the daemon's git runs.
+        let dir = tempfile::tempdir().unwrap();
+        let hooks = dir.path().join(".git/hooks");
+        std::fs::create_dir_all(&hooks).unwrap();
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        for target in [".git/hooks", "src"] {
+            let link = dir.path().join(ARTIFACT_DIR);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(target, &link).unwrap();
+            let err = save(&ctx, &artifact("x", "#")).await.unwrap_err();
+            assert_eq!(err.kind(), "sandbox_violation", "{target}: {err}");
+            assert!(
+                err.to_string().contains("taskdaemon-artifacts"),
+                "{target}: {err}"
+            );
+        }
+        assert!(std::fs::read_dir(&hooks).unwrap().next().is_none());
+        assert!(
+            std::fs::read_dir(dir.path().join("src"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_link_in_the_folder_is_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("README.md"), "mine\n").unwrap();
+        let folder = dir.path().join(ARTIFACT_DIR);
+        std::fs::create_dir(&folder).unwrap();
+        std::os::unix::fs::symlink("../README.md", folder.join("plan-x.json")).unwrap();
+        let ctx = ToolContext::new(dir.path(), "t").unwrap();
+        let err = save(&ctx, &artifact("x", "#")).await.unwrap_err();
+        assert_eq!(err.kind(), "sandbox_violation", "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("README.md")).unwrap(),
+            "mine\n"
+        );
+        // In its place, a regular file where the folder goes: refused, nothing written.
+        std::fs::remove_dir_all(&folder).unwrap();
+        std::fs::write(&folder, "not a folder").unwrap();
+        assert!(save(&ctx, &artifact("x", "#")).await.is_err());
+        assert_eq!(std::fs::read_to_string(&folder).unwrap(), "not a folder");
     }
 }
 
