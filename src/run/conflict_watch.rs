@@ -20,7 +20,9 @@
 //! Cost: all of it runs in one task of its own, one git command at a time, off the loops'
 //! path (no loop waits for it). Changes coalesce: a worktree that changes while it is being
 //! compared is compared once more afterwards, however many times it changed; a snapshot
-//! equal to the last one compares nothing. Figures: `cargo bench --bench conflict_watch`.
+//! equal to the last one compares nothing, and two snapshots of one HEAD that changed
+//! different files (no deletion) are clean without running git
+//! (`Taken::may_conflict_with`). Figures: `cargo bench --bench conflict_watch`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -30,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use td_git::merge_tree::{self, Prediction, Snapshot};
+use td_git::merge_tree::{self, Prediction, Snapshot, Taken};
 use td_protocol::events::{EventKind, EventLog};
 use td_runtime::coordinator::Notifier;
 
@@ -57,8 +59,8 @@ pub struct Comparer {
     repo: PathBuf,
     /// Loop name → its worktree (real path; loops sharing one have the same).
     loops: BTreeMap<String, PathBuf>,
-    /// Worktree → its latest snapshot commit.
-    snapshots: BTreeMap<PathBuf, String>,
+    /// Worktree → its latest snapshot.
+    snapshots: BTreeMap<PathBuf, Arc<Taken>>,
     /// Pair of loops (sorted) → the files they were warned about, as of their last
     /// comparison.
     told: BTreeMap<(String, String), BTreeSet<String>>,
@@ -108,8 +110,8 @@ impl Comparer {
         if here.is_empty() || stop.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let commit = match merge_tree::snapshot(dir).await {
-            Ok(Snapshot::Taken { commit }) => commit,
+        let taken = match merge_tree::snapshot(dir).await {
+            Ok(Snapshot::Taken(taken)) => taken,
             Ok(Snapshot::Skipped { reason }) => {
                 tracing::debug!("conflict warnings: {} skipped: {reason}", dir.display());
                 return Vec::new();
@@ -119,7 +121,11 @@ impl Comparer {
                 return Vec::new();
             }
         };
-        if self.snapshots.get(dir) == Some(&commit) {
+        if self
+            .snapshots
+            .get(dir)
+            .is_some_and(|last| last.commit == taken.commit)
+        {
             // Nothing changed since it was last compared.
             return Vec::new();
         }
@@ -127,31 +133,37 @@ impl Comparer {
         if self.names_at(dir).is_empty() {
             return Vec::new();
         }
-        self.snapshots.insert(dir.to_path_buf(), commit.clone());
-        let others: Vec<(PathBuf, String)> = self
+        let taken = Arc::new(taken);
+        self.snapshots.insert(dir.to_path_buf(), taken.clone());
+        let others: Vec<(PathBuf, Arc<Taken>)> = self
             .snapshots
             .iter()
             .filter(|(d, _)| d.as_path() != dir)
-            .map(|(d, c)| (d.clone(), c.clone()))
+            .map(|(d, t)| (d.clone(), t.clone()))
             .collect();
         let mut found = Vec::new();
-        for (other, other_commit) in others {
+        for (other, theirs) in others {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
-            let files: BTreeSet<String> =
-                match merge_tree::predict(&self.repo, &commit, &other_commit).await {
-                    Ok(Prediction::Clean) => BTreeSet::new(),
-                    Ok(Prediction::Conflict { files }) => files.into_iter().collect(),
-                    Err(e) => {
-                        tracing::warn!(
-                            "conflict warnings: cannot compare {} with {}: {e}",
-                            dir.display(),
-                            other.display()
-                        );
-                        continue;
-                    }
-                };
+            // Most pairs changed different files off the same HEAD: no git needed.
+            let prediction = if taken.may_conflict_with(&theirs) {
+                merge_tree::predict(&self.repo, &taken.commit, &theirs.commit).await
+            } else {
+                Ok(Prediction::Clean)
+            };
+            let files: BTreeSet<String> = match prediction {
+                Ok(Prediction::Clean) => BTreeSet::new(),
+                Ok(Prediction::Conflict { files }) => files.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(
+                        "conflict warnings: cannot compare {} with {}: {e}",
+                        dir.display(),
+                        other.display()
+                    );
+                    continue;
+                }
+            };
             // Read again after the await: loops may have ended meanwhile.
             let here = self.names_at(dir);
             for theirs in self.names_at(&other) {
@@ -437,8 +449,10 @@ mod tests {
         c.watch("s1", &shared);
         c.watch("s2", &shared);
         let (own, shared) = (own.canonicalize().unwrap(), shared.canonicalize().unwrap());
-        c.snapshots.insert(own.clone(), "c1".into());
-        c.snapshots.insert(shared.clone(), "c2".into());
+        c.snapshots
+            .insert(own.clone(), Arc::new(Taken::unchanged("c1")));
+        c.snapshots
+            .insert(shared.clone(), Arc::new(Taken::unchanged("c2")));
         assert!(c.note("a", "s1", &set(&["f"])).is_some());
         assert_eq!(
             c.names_at(&shared),

@@ -10,6 +10,7 @@
 //! after its prune delay. Every command is the daemon's own git ([`crate::daemon_git`]: no
 //! hooks, no inherited repository variables).
 
+use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
@@ -31,16 +32,57 @@ const SNAPSHOT_MESSAGE: &str = "taskdaemon: conflict-warning snapshot (not on an
 pub enum Snapshot {
     /// The worktree's files as a commit whose parent is its HEAD (HEAD itself when nothing
     /// changed).
-    Taken {
-        /// The commit id.
-        commit: String,
-    },
+    Taken(Taken),
     /// The worktree is in a state a snapshot would misread (a merge, rebase, cherry-pick or
     /// revert in progress, unmerged paths, no commit yet); nothing was done.
     Skipped {
         /// Why, in words.
         reason: String,
     },
+}
+
+/// A worktree's state as a commit, and what it changed from its HEAD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// The snapshot commit (the HEAD itself when nothing changed).
+    pub commit: String,
+    /// The worktree's HEAD when it was taken.
+    pub head: String,
+    /// The paths that differ from HEAD (files, links, submodules).
+    changed: BTreeSet<String>,
+    /// Every directory above a changed path.
+    dirs: BTreeSet<String>,
+    /// Whether a path of HEAD is gone (a deletion, or one side of a rename).
+    deletes: bool,
+}
+
+impl Taken {
+    /// The snapshot of a worktree that changed nothing since its HEAD `head`.
+    pub fn unchanged(head: &str) -> Self {
+        Taken {
+            commit: head.to_string(),
+            head: head.to_string(),
+            changed: BTreeSet::new(),
+            dirs: BTreeSet::new(),
+            deletes: false,
+        }
+    }
+
+    /// Whether merging this snapshot with `other` can conflict at all, decided without git.
+    ///
+    /// Two snapshots of the same HEAD merge with that HEAD as their base, so a conflict needs
+    /// a path both changed (content, add/add, modify/delete), or a file on one side where the
+    /// other has a directory. Renames (of files or directories) can carry a change to a path
+    /// the other side never touched, and every rename deletes a path: with a deletion on
+    /// either side, or different HEADs, only `merge-tree` can tell ([`predict`]).
+    pub fn may_conflict_with(&self, other: &Taken) -> bool {
+        self.head != other.head
+            || self.deletes
+            || other.deletes
+            || !self.changed.is_disjoint(&other.changed)
+            || !self.changed.is_disjoint(&other.dirs)
+            || !other.changed.is_disjoint(&self.dirs)
+    }
 }
 
 /// What merging two snapshots would give.
@@ -183,9 +225,7 @@ pub async fn snapshot(dir: &Path) -> Result<Snapshot, WorktreeError> {
     run(dir, ["reset", "--quiet", "--", RUN_RECORD_DIR], &env, hint).await?;
     let tree = run(dir, ["write-tree"], &env, hint).await?;
     if tree == *head_tree {
-        return Ok(Snapshot::Taken {
-            commit: (*head).to_string(),
-        });
+        return Ok(Snapshot::Taken(Taken::unchanged(head)));
     }
     let commit = run(
         dir,
@@ -207,7 +247,53 @@ pub async fn snapshot(dir: &Path) -> Result<Snapshot, WorktreeError> {
         hint,
     )
     .await?;
-    Ok(Snapshot::Taken { commit })
+    let diff = git(
+        dir,
+        [
+            "diff-tree",
+            "-r",
+            "--no-renames",
+            "--name-status",
+            "-z",
+            head,
+            commit.as_str(),
+        ],
+        &[],
+    )
+    .await?;
+    if !diff.status.success() {
+        return Err(diff.into_error(hint));
+    }
+    let (changed, deletes) = name_status(&diff.stdout);
+    let dirs = changed.iter().flat_map(|p| parents(p)).collect();
+    Ok(Snapshot::Taken(Taken {
+        commit,
+        head: (*head).to_string(),
+        changed,
+        dirs,
+        deletes,
+    }))
+}
+
+/// The paths of `diff-tree --name-status -z` output (a status, then its path, each
+/// NUL-terminated), and whether any was deleted.
+fn name_status(stdout: &[u8]) -> (BTreeSet<String>, bool) {
+    let mut fields = stdout.split(|b| *b == 0);
+    let mut paths = BTreeSet::new();
+    let mut deletes = false;
+    while let (Some(status), Some(path)) = (fields.next(), fields.next()) {
+        if path.is_empty() {
+            break;
+        }
+        deletes |= status.first() == Some(&b'D');
+        paths.insert(String::from_utf8_lossy(path).into_owned());
+    }
+    (paths, deletes)
+}
+
+/// The directories above `path` (`a/b/c` → `a`, `a/b`).
+fn parents(path: &str) -> impl Iterator<Item = String> + '_ {
+    path.match_indices('/').map(|(i, _)| path[..i].to_string())
 }
 
 /// What would merging commits `a` and `b` of the repository at `repo` conflict in? Nothing
@@ -462,8 +548,12 @@ mod tests {
     }
 
     fn taken(s: Snapshot) -> String {
+        taken_whole(s).commit
+    }
+
+    fn taken_whole(s: Snapshot) -> Taken {
         match s {
-            Snapshot::Taken { commit } => commit,
+            Snapshot::Taken(t) => t,
             other => panic!("expected a snapshot, got {other:?}"),
         }
     }
@@ -594,10 +684,21 @@ mod tests {
         );
         a(&wt_a);
         b(&wt_b);
-        let sa = taken(snapshot(&wt_a).await.unwrap());
-        let sb = taken(snapshot(&wt_b).await.unwrap());
-        let ab = predict(&repo, &sa, &sb).await.unwrap();
-        assert_eq!(predict(&repo, &sb, &sa).await.unwrap(), ab, "symmetric");
+        let sa = taken_whole(snapshot(&wt_a).await.unwrap());
+        let sb = taken_whole(snapshot(&wt_b).await.unwrap());
+        let ab = predict(&repo, &sa.commit, &sb.commit).await.unwrap();
+        assert_eq!(
+            predict(&repo, &sb.commit, &sa.commit).await.unwrap(),
+            ab,
+            "symmetric"
+        );
+        // The shortcut never hides a conflict.
+        let maybe = sa.may_conflict_with(&sb);
+        assert_eq!(maybe, sb.may_conflict_with(&sa), "symmetric");
+        assert!(
+            maybe || ab == Prediction::Clean,
+            "{ab:?} was ruled out: {sa:?} {sb:?}"
+        );
         // Nothing was checked out or moved: the user's checkout is as it was.
         assert_eq!(sh_git(&repo, &["status", "--porcelain"], false), "");
         ab
@@ -670,6 +771,75 @@ mod tests {
                 files: vec!["lib.rs".into()]
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_file_where_the_other_side_made_a_directory_conflicts() {
+        let p = predict_between(
+            &[("readme", "r\n")],
+            |a| write(a, "x", "a file\n"),
+            |b| {
+                std::fs::create_dir(b.join("x")).unwrap();
+                write(b, "x/y", "in a directory\n");
+            },
+        )
+        .await;
+        assert!(matches!(p, Prediction::Conflict { .. }), "{p:?}");
+    }
+
+    #[tokio::test]
+    async fn a_file_added_to_a_directory_the_other_side_renamed_conflicts() {
+        let p = predict_between(
+            &[("d/one", "1\n"), ("d/two", "2\n")],
+            |a| {
+                std::fs::rename(a.join("d"), a.join("e")).unwrap();
+            },
+            |b| write(b, "d/three", "3\n"),
+        )
+        .await;
+        // merge.directoryRenames defaults to `conflict`: where d/three belongs is asked.
+        assert!(matches!(p, Prediction::Conflict { .. }), "{p:?}");
+    }
+
+    #[tokio::test]
+    async fn the_shortcut_rules_out_only_disjoint_changes_of_one_head() {
+        let (tmp, repo, wt_a) = repo_with_worktree(&[("src/a.rs", "a\n"), ("src/b.rs", "b\n")]);
+        let wt_b = tmp.path().join("wt-b");
+        let b_arg = wt_b.to_str().unwrap();
+        sh_git(
+            &repo,
+            &["worktree", "add", "-q", "-b", "loop-b", b_arg],
+            false,
+        );
+        let untouched = taken_whole(snapshot(&wt_b).await.unwrap());
+        write(&wt_a, "src/a.rs", "a changed\n");
+        write(&wt_a, "src/new.rs", "new\n");
+        write(&wt_b, "src/b.rs", "b changed\n");
+        let sa = taken_whole(snapshot(&wt_a).await.unwrap());
+        let sb = taken_whole(snapshot(&wt_b).await.unwrap());
+        assert!(
+            !sa.may_conflict_with(&sb),
+            "same directory, different files"
+        );
+        assert!(
+            !sa.may_conflict_with(&untouched),
+            "nothing changed on one side"
+        );
+        write(&wt_b, "src/a.rs", "a changed by b\n");
+        let sb = taken_whole(snapshot(&wt_b).await.unwrap());
+        assert!(sa.may_conflict_with(&sb), "a file both changed");
+        std::fs::remove_file(wt_b.join("src/a.rs")).unwrap();
+        write(&wt_b, "src/elsewhere.rs", "moved\n");
+        let sb = taken_whole(snapshot(&wt_b).await.unwrap());
+        assert!(sa.may_conflict_with(&sb), "a deletion (a rename, maybe)");
+        // Another HEAD: the merge base is not the HEAD, so only merge-tree can tell.
+        sh_git(&wt_b, &["checkout", "-q", "src"], false);
+        sh_git(&wt_b, &["clean", "-qfd"], false);
+        write(&wt_b, "other.txt", "o\n");
+        sh_git(&wt_b, &["add", "-A"], false);
+        sh_git(&wt_b, &["commit", "-q", "-m", "b commits"], false);
+        let sb = taken_whole(snapshot(&wt_b).await.unwrap());
+        assert!(sa.may_conflict_with(&sb), "different HEADs");
     }
 
     #[tokio::test]
