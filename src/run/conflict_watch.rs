@@ -12,6 +12,8 @@
 //! addressed to it alone (`conflict_predicted`, shown at its next model turn whatever its
 //! subscriptions) and the run records a `conflict_predicted` event. The same files again
 //! warn nobody; a pair whose conflict went away is warned again if it comes back.
+//! An iteration whose validation passed ends its loop, so it is not compared; a loop is
+//! forgotten as soon as its end is an event.
 //!
 //! Loops sharing a worktree (`worktree: {shared: ...}` members, and `worktree: repo` loops,
 //! which all work in the repository's checkout) are not compared with each other: they edit
@@ -250,14 +252,29 @@ impl ConflictWatch {
         let (tx, rx) = mpsc::unbounded_channel();
         // Weak: the log keeps its listeners for the whole run, and the task ends when the
         // last strong sender (ours) is dropped by `stop`.
-        let changed = tx.downgrade();
+        let weak = tx.downgrade();
         events.subscribe(move |e| {
-            if let EventKind::IterationEnded { loop_name, .. } = &e.kind
-                && let Some(tx) = changed.upgrade()
-            {
-                let _ = tx.send(Msg::Changed {
+            let msg = match &e.kind {
+                // A passed validation ends the loop: nobody to warn.
+                EventKind::IterationEnded {
+                    loop_name,
+                    validation_passed,
+                    ..
+                } if *validation_passed != Some(true) => Msg::Changed {
                     name: loop_name.clone(),
-                });
+                },
+                // Forgotten at once, not when the run gets to the loop's end: a loop that
+                // ended reads no warning.
+                EventKind::LoopCompleted { loop_name, .. }
+                | EventKind::LoopFailed { loop_name, .. }
+                | EventKind::LoopPaused { loop_name, .. }
+                | EventKind::LoopStopped { loop_name } => Msg::Forget {
+                    name: loop_name.clone(),
+                },
+                _ => return,
+            };
+            if let Some(tx) = weak.upgrade() {
+                let _ = tx.send(msg);
             }
         });
         let stop = Arc::new(AtomicBool::new(false));
@@ -361,19 +378,25 @@ fn take(
     }
 }
 
-/// Tells both loops of `found`, then records it (once both alerts are in their inboxes).
+/// Tells both loops of `found`, then records it (once both alerts are in their inboxes),
+/// unless neither could be told (both ended meanwhile).
 async fn deliver(found: &Found, events: &EventLog, notifier: &Notifier) {
     let [a, b] = &found.loops;
+    let mut told = false;
     for (me, other) in [(a, b), (b, a)] {
         let message = warning(other, &found.files);
-        if !notifier.notify(me, EVENT_TYPE, &message).await {
+        if notifier.notify(me, EVENT_TYPE, &message).await {
+            told = true;
+        } else {
             tracing::debug!("conflict warnings: loop {me} was not told (no longer running)");
         }
     }
-    events.record(EventKind::ConflictPredicted {
-        loops: found.loops.to_vec(),
-        files: found.files.clone(),
-    });
+    if told {
+        events.record(EventKind::ConflictPredicted {
+            loops: found.loops.to_vec(),
+            files: found.files.clone(),
+        });
+    }
 }
 
 /// The alert a loop gets about its conflict with loop `other` in `files`.
