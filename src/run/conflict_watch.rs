@@ -15,7 +15,7 @@
 //! An iteration whose validation passed ends its loop, so it is not compared; a loop is
 //! forgotten as soon as its end is an event.
 //!
-//! Loops sharing a worktree (`worktree: {shared: ...}` members, and `worktree: repo` loops,
+//! Loops sharing a worktree (`worktree: shared:<group>` members, and `worktree: repo` loops,
 //! which all work in the repository's checkout) are not compared with each other: they edit
 //! the same files on disk. Loops that ended are no longer compared.
 //!
