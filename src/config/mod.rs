@@ -46,6 +46,18 @@ impl Default for Concurrency {
     }
 }
 
+/// Whether running loops are compared for merge conflicts (`conflict-warnings: on | off`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConflictWarnings {
+    /// After each iteration a loop's worktree is compared with the other running loops'
+    /// (`git merge-tree`, nothing checked out), and both loops of a conflict are told.
+    #[default]
+    On,
+    /// No comparison, no warning.
+    Off,
+}
+
 /// The parsed configuration file.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -80,6 +92,10 @@ pub struct Config {
     /// Merge every completed loop's branch into its base (a loop's `merge` overrides it).
     #[serde(default)]
     pub merge: bool,
+    /// Warn running loops whose work will conflict (`on`, the default, or `off`; see
+    /// `run::conflict_watch`).
+    #[serde(default)]
+    pub conflict_warnings: ConflictWarnings,
     /// User loop types (extending the built-in ones).
     #[serde(default)]
     pub loop_types: BTreeMap<String, LoopTypeDef>,
@@ -417,6 +433,14 @@ loops:
     }
 
     #[test]
+    fn conflict_warnings_are_on_or_off() {
+        let off = Config::parse("conflict-warnings: off\n", "t.yml").unwrap();
+        assert_eq!(off.conflict_warnings, ConflictWarnings::Off);
+        let on = Config::parse("conflict-warnings: on\n", "t.yml").unwrap();
+        assert_eq!(on.conflict_warnings, ConflictWarnings::On);
+    }
+
+    #[test]
     fn run_keys_parse_and_are_checked() {
         let c = Config::parse(
             r#"
@@ -448,6 +472,7 @@ loops:
         assert_eq!(c.limits.burst, 5);
         assert_eq!(c.limits.max_payload_bytes, 1000);
         assert!(c.keep_worktrees && c.merge);
+        assert_eq!(c.conflict_warnings, ConflictWarnings::On, "the default");
         assert_eq!(
             c.loop_types().unwrap()["rust"].validation.as_deref(),
             Some("cargo test")
@@ -461,6 +486,7 @@ loops:
             ("loops: [{name: a, type: rsut, task: t}]\n", "unknown type"),
             ("loop-types: {x: {extends: y}}\n", "unknown loop type `y`"),
             ("concurency: {}\n", "did you mean `concurrency`"),
+            ("conflict-warnings: yes\n", "unknown variant `yes`"),
         ] {
             let err = Config::parse(&bad.replace("\\n", "\n"), "t.yml").unwrap_err();
             assert!(err.contains(needle), "{bad}: {err}");

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
+use crate::config::{Config, ConflictWarnings, LoopDef, LoopType, WorktreeMode};
+use crate::run::conflict_watch::ConflictWatch;
 use crate::run::owner;
 use crate::run::progress::{ProgressDisplay, ProgressMode};
 use crate::run::record::{
@@ -367,6 +368,15 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     .await
     .map_err(|e| e.to_string())?;
 
+    // Early conflict warnings between running loops (`run/conflict_watch.rs`).
+    let conflicts = match config.conflict_warnings {
+        ConflictWarnings::On => {
+            let notifier = td_runtime::coordinator::Notifier::new(rt.coordinator.clone());
+            ConflictWatch::start(repo.root(), &events, notifier).await
+        }
+        ConflictWarnings::Off => ConflictWatch::off(),
+    };
+
     let names: Vec<String> = loops.iter().map(|l| l.name.clone()).collect();
     // A resumed run keeps the loops that ran to their end (completed, failed, or blocked by
     // their merge); everything else starts (again) from its next iteration.
@@ -461,6 +471,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                         // ("never started: the run was interrupted") is no longer true.
                         s.reason = None;
                     });
+                    conflicts.watch(&def.name, &place.dir);
                     places.insert(def.name.clone(), place);
                     rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
                     status.insert(def.name.clone(), LoopStatus::Running);
@@ -516,6 +527,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let Some((name, end)) = ended else {
             continue;
         };
+        conflicts.forget(&name);
         let final_status = finish_loop(
             &name, &end, &loops, &config, &places, &repo, &record, &progress, &events,
         )
@@ -561,6 +573,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             progress.set_status(name, st.as_str(), why);
         }
     }
+    // Before the worktrees go: no comparison may run in a worktree being removed.
+    conflicts.stop().await;
     rt.flush().await;
     rt.shutdown().await;
     if !config.keep_worktrees {

@@ -262,6 +262,18 @@ impl ProgressDisplay {
                         short(message)
                     ));
                 }
+                EventKind::ConflictPredicted { loops, files } => {
+                    let files = short(&files.join(", "));
+                    for (me, other) in [(0, 1), (1, 0)] {
+                        if let (Some(me), Some(other)) = (loops.get(me), loops.get(other)) {
+                            row(rows, me).last = format!("will conflict with {other}: {files}");
+                        }
+                    }
+                    plain = Some(format!(
+                        "{}: predicted merge conflict in {files} (both told)",
+                        loops.join(" and ")
+                    ));
+                }
                 EventKind::FileChanged { loop_name, path } => {
                     row(rows, loop_name).last = format!("{path} changed on disk");
                 }

@@ -4,4 +4,5 @@
 pub mod daemon_git;
 pub mod fresh_copy;
 pub mod head;
+pub mod merge_tree;
 pub mod worktree;

@@ -238,6 +238,16 @@ pub enum EventKind {
         #[serde(default)]
         cause: String,
     },
+    /// Two running loops' work will conflict when merged: their worktrees, compared with
+    /// `git merge-tree` (nothing checked out), change the same lines of these files. Both
+    /// loops were told (a `conflict_predicted` system alert each); recorded once per new
+    /// set of files for the pair.
+    ConflictPredicted {
+        /// The two loops, sorted.
+        loops: Vec<String>,
+        /// The conflicting paths, sorted.
+        files: Vec<String>,
+    },
     /// A file a loop had read changed underneath it; its stamp was dropped.
     FileChanged {
         /// Loop name.

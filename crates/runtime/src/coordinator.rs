@@ -126,6 +126,18 @@ pub enum CoordMsg {
         /// How many loops it reached, when the sender waits for it.
         reply: Option<RpcReplyPort<Result<usize, ToolError>>>,
     },
+    /// Put a system alert into one named loop's inbox, whatever its subscriptions: news
+    /// about that loop's own work (a predicted merge conflict), not a broadcast.
+    Notify {
+        /// The loop it is for.
+        to: String,
+        /// Event type.
+        event_type: String,
+        /// Message.
+        message: String,
+        /// Whether it reached the loop (false when the loop is not running).
+        reply: Option<RpcReplyPort<bool>>,
+    },
     /// The loops of the run other than `from`.
     List {
         /// Asking loop.
@@ -369,6 +381,17 @@ impl Actor for Coordinator {
                     handle_alert(state, &from, &event_type, &message, data, about.as_deref());
                 if let Some(reply) = reply {
                     let _ = reply.send(result);
+                }
+            }
+            CoordMsg::Notify {
+                to,
+                event_type,
+                message,
+                reply,
+            } => {
+                let delivered = handle_notify(state, &to, &event_type, &message);
+                if let Some(reply) = reply {
+                    let _ = reply.send(delivered);
                 }
             }
             CoordMsg::List { from, reply } => {
@@ -695,6 +718,71 @@ fn handle_alert(
         error: None,
     });
     Ok(recipients.len())
+}
+
+/// Puts a system alert into the inbox of `to` when it is running; records it as an `alert`
+/// event either way (so a resumed run shows it again if its model had not seen it).
+fn handle_notify(state: &mut CoordState, to: &str, event_type: &str, message: &str) -> bool {
+    let error = match state.loops.get(to) {
+        Some(entry) if entry.status == "running" => {
+            entry.inbox.push(Arc::new(InboxItem::Alert {
+                from: SYSTEM_SENDER.to_string(),
+                event_type: event_type.to_string(),
+                message: message.to_string(),
+                data: None,
+                about: None,
+            }));
+            None
+        }
+        Some(entry) => Some(format!(
+            "loop '{to}' has {} and no longer reads its inbox",
+            entry.status
+        )),
+        None => Some(
+            state
+                .unreachable(SYSTEM_SENDER, to)
+                .unwrap_or_else(|| format!("unknown loop '{to}'")),
+        ),
+    };
+    state.events.record(EventKind::Alert {
+        from: SYSTEM_SENDER.to_string(),
+        event_type: event_type.to_string(),
+        message: message.to_string(),
+        data: None,
+        recipients: if error.is_none() {
+            vec![to.to_string()]
+        } else {
+            Vec::new()
+        },
+        error: error.clone(),
+    });
+    error.is_none()
+}
+
+/// Sends system alerts addressed to one loop each (see [`CoordMsg::Notify`]).
+#[derive(Clone)]
+pub struct Notifier {
+    coordinator: ActorRef<CoordMsg>,
+}
+
+impl Notifier {
+    /// A notifier talking to `coordinator`.
+    pub fn new(coordinator: ActorRef<CoordMsg>) -> Self {
+        Self { coordinator }
+    }
+
+    /// Sends loop `to` a system alert of `event_type`, whatever its subscriptions; true
+    /// once it is in the loop's inbox.
+    pub async fn notify(&self, to: &str, event_type: &str, message: &str) -> bool {
+        ask(&self.coordinator, |reply| CoordMsg::Notify {
+            to: to.to_string(),
+            event_type: event_type.to_string(),
+            message: message.to_string(),
+            reply: Some(reply),
+        })
+        .await
+        .unwrap_or(false)
+    }
 }
 
 /// Whether a loop with `subscriptions` hears an alert of `event_type` sent by `from`.
