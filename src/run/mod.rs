@@ -1,6 +1,8 @@
 //! A run of loops: the orchestrator behind `taskdaemon run` (its git worktrees are `td_git`), its on-disk
 //! record, the live progress display, and the commands that read a record back.
 
+pub mod handover;
+pub mod merge_queue;
 pub mod orchestrator;
 pub mod owner;
 pub mod progress;

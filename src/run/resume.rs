@@ -86,6 +86,8 @@ struct Seen {
     model_calls: Option<usize>,
     /// A `loop_started` event was seen.
     started: bool,
+    /// Its last end was followed by a hand back of the merge queue: it goes on.
+    handed_back: bool,
 }
 
 impl Default for Seen {
@@ -100,6 +102,7 @@ impl Default for Seen {
             awaiting_note: None,
             model_calls: Some(0),
             started: false,
+            handed_back: false,
         }
     }
 }
@@ -164,7 +167,11 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
             .loops
             .entry(name.clone())
             .or_insert_with(|| LoopSummary::pending(&name, ""));
-        let finished = finished(entry, events.ended);
+        let finished = if events.handed_back {
+            None
+        } else {
+            finished(entry, events.ended)
+        };
         if let Some(status) = finished {
             // The summary may lag behind the events: it says what resume goes by.
             entry.status = status;
@@ -272,7 +279,16 @@ fn take_event(
             l.progress.push(note.clone());
         }
         EventKind::LoopCompleted { loop_name, .. } => {
-            of(seen, loop_name).ended = Some(LoopStatus::Completed);
+            let l = of(seen, loop_name);
+            l.ended = Some(LoopStatus::Completed);
+            l.handed_back = false;
+        }
+        EventKind::MergeHandedBack { loop_name, .. } => {
+            // Its work went back to it: it runs its next iteration, whatever a summary
+            // written before the hand back says.
+            let l = of(seen, loop_name);
+            l.ended = None;
+            l.handed_back = true;
         }
         EventKind::LoopFailed { loop_name, .. } => {
             of(seen, loop_name).ended = Some(LoopStatus::Failed);
