@@ -367,3 +367,67 @@ fn a_group_with_a_failed_member_lands_nothing() {
     assert!(project.git_ok(&["cat-file", "-e", &format!("{integration}:solo.txt")]));
     project.assert_checkout_clean();
 }
+
+#[test]
+fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean() {
+    let project = Project::new("merge-dirty", &[]);
+    std::fs::write(project.repo().join("README.md"), "the user's edit\n").unwrap();
+    let main_before = project.git(&["rev-parse", "main"]);
+    let out = project.run();
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let summary = project.summary();
+    let run_id = summary["run_id"].as_str().unwrap().to_string();
+    let solo = &summary["loops"]["solo"];
+    assert_eq!(solo["status"], "blocked", "{solo:#}");
+    let reason = solo["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("uncommitted changes (README.md)")
+            && reason.contains(&format!("taskdaemon merge {run_id} solo")),
+        "{reason}"
+    );
+    // Never touched: the user's edit is there, main did not move, nothing is mid-merge.
+    assert_eq!(
+        std::fs::read_to_string(project.repo().join("README.md")).unwrap(),
+        "the user's edit\n"
+    );
+    assert_eq!(project.git(&["rev-parse", "main"]), main_before);
+    assert!(!project.repo().join("solo.txt").exists());
+    assert!(!project.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
+
+    // The user cleans up, then merges by hand; not while a live process owns the run.
+    project.git(&["checkout", "--", "README.md"]);
+    let run_dir = project.run_dir();
+    let held = taskdaemon::run::owner::take(&run_dir).unwrap();
+    let refused = project.taskdaemon(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
+    assert_eq!(refused.code, Some(75), "{refused:?}");
+    assert!(!project.repo().join("solo.txt").exists());
+    drop(held);
+    let merged =
+        project.taskdaemon(&["merge", &run_id, "solo", "--dir", run_dir.to_str().unwrap()]);
+    assert_eq!(merged.code, Some(0), "{merged:?}");
+    assert!(
+        merged.stdout.contains("solo: merged into main as "),
+        "{merged:?}"
+    );
+    assert_eq!(project.git(&["show", "main:solo.txt"]), "solo");
+    assert_eq!(
+        std::fs::read_to_string(project.repo().join("solo.txt")).unwrap(),
+        "solo\n"
+    );
+    project.assert_checkout_clean();
+    let summary = project.summary();
+    let solo = &summary["loops"]["solo"];
+    assert_eq!(solo["status"], "completed", "{solo:#}");
+    assert_eq!(solo["merge"]["merged"], true, "{solo:#}");
+    assert_eq!(solo["merge"]["commit"], project.git(&["rev-parse", "main"]));
+    assert_eq!(summary["status"], "completed", "{summary:#}");
+    let last = project.events().pop().unwrap();
+    assert_eq!(last["event"], "loop_merged", "{last:#}");
+    // Again: nothing left to do.
+    let again = project.taskdaemon(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    assert!(
+        again.stdout.contains("solo: already merged into main"),
+        "{again:?}"
+    );
+}

@@ -2,6 +2,7 @@
 //! record, the live progress display, and the commands that read a record back.
 
 pub mod handover;
+pub mod merge_cmd;
 pub mod merge_queue;
 pub mod orchestrator;
 pub mod owner;

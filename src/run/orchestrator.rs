@@ -786,7 +786,7 @@ fn close_loop_record(record: &RunRecord, name: &str) {
 /// Makes the run's receipt chain key (before any loop starts) and the sandbox settings that
 /// hide it from loops (file tools always; commands where the machine has mount namespaces,
 /// with a warning where it has not).
-fn hide_chain_key(
+pub(crate) fn hide_chain_key(
     record: &RunRecord,
     sandbox: &Arc<td_confine::SandboxSettings>,
 ) -> Result<Arc<td_confine::SandboxSettings>, String> {
