@@ -431,3 +431,71 @@ fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean
         "{again:?}"
     );
 }
+
+#[test]
+fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
+    let flags = tempfile::tempdir().unwrap();
+    let f = flags.path().canonicalize().unwrap();
+    let project = Project::new("queue-resume", &[("FLAGS", f.to_str().unwrap())]);
+    let config = project.root().join("config/taskdaemon.yml");
+    let run_dir = project.run_dir();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
+    cmd.args([
+        "run",
+        "-c",
+        config.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ])
+    .current_dir(project.root())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    project.isolate(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let start = std::time::Instant::now();
+    while !f.join("in-queue").exists() {
+        assert!(
+            start.elapsed() < RUN_GUARD,
+            "the merged validation never ran"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before its queue ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::write(f.join("release"), "").unwrap();
+    let summary = project.summary();
+    assert_eq!(
+        summary["loops"]["solo"]["status"], "completed",
+        "{summary:#}"
+    );
+    assert!(summary["loops"]["solo"]["merge"].is_null(), "{summary:#}");
+
+    let out = project.taskdaemon(&[
+        "run",
+        "-c",
+        config.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--resume",
+        "again",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    let solo = &summary["loops"]["solo"];
+    let integration = project.integration();
+    assert_eq!(solo["merge"]["merged"], true, "{solo:#}");
+    assert_eq!(solo["merge"]["into"], integration.as_str());
+    assert_eq!(
+        project.git(&["show", &format!("{integration}:solo.txt")]),
+        "solo"
+    );
+    // Its model was not called again, and the killed run's scratch worktree is gone.
+    assert_eq!(solo["iterations"], 1, "{solo:#}");
+    assert!(!run_dir.join("scratch").exists());
+    assert!(!project.git(&["worktree", "list"]).contains("scratch"));
+    project.assert_checkout_clean();
+}
