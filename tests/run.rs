@@ -472,6 +472,23 @@ fn the_quickstart_runs_offline_and_leaves_the_repository_alone() {
         ),
         "port=8080"
     );
+    // ... and the run's merged result on its integration branch, where the README's
+    // quickstart says to look; docs started from it once api and client had landed.
+    let integration = format!("taskdaemon/{run_id}/integration");
+    assert_eq!(
+        project.git_in(&copy, &["show", &format!("{integration}:server.conf")]),
+        "port=8080"
+    );
+    for name in ["api", "client", "docs"] {
+        assert_eq!(
+            summary["loops"][name]["merge"]["into"],
+            integration.as_str()
+        );
+    }
+    for dep in ["api", "client"] {
+        let landed = seq_of(&events, json!({"event": "loop_merged", "loop_name": dep}));
+        assert!(landed < docs_started, "docs started before {dep} landed");
+    }
 
     let dir = path_arg(&project.run_dir());
     let status = finish(
