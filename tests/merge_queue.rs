@@ -499,3 +499,32 @@ fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
     assert!(!project.git(&["worktree", "list"]).contains("scratch"));
     project.assert_checkout_clean();
 }
+
+#[test]
+fn a_groups_failing_validation_goes_back_to_its_member_and_the_group_lands_whole() {
+    let project = Project::new("group-handback", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    let (g1, g2) = (&summary["loops"]["g1"], &summary["loops"]["g2"]);
+    assert_eq!(g2["merge"]["attempts"], 1, "{g2:#}");
+    assert_eq!(g2["iterations"], 2, "{g2:#}");
+    // g1's validation passed on the merged tree: it was not run again.
+    assert_eq!(g1["iterations"], 1, "{g1:#}");
+    assert!(g1["merge"]["attempts"].is_null(), "{g1:#}");
+    for l in [g1, g2] {
+        assert_eq!(l["status"], "completed", "{l:#}");
+        assert_eq!(l["merge"]["merged"], true, "{l:#}");
+    }
+    assert_eq!(project.git(&["show", "main:g1.txt"]), "g1");
+    assert_eq!(project.git(&["show", "main:b.cfg"]), "port=8081");
+    assert_eq!(project.git(&["show", "main:a.cfg"]), "port=8080");
+    let handed: Vec<Value> = project
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "merge_handed_back")
+        .collect();
+    assert_eq!(handed.len(), 1, "{handed:#?}");
+    assert_eq!(handed[0]["loop_name"], "g2");
+    project.assert_checkout_clean();
+}

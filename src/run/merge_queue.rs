@@ -359,6 +359,17 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// The loops whose work it was.
+    pub fn members(&self) -> &[String] {
+        match self {
+            Outcome::Landed { job, .. }
+            | Outcome::HandedBack { job, .. }
+            | Outcome::Blocked { job, .. } => &job.members,
+        }
+    }
+}
+
 /// Integrates one job: scratch merge, merged validation, advance (see the module doc).
 pub async fn integrate(
     repo: &Repo,
@@ -587,9 +598,12 @@ impl Ledger {
         }
     }
 
-    /// Whether loop `def` may be handed its work back once more.
-    pub fn may_hand_back(&self, config: &Config, def: &LoopDef) -> bool {
-        self.attempts.get(&def.name).copied().unwrap_or(0) < merge_attempts(config, def)
+    /// Whether the work of `members` (one loop, or a shared-worktree group) may be handed
+    /// back once more: each of them has hand backs left.
+    pub fn may_hand_back(&self, config: &Config, members: &[&LoopDef]) -> bool {
+        members
+            .iter()
+            .all(|d| self.attempts.get(&d.name).copied().unwrap_or(0) < merge_attempts(config, d))
     }
 }
 
@@ -636,8 +650,13 @@ pub fn record_outcome(
             trouble,
         } => {
             let reason = match (&trouble, job.hand_back_to.is_none()) {
-                (Some(_), true) if job.members.len() == 1 => {
-                    let n = ledger.attempts.get(&job.members[0]).copied().unwrap_or(0);
+                (Some(_), true) => {
+                    let n = job
+                        .members
+                        .iter()
+                        .map(|m| ledger.attempts.get(m).copied().unwrap_or(0))
+                        .max()
+                        .unwrap_or(0);
                     format!(
                         "{reason} (after {n} hand backs, the limit: raise `merge-attempts` or merge by hand; the work stays on branch {})",
                         job.branch
@@ -659,7 +678,15 @@ pub fn record_outcome(
         } => {
             let message = trouble.message(&job.target, &merge);
             let reason = trouble.reason(&job.target);
-            for name in &job.members {
+            // A group's failing validation goes back to the member whose validation it is;
+            // a conflict (or markers) to every member.
+            let restart: Vec<String> = match &trouble {
+                Trouble::Validation(f) if job.members.contains(&f.loop_name) => {
+                    vec![f.loop_name.clone()]
+                }
+                _ => job.members.clone(),
+            };
+            for name in &restart {
                 let attempt = ledger
                     .attempts
                     .get(name)
@@ -690,7 +717,7 @@ pub fn record_outcome(
                 progress.set_status(name, "running", &format!("handed back: {reason}"));
                 status.insert(name.clone(), LoopStatus::Running);
             }
-            After::Restart(job.members)
+            After::Restart(restart)
         }
     }
 }

@@ -593,11 +593,18 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             e = rt.next_end(Duration::from_secs(3600)), if any_running => e,
             outcome = queue.next(), if queue.busy() => {
                 let Some(outcome) = outcome else { continue };
+                let members = outcome.members().to_vec();
                 let after = merge_queue::record_outcome(
                     outcome, &mut ledger, &mut status, &record, &progress, &events,
                 );
                 if let After::Restart(names) = after {
                     for name in names {
+                        // A group is queued again once its restarted members ended again.
+                        if let Some(WorktreeMode::Shared(g)) =
+                            loops.iter().find(|l| l.name == name).and_then(|l| l.worktree.clone())
+                        {
+                            queued_groups.remove(&g);
+                        }
                         restart_handed_back(
                             &name,
                             &run_dir,
@@ -608,6 +615,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                             &record,
                             &progress,
                         );
+                    }
+                }
+                // The session receipt says how each loop ended after its integration.
+                for name in members {
+                    if status.get(&name) != Some(&LoopStatus::Pending) {
+                        close_loop_record(&record, &name);
                     }
                 }
                 continue;
@@ -989,9 +1002,9 @@ fn queue_after_end(
         }
         return;
     }
-    // A group's conflict blocks its members (no hand back to several loops at once).
-    let hand_back_to =
-        (group.is_none() && ledger.may_hand_back(config, def)).then(|| (*wt).clone());
+    let hand_back_to = ledger
+        .may_hand_back(config, &members)
+        .then(|| (*wt).clone());
     let Some(job) = merge_queue::job_for(
         &members,
         types,
