@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::config::LoopDef;
 use crate::config::loops::Handover;
+use crate::config::{LoopDef, LoopType};
 use crate::run::merge_queue::integrates;
 use crate::run::record::{LoopStatus, RunSummary};
 use td_git::integrate::ScratchMerge;
@@ -45,10 +45,18 @@ pub fn landed_from(summary: &RunSummary) -> BTreeMap<String, Landed> {
         .collect()
 }
 
+/// What loop `def` starts from: its own `handover`, else its type's.
+pub fn handover_of(def: &LoopDef, types: &BTreeMap<String, LoopType>) -> Handover {
+    def.handover
+        .or_else(|| types.get(&def.loop_type).map(|t| t.handover))
+        .unwrap_or_default()
+}
+
 /// Whether `def` may start: each dependency completed, and (with `handover: merged`) its
 /// work landed, unless the dependency is never integrated (`worktree: repo`).
 pub fn ready(
     def: &LoopDef,
+    handover: Handover,
     loops: &[LoopDef],
     status: &BTreeMap<String, LoopStatus>,
     landed: &BTreeMap<String, Landed>,
@@ -57,7 +65,7 @@ pub fn ready(
         if status.get(d) != Some(&LoopStatus::Completed) {
             return false;
         }
-        if def.handover.unwrap_or_default() == Handover::Base || landed.contains_key(d) {
+        if handover == Handover::Base || landed.contains_key(d) {
             return true;
         }
         loops
@@ -67,21 +75,18 @@ pub fn ready(
     })
 }
 
-/// The commit or branch a new loop branch of `def` starts from. `target` is its integration
-/// target (made from `target_start` when missing); a merge of a dependency landed elsewhere
+/// The commit a new loop branch of `def` (`handover: merged`, with dependencies) starts
+/// from: the head of `target`, its integration target (made from `target_start` when
+/// missing), with the work of dependencies landed in other targets merged in; such a merge
 /// that conflicts is an `Err` with the files and why.
 pub async fn start_point(
     repo: &Repo,
     scratch_root: &Path,
     def: &LoopDef,
-    base: &str,
     target: &str,
     target_start: &str,
     landed: &BTreeMap<String, Landed>,
 ) -> Result<String, String> {
-    if def.depends_on.is_empty() || def.handover.unwrap_or_default() == Handover::Base {
-        return Ok(base.to_string());
-    }
     let head = repo
         .ensure_branch(target, target_start)
         .await
@@ -155,8 +160,10 @@ mod tests {
             .map(|l| (l.name.clone(), LoopStatus::Completed))
             .collect();
         let mut landed = BTreeMap::new();
-        assert!(!ready(&loops[2], &loops, &status, &landed));
-        assert!(ready(&loops[3], &loops, &status, &landed));
+        let types = crate::config::loop_types::resolve(&BTreeMap::new()).unwrap();
+        let h = |d: &LoopDef| handover_of(d, &types);
+        assert!(!ready(&loops[2], h(&loops[2]), &loops, &status, &landed));
+        assert!(ready(&loops[3], h(&loops[3]), &loops, &status, &landed));
         landed.insert(
             "a".to_string(),
             Landed {
@@ -165,8 +172,20 @@ mod tests {
             },
         );
         // `r` works in the repository itself: nothing of it is integrated.
-        assert!(ready(&loops[2], &loops, &status, &landed));
+        assert!(ready(&loops[2], h(&loops[2]), &loops, &status, &landed));
         status.insert("r".into(), LoopStatus::Running);
-        assert!(!ready(&loops[2], &loops, &status, &landed));
+        assert!(!ready(&loops[2], h(&loops[2]), &loops, &status, &landed));
+        // A type's `handover: base` holds for its loops unless a loop says otherwise.
+        let mut type_defs = BTreeMap::new();
+        type_defs.insert(
+            "free".to_string(),
+            serde_yaml_ng::from_str("{extends: code, handover: base}").unwrap(),
+        );
+        let types = crate::config::loop_types::resolve(&type_defs).unwrap();
+        let typed = defs(
+            "- {name: x, type: free, task: t, depends-on: [a]}\n- {name: y, type: free, task: t, depends-on: [a], handover: merged}\n",
+        );
+        assert_eq!(handover_of(&typed[0], &types), Handover::Base);
+        assert_eq!(handover_of(&typed[1], &types), Handover::Merged);
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use crate::config::loops::Handover;
 use crate::config::{Config, LoopDef, LoopType, WorktreeMode};
 use crate::run::handover;
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
@@ -481,22 +482,31 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 break;
             }
             if status[&def.name] != LoopStatus::Pending
-                || !handover::ready(def, &loops, &status, &ledger.landed)
+                || !handover::ready(
+                    def,
+                    handover::handover_of(def, &types),
+                    &loops,
+                    &status,
+                    &ledger.landed,
+                )
             {
                 continue;
             }
             let resume = resume_state.get(&def.name);
             // A new branch starts where its dependencies' work is (see `handover`).
+            let base = def.base.clone().unwrap_or_else(|| default_base.clone());
             let start_at = if resume.is_some() {
                 None
+            } else if def.depends_on.is_empty()
+                || handover::handover_of(def, &types) == Handover::Base
+            {
+                Some(base)
             } else {
-                let base = def.base.clone().unwrap_or_else(|| default_base.clone());
                 let target = merge_queue::target_of(&run_id, def, &config, &default_base);
                 let start = handover::start_point(
                     &repo,
                     &scratch_root,
                     def,
-                    &base,
                     &target,
                     &merge_queue::target_start(def, &default_base),
                     &ledger.landed,
