@@ -206,9 +206,16 @@ fn a_dependent_starts_from_its_dependencys_landed_work() {
     let out = project.run();
     assert_eq!(out.code, Some(0), "{out:?}");
     let summary = project.summary();
-    for name in ["impl", "user", "control"] {
+    for name in ["impl", "impl2", "user", "control"] {
         assert_eq!(summary["loops"][name]["status"], "completed", "{summary:#}");
     }
+    // impl2 landed in the user's branch; user started with it merged in too.
+    assert_eq!(summary["loops"]["impl2"]["merge"]["into"], "main");
+    assert!(
+        project.transcript("user").contains("MODULE2-c41e"),
+        "{}",
+        project.transcript("user")
+    );
     // `user`'s first tool call read the module its dependency wrote (the token is in no
     // prompt: only in the file); `handover: base` started `control` from the base branch.
     assert!(
