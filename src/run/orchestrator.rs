@@ -398,6 +398,10 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let mut forced = false;
     // The merge queue (see `merge_queue`): completed loops in, outcomes out, one at a time.
     let scratch_root = run_dir.join("scratch");
+    // A killed run's scratch worktrees go (their loops are queued again below).
+    if let Err(e) = repo.clear_scratch(&scratch_root).await {
+        eprintln!("taskdaemon: {}", td_base::secrets::redact(&e.to_string()));
+    }
     let mut queue = MergeQueue::start(
         repo.clone(),
         scratch_root.clone(),

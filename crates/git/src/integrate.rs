@@ -216,6 +216,36 @@ impl Repo {
         })
     }
 
+    /// Removes every scratch worktree left under `root` (a run killed during an
+    /// integration) and `root` itself, and forgets their registrations.
+    pub async fn clear_scratch(&self, root: &Path) -> Result<()> {
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let _ = self
+                    .git
+                    .output(
+                        &self.root,
+                        [
+                            OsStr::new("worktree"),
+                            OsStr::new("remove"),
+                            OsStr::new("--force"),
+                            path.as_os_str(),
+                        ],
+                    )
+                    .await;
+            }
+        }
+        if root.exists() {
+            std::fs::remove_dir_all(root).map_err(|e| WorktreeError::DirectoryInUse {
+                dir: root.to_path_buf(),
+                branch: "(scratch)".to_string(),
+                detail: format!("leftover scratch worktrees cannot be removed: {e}"),
+            })?;
+        }
+        self.prune().await
+    }
+
     /// Moves branch `target` from `old` to `new` (a descendant of `old`).
     ///
     /// Where `target` is checked out, that checkout is fast-forwarded (`merge --ff-only`),
@@ -643,6 +673,14 @@ mod tests {
         let path = scratch.path().to_path_buf();
         scratch.remove().await.unwrap();
         assert!(!path.exists());
+        assert!(!fx.git(&fx.repo, &["worktree", "list"]).contains("scratch"));
+        // Leftovers of a killed run are cleared with their registrations.
+        let left = repo.scratch(&fx.scratch_dir(), &main).await.unwrap();
+        let root = left.path().parent().unwrap().to_path_buf();
+        drop(left); // dropped without `remove`, as a killed run leaves it
+        assert!(fx.git(&fx.repo, &["worktree", "list"]).contains("scratch"));
+        repo.clear_scratch(&root).await.unwrap();
+        assert!(!root.exists());
         assert!(!fx.git(&fx.repo, &["worktree", "list"]).contains("scratch"));
     }
 
