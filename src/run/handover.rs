@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::config::loops::Handover;
-use crate::config::{LoopDef, LoopType};
+use crate::config::{LoopDef, LoopType, WorktreeMode};
 use crate::run::merge_queue::integrates;
 use crate::run::record::{LoopStatus, RunSummary};
 use td_git::integrate::ScratchMerge;
@@ -53,7 +53,8 @@ pub fn handover_of(def: &LoopDef, types: &BTreeMap<String, LoopType>) -> Handove
 }
 
 /// Whether `def` may start: each dependency completed, and (with `handover: merged`) its
-/// work landed, unless the dependency is never integrated (`worktree: repo`).
+/// work landed, unless the dependency is never integrated (`worktree: repo`) or works in
+/// `def`'s own shared worktree.
 pub fn ready(
     def: &LoopDef,
     handover: Handover,
@@ -68,10 +69,15 @@ pub fn ready(
         if handover == Handover::Base || landed.contains_key(d) {
             return true;
         }
-        loops
-            .iter()
-            .find(|l| &l.name == d)
-            .is_some_and(|l| !integrates(l))
+        // Never integrated (`worktree: repo`), or in the same shared worktree: its work is
+        // where `def` works already (a group lands only once every member ended).
+        loops.iter().find(|l| &l.name == d).is_some_and(|l| {
+            !integrates(l)
+                || matches!(
+                    (&l.worktree, &def.worktree),
+                    (Some(WorktreeMode::Shared(a)), Some(WorktreeMode::Shared(b))) if a == b
+                )
+        })
     })
 }
 
@@ -153,7 +159,7 @@ mod tests {
     #[test]
     fn a_dependency_must_have_landed_unless_the_handover_is_base() {
         let loops = defs(
-            "- {name: a, type: code, task: t}\n- {name: r, type: code, task: t, worktree: repo}\n- {name: b, type: code, task: t, depends-on: [a, r]}\n- {name: c, type: code, task: t, depends-on: [a], handover: base}\n",
+            "- {name: a, type: code, task: t}\n- {name: r, type: code, task: t, worktree: repo}\n- {name: b, type: code, task: t, depends-on: [a, r]}\n- {name: c, type: code, task: t, depends-on: [a], handover: base}\n- {name: w, type: code, task: t, worktree: 'shared:g'}\n- {name: v, type: code, task: t, worktree: 'shared:g', depends-on: [w]}\n",
         );
         let mut status: BTreeMap<String, LoopStatus> = loops
             .iter()
@@ -162,6 +168,14 @@ mod tests {
         let mut landed = BTreeMap::new();
         let types = crate::config::loop_types::resolve(&BTreeMap::new()).unwrap();
         let h = |d: &LoopDef| handover_of(d, &types);
+        // In one shared worktree, a member's work is there already: no landing to wait for.
+        assert!(ready(
+            &loops[5],
+            h(&loops[5]),
+            &loops,
+            &status,
+            &BTreeMap::new()
+        ));
         assert!(!ready(&loops[2], h(&loops[2]), &loops, &status, &landed));
         assert!(ready(&loops[3], h(&loops[3]), &loops, &status, &landed));
         landed.insert(

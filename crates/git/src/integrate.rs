@@ -525,6 +525,15 @@ impl Worktree {
         check_rev("revision to merge", rev)?;
         let git = &self.git;
         if git.merge_in_progress(&self.path).await? {
+            // The same hand back, made before the process died (a resumed run queues the
+            // loop again): what it left is what it would make.
+            let wanted = git.resolve_commit(&self.path, rev).await?;
+            let pending = git.resolve_commit(&self.path, "MERGE_HEAD").await?;
+            if wanted.is_some() && wanted == pending {
+                return Ok(HandBackMerge::Conflicted {
+                    files: self.unmerged().await?,
+                });
+            }
             return Ok(HandBackMerge::Refused {
                 reason: format!(
                     "a merge is already in progress in {}; it must be concluded first",
@@ -565,13 +574,21 @@ impl Worktree {
                 reason: td_base::text::head_tail(merge.stderr.trim(), MAX_STDERR),
             });
         }
-        let unmerged = git
+        Ok(HandBackMerge::Conflicted {
+            files: self.unmerged().await?,
+        })
+    }
+
+    /// The paths with unmerged entries in the index, sorted.
+    async fn unmerged(&self) -> Result<Vec<String>> {
+        let out = self
+            .git
             .output(&self.path, ["diff", "--name-only", "--diff-filter=U", "-z"])
             .await?;
-        let mut files = nul_separated(&unmerged.stdout);
+        let mut files = nul_separated(&out.stdout);
         files.sort();
         files.dedup();
-        Ok(HandBackMerge::Conflicted { files })
+        Ok(files)
     }
 }
 
@@ -828,6 +845,18 @@ mod tests {
             panic!("expected a conflict");
         };
         assert_eq!(files, vec!["a.txt".to_string()]);
+        // The same hand back again (a resumed run) finds it made; another one is refused.
+        assert_eq!(
+            wt.merge_from(&main, "m").await.unwrap(),
+            HandBackMerge::Conflicted {
+                files: vec!["a.txt".to_string()]
+            }
+        );
+        let initial = fx.git(&fx.repo, &["rev-parse", "main~1"]);
+        assert!(matches!(
+            wt.merge_from(&initial, "m").await.unwrap(),
+            HandBackMerge::Refused { .. }
+        ));
         let text = std::fs::read_to_string(wt.path().join("a.txt")).unwrap();
         assert!(text.contains("<<<<<<< "), "{text}");
         // Committed with markers, the work is caught before it lands.
