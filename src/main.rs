@@ -56,6 +56,23 @@ enum Command {
         #[arg(long)]
         artifacts: bool,
     },
+    /// Integrate completed (or merge-blocked) loops of a run by hand, as the merge queue
+    /// does (scratch worktree, merged validation, then the target advances); no model is
+    /// called. Exit 0 when every loop named is integrated, 1 otherwise, 75 when a live
+    /// process owns the run.
+    Merge {
+        /// Run id.
+        run: String,
+        /// Only these loops (default: every completed or merge-blocked loop not merged yet).
+        #[arg(name = "LOOP")]
+        loops: Vec<String>,
+        /// The project directory holding `.taskdaemon/runs`, a runs directory or a run directory.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The run's taskdaemon.yml (default: the one its record names).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
     /// Print a loop's transcript readably.
     Logs {
         /// Run id (`latest` for the newest).
@@ -460,6 +477,24 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             print_notes(&status.notes);
             print!("{}", status.text);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Merge {
+            run,
+            loops,
+            dir,
+            config,
+        } => {
+            let (text, code) = taskdaemon::run::merge_cmd::merge_command(
+                taskdaemon::run::merge_cmd::MergeOptions {
+                    run,
+                    loops,
+                    dir,
+                    config,
+                },
+            )
+            .await;
+            print!("{}", secrets::redact(&text));
+            Ok(ExitCode::from(code))
         }
         Command::Logs {
             run,

@@ -472,6 +472,23 @@ fn the_quickstart_runs_offline_and_leaves_the_repository_alone() {
         ),
         "port=8080"
     );
+    // ... and the run's merged result on its integration branch, where the README's
+    // quickstart says to look; docs started from it once api and client had landed.
+    let integration = format!("taskdaemon/{run_id}/integration");
+    assert_eq!(
+        project.git_in(&copy, &["show", &format!("{integration}:server.conf")]),
+        "port=8080"
+    );
+    for name in ["api", "client", "docs"] {
+        assert_eq!(
+            summary["loops"][name]["merge"]["into"],
+            integration.as_str()
+        );
+    }
+    for dep in ["api", "client"] {
+        let landed = seq_of(&events, json!({"event": "loop_merged", "loop_name": dep}));
+        assert!(landed < docs_started, "docs started before {dep} landed");
+    }
 
     let dir = path_arg(&project.run_dir());
     let status = finish(
@@ -549,10 +566,14 @@ fn a_failed_loop_blocks_its_dependents_which_never_start() {
             .all(|e| e["event"] == "alert" || e["event"] == "loop_blocked"),
         "after appears in events other than alerts to it and its being blocked"
     );
+    let run_id = project.summary()["run_id"].as_str().unwrap().to_string();
     assert_eq!(
         project.loop_branches(),
-        vec![branch.to_string()],
-        "only base got a branch"
+        vec![
+            branch.to_string(),
+            format!("taskdaemon/{run_id}/integration")
+        ],
+        "only base got a loop branch (besides the run's integration branch)"
     );
 
     let dir = path_arg(&project.run_dir());
@@ -637,10 +658,16 @@ fn completed_loops_merge_and_a_conflicting_merge_blocks_without_leaving_a_mess()
         "from two"
     );
 
-    // `merge: false` on the loop wins over the run's `merge: true`.
+    // `merge: false` on the loop wins over the run's `merge: true`: its work lands in the
+    // run's integration branch instead.
     let three = &summary["loops"]["three"];
     assert_eq!(three["status"], "completed", "{three:#}");
-    assert!(three["merge"].is_null(), "{three:#}");
+    let run_id = summary["run_id"].as_str().unwrap();
+    assert_eq!(
+        three["merge"]["into"],
+        format!("taskdaemon/{run_id}/integration"),
+        "{three:#}"
+    );
     assert!(!project.git_ok(&["cat-file", "-e", "main:three.txt"]));
 
     assert!(!project.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
@@ -675,11 +702,22 @@ fn run_solo(keep_line: &str) -> (Project, PathBuf, String) {
     let solo = project.summary()["loops"]["solo"].clone();
     let dir = PathBuf::from(solo["worktree"].as_str().unwrap());
     let branch = solo["branch"].as_str().unwrap().to_string();
-    assert_eq!(project.loop_branches(), vec![branch.clone()]);
+    let run_id = project.summary()["run_id"].as_str().unwrap().to_string();
+    let integration = format!("taskdaemon/{run_id}/integration");
+    assert_eq!(
+        project.loop_branches(),
+        vec![integration.clone(), branch.clone()]
+    );
     assert_eq!(
         project.git(&["show", &format!("{branch}:solo.txt")]),
         "solo"
     );
+    // Its work landed in the run's integration branch, not in the user's.
+    assert_eq!(
+        project.git(&["show", &format!("{integration}:solo.txt")]),
+        "solo"
+    );
+    assert_eq!(solo["merge"]["into"], integration.as_str());
     assert_eq!(project.status(), "");
     (project, dir, branch)
 }
@@ -777,7 +815,8 @@ fn loop_selection_runs_the_loop_and_its_dependencies_only() {
         project.loop_branches(),
         vec![
             format!("taskdaemon/{run_id}/a"),
-            format!("taskdaemon/{run_id}/b")
+            format!("taskdaemon/{run_id}/b"),
+            format!("taskdaemon/{run_id}/integration")
         ]
     );
 

@@ -390,6 +390,7 @@ fn summary_updates_replace_the_file_whole() {
                 into: Some("main".into()),
                 commit: Some("abc123".into()),
                 detail: None,
+                attempts: 0,
             })
         })
         .unwrap();
@@ -588,6 +589,7 @@ fn fixed_run(project: &Path, id: &str) -> std::path::PathBuf {
                 into: Some("main".into()),
                 commit: Some("abc123".into()),
                 detail: None,
+                attempts: 0,
             });
         })
         .unwrap();
@@ -676,6 +678,7 @@ fn status_shows_elapsed_time_of_running_loops() {
         into: Some("main".into()),
         commit: None,
         detail: Some("conflict in src/lib.rs".into()),
+        attempts: 0,
     });
     summary.loops.insert("api".into(), l);
     let text = render_status(&summary, "2025-01-01T12:01:05.000Z");

@@ -42,6 +42,8 @@ pub struct LoopTypeDef {
     pub test: Option<String>,
     /// The budget of each loop of the type, key by key over the type it extends.
     pub budget: Option<super::BudgetDef>,
+    /// What its loops with dependencies start from (a loop's `handover` overrides it).
+    pub handover: Option<super::loops::Handover>,
 }
 
 /// A loop type with every field resolved.
@@ -73,6 +75,8 @@ pub struct LoopType {
     pub test: Option<String>,
     /// The budget of each loop of the type.
     pub budget: super::BudgetDef,
+    /// What its loops with dependencies start from (default: merged).
+    pub handover: super::loops::Handover,
 }
 
 /// The built-in type `name`.
@@ -105,6 +109,7 @@ fn builtin(name: &str) -> Option<LoopType> {
         build: None,
         test: None,
         budget: super::BudgetDef::default(),
+        handover: super::loops::Handover::default(),
     })
 }
 
@@ -218,6 +223,7 @@ fn resolve_one(
         build: def.build.clone().or(base.build),
         test: def.test.clone().or(base.test),
         budget: def.budget.unwrap_or_default().over(&base.budget),
+        handover: def.handover.unwrap_or(base.handover),
     };
     check(&resolved)?;
     done.insert(name.to_string(), resolved.clone());

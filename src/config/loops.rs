@@ -54,11 +54,34 @@ pub struct LoopDef {
     pub worktree: Option<WorktreeMode>,
     /// Branch its worktree starts from (default: the repository's current branch).
     pub base: Option<String>,
-    /// Merge its branch into its base when it completes (default: the run's `merge`).
+    /// Integrate its work into its base branch (the user's) when it completes, rather than
+    /// into the run's integration branch (default: the run's `merge`).
     pub merge: Option<bool>,
+    /// What it starts from when it has dependencies (default: `merged`).
+    pub handover: Option<Handover>,
+    /// How many times the merge queue gives its work back to it (a conflict, a failing
+    /// merged validation) before it is blocked (default: the run's `merge-attempts`).
+    pub merge_attempts: Option<u32>,
     /// Its budget, key by key over its type's.
     pub budget: Option<super::BudgetDef>,
 }
+
+/// What a loop with dependencies starts from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Handover {
+    /// Its dependencies' work, once each of them is integrated: the head of its integration
+    /// target, with the work of dependencies that landed in another target merged in.
+    #[default]
+    Merged,
+    /// Its base branch as it is (dependencies only order the loops).
+    Base,
+}
+
+/// The name of the run's integration branch (`taskdaemon/<run>/integration`, and
+/// `integration-<base>` for other bases): no loop may be called so, or its branch would be
+/// the integration branch.
+pub const INTEGRATION: &str = "integration";
 
 /// Loop names become branch and directory names.
 pub fn valid_name(name: &str) -> bool {
@@ -84,6 +107,14 @@ pub fn check(loops: &[LoopDef], types: &BTreeSet<String>) -> Result<(), Vec<Prob
                 "name",
                 format!(
                     "{at}: a loop name uses letters, digits, - and _ (at most 64, not starting with -)"
+                ),
+            );
+        }
+        if l.name == INTEGRATION || l.name.starts_with("integration-") {
+            problem(
+                "name",
+                format!(
+                    "{at}: `{INTEGRATION}` and names starting with `{INTEGRATION}-` are taken by the run's integration branches (taskdaemon/<run>/{INTEGRATION}); rename the loop"
                 ),
             );
         }
@@ -252,6 +283,29 @@ mod tests {
                 "loops[1].depends-on[1]"
             ]
         );
+    }
+
+    #[test]
+    fn the_integration_branch_names_are_not_loop_names() {
+        for name in ["integration", "integration-main"] {
+            let problems = check(
+                &parse(&format!("- {{name: {name}, type: code, task: t}}\n")),
+                &types(),
+            )
+            .unwrap_err();
+            assert_eq!(problems[0].at, "loops[0].name");
+            assert!(
+                problems[0].message.contains("integration branch"),
+                "{problems:?}"
+            );
+        }
+        check(
+            &parse(
+                "- {name: integrations, type: code, task: t, handover: base, merge-attempts: 1}\n",
+            ),
+            &types(),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -89,13 +89,17 @@ pub struct Config {
     /// Keep the loops' worktrees after the run (branches are always kept).
     #[serde(default)]
     pub keep_worktrees: bool,
-    /// Merge every completed loop's branch into its base (a loop's `merge` overrides it).
+    /// Integrate every completed loop into its base branch (the user's) rather than into
+    /// the run's integration branch (a loop's `merge` overrides it).
     #[serde(default)]
     pub merge: bool,
     /// Warn running loops whose work will conflict (`on`, the default, or `off`; see
     /// `run::conflict_watch`).
     #[serde(default)]
     pub conflict_warnings: ConflictWarnings,
+    /// How many times the merge queue gives a loop's work back to it before the loop is
+    /// blocked (a loop's `merge-attempts` overrides it; default 3).
+    pub merge_attempts: Option<u32>,
     /// User loop types (extending the built-in ones).
     #[serde(default)]
     pub loop_types: BTreeMap<String, LoopTypeDef>,

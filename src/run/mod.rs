@@ -3,6 +3,9 @@
 
 pub mod artifacts;
 pub mod conflict_watch;
+pub mod handover;
+pub mod merge_cmd;
+pub mod merge_queue;
 pub mod orchestrator;
 pub mod owner;
 pub mod progress;

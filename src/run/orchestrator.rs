@@ -10,18 +10,21 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use crate::config::loops::Handover;
 use crate::config::{Config, ConflictWarnings, LoopDef, LoopType, WorktreeMode};
 use crate::run::conflict_watch::ConflictWatch;
+use crate::run::handover;
+use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
 use crate::run::owner;
 use crate::run::progress::{ProgressDisplay, ProgressMode};
 use crate::run::record::{
-    LoopStatus, MergeSummary, RunMeta, RunRecord, RunStatus, RunSummary, duration_between,
-    new_run_id, now_rfc3339,
+    LoopStatus, RunMeta, RunRecord, RunStatus, RunSummary, duration_between, new_run_id,
+    now_rfc3339,
 };
 use crate::run::signals::{StopSignal, StopSignals};
 use td_engine::budget::{Budgets, Carried};
 use td_engine::{EngineConfig, LoopEnd};
-use td_git::worktree::{MergeOutcome, Repo, Worktree};
+use td_git::worktree::{Repo, Worktree};
 use td_protocol::events::{EventKind, EventLog};
 use td_runtime::daemon::{Runtime, RuntimeConfig};
 use td_runtime::loop_actor::LoopSpec;
@@ -314,7 +317,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let record = Arc::new(record);
     // The receipt chain key exists before the first loop starts, and commands see it empty.
     let sandbox = hide_chain_key(&record, &sandbox)?;
-    let resume_state: BTreeMap<String, crate::run::resume::LoopResume> = restored
+    let mut resume_state: BTreeMap<String, crate::run::resume::LoopResume> = restored
         .as_ref()
         .map(|(_, r)| r.loops.clone())
         .unwrap_or_default();
@@ -403,6 +406,68 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     // instead of after their calls in flight (a long command or model call would otherwise
     // keep the user waiting).
     let mut forced = false;
+    // The merge queue (see `merge_queue`): completed loops in, outcomes out, one at a time.
+    let scratch_root = run_dir.join("scratch");
+    // A killed run's scratch worktrees go (their loops are queued again below).
+    if let Err(e) = repo.clear_scratch(&scratch_root).await {
+        eprintln!("taskdaemon: {}", td_base::secrets::redact(&e.to_string()));
+    }
+    let mut queue = MergeQueue::start(
+        repo.clone(),
+        scratch_root.clone(),
+        Validator {
+            catalog: catalog.clone(),
+            sandbox: sandbox.clone(),
+            web_access: web_access.clone(),
+            lanes: Arc::new(rt.lanes.clone()),
+        },
+    );
+    let mut ledger = Ledger::from_summary(&record.summary());
+    // The run's integration branches exist from its start, so that `git log` finds them.
+    for def in loops.iter().filter(|d| merge_queue::integrates(d)) {
+        let target = merge_queue::target_of(&run_id, def, &config, &default_base);
+        if !def.merge.unwrap_or(config.merge) {
+            repo.ensure_branch(&target, &merge_queue::target_start(def, &default_base))
+                .await
+                .map_err(|e| format!("cannot create the integration branch {target}: {e}"))?;
+        }
+    }
+    // A resumed run queues again the completed loops whose integration never happened (the
+    // process died with them in the queue).
+    let mut queued_groups: BTreeSet<String> = BTreeSet::new();
+    for def in &loops {
+        if status[&def.name] == LoopStatus::Completed
+            && merge_queue::integrates(def)
+            && !ledger.landed.contains_key(&def.name)
+        {
+            let base = def.base.clone().unwrap_or_else(|| default_base.clone());
+            match make_place(def, &base, &repo, &run_id, &run_dir, &mut shared).await {
+                Ok(place) => {
+                    places.insert(def.name.clone(), place);
+                }
+                Err(why) => {
+                    eprintln!("taskdaemon: resume: {}", td_base::secrets::redact(&why));
+                    continue;
+                }
+            }
+            queue_after_end(
+                &def.name,
+                &loops,
+                &types,
+                &config,
+                &run_id,
+                &default_base,
+                &places,
+                &ledger,
+                &mut status,
+                &mut queued_groups,
+                &mut queue,
+                &record,
+                &progress,
+                &events,
+            );
+        }
+    }
 
     loop {
         if interrupted.is_none() {
@@ -431,16 +496,57 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 break;
             }
             if status[&def.name] != LoopStatus::Pending
-                || !def
-                    .depends_on
-                    .iter()
-                    .all(|d| status.get(d) == Some(&LoopStatus::Completed))
+                || !handover::ready(
+                    def,
+                    handover::handover_of(def, &types),
+                    &loops,
+                    &status,
+                    &ledger.landed,
+                )
             {
                 continue;
             }
+            let resume = resume_state.get(&def.name);
+            // A new branch starts where its dependencies' work is (see `handover`).
+            let base = def.base.clone().unwrap_or_else(|| default_base.clone());
+            let start_at = if resume.is_some() {
+                None
+            } else if def.depends_on.is_empty()
+                || handover::handover_of(def, &types) == Handover::Base
+            {
+                Some(base)
+            } else {
+                let target = merge_queue::target_of(&run_id, def, &config, &default_base);
+                let start = handover::start_point(
+                    &repo,
+                    &scratch_root,
+                    def,
+                    &target,
+                    &merge_queue::target_start(def, &default_base),
+                    &ledger.landed,
+                )
+                .await;
+                match start {
+                    Ok(start) => Some(start),
+                    Err(why) => {
+                        status.insert(def.name.clone(), LoopStatus::Blocked);
+                        let _ = record.update_loop(&def.name, |s| {
+                            s.status = LoopStatus::Blocked;
+                            s.reason = Some(why.clone());
+                        });
+                        progress.set_status(&def.name, "blocked", &why);
+                        events.record(EventKind::LoopBlocked {
+                            loop_name: def.name.clone(),
+                            reason: why,
+                        });
+                        continue;
+                    }
+                }
+            };
             let started = start_loop(
                 def,
-                resume_state.get(&def.name),
+                resume,
+                start_at.as_deref(),
                 &types[&def.loop_type],
                 &config,
                 &names,
@@ -504,17 +610,53 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             rt.release().await;
             released = true;
         }
-        if !status.values().any(|s| *s == LoopStatus::Running) {
+        let any_running = status.values().any(|s| *s == LoopStatus::Running);
+        if !any_running && !queue.busy() {
             break;
         }
         let ended = tokio::select! {
-            e = rt.next_end(Duration::from_secs(3600)) => e,
+            e = rt.next_end(Duration::from_secs(3600)), if any_running => e,
+            outcome = queue.next(), if queue.busy() => {
+                let Some(outcome) = outcome else { continue };
+                let members = outcome.members().to_vec();
+                let after = merge_queue::record_outcome(
+                    outcome, &mut ledger, &mut status, &record, &progress, &events,
+                );
+                if let After::Restart(names) = after {
+                    for name in names {
+                        // A group is queued again once its restarted members ended again.
+                        if let Some(WorktreeMode::Shared(g)) =
+                            loops.iter().find(|l| l.name == name).and_then(|l| l.worktree.clone())
+                        {
+                            queued_groups.remove(&g);
+                        }
+                        restart_handed_back(
+                            &name,
+                            &run_dir,
+                            interrupted.is_some(),
+                            &rt,
+                            &mut resume_state,
+                            &mut status,
+                            &record,
+                            &progress,
+                        );
+                    }
+                }
+                // The session receipt says how each loop ended after its integration.
+                for name in members {
+                    if status.get(&name) != Some(&LoopStatus::Pending) {
+                        close_loop_record(&record, &name);
+                    }
+                }
+                continue;
+            }
             signal = signals.next(), if !forced => {
                 if interrupted.is_none() {
                     // The stops are sent at the top of the loop.
                     interrupted = Some(signal);
                 } else {
                     forced = true;
+                    queue.abort();
                     for (name, s) in &status {
                         if *s == LoopStatus::Running {
                             let _ = rt.kill_loop(name);
@@ -528,10 +670,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             continue;
         };
         conflicts.forget(&name);
-        let final_status = finish_loop(
-            &name, &end, &loops, &config, &places, &repo, &record, &progress, &events,
-        )
-        .await;
+        let final_status = finish_loop(&name, &end, &places, &record, &progress).await;
         // Its plans, specs and phases into the record (the worktree goes at the run's end).
         let tools = loops
             .iter()
@@ -545,7 +684,25 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         )
         .await;
         close_loop_record(&record, &name);
-        status.insert(name, final_status);
+        status.insert(name.clone(), final_status);
+        if final_status != LoopStatus::Running && !forced {
+            queue_after_end(
+                &name,
+                &loops,
+                &types,
+                &config,
+                &run_id,
+                &default_base,
+                &places,
+                &ledger,
+                &mut status,
+                &mut queued_groups,
+                &mut queue,
+                &record,
+                &progress,
+                &events,
+            );
+        }
     }
 
     // Loops never started (interrupted, halted by the record, or waiting on a loop that did
@@ -584,6 +741,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             }
         }
         let _ = std::fs::remove_dir(run_dir.join("worktrees"));
+        let _ = std::fs::remove_dir(&scratch_root);
     }
     let run_status = if interrupted.is_some() || record.unwritable().is_some() {
         RunStatus::Stopped
@@ -681,7 +839,7 @@ fn close_loop_record(record: &RunRecord, name: &str) {
 /// Makes the run's receipt chain key (before any loop starts) and the sandbox settings that
 /// hide it from loops (file tools always; commands where the machine has mount namespaces,
 /// with a warning where it has not).
-fn hide_chain_key(
+pub(crate) fn hide_chain_key(
     record: &RunRecord,
     sandbox: &Arc<td_confine::SandboxSettings>,
 ) -> Result<Arc<td_confine::SandboxSettings>, String> {
@@ -745,35 +903,22 @@ fn block_orphans(
     }
 }
 
-/// Prepares a loop's place, context, tools and engine settings.
-#[allow(clippy::too_many_arguments)]
-async fn start_loop(
+/// Makes (or, for a loop that ran before, reopens) the place where loop `def` works; a new
+/// branch starts at `start`.
+async fn make_place(
     def: &LoopDef,
-    resume: Option<&crate::run::resume::LoopResume>,
-    loop_type: &LoopType,
-    config: &Config,
-    names: &[String],
+    start: &str,
     repo: &Repo,
     run_id: &str,
     run_dir: &Path,
-    default_base: &str,
     shared: &mut BTreeMap<String, Arc<Worktree>>,
-    rt: &Runtime,
-    llm: &Arc<dyn td_llm::LlmClient>,
-    catalog: &Arc<td_toolkit::catalog::Catalog>,
-    sandbox: &Arc<td_confine::SandboxSettings>,
-    web_access: &td_toolkit::web_access::WebAccess,
-    events: &Arc<EventLog>,
-    progress: &Arc<ProgressDisplay>,
-    record: &Arc<RunRecord>,
-    budgets: &Arc<Budgets>,
-) -> Result<(LoopSpec, Place), String> {
-    let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
-    let place = match def.worktree.clone().unwrap_or(WorktreeMode::Own) {
+) -> Result<Place, String> {
+    let base = start.to_string();
+    Ok(match def.worktree.clone().unwrap_or(WorktreeMode::Own) {
         WorktreeMode::Own => {
             let dir = run_dir.join("worktrees").join(&def.name);
             let wt = repo
-                .add_worktree(run_id, &def.name, Some(&base), &dir)
+                .add_worktree(run_id, &def.name, Some(start), &dir)
                 .await
                 .map_err(|e| format!("cannot create the worktree of {}: {e}", def.name))?;
             Place {
@@ -788,7 +933,7 @@ async fn start_loop(
                 None => {
                     let dir = run_dir.join("worktrees").join(format!("shared-{group}"));
                     let w = Arc::new(
-                        repo.add_worktree(run_id, &format!("shared-{group}"), Some(&base), &dir)
+                        repo.add_worktree(run_id, &format!("shared-{group}"), Some(start), &dir)
                             .await
                             .map_err(|e| {
                                 format!("cannot create the shared worktree {group}: {e}")
@@ -809,7 +954,207 @@ async fn start_loop(
             worktree: None,
             base,
         },
+    })
+}
+
+/// After loop `name` ended: queues its work for integration when it completed (a
+/// shared-worktree group once every member ended: all completed, or nothing of it lands).
+#[allow(clippy::too_many_arguments)]
+fn queue_after_end(
+    name: &str,
+    loops: &[LoopDef],
+    types: &BTreeMap<String, LoopType>,
+    config: &Config,
+    run_id: &str,
+    default_base: &str,
+    places: &BTreeMap<String, Place>,
+    ledger: &Ledger,
+    status: &mut BTreeMap<String, LoopStatus>,
+    queued_groups: &mut BTreeSet<String>,
+    queue: &mut MergeQueue,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+    events: &EventLog,
+) {
+    let Some(def) = loops.iter().find(|l| l.name == name) else {
+        return;
     };
+    if !merge_queue::integrates(def) {
+        return;
+    }
+    let Some(wt) = places.get(name).and_then(|p| p.worktree.clone()) else {
+        return;
+    };
+    let group = match &def.worktree {
+        Some(WorktreeMode::Shared(group)) => Some(group.clone()),
+        _ => None,
+    };
+    let members: Vec<&LoopDef> = match &group {
+        Some(g) => loops
+            .iter()
+            .filter(|l| l.worktree == Some(WorktreeMode::Shared(g.clone())))
+            .collect(),
+        None => vec![def],
+    };
+    let ended = |n: &str| {
+        !matches!(
+            status.get(n),
+            Some(LoopStatus::Pending | LoopStatus::Running) | None
+        )
+    };
+    if !members.iter().all(|m| ended(&m.name)) {
+        if status.get(name) == Some(&LoopStatus::Completed) {
+            progress.set_status(name, "completed", "waits for its worktree group to end");
+        }
+        return;
+    }
+    if let Some(g) = &group
+        && !queued_groups.insert(g.clone())
+    {
+        return;
+    }
+    let failed = members
+        .iter()
+        .find(|m| status.get(&m.name) != Some(&LoopStatus::Completed));
+    if let Some(failed) = failed {
+        // A member that did not complete: nothing of the group lands.
+        let why = format!(
+            "member `{}` did not complete; the group's work stays on branch {}",
+            failed.name,
+            wt.branch()
+        );
+        let completed: Vec<String> = members
+            .iter()
+            .filter(|m| status.get(&m.name) == Some(&LoopStatus::Completed))
+            .map(|m| m.name.clone())
+            .collect();
+        for m in completed {
+            status.insert(m.clone(), LoopStatus::Blocked);
+            let _ = record.update_loop(&m, |s| {
+                s.status = LoopStatus::Blocked;
+                s.reason = Some(why.clone());
+            });
+            events.record(EventKind::LoopBlocked {
+                loop_name: m.clone(),
+                reason: why.clone(),
+            });
+            progress.set_status(&m, "blocked", &why);
+        }
+        return;
+    }
+    let hand_back_to = ledger
+        .may_hand_back(config, &members)
+        .then(|| (*wt).clone());
+    let Some(job) = merge_queue::job_for(
+        &members,
+        types,
+        config,
+        run_id,
+        default_base,
+        wt.branch(),
+        hand_back_to,
+    ) else {
+        return;
+    };
+    for m in &members {
+        progress.set_status(
+            &m.name,
+            "completed",
+            &format!("queued for integration into {}", job.target),
+        );
+    }
+    queue.push(job);
+}
+
+/// Runs loop `name` again at its next iteration after the queue handed its work back (as a
+/// resume does: same worktree and branch, its progress notes, its budget spent so far, and
+/// the hand back's alert in its inbox). After a stop signal it stays stopped instead; a
+/// resume goes on with it.
+#[allow(clippy::too_many_arguments)]
+fn restart_handed_back(
+    name: &str,
+    run_dir: &Path,
+    interrupted: bool,
+    rt: &Runtime,
+    resume_state: &mut BTreeMap<String, crate::run::resume::LoopResume>,
+    status: &mut BTreeMap<String, LoopStatus>,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+) {
+    let stop = |why: String, status: &mut BTreeMap<String, LoopStatus>| {
+        status.insert(name.to_string(), LoopStatus::Stopped);
+        let _ = record.update_loop(name, |s| {
+            s.status = LoopStatus::Stopped;
+            s.reason = Some(why.clone());
+        });
+        progress.set_status(name, "stopped", &why);
+    };
+    if interrupted {
+        stop(
+            "its work was handed back by the merge queue; the run was interrupted before it ran again (`run --resume` goes on with it)".to_string(),
+            status,
+        );
+        return;
+    }
+    // What its next iteration goes on from, read back from the record as a resume does (the
+    // hand back's events are in it).
+    let restored = match crate::run::resume::restore(run_dir) {
+        Ok(r) => r,
+        Err(e) => {
+            stop(format!("cannot run it again: {e}"), status);
+            return;
+        }
+    };
+    let Some(mut loop_resume) = restored.loops.get(name).cloned() else {
+        stop(
+            "cannot run it again: it is not in the record".to_string(),
+            status,
+        );
+        return;
+    };
+    loop_resume.finished = None;
+    loop_resume.announced = true;
+    let _ = rt.retire_loop(name);
+    resume_state.insert(name.to_string(), loop_resume);
+    // Started by the main loop like any pending loop (its dependencies landed already).
+    status.insert(name.to_string(), LoopStatus::Pending);
+}
+
+/// Prepares a loop's place, context, tools and engine settings.
+#[allow(clippy::too_many_arguments)]
+async fn start_loop(
+    def: &LoopDef,
+    resume: Option<&crate::run::resume::LoopResume>,
+    start_at: Option<&str>,
+    loop_type: &LoopType,
+    config: &Config,
+    names: &[String],
+    repo: &Repo,
+    run_id: &str,
+    run_dir: &Path,
+    default_base: &str,
+    shared: &mut BTreeMap<String, Arc<Worktree>>,
+    rt: &Runtime,
+    llm: &Arc<dyn td_llm::LlmClient>,
+    catalog: &Arc<td_toolkit::catalog::Catalog>,
+    sandbox: &Arc<td_confine::SandboxSettings>,
+    web_access: &td_toolkit::web_access::WebAccess,
+    events: &Arc<EventLog>,
+    progress: &Arc<ProgressDisplay>,
+    record: &Arc<RunRecord>,
+    budgets: &Arc<Budgets>,
+) -> Result<(LoopSpec, Place), String> {
+    let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
+    let mut place = make_place(
+        def,
+        start_at.unwrap_or(&base),
+        repo,
+        run_id,
+        run_dir,
+        shared,
+    )
+    .await?;
+    place.base = base;
     let validation = def
         .validation
         .clone()
@@ -877,20 +1222,16 @@ async fn start_loop(
     Ok((spec, place))
 }
 
-/// Commits a loop's work, merges it when asked, and returns its final status.
-#[allow(clippy::too_many_arguments)]
+/// Commits a loop's work (its integration is the merge queue's) and returns its final
+/// status.
 async fn finish_loop(
     name: &str,
     end: &LoopEnd,
-    loops: &[LoopDef],
-    config: &Config,
     places: &BTreeMap<String, Place>,
-    repo: &Repo,
     record: &RunRecord,
     progress: &ProgressDisplay,
-    events: &EventLog,
 ) -> LoopStatus {
-    let mut status = match end {
+    let status = match end {
         LoopEnd::Completed { .. } => LoopStatus::Completed,
         LoopEnd::Failed { .. } => LoopStatus::Failed,
         LoopEnd::Paused { .. } => LoopStatus::Paused,
@@ -917,78 +1258,12 @@ async fn finish_loop(
         let why = format!("could not commit its work: {e}");
         let _ = record.update_loop(name, |s| s.reason = Some(why.clone()));
         progress.set_status(name, status.as_str(), &why);
-        return status;
-    }
-    let wants_merge = loops
-        .iter()
-        .find(|l| l.name == name)
-        .and_then(|l| l.merge)
-        .unwrap_or(config.merge);
-    if status == LoopStatus::Completed && wants_merge {
-        let outcome = repo.merge_branch(wt.branch(), &place.base).await;
-        let summary = match outcome {
-            Ok(MergeOutcome::Merged { commit }) => MergeSummary {
-                merged: true,
-                into: Some(place.base.clone()),
-                commit: Some(commit),
-                detail: None,
-            },
-            Ok(MergeOutcome::Conflict { files }) => {
-                status = LoopStatus::Blocked;
-                MergeSummary {
-                    merged: false,
-                    into: Some(place.base.clone()),
-                    commit: None,
-                    detail: Some(format!(
-                        "merge conflict (aborted, nothing changed) in: {}",
-                        files.join(", ")
-                    )),
-                }
-            }
-            Ok(MergeOutcome::Blocked { reason }) => {
-                status = LoopStatus::Blocked;
-                MergeSummary {
-                    merged: false,
-                    into: Some(place.base.clone()),
-                    commit: None,
-                    detail: Some(reason),
-                }
-            }
-            Err(e) => {
-                status = LoopStatus::Blocked;
-                MergeSummary {
-                    merged: false,
-                    into: Some(place.base.clone()),
-                    commit: None,
-                    detail: Some(e.to_string()),
-                }
-            }
-        };
-        let detail = summary.detail.clone().unwrap_or_default();
-        let merged_commit = summary.commit.clone();
-        let _ = record.update_loop(name, |s| {
-            s.status = status;
-            if status == LoopStatus::Blocked {
-                s.reason = summary.detail.clone();
-            }
-            s.merge = Some(summary);
-        });
-        if status == LoopStatus::Blocked {
-            events.record(EventKind::LoopBlocked {
-                loop_name: name.to_string(),
-                reason: detail.clone(),
-            });
-            progress.set_status(name, "blocked", &detail);
-        } else {
-            if let Some(commit) = merged_commit {
-                events.record(EventKind::LoopMerged {
-                    loop_name: name.to_string(),
-                    into: place.base.clone(),
-                    commit,
-                });
-            }
-            progress.set_status(name, "completed", &format!("merged into {}", place.base));
+        // Work that could not be committed is not integrated either.
+        if status == LoopStatus::Completed {
+            let _ = record.update_loop(name, |s| s.status = LoopStatus::Blocked);
+            return LoopStatus::Blocked;
         }
+        return status;
     }
     status
 }

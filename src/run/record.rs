@@ -206,6 +206,13 @@ pub struct MergeSummary {
     pub commit: Option<String>,
     /// Why not, or what else to know (conflicting paths...).
     pub detail: Option<String>,
+    /// Times the merge queue handed the loop's work back to it.
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub attempts: u32,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One loop's entry in `summary.json`.
@@ -754,6 +761,7 @@ fn resume_relies_on(kind: &EventKind) -> bool {
             | EventKind::LoopPaused { .. }
             | EventKind::LoopBlocked { .. }
             | EventKind::LoopMerged { .. }
+            | EventKind::MergeHandedBack { .. }
     )
 }
 
@@ -859,11 +867,35 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             into,
             commit,
         } => {
-            summary.loop_entry(loop_name).merge = Some(MergeSummary {
+            let s = summary.loop_entry(loop_name);
+            let attempts = s.merge.as_ref().map_or(0, |m| m.attempts);
+            s.merge = Some(MergeSummary {
                 merged: true,
                 into: Some(into.clone()),
                 commit: Some(commit.clone()),
                 detail: None,
+                attempts,
+            });
+        }
+        EventKind::MergeHandedBack {
+            loop_name,
+            into,
+            attempt,
+            reason,
+            ..
+        } => {
+            // The loop runs again at its next iteration: not ended, not blocked.
+            let s = summary.loop_entry(loop_name);
+            s.status = LoopStatus::Running;
+            s.reason = None;
+            s.ended_at = None;
+            s.duration_ms = None;
+            s.merge = Some(MergeSummary {
+                merged: false,
+                into: Some(into.clone()),
+                commit: None,
+                detail: Some(reason.clone()),
+                attempts: *attempt,
             });
         }
         _ => return false,

@@ -86,6 +86,8 @@ struct Seen {
     model_calls: Option<usize>,
     /// A `loop_started` event was seen.
     started: bool,
+    /// Its last end was followed by a hand back of the merge queue: it goes on.
+    handed_back: bool,
 }
 
 impl Default for Seen {
@@ -100,6 +102,7 @@ impl Default for Seen {
             awaiting_note: None,
             model_calls: Some(0),
             started: false,
+            handed_back: false,
         }
     }
 }
@@ -164,7 +167,11 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
             .loops
             .entry(name.clone())
             .or_insert_with(|| LoopSummary::pending(&name, ""));
-        let finished = finished(entry, events.ended);
+        let finished = if events.handed_back {
+            None
+        } else {
+            finished(entry, events.ended)
+        };
         if let Some(status) = finished {
             // The summary may lag behind the events: it says what resume goes by.
             entry.status = status;
@@ -272,7 +279,16 @@ fn take_event(
             l.progress.push(note.clone());
         }
         EventKind::LoopCompleted { loop_name, .. } => {
-            of(seen, loop_name).ended = Some(LoopStatus::Completed);
+            let l = of(seen, loop_name);
+            l.ended = Some(LoopStatus::Completed);
+            l.handed_back = false;
+        }
+        EventKind::MergeHandedBack { loop_name, .. } => {
+            // Its work went back to it: it runs its next iteration, whatever a summary
+            // written before the hand back says.
+            let l = of(seen, loop_name);
+            l.ended = None;
+            l.handed_back = true;
         }
         EventKind::LoopFailed { loop_name, .. } => {
             of(seen, loop_name).ended = Some(LoopStatus::Failed);
@@ -477,6 +493,96 @@ mod tests {
         assert_eq!((a.next_iteration, a.shown, a.model_calls), (4, 5, Some(3)));
         assert_eq!(a.ended, Some(LoopStatus::Completed));
         assert_eq!(a.progress, ["note 1", "note 2"]);
+    }
+
+    fn seen_handed_back() -> EventKind {
+        EventKind::MergeHandedBack {
+            loop_name: "a".into(),
+            into: "main".into(),
+            attempt: 1,
+            reason: "conflict".into(),
+            files: vec!["x".into()],
+        }
+    }
+
+    #[test]
+    fn a_loop_handed_back_by_the_merge_queue_goes_on() {
+        let mut seen = BTreeMap::new();
+        let mut last = 0;
+        let handed = seen_handed_back();
+        let completed = EventKind::LoopCompleted {
+            loop_name: "a".into(),
+            iterations: 1,
+            summary: None,
+        };
+        for (seq, kind) in [
+            (1, ended(1, Some(true))),
+            (2, completed.clone()),
+            (3, handed),
+        ] {
+            take_event(&mut seen, &mut last, &event(seq, kind)).unwrap();
+        }
+        let a = &seen["a"];
+        assert_eq!((a.ended, a.handed_back, a.next_iteration), (None, true, 2));
+        // Read back from a record (its summary rebuilt from the events): it goes on at its
+        // next iteration, running.
+        let dir = tempfile::tempdir().unwrap();
+        let started = EventKind::RunStarted {
+            run_id: "r1".into(),
+            config: None,
+            loops: vec![td_protocol::events::PlannedLoop {
+                name: "a".into(),
+                loop_type: "code".into(),
+            }],
+            sandbox: None,
+        };
+        let lines: Vec<String> = [
+            started,
+            ended(1, Some(true)),
+            completed.clone(),
+            seen_handed_back(),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| serde_json::to_string(&event(i as u64 + 1, k)).unwrap())
+        .collect();
+        std::fs::write(dir.path().join(EVENTS_FILE), lines.join("\n") + "\n").unwrap();
+        let restored = restore(dir.path()).unwrap();
+        assert_eq!(restored.loops["a"].finished, None);
+        assert_eq!(restored.loops["a"].next_iteration, 2);
+        assert_eq!(restored.summary.loops["a"].status, LoopStatus::Running);
+        assert_eq!(
+            restored.summary.loops["a"]
+                .merge
+                .as_ref()
+                .map(|m| m.attempts),
+            Some(1)
+        );
+        // A summary that lags (written before the hand back: completed) does not end it.
+        let mut lagging = restored.summary.clone();
+        if let Some(l) = lagging.loops.get_mut("a") {
+            l.status = LoopStatus::Completed;
+            l.merge = None;
+        }
+        std::fs::write(
+            dir.path().join(crate::run::record::SUMMARY_FILE),
+            serde_json::to_string(&lagging).unwrap(),
+        )
+        .unwrap();
+        let restored = restore(dir.path()).unwrap();
+        assert_eq!(
+            restored.loops["a"].finished, None,
+            "{:?}",
+            restored.warnings
+        );
+        // Completed again after it: finished.
+        take_event(&mut seen, &mut last, &event(4, ended(2, Some(true)))).unwrap();
+        take_event(&mut seen, &mut last, &event(5, completed)).unwrap();
+        let a = &seen["a"];
+        assert_eq!(
+            (a.ended, a.handed_back),
+            (Some(LoopStatus::Completed), false)
+        );
     }
 
     #[test]

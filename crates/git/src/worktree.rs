@@ -49,7 +49,7 @@ pub const COMMIT_EMAIL: &str = "taskdaemon@localhost";
 const LISTED_FILES: usize = 10;
 
 /// Longest git stderr quoted in an error (head and tail are kept).
-const MAX_STDERR: usize = 2000;
+pub(crate) const MAX_STDERR: usize = 2000;
 
 /// Result of this module's operations.
 pub type Result<T, E = WorktreeError> = std::result::Result<T, E>;
@@ -203,31 +203,31 @@ pub fn loop_branch(run_id: &str, loop_name: &str) -> String {
 
 /// Runs git with the environment of one [`Repo`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Git {
+pub(crate) struct Git {
     extra_env: Arc<[(OsString, OsString)]>,
 }
 
 /// What a finished git command left behind.
-struct GitOutput {
-    command: String,
-    dir: PathBuf,
-    status: std::process::ExitStatus,
-    stdout: Vec<u8>,
-    stderr: String,
+pub(crate) struct GitOutput {
+    pub(crate) command: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) status: std::process::ExitStatus,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: String,
 }
 
 impl GitOutput {
-    fn success(&self) -> bool {
+    pub(crate) fn success(&self) -> bool {
         self.status.success()
     }
 
     /// Stdout as text without the trailing newline git ends every answer with.
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let s = String::from_utf8_lossy(&self.stdout);
         s.strip_suffix('\n').unwrap_or(&s).to_string()
     }
 
-    fn into_error(self, hint: impl Into<String>) -> WorktreeError {
+    pub(crate) fn into_error(self, hint: impl Into<String>) -> WorktreeError {
         let status = match self.status.code() {
             Some(code) => format!("exit code {code}"),
             None => "killed by a signal".to_string(),
@@ -250,7 +250,7 @@ impl GitOutput {
 
 impl Git {
     /// Runs `git ARGS` in `dir` and returns whatever it did, failure included.
-    async fn output<I, S>(&self, dir: &Path, args: I) -> Result<GitOutput>
+    pub(crate) async fn output<I, S>(&self, dir: &Path, args: I) -> Result<GitOutput>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -294,7 +294,7 @@ impl Git {
     }
 
     /// Runs `git ARGS` in `dir`; a failure becomes an error carrying `hint`.
-    async fn run<I, S>(&self, dir: &Path, args: I, hint: &str) -> Result<String>
+    pub(crate) async fn run<I, S>(&self, dir: &Path, args: I, hint: &str) -> Result<String>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -308,7 +308,7 @@ impl Git {
     }
 
     /// The commit `rev` names, or `None` when it names none.
-    async fn resolve_commit(&self, dir: &Path, rev: &str) -> Result<Option<String>> {
+    pub(crate) async fn resolve_commit(&self, dir: &Path, rev: &str) -> Result<Option<String>> {
         let spec = format!("{rev}^{{commit}}");
         let out = self
             .output(dir, ["rev-parse", "--verify", "--quiet", spec.as_str()])
@@ -317,7 +317,7 @@ impl Git {
     }
 
     /// Whether the worktree at `dir` has a merge in progress.
-    async fn merge_in_progress(&self, dir: &Path) -> Result<bool> {
+    pub(crate) async fn merge_in_progress(&self, dir: &Path) -> Result<bool> {
         let out = self
             .output(dir, ["rev-parse", "--verify", "--quiet", "MERGE_HEAD"])
             .await?;
@@ -339,7 +339,7 @@ impl Git {
 }
 
 /// Paths of NUL-separated `git` output (`-z`).
-fn nul_separated(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn nul_separated(bytes: &[u8]) -> Vec<String> {
     bytes
         .split(|b| *b == 0)
         .filter(|p| !p.is_empty())
@@ -349,7 +349,7 @@ fn nul_separated(bytes: &[u8]) -> Vec<String> {
 
 /// Paths named by `git status --porcelain=v1 -z`: "XY path", renames and copies followed by
 /// their origin path as an extra entry.
-fn porcelain_paths(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn porcelain_paths(bytes: &[u8]) -> Vec<String> {
     let mut paths = Vec::new();
     let mut entries = bytes.split(|b| *b == 0).filter(|e| !e.is_empty());
     while let Some(entry) = entries.next() {
@@ -367,7 +367,7 @@ fn porcelain_paths(bytes: &[u8]) -> Vec<String> {
 }
 
 /// "a, b, c and 4 more".
-fn list_some(files: &[String]) -> String {
+pub(crate) fn list_some(files: &[String]) -> String {
     let shown = files
         .iter()
         .take(LISTED_FILES)
@@ -395,7 +395,7 @@ fn real_or_given(p: &Path) -> PathBuf {
 
 /// One lock per repository (keyed by its common git dir), so that merges started by
 /// different loops of this process never run in the same checkout at once.
-fn merge_lock(common_dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
+pub(crate) fn merge_lock(common_dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
     type Locks = Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>;
     static LOCKS: OnceLock<Locks> = OnceLock::new();
     let locks = LOCKS.get_or_init(Locks::default);
@@ -427,17 +427,17 @@ fn check_component(what: &'static str, value: &str) -> Result<()> {
 /// A git repository the loops of a run branch off.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Repo {
-    root: PathBuf,
-    common_dir: PathBuf,
-    git: Git,
+    pub(crate) root: PathBuf,
+    pub(crate) common_dir: PathBuf,
+    pub(crate) git: Git,
 }
 
 /// One loop's checkout: a git worktree on the loop's branch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Worktree {
-    path: PathBuf,
-    branch: String,
-    git: Git,
+    pub(crate) path: PathBuf,
+    pub(crate) branch: String,
+    pub(crate) git: Git,
 }
 
 impl Repo {
@@ -703,7 +703,7 @@ impl Repo {
         }
     }
 
-    async fn prune(&self) -> Result<()> {
+    pub(crate) async fn prune(&self) -> Result<()> {
         self.git
             .run(
                 &self.root,
@@ -715,7 +715,12 @@ impl Repo {
     }
 
     /// Refuses `full` unless git accepts it as a branch name; the error names `what`/`value`.
-    async fn check_branch_name(&self, what: &'static str, value: &str, full: &str) -> Result<()> {
+    pub(crate) async fn check_branch_name(
+        &self,
+        what: &'static str,
+        value: &str,
+        full: &str,
+    ) -> Result<()> {
         let invalid = |reason: String| WorktreeError::Invalid {
             what,
             value: value.to_string(),
@@ -737,7 +742,7 @@ impl Repo {
         )))
     }
 
-    async fn branch_exists(&self, branch: &str) -> Result<bool> {
+    pub(crate) async fn branch_exists(&self, branch: &str) -> Result<bool> {
         let full = format!("refs/heads/{branch}");
         let out = self
             .git
@@ -750,7 +755,7 @@ impl Repo {
     }
 
     /// The worktree `branch` is checked out in, if any (the path may no longer exist).
-    async fn checked_out_at(&self, branch: &str) -> Result<Option<PathBuf>> {
+    pub(crate) async fn checked_out_at(&self, branch: &str) -> Result<Option<PathBuf>> {
         let full = format!("refs/heads/{branch}");
         let listing = self
             .git
@@ -1024,8 +1029,12 @@ impl Worktree {
             .output(&self.path, ["diff", "--cached", "--quiet"])
             .await?;
         match staged.status.code() {
-            Some(0) => return Ok(None),
-            Some(1) => {}
+            // A merge in progress (the merge queue handed the loop its target's work) is
+            // concluded by this commit even when the resolution kept HEAD's tree: otherwise
+            // the loop's branch would never contain the target, and the next integration
+            // would conflict again.
+            Some(0) if !self.git.merge_in_progress(&self.path).await? => return Ok(None),
+            Some(0 | 1) => {}
             _ => return Err(staged.into_error(hint)),
         }
         self.git

@@ -91,14 +91,32 @@ pub enum EventKind {
         /// Why.
         reason: String,
     },
-    /// A completed loop's branch was merged into its base.
+    /// A completed loop's work landed in its integration target (its base branch with
+    /// `merge: true`, otherwise the run's integration branch) after the merge queue merged
+    /// and validated it.
     LoopMerged {
         /// Loop name.
         loop_name: String,
-        /// The base branch.
+        /// The integration target.
         into: String,
-        /// The base's new tip.
+        /// The target's new tip.
         commit: String,
+    },
+    /// The merge queue gave a completed loop's work back to it: its branch conflicted with
+    /// its integration target, still held conflict markers, or the merged tree failed a
+    /// validation. The target's head was merged into the loop's worktree and the loop runs
+    /// again at its next iteration (it is running again).
+    MergeHandedBack {
+        /// Loop name.
+        loop_name: String,
+        /// The integration target.
+        into: String,
+        /// Hand backs of this loop so far, this one included (from 1).
+        attempt: u32,
+        /// What went wrong, in one line.
+        reason: String,
+        /// The files it is about (conflicting or holding markers; empty for a validation).
+        files: Vec<String>,
     },
     /// The loop reached a hard limit of its budget (or the run's) and was paused: its
     /// worktree, branch and progress notes are kept, and `taskdaemon run --resume` with a

@@ -511,6 +511,22 @@ impl Runtime {
             .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))
     }
 
+    /// Lets a loop that ended run again: its actor (kept after its end to answer other
+    /// loops' queries) is stopped and forgotten, so that [`Runtime::spawn_loop`] can start
+    /// a new one under the same name (the merge queue hands a completed loop's work back to
+    /// it). The coordinator's entry goes to the new actor when it registers.
+    pub fn retire_loop(&self, name: &str) -> Result<(), RuntimeError> {
+        let actor = {
+            let mut live = lock(&self.loops);
+            live.stopping.remove(name);
+            live.actors
+                .remove(name)
+                .ok_or_else(|| RuntimeError::NoSuchLoop(name.to_string()))?
+        };
+        actor.stop(Some("ended; started again".to_string()));
+        Ok(())
+    }
+
     /// The next loop to end, or `None` after `timeout`.
     pub async fn next_end(&mut self, timeout: Duration) -> Option<(String, LoopEnd)> {
         let (name, end) = tokio::time::timeout(timeout, self.ended_rx.recv())

@@ -1,0 +1,537 @@
+//! The merge queue end to end: the real binary, the scripted model, real git. Completed
+//! loops are integrated one at a time (scratch worktree, merged validation, advance);
+//! dependencies hand their work over; conflicts and failing merged validations go back to
+//! the loop as a new iteration, up to `merge-attempts`; a shared-worktree group lands
+//! whole or not at all; `taskdaemon merge` integrates by hand.
+//!
+//! Each test builds `<tmp>/user` (a repository on `main`, one commit) and copies one
+//! scenario of `tests/fixtures/run/` to `<tmp>/config` (`{{KEY}}` placeholders replaced),
+//! with the run record in `<tmp>/run`. Every process gets `HOME`, `XDG_CONFIG_HOME` and
+//! `GIT_CONFIG_NOSYSTEM` in the temp dir. Timeouts are failure guards only.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+const RUN_GUARD: Duration = Duration::from_secs(90);
+
+struct Project {
+    tmp: TempDir,
+}
+
+/// What a finished process left.
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit code {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Project {
+    /// `<tmp>/user` on `main` with README.md and shared.txt ("original"), and the fixture
+    /// copied to `<tmp>/config` (`{{REPO}}` is the user's checkout).
+    fn new(fixture: &str, vars: &[(&str, &str)]) -> Project {
+        let project = Project {
+            tmp: tempfile::tempdir().unwrap(),
+        };
+        std::fs::create_dir_all(project.root().join("home/.config")).unwrap();
+        std::fs::create_dir_all(project.repo()).unwrap();
+        std::fs::write(project.repo().join("README.md"), "a test project\n").unwrap();
+        std::fs::write(project.repo().join("shared.txt"), "original\n").unwrap();
+        project.git(&["init", "--quiet", "-b", "main"]);
+        project.git(&["add", "-A"]);
+        project.git(&["commit", "--quiet", "-m", "initial"]);
+        let repo = project.repo().display().to_string();
+        let mut vars: Vec<(&str, &str)> = vars.to_vec();
+        vars.push(("REPO", &repo));
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/run")
+            .join(fixture);
+        std::fs::create_dir_all(project.root().join("config")).unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let entry = entry.unwrap();
+            let mut text = std::fs::read_to_string(entry.path()).unwrap();
+            for (key, value) in &vars {
+                text = text.replace(&format!("{{{{{key}}}}}"), value);
+            }
+            assert!(
+                !text.contains("{{"),
+                "{}: a placeholder left",
+                entry.path().display()
+            );
+            std::fs::write(project.root().join("config").join(entry.file_name()), text).unwrap();
+        }
+        project
+    }
+
+    fn root(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    fn repo(&self) -> PathBuf {
+        self.root().join("user")
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.root().join("run")
+    }
+
+    fn isolate(&self, cmd: &mut Command) {
+        let home = self.root().join("home");
+        cmd.env("HOME", &home)
+            .env("XDG_CONFIG_HOME", home.join(".config"))
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(Stdio::null());
+    }
+
+    fn git_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("git");
+        cmd.args([
+            "-c",
+            "user.name=Test User",
+            "-c",
+            "user.email=user@example.com",
+        ])
+        .args(args)
+        .current_dir(self.repo());
+        self.isolate(&mut cmd);
+        cmd
+    }
+
+    /// Git in the user's checkout: trimmed stdout; panics when it fails.
+    fn git(&self, args: &[&str]) -> String {
+        let out = self.git_command(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn git_ok(&self, args: &[&str]) -> bool {
+        self.git_command(args).output().unwrap().status.success()
+    }
+
+    /// `taskdaemon ARGS` to its end.
+    fn taskdaemon(&self, args: &[&str]) -> Outcome {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
+        cmd.args(args).current_dir(self.root());
+        self.isolate(&mut cmd);
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let guard = std::thread::spawn(move || {
+            std::thread::sleep(RUN_GUARD);
+            // SAFETY: a plain kill(2) of the child we started; harmless once it exited.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        });
+        let out = child.wait_with_output().unwrap();
+        drop(guard);
+        Outcome {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    fn run(&self) -> Outcome {
+        let config = self.root().join("config/taskdaemon.yml");
+        let run_dir = self.run_dir();
+        self.taskdaemon(&[
+            "run",
+            "-c",
+            config.to_str().unwrap(),
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+        ])
+    }
+
+    fn summary(&self) -> Value {
+        let text = std::fs::read_to_string(self.run_dir().join("summary.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn events(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.run_dir().join("events.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn transcript(&self, name: &str) -> String {
+        std::fs::read_to_string(
+            self.run_dir()
+                .join("loops")
+                .join(name)
+                .join("transcript.jsonl"),
+        )
+        .unwrap_or_default()
+    }
+
+    fn integration(&self) -> String {
+        format!(
+            "taskdaemon/{}/integration",
+            self.summary()["run_id"].as_str().unwrap()
+        )
+    }
+
+    /// The user's checkout is clean and not mid-merge.
+    fn assert_checkout_clean(&self) {
+        assert_eq!(self.git(&["status", "--porcelain"]), "");
+        assert!(!self.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
+        assert_eq!(self.git(&["branch", "--show-current"]), "main");
+    }
+}
+
+#[test]
+fn a_dependent_starts_from_its_dependencys_landed_work() {
+    let project = Project::new("handover", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    for name in ["impl", "impl2", "user", "control"] {
+        assert_eq!(summary["loops"][name]["status"], "completed", "{summary:#}");
+    }
+    // impl2 landed in the user's branch; user started with it merged in too.
+    assert_eq!(summary["loops"]["impl2"]["merge"]["into"], "main");
+    assert!(
+        project.transcript("user").contains("MODULE2-c41e"),
+        "{}",
+        project.transcript("user")
+    );
+    // `user`'s first tool call read the module its dependency wrote (the token is in no
+    // prompt: only in the file); `handover: base` started `control` from the base branch.
+    assert!(
+        project.transcript("user").contains("MODULE-7f3a"),
+        "user's read_file did not see impl's module: {}",
+        project.transcript("user")
+    );
+    assert!(!project.transcript("control").contains("MODULE-7f3a"));
+    // All three landed in the run's integration branch; the user's branch is untouched.
+    let integration = project.integration();
+    for file in ["module.txt", "used.txt"] {
+        assert!(
+            project.git_ok(&["cat-file", "-e", &format!("{integration}:{file}")]),
+            "{file} is not in {integration}"
+        );
+        assert!(!project.git_ok(&["cat-file", "-e", &format!("main:{file}")]));
+    }
+    assert_eq!(
+        summary["loops"]["user"]["merge"]["into"],
+        integration.as_str()
+    );
+    project.assert_checkout_clean();
+}
+
+#[test]
+fn a_conflict_goes_back_to_the_loop_which_resolves_it_and_lands() {
+    let project = Project::new("handback-conflict", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    let two = &summary["loops"]["two"];
+    assert_eq!(two["status"], "completed", "{two:#}");
+    assert_eq!(two["merge"]["merged"], true, "{two:#}");
+    assert_eq!(two["merge"]["attempts"], 1, "{two:#}");
+    assert_eq!(two["iterations"], 2, "{two:#}");
+    // Both changes are in the user's branch, without markers; the checkout shows them.
+    assert_eq!(
+        project.git(&["show", "main:shared.txt"]),
+        "from one\nfrom two"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.repo().join("shared.txt")).unwrap(),
+        "from one\nfrom two\n"
+    );
+    project.assert_checkout_clean();
+    // The hand back is an event naming the file, and the loop's second iteration was told
+    // which file conflicts and what each side changed.
+    let events = project.events();
+    let handed = events
+        .iter()
+        .find(|e| e["event"] == "merge_handed_back")
+        .unwrap_or_else(|| panic!("no hand back in {events:#?}"));
+    assert_eq!(handed["loop_name"], "two");
+    assert_eq!(handed["attempt"], 1);
+    assert_eq!(handed["files"], serde_json::json!(["shared.txt"]));
+    let transcript = project.transcript("two");
+    assert!(transcript.contains("conflict markers"), "{transcript}");
+    assert!(transcript.contains("+from one"), "{transcript}");
+    assert!(transcript.contains("+from two"), "{transcript}");
+    // No second `loop_started` for the loop run again.
+    let started = events
+        .iter()
+        .filter(|e| e["event"] == "loop_started" && e["loop_name"] == "two")
+        .count();
+    assert_eq!(started, 1);
+}
+
+#[test]
+fn a_merged_validation_that_fails_goes_back_and_the_fix_lands() {
+    let project = Project::new("merged-validation", &[("ATTEMPTS", "3"), ("PORT", "8081")]);
+    let out = project.run();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    let b = &summary["loops"]["b"];
+    assert_eq!(b["status"], "completed", "{b:#}");
+    assert_eq!(b["merge"]["attempts"], 1, "{b:#}");
+    assert_eq!(project.git(&["show", "main:a.cfg"]), "port=8080");
+    assert_eq!(project.git(&["show", "main:b.cfg"]), "port=8081");
+    let handed = project
+        .events()
+        .into_iter()
+        .find(|e| e["event"] == "merge_handed_back")
+        .expect("a hand back");
+    assert!(
+        handed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("validation of `b` fails"),
+        "{handed:#}"
+    );
+    // b's second iteration saw the merged validation's command (with its exit code).
+    let transcript = project.transcript("b");
+    assert!(transcript.contains("uniq -d"), "{transcript}");
+    project.assert_checkout_clean();
+}
+
+#[test]
+fn hand_backs_past_merge_attempts_block_the_loop_and_markers_never_land() {
+    // two's next iteration completes with the conflict markers still in shared.txt: the
+    // queue refuses them and, its one hand back used, blocks it.
+    let project = Project::new("handback-exhausted", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let summary = project.summary();
+    let two = &summary["loops"]["two"];
+    assert_eq!(two["status"], "blocked", "{two:#}");
+    assert_eq!(two["merge"]["attempts"], 1, "{two:#}");
+    assert_eq!(two["merge"]["merged"], false, "{two:#}");
+    let reason = two["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("conflict markers are still in: shared.txt")
+            && reason.contains("merge-attempts"),
+        "{reason}"
+    );
+    // The markers are on two's branch, never in the user's.
+    let branch = two["branch"].as_str().unwrap();
+    assert!(
+        project
+            .git(&["show", &format!("{branch}:shared.txt")])
+            .contains("<<<<<<<")
+    );
+    assert_eq!(project.git(&["show", "main:shared.txt"]), "from one");
+    project.assert_checkout_clean();
+    let blocked = project
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "loop_blocked" && e["loop_name"] == "two")
+        .count();
+    assert_eq!(blocked, 1);
+}
+
+#[test]
+fn a_group_with_a_failed_member_lands_nothing() {
+    let project = Project::new("group-fails", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let summary = project.summary();
+    assert_eq!(summary["loops"]["m2"]["status"], "failed", "{summary:#}");
+    let m1 = &summary["loops"]["m1"];
+    assert_eq!(m1["status"], "blocked", "{m1:#}");
+    let reason = m1["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("member `m2` did not complete") && reason.contains("shared-g"),
+        "{reason}"
+    );
+    let integration = project.integration();
+    for file in ["m1.txt", "half.txt"] {
+        assert!(
+            !project.git_ok(&["cat-file", "-e", &format!("{integration}:{file}")]),
+            "{file} landed"
+        );
+    }
+    // The group's work stays on its branch; `solo` landed as usual.
+    let branch = m1["branch"].as_str().unwrap();
+    assert!(project.git_ok(&["cat-file", "-e", &format!("{branch}:half.txt")]));
+    assert!(project.git_ok(&["cat-file", "-e", &format!("{integration}:solo.txt")]));
+    project.assert_checkout_clean();
+}
+
+#[test]
+fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean() {
+    let project = Project::new("merge-dirty", &[]);
+    std::fs::write(project.repo().join("README.md"), "the user's edit\n").unwrap();
+    let main_before = project.git(&["rev-parse", "main"]);
+    let out = project.run();
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let summary = project.summary();
+    let run_id = summary["run_id"].as_str().unwrap().to_string();
+    let solo = &summary["loops"]["solo"];
+    assert_eq!(solo["status"], "blocked", "{solo:#}");
+    let reason = solo["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("uncommitted changes (README.md)")
+            && reason.contains(&format!("taskdaemon merge {run_id} solo")),
+        "{reason}"
+    );
+    // Never touched: the user's edit is there, main did not move, nothing is mid-merge.
+    assert_eq!(
+        std::fs::read_to_string(project.repo().join("README.md")).unwrap(),
+        "the user's edit\n"
+    );
+    assert_eq!(project.git(&["rev-parse", "main"]), main_before);
+    assert!(!project.repo().join("solo.txt").exists());
+    assert!(!project.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
+
+    // The user cleans up, then merges by hand; not while a live process owns the run.
+    project.git(&["checkout", "--", "README.md"]);
+    let run_dir = project.run_dir();
+    let held = taskdaemon::run::owner::take(&run_dir).unwrap();
+    let refused = project.taskdaemon(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
+    assert_eq!(refused.code, Some(75), "{refused:?}");
+    assert!(!project.repo().join("solo.txt").exists());
+    drop(held);
+    let merged =
+        project.taskdaemon(&["merge", &run_id, "solo", "--dir", run_dir.to_str().unwrap()]);
+    assert_eq!(merged.code, Some(0), "{merged:?}");
+    assert!(
+        merged.stdout.contains("solo: merged into main as "),
+        "{merged:?}"
+    );
+    assert_eq!(project.git(&["show", "main:solo.txt"]), "solo");
+    assert_eq!(
+        std::fs::read_to_string(project.repo().join("solo.txt")).unwrap(),
+        "solo\n"
+    );
+    project.assert_checkout_clean();
+    let summary = project.summary();
+    let solo = &summary["loops"]["solo"];
+    assert_eq!(solo["status"], "completed", "{solo:#}");
+    assert_eq!(solo["merge"]["merged"], true, "{solo:#}");
+    assert_eq!(solo["merge"]["commit"], project.git(&["rev-parse", "main"]));
+    assert_eq!(summary["status"], "completed", "{summary:#}");
+    let last = project.events().pop().unwrap();
+    assert_eq!(last["event"], "loop_merged", "{last:#}");
+    // Again: nothing left to do.
+    let again = project.taskdaemon(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    assert!(
+        again.stdout.contains("solo: already merged into main"),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
+    let flags = tempfile::tempdir().unwrap();
+    let f = flags.path().canonicalize().unwrap();
+    let project = Project::new("queue-resume", &[("FLAGS", f.to_str().unwrap())]);
+    let config = project.root().join("config/taskdaemon.yml");
+    let run_dir = project.run_dir();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
+    cmd.args([
+        "run",
+        "-c",
+        config.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ])
+    .current_dir(project.root())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    project.isolate(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let start = std::time::Instant::now();
+    while !f.join("in-queue").exists() {
+        assert!(
+            start.elapsed() < RUN_GUARD,
+            "the merged validation never ran"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before its queue ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::write(f.join("release"), "").unwrap();
+    let summary = project.summary();
+    assert_eq!(
+        summary["loops"]["solo"]["status"], "completed",
+        "{summary:#}"
+    );
+    assert!(summary["loops"]["solo"]["merge"].is_null(), "{summary:#}");
+
+    let out = project.taskdaemon(&[
+        "run",
+        "-c",
+        config.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--resume",
+        "again",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    let solo = &summary["loops"]["solo"];
+    let integration = project.integration();
+    assert_eq!(solo["merge"]["merged"], true, "{solo:#}");
+    assert_eq!(solo["merge"]["into"], integration.as_str());
+    assert_eq!(
+        project.git(&["show", &format!("{integration}:solo.txt")]),
+        "solo"
+    );
+    // Its model was not called again, and the killed run's scratch worktree is gone.
+    assert_eq!(solo["iterations"], 1, "{solo:#}");
+    assert!(!run_dir.join("scratch").exists());
+    assert!(!project.git(&["worktree", "list"]).contains("scratch"));
+    project.assert_checkout_clean();
+}
+
+#[test]
+fn a_groups_failing_validation_goes_back_to_its_member_and_the_group_lands_whole() {
+    let project = Project::new("group-handback", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    let (g1, g2) = (&summary["loops"]["g1"], &summary["loops"]["g2"]);
+    assert_eq!(g2["merge"]["attempts"], 1, "{g2:#}");
+    assert_eq!(g2["iterations"], 2, "{g2:#}");
+    // g1's validation passed on the merged tree: it was not run again.
+    assert_eq!(g1["iterations"], 1, "{g1:#}");
+    assert!(g1["merge"]["attempts"].is_null(), "{g1:#}");
+    for l in [g1, g2] {
+        assert_eq!(l["status"], "completed", "{l:#}");
+        assert_eq!(l["merge"]["merged"], true, "{l:#}");
+    }
+    assert_eq!(project.git(&["show", "main:g1.txt"]), "g1");
+    assert_eq!(project.git(&["show", "main:b.cfg"]), "port=8081");
+    assert_eq!(project.git(&["show", "main:a.cfg"]), "port=8080");
+    let handed: Vec<Value> = project
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "merge_handed_back")
+        .collect();
+    assert_eq!(handed.len(), 1, "{handed:#?}");
+    assert_eq!(handed[0]["loop_name"], "g2");
+    project.assert_checkout_clean();
+}
