@@ -194,13 +194,15 @@ fn a_plan_is_committed_kept_in_the_record_and_listed_and_a_stage_without_one_war
 fn links_and_fifos_planted_in_the_folder_are_not_followed_into_the_record() {
     // The loop's validation (a command, like any the loop runs) plants a link to a file
     // outside, a link to a directory outside, a FIFO and a file that is too large, next to
-    // the plan the loop wrote.
+    // the plan the loop wrote. (It runs again on the merged tree, where the links are
+    // committed: each step must be able to run twice.)
     let outside = tempfile::tempdir().unwrap();
     let secret = outside.path().join("secret.txt");
     std::fs::write(&secret, "not for the record\n").unwrap();
     let validation = format!(
-        "cd taskdaemon-artifacts && ln -s {secret} plan-leak.md && ln -s {dir} phase-dir.md \
-         && mkfifo spec-pipe.json && head -c 1048577 /dev/zero > spec-big.md",
+        "cd taskdaemon-artifacts && ln -sfn {secret} plan-leak.md && ln -sfn {dir} phase-dir.md \
+         && {{ [ -p spec-pipe.json ] || mkfifo spec-pipe.json; }} \
+         && head -c 1048577 /dev/zero > spec-big.md",
         secret = secret.display(),
         dir = outside.path().display()
     );

@@ -23,7 +23,8 @@ const RUN_GUARD: Duration = Duration::from_secs(90);
 
 /// Each loop: change its file and end its first iteration; wait until a warning is
 /// predicted (or `{{POLLS}}` × 50 ms); change the file again and end the second iteration;
-/// give the watch a moment to compare again; complete.
+/// give the watch a moment to compare again; complete. The conflict the warning predicted
+/// then happens: of `one` and `two`, the one integrated second gets it back and resolves it.
 const SCRIPT: &str = r#"
 one:
   turns:
@@ -39,6 +40,11 @@ one:
         - run_command: {command: "sleep 1"}
     - calls:
         - complete_task: {summary: "one done"}
+    # Used only by the loop integrated second: the merge queue hands the conflict back,
+    # and it keeps both sides.
+    - calls:
+        - write_file: {path: shared.txt, content: "from one, again\nfrom two, again\n"}
+        - complete_task: {summary: "one merged with the other"}
 two:
   turns:
     - calls:
@@ -53,6 +59,11 @@ two:
         - run_command: {command: "sleep 1"}
     - calls:
         - complete_task: {summary: "two done"}
+    # Used only by the loop integrated second: the merge queue hands the conflict back,
+    # and it keeps both sides.
+    - calls:
+        - write_file: {path: shared.txt, content: "from one, again\nfrom two, again\n"}
+        - complete_task: {summary: "two merged with the other"}
 three:
   turns:
     - calls:

@@ -16,6 +16,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
+mod common;
+use common::run_story::{Story, snap};
+
 const RUN_GUARD: Duration = Duration::from_secs(90);
 
 struct Project {
@@ -192,6 +195,19 @@ impl Project {
         )
     }
 
+    /// The run told for a snapshot, with the history and files of `branches` (`{run}`: the
+    /// run id) and the first prompts of the loops `first_prompts`.
+    fn story(&self, branches: &[&str], first_prompts: &[&str]) -> String {
+        Story {
+            run_dir: &self.run_dir(),
+            repo: &self.repo(),
+            branches,
+            paths: &[(self.root(), "<tmp>")],
+            first_prompts,
+        }
+        .text()
+    }
+
     /// The user's checkout is clean and not mid-merge.
     fn assert_checkout_clean(&self) {
         assert_eq!(self.git(&["status", "--porcelain"]), "");
@@ -238,6 +254,10 @@ fn a_dependent_starts_from_its_dependencys_landed_work() {
         integration.as_str()
     );
     project.assert_checkout_clean();
+    snap(
+        "scenario_12_handover",
+        &project.story(&["taskdaemon/{run}/integration", "main"], &[]),
+    );
 }
 
 #[test]
@@ -281,6 +301,10 @@ fn a_conflict_goes_back_to_the_loop_which_resolves_it_and_lands() {
         .filter(|e| e["event"] == "loop_started" && e["loop_name"] == "two")
         .count();
     assert_eq!(started, 1);
+    snap(
+        "scenario_13_conflict_handed_back",
+        &project.story(&["main"], &[]),
+    );
 }
 
 #[test]
@@ -310,6 +334,10 @@ fn a_merged_validation_that_fails_goes_back_and_the_fix_lands() {
     let transcript = project.transcript("b");
     assert!(transcript.contains("uniq -d"), "{transcript}");
     project.assert_checkout_clean();
+    snap(
+        "scenario_14_merged_validation_fails",
+        &project.story(&["main"], &[]),
+    );
 }
 
 #[test]
@@ -373,6 +401,10 @@ fn a_group_with_a_failed_member_lands_nothing() {
     assert!(project.git_ok(&["cat-file", "-e", &format!("{branch}:half.txt")]));
     assert!(project.git_ok(&["cat-file", "-e", &format!("{integration}:solo.txt")]));
     project.assert_checkout_clean();
+    snap(
+        "scenario_15_group_member_fails",
+        &project.story(&["taskdaemon/{run}/integration"], &[]),
+    );
 }
 
 #[test]
@@ -534,4 +566,56 @@ fn a_groups_failing_validation_goes_back_to_its_member_and_the_group_lands_whole
     assert_eq!(handed.len(), 1, "{handed:#?}");
     assert_eq!(handed[0]["loop_name"], "g2");
     project.assert_checkout_clean();
+}
+
+#[test]
+fn the_pipeline_plan_spec_code_runs_from_one_file_each_stage_from_the_artifacts_before() {
+    let project = Project::new("pipeline", &[]);
+    let out = project.run();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let summary = project.summary();
+    for name in ["planner", "speccer", "coder"] {
+        assert_eq!(summary["loops"][name]["status"], "completed", "{summary:#}");
+    }
+    // Each stage's first prompt named the artifacts of the stage before, and its first
+    // tool call read them from its worktree (a missing file would be an error result).
+    let speccer = project.transcript("speccer");
+    assert!(
+        speccer.contains("taskdaemon-artifacts/plan-greeting.md"),
+        "{speccer}"
+    );
+    assert!(speccer.contains("Say hello in greeting.txt."), "{speccer}");
+    let coder = project.transcript("coder");
+    assert!(
+        coder.contains("taskdaemon-artifacts/spec-words.md"),
+        "{coder}"
+    );
+    assert!(
+        coder.contains("greeting.txt holds one line: hello."),
+        "{coder}"
+    );
+    // The artifacts and the code landed together in the run's integration branch, and
+    // each stage's artifacts were kept in the run record.
+    let integration = project.integration();
+    for file in [
+        "taskdaemon-artifacts/plan-greeting.md",
+        "taskdaemon-artifacts/spec-words.json",
+        "greeting.txt",
+    ] {
+        assert!(
+            project.git_ok(&["cat-file", "-e", &format!("{integration}:{file}")]),
+            "{file} is not in {integration}"
+        );
+    }
+    assert!(
+        project
+            .run_dir()
+            .join("loops/speccer/artifacts/spec-words.md")
+            .is_file()
+    );
+    project.assert_checkout_clean();
+    snap(
+        "scenario_16_pipeline",
+        &project.story(&["taskdaemon/{run}/integration"], &["speccer", "coder"]),
+    );
 }

@@ -14,6 +14,7 @@ pub mod flagged_run;
 pub mod http_once;
 pub mod interop;
 pub mod python_sdk;
+pub mod run_story;
 pub mod tool_exec;
 
 /// The lines of the file at `path`; none while it cannot be read (not written yet).
