@@ -23,7 +23,10 @@
 //! Extensions over the brief: `delay_ms` on a turn and on an answer (to exercise timeouts
 //! and concurrency without a real model), and `usage` on a turn and on an answer (`{input_tokens,
 //! output_tokens, cache_read_tokens, cache_write_tokens}`: the counts reported instead of
-//! the estimate of about four characters per token, for accounting and budgets). A delayed turn is consumed when the request
+//! the estimate of about four characters per token, for accounting and budgets), and `panic`
+//! on a turn (`- panic: "why"`: the client panics with that message when it reaches the
+//! turn, which is consumed: fault injection, to see a loop actor restarted through the real
+//! binary). A delayed turn is consumed when the request
 //! arrives, not when the delay ends, so a request cancelled mid-delay (an LLM timeout) does
 //! not replay the same slow turn forever.
 
@@ -75,7 +78,7 @@ struct LoopScript {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a turn: a map with optional `say`, `calls` and `delay_ms`"
+    expecting = "a turn: a map with optional `say`, `calls`, `delay_ms`, `usage` and `panic`"
 )]
 struct Turn {
     /// The text the model says.
@@ -90,6 +93,9 @@ struct Turn {
     /// The usage to report instead of the estimate.
     #[serde(default)]
     usage: Option<ScriptUsage>,
+    /// Panic with this message instead of answering (fault injection).
+    #[serde(default)]
+    panic: Option<String>,
 }
 
 /// Token counts a script reports for one response (extension: accounting and budgets are
@@ -265,6 +271,13 @@ impl LlmClient for ScriptedLlm {
                 // Out of turns: end the turn silently and let validation decide (the brief).
                 None => (None, Vec::new(), 0, None),
                 Some((number, turn)) => {
+                    if let Some(message) = &turn.panic {
+                        // Fault injection, asked for by the script: the loop's engine task
+                        // panics here, as a bug in a model client would, so that a run can
+                        // show its loop actor restarted. (The turn is consumed first, so the
+                        // restarted loop goes on with the next one.)
+                        panic!("scripted panic of loop '{}': {message}", request.loop_name);
+                    }
                     let calls = turn
                         .calls
                         .iter()
@@ -601,6 +614,26 @@ client:
         assert_eq!(r.tool_calls[0].name, "complete_task");
         assert_eq!(r.tool_calls[0].input, json!({}));
         assert_eq!(r.tool_calls[0].id, "a-2-1");
+    }
+
+    #[tokio::test]
+    async fn a_panic_turn_panics_with_its_message_and_is_consumed() {
+        let llm = std::sync::Arc::new(script(
+            "a:\n  turns:\n    - panic: injected\n    - say: after\n",
+        ));
+        let first = {
+            let llm = llm.clone();
+            tokio::spawn(async move { llm.complete(&iteration("a")).await })
+        };
+        let err = first.await.unwrap_err();
+        let message = err.into_panic();
+        let message = message
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .unwrap_or("?");
+        assert_eq!(message, "scripted panic of loop 'a': injected");
+        let r = llm.complete(&iteration("a")).await.unwrap();
+        assert_eq!(r.text.as_deref(), Some("after"));
     }
 
     #[tokio::test]
