@@ -1,5 +1,6 @@
-//! Loop worktrees, checkpoint commits and merges (`td_git::worktree`) against real git
-//! in temporary repositories.
+//! Loop worktrees, checkpoint commits (`td_git::worktree`) and the merge queue's way of
+//! integrating a loop's branch (`td_git::integrate`: scratch merge, then a guarded advance)
+//! against real git in temporary repositories.
 //!
 //! Every git command, the fixture's and the library's, runs with `HOME` and `XDG_CONFIG_HOME`
 //! in the fixture's temp dir and `GIT_CONFIG_NOSYSTEM=1`, passed per command: the machine's
@@ -8,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use td_git::worktree::{MergeOutcome, Repo, Worktree, WorktreeError, loop_branch};
+use td_git::integrate::{Advance, ScratchMerge};
+use td_git::worktree::{Repo, Worktree, WorktreeError, loop_branch};
 use tempfile::TempDir;
 
 struct Fixture {
@@ -121,6 +123,53 @@ fn write_in(dir: &Path, rel: &str, text: &str) {
         std::fs::create_dir_all(parent).unwrap();
     }
     std::fs::write(path, text).unwrap();
+}
+
+/// How integrating a loop's branch ended (what the merge queue does with it).
+#[derive(Debug, PartialEq, Eq)]
+enum Integrated {
+    /// The target is at `commit`, the merge.
+    Merged { commit: String },
+    /// The branches conflict in `files`; nothing moved.
+    Conflict { files: Vec<String> },
+    /// The target could not be advanced; nothing moved.
+    Blocked { reason: String },
+}
+
+/// Integrates `branch` into `target` as the merge queue does: a merge in a scratch
+/// worktree at the target's head, then the target advanced (made again when it moved).
+async fn integrate(fx: &Fixture, repo: &Repo, branch: &str, target: &str) -> Integrated {
+    loop {
+        let old = repo
+            .branch_head(target)
+            .await
+            .unwrap()
+            .expect("the target exists");
+        let scratch_dir = fx
+            .tmp
+            .path()
+            .join(format!("scratch-{}", branch.replace('/', "-")));
+        let scratch = repo.scratch(&scratch_dir, &old).await.unwrap();
+        let merged = scratch
+            .merge(branch, &format!("Merge branch '{branch}' into {target}"))
+            .await
+            .unwrap();
+        scratch.remove().await.unwrap();
+        let commit = match merged {
+            ScratchMerge::Merged { commit } => commit,
+            ScratchMerge::Conflict { files } => {
+                return Integrated::Conflict {
+                    files: files.into_iter().map(|f| f.path).collect(),
+                };
+            }
+            ScratchMerge::Refused { reason } => return Integrated::Blocked { reason },
+        };
+        match repo.advance_branch(target, &commit, &old).await.unwrap() {
+            Advance::Advanced => return Integrated::Merged { commit },
+            Advance::Moved => continue,
+            Advance::Blocked { reason } => return Integrated::Blocked { reason },
+        }
+    }
 }
 
 /// A loop worktree with one committed change to `file`.
@@ -349,8 +398,8 @@ async fn merge_into_the_users_checkout() {
     // An untracked file of the user's neither blocks the merge nor is touched by it.
     fx.write("scratch.txt", "mine\n");
 
-    let outcome = repo.merge_branch(wt.branch(), "main").await.unwrap();
-    let MergeOutcome::Merged { commit } = outcome else {
+    let outcome = integrate(&fx, &repo, wt.branch(), "main").await;
+    let Integrated::Merged { commit } = outcome else {
         panic!("expected a merge, got {outcome:?}");
     };
     assert_eq!(commit, fx.head());
@@ -369,8 +418,8 @@ async fn merge_into_the_users_checkout() {
     );
 
     // Merging again finds nothing new: the tip stays.
-    let again = repo.merge_branch(wt.branch(), "main").await.unwrap();
-    assert_eq!(again, MergeOutcome::Merged { commit });
+    let again = integrate(&fx, &repo, wt.branch(), "main").await;
+    assert_eq!(again, Integrated::Merged { commit });
 }
 
 #[tokio::test]
@@ -389,10 +438,10 @@ async fn merge_conflict_is_aborted_and_listed() {
     fx.write("z.txt", "user z\n");
     let main_before = fx.commit_user("user edits");
 
-    let outcome = repo.merge_branch(wt.branch(), "main").await.unwrap();
+    let outcome = integrate(&fx, &repo, wt.branch(), "main").await;
     assert_eq!(
         outcome,
-        MergeOutcome::Conflict {
+        Integrated::Conflict {
             files: vec!["README.md".to_string(), "z.txt".to_string()]
         }
     );
@@ -414,15 +463,15 @@ async fn dirty_base_checkout_blocks_the_merge() {
     let main_before = fx.head();
     fx.write("README.md", "work in progress\n");
 
-    let outcome = repo.merge_branch(wt.branch(), "main").await.unwrap();
-    let MergeOutcome::Blocked { reason } = outcome else {
+    let outcome = integrate(&fx, &repo, wt.branch(), "main").await;
+    let Integrated::Blocked { reason } = outcome else {
         panic!("expected Blocked, got {outcome:?}");
     };
     assert!(
         reason.contains("has uncommitted changes (README.md)"),
         "{reason}"
     );
-    assert!(reason.contains("commit or stash"), "{reason}");
+    assert!(reason.contains("it was not touched"), "{reason}");
     assert_eq!(fx.head(), main_before);
     assert_eq!(fx.status(), "M README.md");
     assert_eq!(
@@ -449,11 +498,11 @@ async fn users_own_merge_in_progress_is_left_alone() {
     );
     assert!(fx.mid_merge());
 
-    let outcome = repo.merge_branch(wt.branch(), "main").await.unwrap();
-    let MergeOutcome::Blocked { reason } = outcome else {
+    let outcome = integrate(&fx, &repo, wt.branch(), "main").await;
+    let Integrated::Blocked { reason } = outcome else {
         panic!("expected Blocked, got {outcome:?}");
     };
-    assert!(reason.contains("merge is already in progress"), "{reason}");
+    assert!(reason.contains("a merge is in progress"), "{reason}");
     assert!(fx.mid_merge(), "the user's merge must not be aborted");
     assert_eq!(fx.status(), "A  side.txt");
     assert!(!fx.repo.join("api.txt").exists());
@@ -467,8 +516,8 @@ async fn untracked_file_in_the_way_blocks_the_merge() {
     let main_before = fx.head();
     fx.write("api.txt", "the user's own, untracked\n");
 
-    let outcome = repo.merge_branch(wt.branch(), "main").await.unwrap();
-    let MergeOutcome::Blocked { reason } = outcome else {
+    let outcome = integrate(&fx, &repo, wt.branch(), "main").await;
+    let Integrated::Blocked { reason } = outcome else {
         panic!("expected Blocked, got {outcome:?}");
     };
     assert!(reason.contains("api.txt"), "{reason}");
@@ -503,8 +552,8 @@ async fn merge_hooks_do_not_run() {
         std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
-    let outcome = repo.merge_branch(wt.branch(), "main").await.unwrap();
-    let MergeOutcome::Merged { commit } = outcome else {
+    let outcome = integrate(&fx, &repo, wt.branch(), "main").await;
+    let Integrated::Merged { commit } = outcome else {
         panic!("expected a merge, got {outcome:?}");
     };
     assert_eq!(commit, fx.head());
@@ -531,8 +580,8 @@ async fn base_not_checked_out_merges_in_a_temporary_worktree() {
     let release_before = fx.rev("release");
     let worktrees_before = fx.registered_worktrees();
 
-    let outcome = repo.merge_branch(wt.branch(), "release").await.unwrap();
-    let MergeOutcome::Merged { commit } = outcome else {
+    let outcome = integrate(&fx, &repo, wt.branch(), "release").await;
+    let Integrated::Merged { commit } = outcome else {
         panic!("expected a merge, got {outcome:?}");
     };
     assert_eq!(commit, fx.rev("release"));
@@ -561,10 +610,10 @@ async fn conflict_in_a_temporary_worktree_leaves_the_base_unchanged() {
     let wt = loop_with_commit(&fx, &repo, "api", "README.md", "loop\n").await;
     let worktrees_before = fx.registered_worktrees();
 
-    let outcome = repo.merge_branch(wt.branch(), "release").await.unwrap();
+    let outcome = integrate(&fx, &repo, wt.branch(), "release").await;
     assert_eq!(
         outcome,
-        MergeOutcome::Conflict {
+        Integrated::Conflict {
             files: vec!["README.md".to_string()]
         }
     );
@@ -581,38 +630,43 @@ async fn concurrent_merges_into_one_checkout_are_serialized() {
     let b = loop_with_commit(&fx, &repo, "b", "b.txt", "b\n").await;
 
     let (ra, rb) = tokio::join!(
-        repo.merge_branch(a.branch(), "main"),
-        repo.merge_branch(b.branch(), "main")
+        integrate(&fx, &repo, a.branch(), "main"),
+        integrate(&fx, &repo, b.branch(), "main")
     );
-    assert!(matches!(ra.unwrap(), MergeOutcome::Merged { .. }));
-    assert!(matches!(rb.unwrap(), MergeOutcome::Merged { .. }));
+    assert!(matches!(ra, Integrated::Merged { .. }), "{ra:?}");
+    assert!(matches!(rb, Integrated::Merged { .. }), "{rb:?}");
     assert!(fx.repo.join("a.txt").exists() && fx.repo.join("b.txt").exists());
     assert_eq!(fx.status(), "");
 }
 
 #[tokio::test]
-async fn merge_needs_existing_local_branches() {
+async fn integration_needs_a_real_branch_and_a_valid_target() {
     let fx = Fixture::new();
     let repo = fx.open().await;
-    let err = repo
-        .merge_branch("taskdaemon/r1/ghost", "main")
+    let head = fx.head();
+    let scratch = repo
+        .scratch(&fx.tmp.path().join("scratch"), &head)
         .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, WorktreeError::UnknownRevision { rev, .. } if rev == "taskdaemon/r1/ghost"),
-        "{err}"
-    );
-    let err = repo.merge_branch("main", "-x").await.unwrap_err();
+        .unwrap();
+    let outcome = scratch.merge("taskdaemon/r1/ghost", "m").await.unwrap();
+    let ScratchMerge::Refused { reason } = outcome else {
+        panic!("expected Refused, got {outcome:?}");
+    };
+    assert!(reason.contains("taskdaemon/r1/ghost"), "{reason}");
+    scratch.remove().await.unwrap();
+    let err = repo.advance_branch("-x", &head, &head).await.unwrap_err();
     assert!(
         matches!(
             err,
             WorktreeError::Invalid {
-                what: "base branch",
+                what: "integration target",
                 ..
             }
         ),
         "{err}"
     );
+    assert_eq!(fx.head(), head);
+    assert_eq!(fx.status(), "");
 }
 
 #[tokio::test]

@@ -166,6 +166,11 @@ impl Repo {
     /// integration) is removed first.
     pub async fn scratch(&self, dir: &Path, commit: &str) -> Result<Scratch> {
         check_rev("commit", commit)?;
+        // One worktree registration change of this repository at a time: the `prune` below
+        // would otherwise forget a worktree another task is adding (the merge queue and a
+        // dependent's handover make scratch worktrees at the same time).
+        let lock = merge_lock(&self.common_dir);
+        let _serialized = lock.lock().await;
         let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         if dir.exists() {
             let _ = self
@@ -219,6 +224,8 @@ impl Repo {
     /// Removes every scratch worktree left under `root` (a run killed during an
     /// integration) and `root` itself, and forgets their registrations.
     pub async fn clear_scratch(&self, root: &Path) -> Result<()> {
+        let lock = merge_lock(&self.common_dir);
+        let _serialized = lock.lock().await;
         if let Ok(entries) = std::fs::read_dir(root) {
             for entry in entries.flatten() {
                 let path = entry.path();

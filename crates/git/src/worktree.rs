@@ -160,40 +160,6 @@ pub enum WorktreeError {
         /// What to do.
         hint: String,
     },
-    /// The task running a merge ended without an outcome (it panicked or the runtime stopped).
-    #[error(
-        "the merge of `{branch}` into `{into}` stopped unexpectedly ({detail}); check `git status` where `{into}` is checked out and run `git merge --abort` there if a merge is in progress"
-    )]
-    MergeInterrupted {
-        /// The branch being merged.
-        branch: String,
-        /// The base it was merged into.
-        into: String,
-        /// What happened to the task.
-        detail: String,
-    },
-}
-
-/// How a merge ended when nothing went wrong with git itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MergeOutcome {
-    /// The base now contains the branch. `commit` is the base's new tip: the merge commit, or
-    /// the unchanged tip when the branch had nothing the base lacked.
-    Merged {
-        /// The base branch's tip after the merge.
-        commit: String,
-    },
-    /// The branches conflict. The merge was aborted; nothing changed anywhere.
-    Conflict {
-        /// Conflicting paths, relative to the repository root, sorted.
-        files: Vec<String>,
-    },
-    /// The merge could not be attempted (dirty checkout, a merge already in progress, an
-    /// untracked file in the way, a commit that could not be written). Nothing changed.
-    Blocked {
-        /// Why, and what to do about it.
-        reason: String,
-    },
 }
 
 /// The branch a loop works on: `taskdaemon/<run_id>/<loop_name>`.
@@ -393,8 +359,10 @@ fn real_or_given(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// One lock per repository (keyed by its common git dir), so that merges started by
-/// different loops of this process never run in the same checkout at once.
+/// One lock per repository (keyed by its common git dir): this process's changes to the
+/// repository's worktree registrations (a loop's worktree added, a scratch worktree made or
+/// cleared, with the `prune`s they do) and the advances of an integration target happen
+/// one at a time.
 pub(crate) fn merge_lock(common_dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
     type Locks = Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>;
     static LOCKS: OnceLock<Locks> = OnceLock::new();
@@ -529,6 +497,10 @@ impl Repo {
     ) -> Result<Worktree> {
         check_component("run id", run_id)?;
         check_component("loop name", loop_name)?;
+        // Serialized with the merge queue's scratch worktrees, whose `prune` would otherwise
+        // forget this worktree halfway through its `worktree add`.
+        let lock = merge_lock(&self.common_dir);
+        let _serialized = lock.lock().await;
         // The run id first (with a placeholder loop), so that the error names the input at fault.
         self.check_branch_name("run id", run_id, &loop_branch(run_id, "loop"))
             .await?;
@@ -620,47 +592,6 @@ impl Repo {
             )
             .await?;
         Ok(self.worktree(&dir, branch))
-    }
-
-    /// Merges the finished loop branch `branch` into `into_base` with a merge commit
-    /// (`--no-ff`) made under TaskDaemon's identity.
-    ///
-    /// When `into_base` is checked out somewhere (often the user's own checkout), the merge
-    /// happens there, and only if its tracked files are clean and no merge is in progress
-    /// ([`MergeOutcome::Blocked`] otherwise). Untracked files do not block; git refuses the
-    /// merge (Blocked) if it would overwrite one. When `into_base` is checked out nowhere,
-    /// the merge happens in a temporary worktree under the system temp directory, removed
-    /// afterwards, and no checkout of the user's is touched. A conflict is aborted and reported
-    /// as [`MergeOutcome::Conflict`]; either way no checkout is left mid-merge. No hook runs
-    /// ([`crate::daemon_git::NO_HOOKS`]).
-    pub async fn merge_branch(&self, branch: &str, into_base: &str) -> Result<MergeOutcome> {
-        self.check_branch_name("branch to merge", branch, branch)
-            .await?;
-        self.check_branch_name("base branch", into_base, into_base)
-            .await?;
-        for name in [branch, into_base] {
-            if !self.branch_exists(name).await? {
-                return Err(WorktreeError::UnknownRevision {
-                    rev: name.to_string(),
-                    repo: self.root.clone(),
-                    hint: "both sides of a merge must be local branches; check the name with `git branch --list`".to_string(),
-                });
-            }
-        }
-        let repo = self.clone();
-        let (branch, into) = (branch.to_string(), into_base.to_string());
-        let (b, i) = (branch.clone(), into.clone());
-        // Its own task: a caller that gives up must not stop us between merge and abort.
-        let task = tokio::spawn(async move {
-            let lock = merge_lock(&repo.common_dir);
-            let _serialized = lock.lock().await;
-            repo.merge_serialized(&b, &i).await
-        });
-        task.await.map_err(|e| WorktreeError::MergeInterrupted {
-            branch,
-            into,
-            detail: e.to_string(),
-        })?
     }
 
     /// Removes a loop's worktree (uncommitted changes in it are discarded). The branch stays
@@ -796,169 +727,6 @@ impl Repo {
             }
             Err(e) => Err(in_use(format!("it cannot be read ({e})"))),
         }
-    }
-
-    /// The merge proper; runs with this repository's merge lock held.
-    async fn merge_serialized(&self, branch: &str, into: &str) -> Result<MergeOutcome> {
-        if let Some(at) = self.checked_out_at(into).await? {
-            if !at.exists() {
-                return Ok(MergeOutcome::Blocked {
-                    reason: format!(
-                        "`{into}` is checked out in {}, which no longer exists; run `git worktree prune` in {} and merge again",
-                        at.display(),
-                        self.root.display()
-                    ),
-                });
-            }
-            return self.merge_in(&at, branch, into).await;
-        }
-
-        let tmp = tempfile::Builder::new()
-            .prefix("taskdaemon-merge-")
-            .tempdir()
-            .map_err(|e| WorktreeError::Git {
-                command: "create a temporary directory".to_string(),
-                dir: std::env::temp_dir(),
-                status: "failed".to_string(),
-                stderr: e.to_string(),
-                hint: "check that the system temp directory (TMPDIR) is writable".to_string(),
-            })?;
-        let checkout = tmp.path().join("checkout");
-        self.git
-            .run(
-                &self.root,
-                [
-                    OsStr::new("worktree"),
-                    OsStr::new("add"),
-                    OsStr::new("--quiet"),
-                    checkout.as_os_str(),
-                    OsStr::new(into),
-                ],
-                "if the base branch is being rebased or bisected somewhere, finish that first; otherwise check that the temp directory is writable",
-            )
-            .await?;
-        let outcome = self.merge_in(&checkout, branch, into).await;
-        let removed = self
-            .git
-            .output(
-                &self.root,
-                [
-                    OsStr::new("worktree"),
-                    OsStr::new("remove"),
-                    OsStr::new("--force"),
-                    checkout.as_os_str(),
-                ],
-            )
-            .await;
-        if !matches!(&removed, Ok(out) if out.success()) {
-            // The directory goes with `tmp`; pruning then forgets its registration.
-            drop(tmp);
-            if let Err(e) = self.prune().await {
-                tracing::warn!("could not remove the temporary merge worktree: {e}");
-            }
-        }
-        outcome
-    }
-
-    /// Merges `branch` into the branch checked out at `dir`, leaving `dir` as it was unless
-    /// the merge succeeds.
-    async fn merge_in(&self, dir: &Path, branch: &str, into: &str) -> Result<MergeOutcome> {
-        let git = &self.git;
-        if git.merge_in_progress(dir).await? {
-            return Ok(MergeOutcome::Blocked {
-                reason: format!(
-                    "a merge is already in progress in {}, where `{into}` is checked out; finish it (`git commit`) or abort it (`git merge --abort`), then merge again",
-                    dir.display()
-                ),
-            });
-        }
-        let status = git
-            .output(
-                dir,
-                ["status", "--porcelain=v1", "-z", "--untracked-files=no"],
-            )
-            .await?;
-        if !status.success() {
-            return Err(status.into_error("check that the checkout is readable"));
-        }
-        let dirty = porcelain_paths(&status.stdout);
-        if !dirty.is_empty() {
-            return Ok(MergeOutcome::Blocked {
-                reason: format!(
-                    "{}, where `{into}` is checked out, has uncommitted changes ({}); commit or stash them there, then merge again",
-                    dir.display(),
-                    list_some(&dirty)
-                ),
-            });
-        }
-
-        let message = format!("Merge branch '{branch}' into {into}");
-        let source = format!("refs/heads/{branch}");
-        let merge = git
-            .output(
-                dir,
-                [
-                    "-c",
-                    &format!("user.name={COMMIT_NAME}"),
-                    "-c",
-                    &format!("user.email={COMMIT_EMAIL}"),
-                    "-c",
-                    "commit.gpgSign=false",
-                    "merge",
-                    "--no-ff",
-                    "--no-edit",
-                    "-m",
-                    &message,
-                    &source,
-                ],
-            )
-            .await?;
-        if merge.success() {
-            let commit = git
-                .run(
-                    dir,
-                    ["rev-parse", "--verify", "HEAD"],
-                    "the merge succeeded; check `git log` there",
-                )
-                .await?;
-            return Ok(MergeOutcome::Merged { commit });
-        }
-        if !git.merge_in_progress(dir).await? {
-            // Git refused before touching anything (an untracked file in the way, unrelated
-            // histories, ...).
-            return Ok(MergeOutcome::Blocked {
-                reason: format!(
-                    "git refused to merge `{branch}` into `{into}` in {}: {}; resolve that, then merge again",
-                    dir.display(),
-                    td_base::text::head_tail(merge.stderr.trim(), MAX_STDERR)
-                ),
-            });
-        }
-        let unmerged = git
-            .output(dir, ["diff", "--name-only", "--diff-filter=U", "-z"])
-            .await;
-        let abort = git.output(dir, ["merge", "--abort"]).await?;
-        if !abort.success() {
-            return Err(abort.into_error(format!(
-                "{} is left mid-merge: run `git merge --abort` there",
-                dir.display()
-            )));
-        }
-        let mut files = nul_separated(&unmerged?.stdout);
-        files.sort();
-        files.dedup();
-        if files.is_empty() {
-            // Stopped without conflicts (no hook runs: something else failed, e.g. writing
-            // the commit).
-            return Ok(MergeOutcome::Blocked {
-                reason: format!(
-                    "the merge of `{branch}` into `{into}` in {} stopped before committing ({}); it was aborted and nothing changed; fix what git said, then merge again",
-                    dir.display(),
-                    td_base::text::head_tail(merge.stderr.trim(), MAX_STDERR)
-                ),
-            });
-        }
-        Ok(MergeOutcome::Conflict { files })
     }
 }
 
