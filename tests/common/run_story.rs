@@ -5,9 +5,10 @@
 //! placeholders, so the text is the same on every run of a deterministic scenario.
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::Value;
+
+use super::git;
 
 /// What to tell of a run.
 pub struct Story<'a> {
@@ -230,22 +231,6 @@ fn hide_commit_ids(text: &str) -> String {
     }
     flush(&mut word, &mut out);
     out
-}
-
-/// Git's stdout in `dir` (isolated from the machine's config); panics when git fails.
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Asserts the insta snapshot `name` (in `snapshots/`) of `text`.
