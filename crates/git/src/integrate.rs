@@ -14,8 +14,8 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use crate::worktree::{
-    COMMIT_EMAIL, COMMIT_NAME, MAX_STDERR, Repo, Result, Worktree, WorktreeError, list_some,
-    merge_lock, nul_separated, porcelain_paths,
+    COMMIT_EMAIL, COMMIT_NAME, GitOutput, MAX_STDERR, Repo, Result, Worktree, WorktreeError,
+    list_some, merge_lock, nul_separated, porcelain_paths,
 };
 
 /// Longest diff of one side of one conflicting file that is kept (head and tail).
@@ -173,18 +173,7 @@ impl Repo {
         let _serialized = lock.lock().await;
         let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         if dir.exists() {
-            let _ = self
-                .git
-                .output(
-                    &self.root,
-                    [
-                        OsStr::new("worktree"),
-                        OsStr::new("remove"),
-                        OsStr::new("--force"),
-                        dir.as_os_str(),
-                    ],
-                )
-                .await;
+            let _ = self.remove_worktree_dir(&dir).await;
             if dir.exists() {
                 std::fs::remove_dir_all(&dir).map_err(|e| WorktreeError::DirectoryInUse {
                     dir: dir.clone(),
@@ -221,6 +210,22 @@ impl Repo {
         })
     }
 
+    /// `git worktree remove --force DIR`: what it did, failure included (a caller that
+    /// only tidies up ignores it).
+    async fn remove_worktree_dir(&self, dir: &Path) -> Result<GitOutput> {
+        self.git
+            .output(
+                &self.root,
+                [
+                    OsStr::new("worktree"),
+                    OsStr::new("remove"),
+                    OsStr::new("--force"),
+                    dir.as_os_str(),
+                ],
+            )
+            .await
+    }
+
     /// Removes every scratch worktree left under `root` (a run killed during an
     /// integration) and `root` itself, and forgets their registrations.
     pub async fn clear_scratch(&self, root: &Path) -> Result<()> {
@@ -229,18 +234,7 @@ impl Repo {
         if let Ok(entries) = std::fs::read_dir(root) {
             for entry in entries.flatten() {
                 let path = entry.path();
-                let _ = self
-                    .git
-                    .output(
-                        &self.root,
-                        [
-                            OsStr::new("worktree"),
-                            OsStr::new("remove"),
-                            OsStr::new("--force"),
-                            path.as_os_str(),
-                        ],
-                    )
-                    .await;
+                let _ = self.remove_worktree_dir(&path).await;
             }
         }
         if root.exists() {
@@ -502,19 +496,7 @@ impl Scratch {
 
     /// Removes the scratch worktree (its directory and its registration).
     pub async fn remove(self) -> Result<()> {
-        let out = self
-            .repo
-            .git
-            .output(
-                &self.repo.root,
-                [
-                    OsStr::new("worktree"),
-                    OsStr::new("remove"),
-                    OsStr::new("--force"),
-                    self.path.as_os_str(),
-                ],
-            )
-            .await?;
+        let out = self.repo.remove_worktree_dir(&self.path).await?;
         if !out.success() {
             let _ = std::fs::remove_dir_all(&self.path);
             self.repo.prune().await?;

@@ -13,10 +13,9 @@
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt as _;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 
-use crate::worktree::{COMMIT_EMAIL, COMMIT_NAME, RUN_RECORD_DIR, WorktreeError};
+use crate::worktree::{COMMIT_EMAIL, COMMIT_NAME, GitOutput, RUN_RECORD_DIR, WorktreeError};
 
 /// The oldest git whose `merge-tree` has `--write-tree` (a real merge, in memory).
 pub const MIN_GIT: (u32, u32) = (2, 38);
@@ -362,80 +361,17 @@ fn unexpected(dir: &Path, command: &str, out: &str) -> WorktreeError {
     }
 }
 
-/// What one git command did.
-struct Output {
-    command: String,
-    dir: PathBuf,
-    status: std::process::ExitStatus,
-    stdout: Vec<u8>,
-    stderr: String,
-}
-
-impl Output {
-    fn into_error(self, hint: impl Into<String>) -> WorktreeError {
-        let status = match self.status.code() {
-            Some(code) => format!("exit code {code}"),
-            None => "killed by a signal".to_string(),
-        };
-        let stderr = self.stderr.trim();
-        WorktreeError::Git {
-            command: self.command,
-            dir: self.dir,
-            status,
-            stderr: if stderr.is_empty() {
-                "no error output".to_string()
-            } else {
-                td_base::text::head_tail(stderr, MAX_STDERR)
-            },
-            hint: hint.into(),
-        }
-    }
-}
-
-/// Runs the daemon's git in `dir` with `env` added, to its end (never killed midway: a
-/// killed git can leave a lock file behind).
+/// The crate's one git launcher, with `env` added.
 async fn git<I, S>(
     dir: &Path,
     args: I,
     env: &[(OsString, OsString)],
-) -> Result<Output, WorktreeError>
+) -> Result<GitOutput, WorktreeError>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let mut cmd = tokio::process::Command::from(crate::daemon_git::command(dir));
-    cmd.args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (key, value) in env {
-        cmd.env(key, value);
-    }
-    let command = std::iter::once("git".to_string())
-        .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let out = cmd.output().await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-            WorktreeError::GitUnavailable {
-                detail: e.to_string(),
-            }
-        }
-        _ => WorktreeError::Git {
-            command: command.clone(),
-            dir: dir.to_path_buf(),
-            status: "could not start".to_string(),
-            stderr: e.to_string(),
-            hint: "check that the directory exists and is readable".to_string(),
-        },
-    })?;
-    Ok(Output {
-        command,
-        dir: dir.to_path_buf(),
-        status: out.status,
-        stdout: out.stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
+    crate::worktree::git_output(dir, args, env).await
 }
 
 /// [`git`] that must succeed; its stdout without the final newline.
@@ -450,16 +386,16 @@ where
     S: AsRef<OsStr>,
 {
     let out = git(dir, args, env).await?;
-    if !out.status.success() {
+    if !out.success() {
         return Err(out.into_error(hint));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
+    Ok(out.text())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
     use std::process::Command;
 
     /// Runs the test's own git (a fixed identity, no system or user config) in `dir`;

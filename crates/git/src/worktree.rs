@@ -214,6 +214,55 @@ impl GitOutput {
     }
 }
 
+/// Runs the daemon's git in `dir` with `env` added, to its end (never killed midway: a
+/// killed git can leave a lock file behind), and returns whatever it did, failure
+/// included. The one launcher of the crate's git commands: the daemon's git environment
+/// (no hooks, no fsmonitor, nothing inherited that points at another repository, its own
+/// process group: see `crate::daemon_git::command`).
+pub(crate) async fn git_output<I, S>(
+    dir: &Path,
+    args: I,
+    env: &[(OsString, OsString)],
+) -> Result<GitOutput>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let mut cmd = tokio::process::Command::from(crate::daemon_git::command(dir));
+    cmd.args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let command = std::iter::once("git".to_string())
+        .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = cmd.output().await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+            WorktreeError::GitUnavailable {
+                detail: e.to_string(),
+            }
+        }
+        _ => WorktreeError::Git {
+            command: command.clone(),
+            dir: dir.to_path_buf(),
+            status: "could not start".to_string(),
+            stderr: e.to_string(),
+            hint: "check that the directory exists and the arguments hold no NUL byte".to_string(),
+        },
+    })?;
+    Ok(GitOutput {
+        command,
+        dir: dir.to_path_buf(),
+        status: out.status,
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
 impl Git {
     /// Runs `git ARGS` in `dir` and returns whatever it did, failure included.
     pub(crate) async fn output<I, S>(&self, dir: &Path, args: I) -> Result<GitOutput>
@@ -221,42 +270,7 @@ impl Git {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-        // The daemon's git environment: no hooks, no fsmonitor, nothing inherited that points
-        // at another repository, its own process group (see `crate::daemon_git::command`).
-        let mut cmd = tokio::process::Command::from(crate::daemon_git::command(dir));
-        cmd.args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (key, value) in self.extra_env.iter() {
-            cmd.env(key, value);
-        }
-        let command = std::iter::once("git".to_string())
-            .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let out = cmd.output().await.map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-                WorktreeError::GitUnavailable {
-                    detail: e.to_string(),
-                }
-            }
-            _ => WorktreeError::Git {
-                command: command.clone(),
-                dir: dir.to_path_buf(),
-                status: "could not start".to_string(),
-                stderr: e.to_string(),
-                hint: "check that the directory exists and the arguments hold no NUL byte"
-                    .to_string(),
-            },
-        })?;
-        Ok(GitOutput {
-            command,
-            dir: dir.to_path_buf(),
-            status: out.status,
-            stdout: out.stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
+        git_output(dir, args, &self.extra_env).await
     }
 
     /// Runs `git ARGS` in `dir`; a failure becomes an error carrying `hint`.
