@@ -4,188 +4,54 @@
 //! the loop as a new iteration, up to `merge-attempts`; a shared-worktree group lands
 //! whole or not at all; `taskdaemon merge` integrates by hand.
 //!
-//! Each test builds `<tmp>/user` (a repository on `main`, one commit) and copies one
-//! scenario of `tests/fixtures/run/` to `<tmp>/config` (`{{KEY}}` placeholders replaced),
-//! with the run record in `<tmp>/run`. Every process gets `HOME`, `XDG_CONFIG_HOME` and
-//! `GIT_CONFIG_NOSYSTEM` in the temp dir. Timeouts are failure guards only.
+//! Each test runs one scenario of `tests/fixtures/run/` in a `common::fixture_project`
+//! (the user's repository, the config, the run record, isolated processes). Timeouts are
+//! failure guards only.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use tempfile::TempDir;
 
 mod common;
+use common::fixture_project::{Outcome, Project, RUN_GUARD, finish};
 use common::run_story::{Story, snap};
 
-const RUN_GUARD: Duration = Duration::from_secs(90);
-
-struct Project {
-    tmp: TempDir,
+/// A project of the scenario `fixture` (`tests/fixtures/run/<fixture>`), with `vars` for
+/// its placeholders.
+fn project(fixture: &str, vars: &[(&str, &str)]) -> Project {
+    let vars: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    Project::new(fixture, &vars)
 }
 
-/// What a finished process left.
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit code {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-impl Project {
-    /// `<tmp>/user` on `main` with README.md and shared.txt ("original"), and the fixture
-    /// copied to `<tmp>/config` (`{{REPO}}` is the user's checkout).
-    fn new(fixture: &str, vars: &[(&str, &str)]) -> Project {
-        let project = Project {
-            tmp: tempfile::tempdir().unwrap(),
-        };
-        std::fs::create_dir_all(project.root().join("home/.config")).unwrap();
-        std::fs::create_dir_all(project.repo()).unwrap();
-        std::fs::write(project.repo().join("README.md"), "a test project\n").unwrap();
-        std::fs::write(project.repo().join("shared.txt"), "original\n").unwrap();
-        project.git(&["init", "--quiet", "-b", "main"]);
-        project.git(&["add", "-A"]);
-        project.git(&["commit", "--quiet", "-m", "initial"]);
-        let repo = project.repo().display().to_string();
-        let mut vars: Vec<(&str, &str)> = vars.to_vec();
-        vars.push(("REPO", &repo));
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/run")
-            .join(fixture);
-        std::fs::create_dir_all(project.root().join("config")).unwrap();
-        for entry in std::fs::read_dir(&src).unwrap() {
-            let entry = entry.unwrap();
-            let mut text = std::fs::read_to_string(entry.path()).unwrap();
-            for (key, value) in &vars {
-                text = text.replace(&format!("{{{{{key}}}}}"), value);
-            }
-            assert!(
-                !text.contains("{{"),
-                "{}: a placeholder left",
-                entry.path().display()
-            );
-            std::fs::write(project.root().join("config").join(entry.file_name()), text).unwrap();
-        }
-        project
-    }
-
-    fn root(&self) -> &Path {
-        self.tmp.path()
-    }
-
-    fn repo(&self) -> PathBuf {
-        self.root().join("user")
-    }
-
-    fn run_dir(&self) -> PathBuf {
-        self.root().join("run")
-    }
-
-    fn isolate(&self, cmd: &mut Command) {
-        let home = self.root().join("home");
-        cmd.env("HOME", &home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .stdin(Stdio::null());
-    }
-
-    fn git_command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("git");
-        cmd.args([
-            "-c",
-            "user.name=Test User",
-            "-c",
-            "user.email=user@example.com",
-        ])
-        .args(args)
-        .current_dir(self.repo());
-        self.isolate(&mut cmd);
-        cmd
-    }
-
-    /// Git in the user's checkout: trimmed stdout; panics when it fails.
-    fn git(&self, args: &[&str]) -> String {
-        let out = self.git_command(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    fn git_ok(&self, args: &[&str]) -> bool {
-        self.git_command(args).output().unwrap().status.success()
-    }
-
+/// What these tests ask of a project beyond the common one.
+trait QueueProject {
+    /// `taskdaemon run` of the scenario's config to its end.
+    fn run_scenario(&self) -> Outcome;
     /// `taskdaemon ARGS` to its end.
-    fn taskdaemon(&self, args: &[&str]) -> Outcome {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
-        cmd.args(args).current_dir(self.root());
-        self.isolate(&mut cmd);
-        let child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        let guard = std::thread::spawn(move || {
-            std::thread::sleep(RUN_GUARD);
-            // SAFETY: a plain kill(2) of the child we started; harmless once it exited.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        });
-        let out = child.wait_with_output().unwrap();
-        drop(guard);
-        Outcome {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+    fn taskdaemon_to_end(&self, args: &[&str]) -> Outcome;
+    /// A loop's transcript, as text (empty when it has none).
+    fn transcript_text(&self, name: &str) -> String;
+    /// The run's integration branch.
+    fn integration(&self) -> String;
+    /// The run told for a snapshot, with the history and files of `branches` (`{run}`: the
+    /// run id) and the first prompts of the loops `first_prompts`.
+    fn story(&self, branches: &[&str], first_prompts: &[&str]) -> String;
+    /// The user's checkout is clean and not mid-merge.
+    fn assert_checkout_clean(&self);
+}
+
+impl QueueProject for Project {
+    fn run_scenario(&self) -> Outcome {
+        self.run(&self.config(), &[])
     }
 
-    fn run(&self) -> Outcome {
-        let config = self.root().join("config/taskdaemon.yml");
-        let run_dir = self.run_dir();
-        self.taskdaemon(&[
-            "run",
-            "-c",
-            config.to_str().unwrap(),
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-        ])
+    fn taskdaemon_to_end(&self, args: &[&str]) -> Outcome {
+        finish(self.taskdaemon(args).spawn().unwrap(), RUN_GUARD)
     }
 
-    fn summary(&self) -> Value {
-        let text = std::fs::read_to_string(self.run_dir().join("summary.json")).unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-
-    fn events(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.run_dir().join("events.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn transcript(&self, name: &str) -> String {
-        std::fs::read_to_string(
-            self.run_dir()
-                .join("loops")
-                .join(name)
-                .join("transcript.jsonl"),
-        )
-        .unwrap_or_default()
+    fn transcript_text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.transcript(name)).unwrap_or_default()
     }
 
     fn integration(&self) -> String {
@@ -195,8 +61,6 @@ impl Project {
         )
     }
 
-    /// The run told for a snapshot, with the history and files of `branches` (`{run}`: the
-    /// run id) and the first prompts of the loops `first_prompts`.
     fn story(&self, branches: &[&str], first_prompts: &[&str]) -> String {
         Story {
             run_dir: &self.run_dir(),
@@ -208,7 +72,6 @@ impl Project {
         .text()
     }
 
-    /// The user's checkout is clean and not mid-merge.
     fn assert_checkout_clean(&self) {
         assert_eq!(self.git(&["status", "--porcelain"]), "");
         assert!(!self.git_ok(&["rev-parse", "-q", "--verify", "MERGE_HEAD"]));
@@ -218,8 +81,8 @@ impl Project {
 
 #[test]
 fn a_dependent_starts_from_its_dependencys_landed_work() {
-    let project = Project::new("handover", &[]);
-    let out = project.run();
+    let project = project("handover", &[]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(0), "{out:?}");
     let summary = project.summary();
     for name in ["impl", "impl2", "user", "control"] {
@@ -228,18 +91,18 @@ fn a_dependent_starts_from_its_dependencys_landed_work() {
     // impl2 landed in the user's branch; user started with it merged in too.
     assert_eq!(summary["loops"]["impl2"]["merge"]["into"], "main");
     assert!(
-        project.transcript("user").contains("MODULE2-c41e"),
+        project.transcript_text("user").contains("MODULE2-c41e"),
         "{}",
-        project.transcript("user")
+        project.transcript_text("user")
     );
     // `user`'s first tool call read the module its dependency wrote (the token is in no
     // prompt: only in the file); `handover: base` started `control` from the base branch.
     assert!(
-        project.transcript("user").contains("MODULE-7f3a"),
+        project.transcript_text("user").contains("MODULE-7f3a"),
         "user's read_file did not see impl's module: {}",
-        project.transcript("user")
+        project.transcript_text("user")
     );
-    assert!(!project.transcript("control").contains("MODULE-7f3a"));
+    assert!(!project.transcript_text("control").contains("MODULE-7f3a"));
     // All three landed in the run's integration branch; the user's branch is untouched.
     let integration = project.integration();
     for file in ["module.txt", "used.txt"] {
@@ -262,8 +125,8 @@ fn a_dependent_starts_from_its_dependencys_landed_work() {
 
 #[test]
 fn a_conflict_goes_back_to_the_loop_which_resolves_it_and_lands() {
-    let project = Project::new("handback-conflict", &[]);
-    let out = project.run();
+    let project = project("handback-conflict", &[]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(0), "{out:?}");
     let summary = project.summary();
     let two = &summary["loops"]["two"];
@@ -291,7 +154,7 @@ fn a_conflict_goes_back_to_the_loop_which_resolves_it_and_lands() {
     assert_eq!(handed["loop_name"], "two");
     assert_eq!(handed["attempt"], 1);
     assert_eq!(handed["files"], serde_json::json!(["shared.txt"]));
-    let transcript = project.transcript("two");
+    let transcript = project.transcript_text("two");
     assert!(transcript.contains("conflict markers"), "{transcript}");
     assert!(transcript.contains("+from one"), "{transcript}");
     assert!(transcript.contains("+from two"), "{transcript}");
@@ -309,8 +172,8 @@ fn a_conflict_goes_back_to_the_loop_which_resolves_it_and_lands() {
 
 #[test]
 fn a_merged_validation_that_fails_goes_back_and_the_fix_lands() {
-    let project = Project::new("merged-validation", &[("ATTEMPTS", "3"), ("PORT", "8081")]);
-    let out = project.run();
+    let project = project("merged-validation", &[("ATTEMPTS", "3"), ("PORT", "8081")]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(0), "{out:?}");
     let summary = project.summary();
     let b = &summary["loops"]["b"];
@@ -331,7 +194,7 @@ fn a_merged_validation_that_fails_goes_back_and_the_fix_lands() {
         "{handed:#}"
     );
     // b's second iteration saw the merged validation's command (with its exit code).
-    let transcript = project.transcript("b");
+    let transcript = project.transcript_text("b");
     assert!(transcript.contains("uniq -d"), "{transcript}");
     project.assert_checkout_clean();
     snap(
@@ -344,8 +207,8 @@ fn a_merged_validation_that_fails_goes_back_and_the_fix_lands() {
 fn hand_backs_past_merge_attempts_block_the_loop_and_markers_never_land() {
     // two's next iteration completes with the conflict markers still in shared.txt: the
     // queue refuses them and, its one hand back used, blocks it.
-    let project = Project::new("handback-exhausted", &[]);
-    let out = project.run();
+    let project = project("handback-exhausted", &[]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(1), "{out:?}");
     let summary = project.summary();
     let two = &summary["loops"]["two"];
@@ -377,8 +240,8 @@ fn hand_backs_past_merge_attempts_block_the_loop_and_markers_never_land() {
 
 #[test]
 fn a_group_with_a_failed_member_lands_nothing() {
-    let project = Project::new("group-fails", &[]);
-    let out = project.run();
+    let project = project("group-fails", &[]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(1), "{out:?}");
     let summary = project.summary();
     assert_eq!(summary["loops"]["m2"]["status"], "failed", "{summary:#}");
@@ -409,10 +272,10 @@ fn a_group_with_a_failed_member_lands_nothing() {
 
 #[test]
 fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean() {
-    let project = Project::new("merge-dirty", &[]);
+    let project = project("merge-dirty", &[]);
     std::fs::write(project.repo().join("README.md"), "the user's edit\n").unwrap();
     let main_before = project.git(&["rev-parse", "main"]);
-    let out = project.run();
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(1), "{out:?}");
     let summary = project.summary();
     let run_id = summary["run_id"].as_str().unwrap().to_string();
@@ -437,12 +300,13 @@ fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean
     project.git(&["checkout", "--", "README.md"]);
     let run_dir = project.run_dir();
     let held = taskdaemon::run::owner::take(&run_dir).unwrap();
-    let refused = project.taskdaemon(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
+    let refused =
+        project.taskdaemon_to_end(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
     assert_eq!(refused.code, Some(75), "{refused:?}");
     assert!(!project.repo().join("solo.txt").exists());
     drop(held);
     let merged =
-        project.taskdaemon(&["merge", &run_id, "solo", "--dir", run_dir.to_str().unwrap()]);
+        project.taskdaemon_to_end(&["merge", &run_id, "solo", "--dir", run_dir.to_str().unwrap()]);
     assert_eq!(merged.code, Some(0), "{merged:?}");
     assert!(
         merged.stdout.contains("solo: merged into main as "),
@@ -463,7 +327,7 @@ fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean
     let last = project.events().pop().unwrap();
     assert_eq!(last["event"], "loop_merged", "{last:#}");
     // Again: nothing left to do.
-    let again = project.taskdaemon(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
+    let again = project.taskdaemon_to_end(&["merge", &run_id, "--dir", run_dir.to_str().unwrap()]);
     assert_eq!(again.code, Some(0), "{again:?}");
     assert!(
         again.stdout.contains("solo: already merged into main"),
@@ -475,7 +339,7 @@ fn a_dirty_checkout_is_left_alone_and_taskdaemon_merge_lands_the_work_once_clean
 fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
     let flags = tempfile::tempdir().unwrap();
     let f = flags.path().canonicalize().unwrap();
-    let project = Project::new("queue-resume", &[("FLAGS", f.to_str().unwrap())]);
+    let project = project("queue-resume", &[("FLAGS", f.to_str().unwrap())]);
     let config = project.root().join("config/taskdaemon.yml");
     let run_dir = project.run_dir();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskdaemon"));
@@ -513,7 +377,7 @@ fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
     );
     assert!(summary["loops"]["solo"]["merge"].is_null(), "{summary:#}");
 
-    let out = project.taskdaemon(&[
+    let out = project.taskdaemon_to_end(&[
         "run",
         "-c",
         config.to_str().unwrap(),
@@ -541,8 +405,8 @@ fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
 
 #[test]
 fn a_groups_failing_validation_goes_back_to_its_member_and_the_group_lands_whole() {
-    let project = Project::new("group-handback", &[]);
-    let out = project.run();
+    let project = project("group-handback", &[]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(0), "{out:?}");
     let summary = project.summary();
     let (g1, g2) = (&summary["loops"]["g1"], &summary["loops"]["g2"]);
@@ -570,8 +434,8 @@ fn a_groups_failing_validation_goes_back_to_its_member_and_the_group_lands_whole
 
 #[test]
 fn the_pipeline_plan_spec_code_runs_from_one_file_each_stage_from_the_artifacts_before() {
-    let project = Project::new("pipeline", &[]);
-    let out = project.run();
+    let project = project("pipeline", &[]);
+    let out = project.run_scenario();
     assert_eq!(out.code, Some(0), "{out:?}");
     let summary = project.summary();
     for name in ["planner", "speccer", "coder"] {
@@ -579,13 +443,13 @@ fn the_pipeline_plan_spec_code_runs_from_one_file_each_stage_from_the_artifacts_
     }
     // Each stage's first prompt named the artifacts of the stage before, and its first
     // tool call read them from its worktree (a missing file would be an error result).
-    let speccer = project.transcript("speccer");
+    let speccer = project.transcript_text("speccer");
     assert!(
         speccer.contains("taskdaemon-artifacts/plan-greeting.md"),
         "{speccer}"
     );
     assert!(speccer.contains("Say hello in greeting.txt."), "{speccer}");
-    let coder = project.transcript("coder");
+    let coder = project.transcript_text("coder");
     assert!(
         coder.contains("taskdaemon-artifacts/spec-words.md"),
         "{coder}"
