@@ -261,7 +261,15 @@ impl Run {
                     && v.get("message")
                         .and_then(Value::as_str)
                         .is_some_and(|m| m.contains(&format!("`{name}`")));
-                if involved || about_me {
+                // When the heavy lane queued a call, and for how long, is timing: its events
+                // have tests of their own (tool_lanes, tests/heavy_lane.rs).
+                let timing = matches!(
+                    e.kind,
+                    EventKind::HeavyQueued { .. }
+                        | EventKind::HeavyStarted { .. }
+                        | EventKind::HeavyEnded { .. }
+                );
+                if (involved || about_me) && !timing {
                     mine.push(v);
                 }
             }

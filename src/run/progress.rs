@@ -39,6 +39,8 @@ struct Row {
     streaming: Option<u64>,
     /// What is charged to the loop so far (its calls, and answers to its questions).
     charged: Spend,
+    /// Since when its call (the tool named) waits for a worker of the heavy lane.
+    heavy_wait: Option<(Instant, String)>,
 }
 
 /// Growth of a streamed reply redraws the live table at most this often.
@@ -277,6 +279,23 @@ impl ProgressDisplay {
                 EventKind::FileChanged { loop_name, path } => {
                     row(rows, loop_name).last = format!("{path} changed on disk");
                 }
+                EventKind::HeavyQueued { loop_name, tool } => {
+                    row(rows, loop_name).heavy_wait = Some((Instant::now(), tool.clone()));
+                }
+                EventKind::HeavyStarted {
+                    loop_name,
+                    tool,
+                    waited_ms,
+                } => {
+                    row(rows, loop_name).heavy_wait = None;
+                    plain = Some(format!(
+                        "{loop_name}: {tool} waited {} for the heavy lane",
+                        human_ms(*waited_ms)
+                    ));
+                }
+                EventKind::HeavyEnded { loop_name, .. } => {
+                    row(rows, loop_name).heavy_wait = None;
+                }
                 EventKind::ModelRetried {
                     loop_name,
                     attempt,
@@ -341,8 +360,12 @@ impl ProgressDisplay {
                 (Some(s), None) => s.elapsed().as_secs(),
                 _ => 0,
             };
-            let tool = match r.streaming {
-                Some(chars) if r.status == "running" => format!(" [reply: {chars} chars]"),
+            let tool = match (&r.heavy_wait, r.streaming) {
+                (Some((since, tool)), _) if r.status == "running" => format!(
+                    " [{tool}: waiting for the heavy lane {}s]",
+                    since.elapsed().as_secs()
+                ),
+                (_, Some(chars)) if r.status == "running" => format!(" [reply: {chars} chars]"),
                 _ if r.status == "running" && !r.tool.is_empty() => format!(" [{}]", r.tool),
                 _ => String::new(),
             };
@@ -456,6 +479,15 @@ fn sep(note: &str) -> String {
         String::new()
     } else {
         format!(": {note}")
+    }
+}
+
+/// `850 ms`, `12.3 s`.
+fn human_ms(ms: u64) -> String {
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", Duration::from_millis(ms).as_secs_f64())
     }
 }
 
@@ -587,6 +619,64 @@ mod tests {
             lines[1].contains("client")
                 && lines[1].contains("blocked")
                 && lines[1].contains("did not complete")
+        );
+    }
+
+    #[test]
+    fn a_call_waiting_for_the_heavy_lane_is_shown_until_it_gets_a_worker() {
+        let (p, buf) = show(ProgressMode::Live);
+        let last_line = |buf: &Buf| {
+            let text = buf.text();
+            let frame = text.rsplit("\x1b[2A").next().unwrap().to_string();
+            frame.lines().next().unwrap().to_string()
+        };
+        let queued = EventKind::HeavyQueued {
+            loop_name: "api".into(),
+            tool: "build".into(),
+        };
+        p.on_event(&event(4, queued.clone()));
+        let line = last_line(&buf);
+        assert!(
+            line.contains("[build: waiting for the heavy lane 0s]") && !line.contains("[grep]"),
+            "{line}"
+        );
+        p.on_event(&event(
+            5,
+            EventKind::HeavyStarted {
+                loop_name: "api".into(),
+                tool: "build".into(),
+                waited_ms: 12_300,
+            },
+        ));
+        let line = last_line(&buf);
+        assert!(!line.contains("waiting"), "{line}");
+        p.on_event(&event(6, queued));
+        p.on_event(&event(
+            7,
+            EventKind::HeavyEnded {
+                loop_name: "api".into(),
+                tool: "build".into(),
+                waited_ms: 40,
+                ran_ms: 0,
+                cancelled: true,
+            },
+        ));
+        assert!(!last_line(&buf).contains("waiting"));
+
+        let (p, buf) = show(ProgressMode::Plain);
+        p.on_event(&event(
+            4,
+            EventKind::HeavyStarted {
+                loop_name: "api".into(),
+                tool: "test".into(),
+                waited_ms: 12_300,
+            },
+        ));
+        assert!(
+            buf.text()
+                .contains("api: test waited 12.3 s for the heavy lane\n"),
+            "{}",
+            buf.text()
         );
     }
 

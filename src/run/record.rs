@@ -215,6 +215,41 @@ fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 
+/// How a loop used the heavy lane: the sums of its `heavy_ended` events (its own calls and
+/// the merge queue's validations of its work, which run under its name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HeavySummary {
+    /// Time its calls waited for a worker, in milliseconds.
+    pub waited_ms: u64,
+    /// Time its `build` calls ran, in milliseconds.
+    pub build_ms: u64,
+    /// Time its `test` calls ran, in milliseconds.
+    pub test_ms: u64,
+    /// Time its `validate` calls (validations included) ran, in milliseconds.
+    pub validate_ms: u64,
+    /// Its calls in the heavy lane (any tool routed there, cancelled ones too).
+    pub calls: u64,
+}
+
+impl HeavySummary {
+    /// Adds one ended call of `tool`.
+    pub fn add(&mut self, tool: &str, waited_ms: u64, ran_ms: u64) {
+        self.waited_ms = self.waited_ms.saturating_add(waited_ms);
+        // Other tools routed to the lane (a `run_command` moved there) count their wait only.
+        let ran = match tool {
+            "build" => Some(&mut self.build_ms),
+            "test" => Some(&mut self.test_ms),
+            "validate" => Some(&mut self.validate_ms),
+            _ => None,
+        };
+        if let Some(ran) = ran {
+            *ran = ran.saturating_add(ran_ms);
+        }
+        self.calls = self.calls.saturating_add(1);
+    }
+}
+
 /// One loop's entry in `summary.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -263,6 +298,9 @@ pub struct LoopSummary {
     pub wall_ms: u64,
     /// Merge of its branch, when one was attempted.
     pub merge: Option<MergeSummary>,
+    /// How long its calls waited for the heavy lane and ran there, once it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heavy: Option<HeavySummary>,
     /// Per tool: calls, errors and inputs the schema refused, counted from the receipts as
     /// they are appended (written with the next summary update, at the latest when the loop
     /// ends).
@@ -898,6 +936,21 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
                 attempts: *attempt,
             });
         }
+        EventKind::HeavyEnded {
+            loop_name,
+            tool,
+            waited_ms,
+            ran_ms,
+            ..
+        } => {
+            // Only a loop of the run: an event naming another makes no entry of its own.
+            let Some(s) = summary.loops.get_mut(loop_name) else {
+                return false;
+            };
+            s.heavy
+                .get_or_insert_default()
+                .add(tool, *waited_ms, *ran_ms);
+        }
         _ => return false,
     }
     true
@@ -1133,6 +1186,54 @@ mod tests {
         assert_eq!(s.status_from_loops(), RunStatus::Stopped);
         s.loops.get_mut("a").unwrap().status = LoopStatus::Blocked;
         assert_eq!(s.status_from_loops(), RunStatus::Failed);
+    }
+
+    #[test]
+    fn heavy_lane_times_add_up_per_loop_and_tool() {
+        let mut summary = RunSummary::default();
+        summary
+            .loops
+            .insert("a".into(), LoopSummary::pending("a", "t"));
+        let ended = |loop_name: &str, tool: &str, waited_ms, ran_ms| Event {
+            seq: 1,
+            time: "2025-01-01T00:00:00Z".into(),
+            kind: EventKind::HeavyEnded {
+                loop_name: loop_name.into(),
+                tool: tool.into(),
+                waited_ms,
+                ran_ms,
+                cancelled: false,
+            },
+        };
+        for (tool, waited, ran) in [
+            ("build", 100, 2_000),
+            ("build", 0, 500),
+            ("test", 50, 700),
+            ("validate", 0, 300),
+            ("run_command", 10, 9_000),
+            ("test", u64::MAX, u64::MAX),
+        ] {
+            assert!(apply_event(&mut summary, &ended("a", tool, waited, ran)));
+        }
+        assert_eq!(
+            summary.loops["a"].heavy,
+            Some(HeavySummary {
+                waited_ms: u64::MAX,
+                build_ms: 2_500,
+                test_ms: u64::MAX,
+                validate_ms: 300,
+                calls: 6,
+            })
+        );
+        let json = serde_json::to_value(&summary.loops["a"]).unwrap();
+        assert_eq!(json["heavy"]["build_ms"], 2_500);
+        assert_eq!(json["heavy"]["calls"], 6);
+        // A loop that never used the lane has no `heavy`; an event naming no loop of the
+        // run makes none.
+        assert!(!apply_event(&mut summary, &ended("ghost", "build", 1, 1)));
+        assert!(!summary.loops.contains_key("ghost"));
+        let quiet = serde_json::to_value(LoopSummary::pending("b", "t")).unwrap();
+        assert!(quiet.get("heavy").is_none(), "{quiet}");
     }
 
     #[test]

@@ -266,6 +266,38 @@ pub enum EventKind {
         /// The conflicting paths, sorted.
         files: Vec<String>,
     },
+    /// A loop's call in the heavy lane (build, test, validation) found every worker busy
+    /// and waits in the lane's queue.
+    HeavyQueued {
+        /// Loop name.
+        loop_name: String,
+        /// The tool called.
+        tool: String,
+    },
+    /// A call that had waited in the heavy lane's queue got a worker.
+    HeavyStarted {
+        /// Loop name.
+        loop_name: String,
+        /// The tool called.
+        tool: String,
+        /// How long it waited, in milliseconds.
+        waited_ms: u64,
+    },
+    /// A loop's call in the heavy lane ended: how long it waited for a worker and how long
+    /// it ran (what `summary.json`'s per-loop `heavy` adds up).
+    HeavyEnded {
+        /// Loop name.
+        loop_name: String,
+        /// The tool called.
+        tool: String,
+        /// How long it waited for a worker, in milliseconds.
+        waited_ms: u64,
+        /// How long it ran in its worker, in milliseconds (0 when it never started).
+        ran_ms: u64,
+        /// Its caller gave up before it ended (queued or running), so it did not finish.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cancelled: bool,
+    },
     /// A file a loop had read changed underneath it; its stamp was dropped.
     FileChanged {
         /// Loop name.
@@ -436,6 +468,33 @@ mod tests {
             }
         );
         assert_eq!(serde_json::to_string(&event).unwrap(), line);
+    }
+
+    #[test]
+    fn heavy_lane_events_have_a_stable_wire_form() {
+        let line = r#"{"seq":9,"time":"t","event":"heavy_ended","loop_name":"a","tool":"build","waited_ms":1200,"ran_ms":3400}"#;
+        let event: Event = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            event.kind,
+            EventKind::HeavyEnded {
+                loop_name: "a".into(),
+                tool: "build".into(),
+                waited_ms: 1200,
+                ran_ms: 3400,
+                cancelled: false,
+            }
+        );
+        assert_eq!(serde_json::to_string(&event).unwrap(), line);
+        let cancelled = r#"{"seq":9,"time":"t","event":"heavy_ended","loop_name":"a","tool":"test","waited_ms":5,"ran_ms":0,"cancelled":true}"#;
+        let event: Event = serde_json::from_str(cancelled).unwrap();
+        assert_eq!(serde_json::to_string(&event).unwrap(), cancelled);
+        let queued =
+            r#"{"seq":3,"time":"t","event":"heavy_queued","loop_name":"a","tool":"validate"}"#;
+        let event: Event = serde_json::from_str(queued).unwrap();
+        assert_eq!(serde_json::to_string(&event).unwrap(), queued);
+        let started = r#"{"seq":4,"time":"t","event":"heavy_started","loop_name":"a","tool":"validate","waited_ms":7}"#;
+        let event: Event = serde_json::from_str(started).unwrap();
+        assert_eq!(serde_json::to_string(&event).unwrap(), started);
     }
 
     #[test]

@@ -383,7 +383,8 @@ impl Runtime {
         } else {
             None
         };
-        let lanes = ToolLanes::start(config.lanes, Some(cell)).await?;
+        let lanes =
+            ToolLanes::start_recording(config.lanes, Some(cell), Some(events.clone())).await?;
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         Ok(Self {
             daemon,

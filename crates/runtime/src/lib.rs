@@ -3,6 +3,7 @@
 
 pub mod coordinator;
 pub mod daemon;
+pub mod lane_queue;
 pub mod loop_actor;
 pub mod messages;
 mod reply_slot;

@@ -3,8 +3,16 @@
 //! names (the [`LaneRunner`] of a run: see `td_toolkit::call_path`).
 //!
 //! Invariants:
-//! - A lane never runs more calls at once than it has workers; calls beyond that wait in a
-//!   FIFO queue and start in the order they arrived.
+//! - A lane never runs more calls at once than it has workers; calls beyond that wait in
+//!   the lane's queue (`lane_queue`): in the no-net and net lanes they start in the order
+//!   they arrived; in the heavy lane by expected cost with aging (earliest deadline first:
+//!   a call's deadline is its arrival plus `min(2 × its expected duration, 5 min)`, the
+//!   expected duration learnt from the same loop's recent calls of the same tool and
+//!   input), so a short build passes long ones and no call is passed by calls arriving
+//!   after its deadline.
+//! - The heavy lane tells the run's events (when started with them) how each call waited
+//!   and ran: `heavy_queued` when a call found every worker busy, `heavy_started` when such
+//!   a call got one, `heavy_ended` (waited and ran milliseconds) for every call.
 //! - Each call is answered exactly once through its `ReplySlot`, which the pool and the
 //!   worker running the call share: the worker answers with its outcome as soon as the tool
 //!   returns (the caller does not wait for another hop through the pool), and tells the pool
@@ -26,7 +34,6 @@
 //! The registry inside the worker applies schema validation, the catalog timeout and the
 //! output cap, so an unknown tool, invalid input or a timeout is an ordinary outcome here.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -37,8 +44,10 @@ use ractor::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::lane_queue::{CostKey, Entry, LaneQueue, Order};
 use crate::reply_slot::ReplySlot;
 use crate::tool_worker::{ToolWorker, WorkerIdle, WorkerMsg, WorkerState};
+use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::call_path::{LaneRunner, ToolJob};
 use td_toolkit::catalog::Lane;
 use td_toolkit::error::ToolError;
@@ -71,19 +80,29 @@ pub struct LaneSizes {
     pub no_net: usize,
     /// Workers for tools that may use the network (web tools, plain commands).
     pub net: usize,
-    /// Workers for builds, tests and validation; kept small so that many loops don't start
-    /// many compilers at once.
+    /// Workers for builds, tests and validation; by default one per CPU the process may
+    /// use ([`default_heavy_workers`]), so that many loops don't start more compilers than
+    /// the machine can run at once (each build is itself parallel).
     pub heavy: usize,
 }
 
 impl Default for LaneSizes {
     fn default() -> Self {
         Self {
+            // The no-net and net lanes mostly wait on files and the network, not on CPUs:
+            // their sizes bound open files and connections, so they stay fixed.
             no_net: 8,
             net: 4,
-            heavy: 2,
+            heavy: default_heavy_workers(),
         }
     }
+}
+
+/// The heavy lane's default size: the number of CPUs this process may use
+/// (`std::thread::available_parallelism`, which honours CPU affinity and cgroup quotas), at
+/// least 1 (also when the count is unknown).
+pub fn default_heavy_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 impl LaneSizes {
@@ -137,9 +156,23 @@ impl ToolLanes {
         sizes: LaneSizes,
         supervisor: Option<ActorCell>,
     ) -> Result<Self, LanesError> {
+        Self::start_recording(sizes, supervisor, None).await
+    }
+
+    /// Like [`ToolLanes::start`]; the heavy lane records how its calls waited and ran in
+    /// `events` (`heavy_queued`, `heavy_started`, `heavy_ended`), when given.
+    pub async fn start_recording(
+        sizes: LaneSizes,
+        supervisor: Option<ActorCell>,
+        events: Option<Arc<EventLog>>,
+    ) -> Result<Self, LanesError> {
         sizes.validate()?;
         let mut started: Vec<LaneHandle> = Vec::with_capacity(Lane::ALL.len());
-        let spawn = |lane| spawn_pool(lane, sizes.workers(lane), supervisor.clone());
+        let spawn = |lane| {
+            // Only the heavy lane's waits are worth a record: the others are short.
+            let events = (lane == Lane::Heavy).then(|| events.clone()).flatten();
+            spawn_pool(lane, sizes.workers(lane), supervisor.clone(), events)
+        };
         let stop_started = |started: &[LaneHandle]| started.iter().for_each(|h| h.pool.stop(None));
         for lane in Lane::ALL {
             match spawn(lane).await {
@@ -220,12 +253,14 @@ async fn spawn_pool(
     lane: Lane,
     size: usize,
     supervisor: Option<ActorCell>,
+    events: Option<Arc<EventLog>>,
 ) -> Result<LaneHandle, LanesError> {
     let restarts = Arc::new(AtomicU64::new(0));
     let args = PoolArgs {
         lane,
         size,
         restarts: Arc::clone(&restarts),
+        events,
     };
     let spawned = match supervisor {
         Some(sup) => Actor::spawn_linked(None, LanePool, args, sup).await,
@@ -306,6 +341,7 @@ pub(crate) struct PoolArgs {
     lane: Lane,
     size: usize,
     restarts: Arc<AtomicU64>,
+    events: Option<Arc<EventLog>>,
 }
 
 pub(crate) struct PoolState {
@@ -313,8 +349,10 @@ pub(crate) struct PoolState {
     slots: Vec<Slot>,
     /// Slots whose worker waits for a call; used as a stack so the warmest worker goes next.
     idle: Vec<usize>,
-    queue: VecDeque<Pending>,
+    queue: LaneQueue<Pending>,
     restarts: Arc<AtomicU64>,
+    /// Where the lane records its calls' waits and runs (the heavy lane of a run).
+    events: Option<Arc<EventLog>>,
 }
 
 struct Slot {
@@ -325,11 +363,20 @@ struct Slot {
 struct Pending {
     job: Arc<ToolJob>,
     reply: ReplySlot,
+    /// Whether `heavy_queued` was recorded for it (then `heavy_started` is too).
+    announced: bool,
 }
 
 struct Running {
     pending: Pending,
+    key: CostKey,
+    waited: Duration,
     started: Instant,
+}
+
+/// Whole milliseconds of `d`, for the record.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 async fn spawn_worker(
@@ -345,34 +392,98 @@ async fn spawn_worker(
 }
 
 impl PoolState {
-    /// Hands queued calls to idle workers, oldest call first.
+    /// Queues a call and hands out what idle workers can take; a heavy call that found no
+    /// worker is recorded as waiting.
+    fn enqueue(&mut self, job: Arc<ToolJob>, reply: ReplySlot) {
+        let key = self
+            .queue
+            .key(job.ctx.exec_id(), &job.name, &job.input.to_string());
+        let pending = Pending {
+            job,
+            reply,
+            announced: false,
+        };
+        self.queue.push(key, pending, Instant::now());
+        self.dispatch();
+        if let Some(events) = &self.events {
+            for entry in self.queue.entries_mut() {
+                let pending = &mut entry.item;
+                if !pending.announced {
+                    pending.announced = true;
+                    events.record(EventKind::HeavyQueued {
+                        loop_name: pending.job.ctx.exec_id().to_string(),
+                        tool: pending.job.name.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Hands queued calls to idle workers, in the queue's order.
     fn dispatch(&mut self) {
         while !self.queue.is_empty() {
             let Some(slot) = self.idle.pop() else {
                 return;
             };
-            let Some(pending) = self.queue.pop_front() else {
+            let Some(entry) = self.queue.pop() else {
                 self.idle.push(slot);
                 return;
             };
-            if pending.reply.abandoned() {
+            let waited = entry.arrived.elapsed();
+            if entry.item.reply.abandoned() {
                 // Its caller gave up before the call started: don't spend a worker on it.
+                self.ended(&entry.item.job, waited, Duration::ZERO, true);
                 self.idle.push(slot);
                 continue;
             }
             let run = WorkerMsg::Run {
-                job: Arc::clone(&pending.job),
-                reply: pending.reply.clone(),
+                job: Arc::clone(&entry.item.job),
+                reply: entry.item.reply.clone(),
             };
             if self.slots[slot].worker.send_message(run).is_err() {
                 // The worker died while idle; its supervision event will replace it (and
                 // put the slot back to work). The call keeps its place in the queue.
-                self.queue.push_front(pending);
+                self.queue.put_back(entry);
                 continue;
             }
+            let Entry { item, key, .. } = entry;
+            if item.announced
+                && let Some(events) = &self.events
+            {
+                events.record(EventKind::HeavyStarted {
+                    loop_name: item.job.ctx.exec_id().to_string(),
+                    tool: item.job.name.clone(),
+                    waited_ms: millis(waited),
+                });
+            }
             self.slots[slot].running = Some(Running {
-                pending,
+                pending: item,
+                key,
+                waited,
                 started: Instant::now(),
+            });
+        }
+    }
+
+    /// A worker reported its call done: learns the call's cost (when the tool returned on
+    /// its own) and records how it waited and ran.
+    fn done(&mut self, running: Running, finished: bool) {
+        let ran = running.started.elapsed();
+        if finished {
+            self.queue.finished(running.key, ran);
+        }
+        self.ended(&running.pending.job, running.waited, ran, !finished);
+    }
+
+    /// Records `heavy_ended` (in the heavy lane of a run).
+    fn ended(&self, job: &ToolJob, waited: Duration, ran: Duration, cancelled: bool) {
+        if let Some(events) = &self.events {
+            events.record(EventKind::HeavyEnded {
+                loop_name: job.ctx.exec_id().to_string(),
+                tool: job.name.clone(),
+                waited_ms: millis(waited),
+                ran_ms: millis(ran),
+                cancelled,
             });
         }
     }
@@ -406,7 +517,14 @@ impl PoolState {
             // also sees the restart.
             self.restarts.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(Running { pending, started }) = running {
+        if let Some(Running {
+            pending,
+            started,
+            waited,
+            ..
+        }) = running
+        {
+            self.ended(&pending.job, waited, started.elapsed(), false);
             let job = &pending.job;
             tracing::warn!(lane, tool = %job.name, exec_id = job.ctx.exec_id(), "tool worker {how}");
             let (what, hint) = if restarted {
@@ -471,8 +589,12 @@ impl Actor for LanePool {
             // Reversed so that slot 0 is the first to be popped.
             idle: (0..args.size).rev().collect(),
             slots,
-            queue: VecDeque::new(),
+            queue: LaneQueue::new(match args.lane {
+                Lane::Heavy => Order::Cost,
+                Lane::NoNet | Lane::Net => Order::Arrival,
+            }),
             restarts: args.restarts,
+            events: args.events,
         })
     }
 
@@ -483,11 +605,12 @@ impl Actor for LanePool {
         state: &mut PoolState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            PoolMsg::Run { job, reply } => {
-                state.queue.push_back(Pending { job, reply });
-                state.dispatch();
-            }
-            PoolMsg::Idle(WorkerIdle { slot, worker }) => {
+            PoolMsg::Run { job, reply } => state.enqueue(job, reply),
+            PoolMsg::Idle(WorkerIdle {
+                slot,
+                worker,
+                finished,
+            }) => {
                 let Some(s) = state.slots.get_mut(slot) else {
                     return Ok(());
                 };
@@ -495,7 +618,8 @@ impl Actor for LanePool {
                 if s.worker.get_id() != worker {
                     return Ok(());
                 }
-                if s.running.take().is_some() {
+                if let Some(running) = s.running.take() {
+                    state.done(running, finished);
                     state.idle.push(slot);
                     state.dispatch();
                 }
@@ -550,6 +674,7 @@ mod tests {
 
     use super::*;
     use serde_json::Value;
+    use td_protocol::events::EventKind;
     use td_toolkit::catalog::{Catalog, ToolSpecOverride};
     use td_toolkit::context::ToolContext;
     use td_toolkit::registry::ToolSet;
@@ -715,13 +840,18 @@ mod tests {
 
     #[test]
     fn sizes_default_parse_and_validate() {
-        assert_eq!(LaneSizes::default(), sizes(8, 4, 2));
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert!(cpus >= 1);
+        assert_eq!(LaneSizes::default(), sizes(8, 4, cpus));
         let partial: LaneSizes = serde_json::from_str(r#"{"no-net": 3}"#).unwrap();
-        assert_eq!(partial, sizes(3, 4, 2));
+        assert_eq!(partial, sizes(3, 4, cpus));
+        // An explicit size wins over the machine's.
+        let explicit: LaneSizes = serde_json::from_str(r#"{"heavy": 7}"#).unwrap();
+        assert_eq!(explicit, sizes(8, 4, 7));
         let err = serde_json::from_str::<LaneSizes>(r#"{"workers": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
         assert!(serde_json::from_str::<LaneSizes>(r#"{"no_net": 3}"#).is_err());
-        assert_eq!(LaneSizes::default().workers(Lane::Heavy), 2);
+        assert_eq!(LaneSizes::default().workers(Lane::Heavy), cpus);
         assert!(LaneSizes::default().validate().is_ok());
         let err = sizes(1, 0, 1).validate().unwrap_err();
         assert_eq!(err, LanesError::NoWorkers(Lane::Net));
@@ -827,6 +957,138 @@ mod tests {
             assert_eq!(out.content, format!("done {id}"));
         }
         assert_eq!(fx.stats.started(), (0..20).collect::<Vec<u64>>());
+        lanes.stop_and_wait().await;
+    }
+
+    #[tokio::test]
+    async fn the_heavy_lane_runs_short_calls_before_a_long_one_that_queued_first() {
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(8, 4, 1), None).await.unwrap();
+        let long = json!({"id": 1, "sleep_ms": 150});
+        let short = [
+            json!({"id": 2, "sleep_ms": 1}),
+            json!({"id": 3, "sleep_ms": 1}),
+        ];
+        // The lane learns what each kind of call costs.
+        for input in [&long, &short[0], &short[1]] {
+            within(run(&lanes, fx.job("build", input.clone()))).await;
+        }
+        // A long call holds the only worker; the long-history call queues first, then the
+        // two short ones.
+        let blocker = tokio::spawn({
+            let lanes = lanes.clone();
+            let job = fx.job("build", json!({"id": 9, "sleep_ms": 100}));
+            async move { run(&lanes, job).await }
+        });
+        wait_for_load(&lanes, Lane::Heavy, 1, 0).await;
+        let mut calls: Vec<_> = [&long, &short[0], &short[1]]
+            .into_iter()
+            .map(|input| Box::pin(run(&lanes, fx.job("build", input.clone()))))
+            .collect();
+        for call in &mut calls {
+            assert!(futures::poll!(call.as_mut()).is_pending());
+        }
+        within(futures::future::join_all(calls)).await;
+        assert_eq!(blocker.await.unwrap().content, "done 9");
+        let started = fx.stats.started();
+        assert_eq!(started[..4], [1, 2, 3, 9]);
+        // The two short ones (in the order of their learnt costs), then the long one.
+        let mut short_first = started[4..6].to_vec();
+        short_first.sort_unstable();
+        assert_eq!((short_first, started[6]), (vec![2, 3], 1), "{started:?}");
+        // The other lanes keep their arrival order whatever the calls cost.
+        let fx = Fixture::new();
+        let lanes = ToolLanes::start(sizes(1, 1, 1), None).await.unwrap();
+        let long = json!({"id": 1, "sleep_ms": 150});
+        let short = json!({"id": 2, "sleep_ms": 1});
+        for input in [&long, &short] {
+            within(run(&lanes, fx.job("read_file", input.clone()))).await;
+        }
+        let mut calls: Vec<_> = [json!({"id": 9, "sleep_ms": 100}), long, short]
+            .into_iter()
+            .map(|input| Box::pin(run(&lanes, fx.job("read_file", input))))
+            .collect();
+        for call in &mut calls {
+            assert!(futures::poll!(call.as_mut()).is_pending());
+        }
+        within(futures::future::join_all(calls)).await;
+        assert_eq!(fx.stats.started(), vec![1, 2, 9, 1, 2]);
+        lanes.stop_and_wait().await;
+    }
+
+    /// The `(event, tool, waited_ms, ran_ms, cancelled)` of the heavy-lane events in `log`.
+    fn heavy_events(log: &EventLog) -> Vec<(&'static str, String, u64, u64, bool)> {
+        log.events()
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                EventKind::HeavyQueued { tool, .. } => Some(("queued", tool, 0, 0, false)),
+                EventKind::HeavyStarted {
+                    tool, waited_ms, ..
+                } => Some(("started", tool, waited_ms, 0, false)),
+                EventKind::HeavyEnded {
+                    tool,
+                    waited_ms,
+                    ran_ms,
+                    cancelled,
+                    ..
+                } => Some(("ended", tool, waited_ms, ran_ms, cancelled)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_heavy_lane_records_how_its_calls_waited_and_ran() {
+        let fx = Fixture::new();
+        let log = Arc::new(EventLog::in_memory());
+        let lanes = ToolLanes::start_recording(sizes(1, 1, 1), None, Some(Arc::clone(&log)))
+            .await
+            .unwrap();
+        // Calls of the other lanes are not recorded.
+        within(run(&lanes, fx.job("read_file", json!({"id": 0})))).await;
+        assert!(log.events().is_empty(), "{:?}", log.events());
+        let first = tokio::spawn({
+            let lanes = lanes.clone();
+            let job = fx.job("build", json!({"id": 1, "sleep_ms": 200}));
+            async move { run(&lanes, job).await }
+        });
+        wait_for_load(&lanes, Lane::Heavy, 1, 0).await;
+        // This one's caller gives up while it waits: recorded as cancelled, never ran.
+        let gave_up = run(&lanes, fx.job("build", json!({"id": 2})));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), gave_up)
+                .await
+                .is_err()
+        );
+        let second = within(run(
+            &lanes,
+            fx.job("build", json!({"id": 3, "sleep_ms": 30})),
+        ))
+        .await;
+        assert_eq!(second.content, "done 3");
+        assert_eq!(first.await.unwrap().content, "done 1");
+        let seen = heavy_events(&log);
+        let names: Vec<_> = seen.iter().map(|e| e.0).collect();
+        assert_eq!(
+            names,
+            ["queued", "queued", "ended", "ended", "started", "ended"],
+            "{seen:?}"
+        );
+        // The first ran at once for its 200 ms.
+        let (_, _, waited, ran, cancelled) = &seen[2];
+        assert!(
+            *waited < 50 && (200..2_000).contains(ran) && !cancelled,
+            "{seen:?}"
+        );
+        // The abandoned one waited, never ran.
+        let (_, _, waited, ran, cancelled) = &seen[3];
+        assert!(*cancelled && *ran == 0 && *waited > 0, "{seen:?}");
+        // The third waited for the first (started ~20 ms into it), then ran its 30 ms.
+        let (_, _, started_after, _, _) = &seen[4];
+        let (_, _, waited, ran, cancelled) = &seen[5];
+        assert_eq!(started_after, waited);
+        assert!((100..2_000).contains(waited), "{seen:?}");
+        assert!((30..2_000).contains(ran) && !cancelled, "{seen:?}");
         lanes.stop_and_wait().await;
     }
 

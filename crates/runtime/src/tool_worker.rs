@@ -28,6 +28,9 @@ pub(crate) struct WorkerIdle {
     pub(crate) slot: usize,
     /// The worker, to tell its report from one of a worker that slot had before.
     pub(crate) worker: ActorId,
+    /// Whether the tool returned (its outcome answered the call); `false` when the call
+    /// was dropped because its caller gave up.
+    pub(crate) finished: bool,
 }
 
 /// Messages a worker handles.
@@ -84,10 +87,13 @@ impl Actor for ToolWorker {
         // A caller that gave up (its iteration timed out, its loop stopped) no longer wants
         // the result: dropping the call ends it (a command's process group is killed) and
         // frees the worker for the next job.
-        tokio::select! {
-            outcome = call => reply.answer(outcome),
-            () = caller_gone(&reply) => {}
-        }
+        let finished = tokio::select! {
+            outcome = call => {
+                reply.answer(outcome);
+                true
+            }
+            () = caller_gone(&reply) => false,
+        };
         // Release our share of the call before reporting, so that once the pool has taken
         // the report nothing of the call is left anywhere.
         drop((job, reply));
@@ -96,6 +102,7 @@ impl Actor for ToolWorker {
         let _ = state.pool.send_message(WorkerIdle {
             slot: state.slot,
             worker,
+            finished,
         });
         Ok(())
     }
