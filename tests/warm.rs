@@ -210,3 +210,55 @@ c:
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
 }
+
+#[test]
+fn a_shared_worktree_is_seeded_once_for_its_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let repo = root.join("repo");
+    common::init_repo(
+        &repo,
+        &[
+            ("README.md", "sample\n"),
+            (".gitignore", "target/\n.taskdaemon/\n"),
+        ],
+    );
+    std::fs::create_dir_all(repo.join("target")).unwrap();
+    std::fs::write(repo.join("target/out"), "base").unwrap();
+    std::fs::write(
+        repo.join("script.yml"),
+        "d:\n  turns:\n    - calls:\n        - complete_task: {summary: d}\ne:\n  turns:\n    - calls:\n        - complete_task: {summary: e}\n",
+    )
+    .unwrap();
+    let config = repo.join("taskdaemon.yml");
+    std::fs::write(
+        &config,
+        "llm: {provider: scripted, script: script.yml}\nkeep-worktrees: true\nwarm: [cargo]\nloops:\n  - {name: d, type: code, task: t, worktree: 'shared:g'}\n  - {name: e, type: code, task: t, worktree: 'shared:g'}\n",
+    )
+    .unwrap();
+    let run_dir = root.join("run");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .args(["run", "-c"])
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seeded: Vec<Value> = common::lines(&run_dir.join("events.jsonl"))
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "worktree_seeded")
+        .collect();
+    assert_eq!(seeded.len(), 1, "{seeded:?}");
+    assert_eq!(seeded[0]["seed"]["paths"], serde_json::json!(["target"]));
+    assert_eq!(
+        std::fs::read_to_string(run_dir.join("worktrees/shared-g/target/out")).unwrap(),
+        "base"
+    );
+}
