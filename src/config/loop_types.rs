@@ -44,6 +44,9 @@ pub struct LoopTypeDef {
     pub budget: Option<super::BudgetDef>,
     /// What its loops with dependencies start from (a loop's `handover` overrides it).
     pub handover: Option<super::loops::Handover>,
+    /// Build state its loops' new worktrees are seeded with (a loop's `warm` overrides it;
+    /// see `config::warm`).
+    pub warm: Option<Vec<String>>,
 }
 
 /// A loop type with every field resolved.
@@ -77,6 +80,8 @@ pub struct LoopType {
     pub budget: super::BudgetDef,
     /// What its loops with dependencies start from (default: merged).
     pub handover: super::loops::Handover,
+    /// Its own `warm:` or the one of the type it extends; `None`: the run's.
+    pub warm: Option<Vec<String>>,
 }
 
 /// The built-in type `name`.
@@ -110,6 +115,7 @@ fn builtin(name: &str) -> Option<LoopType> {
         test: None,
         budget: super::BudgetDef::default(),
         handover: super::loops::Handover::default(),
+        warm: None,
     })
 }
 
@@ -224,6 +230,7 @@ fn resolve_one(
         test: def.test.clone().or(base.test),
         budget: def.budget.unwrap_or_default().over(&base.budget),
         handover: def.handover.unwrap_or(base.handover),
+        warm: def.warm.clone().or(base.warm),
     };
     check(&resolved)?;
     done.insert(name.to_string(), resolved.clone());

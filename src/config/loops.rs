@@ -64,6 +64,9 @@ pub struct LoopDef {
     pub merge_attempts: Option<u32>,
     /// Its budget, key by key over its type's.
     pub budget: Option<super::BudgetDef>,
+    /// Build state its new worktree is seeded with, over its type's and the run's (`[]`:
+    /// none; see `config::warm`).
+    pub warm: Option<Vec<String>>,
 }
 
 /// What a loop with dependencies starts from.

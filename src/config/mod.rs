@@ -20,6 +20,7 @@ pub mod budget;
 pub mod locate;
 pub mod loop_types;
 pub mod loops;
+pub mod warm;
 pub mod web;
 
 pub use budget::BudgetDef;
@@ -116,6 +117,10 @@ pub struct Config {
     /// The run's budget (loop types and loops have their own).
     #[serde(default)]
     pub budget: BudgetDef,
+    /// Build state each new worktree is seeded with from the base checkout (loop types and
+    /// loops have their own; see `config::warm` and `run::warm`).
+    #[serde(default)]
+    pub warm: Vec<String>,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -233,6 +238,7 @@ impl Config {
         }
         problems.extend(self.sandbox_problems());
         problems.extend(self.budget_problems());
+        problems.extend(self.warm_problems());
         if problems.is_empty() {
             Ok(())
         } else {
@@ -271,6 +277,33 @@ impl Config {
     /// How this file's model calls are priced.
     pub fn pricing(&self) -> Result<td_engine::budget::Pricing, String> {
         Ok(budget::pricing(self.llm.as_ref(), &self.price_table()?))
+    }
+
+    /// Problems of every `warm:` list (the run's, each type's, each loop's).
+    fn warm_problems(&self) -> Vec<Problem> {
+        let mut problems = warm::problems(&self.warm, "warm");
+        for (name, def) in &self.loop_types {
+            if let Some(list) = &def.warm {
+                problems.extend(warm::problems(list, &format!("loop-types.{name}.warm")));
+            }
+        }
+        for (i, def) in self.loops.iter().enumerate() {
+            if let Some(list) = &def.warm {
+                problems.extend(warm::problems(list, &format!("loops[{i}].warm")));
+            }
+        }
+        problems
+    }
+
+    /// The paths loop `def` of type `loop_type` seeds its new worktree with: its own
+    /// `warm:`, else its type's, else the run's.
+    pub fn warm_paths(&self, def: &LoopDef, loop_type: &LoopType) -> Vec<PathBuf> {
+        let list = def
+            .warm
+            .as_ref()
+            .or(loop_type.warm.as_ref())
+            .unwrap_or(&self.warm);
+        warm::paths(list)
     }
 
     /// The budget of loop `def` of type `loop_type`: its own keys over its type's.
@@ -602,6 +635,47 @@ loops:
         );
         let err = Config::parse("budget: {ussd: 1}\n", "t.yml").unwrap_err();
         assert!(err.contains("did you mean `usd`"), "{err}");
+    }
+
+    #[test]
+    fn warm_lists_resolve_loop_then_type_then_run_and_bad_entries_name_their_place() {
+        let c = Config::parse(
+            "warm: [cargo]\nloop-types:\n  web: {extends: code, warm: [node, dist/]}\n  web2: {extends: web}\nloops:\n  - {name: a, type: code, task: t}\n  - {name: b, type: web2, task: t}\n  - {name: c, type: web, task: t, warm: []}\n  - {name: d, type: web, task: t, warm: [python]}\n",
+            "t.yml",
+        )
+        .unwrap();
+        let types = c.loop_types().unwrap();
+        let of = |i: usize| {
+            let def = &c.loops[i];
+            c.warm_paths(def, &types[&def.loop_type])
+        };
+        assert_eq!(of(0), vec![PathBuf::from("target")], "the run's");
+        assert_eq!(
+            of(1),
+            vec![PathBuf::from("node_modules"), PathBuf::from("dist")],
+            "its type's, inherited through extends"
+        );
+        assert!(of(2).is_empty(), "its own empty list turns it off");
+        assert_eq!(of(3), vec![PathBuf::from(".venv")], "its own");
+        assert!(Config::default().warm.is_empty(), "none by default");
+
+        let text = "warm: [cargo, ../x]\nloop-types:\n  web: {extends: code, warm: [.git]}\nloops:\n  - name: a\n    type: code\n    task: t\n    warm: [node, /abs]\n";
+        let err = Config::parse(text, "t.yml").unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(
+            lines[0].starts_with("t.yml:1:15: warm[1]: `../x` leaves the repository"),
+            "{err}"
+        );
+        assert!(
+            lines[1].starts_with("t.yml:3:31: loop-types.web.warm[0]: `.git` is git's own data"),
+            "{err}"
+        );
+        assert!(
+            lines[2].starts_with("t.yml:8:18: loops[0].warm[1]: `/abs` is absolute"),
+            "{err}"
+        );
+        assert!(lines[2].contains("such as `target`"), "{err}");
     }
 
     #[test]

@@ -16,3 +16,4 @@ pub mod session_receipts;
 pub mod signals;
 pub mod status;
 pub mod summary_file;
+pub mod warm;

@@ -83,6 +83,9 @@ struct Place {
     /// The git worktree, when the loop has one (own or shared); `None` for `repo` mode.
     worktree: Option<Arc<Worktree>>,
     base: String,
+    /// How its worktree was seeded, when it was made now and `warm:` named something (see
+    /// `run::warm`); taken by `start_loop` into a `worktree_seeded` event.
+    warm: Option<td_protocol::events::WarmSeed>,
 }
 
 /// What a run will do: the config, the directory it lies in, its loop types and the loops
@@ -441,7 +444,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             && !ledger.landed.contains_key(&def.name)
         {
             let base = def.base.clone().unwrap_or_else(|| default_base.clone());
-            match make_place(def, &base, &repo, &run_id, &run_dir, &mut shared).await {
+            // Only integrated now: no build state to seed.
+            match make_place(def, &base, &repo, &run_id, &run_dir, &mut shared, &[]).await {
                 Ok(place) => {
                     places.insert(def.name.clone(), place);
                 }
@@ -904,7 +908,9 @@ fn block_orphans(
 }
 
 /// Makes (or, for a loop that ran before, reopens) the place where loop `def` works; a new
-/// branch starts at `start`.
+/// branch starts at `start`. A worktree made now (not one reopened: a resumed loop's build
+/// state is its own) is seeded with `warm` from the repository's checkout first; a shared
+/// worktree once, by the first loop of its group.
 async fn make_place(
     def: &LoopDef,
     start: &str,
@@ -912,26 +918,34 @@ async fn make_place(
     run_id: &str,
     run_dir: &Path,
     shared: &mut BTreeMap<String, Arc<Worktree>>,
+    warm: &[PathBuf],
 ) -> Result<Place, String> {
     let base = start.to_string();
     Ok(match def.worktree.clone().unwrap_or(WorktreeMode::Own) {
         WorktreeMode::Own => {
             let dir = run_dir.join("worktrees").join(&def.name);
+            let fresh = !dir.exists();
             let wt = repo
                 .add_worktree(run_id, &def.name, Some(start), &dir)
                 .await
                 .map_err(|e| format!("cannot create the worktree of {}: {e}", def.name))?;
+            let warm = match fresh {
+                true => crate::run::warm::seed_worktree(repo.root(), &wt, warm).await,
+                false => None,
+            };
             Place {
                 dir,
                 worktree: Some(Arc::new(wt)),
                 base,
+                warm,
             }
         }
         WorktreeMode::Shared(group) => {
-            let wt = match shared.get(&group) {
-                Some(w) => w.clone(),
+            let (wt, seeded) = match shared.get(&group) {
+                Some(w) => (w.clone(), None),
                 None => {
                     let dir = run_dir.join("worktrees").join(format!("shared-{group}"));
+                    let fresh = !dir.exists();
                     let w = Arc::new(
                         repo.add_worktree(run_id, &format!("shared-{group}"), Some(start), &dir)
                             .await
@@ -939,20 +953,26 @@ async fn make_place(
                                 format!("cannot create the shared worktree {group}: {e}")
                             })?,
                     );
+                    let seeded = match fresh {
+                        true => crate::run::warm::seed_worktree(repo.root(), &w, warm).await,
+                        false => None,
+                    };
                     shared.insert(group.clone(), w.clone());
-                    w
+                    (w, seeded)
                 }
             };
             Place {
                 dir: wt.path().to_path_buf(),
                 worktree: Some(wt),
                 base,
+                warm: seeded,
             }
         }
         WorktreeMode::Repo => Place {
             dir: repo.root().to_path_buf(),
             worktree: None,
             base,
+            warm: None,
         },
     })
 }
@@ -1152,9 +1172,16 @@ async fn start_loop(
         run_id,
         run_dir,
         shared,
+        &config.warm_paths(def, loop_type),
     )
     .await?;
     place.base = base;
+    if let Some(seed) = place.warm.take() {
+        events.record(EventKind::WorktreeSeeded {
+            loop_name: def.name.clone(),
+            seed,
+        });
+    }
     let validation = def
         .validation
         .clone()

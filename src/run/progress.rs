@@ -133,6 +133,11 @@ impl ProgressDisplay {
                 rows.entry(name.to_string()).or_default()
             }
             match &event.kind {
+                EventKind::WorktreeSeeded { loop_name, seed } => {
+                    let text = crate::run::warm::describe(seed);
+                    row(rows, loop_name).last = text.clone();
+                    plain = Some(format!("{loop_name}: {text}"));
+                }
                 EventKind::LoopStarted { loop_name, .. } => {
                     let r = row(rows, loop_name);
                     r.status = "running".into();

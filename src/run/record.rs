@@ -312,6 +312,9 @@ pub struct LoopSummary {
     /// What of its artifact folder was not kept, and why, one line each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub artifacts_skipped: Vec<String>,
+    /// How its new worktree was seeded with build state (`warm:`; see `run::warm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<td_protocol::events::WarmSeed>,
 }
 
 impl LoopSummary {
@@ -837,6 +840,9 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
                     s.loop_type = planned.loop_type.clone();
                 }
             }
+        }
+        EventKind::WorktreeSeeded { loop_name, seed } => {
+            summary.loop_entry(loop_name).warm = Some(seed.clone());
         }
         EventKind::LoopStarted {
             loop_name,

@@ -6,4 +6,5 @@ pub mod fresh_copy;
 pub mod head;
 pub mod integrate;
 pub mod merge_tree;
+pub mod seed;
 pub mod worktree;

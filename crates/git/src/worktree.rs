@@ -755,6 +755,29 @@ impl Worktree {
         &self.branch
     }
 
+    /// Whether git ignores `rel` (relative to the worktree) here: `.gitignore` and
+    /// `.git/info/exclude` (`git check-ignore`). Build state seeded into the worktree must be
+    /// (see `seed`), or the loop's checkpoint commit would carry it.
+    pub async fn is_ignored(&self, rel: &Path) -> Result<bool> {
+        let out = self
+            .git
+            .output(
+                &self.path,
+                [
+                    OsStr::new("check-ignore"),
+                    OsStr::new("-q"),
+                    OsStr::new("--"),
+                    rel.as_os_str(),
+                ],
+            )
+            .await?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(out.into_error("check that the worktree still exists (`git worktree list`)")),
+        }
+    }
+
     /// The commit HEAD is at.
     pub async fn head_commit(&self) -> Result<String> {
         self.git

@@ -28,6 +28,14 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<td_confine::SandboxReport>,
     },
+    /// A loop's new worktree was seeded with build state from the base checkout (`warm:`),
+    /// before the loop started.
+    WorktreeSeeded {
+        /// Loop name (the first loop of a shared worktree's group).
+        loop_name: String,
+        /// What was copied, how, and what was not.
+        seed: WarmSeed,
+    },
     /// A loop actor started.
     LoopStarted {
         /// Loop name.
@@ -305,6 +313,30 @@ pub enum EventKind {
         /// Worktree-relative path.
         path: String,
     },
+}
+
+/// What seeding a loop's worktree did (see [`EventKind::WorktreeSeeded`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WarmSeed {
+    /// The paths copied, relative to the repository root.
+    pub paths: Vec<String>,
+    /// What was not copied and why, one line each (paths the base has not, entries left
+    /// out of a copied tree: the first ones by name).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// Every entry left out of the copied trees (FIFOs, sockets, devices, too deep).
+    pub skipped_entries: u64,
+    /// Regular files copied.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Symlinks copied as symlinks (never followed).
+    pub symlinks: u64,
+    /// `reflink`, `copy`, `reflink+copy` or `none`.
+    pub method: String,
+    /// How long the copy took, in milliseconds.
+    pub ms: u64,
 }
 
 /// A loop a run was started with (see [`EventKind::RunStarted`]).
