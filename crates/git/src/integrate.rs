@@ -659,6 +659,18 @@ mod tests {
         }
     }
 
+    /// `main`'s head and the merge of `wt`'s branch onto it, made in a scratch worktree
+    /// (removed again).
+    async fn merged_in_scratch(fx: &Fx, repo: &Repo, wt: &Worktree) -> (String, String) {
+        let old = repo.branch_head("main").await.unwrap().unwrap();
+        let scratch = repo.scratch(&fx.scratch_dir(), &old).await.unwrap();
+        let ScratchMerge::Merged { commit } = scratch.merge(wt.branch(), "m").await.unwrap() else {
+            panic!("expected a merge");
+        };
+        scratch.remove().await.unwrap();
+        (old, commit)
+    }
+
     #[tokio::test]
     async fn a_clean_scratch_merge_leaves_every_checkout_alone() {
         let fx = Fx::new();
@@ -720,12 +732,7 @@ mod tests {
         let fx = Fx::new();
         let repo = fx.open().await;
         let wt = fx.loop_commit(&repo, "a", "b.txt", "bee\n").await;
-        let old = repo.branch_head("main").await.unwrap().unwrap();
-        let scratch = repo.scratch(&fx.scratch_dir(), &old).await.unwrap();
-        let ScratchMerge::Merged { commit } = scratch.merge(wt.branch(), "m").await.unwrap() else {
-            panic!("expected a merge");
-        };
-        scratch.remove().await.unwrap();
+        let (old, commit) = merged_in_scratch(&fx, &repo, &wt).await;
         let adv = repo.advance_branch("main", &commit, &old).await.unwrap();
         assert_eq!(adv, Advance::Advanced);
         assert_eq!(fx.git(&fx.repo, &["rev-parse", "HEAD"]), commit);
@@ -741,12 +748,7 @@ mod tests {
         let fx = Fx::new();
         let repo = fx.open().await;
         let wt = fx.loop_commit(&repo, "a", "b.txt", "bee\n").await;
-        let old = repo.branch_head("main").await.unwrap().unwrap();
-        let scratch = repo.scratch(&fx.scratch_dir(), &old).await.unwrap();
-        let ScratchMerge::Merged { commit } = scratch.merge(wt.branch(), "m").await.unwrap() else {
-            panic!("expected a merge");
-        };
-        scratch.remove().await.unwrap();
+        let (old, commit) = merged_in_scratch(&fx, &repo, &wt).await;
         std::fs::write(fx.repo.join("a.txt"), "the user's edit\n").unwrap();
         let adv = repo.advance_branch("main", &commit, &old).await.unwrap();
         let Advance::Blocked { reason } = adv else {
