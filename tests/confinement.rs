@@ -591,3 +591,54 @@ fn a_working_directory_inside_git_or_the_hosts_terminals_give_no_way_out() {
     exec.finish_ok();
     assert!(!wt.join(".git/hooks/post-merge").exists());
 }
+
+#[test]
+fn no_lane_reaches_the_hosts_unix_sockets_unless_the_config_allows_it() {
+    // A path-named Unix socket of the host (here a listener in a temp dir outside the
+    // worktree; on a real machine a D-Bus session bus, whose `systemd-run --user` starts
+    // processes outside any sandbox, or the Docker socket) is out of reach of every lane's
+    // commands; `sandbox.unix-sockets: host` lets the net lanes reach it, as before.
+    if !fully_confined() {
+        return;
+    }
+    let wt = tempfile::tempdir().unwrap();
+    let sockets = tempfile::tempdir().unwrap();
+    let path = sockets.path().join("host-service.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let probe = format!(
+        r#"python3 - <<'EOF'
+import socket
+for what, family, address in [("unix", socket.AF_UNIX, "{path}"), ("tcp", socket.AF_INET, ("127.0.0.1", {port}))]:
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(2)
+        s.connect(address)
+        print(what, "reached")
+    except OSError as e:
+        print(what, "refused")
+EOF"#,
+        path = path.display()
+    );
+    let mut exec = Exec::start(wt.path());
+    for tool in ["run_command", "run_command_isolated"] {
+        let out = exec.sh(tool, &probe);
+        assert!(out.contains("unix refused"), "{tool}: {out}");
+    }
+    // The net lane still has the host's network: the refusal is of Unix sockets only.
+    let net = exec.sh("run_command", &probe);
+    assert!(net.contains("tcp reached"), "{net}");
+    exec.finish_ok();
+
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("taskdaemon.yml");
+    std::fs::write(&config, "sandbox: {unix-sockets: host}\n").unwrap();
+    let mut exec = Exec::start_with(wt.path(), &["-c".as_ref(), config.as_os_str()]);
+    let allowed = exec.sh("run_command", &probe);
+    assert!(allowed.contains("unix reached"), "{allowed}");
+    let isolated = exec.sh("run_command_isolated", &probe);
+    assert!(isolated.contains("unix refused"), "{isolated}");
+    exec.finish_ok();
+}

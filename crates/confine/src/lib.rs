@@ -19,8 +19,10 @@
 //!   daemon's environment and memory cannot be named; nothing it starts outlives it;
 //! - gets an environment without secrets ([`environment`]);
 //! - cannot create namespaces, mount, ptrace, load modules or use io_uring (seccomp);
-//! - in the no-net lane, lives in an empty network namespace and cannot open Unix sockets
-//!   by path either.
+//! - cannot open a Unix or vsock socket, so reaches no host service by path (a D-Bus
+//!   session bus, Docker, an agent), unless `sandbox.unix-sockets: host` opens them to the
+//!   lanes with the host's network (seccomp);
+//! - in the no-net lane, lives in an empty network namespace.
 //!
 //! Where the kernel lacks a part, [`probe::protections`] says which, and `sandbox.mode:
 //! required` refuses to run rather than run with less.
@@ -66,6 +68,22 @@ pub enum ReadScope {
     Strict,
 }
 
+/// Whether commands may open Unix sockets (`sandbox.unix-sockets`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnixSockets {
+    /// No lane's commands may create a Unix socket (`socket(AF_UNIX)`, nor `AF_VSOCK`), so
+    /// none reaches a host service by path: a D-Bus session bus (whose `systemd-run --user`
+    /// would start a process outside the sandbox), the Docker socket, an agent. Stream and
+    /// seqpacket `socketpair`s, which reach nothing outside, stay allowed.
+    #[default]
+    Refuse,
+    /// The lanes with the host's network may connect to the host's Unix sockets too (the
+    /// no-net lane never may). For projects whose commands need one (their own test
+    /// servers, a Docker client): what such a socket's service can do, they can.
+    Host,
+}
+
 /// `sandbox:` of taskdaemon.yml. Also accepts the shorthand `sandbox: required`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxSettings {
@@ -81,6 +99,8 @@ pub struct SandboxSettings {
     pub hide: Vec<PathBuf>,
     /// The commands' environment.
     pub env: EnvSettings,
+    /// Whether commands may reach the host's Unix sockets.
+    pub unix_sockets: UnixSockets,
     /// Paths that commands (read-only bind mounts) and file tools (refused writes) may never
     /// change, wherever they lie: the run record, a `tool exec` receipt log. Set by the
     /// daemon, not by the config file.
@@ -105,6 +125,7 @@ struct SandboxMap {
     readable: Vec<PathBuf>,
     hide: Vec<PathBuf>,
     env: EnvSettings,
+    unix_sockets: UnixSockets,
 }
 
 impl<'de> Deserialize<'de> for SandboxSettings {
@@ -135,6 +156,7 @@ impl<'de> Deserialize<'de> for SandboxSettings {
                     readable: m.readable,
                     hide: m.hide,
                     env: m.env,
+                    unix_sockets: m.unix_sockets,
                     protected: Vec::new(),
                     secret_files: Vec::new(),
                     seals: pins::Seals::default(),
@@ -375,9 +397,12 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         None
     };
     let pts_access = landlock_rules::device_masks(&rules, protections.landlock_abi);
-    let seccomp = protections
-        .seccomp
-        .then(|| seccomp::filter(policy.no_network));
+    let seccomp = protections.seccomp.then(|| {
+        seccomp::filter(seccomp::Lane::of(
+            policy.no_network,
+            policy.settings.unix_sockets,
+        ))
+    });
     let mounts = if namespaces != 0 {
         guarded_mounts(policy, &writable, protections.landlock_abi > 0)?
     } else {

@@ -8,13 +8,17 @@
 //! kernel's keyring, module, kexec, BPF, perf, `userfaultfd`, swap, reboot, clock and
 //! host-name calls, `io_uring` (its operations bypass seccomp), `open_by_handle_at`, and
 //! typing into a terminal with `TIOCSTI`. System calls of another ABI (i386 via `int 0x80`,
-//! x32) are refused whole: their numbers differ, so the list below would not apply. The
-//! no-net lane also limits sockets to what its empty network namespace contains: `socket`
-//! only for `AF_INET`, `AF_INET6` and `AF_NETLINK` (a network namespace does not cover
-//! path-named Unix sockets, which reach host services such as the Docker daemon, D-Bus or an
-//! SSH agent, nor vsock), and `socketpair` only for stream and seqpacket pairs (a datagram
-//! pair can `sendto` any host datagram socket by path, e.g. the journal's). Programs that
-//! talk to their own children over a stream pair keep working.
+//! x32) are refused whole: their numbers differ, so the list below would not apply.
+//!
+//! Sockets: a network namespace does not cover path-named Unix sockets, which reach host
+//! services such as a D-Bus session bus (whose `systemd-run --user` starts processes outside
+//! any sandbox), the Docker daemon or an SSH agent, nor vsock; and Landlock refuses
+//! connections by path only from ABI 9 on. So every lane refuses `socket(AF_UNIX)` and
+//! `socket(AF_VSOCK)` and datagram `socketpair`s (a datagram pair can `sendto` any host
+//! datagram socket by path, e.g. the journal's), unless `sandbox.unix-sockets: host` lets
+//! the lanes with the host's network reach them; the no-net lane moreover allows `socket`
+//! only for `AF_INET`, `AF_INET6` and `AF_NETLINK`, what its empty network namespace holds.
+//! Programs that talk to their own children over a stream pair keep working.
 //!
 //! `clone3` passes its flags in memory a filter cannot read, so it fails with `ENOSYS`: the
 //! C library then falls back to `clone`, whose flags the filter does check.
@@ -112,12 +116,39 @@ const fn arg_low(index: u32) -> u32 {
     16 + 8 * index
 }
 
+/// Which sockets a command may open: what its filter is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The no-net lane: only the families of its empty network namespace.
+    NoNetwork,
+    /// The host's network, but no Unix (nor vsock) socket of its own: the default.
+    HostNetwork,
+    /// The host's network and its Unix sockets (`sandbox.unix-sockets: host`).
+    HostNetworkAndUnix,
+}
+
+impl Lane {
+    /// The lane of a command of the no-net lane or not, under `unix`.
+    pub fn of(no_network: bool, unix: crate::UnixSockets) -> Lane {
+        match (no_network, unix) {
+            (true, _) => Lane::NoNetwork,
+            (false, crate::UnixSockets::Refuse) => Lane::HostNetwork,
+            (false, crate::UnixSockets::Host) => Lane::HostNetworkAndUnix,
+        }
+    }
+}
+
 /// The filter for one lane, built on first use and shared by every command of the process.
-pub fn filter(no_network: bool) -> &'static [Instruction] {
-    static OPEN: OnceLock<Vec<Instruction>> = OnceLock::new();
-    static CLOSED: OnceLock<Vec<Instruction>> = OnceLock::new();
-    let slot = if no_network { &CLOSED } else { &OPEN };
-    slot.get_or_init(|| build(no_network))
+pub fn filter(lane: Lane) -> &'static [Instruction] {
+    static NO_NETWORK: OnceLock<Vec<Instruction>> = OnceLock::new();
+    static HOST_NETWORK: OnceLock<Vec<Instruction>> = OnceLock::new();
+    static HOST_NETWORK_AND_UNIX: OnceLock<Vec<Instruction>> = OnceLock::new();
+    let slot = match lane {
+        Lane::NoNetwork => &NO_NETWORK,
+        Lane::HostNetwork => &HOST_NETWORK,
+        Lane::HostNetworkAndUnix => &HOST_NETWORK_AND_UNIX,
+    };
+    slot.get_or_init(|| build(lane))
 }
 
 /// Where a jump goes, resolved when the program is laid out.
@@ -144,7 +175,7 @@ enum Op {
     Label(Target),
 }
 
-fn build(no_network: bool) -> Vec<Instruction> {
+fn build(lane: Lane) -> Vec<Instruction> {
     use Target::*;
     let mut ops = vec![
         Op::Load(ARCH_OFFSET),
@@ -158,7 +189,7 @@ fn build(no_network: bool) -> Vec<Instruction> {
     ops.push(Op::IfEq(nr(libc::SYS_clone3), NoSys, Next));
     ops.push(Op::IfEq(nr(libc::SYS_clone), Check(0), Next));
     ops.push(Op::IfEq(nr(libc::SYS_ioctl), Check(1), Next));
-    if no_network {
+    if lane != Lane::HostNetworkAndUnix {
         ops.push(Op::IfEq(nr(libc::SYS_socket), Check(2), Next));
         ops.push(Op::IfEq(nr(libc::SYS_socketpair), Check(3), Next));
     }
@@ -171,13 +202,20 @@ fn build(no_network: bool) -> Vec<Instruction> {
     ops.push(Op::Label(Check(1)));
     ops.push(Op::Load(arg_low(1)));
     ops.push(Op::IfEq(libc::TIOCSTI as u32, Refuse, Allow));
-    if no_network {
-        // socket(domain, ...): only the families of the namespace's own network.
+    if lane != Lane::HostNetworkAndUnix {
         ops.push(Op::Label(Check(2)));
         ops.push(Op::Load(arg_low(0)));
-        ops.push(Op::IfEq(libc::AF_INET as u32, Allow, Next));
-        ops.push(Op::IfEq(libc::AF_INET6 as u32, Allow, Next));
-        ops.push(Op::IfEq(libc::AF_NETLINK as u32, Allow, Refuse));
+        if lane == Lane::NoNetwork {
+            // socket(domain, ...): only the families of the namespace's own network.
+            ops.push(Op::IfEq(libc::AF_INET as u32, Allow, Next));
+            ops.push(Op::IfEq(libc::AF_INET6 as u32, Allow, Next));
+            ops.push(Op::IfEq(libc::AF_NETLINK as u32, Allow, Refuse));
+        } else {
+            // socket(domain, ...): the host's network, but no socket that reaches a host
+            // service by path (Unix) or through the hypervisor (vsock).
+            ops.push(Op::IfEq(libc::AF_UNIX as u32, Refuse, Next));
+            ops.push(Op::IfEq(libc::AF_VSOCK as u32, Refuse, Allow));
+        }
         // socketpair(domain, type, ...): no datagram pairs (SOCK_DGRAM and SOCK_RAW are the
         // types with bit 1 set; the flags SOCK_NONBLOCK and SOCK_CLOEXEC are not).
         ops.push(Op::Label(Check(3)));
@@ -307,7 +345,7 @@ mod tests {
 
     #[test]
     fn refuses_what_it_lists_and_allows_the_rest() {
-        let open = filter(false);
+        let open = filter(Lane::HostNetwork);
         assert!(open.len() < 100, "{} instructions", open.len());
         for &refused in REFUSED {
             assert_eq!(call(open, refused, [0; 6]), EPERM, "call {refused}");
@@ -327,8 +365,9 @@ mod tests {
 
     #[test]
     fn clone_ioctl_and_socket_are_judged_by_their_arguments() {
-        let open = filter(false);
-        let closed = filter(true);
+        let open = filter(Lane::HostNetworkAndUnix);
+        let closed = filter(Lane::NoNetwork);
+        let host = filter(Lane::HostNetwork);
         let fork_flags = (libc::CLONE_CHILD_SETTID | libc::SIGCHLD) as u64;
         assert_eq!(
             call(open, libc::SYS_clone, [fork_flags, 0, 0, 0, 0, 0]),
@@ -372,11 +411,25 @@ mod tests {
             call(open, libc::SYS_socketpair, [unix, dgram, 0, 0, 0, 0]),
             ALLOW
         );
+        // The default of the lanes with the host's network: its sockets, no Unix or vsock
+        // socket of its own, no datagram pair.
+        assert_eq!(call(host, libc::SYS_socket, [inet, 1, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(call(host, libc::SYS_socket, [inet6, 2, 0, 0, 0, 0]), ALLOW);
+        let netlink = libc::AF_NETLINK as u64;
+        assert_eq!(
+            call(host, libc::SYS_socket, [netlink, 3, 0, 0, 0, 0]),
+            ALLOW
+        );
+        assert_eq!(call(host, libc::SYS_socket, [unix, 1, 0, 0, 0, 0]), EPERM);
+        assert_eq!(call(host, libc::SYS_socket, [vsock, 1, 0, 0, 0, 0]), EPERM);
+        let host_pair = |ty| call(host, libc::SYS_socketpair, [unix, ty, 0, 0, 0, 0]);
+        assert_eq!(host_pair(stream | flags), ALLOW);
+        assert_eq!(host_pair(dgram), EPERM);
     }
 
     #[test]
     fn other_abis_are_refused_whole() {
-        let open = filter(false);
+        let open = filter(Lane::HostNetwork);
         assert_eq!(evaluate(open, 0x4000_0003, 0, [0; 6]), EPERM, "i386");
         assert_eq!(
             call(
