@@ -316,6 +316,12 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
             ),
         }
         println!("run record: {}", report.run_dir.display());
+        for branch in &report.integrated {
+            println!(
+                "merged result: branch {branch}; look at it with: git -C {} log --graph {branch}",
+                report.repo.display()
+            );
+        }
     }
     Ok(ExitCode::from(report.exit_code()))
 }

@@ -214,6 +214,15 @@ fn the_quickstart_runs_offline_and_leaves_the_repository_alone() {
             integration.as_str()
         );
     }
+    // The run's last words say where that is and how to look at it.
+    let copy_real = copy.canonicalize().unwrap();
+    assert!(
+        out.stdout.contains(&format!(
+            "merged result: branch {integration}; look at it with: git -C {} log --graph {integration}",
+            copy_real.display()
+        )),
+        "{out}"
+    );
     for dep in ["api", "client"] {
         let landed = seq_of(&events, json!({"event": "loop_merged", "loop_name": dep}));
         assert!(landed < docs_started, "docs started before {dep} landed");

@@ -59,6 +59,10 @@ pub struct RunReport {
     /// Why its record could not be written, when a write failed: the loops stopped before
     /// their next call, and the run can be resumed once the disk has room.
     pub record_failure: Option<String>,
+    /// The repository the loops' work was integrated in (a `copy-repo` run's copy).
+    pub repo: PathBuf,
+    /// The branches that received integrated work in this run, sorted.
+    pub integrated: Vec<String>,
 }
 
 impl RunReport {
@@ -796,12 +800,22 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     }
     // The record is final: another process may take the run now.
     drop(owner_lock);
+    let integrated: BTreeSet<String> = record
+        .summary()
+        .loops
+        .values()
+        .filter_map(|l| l.merge.as_ref())
+        .filter(|m| m.merged)
+        .filter_map(|m| m.into.clone())
+        .collect();
     Ok(RunReport {
         run_id,
         run_dir,
         loops: status,
         interrupted,
         record_failure,
+        repo: repo.root().to_path_buf(),
+        integrated: integrated.into_iter().collect(),
     })
 }
 
