@@ -228,13 +228,7 @@ async fn merge(options: MergeOptions) -> Result<(String, u8), (String, u8)> {
                 let _ = record.update_loop(name, |s| {
                     s.status = LoopStatus::Blocked;
                     s.reason = Some(reason.clone());
-                    s.merge = Some(MergeSummary {
-                        merged: false,
-                        into: Some(job.target.clone()),
-                        commit: None,
-                        detail: Some(reason.clone()),
-                        attempts,
-                    });
+                    s.merge = Some(MergeSummary::not_merged(&job.target, &reason, attempts));
                 });
                 events.record(EventKind::LoopBlocked {
                     loop_name: name.clone(),

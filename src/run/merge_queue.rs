@@ -739,13 +739,7 @@ fn block(
     let _ = record.update_loop(name, |s| {
         s.status = LoopStatus::Blocked;
         s.reason = Some(reason.to_string());
-        s.merge = Some(MergeSummary {
-            merged: false,
-            into: Some(job.target.clone()),
-            commit: None,
-            detail: Some(reason.to_string()),
-            attempts,
-        });
+        s.merge = Some(MergeSummary::not_merged(&job.target, reason, attempts));
     });
     events.record(EventKind::LoopBlocked {
         loop_name: name.to_string(),

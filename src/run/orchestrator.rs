@@ -430,14 +430,22 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         },
     );
     let mut ledger = Ledger::from_summary(&record.summary());
-    // The run's integration branches exist from its start, so that `git log` finds them.
-    for def in loops.iter().filter(|d| merge_queue::integrates(d)) {
-        let target = merge_queue::target_of(&run_id, def, &config, &default_base);
-        if !def.merge.unwrap_or(config.merge) {
-            repo.ensure_branch(&target, &merge_queue::target_start(def, &default_base))
-                .await
-                .map_err(|e| format!("cannot create the integration branch {target}: {e}"))?;
-        }
+    // The run's integration branches exist from its start, so that `git log` finds them
+    // (each once, however many loops integrate into it).
+    let run_targets: BTreeMap<String, String> = loops
+        .iter()
+        .filter(|d| merge_queue::integrates(d) && !d.merge.unwrap_or(config.merge))
+        .map(|d| {
+            (
+                merge_queue::target_of(&run_id, d, &config, &default_base),
+                merge_queue::target_start(d, &default_base),
+            )
+        })
+        .collect();
+    for (target, start) in &run_targets {
+        repo.ensure_branch(target, start)
+            .await
+            .map_err(|e| format!("cannot create the integration branch {target}: {e}"))?;
     }
     // A resumed run queues again the completed loops whose integration never happened (the
     // process died with them in the queue).
@@ -537,16 +545,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 match start {
                     Ok(start) => Some(start),
                     Err(why) => {
-                        status.insert(def.name.clone(), LoopStatus::Blocked);
-                        let _ = record.update_loop(&def.name, |s| {
-                            s.status = LoopStatus::Blocked;
-                            s.reason = Some(why.clone());
-                        });
-                        progress.set_status(&def.name, "blocked", &why);
-                        events.record(EventKind::LoopBlocked {
-                            loop_name: def.name.clone(),
-                            reason: why,
-                        });
+                        mark_blocked(&def.name, &why, &mut status, &record, &progress, &events);
                         continue;
                     }
                 }
@@ -875,6 +874,28 @@ pub(crate) fn hide_chain_key(
     Ok(Arc::new(settings))
 }
 
+/// Marks loop `name` blocked for `why`: in the run's statuses, its record, the progress
+/// display and the events.
+fn mark_blocked(
+    name: &str,
+    why: &str,
+    status: &mut BTreeMap<String, LoopStatus>,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+    events: &EventLog,
+) {
+    status.insert(name.to_string(), LoopStatus::Blocked);
+    let _ = record.update_loop(name, |s| {
+        s.status = LoopStatus::Blocked;
+        s.reason = Some(why.to_string());
+    });
+    progress.set_status(name, "blocked", why);
+    events.record(EventKind::LoopBlocked {
+        loop_name: name.to_string(),
+        reason: why.to_string(),
+    });
+}
+
 /// Marks pending loops whose dependency can no longer complete as blocked.
 fn block_orphans(
     loops: &[LoopDef],
@@ -902,16 +923,7 @@ fn block_orphans(
             });
             if let Some(dep) = dead {
                 let why = format!("its dependency `{dep}` did not complete");
-                status.insert(def.name.clone(), LoopStatus::Blocked);
-                let _ = record.update_loop(&def.name, |s| {
-                    s.status = LoopStatus::Blocked;
-                    s.reason = Some(why.clone());
-                });
-                progress.set_status(&def.name, "blocked", &why);
-                events.record(EventKind::LoopBlocked {
-                    loop_name: def.name.clone(),
-                    reason: why.clone(),
-                });
+                mark_blocked(&def.name, &why, status, record, progress, events);
                 changed = true;
             }
         }
@@ -1063,16 +1075,7 @@ fn queue_after_end(
             .map(|m| m.name.clone())
             .collect();
         for m in completed {
-            status.insert(m.clone(), LoopStatus::Blocked);
-            let _ = record.update_loop(&m, |s| {
-                s.status = LoopStatus::Blocked;
-                s.reason = Some(why.clone());
-            });
-            events.record(EventKind::LoopBlocked {
-                loop_name: m.clone(),
-                reason: why.clone(),
-            });
-            progress.set_status(&m, "blocked", &why);
+            mark_blocked(&m, &why, status, record, progress, events);
         }
         return;
     }

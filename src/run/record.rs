@@ -211,6 +211,19 @@ pub struct MergeSummary {
     pub attempts: u32,
 }
 
+impl MergeSummary {
+    /// Not merged into `into`, for `why`, after `attempts` hand backs.
+    pub fn not_merged(into: &str, why: &str, attempts: u32) -> MergeSummary {
+        MergeSummary {
+            merged: false,
+            into: Some(into.to_string()),
+            commit: None,
+            detail: Some(why.to_string()),
+            attempts,
+        }
+    }
+}
+
 fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
@@ -934,13 +947,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             s.reason = None;
             s.ended_at = None;
             s.duration_ms = None;
-            s.merge = Some(MergeSummary {
-                merged: false,
-                into: Some(into.clone()),
-                commit: None,
-                detail: Some(reason.clone()),
-                attempts: *attempt,
-            });
+            s.merge = Some(MergeSummary::not_merged(into, reason, *attempt));
         }
         EventKind::HeavyEnded {
             loop_name,
