@@ -351,6 +351,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let p = progress.clone();
         events.subscribe(move |e| p.on_event(e));
     }
+    let _ticker = progress.start_ticker();
     if restored.is_none() {
         // The first event says what the run is, so that its summary can be rebuilt from the
         // events alone.
