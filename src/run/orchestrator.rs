@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::loops::Handover;
 use crate::config::{Config, ConflictWarnings, LoopDef, LoopType, WorktreeMode};
+use crate::run::compiler_cache::CompilerCaches;
 use crate::run::conflict_watch::ConflictWatch;
 use crate::run::handover;
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
@@ -213,6 +214,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let sandbox_report =
         td_confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
     let web_access = config.web_access()?;
+    let compiler_caches = CompilerCaches::from_config(&config.compiler_cache, &base_dir)?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
     let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
@@ -572,6 +574,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 &progress,
                 &record,
                 &budgets,
+                compiler_caches.as_deref(),
             )
             .await;
             match started {
@@ -738,8 +741,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             progress.set_status(name, st.as_str(), why);
         }
     }
-    // Before the worktrees go: no comparison may run in a worktree being removed.
+    // Before the worktrees go: no comparison may run in a worktree being removed, no cache
+    // server may write into one.
     conflicts.stop().await;
+    if let Some(caches) = &compiler_caches {
+        caches.stop_all().await;
+    }
     rt.flush().await;
     rt.shutdown().await;
     if !config.keep_worktrees {
@@ -1181,6 +1188,7 @@ async fn start_loop(
     progress: &Arc<ProgressDisplay>,
     record: &Arc<RunRecord>,
     budgets: &Arc<Budgets>,
+    compiler_caches: Option<&CompilerCaches>,
 ) -> Result<(LoopSpec, Place), String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
     let mut place = make_place(
@@ -1215,6 +1223,10 @@ async fn start_loop(
             test: loop_type.test.clone(),
             validate: validation,
         });
+    let ctx = match compiler_caches {
+        Some(caches) => ctx.with_compiler_cache(caches.access_for(&place.dir, sandbox).await?),
+        None => ctx,
+    };
     let tools = td_tools::tool_set(&loop_type.tools).map_err(|e| e.to_string())?;
     let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
     let receipts = record.receipts_for(&def.name)?;
