@@ -1,5 +1,6 @@
 //! The run's compiler cache (`compiler-cache: sccache`): one sccache server per worktree,
-//! started by the run when the worktree's first loop starts and stopped when the run ends.
+//! started by the run when the worktree's first loop starts and stopped when its last loop
+//! ends (at the latest when the run ends).
 //!
 //! sccache's server runs `rustc` for its clients, and `rustc` runs the loop's proc-macros,
 //! so the server is confined exactly as the loop's commands are (its worktree, its temp dir
@@ -178,6 +179,14 @@ impl CompilerCaches {
             service,
             _temp: temp,
         })
+    }
+
+    /// Stops the server of `worktree`, if it has one, and waits for it.
+    pub async fn stop_for(&self, worktree: &Path) {
+        let running = self.servers.lock().await.remove(worktree);
+        if let Some(running) = running {
+            running.service.stop().await;
+        }
     }
 
     /// Stops every server and waits for them.

@@ -696,6 +696,16 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         .await;
         close_loop_record(&record, &name);
         status.insert(name.clone(), final_status);
+        // Its compiler cache server goes with it, unless a loop sharing its worktree still
+        // runs (a loop that runs again later gets a new one).
+        if let (Some(caches), Some(place)) = (&compiler_caches, places.get(&name)) {
+            let in_use = places.iter().any(|(other, p)| {
+                p.dir == place.dir && status.get(other) == Some(&LoopStatus::Running)
+            });
+            if !in_use {
+                caches.stop_for(&place.dir).await;
+            }
+        }
         if final_status != LoopStatus::Running && !forced {
             queue_after_end(
                 &name,
