@@ -15,7 +15,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-use crate::worktree::{COMMIT_EMAIL, COMMIT_NAME, GitOutput, RUN_RECORD_DIR, WorktreeError};
+use crate::worktree::{GitOutput, RUN_RECORD_DIR, WorktreeError, as_taskdaemon};
 
 /// The oldest git whose `merge-tree` has `--write-tree` (a real merge, in memory).
 pub const MIN_GIT: (u32, u32) = (2, 38);
@@ -228,20 +228,14 @@ pub async fn snapshot(dir: &Path) -> Result<Snapshot, WorktreeError> {
     }
     let commit = run(
         dir,
-        [
-            "-c",
-            &format!("user.name={COMMIT_NAME}"),
-            "-c",
-            &format!("user.email={COMMIT_EMAIL}"),
-            "-c",
-            "commit.gpgSign=false",
+        as_taskdaemon(&[
             "commit-tree",
             tree.as_str(),
             "-p",
             head,
             "-m",
             SNAPSHOT_MESSAGE,
-        ],
+        ]),
         &[],
         hint,
     )
