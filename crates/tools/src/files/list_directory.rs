@@ -43,17 +43,13 @@ pub struct ListDirectory;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListArgs {
-    #[serde(default = "default_path")]
+    #[serde(default = "args::root")]
     path: String,
     #[serde(default)]
     recursive: bool,
     max_depth: Option<u64>,
     #[serde(default)]
     include_hidden: bool,
-}
-
-fn default_path() -> String {
-    ".".to_string()
 }
 
 /// Everything the blocking walk needs, owned.
