@@ -548,6 +548,7 @@ impl Worktree {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::git_stdout;
     use std::process::Command;
 
     /// A repository on `main` with one commit, its git config kept out of the machine's.
@@ -578,18 +579,13 @@ mod tests {
         }
 
         fn git(&self, dir: &Path, args: &[&str]) -> String {
-            let out = Command::new("git")
-                .args(args)
-                .current_dir(dir)
-                .envs(self.env())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "git {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
+            git_stdout(
+                Command::new("git")
+                    .args(args)
+                    .current_dir(dir)
+                    .envs(self.env()),
+                false,
+            )
         }
 
         fn commit_file(&self, dir: &Path, file: &str, text: &str, message: &str) -> String {

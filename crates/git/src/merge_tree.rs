@@ -389,26 +389,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::git_stdout;
     use std::path::PathBuf;
     use std::process::Command;
 
     /// Runs the test's own git (a fixed identity, no system or user config) in `dir`;
     /// returns its stdout, and panics with its stderr when it fails unless `may_fail`.
     fn sh_git(dir: &Path, args: &[&str], may_fail: bool) -> String {
-        let out = Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
-            .args(args)
-            .current_dir(dir)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-            .unwrap();
-        assert!(
-            may_fail || out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        git_stdout(
+            Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("GIT_CONFIG_GLOBAL", "/dev/null"),
+            may_fail,
+        )
     }
 
     /// A repository on `main` with `files` committed, and a linked worktree `wt` on branch
