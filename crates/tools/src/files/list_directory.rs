@@ -360,7 +360,7 @@ fn error_path(err: &ignore::Error) -> Option<&std::path::Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{put, worktree as setup};
+    use crate::test_support::{assert_set_refuses, put, worktree as setup};
     use std::os::unix::fs::symlink;
 
     fn tree(ctx: &ToolContext) {
@@ -538,16 +538,18 @@ mod tests {
     async fn the_schema_bounds_max_depth() {
         let (_d, ctx) = setup();
         let set = crate::all_tools();
-        for input in [
-            json!({"max_depth": 0}),
-            json!({"max_depth": 21}),
-            json!({"recursive": "yes"}),
-            json!({"depth": 2}),
-        ] {
-            let out = set.call(&ctx, None, NAME, input.clone()).await;
-            assert!(out.is_error, "{input}");
-            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
-        }
+        assert_set_refuses(
+            &set,
+            &ctx,
+            NAME,
+            &[
+                json!({"max_depth": 0}),
+                json!({"max_depth": 21}),
+                json!({"recursive": "yes"}),
+                json!({"depth": 2}),
+            ],
+        )
+        .await;
         let out = set
             .call(
                 &ctx,

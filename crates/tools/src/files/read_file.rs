@@ -680,7 +680,7 @@ mod tests {
         let opened = open_for_reading(&files, &real, shown)?;
         load_opened(opened, shown, req, cancel, how, known)
     }
-    use crate::test_support::{put, with_limits, worktree as setup};
+    use crate::test_support::{assert_set_refuses, put, with_limits, worktree as setup};
     use proptest::prelude::*;
     use std::os::unix::fs::symlink;
     use std::path::{Path, PathBuf};
@@ -983,16 +983,18 @@ mod tests {
         let (_d, ctx) = setup();
         lines_file(&ctx, "f.txt", 3);
         let set = crate::all_tools();
-        for input in [
-            json!({"path": "f.txt", "offset": 0}),
-            json!({"path": "f.txt", "limit": 0}),
-            json!({"path": "f.txt", "lines": 3}),
-            json!({}),
-        ] {
-            let out = set.call(&ctx, None, NAME, input.clone()).await;
-            assert!(out.is_error, "{input}");
-            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
-        }
+        assert_set_refuses(
+            &set,
+            &ctx,
+            NAME,
+            &[
+                json!({"path": "f.txt", "offset": 0}),
+                json!({"path": "f.txt", "limit": 0}),
+                json!({"path": "f.txt", "lines": 3}),
+                json!({}),
+            ],
+        )
+        .await;
         let out = set
             .call(
                 &ctx,
