@@ -162,6 +162,22 @@ pub(crate) async fn assert_unavailable_outside_a_run(tool: &dyn Tool, input: Val
     assert!(err.to_string().contains("taskdaemon run"), "{err}");
 }
 
+/// The bounds of `tool`'s schema in the built-in set: asserts that each of `refused` is
+/// refused as invalid arguments and that `passes`, an input just inside the bounds, gets
+/// through the schema; returns what calling it gave.
+pub(crate) async fn schema_bounds(
+    ctx: &ToolContext,
+    tool: &str,
+    refused: &[Value],
+    passes: Value,
+) -> td_toolkit::registry::CallOutcome {
+    let set = crate::all_tools();
+    assert_set_refuses(&set, ctx, tool, refused).await;
+    let out = set.call(ctx, None, tool, passes).await;
+    assert_eq!(out.receipt.schema_valid, Some(true), "{}", out.content);
+    out
+}
+
 /// A fresh empty worktree and a context for it (sandbox on, default catalog).
 pub(crate) fn worktree() -> (tempfile::TempDir, ToolContext) {
     let dir = tempfile::tempdir().unwrap();

@@ -360,7 +360,7 @@ fn error_path(err: &ignore::Error) -> Option<&std::path::Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{assert_set_refuses, put, worktree as setup};
+    use crate::test_support::{put, schema_bounds, worktree as setup};
     use std::os::unix::fs::symlink;
 
     fn tree(ctx: &ToolContext) {
@@ -537,27 +537,14 @@ mod tests {
     #[tokio::test]
     async fn the_schema_bounds_max_depth() {
         let (_d, ctx) = setup();
-        let set = crate::all_tools();
-        assert_set_refuses(
-            &set,
-            &ctx,
-            NAME,
-            &[
-                json!({"max_depth": 0}),
-                json!({"max_depth": 21}),
-                json!({"recursive": "yes"}),
-                json!({"depth": 2}),
-            ],
-        )
-        .await;
-        let out = set
-            .call(
-                &ctx,
-                None,
-                NAME,
-                json!({"recursive": true, "max_depth": 20}),
-            )
-            .await;
+        let refused = [
+            json!({"max_depth": 0}),
+            json!({"max_depth": 21}),
+            json!({"recursive": "yes"}),
+            json!({"depth": 2}),
+        ];
+        let deepest = json!({"recursive": true, "max_depth": 20});
+        let out = schema_bounds(&ctx, NAME, &refused, deepest).await;
         assert!(!out.is_error, "{}", out.content);
     }
 

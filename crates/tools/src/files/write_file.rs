@@ -284,18 +284,13 @@ mod tests {
     async fn the_schema_requires_both_fields() {
         let (_d, ctx) = setup();
         let set = crate::all_tools();
-        assert_set_refuses(
-            &set,
-            &ctx,
-            NAME,
-            &[
-                json!({"path": "a.txt"}),
-                json!({"content": "x"}),
-                json!({"path": "a.txt", "content": 3}),
-                json!({"path": "a.txt", "content": "x", "mode": "append"}),
-            ],
-        )
-        .await;
+        let refused = [
+            json!({"path": "a.txt"}),
+            json!({"content": "x"}),
+            json!({"path": "a.txt", "content": 3}),
+            json!({"path": "a.txt", "content": "x", "mode": "append"}),
+        ];
+        assert_set_refuses(&set, &ctx, NAME, &refused).await;
         assert!(!ctx.root().join("a.txt").exists());
         let out = set
             .call(&ctx, None, NAME, json!({"path": "a.txt", "content": "x"}))
