@@ -160,6 +160,9 @@ b:
     );
     let run_dir = root.join("run");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        // The loops' cargo builds in their worktrees, not into the target directory of the
+        // cargo running this test (commands may not write there).
+        .env_remove("CARGO_TARGET_DIR")
         .args(["run", "-c"])
         .arg(&config)
         .arg("--run-dir")
