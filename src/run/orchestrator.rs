@@ -686,12 +686,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     interrupted = Some(signal);
                 } else {
                     forced = true;
-                    queue.abort();
-                    for (name, s) in &status {
-                        if *s == LoopStatus::Running {
-                            let _ = rt.kill_loop(name);
-                        }
-                    }
+                    stop_at_once(&mut queue, &rt, &status);
                 }
                 continue;
             }
@@ -709,12 +704,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                             interrupted = Some(StopSignal::Terminate);
                         } else if !forced {
                             forced = true;
-                            queue.abort();
-                            for (name, s) in &status {
-                                if *s == LoopStatus::Running {
-                                    let _ = rt.kill_loop(name);
-                                }
-                            }
+                            stop_at_once(&mut queue, &rt, &status);
                         }
                         Ok(())
                     }
@@ -925,6 +915,17 @@ pub(crate) fn hide_chain_key(
         );
     }
     Ok(Arc::new(settings))
+}
+
+/// The second stop of a run (a signal, or the dashboard's run stop): the merge queue's job
+/// is dropped and every running loop stops at once, its call in flight killed.
+fn stop_at_once(queue: &mut MergeQueue, rt: &Runtime, status: &BTreeMap<String, LoopStatus>) {
+    queue.abort();
+    for (name, s) in status {
+        if *s == LoopStatus::Running {
+            let _ = rt.kill_loop(name);
+        }
+    }
 }
 
 /// The next request of the control socket; never, when the run has none.
