@@ -338,6 +338,15 @@ async fn control_answer(app: &App, command: Command) -> Result<Response, ApiErro
     }
     match control::send(&app.run_dir, &command, "dashboard").await {
         Ok(()) => Ok(json_answer(StatusCode::OK, &json!({"ok": true}))),
+        // Owned, but no socket: the run could not open it (it warned when it started), or
+        // it ended just now.
+        Err(SendError::NotLive(why)) if crate::run::owner::is_owned(&app.run_dir) => {
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("the run cannot be reached: {why}"),
+                "the run said why when it started (a run directory too deep for a socket); stop it with Ctrl-C",
+            ))
+        }
         Err(SendError::NotLive(_)) => Err(not_live()),
         Err(SendError::Refused(why)) => Err(ApiError::new(
             StatusCode::CONFLICT,
