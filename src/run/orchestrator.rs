@@ -476,6 +476,30 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     // A resumed run queues again the completed loops whose integration never happened (the
     // process died with them in the queue).
     let mut queued_groups: BTreeSet<String> = BTreeSet::new();
+    // `queue_after_end` with what stays the same for the whole run.
+    let queue_end = |name: &str,
+                     places: &BTreeMap<String, Place>,
+                     ledger: &Ledger,
+                     status: &mut BTreeMap<String, LoopStatus>,
+                     queued_groups: &mut BTreeSet<String>,
+                     queue: &mut MergeQueue| {
+        queue_after_end(
+            name,
+            &loops,
+            &types,
+            &config,
+            &run_id,
+            &default_base,
+            places,
+            ledger,
+            status,
+            queued_groups,
+            queue,
+            &record,
+            &progress,
+            &events,
+        );
+    };
     for def in &loops {
         if status[&def.name] == LoopStatus::Completed
             && merge_queue::integrates(def)
@@ -492,21 +516,13 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     continue;
                 }
             }
-            queue_after_end(
+            queue_end(
                 &def.name,
-                &loops,
-                &types,
-                &config,
-                &run_id,
-                &default_base,
                 &places,
                 &ledger,
                 &mut status,
                 &mut queued_groups,
                 &mut queue,
-                &record,
-                &progress,
-                &events,
             );
         }
     }
@@ -747,21 +763,13 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             }
         }
         if final_status != LoopStatus::Running && !forced {
-            queue_after_end(
+            queue_end(
                 &name,
-                &loops,
-                &types,
-                &config,
-                &run_id,
-                &default_base,
                 &places,
                 &ledger,
                 &mut status,
                 &mut queued_groups,
                 &mut queue,
-                &record,
-                &progress,
-                &events,
             );
         }
     }
