@@ -12,6 +12,11 @@
 // Everything from the server is text: it is put in the page with textContent, never as HTML.
 "use strict";
 
+// What went wrong in the page, for the browser test (and anyone with the console closed).
+window.tdErrors = [];
+window.addEventListener("error", (e) => window.tdErrors.push(String(e.message || e)));
+window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhandled: " + String(e.reason)));
+
 (function () {
   // ---------------------------------------------------------------- helpers
 
