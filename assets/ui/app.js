@@ -110,6 +110,13 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     return known || "$0";
   }
 
+  function fmtCostLong(spend) {
+    if (!spend.calls) return "";
+    if (spend.unpriced > 0 && !spend.nano) return "unknown price";
+    const c = fmtCost(spend);
+    return spend.unpriced > 0 ? c.replace("+?", "") + " + " + spend.unpriced + " call(s) without a price" : c;
+  }
+
   function fmtClock(ms) {
     if (ms === null) return "";
     const d = new Date(ms);
@@ -694,7 +701,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     $("loops-empty").hidden = S.order.length > 0 || S.loops.size === 0;
   }
 
-  const COLS = ["status", "name", "type", "iteration", "tool", "validation", "tokens", "cost", "elapsed", "msgs", "last", "actions"];
+  const COLS = ["status", "name", "iteration", "tool", "validation", "tokens", "cost", "elapsed", "msgs", "last", "actions"];
   const body = $("loops-body");
   const topPad = document.createElement("tr");
   const bottomPad = document.createElement("tr");
@@ -768,8 +775,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     if (tr.dataset.status !== l.status) tr.dataset.status = l.status;
     setText(c.status.lastChild, l.stopping && !FINAL.has(l.status) ? "stopping" : l.status);
     setText(c.name, l.name);
-    c.name.title = l.reason ? l.name + ": " + l.reason : l.name;
-    setText(c.type, l.type);
+    c.name.title = l.name + (l.type ? " (" + l.type + ")" : "") + (l.reason ? ": " + l.reason : "");
     setText(c.iteration, l.iteration ? l.iteration + (l.maxIter ? "/" + l.maxIter : "") : l.maxIter ? "0/" + l.maxIter : "");
     const since = l.tool && l.toolSince !== null ? " · " + fmtDuration(now - l.toolSince) : "";
     setText(c.tool, l.tool ? l.tool + since : "");
@@ -785,8 +791,8 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     setText(c.cost, fmtCost(l.spend));
     c.cost.title = l.spend.unpriced ? l.spend.unpriced + " call(s) without a price" : "";
     setText(c.elapsed, fmtDuration(elapsed(l, now)));
-    const talk = l.asked + l.answered + l.shares;
-    setText(c.msgs, talk ? l.asked + " · " + l.answered + " · " + l.shares : "");
+    const talk = [["Q", l.asked], ["A", l.answered], ["S", l.shares]].filter((x) => x[1]).map((x) => x[0] + x[1]);
+    setText(c.msgs, talk.join(" "));
     c.msgs.title = l.asked + " question(s) asked, " + l.answered + " answered for others, " + l.shares + " share(s) sent";
     setText(c.last, l.last);
     c.last.title = l.last + (l.lastTime !== null ? " (" + fmtClock(l.lastTime) + ")" : "");
@@ -873,7 +879,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     const run = elapsedRun();
     const parts = [];
     if (S.runSpend.tokens) parts.push(["tokens", fmtTokens(S.runSpend.tokens)]);
-    if (S.runSpend.calls) parts.push(["cost", fmtCost(S.runSpend)]);
+    if (S.runSpend.calls) parts.push(["cost", fmtCostLong(S.runSpend)]);
     if (run !== null) parts.push(["elapsed", fmtDuration(run)]);
     for (const [k, v] of parts) {
       const s = h("span", "total");
@@ -986,6 +992,12 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     $("timeline-empty").hidden = list.childElementCount > 0;
   }
 
+  /** `taskdaemon/<this run>/integration` is just `integration` here. */
+  function shortBranch(b) {
+    const own = "taskdaemon/" + S.runId + "/";
+    return S.runId && b.startsWith(own) ? b.slice(own.length) : b;
+  }
+
   function loopLink(name) {
     const a = h("button", "loop-link", name);
     a.type = "button";
@@ -1018,7 +1030,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         li.dataset.state = it.state;
         const q = h("div", "tl-q");
         q.appendChild(h("span", "lbl", "Q"));
-        q.appendChild(h("span", "txt", it.question || "(question not in the record)"));
+        q.appendChild(h("span", "txt", clip(it.question || "(question not in the record)", 600)));
         box.appendChild(q);
         const a = h("div", "tl-a");
         if (it.state === "waiting") {
@@ -1026,7 +1038,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
           a.appendChild(h("span", "txt muted", "waiting for " + it.to + "'s answer"));
         } else {
           a.appendChild(h("span", "lbl", it.state === "failed" ? "✗" : "A"));
-          a.appendChild(h("span", "txt" + (it.state === "failed" ? " bad" : ""), it.reply));
+          a.appendChild(h("span", "txt" + (it.state === "failed" ? " bad" : ""), clip(it.reply, 600)));
           if (it.took !== null && it.took !== undefined) head.appendChild(h("span", "took", (it.state === "failed" ? "failed after " : "answered in ") + fmtDuration(it.took)));
         }
         box.appendChild(a);
@@ -1037,7 +1049,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         arrow(it.from, it.to, "⇒");
         head.appendChild(h("span", "tag", it.dataType));
         box.appendChild(h("pre", "tl-data", clip(jsonText(it.data, false), 400)));
-        if (it.error) box.appendChild(h("div", "bad", "not delivered: " + it.error));
+        if (it.error) box.appendChild(h("div", "bad", clip("not delivered: " + it.error, 160)));
         break;
       }
       case "alert":
@@ -1046,15 +1058,17 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         head.appendChild(it.kind === "system" ? h("span", "muted", "taskdaemon") : loopLink(it.from));
         head.appendChild(h("span", "tag", it.eventType));
         head.appendChild(h("span", "muted", "to " + it.recipients + " loop" + (it.recipients === 1 ? "" : "s")));
-        box.appendChild(h("div", "tl-text", it.text));
-        if (it.error) box.appendChild(h("div", "bad", "refused: " + it.error));
+        box.appendChild(h("div", "tl-text", clip(it.text, 400)));
+        if (it.error) box.appendChild(h("div", "bad", clip("refused: " + it.error, 160)));
         break;
       }
       case "merge": {
         badge.textContent = "merge";
         head.appendChild(loopLink(it.loop));
         head.appendChild(h("span", "arrow", "⤳"));
-        head.appendChild(h("span", "mono", it.into));
+        const into = h("span", "mono", shortBranch(it.into));
+        into.title = it.into;
+        head.appendChild(into);
         box.appendChild(h("div", "tl-text mono", "commit " + it.commit.slice(0, 12)));
         break;
       }
@@ -1069,7 +1083,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         } else {
           head.appendChild(loopLink(it.loop));
           head.appendChild(h("span", "muted", "handed back (attempt " + it.attempt + ") from " + it.into));
-          box.appendChild(h("div", "tl-text", it.text));
+          box.appendChild(h("div", "tl-text", clip(it.text, 400)));
         }
         if (it.files.length) box.appendChild(h("div", "tl-files mono", clip(it.files.join("  "), 300)));
         break;
@@ -1101,9 +1115,11 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
 
   // ---------------------------------------------------------------- run pane
 
-  const GRAPH_MAX = 120;
+  // A layer (loops at one depth of the dependency graph) of more than this many loops is
+  // drawn as one node with its loops counted by status, so 1,000 loops stay a readable graph.
+  const LAYER_MAX = 12;
   const svgNS = "http://www.w3.org/2000/svg";
-  let graphNodes = new Map(); // name -> svg group
+  let graphNodes = []; // {g, names: [loop], group: bool}
 
   function svg(tag, attrs) {
     const e = document.createElementNS(svgNS, tag);
@@ -1114,22 +1130,13 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
   function drawGraph() {
     const box = $("graph");
     box.textContent = "";
-    graphNodes = new Map();
+    graphNodes = [];
     const all = [...S.loops.values()];
-    const linked = new Set();
-    for (const l of all) {
-      for (const d of l.dependsOn) {
-        if (S.loops.has(d)) {
-          linked.add(l.name);
-          linked.add(d);
-        }
-      }
-    }
-    let nodes = all.length <= GRAPH_MAX ? all : all.filter((l) => linked.has(l.name)).slice(0, GRAPH_MAX);
-    const left = all.length - nodes.length;
-    setText($("graph-note"), left > 0 ? left + " loops without dependencies not drawn" : linked.size ? "" : all.length ? "no dependencies between loops" : "");
-    if (!nodes.length) return;
-    // Depth = longest chain of dependencies above a loop (cycles are cut where found).
+    let edgesIn = 0;
+    for (const l of all) for (const d of l.dependsOn) if (S.loops.has(d)) edgesIn++;
+    setText($("graph-note"), !all.length ? "" : edgesIn ? "" : "no dependencies between loops");
+    if (!all.length) return;
+    // Depth = longest chain of dependencies above a loop (a cycle is cut where it is found).
     const depth = new Map();
     const visiting = new Set();
     const depthOf = (name) => {
@@ -1143,60 +1150,109 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       depth.set(name, d);
       return d;
     };
-    const cols = [];
-    for (const l of nodes) {
+    const layers = [];
+    for (const l of all) {
       const d = depthOf(l.name);
-      (cols[d] = cols[d] || []).push(l);
+      (layers[d] = layers[d] || []).push(l);
     }
-    const W = 132, H = 26, GX = 48, GY = 10;
-    const pos = new Map();
-    let maxRows = 0;
-    cols.forEach((col, x) => {
-      if (!col) return;
-      col.sort((a, b) => (a.name < b.name ? -1 : 1));
-      col.forEach((l, y) => pos.set(l.name, [8 + x * (W + GX), 8 + y * (H + GY)]));
-      maxRows = Math.max(maxRows, col.length);
+    const W = 150, H = 26, GX = 56, GY = 10, GH = 58;
+    const nodeOf = new Map(); // loop name -> node index
+    const pos = []; // node index -> [x, y, h]
+    let height = 0;
+    layers.forEach((layer, x) => {
+      if (!layer) return;
+      layer.sort((a, b) => (a.name < b.name ? -1 : 1));
+      const px = 8 + x * (W + GX);
+      if (layer.length > LAYER_MAX) {
+        const i = graphNodes.length;
+        graphNodes.push({ names: layer.map((l) => l.name), group: true });
+        for (const l of layer) nodeOf.set(l.name, i);
+        pos.push([px, 8, GH]);
+        height = Math.max(height, 8 + GH);
+      } else {
+        layer.forEach((l, y) => {
+          const i = graphNodes.length;
+          graphNodes.push({ names: [l.name], group: false });
+          nodeOf.set(l.name, i);
+          pos.push([px, 8 + y * (H + GY), H]);
+          height = Math.max(height, 8 + y * (H + GY) + H);
+        });
+      }
     });
-    const width = 16 + cols.length * (W + GX) - GX;
-    const height = 16 + maxRows * (H + GY) - GY;
+    const width = 16 + layers.length * (W + GX) - GX;
+    height += 8;
     const root = svg("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, role: "img" });
     root.appendChild(svg("title", {})).textContent = "Dependencies between loops";
     const edges = svg("g", { class: "edges" });
     root.appendChild(edges);
-    for (const l of nodes) {
-      const to = pos.get(l.name);
+    const drawn = new Set();
+    for (const l of all) {
+      const to = nodeOf.get(l.name);
       for (const d of l.dependsOn) {
-        const from = pos.get(d);
-        if (!from || !to) continue;
-        const x1 = from[0] + W, y1 = from[1] + H / 2, x2 = to[0], y2 = to[1] + H / 2;
+        const from = nodeOf.get(d);
+        if (from === undefined || to === undefined || from === to || drawn.has(from + ">" + to)) continue;
+        drawn.add(from + ">" + to);
+        const [fx, fy, fh] = pos[from];
+        const [tx, ty, th] = pos[to];
+        const x1 = fx + W, y1 = fy + fh / 2, x2 = tx, y2 = ty + th / 2;
         const mx = (x1 + x2) / 2;
         edges.appendChild(svg("path", { d: "M" + x1 + "," + y1 + " C" + mx + "," + y1 + " " + mx + "," + y2 + " " + x2 + "," + y2 }));
       }
     }
-    for (const l of nodes) {
-      const [x, y] = pos.get(l.name);
-      const g = svg("g", { class: "node", transform: "translate(" + x + "," + y + ")", "data-status": l.status, "data-node": l.name });
-      g.appendChild(svg("rect", { width: W, height: H, rx: 6 }));
-      g.appendChild(svg("circle", { cx: 12, cy: H / 2, r: 4.5 }));
-      const t = svg("text", { x: 22, y: H / 2 + 4 });
-      t.textContent = clip(l.name, 16);
-      g.appendChild(t);
-      const tip = svg("title", {});
-      tip.textContent = l.name + ": " + l.status;
-      g.appendChild(tip);
-      graphNodes.set(l.name, g);
+    graphNodes.forEach((n, i) => {
+      const [x, y, hh] = pos[i];
+      const g = svg("g", { class: n.group ? "node group" : "node", transform: "translate(" + x + "," + y + ")" });
+      g.appendChild(svg("rect", { width: W, height: hh, rx: 6 }));
+      if (n.group) {
+        const t = svg("text", { x: 10, y: 18 });
+        t.textContent = n.names.length + " loops";
+        g.appendChild(t);
+        g.appendChild(svg("g", { class: "bar", transform: "translate(10,28)" }));
+        g.appendChild(svg("text", { x: 10, y: 50, class: "sub" }));
+      } else {
+        g.setAttribute("data-node", n.names[0]);
+        g.appendChild(svg("circle", { cx: 12, cy: H / 2, r: 4.5 }));
+        const t = svg("text", { x: 22, y: H / 2 + 4 });
+        t.textContent = clip(n.names[0], 18);
+        g.appendChild(t);
+      }
+      g.appendChild(svg("title", {}));
+      n.g = g;
       root.appendChild(g);
-    }
+    });
     box.appendChild(root);
+    colorGraph();
   }
 
+  /** Node colours (and a layer's counts) from the loops' statuses. */
   function colorGraph() {
-    for (const [name, g] of graphNodes) {
-      const l = S.loops.get(name);
-      if (l && g.getAttribute("data-status") !== l.status) {
-        g.setAttribute("data-status", l.status);
-        g.lastChild.textContent = l.name + ": " + l.status;
+    for (const n of graphNodes) {
+      if (!n.group) {
+        const l = S.loops.get(n.names[0]);
+        if (!l) continue;
+        if (n.g.getAttribute("data-status") !== l.status) n.g.setAttribute("data-status", l.status);
+        n.g.lastChild.textContent = l.name + ": " + l.status;
+        continue;
       }
+      const counts = new Map();
+      for (const name of n.names) {
+        const l = S.loops.get(name);
+        if (l) counts.set(l.status, (counts.get(l.status) || 0) + 1);
+      }
+      const bar = n.g.querySelector(".bar");
+      bar.textContent = "";
+      let x = 0;
+      const words = [];
+      for (const st of STATUS_ORDER) {
+        const c = counts.get(st);
+        if (!c) continue;
+        const w = (130 * c) / n.names.length;
+        bar.appendChild(svg("rect", { x: x, y: 0, width: Math.max(w, 1), height: 6, class: "seg", "data-status": st }));
+        x += w;
+        words.push(c + " " + st);
+      }
+      n.g.querySelector("text.sub").textContent = clip(words.slice(0, 2).join(", "), 24);
+      n.g.lastChild.textContent = words.join(", ");
     }
   }
 
@@ -1211,10 +1267,11 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     const groups = { waiting: [], handed_back: [], blocked: [], merged: [] };
     for (const l of S.loops.values()) {
       if (!l.merge) continue;
-      if (l.merge.state === "waiting" && (l.status !== "completed" || !controlsOn())) continue;
+      // A loop without a branch works in the checkout itself and is never integrated.
+      if (l.merge.state === "waiting" && (l.status !== "completed" || !controlsOn() || !l.branch)) continue;
       (groups[l.merge.state] || []).push(l);
     }
-    const titles = { waiting: "waiting", handed_back: "handed back", blocked: "blocked", merged: "merged" };
+    const titles = { waiting: "completed, not merged yet", handed_back: "handed back", blocked: "blocked", merged: "merged" };
     let any = false;
     for (const k of ["waiting", "handed_back", "blocked", "merged"]) {
       const list = groups[k];
@@ -1377,7 +1434,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       ["tool", l.tool || ""],
       ["validation", l.validation ? (l.validation.passed ? "passed" : "failed, exit " + l.validation.exit) : ""],
       ["tokens", fmtTokens(l.spend.tokens)],
-      ["cost", fmtCost(l.spend)],
+      ["cost", fmtCostLong(l.spend)],
       ["elapsed", fmtDuration(elapsed(l, Date.now()))],
       ["depends on", l.dependsOn.join(", ")],
       ["branch", l.branch || str(info.branch)],
@@ -1555,7 +1612,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         const s = spendFrom(e.spend);
         const to = e.charged_to ? " · charged to " + str(e.charged_to) : "";
         div.className = "t-entry t-spent";
-        div.textContent = fmtTokens(s.tokens) + " tokens" + (s.calls ? " · " + fmtCost(s) : "") + to;
+        div.textContent = fmtTokens(s.tokens) + " tokens" + (s.calls ? " · " + fmtCostLong(s) : "") + to;
         break;
       }
       case "tool_result": {
@@ -1747,7 +1804,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
   function connect() {
     const params = S.lastSeq > 0 ? { after: S.lastSeq } : {};
     source = new EventSource(apiUrl("api/events", params));
-    source.onopen = () => setConn("live", controlsOn() ? "live" : "reading");
+    source.onopen = () => setConn("live", "connected");
     source.onerror = () => {
       if (S.ended) return;
       setConn("retrying", "reconnecting…");
