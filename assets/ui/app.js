@@ -305,14 +305,12 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     let loops = summary.loops;
     if (loops && !Array.isArray(loops) && typeof loops === "object") loops = Object.values(loops);
     if (!Array.isArray(loops)) return;
-    const run = newSpend();
     for (const s of loops) {
       if (!s || typeof s.name !== "string") continue;
       const l = loopOf(s.name);
       if (typeof s.status === "string" && STATUS_ORDER.includes(s.status)) setStatus(l, s.status, s.ended_at);
       if (s.charged) l.spend = spendFrom(s.charged);
       if (typeof s.iterations === "number") l.iteration = Math.max(l.iteration, s.iterations);
-      addSpend(run, s.charged);
       touch(l, ["tokens", "cost", "status"]);
     }
     if (summary.spend) S.runSpend = spendFrom(summary.spend);
@@ -967,26 +965,32 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       $("timeline-more").hidden = !more;
       dirty.timelineRebuild = false;
     } else {
-      for (const it of tlNew) {
-        if (!shown(it)) continue;
+      // Only the newest `tlCap` of this frame's items can be shown (a replayed history may
+      // bring thousands in one frame): build those, newest first, in one fragment.
+      const fresh = [];
+      for (let i = tlNew.length - 1; i >= 0 && fresh.length < S.tlCap; i--) if (shown(tlNew[i])) fresh.push(tlNew[i]);
+      const frag = document.createDocumentFragment();
+      for (const it of fresh) {
         it.el = itemElement(it);
-        it.el.classList.add("new");
-        list.insertBefore(it.el, list.firstChild);
+        if (fresh.length <= 20) it.el.classList.add("new");
+        frag.appendChild(it.el);
       }
+      list.insertBefore(frag, list.firstChild);
       let extra = list.childElementCount - S.tlCap;
       while (extra-- > 0 && list.lastChild) {
-        list.lastChild.remove();
+        const gone = list.lastChild;
+        if (gone._item) gone._item.el = null;
+        gone.remove();
         $("timeline-more").hidden = false;
       }
       for (const it of tlChanged) {
         if (it.el && it.el.parentNode === list) {
-          const fresh = itemElement(it);
-          list.replaceChild(fresh, it.el);
-          it.el = fresh;
+          const next = itemElement(it);
+          list.replaceChild(next, it.el);
+          it.el = next;
         }
       }
     }
-    // Items that fell off the DOM forget their element (so an update does not revive them).
     tlNew.length = 0;
     tlChanged.clear();
     $("timeline-empty").hidden = list.childElementCount > 0;
@@ -1008,6 +1012,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
 
   function itemElement(it) {
     const li = h("li", "tl-item");
+    li._item = it;
     li.dataset.kind = it.kind;
     li.dataset.seq = String(it.seq);
     const when = h("time", "tl-time", fmtClock(it.time));
