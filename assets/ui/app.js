@@ -1362,9 +1362,8 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     S.detail = {
       name: name,
       tab: S.detail ? S.detail.tab : "transcript",
-      tNext: 0, tBusy: false, tDone: false, tIter: null,
+      tNext: 0, tBusy: false,
       rNext: 0, rBusy: false,
-      diffLoaded: false,
       newEvents: false,
       followTimer: 0,
       info: null,
@@ -1551,7 +1550,6 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     const iter = typeof e.iteration === "number" ? e.iteration : null;
     switch (kind) {
       case "iteration_started": {
-        d.tIter = iter;
         div.className = "t-entry t-iter";
         div.appendChild(h("div", "t-iter-title", "Iteration " + iter));
         const sys = h("details", "t-system");
