@@ -93,6 +93,23 @@ enum Command {
         #[arg(long)]
         system: bool,
     },
+    /// Serve a local web dashboard of a run (the live one or a finished one) until Ctrl-C:
+    /// its loops, the messages between them, transcripts, receipts, diffs, and stop buttons
+    /// for a live run.
+    Ui {
+        /// Run id (`latest`, the default: the newest).
+        run: Option<String>,
+        /// The project directory holding `.taskdaemon/runs`, a runs directory or a run directory.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The port (0: any free one).
+        #[arg(long, default_value_t = taskdaemon::fronts::ui::DEFAULT_PORT)]
+        port: u16,
+        /// The address to listen on; any but a loopback address needs the token printed
+        /// with the page's address.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
+    },
     /// Serve the tools over MCP on stdio.
     Mcp(SessionArgs),
     /// Re-run recorded tool calls.
@@ -182,6 +199,13 @@ struct RunArgs {
     /// others go on at their next iteration with their progress and their unseen messages.
     #[arg(long, value_name = "RUN")]
     resume: Option<String>,
+    /// Serve the run's web dashboard on 127.0.0.1 (its address is printed before the loops
+    /// start); after the run it stays until Ctrl-C.
+    #[arg(long)]
+    ui: bool,
+    /// The dashboard's port (0: any free one).
+    #[arg(long, value_name = "N", requires = "ui", default_value_t = taskdaemon::fronts::ui::DEFAULT_PORT)]
+    ui_port: u16,
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -287,12 +311,44 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     } else {
         ProgressMode::Plain
     };
+    // The dashboard listens before anything else, so that its address is printed before the
+    // loops start; it serves once the run's record exists.
+    let mut dashboard: Option<(String, tokio::task::JoinHandle<()>)> = None;
+    let mut record_ready = None;
+    if args.ui {
+        let bound = match taskdaemon::fronts::ui::bind(
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            args.ui_port,
+        )
+        .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("taskdaemon: {}", e.0);
+                return Ok(ExitCode::from(1));
+            }
+        };
+        let url = bound.url().to_string();
+        say(args.json, &format!("dashboard: {url}"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
+        record_ready = Some(tx);
+        let task = tokio::spawn(async move {
+            let Some(run_dir) = rx.recv().await else {
+                return;
+            };
+            if let Err(e) = bound.serve(&run_dir, std::future::pending()).await {
+                eprintln!("taskdaemon: {}", secrets::redact(&e));
+            }
+        });
+        dashboard = Some((url, task));
+    }
     let run = taskdaemon::run::orchestrator::run(taskdaemon::run::orchestrator::RunOptions {
         config: args.config,
         only: args.loops,
         run_dir: args.run_dir,
         progress,
         resume: args.resume,
+        record_ready,
     })
     .await;
     let report = match run {
@@ -303,6 +359,7 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
             return Ok(ExitCode::from(e.exit_code));
         }
     };
+    let code = ExitCode::from(report.exit_code());
     if !args.json {
         println!();
         match taskdaemon::run::status::status_command(&report.run_dir, None, false) {
@@ -323,7 +380,61 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
             );
         }
     }
-    Ok(ExitCode::from(report.exit_code()))
+    if let Some((url, task)) = dashboard {
+        // A finished run stays inspectable until the user is done with it.
+        say(
+            args.json,
+            &format!("run finished; the dashboard stays at {url} until Ctrl-C"),
+        );
+        wait_for_stop_signal().await;
+        task.abort();
+    }
+    Ok(code)
+}
+
+/// Prints a line for the user: on stdout, or on stderr when stdout carries JSON lines.
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
+
+/// Waits for SIGINT or SIGTERM (forever when neither can be listened for).
+async fn wait_for_stop_signal() {
+    taskdaemon::run::signals::StopSignals::install()
+        .next()
+        .await;
+}
+
+/// `taskdaemon ui`: serves the dashboard of a run until SIGINT or SIGTERM.
+async fn ui_command(
+    run: Option<String>,
+    dir: PathBuf,
+    port: u16,
+    bind: std::net::IpAddr,
+) -> Result<ExitCode, String> {
+    // Secrets of this environment are redacted from every answer, as from every record.
+    secrets::register_environment(&[]);
+    let run = run.filter(|r| r != "latest");
+    let run_dir = taskdaemon::run::status::resolve_run_dir(&dir, run.as_deref())?;
+    let bound = match taskdaemon::fronts::ui::bind(bind, port).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("taskdaemon: {}", e.0);
+            return Ok(ExitCode::from(1));
+        }
+    };
+    println!("dashboard: {}", bound.url());
+    // Installed before serving: from here a signal ends the server, not the process.
+    let mut signals = taskdaemon::run::signals::StopSignals::install();
+    bound
+        .serve(&run_dir, async move {
+            signals.next().await;
+        })
+        .await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// How a `tool exec` or `mcp` session ends: 0, or 1 with the reason on stderr when a receipt
@@ -524,6 +635,12 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ui {
+            run,
+            dir,
+            port,
+            bind,
+        } => ui_command(run, dir, port, bind).await,
         Command::Mcp(args) => {
             let Session {
                 ctx,

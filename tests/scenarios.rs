@@ -736,6 +736,53 @@ c:
     snap("scenario_07_unreachable_targets", &run.snapshot(&ends));
 }
 
+/// A stop "now" (the dashboard's) does not wait for the command in flight: the command is
+/// killed, its call answered as cancelled, and the loop ends stopped with its iteration
+/// counted; the plain stop (a first Ctrl-C) would wait the command's 600 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_now_cancels_the_command_in_flight() {
+    let marker = format!("stop-now-{}", std::process::id());
+    let mut run = Run::new(&format!(
+        r#"
+c:
+  turns:
+    - calls:
+        - run_command: {{command: "touch ../c-running.flag; sleep 600; echo {marker}"}}
+    - calls:
+        - complete_task: {{summary: "must not run"}}
+"#
+    ))
+    .await;
+    run.spawn("c", LoopOpts::default()).await;
+    run.rt.release().await;
+    run.until_file("c-running.flag").await;
+    assert!(
+        !common::pids_with(&marker).is_empty(),
+        "the command is not running"
+    );
+    let asked = Instant::now();
+    run.rt.stop_loop_now("c").unwrap();
+    let ends = run.wait().await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the stop waited {:?}",
+        asked.elapsed()
+    );
+    assert!(
+        matches!(ends["c"], LoopEnd::Stopped { iterations: 1, .. }),
+        "{ends:?}"
+    );
+    let r = tool_results(&run, "c", "run_command");
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(r[0].0 && r[0].1.contains("cancelled"), "{r:?}");
+    assert!(tool_results(&run, "c", "complete_task").is_empty());
+    common::wait_until(
+        "the command's processes to go",
+        Duration::from_secs(5),
+        || common::pids_with(&marker).is_empty(),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s08_broadcasts_and_subscribed_system_alerts_reach_the_other_loops() {
     let mut run = Run::new(

@@ -34,7 +34,7 @@ fn events_named(project: &Project, name: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_loops_their_messages_and_a_transcript_and_stops_a_loop() {
     require_browser();
-    let project = Project::new("dashboard", &[]);
+    let project = Project::new("dashboard-browser", &[]);
     let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
     let cmd = project.taskdaemon(&[
         "run",

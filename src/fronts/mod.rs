@@ -1,5 +1,5 @@
 //! The ways to reach the tools from outside a run: the JSONL `tool exec` protocol, the MCP
-//! server, and receipt replay.
+//! server, and receipt replay; and the web dashboard of a run (`ui`).
 
 pub mod exec;
 pub mod lines;
@@ -10,3 +10,4 @@ pub mod receipt_gate;
 pub mod receipt_session;
 pub mod replay;
 pub mod salvage;
+pub mod ui;

@@ -3,6 +3,7 @@
 
 pub mod artifacts;
 pub mod conflict_watch;
+pub mod control;
 pub mod handover;
 pub mod merge_cmd;
 pub mod merge_queue;

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use crate::config::loops::Handover;
 use crate::config::{Config, ConflictWarnings, LoopDef, LoopType, WorktreeMode};
 use crate::run::conflict_watch::ConflictWatch;
+use crate::run::control::{Command, ControlRequest, ControlSocket};
 use crate::run::handover;
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
 use crate::run::owner;
@@ -43,6 +44,9 @@ pub struct RunOptions {
     pub progress: ProgressMode,
     /// Continue this earlier run (its id, or its directory) instead of starting a new one.
     pub resume: Option<String>,
+    /// Told the run directory once the record exists and before any loop starts (`run --ui`
+    /// starts its dashboard on it then).
+    pub record_ready: Option<tokio::sync::mpsc::UnboundedSender<PathBuf>>,
 }
 
 /// How a run ended.
@@ -324,6 +328,25 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let record = Arc::new(record);
     // The receipt chain key exists before the first loop starts, and commands see it empty.
     let sandbox = hide_chain_key(&record, &sandbox)?;
+    // The control socket (`run/control.rs`): the dashboard's stop buttons. Its key is hidden
+    // from commands as the chain key is. A run without it goes on (only Ctrl-C stops it).
+    let (control, mut control_rx) = match ControlSocket::open(&run_dir) {
+        Ok((socket, rx)) => (Some(socket), Some(rx)),
+        Err(why) => {
+            eprintln!(
+                "taskdaemon: warning: {}; the dashboard cannot stop this run or its loops",
+                td_base::secrets::redact(&why)
+            );
+            (None, None)
+        }
+    };
+    let sandbox = match &control {
+        Some(socket) => hide_control_key(socket.key_path(), &sandbox),
+        None => sandbox,
+    };
+    if let Some(ready) = &options.record_ready {
+        let _ = ready.send(run_dir.clone());
+    }
     let mut resume_state: BTreeMap<String, crate::run::resume::LoopResume> = restored
         .as_ref()
         .map(|(_, r)| r.loops.clone())
@@ -672,6 +695,33 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 }
                 continue;
             }
+            request = next_control(&mut control_rx) => {
+                let ControlRequest { command, by, reply } = request;
+                let answer = match command {
+                    Command::StopLoop(name) => stop_loop_asked(
+                        &name, &by, &rt, &mut status, &record, &progress, &events,
+                    ),
+                    Command::StopRun => {
+                        events.record(EventKind::StopRequested { loop_name: None, by });
+                        // As SIGTERM: the first stops the loops (at the top of the loop),
+                        // the next at once.
+                        if interrupted.is_none() {
+                            interrupted = Some(StopSignal::Terminate);
+                        } else if !forced {
+                            forced = true;
+                            queue.abort();
+                            for (name, s) in &status {
+                                if *s == LoopStatus::Running {
+                                    let _ = rt.kill_loop(name);
+                                }
+                            }
+                        }
+                        Ok(())
+                    }
+                };
+                let _ = reply.send(answer);
+                continue;
+            }
         };
         let Some((name, end)) = ended else {
             continue;
@@ -737,6 +787,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             progress.set_status(name, st.as_str(), why);
         }
     }
+    // Nothing more can be stopped: the socket and its key go.
+    drop(control_rx);
+    drop(control);
     // Before the worktrees go: no comparison may run in a worktree being removed.
     conflicts.stop().await;
     rt.flush().await;
@@ -872,6 +925,83 @@ pub(crate) fn hide_chain_key(
         );
     }
     Ok(Arc::new(settings))
+}
+
+/// The next request of the control socket; never, when the run has none.
+async fn next_control(
+    rx: &mut Option<tokio::sync::mpsc::Receiver<ControlRequest>>,
+) -> ControlRequest {
+    match rx {
+        Some(r) => match r.recv().await {
+            Some(request) => request,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Acts on a stop of loop `name` asked through the control socket, after recording the
+/// request: a running loop stops now (its call in flight cancelled), a loop that has not
+/// started never will (and its dependents are blocked). An ended or unknown loop is refused.
+fn stop_loop_asked(
+    name: &str,
+    by: &str,
+    rt: &Runtime,
+    status: &mut BTreeMap<String, LoopStatus>,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+    events: &EventLog,
+) -> Result<(), String> {
+    let Some(current) = status.get(name).copied() else {
+        return Err(format!("no loop `{name}` in this run"));
+    };
+    let stop_event = || EventKind::StopRequested {
+        loop_name: Some(name.to_string()),
+        by: by.to_string(),
+    };
+    match current {
+        LoopStatus::Running => {
+            events.record(stop_event());
+            rt.stop_loop_now(name).map_err(|e| e.to_string())
+        }
+        LoopStatus::Pending => {
+            events.record(stop_event());
+            let why = format!("stopped by the {by} before it started");
+            status.insert(name.to_string(), LoopStatus::Stopped);
+            let _ = record.update_loop(name, |s| {
+                s.status = LoopStatus::Stopped;
+                s.reason = Some(why.clone());
+            });
+            progress.set_status(name, "stopped", &why);
+            events.record(EventKind::LoopStopped {
+                loop_name: name.to_string(),
+            });
+            Ok(())
+        }
+        ended => Err(format!(
+            "loop `{name}` is not running: it is {}",
+            ended.as_str()
+        )),
+    }
+}
+
+/// Hides the control socket's key from commands, as the chain key is (see
+/// [`hide_chain_key`]); where commands cannot be kept from it, says so only when they may
+/// reach the socket (`sandbox.unix-sockets: host`).
+fn hide_control_key(
+    key: &Path,
+    sandbox: &Arc<td_confine::SandboxSettings>,
+) -> Arc<td_confine::SandboxSettings> {
+    let real = key.canonicalize().unwrap_or_else(|_| key.to_path_buf());
+    let mut settings = (**sandbox).clone();
+    if let Err(why) = td_confine::hide_from_commands(&mut settings, &real)
+        && settings.unix_sockets != td_confine::UnixSockets::Refuse
+    {
+        eprintln!(
+            "taskdaemon: warning: the control key {why}; with `sandbox.unix-sockets` open, a command that reads it could stop the run's loops"
+        );
+    }
+    Arc::new(settings)
 }
 
 /// Marks loop `name` blocked for `why`: in the run's statuses, its record, the progress

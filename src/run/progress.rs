@@ -222,6 +222,15 @@ impl ProgressDisplay {
                     r.ended = Some(Instant::now());
                     plain = Some(format!("{loop_name}: stopped"));
                 }
+                EventKind::StopRequested { loop_name, by } => {
+                    plain = Some(match loop_name {
+                        Some(name) => {
+                            row(rows, name).last = format!("stop asked by the {by}");
+                            format!("{name}: stop asked by the {by}")
+                        }
+                        None => format!("run: stop asked by the {by}"),
+                    });
+                }
                 EventKind::QueryAsked {
                     from, to, question, ..
                 } => {

@@ -122,6 +122,7 @@ fn event_line(name: &str, e: &Value) -> Option<String> {
             e["iteration"], e["validation_passed"]
         )),
         "loop_blocked" if own => Some(format!("blocked: {}", text("reason"))),
+        "stop_requested" if own => Some(format!("stop requested by {}", text("by"))),
         "loop_merged" if own => Some(format!("merged into {}", text("into"))),
         "merge_handed_back" if own => Some(format!(
             "handed back (attempt {}), files {}",

@@ -9,7 +9,8 @@
 //! inbox items come from a shared `Inbox`, and a stop request arrives on a watch channel. The
 //! model turns of an iteration and of an answer to another loop's question are one loop
 //! (the `turns` module): independent read-only calls of one response run concurrently; calls that
-//! write run in order; a stop takes effect after the call in flight.
+//! write run in order; a stop takes effect after the call in flight, a stop "now"
+//! ([`StopRequest::Now`]) cancels the calls in flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,6 +32,28 @@ use td_toolkit::context::ToolContext;
 use td_toolkit::receipts::SideEffect;
 
 mod answer;
+
+/// What a loop was asked about stopping, on its stop channel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StopRequest {
+    /// Go on.
+    #[default]
+    None,
+    /// Stop after the tool calls in flight (the first Ctrl-C or SIGTERM of a run).
+    AfterCall,
+    /// Stop now: the tool calls in flight are cancelled (dropped: a queued call is skipped,
+    /// a running command's process group is killed) and answered to the model as cancelled
+    /// (a stop asked for from the dashboard, where a loop stuck in a long command is the
+    /// usual reason to stop it).
+    Now,
+}
+
+impl StopRequest {
+    /// Whether any stop was asked for.
+    pub fn requested(self) -> bool {
+        self != StopRequest::None
+    }
+}
 pub mod budget;
 pub mod prompt;
 pub mod transcript;
@@ -199,8 +222,8 @@ pub struct Engine {
     pub events: Arc<EventLog>,
     /// The loop's transcript.
     pub transcript: Arc<dyn TranscriptSink>,
-    /// Becomes `true` when the loop must stop.
-    pub stop: watch::Receiver<bool>,
+    /// Becomes a [`StopRequest`] other than `None` when the loop must stop.
+    pub stop: watch::Receiver<StopRequest>,
     /// Where its model calls are charged (its budget and the run's).
     pub account: Account,
 }
@@ -241,7 +264,7 @@ impl Engine {
     }
 
     fn stopped(&self) -> bool {
-        *self.stop.borrow()
+        self.stop.borrow().requested()
     }
 
     /// Why the loop's record can no longer be written, once it cannot.
@@ -338,8 +361,22 @@ impl Engine {
                     reason: format!("the model call failed: {e}"),
                 };
             }
-            let (passed, exit, output, unrecorded) =
-                self.validate(iteration, completion.is_some()).await;
+            // A stop "now" cancels a validation in flight too: the iteration ends stopped,
+            // unvalidated, and a resumed run runs it again.
+            let validated = {
+                let mut stop = self.stop.clone();
+                tokio::select! {
+                    v = self.validate(iteration, completion.is_some()) => Some(v),
+                    _ = stop.wait_for(|s| *s == StopRequest::Now) => None,
+                }
+            };
+            let Some((passed, exit, output, unrecorded)) = validated else {
+                self.record_iteration_end(iteration, &IterationEnd::Stopped, &calls, None, None);
+                return LoopEnd::Stopped {
+                    iterations: iteration,
+                    reason: None,
+                };
+            };
             self.record_iteration_end(iteration, &ended, &calls, exit, Some(passed));
             if passed {
                 return LoopEnd::Completed {

@@ -10,7 +10,7 @@
 //!
 //! Calls of one response: consecutive calls that [`CallPath::concurrent`] allows run
 //! together, the others one at a time in order; after a stop only the call in flight
-//! finishes; after `complete_task` nothing more of the response runs; nothing more runs once
+//! finishes (a stop "now" cancels it too); after `complete_task` nothing more of the response runs; nothing more runs once
 //! the record cannot be written (a receipt that could not be saved says so to the record, so
 //! that every loop of the run stops before its next call).
 
@@ -29,6 +29,7 @@ use td_toolkit::registry::CallOutcome;
 
 use td_protocol::spend::Spend;
 
+use crate::StopRequest;
 use crate::budget::{Account, Hold};
 use crate::transcript::{TranscriptEntry, TranscriptSink};
 
@@ -83,8 +84,8 @@ pub(crate) struct Turns<'a> {
     pub transcript: &'a dyn TranscriptSink,
     /// Where the calls run and their receipts go.
     pub calls: &'a CallPath,
-    /// Becomes `true` when the loop must stop (`None`: the conversation is not stopped).
-    pub stop: Option<&'a watch::Receiver<bool>>,
+    /// Says when the loop must stop (`None`: the conversation is not stopped).
+    pub stop: Option<&'a watch::Receiver<StopRequest>>,
     /// Counts model calls as they are made, when given.
     pub model_calls: Option<&'a AtomicU32>,
     /// Where the retries of the model calls are recorded, when given.
@@ -134,7 +135,7 @@ pub(crate) struct Charge<'a> {
 
 impl Turns<'_> {
     fn stopped(&self) -> bool {
-        self.stop.is_some_and(|s| *s.borrow())
+        self.stop.is_some_and(|s| s.borrow().requested())
     }
 
     /// Runs the conversation in `request` (which keeps growing turn by turn) to its end.
@@ -182,7 +183,7 @@ impl Turns<'_> {
                     let mut stop = stop.clone();
                     tokio::select! {
                         r = call => r,
-                        _ = stop.wait_for(|s| *s) => return TurnsEnd::Stopped,
+                        _ = stop.wait_for(|s| s.requested()) => return TurnsEnd::Stopped,
                     }
                 }
                 None => call.await,
@@ -258,6 +259,8 @@ impl Turns<'_> {
         let calls = &response.tool_calls;
         let mut results: Vec<Option<(String, bool)>> = vec![None; calls.len()];
         let mut stopped = false;
+        // The calls a stop "now" cancelled while they ran.
+        let mut cancelled = 0..0;
         let mut unrecorded: Option<String> = None;
         let mut i = 0;
         while i < calls.len() {
@@ -286,7 +289,23 @@ impl Turns<'_> {
             let batch = calls[i..j]
                 .iter()
                 .map(|c| self.calls.call(Some(&c.id), &c.name, c.input.clone()));
-            let called = futures::future::join_all(batch).await;
+            let batch = futures::future::join_all(batch);
+            // A stop "now" drops the calls in flight (see `StopRequest::Now`): what they had
+            // not answered yet is answered as cancelled below.
+            let called = match self.stop {
+                Some(stop) => {
+                    let mut stop = stop.clone();
+                    tokio::select! {
+                        called = batch => called,
+                        _ = stop.wait_for(|s| *s == StopRequest::Now) => {
+                            stopped = true;
+                            cancelled = i..j;
+                            break;
+                        }
+                    }
+                }
+                None => batch.await,
+            };
             for (k, called) in called.into_iter().enumerate() {
                 if let Err(e) = &called.saved
                     && unrecorded.is_none()
@@ -305,9 +324,13 @@ impl Turns<'_> {
             }
         }
         let mut blocks = Vec::with_capacity(calls.len());
-        for (call, result) in calls.iter().zip(results) {
+        for (k, (call, result)) in calls.iter().zip(results).enumerate() {
             let (content, is_error) = match (result, &unrecorded) {
                 (Some(r), _) => r,
+                (None, None) if cancelled.contains(&k) => (
+                    "cancelled: the loop was stopped while this call ran".to_string(),
+                    true,
+                ),
                 (None, Some(why)) => (
                     format!("not run: the run record could not be written ({why})"),
                     true,

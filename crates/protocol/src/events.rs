@@ -140,6 +140,15 @@ pub enum EventKind {
         /// Loop name.
         loop_name: String,
     },
+    /// A stop was asked of the run through its control socket (the dashboard's stop
+    /// buttons), before the daemon acted on it: the loop's `loop_stopped`, or for the whole
+    /// run the same ends as after SIGTERM, follow.
+    StopRequested {
+        /// The loop to stop; `None`: the whole run.
+        loop_name: Option<String>,
+        /// Who asked (`dashboard`).
+        by: String,
+    },
     /// The loop's actor panicked and the daemon started it again; it goes on at its next
     /// iteration. Past the run's restart limit the loop fails instead (`loop_failed`).
     LoopRestarted {
@@ -500,6 +509,30 @@ mod tests {
             }
         );
         assert_eq!(serde_json::to_string(&event).unwrap(), line);
+    }
+
+    #[test]
+    fn a_stop_request_has_a_stable_wire_form() {
+        let log = EventLog::in_memory();
+        log.record(EventKind::StopRequested {
+            loop_name: Some("a".into()),
+            by: "dashboard".into(),
+        });
+        log.record(EventKind::StopRequested {
+            loop_name: None,
+            by: "dashboard".into(),
+        });
+        let lines: Vec<Value> = log
+            .events()
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect();
+        assert_eq!(lines[0]["event"], "stop_requested");
+        assert_eq!(lines[0]["loop_name"], "a");
+        assert_eq!(lines[0]["by"], "dashboard");
+        assert_eq!(lines[1]["loop_name"], Value::Null);
+        let back: Event = serde_json::from_value(lines[1].clone()).unwrap();
+        assert_eq!(back.kind, log.events()[1].kind);
     }
 
     #[test]

@@ -477,6 +477,17 @@ impl Runtime {
 
     /// Asks a loop to stop after its tool call in flight.
     pub fn stop_loop(&self, name: &str) -> Result<(), RuntimeError> {
+        self.ask_stop(name, LoopMsg::Stop)
+    }
+
+    /// Asks a loop to stop now: its tool calls (or validation) in flight are cancelled (a
+    /// command's process group killed), the iteration ends stopped, and the loop ends as
+    /// stopped with its actor kept, as after [`Runtime::stop_loop`] (see `LoopMsg::StopNow`).
+    pub fn stop_loop_now(&self, name: &str) -> Result<(), RuntimeError> {
+        self.ask_stop(name, LoopMsg::StopNow)
+    }
+
+    fn ask_stop(&self, name: &str, message: LoopMsg) -> Result<(), RuntimeError> {
         // Noted and looked up under one lock: a restart either happened already (the new
         // actor is told here) or sees the note (and tells it).
         let actor = {
@@ -490,7 +501,7 @@ impl Runtime {
             actor
         };
         actor
-            .cast(LoopMsg::Stop)
+            .cast(message)
             .map_err(|_| RuntimeError::AlreadyStopped(name.to_string()))
     }
 

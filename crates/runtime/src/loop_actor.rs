@@ -23,7 +23,7 @@ use crate::coordinator::{CoordMsg, SYSTEM_SENDER};
 use crate::messages::LoopMsg;
 use td_engine::budget::Budgets;
 use td_engine::transcript::TranscriptSink;
-use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes};
+use td_engine::{Answerer, Engine, EngineConfig, Inbox, LoopEnd, ProgressNotes, StopRequest};
 use td_llm::LlmClient;
 use td_protocol::events::{EventKind, EventLog};
 use td_toolkit::call_path::{CallPath, LaneRunner};
@@ -133,7 +133,7 @@ pub struct LoopState {
     calls: Arc<CallPath>,
     inbox: Arc<Inbox>,
     progress: Arc<ProgressNotes>,
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<StopRequest>,
     engine: Option<AbortOnDrop>,
     end: Option<LoopEnd>,
 }
@@ -205,7 +205,7 @@ impl Actor for LoopActor {
                 format!("loop `{name}` started: {}", first_line(&spec.config.task)),
             );
         }
-        let (stop, _) = watch::channel(false);
+        let (stop, _) = watch::channel(StopRequest::None);
         Ok(LoopState {
             spec,
             calls,
@@ -305,12 +305,8 @@ impl Actor for LoopActor {
                     ),
                 }
             }
-            LoopMsg::Stop => {
-                let _ = state.stop.send(true);
-                if state.end.is_some() {
-                    myself.stop(Some("stop requested".to_string()));
-                }
-            }
+            LoopMsg::Stop => ask_stop(&myself, state, StopRequest::AfterCall),
+            LoopMsg::StopNow => ask_stop(&myself, state, StopRequest::Now),
             LoopMsg::EnginePanicked(message) => {
                 state.engine = None;
                 return Err(format!("panicked: {message}").into());
@@ -320,7 +316,7 @@ impl Actor for LoopActor {
                 let stopped = matches!(end, LoopEnd::Stopped { .. });
                 state.end = Some(end);
                 state.engine = None;
-                if stopped || *state.stop.borrow() {
+                if stopped || state.stop.borrow().requested() {
                     myself.stop(Some("stop requested".to_string()));
                 }
             }
@@ -344,6 +340,21 @@ impl Actor for LoopActor {
             state.end = Some(end);
         }
         Ok(())
+    }
+}
+
+/// Passes a stop request to the engine, never weakening one made before (a stop "now" stays
+/// one when a plain stop follows); an ended loop's actor stops at once.
+fn ask_stop(myself: &ActorRef<LoopMsg>, state: &LoopState, asked: StopRequest) {
+    state.stop.send_if_modified(|current| {
+        let stronger = asked > *current;
+        if stronger {
+            *current = asked;
+        }
+        stronger
+    });
+    if state.end.is_some() {
+        myself.stop(Some("stop requested".to_string()));
     }
 }
 

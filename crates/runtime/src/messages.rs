@@ -9,6 +9,10 @@ pub enum LoopMsg {
     FileChanged(PathBuf),
     /// Stop after the tool call in flight.
     Stop,
+    /// Stop now: the tool calls (or the validation) in flight are cancelled, a running
+    /// command's process group killed; the loop ends as stopped with its iterations counted
+    /// and its actor kept (it still answers queries), unlike a forced stop of the actor.
+    StopNow,
     /// Internal: the iteration task finished.
     EngineDone(td_engine::LoopEnd),
     /// Internal: the iteration task panicked (the panic's message). The actor fails with it,

@@ -1,0 +1,621 @@
+//! The dashboard's one follower of a run record, shared by every browser: it reads
+//! `events.jsonl` and the loops' `transcript.jsonl` as lines are appended (woken by inotify
+//! through `notify`, or by a poll where inotify does not see changes, such as a network
+//! file system) and fans what it read out to every open stream (a tokio broadcast).
+//!
+//! A stream that joins gets the byte offset up to which events were published and a
+//! receiver for what comes after, under one lock, so that it reads the earlier lines from
+//! the file itself and misses or repeats none; a stream that falls behind the broadcast
+//! joins again from where it was. A finished run and a live one are the same code: the
+//! follower ends (and says `End`) once no process owns the run and everything was read.
+//!
+//! From the transcripts it keeps each loop's current tool: the calls of the loop's last
+//! model response that have no result yet (the first of them is the one named).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::lines::{Line, read_line};
+use crate::run::record::{EVENTS_FILE, LOOPS_DIR, TRANSCRIPT_FILE};
+use td_base::sync::lock;
+
+/// Longest line of the record the dashboard reads; a longer one is skipped.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+/// How much of a transcript's end is read when the follower starts, for the current tool.
+const TRANSCRIPT_TAIL: u64 = 256 * 1024;
+/// How often the follower checks whether the run is still owned (and, with inotify, reads
+/// the events whatever it was told).
+const TICK: Duration = Duration::from_millis(500);
+/// Items a stream may fall behind before it reads from the file again.
+const BACKLOG: usize = 4096;
+
+/// What wakes the follower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Follow {
+    /// inotify (through `notify`): a change is read as it is reported.
+    Notify,
+    /// A poll of every file's length at this interval.
+    Poll(Duration),
+}
+
+/// One thing the follower publishes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// A line of `events.jsonl`: where it starts and ends in the file (after its newline),
+    /// its number, and its JSON (the line as written, or re-serialized when it held a
+    /// carriage return, which server-sent events would take for a line break).
+    Event {
+        /// Offset of its first byte.
+        start: u64,
+        /// Offset after its newline.
+        end: u64,
+        /// Its `seq`.
+        seq: u64,
+        /// Its JSON, one line.
+        data: Arc<str>,
+    },
+    /// A loop's current tool changed.
+    Tool {
+        /// The loop.
+        loop_name: String,
+        /// The tool it waits on, if any.
+        tool: Option<String>,
+        /// When this was seen (RFC 3339).
+        time: String,
+    },
+    /// The run is not live and every line was published.
+    End,
+}
+
+/// What a stream joining the feed starts from.
+pub struct Join {
+    /// Everything published after `events_end`.
+    pub rx: broadcast::Receiver<Arc<Item>>,
+    /// Events up to this offset of `events.jsonl` were published: the stream reads them
+    /// from the file.
+    pub events_end: u64,
+    /// The loops' current tools (those with one), as `Item::Tool`s.
+    pub tools: Vec<Item>,
+    /// Whether the follower ended (nothing more will come).
+    pub ended: bool,
+}
+
+#[derive(Default)]
+struct State {
+    events_end: u64,
+    ended: bool,
+    tools: BTreeMap<String, (Option<String>, String)>,
+    loops: BTreeSet<String>,
+}
+
+struct Shared {
+    run_dir: PathBuf,
+    state: Mutex<State>,
+    tx: broadcast::Sender<Arc<Item>>,
+    stop: AtomicBool,
+}
+
+/// The follower of one run directory; cloned into every handler. The follower thread ends
+/// when the run is over or the last clone is dropped.
+#[derive(Clone)]
+pub struct Feed {
+    shared: Arc<Shared>,
+    _guard: Arc<StopOnDrop>,
+}
+
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Feed {
+    /// Reads what the record holds now (so that loop names are known before the first
+    /// request), then follows it on a thread of its own.
+    pub fn start(run_dir: &Path, follow: Follow) -> Feed {
+        let (tx, _) = broadcast::channel(BACKLOG);
+        let shared = Arc::new(Shared {
+            run_dir: run_dir.to_path_buf(),
+            state: Mutex::new(State::default()),
+            tx,
+            stop: AtomicBool::new(false),
+        });
+        let mut follower = Follower::new(shared.clone());
+        follower.read_all(true);
+        let thread_shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ui-feed".into())
+            .spawn(move || follower.run(follow));
+        if let Err(e) = spawned {
+            tracing::warn!("dashboard: cannot start the record follower: {e}");
+            let mut state = lock(&thread_shared.state);
+            state.ended = true;
+        }
+        Feed {
+            _guard: Arc::new(StopOnDrop(shared.clone())),
+            shared,
+        }
+    }
+
+    /// The run directory followed.
+    pub fn run_dir(&self) -> &Path {
+        &self.shared.run_dir
+    }
+
+    /// Joins the stream of items (see [`Join`]).
+    pub fn join(&self) -> Join {
+        let state = lock(&self.shared.state);
+        Join {
+            rx: self.shared.tx.subscribe(),
+            events_end: state.events_end,
+            tools: state
+                .tools
+                .iter()
+                .filter(|(_, (tool, _))| tool.is_some())
+                .map(|(name, (tool, time))| Item::Tool {
+                    loop_name: name.clone(),
+                    tool: tool.clone(),
+                    time: time.clone(),
+                })
+                .collect(),
+            ended: state.ended,
+        }
+    }
+
+    /// Whether the run has a loop of this exact name (named by an event).
+    pub fn has_loop(&self, name: &str) -> bool {
+        lock(&self.shared.state).loops.contains(name)
+    }
+
+    /// The current tool of a loop, if it waits on one.
+    pub fn tool_of(&self, name: &str) -> Option<String> {
+        lock(&self.shared.state)
+            .tools
+            .get(name)
+            .and_then(|(tool, _)| tool.clone())
+    }
+}
+
+/// What the follower knows of one transcript.
+#[derive(Default)]
+struct Transcript {
+    offset: u64,
+    /// Calls of the last response without a result yet: (id, tool).
+    pending: Vec<(String, String)>,
+}
+
+struct Follower {
+    shared: Arc<Shared>,
+    events_offset: u64,
+    transcripts: BTreeMap<String, Transcript>,
+    dirty: BTreeSet<String>,
+}
+
+/// The parts of a transcript line the current tool needs.
+#[derive(Deserialize)]
+struct TranscriptLine {
+    entry: String,
+    #[serde(default)]
+    response: Option<ResponsePart>,
+    #[serde(default)]
+    call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ResponsePart {
+    #[serde(default)]
+    tool_calls: Vec<CallPart>,
+}
+
+#[derive(Deserialize)]
+struct CallPart {
+    id: String,
+    name: String,
+}
+
+impl Follower {
+    fn new(shared: Arc<Shared>) -> Follower {
+        Follower {
+            shared,
+            events_offset: 0,
+            transcripts: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+        }
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.shared.run_dir.clone()
+    }
+
+    fn run(mut self, follow: Follow) {
+        let (ntx, nrx) = std::sync::mpsc::channel::<notify::Result<notify::Event>>();
+        let mut watcher = match follow {
+            Follow::Notify => match notify::recommended_watcher(move |e| {
+                let _ = ntx.send(e);
+            }) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!("dashboard: inotify is not available ({e}); polling instead");
+                    None
+                }
+            },
+            Follow::Poll(_) => None,
+        };
+        let poll = match (follow, &watcher) {
+            (Follow::Poll(every), _) => Some(every),
+            (Follow::Notify, None) => Some(Duration::from_millis(50)),
+            (Follow::Notify, Some(_)) => None,
+        };
+        let run_dir = self.run_dir();
+        let loops_dir = run_dir.join(LOOPS_DIR);
+        let mut loops_watched = false;
+        if let Some(w) = watcher.as_mut() {
+            use notify::Watcher;
+            if let Err(e) = w.watch(&run_dir, notify::RecursiveMode::NonRecursive) {
+                tracing::warn!("dashboard: cannot watch {}: {e}", run_dir.display());
+            }
+        }
+        let mut last_tick = Instant::now();
+        loop {
+            if self.shared.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match poll {
+                Some(every) => {
+                    std::thread::sleep(every);
+                    self.mark_all_transcripts();
+                }
+                None => {
+                    if let Ok(first) = nrx.recv_timeout(TICK) {
+                        self.note(first, &run_dir, &loops_dir);
+                        while let Ok(more) = nrx.try_recv() {
+                            self.note(more, &run_dir, &loops_dir);
+                        }
+                    }
+                }
+            }
+            if let Some(w) = watcher.as_mut()
+                && !loops_watched
+                && loops_dir.is_dir()
+            {
+                use notify::Watcher;
+                loops_watched = w
+                    .watch(&loops_dir, notify::RecursiveMode::Recursive)
+                    .is_ok();
+                // What was written before the watch.
+                self.mark_all_transcripts();
+            }
+            self.read_events();
+            self.read_dirty();
+            if last_tick.elapsed() >= TICK {
+                last_tick = Instant::now();
+                if !crate::run::owner::is_owned(&run_dir) {
+                    // The owner is gone: everything it wrote is there to read.
+                    self.read_all(false);
+                    let mut state = lock(&self.shared.state);
+                    state.ended = true;
+                    let _ = self.shared.tx.send(Arc::new(Item::End));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads every line there is now (`starting`: transcripts only from their tails).
+    fn read_all(&mut self, starting: bool) {
+        self.read_events();
+        for name in self.loop_dirs() {
+            self.transcripts.entry(name.clone()).or_insert_with(|| {
+                let mut t = Transcript::default();
+                if starting {
+                    t.offset = tail_start(&transcript_file(&self.shared.run_dir, &name));
+                }
+                t
+            });
+            self.dirty.insert(name);
+        }
+        self.read_dirty();
+    }
+
+    /// The loop directories under `loops/` (plain names only).
+    fn loop_dirs(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(self.shared.run_dir.join(LOOPS_DIR)) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir())
+                    && let Some(name) = entry.file_name().to_str()
+                    && crate::run::record::loop_dir(&self.shared.run_dir, name).is_ok()
+                {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        names
+    }
+
+    fn mark_all_transcripts(&mut self) {
+        for name in self.loop_dirs() {
+            self.dirty.insert(name);
+        }
+    }
+
+    /// Takes note of what inotify reported.
+    fn note(&mut self, event: notify::Result<notify::Event>, run_dir: &Path, loops_dir: &Path) {
+        let Ok(event) = event else {
+            // An overflowed queue or a watch error: read everything.
+            self.mark_all_transcripts();
+            return;
+        };
+        if event.need_rescan() {
+            self.mark_all_transcripts();
+        }
+        for path in &event.paths {
+            if path.parent() == Some(run_dir) {
+                continue; // events.jsonl is read every time
+            }
+            if let Ok(rel) = path.strip_prefix(loops_dir)
+                && let Some(std::path::Component::Normal(name)) = rel.components().next()
+                && let Some(name) = name.to_str()
+            {
+                self.dirty.insert(name.to_string());
+            }
+        }
+    }
+
+    /// Publishes the complete event lines appended since the last read.
+    fn read_events(&mut self) {
+        let path = self.shared.run_dir.join(EVENTS_FILE);
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            return;
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len <= self.events_offset || file.seek(SeekFrom::Start(self.events_offset)).is_err() {
+            return;
+        }
+        let mut reader = BufReader::new(file);
+        let mut offset = self.events_offset;
+        while let Ok(Some(line)) = read_line(&mut reader, MAX_LINE) {
+            if !line.complete {
+                break; // torn: read again when it is whole
+            }
+            let start = offset;
+            offset = offset.saturating_add(line.consumed());
+            let parsed = event_item(&line, start, offset);
+            let mut state = lock(&self.shared.state);
+            state.events_end = offset;
+            if let Some((item, names)) = parsed {
+                state.loops.extend(names);
+                let _ = self.shared.tx.send(Arc::new(item));
+            }
+        }
+        self.events_offset = offset;
+    }
+
+    /// Reads the transcripts marked as changed.
+    fn read_dirty(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for name in dirty {
+            self.read_transcript(&name);
+        }
+    }
+
+    fn read_transcript(&mut self, name: &str) {
+        if crate::run::record::loop_dir(&self.shared.run_dir, name).is_err() {
+            return;
+        }
+        let path = transcript_file(&self.shared.run_dir, name);
+        let t = self.transcripts.entry(name.to_string()).or_default();
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            return;
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len <= t.offset || file.seek(SeekFrom::Start(t.offset)).is_err() {
+            return;
+        }
+        let mut reader = BufReader::new(file);
+        while let Ok(Some(line)) = read_line(&mut reader, MAX_LINE) {
+            if !line.complete {
+                break;
+            }
+            t.offset = t.offset.saturating_add(line.consumed());
+            let Ok(entry) = serde_json::from_slice::<TranscriptLine>(&line.bytes) else {
+                continue;
+            };
+            match entry.entry.as_str() {
+                "response" => {
+                    t.pending = entry
+                        .response
+                        .map(|r| r.tool_calls.into_iter().map(|c| (c.id, c.name)).collect())
+                        .unwrap_or_default();
+                }
+                "tool_result" => {
+                    if let Some(id) = entry.call_id {
+                        t.pending.retain(|(call, _)| *call != id);
+                    }
+                }
+                "iteration_started" | "model_error" => t.pending.clear(),
+                _ => {}
+            }
+        }
+        let now = t.pending.first().map(|(_, tool)| tool.clone());
+        let mut state = lock(&self.shared.state);
+        let known = state.tools.get(name).map(|(tool, _)| tool.clone());
+        // A loop never seen with a tool that still has none is no news.
+        let changed = match &known {
+            Some(known) => *known != now,
+            None => now.is_some(),
+        };
+        if changed {
+            let time = td_base::time::timestamp_now();
+            state
+                .tools
+                .insert(name.to_string(), (now.clone(), time.clone()));
+            let _ = self.shared.tx.send(Arc::new(Item::Tool {
+                loop_name: name.to_string(),
+                tool: now,
+                time,
+            }));
+        }
+    }
+}
+
+fn transcript_file(run_dir: &Path, name: &str) -> PathBuf {
+    run_dir.join(LOOPS_DIR).join(name).join(TRANSCRIPT_FILE)
+}
+
+/// Where reading a transcript's tail starts: the line after the last [`TRANSCRIPT_TAIL`]
+/// bytes' first newline (0 for a short file).
+fn tail_start(path: &Path) -> u64 {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return 0;
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = len.saturating_sub(TRANSCRIPT_TAIL);
+    if from == 0 || file.seek(SeekFrom::Start(from)).is_err() {
+        return 0;
+    }
+    let mut reader = BufReader::new(file);
+    match read_line(&mut reader, 0) {
+        Ok(Some(line)) if line.complete => from.saturating_add(line.consumed()),
+        _ => len,
+    }
+}
+
+/// The item of an event line between `start` and `end`, and the loop names it tells of;
+/// `None` for a line that is not an event (skipped, as `status` skips it).
+pub fn event_item(line: &Line, start: u64, end: u64) -> Option<(Item, Vec<String>)> {
+    if line.bytes.is_empty() {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(&line.bytes).ok()?;
+    let seq = value.get("seq")?.as_u64()?;
+    let mut names = Vec::new();
+    if let Some(name) = value.get("loop_name").and_then(Value::as_str) {
+        names.push(name.to_string());
+    }
+    if value.get("event").and_then(Value::as_str) == Some("run_started")
+        && let Some(loops) = value.get("loops").and_then(Value::as_array)
+    {
+        names.extend(
+            loops
+                .iter()
+                .filter_map(|l| l.get("name").and_then(Value::as_str))
+                .map(str::to_string),
+        );
+    }
+    let text = match std::str::from_utf8(&line.bytes) {
+        Ok(text) if !text.contains('\r') => text.to_string(),
+        _ => serde_json::to_string(&value).ok()?,
+    };
+    let data: Arc<str> = Arc::from(td_base::secrets::redact_json(&text).as_ref());
+    Some((
+        Item::Event {
+            start,
+            end,
+            seq,
+            data,
+        },
+        names,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str) -> Line {
+        Line {
+            bytes: text.as_bytes().to_vec(),
+            len: text.len() as u64,
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn event_lines_become_items_and_name_their_loops() {
+        let (item, names) = event_item(
+            &line(r#"{"seq":1,"time":"t","event":"run_started","run_id":"r","config":null,"loops":[{"name":"a","loop_type":"code"},{"name":"b","loop_type":"code"}]}"#),
+            0,
+            10,
+        )
+        .unwrap();
+        assert!(matches!(
+            item,
+            Item::Event {
+                seq: 1,
+                start: 0,
+                end: 10,
+                ..
+            }
+        ));
+        assert_eq!(names, ["a", "b"]);
+        // A carriage return would end an SSE line: the JSON is written again without it.
+        let (item, _) = event_item(&line("{\"seq\":2,\r\"loop_name\":\"a\"}"), 10, 20).unwrap();
+        let Item::Event { data, .. } = item else {
+            panic!("not an event")
+        };
+        assert!(!data.contains('\r'), "{data}");
+        for bad in ["", "not json", r#"{"seq":"x"}"#, r#"{"no":"seq"}"#, "[1]"] {
+            assert!(event_item(&line(bad), 0, 1).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_current_tool_follows_responses_and_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        std::fs::create_dir_all(run.join("loops/a")).unwrap();
+        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
+        let feed_shared = Arc::new(Shared {
+            run_dir: run.to_path_buf(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        });
+        let mut rx = feed_shared.tx.subscribe();
+        let mut f = Follower::new(feed_shared.clone());
+        let transcript = run.join("loops/a/transcript.jsonl");
+        let append = |text: &str| {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&transcript)
+                .unwrap();
+            file.write_all(text.as_bytes()).unwrap();
+        };
+        append(
+            r#"{"entry":"response","iteration":1,"turn":1,"response":{"text":null,"tool_calls":[{"id":"c1","name":"run_command","input":{}},{"id":"c2","name":"read_file","input":{}}],"stop_reason":"tool_use","usage":{}}}"#,
+        );
+        append("\n");
+        f.read_transcript("a");
+        let tool = |rx: &mut broadcast::Receiver<Arc<Item>>| match &*rx.try_recv().unwrap() {
+            Item::Tool { tool, .. } => tool.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(tool(&mut rx).as_deref(), Some("run_command"));
+        // A torn line waits until it is whole.
+        append(r#"{"entry":"tool_result","iteration":1,"turn":1,"call_id":"c1","#);
+        f.read_transcript("a");
+        assert!(rx.try_recv().is_err());
+        append("\"name\":\"run_command\",\"content\":\"\",\"is_error\":false}\n");
+        f.read_transcript("a");
+        assert_eq!(tool(&mut rx).as_deref(), Some("read_file"));
+        append(
+            r#"{"entry":"tool_result","iteration":1,"turn":1,"call_id":"c2","name":"read_file","content":"","is_error":false}"#,
+        );
+        append("\n");
+        f.read_transcript("a");
+        assert_eq!(tool(&mut rx), None);
+    }
+}
