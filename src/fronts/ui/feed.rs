@@ -205,6 +205,10 @@ struct Follower {
 #[derive(Deserialize)]
 struct TranscriptLine {
     entry: String,
+    /// 0 for the side calls that answer other loops' questions, which run beside the
+    /// loop's own turn and say nothing about its tool calls.
+    #[serde(default)]
+    iteration: Option<u64>,
     #[serde(default)]
     response: Option<ResponsePart>,
     #[serde(default)]
@@ -431,6 +435,9 @@ impl Follower {
             let Ok(entry) = serde_json::from_slice::<TranscriptLine>(&line.bytes) else {
                 continue;
             };
+            if entry.iteration == Some(0) {
+                continue;
+            }
             match entry.entry.as_str() {
                 "response" => {
                     t.pending = entry
@@ -617,5 +624,51 @@ mod tests {
         append("\n");
         f.read_transcript("a");
         assert_eq!(tool(&mut rx), None);
+    }
+
+    #[test]
+    fn an_answer_to_another_loop_leaves_the_tool_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        std::fs::create_dir_all(run.join("loops/a")).unwrap();
+        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
+        let feed_shared = Arc::new(Shared {
+            run_dir: run.to_path_buf(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        });
+        let mut rx = feed_shared.tx.subscribe();
+        let mut f = Follower::new(feed_shared.clone());
+        let lines = [
+            r#"{"entry":"response","iteration":1,"turn":1,"response":{"text":null,"tool_calls":[{"id":"c1","name":"run_command","input":{}}],"stop_reason":"tool_use","usage":{}}}"#,
+            // While its command runs, the loop answers another loop's question (iteration 0):
+            // the answer's response has no tool call, and the command is still in flight.
+            r#"{"entry":"request","iteration":0,"turn":1,"purpose":{"kind":"query_answer","from":"b","question":"q"},"new_messages":[]}"#,
+            r#"{"entry":"response","iteration":0,"turn":1,"response":{"text":"8080","tool_calls":[],"stop_reason":"end_turn","usage":{}}}"#,
+            r#"{"entry":"model_error","iteration":0,"error":"an answer failed"}"#,
+        ];
+        std::fs::write(
+            run.join("loops/a/transcript.jsonl"),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+        f.read_transcript("a");
+        match &*rx.try_recv().unwrap() {
+            Item::Tool { tool, .. } => assert_eq!(tool.as_deref(), Some("run_command")),
+            other => panic!("{other:?}"),
+        }
+        assert!(rx.try_recv().is_err(), "nothing else changed");
+        assert_eq!(
+            feed_shared_tool(&feed_shared, "a").as_deref(),
+            Some("run_command")
+        );
+    }
+
+    fn feed_shared_tool(shared: &Shared, name: &str) -> Option<String> {
+        lock(&shared.state)
+            .tools
+            .get(name)
+            .and_then(|(tool, _)| tool.clone())
     }
 }
