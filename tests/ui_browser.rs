@@ -70,6 +70,20 @@ async fn the_dashboard_shows_the_loops_their_messages_and_a_transcript_and_stops
     .await;
     assert!(tool.starts_with("run_command"), "{tool}");
 
+    // The dependency graph: `later` waits for `asker`, and is drawn after it.
+    text_of(&client, &status("later"), STEP, |t| t == "completed").await;
+    let edges = client
+        .find_all(Locator::Css("#graph .edges path"))
+        .await
+        .expect("the graph's edges");
+    assert_eq!(edges.len(), 1, "one dependency, one edge");
+    client
+        .find(Locator::Css(
+            "#graph [data-node=\"later\"][data-status=\"completed\"]",
+        ))
+        .await
+        .expect("later's node, coloured by its status");
+
     // The question, its answer and how long it took; the share.
     let query = text_of(&client, "#timeline [data-kind=\"query\"]", STEP, |t| {
         t.contains("port 8080")
