@@ -171,7 +171,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
 
   const S = {
     runId: "",
-    config: null,
+    dir: "",
     live: false,
     ended: false, // the server said `end`: nothing more will come
     runStatus: "",
@@ -192,6 +192,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     perLoop: new Map(), // loop -> [event]
     lastSeq: 0,
     detail: null,
+    openedAt: 0, // when the event stream was first opened (performance.now())
   };
 
   // What needs drawing at the next frame.
@@ -431,7 +432,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         const l = loopOf(name);
         l.merge = { state: "merged", into: str(e.into), commit: str(e.commit), time: parseTime(time), attempts: l.merge ? l.merge.attempts : 0 };
         dirty.merges = true;
-        setLast(l, "merged into " + str(e.into), time);
+        setLast(l, "merged into " + shortBranch(str(e.into)), time);
         addItem({ kind: "merge", seq: e.seq, time: parseTime(time), loop: name, into: str(e.into), commit: str(e.commit) });
         break;
       }
@@ -850,7 +851,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
 
   function drawHeader() {
     setText($("run-id"), S.runId || "…");
-    $("run-id").title = S.config ? "config: " + S.config : "";
+    $("run-id").title = S.dir ? "run record: " + S.dir : "";
     const state = $("run-state");
     const label = controlsOn() ? "live" : S.runStatus || (S.ended ? "finished" : "loading");
     setText(state, label);
@@ -972,7 +973,8 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       const frag = document.createDocumentFragment();
       for (const it of fresh) {
         it.el = itemElement(it);
-        if (fresh.length <= 20) it.el.classList.add("new");
+        // New items flash briefly, except the history read when the page opens.
+        if (fresh.length <= 20 && performance.now() - S.openedAt > 2000) it.el.classList.add("new");
         frag.appendChild(it.el);
       }
       list.insertBefore(frag, list.firstChild);
@@ -1808,6 +1810,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     const params = S.lastSeq > 0 ? { after: S.lastSeq } : {};
     source = new EventSource(apiUrl("api/events", params));
     source.onopen = () => setConn("live", "connected");
+    if (!S.openedAt) S.openedAt = performance.now();
     source.onerror = () => {
       if (S.ended) return;
       setConn("retrying", "reconnecting…");
@@ -1849,7 +1852,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     try {
       const run = await getJson("api/run");
       S.runId = str(run.run_id) || S.runId;
-      S.config = typeof run.config === "string" ? run.config : null;
+      S.dir = str(run.dir);
       S.live = run.live === true && !S.ended;
       if (final) reconcileSummary(run.summary);
       else applySummary(run.summary);
