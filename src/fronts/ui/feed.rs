@@ -363,6 +363,11 @@ impl Follower {
         if event.need_rescan() {
             self.mark_all_transcripts();
         }
+        // Opens and closes (the follower's own reads among them) change nothing: a write is
+        // reported as a modification too.
+        if matches!(event.kind, notify::EventKind::Access(_)) {
+            return;
+        }
         for path in &event.paths {
             if path.parent() == Some(run_dir) {
                 continue; // events.jsonl is read every time
@@ -663,6 +668,41 @@ mod tests {
             feed_shared_tool(&feed_shared, "a").as_deref(),
             Some("run_command")
         );
+    }
+
+    #[test]
+    fn the_followers_own_reads_do_not_wake_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        let loops = run.join("loops");
+        let shared = Arc::new(Shared {
+            run_dir: run.clone(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        });
+        let mut f = Follower::new(shared);
+        let transcript = loops.join("a/transcript.jsonl");
+        // Opening and closing a transcript to read it is reported by inotify too: taken for
+        // a change, every read would cause another one, and the follower would spin.
+        for kind in [
+            notify::EventKind::Access(notify::event::AccessKind::Open(
+                notify::event::AccessMode::Read,
+            )),
+            notify::EventKind::Access(notify::event::AccessKind::Close(
+                notify::event::AccessMode::Read,
+            )),
+        ] {
+            let event = notify::Event::new(kind).add_path(transcript.clone());
+            f.note(Ok(event), &run, &loops);
+            assert!(f.dirty.is_empty(), "{kind:?} marked the loop changed");
+        }
+        let written = notify::Event::new(notify::EventKind::Modify(
+            notify::event::ModifyKind::Data(notify::event::DataChange::Any),
+        ))
+        .add_path(transcript);
+        f.note(Ok(written), &run, &loops);
+        assert!(f.dirty.contains("a"), "a write is a change");
     }
 
     fn feed_shared_tool(shared: &Shared, name: &str) -> Option<String> {
