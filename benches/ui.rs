@@ -438,7 +438,7 @@ fn main() {
         );
     }
     report.row(
-        "page's share p99: received -> painted (ms)",
+        "page's share p99: received -> painted",
         "ms",
         percentile(&page_ms, 99.0),
         None,
@@ -456,7 +456,7 @@ fn main() {
     let (plain, open, closed) = (median(&cpu[0]), median(&cpu[1]), median(&cpu[2]));
     let added = open / plain - 1.0;
     report.row(
-        "daemon CPU, dashboard open vs no --ui (ms)",
+        "daemon CPU: dashboard open / no --ui (ms)",
         "ms",
         open,
         Some(plain),
@@ -464,7 +464,7 @@ fn main() {
         Some(added <= CPU_ADDED_TARGET),
     );
     report.row(
-        "daemon CPU, --ui without a browser vs no --ui (ms)",
+        "daemon CPU: --ui, no browser / no --ui (ms)",
         "ms",
         closed,
         Some(plain),
@@ -472,7 +472,7 @@ fn main() {
         None,
     );
     report.row(
-        "run wall time, dashboard open vs no --ui (ms)",
+        "run wall: dashboard open / no --ui (ms)",
         "ms",
         median(&wall[1]),
         Some(median(&wall[0])),

@@ -257,7 +257,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       l.status = status;
       dirty.header = true;
       dirty.graphColors = true;
-      dirty.merges = true;
+      if (l.merge) dirty.merges = true;
     }
     if (FINAL.has(status) || status === "blocked") {
       l.tool = null;
@@ -856,37 +856,51 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     const label = controlsOn() ? "live" : S.runStatus || (S.ended ? "finished" : "loading");
     setText(state, label);
     state.dataset.state = label;
+    // Chips and totals are made once and then only their text changes (this runs in most
+    // frames of a busy run).
     const counts = new Map();
     for (const l of S.loops.values()) counts.set(l.status, (counts.get(l.status) || 0) + 1);
     const box = $("counts");
-    box.textContent = "";
     for (const st of STATUS_ORDER) {
-      const n = counts.get(st);
-      if (!n) continue;
-      const b = h("button", "chip");
-      b.type = "button";
-      b.dataset.status = st;
-      b.classList.toggle("on", S.statusFilter === st);
-      b.title = S.statusFilter === st ? "show every loop" : "show only " + st + " loops";
-      b.appendChild(h("span", "dot"));
-      b.appendChild(h("b", null, n));
-      b.appendChild(document.createTextNode(" " + st));
-      box.appendChild(b);
+      let b = chips.get(st);
+      if (!b) {
+        b = h("button", "chip");
+        b.type = "button";
+        b.dataset.status = st;
+        b.appendChild(h("span", "dot"));
+        b.appendChild(h("b"));
+        b.appendChild(document.createTextNode(" " + st));
+        chips.set(st, b);
+        box.appendChild(b);
+      }
+      const n = counts.get(st) || 0;
+      b.hidden = !n;
+      setText(b.children[1], n);
+      const on = S.statusFilter === st;
+      if (b.classList.contains("on") !== on) b.classList.toggle("on", on);
+      b.title = on ? "show every loop" : "show only " + st + " loops";
     }
-    const totals = $("totals");
-    totals.textContent = "";
     const run = elapsedRun();
-    const parts = [];
-    if (S.runSpend.tokens) parts.push(["tokens", fmtTokens(S.runSpend.tokens)]);
-    if (S.runSpend.calls) parts.push(["cost", fmtCostLong(S.runSpend)]);
-    if (run !== null) parts.push(["elapsed", fmtDuration(run)]);
-    for (const [k, v] of parts) {
-      const s = h("span", "total");
-      s.appendChild(h("span", "muted", k + " "));
-      s.appendChild(h("b", null, v));
-      totals.appendChild(s);
-    }
+    setTotal("tokens", S.runSpend.tokens ? fmtTokens(S.runSpend.tokens) : "");
+    setTotal("cost", S.runSpend.calls ? fmtCostLong(S.runSpend) : "");
+    setTotal("elapsed", run !== null ? fmtDuration(run) : "");
     $("stop-run").hidden = !controlsOn();
+  }
+
+  const chips = new Map(); // status -> its chip
+  const totals = new Map(); // name -> its <b>
+
+  function setTotal(name, value) {
+    let b = totals.get(name);
+    if (!b) {
+      const span = h("span", "total");
+      span.appendChild(h("span", "muted", name + " "));
+      b = span.appendChild(h("b"));
+      totals.set(name, b);
+      $("totals").appendChild(span);
+    }
+    b.parentNode.hidden = !value;
+    setText(b, value);
   }
 
   function elapsedRun() {
