@@ -381,12 +381,14 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
         }
     }
     if let Some((url, task)) = dashboard {
-        // A finished run stays inspectable until the user is done with it.
+        // A finished run stays inspectable until the user is done with it. Listening before
+        // saying so: a signal sent on seeing the line must not be missed.
+        let mut signals = taskdaemon::run::signals::StopSignals::install();
         say(
             args.json,
             &format!("run finished; the dashboard stays at {url} until Ctrl-C"),
         );
-        wait_for_stop_signal().await;
+        signals.next().await;
         task.abort();
     }
     Ok(code)
@@ -399,13 +401,6 @@ fn say(json: bool, line: &str) {
     } else {
         println!("{line}");
     }
-}
-
-/// Waits for SIGINT or SIGTERM (forever when neither can be listened for).
-async fn wait_for_stop_signal() {
-    taskdaemon::run::signals::StopSignals::install()
-        .next()
-        .await;
 }
 
 /// `taskdaemon ui`: serves the dashboard of a run until SIGINT or SIGTERM.

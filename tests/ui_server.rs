@@ -624,6 +624,19 @@ async fn a_live_run_streams_new_events_and_the_stop_button_stops_a_loop_at_once(
         Duration::from_secs(10),
         || common::pids_with(&marker).is_empty(),
     );
+    // The worker's current tool, from its transcript: the command, then none once its
+    // result (cancelled) is in.
+    let tools: Vec<Value> = streamed
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("tool"))
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .filter(|t: &Value| t["loop_name"] == "worker")
+        .collect();
+    assert_eq!(
+        tools.first().map(|t| &t["tool"]),
+        Some(&json!("run_command")),
+        "{tools:?}"
+    );
     let streamed = record_events(&streamed);
     let requested = streamed
         .iter()

@@ -35,6 +35,9 @@ const MAX_CONNECTIONS: usize = 8;
 /// How long a request waits for the run to act on it (the orchestrator takes requests
 /// between its other work), and a client for the answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+/// How long a connection may stay silent before it is closed (so that idle connections
+/// cannot hold every slot).
+const IDLE: Duration = Duration::from_secs(30);
 /// Random bytes of the key.
 const KEY_BYTES: usize = 32;
 /// Longest `by` a request may name.
@@ -181,7 +184,8 @@ async fn serve(stream: UnixStream, key: &str, tx: &mpsc::Sender<ControlRequest>)
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     loop {
-        let line = match read_line(&mut reader).await {
+        let read = tokio::time::timeout(IDLE, read_line(&mut reader)).await;
+        let line = match read.unwrap_or(Ok(None)) {
             Ok(Some(line)) => line,
             Ok(None) => return,
             Err(why) => {

@@ -9,8 +9,11 @@
 //! joins again from where it was. A finished run and a live one are the same code: the
 //! follower ends (and says `End`) once no process owns the run and everything was read.
 //!
-//! From the transcripts it keeps each loop's current tool: the calls of the loop's last
-//! model response that have no result yet (the first of them is the one named).
+//! From the transcripts and receipt logs it keeps each loop's current tool: the calls of
+//! the loop's last model response (in its transcript) whose receipt has not been written
+//! yet (the first of them is the one named; the transcript gets a response's results only
+//! once all its calls ended, the receipt log each call as it ends); its answers to other
+//! loops (iteration 0) are not counted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufReader, Seek, SeekFrom};
@@ -24,16 +27,18 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::lines::{Line, read_line};
-use crate::run::record::{EVENTS_FILE, LOOPS_DIR, TRANSCRIPT_FILE};
+use crate::run::record::{EVENTS_FILE, LOOPS_DIR, RECEIPTS_FILE, TRANSCRIPT_FILE};
 use td_base::sync::lock;
 
 /// Longest line of the record the dashboard reads; a longer one is skipped.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// How much of a transcript's end is read when the follower starts, for the current tool.
 const TRANSCRIPT_TAIL: u64 = 256 * 1024;
-/// How often the follower checks whether the run is still owned (and, with inotify, reads
-/// the events whatever it was told).
+/// How often the follower checks whether the run is still owned (and, with inotify, looks
+/// at every file whatever it was told).
 const TICK: Duration = Duration::from_millis(500);
+/// How long the follower lets a burst of reported writes gather before it reads.
+const COALESCE: Duration = Duration::from_millis(10);
 /// Items a stream may fall behind before it reads from the file again.
 const BACKLOG: usize = 4096;
 
@@ -190,6 +195,8 @@ impl Feed {
 #[derive(Default)]
 struct Transcript {
     offset: u64,
+    /// How far its receipt log was read.
+    receipts_offset: u64,
     /// Calls of the last response without a result yet: (id, tool).
     pending: Vec<(String, String)>,
 }
@@ -199,14 +206,15 @@ struct Follower {
     events_offset: u64,
     transcripts: BTreeMap<String, Transcript>,
     dirty: BTreeSet<String>,
+    /// When the loop directories were last listed.
+    listed: Option<Instant>,
 }
 
 /// The parts of a transcript line the current tool needs.
 #[derive(Deserialize)]
 struct TranscriptLine {
     entry: String,
-    /// 0 for the side calls that answer other loops' questions, which run beside the
-    /// loop's own turn and say nothing about its tool calls.
+    /// 0 for the loop's answers to other loops' questions, which run beside its own work.
     #[serde(default)]
     iteration: Option<u64>,
     #[serde(default)]
@@ -234,6 +242,7 @@ impl Follower {
             events_offset: 0,
             transcripts: BTreeMap::new(),
             dirty: BTreeSet::new(),
+            listed: None,
         }
     }
 
@@ -288,6 +297,9 @@ impl Follower {
                 }
                 None => {
                     if let Ok(first) = nrx.recv_timeout(TICK) {
+                        // Writes come in bursts (a response, its spend, its results): one
+                        // read for the burst, well within the 50 ms an event may take.
+                        std::thread::sleep(COALESCE);
                         self.note(first, &run_dir, &loops_dir);
                         while let Ok(more) = nrx.try_recv() {
                             self.note(more, &run_dir, &loops_dir);
@@ -310,6 +322,12 @@ impl Follower {
             self.read_dirty();
             if last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();
+                // What inotify cannot have told: lines written into a new loop directory
+                // before its watch was added. One stat per transcript.
+                if poll.is_none() {
+                    self.mark_all_transcripts();
+                    self.read_dirty();
+                }
                 if !crate::run::owner::is_owned(&run_dir) {
                     // The owner is gone: everything it wrote is there to read.
                     self.read_all(false);
@@ -329,7 +347,9 @@ impl Follower {
             self.transcripts.entry(name.clone()).or_insert_with(|| {
                 let mut t = Transcript::default();
                 if starting {
-                    t.offset = tail_start(&transcript_file(&self.shared.run_dir, &name));
+                    let dir = self.shared.run_dir.join(LOOPS_DIR).join(&name);
+                    t.offset = tail_start(&dir.join(TRANSCRIPT_FILE));
+                    t.receipts_offset = tail_start(&dir.join(RECEIPTS_FILE));
                 }
                 t
             });
@@ -354,10 +374,17 @@ impl Follower {
         names
     }
 
+    /// Marks every transcript to be read. The loop directories are listed again at most
+    /// once a [`TICK`] (loops are added rarely; a poll every few milliseconds would list
+    /// them thousands of times).
     fn mark_all_transcripts(&mut self) {
-        for name in self.loop_dirs() {
-            self.dirty.insert(name);
+        if self.listed.is_none_or(|at| at.elapsed() >= TICK) {
+            self.listed = Some(Instant::now());
+            for name in self.loop_dirs() {
+                self.transcripts.entry(name).or_default();
+            }
         }
+        self.dirty.extend(self.transcripts.keys().cloned());
     }
 
     /// Takes note of what inotify reported.
@@ -377,10 +404,24 @@ impl Follower {
             if path.parent() == Some(run_dir) {
                 continue; // events.jsonl is read every time
             }
-            if let Ok(rel) = path.strip_prefix(loops_dir)
-                && let Some(std::path::Component::Normal(name)) = rel.components().next()
-                && let Some(name) = name.to_str()
-            {
+            // A loop's directory (made, or a watch lost) or its transcript; its receipts
+            // and artifacts are not followed.
+            let Ok(rel) = path.strip_prefix(loops_dir) else {
+                continue;
+            };
+            let mut parts = rel.components();
+            let (Some(std::path::Component::Normal(name)), file) = (parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let transcript = match file {
+                None => true,
+                Some(f) => {
+                    (f.as_os_str() == TRANSCRIPT_FILE || f.as_os_str() == RECEIPTS_FILE)
+                        && parts.next().is_none()
+                }
+            };
+            if transcript && let Some(name) = name.to_str() {
                 self.dirty.insert(name.to_string());
             }
         }
@@ -389,11 +430,13 @@ impl Follower {
     /// Publishes the complete event lines appended since the last read.
     fn read_events(&mut self) {
         let path = self.shared.run_dir.join(EVENTS_FILE);
+        if std::fs::metadata(&path).map_or(true, |m| m.len() <= self.events_offset) {
+            return;
+        }
         let Ok(mut file) = std::fs::File::open(&path) else {
             return;
         };
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if len <= self.events_offset || file.seek(SeekFrom::Start(self.events_offset)).is_err() {
+        if file.seek(SeekFrom::Start(self.events_offset)).is_err() {
             return;
         }
         let mut reader = BufReader::new(file);
@@ -427,26 +470,22 @@ impl Follower {
         if crate::run::record::loop_dir(&self.shared.run_dir, name).is_err() {
             return;
         }
-        let path = transcript_file(&self.shared.run_dir, name);
+        let dir = self.shared.run_dir.join(LOOPS_DIR).join(name);
         let t = self.transcripts.entry(name.to_string()).or_default();
-        let Ok(mut file) = std::fs::File::open(&path) else {
-            return;
-        };
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if len <= t.offset || file.seek(SeekFrom::Start(t.offset)).is_err() {
-            return;
-        }
-        let mut reader = BufReader::new(file);
-        while let Ok(Some(line)) = read_line(&mut reader, MAX_LINE) {
-            if !line.complete {
-                break;
+        let mut offset = t.offset;
+        for_new_lines(&dir.join(TRANSCRIPT_FILE), &mut offset, |bytes| {
+            // Most of a transcript's bytes are requests (the messages sent) and spends:
+            // known by their tag, which comes first, they are skipped without parsing.
+            if skipped_kind(bytes) {
+                return;
             }
-            t.offset = t.offset.saturating_add(line.consumed());
-            let Ok(entry) = serde_json::from_slice::<TranscriptLine>(&line.bytes) else {
-                continue;
+            let Ok(entry) = serde_json::from_slice::<TranscriptLine>(bytes) else {
+                return;
             };
+            // An answer to another loop runs beside the loop's own call in flight: it is
+            // not what the loop is doing.
             if entry.iteration == Some(0) {
-                continue;
+                return;
             }
             match entry.entry.as_str() {
                 "response" => {
@@ -463,7 +502,15 @@ impl Follower {
                 "iteration_started" | "model_error" => t.pending.clear(),
                 _ => {}
             }
-        }
+        });
+        t.offset = offset;
+        let mut offset = t.receipts_offset;
+        for_new_lines(&dir.join(RECEIPTS_FILE), &mut offset, |bytes| {
+            if let Some(id) = receipt_call_id(bytes) {
+                t.pending.retain(|(call, _)| call.as_bytes() != id);
+            }
+        });
+        t.receipts_offset = offset;
         let now = t.pending.first().map(|(_, tool)| tool.clone());
         let mut state = lock(&self.shared.state);
         let known = state.tools.get(name).map(|(tool, _)| tool.clone());
@@ -494,8 +541,47 @@ fn is_change(event: &notify::Event) -> bool {
     !matches!(event.kind, notify::EventKind::Access(_))
 }
 
-fn transcript_file(run_dir: &Path, name: &str) -> PathBuf {
-    run_dir.join(LOOPS_DIR).join(name).join(TRANSCRIPT_FILE)
+/// Calls `each` with every complete line of `path` after `offset`, and moves `offset` past
+/// them; a file that did not grow costs one stat.
+fn for_new_lines(path: &Path, offset: &mut u64, mut each: impl FnMut(&[u8])) {
+    if std::fs::metadata(path).map_or(true, |m| m.len() <= *offset) {
+        return;
+    }
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return;
+    };
+    if file.seek(SeekFrom::Start(*offset)).is_err() {
+        return;
+    }
+    let mut reader = BufReader::new(file);
+    while let Ok(Some(line)) = read_line(&mut reader, MAX_LINE) {
+        if !line.complete {
+            break;
+        }
+        *offset = offset.saturating_add(line.consumed());
+        each(&line.bytes);
+    }
+}
+
+/// The call id of a receipt line, from its first field (`{"call_id":"...",`: receipts are
+/// written with sorted keys); `None` for a receipt without one or a line written otherwise.
+fn receipt_call_id(line: &[u8]) -> Option<&[u8]> {
+    let rest = line.strip_prefix(b"{\"call_id\":\"")?;
+    let end = rest.iter().position(|b| *b == b'"' || *b == b'\\')?;
+    (rest.get(end) == Some(&b'"')).then(|| &rest[..end])
+}
+
+/// Whether a transcript line is of a kind the current tool does not depend on, by its
+/// leading tag (`{"entry":"request",...`, as the record writes it); a line written any other
+/// way is parsed.
+fn skipped_kind(line: &[u8]) -> bool {
+    const TAG: &[u8] = b"{\"entry\":\"";
+    let Some(rest) = line.strip_prefix(TAG) else {
+        return false;
+    };
+    [&b"request\""[..], b"spent\"", b"validation\""]
+        .iter()
+        .any(|kind| rest.starts_with(kind))
 }
 
 /// Where reading a transcript's tail starts: the line after the last [`TRANSCRIPT_TAIL`]
@@ -596,6 +682,15 @@ mod tests {
     }
 
     #[test]
+    fn requests_and_spends_are_known_by_their_tag() {
+        assert!(skipped_kind(br#"{"entry":"request","iteration":1}"#));
+        assert!(skipped_kind(br#"{"entry":"spent","iteration":1}"#));
+        assert!(!skipped_kind(br#"{"entry":"response","iteration":1}"#));
+        assert!(!skipped_kind(br#"{"entry":"tool_result"}"#));
+        assert!(!skipped_kind(br#"{"iteration":1,"entry":"request"}"#));
+    }
+
+    #[test]
     fn the_current_tool_follows_responses_and_results() {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path();
@@ -629,6 +724,13 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(tool(&mut rx).as_deref(), Some("run_command"));
+        // The loop answers another loop meanwhile: its own call is still in flight.
+        append(
+            r#"{"entry":"response","iteration":0,"turn":1,"response":{"text":"8080","tool_calls":[],"stop_reason":"end_turn","usage":{}}}"#,
+        );
+        append("\n");
+        f.read_transcript("a");
+        assert!(rx.try_recv().is_err());
         // A torn line waits until it is whole.
         append(r#"{"entry":"tool_result","iteration":1,"turn":1,"call_id":"c1","#);
         f.read_transcript("a");
@@ -636,12 +738,26 @@ mod tests {
         append("\"name\":\"run_command\",\"content\":\"\",\"is_error\":false}\n");
         f.read_transcript("a");
         assert_eq!(tool(&mut rx).as_deref(), Some("read_file"));
+        // The receipt log tells of a call's end before the transcript does.
+        std::fs::write(
+            run.join("loops/a/receipts.jsonl"),
+            "{\"call_id\":\"c2\",\"tool\":\"read_file\"}\n",
+        )
+        .unwrap();
+        f.read_transcript("a");
+        assert_eq!(tool(&mut rx), None);
         append(
             r#"{"entry":"tool_result","iteration":1,"turn":1,"call_id":"c2","name":"read_file","content":"","is_error":false}"#,
         );
         append("\n");
         f.read_transcript("a");
-        assert_eq!(tool(&mut rx), None);
+        assert!(rx.try_recv().is_err());
+        assert_eq!(
+            receipt_call_id(br#"{"call_id":"x-1","a":1}"#),
+            Some(&b"x-1"[..])
+        );
+        assert_eq!(receipt_call_id(br#"{"call_id":null,"a":1}"#), None);
+        assert_eq!(receipt_call_id(br#"{"a":1,"call_id":"x"}"#), None);
     }
 
     #[test]
