@@ -63,7 +63,11 @@ async fn main() {
                 worktree: worktree.path(),
                 cwd: worktree.path(),
                 temp_dir: tmp.path(),
-                no_network,
+                network: if no_network {
+                    td_confine::Network::Isolated
+                } else {
+                    td_confine::Network::Host
+                },
                 launcher_env: vec![("TMPDIR".into(), tmp.path().into())],
             })
             .expect("prepare");

@@ -102,4 +102,18 @@ fn a_heavy_lane_of_one_makes_a_loop_wait_and_the_record_says_how_long() {
             "{rebuilt:#}"
         );
     }
+    // And the table says it per loop, in words.
+    let out = taskdaemon(&["status", "--dir", &dir]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    for name in ["a", "b"] {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&format!("heavy {name}: waited ")))
+            .unwrap_or_else(|| panic!("no heavy line for {name}:\n{table}"));
+        assert!(
+            line.contains("build ") && line.contains("test ") && line.contains("validate "),
+            "{line}"
+        );
+    }
 }

@@ -209,6 +209,21 @@ c:
             || stderr.contains("a: warm: target seeded, 1 files, "),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+
+    // `status` tells the same per loop.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .arg("status")
+        .arg("--dir")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{table}");
+    assert!(table.contains("warm a: target (1 files, 4 B, "), "{table}");
+    assert!(
+        table.contains("warm c: nothing seeded (node_modules: not in the base checkout)"),
+        "{table}"
+    );
 }
 
 #[test]

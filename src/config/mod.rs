@@ -17,6 +17,7 @@ use td_toolkit::catalog::{Catalog, ToolSpecOverride};
 use td_toolkit::web_access::WebAccess;
 
 pub mod budget;
+pub mod compiler_cache;
 pub mod locate;
 pub mod loop_types;
 pub mod loops;
@@ -121,6 +122,10 @@ pub struct Config {
     /// loops have their own; see `config::warm` and `run::warm`).
     #[serde(default)]
     pub warm: Vec<String>,
+    /// A compiler cache shared by the loops' builds (see `config::compiler_cache` and
+    /// `run::compiler_cache`); none by default.
+    #[serde(default)]
+    pub compiler_cache: compiler_cache::CompilerCacheConfig,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -696,6 +701,10 @@ loops:
         let config = Config::parse(&readme[start..start + len], "README.md").unwrap();
         assert_eq!(config.loops.len(), 1);
         assert_eq!(config.loop_types().unwrap()["rust"].max_turns, 80);
+        assert!(matches!(
+            config.compiler_cache,
+            compiler_cache::CompilerCacheConfig::Sccache { .. }
+        ));
     }
 
     #[test]

@@ -103,13 +103,26 @@ impl ControlSocket {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot remove {}: {e}", socket_path.display())),
         }
-        let listener = UnixListener::bind(&socket_path)
-            .map_err(|e| format!("cannot listen on {}: {e}", socket_path.display()))?;
-        std::fs::set_permissions(
-            &socket_path,
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .map_err(|e| format!("cannot restrict {}: {e}", socket_path.display()))?;
+        // A path past the kernel's 108 bytes for a socket (a deep run directory) cannot be
+        // bound: the run goes on without controls, and leaves no key behind.
+        let listened = UnixListener::bind(&socket_path)
+            .map_err(|e| format!("cannot listen on {}: {e}", socket_path.display()))
+            .and_then(|listener| {
+                std::fs::set_permissions(
+                    &socket_path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )
+                .map(|()| listener)
+                .map_err(|e| format!("cannot restrict {}: {e}", socket_path.display()))
+            });
+        let listener = match listened {
+            Ok(listener) => listener,
+            Err(why) => {
+                let _ = std::fs::remove_file(&socket_path);
+                let _ = std::fs::remove_file(&key_path);
+                return Err(why);
+            }
+        };
         let (tx, rx) = mpsc::channel(16);
         let task = tokio::spawn(accept(listener, Arc::from(key), tx));
         Ok((
@@ -464,6 +477,20 @@ mod tests {
             &key,
         );
         assert!(wrong.unwrap_err().contains("wrong key"));
+    }
+
+    #[tokio::test]
+    async fn a_run_directory_too_deep_for_a_socket_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("d".repeat(120));
+        std::fs::create_dir_all(&deep).unwrap();
+        assert!(ControlSocket::open(&deep).is_err());
+        assert!(!deep.join(KEY_FILE).exists());
+        assert!(!deep.join(SOCKET_FILE).exists());
+        assert!(matches!(
+            send(&deep, &Command::StopRun, "dashboard").await,
+            Err(SendError::NotLive(_))
+        ));
     }
 
     #[tokio::test]

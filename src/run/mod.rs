@@ -2,6 +2,7 @@
 //! record, the live progress display, and the commands that read a record back.
 
 pub mod artifacts;
+pub mod compiler_cache;
 pub mod conflict_watch;
 pub mod control;
 pub mod handover;

@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::loops::Handover;
 use crate::config::{Config, ConflictWarnings, LoopDef, LoopType, WorktreeMode};
+use crate::run::compiler_cache::CompilerCaches;
 use crate::run::conflict_watch::ConflictWatch;
 use crate::run::control::{Command, ControlRequest, ControlSocket};
 use crate::run::handover;
@@ -217,6 +218,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let sandbox_report =
         td_confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
     let web_access = config.web_access()?;
+    let compiler_caches = CompilerCaches::from_config(&config.compiler_cache, &base_dir)?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
     let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
@@ -374,6 +376,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let p = progress.clone();
         events.subscribe(move |e| p.on_event(e));
     }
+    let _ticker = progress.start_ticker();
     if restored.is_none() {
         // The first event says what the run is, so that its summary can be rebuilt from the
         // events alone.
@@ -594,6 +597,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 &progress,
                 &record,
                 &budgets,
+                compiler_caches.as_deref(),
             )
             .await;
             match started {
@@ -686,12 +690,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     interrupted = Some(signal);
                 } else {
                     forced = true;
-                    queue.abort();
-                    for (name, s) in &status {
-                        if *s == LoopStatus::Running {
-                            let _ = rt.kill_loop(name);
-                        }
-                    }
+                    stop_at_once(&mut queue, &rt, &status);
                 }
                 continue;
             }
@@ -709,12 +708,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                             interrupted = Some(StopSignal::Terminate);
                         } else if !forced {
                             forced = true;
-                            queue.abort();
-                            for (name, s) in &status {
-                                if *s == LoopStatus::Running {
-                                    let _ = rt.kill_loop(name);
-                                }
-                            }
+                            stop_at_once(&mut queue, &rt, &status);
                         }
                         Ok(())
                     }
@@ -742,6 +736,16 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         .await;
         close_loop_record(&record, &name);
         status.insert(name.clone(), final_status);
+        // Its compiler cache server goes with it, unless a loop sharing its worktree still
+        // runs (a loop that runs again later gets a new one).
+        if let (Some(caches), Some(place)) = (&compiler_caches, places.get(&name)) {
+            let in_use = places.iter().any(|(other, p)| {
+                p.dir == place.dir && status.get(other) == Some(&LoopStatus::Running)
+            });
+            if !in_use {
+                caches.stop_for(&place.dir).await;
+            }
+        }
         if final_status != LoopStatus::Running && !forced {
             queue_after_end(
                 &name,
@@ -790,8 +794,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     // Nothing more can be stopped: the socket and its key go.
     drop(control_rx);
     drop(control);
-    // Before the worktrees go: no comparison may run in a worktree being removed.
+    // Before the worktrees go: no comparison may run in a worktree being removed, no cache
+    // server may write into one.
     conflicts.stop().await;
+    if let Some(caches) = &compiler_caches {
+        caches.stop_all().await;
+    }
     rt.flush().await;
     rt.shutdown().await;
     if !config.keep_worktrees {
@@ -925,6 +933,17 @@ pub(crate) fn hide_chain_key(
         );
     }
     Ok(Arc::new(settings))
+}
+
+/// The second stop of a run (a signal, or the dashboard's run stop): the merge queue's job
+/// is dropped and every running loop stops at once, its call in flight killed.
+fn stop_at_once(queue: &mut MergeQueue, rt: &Runtime, status: &BTreeMap<String, LoopStatus>) {
+    queue.abort();
+    for (name, s) in status {
+        if *s == LoopStatus::Running {
+            let _ = rt.kill_loop(name);
+        }
+    }
 }
 
 /// The next request of the control socket; never, when the run has none.
@@ -1310,6 +1329,7 @@ async fn start_loop(
     progress: &Arc<ProgressDisplay>,
     record: &Arc<RunRecord>,
     budgets: &Arc<Budgets>,
+    compiler_caches: Option<&CompilerCaches>,
 ) -> Result<(LoopSpec, Place), String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
     let mut place = make_place(
@@ -1344,6 +1364,10 @@ async fn start_loop(
             test: loop_type.test.clone(),
             validate: validation,
         });
+    let ctx = match compiler_caches {
+        Some(caches) => ctx.with_compiler_cache(caches.access_for(&place.dir, sandbox).await?),
+        None => ctx,
+    };
     let tools = td_tools::tool_set(&loop_type.tools).map_err(|e| e.to_string())?;
     let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
     let receipts = record.receipts_for(&def.name)?;

@@ -46,6 +46,18 @@ struct Row {
 /// Growth of a streamed reply redraws the live table at most this often.
 const GROWTH_REDRAW: Duration = Duration::from_millis(250);
 
+/// How often the live table is redrawn without an event.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Stops [`ProgressDisplay::start_ticker`]'s task when dropped.
+pub struct TickerGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for TickerGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The progress display; also a transcript sink (to learn each loop's current tool).
 pub struct ProgressDisplay {
     mode: ProgressMode,
@@ -115,6 +127,32 @@ impl ProgressDisplay {
             self.print_line(&format!("{name}: {status}{}", sep(note)));
         }
         self.redraw();
+    }
+
+    /// Redraws the live table once a second while a loop runs, so that elapsed times and
+    /// heavy-lane waits count up between events (which may be minutes apart during a long
+    /// build). `None` when the display is not live; the task ends when the guard drops.
+    pub fn start_ticker(self: &Arc<Self>) -> Option<TickerGuard> {
+        if self.mode != ProgressMode::Live {
+            return None;
+        }
+        let display = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let Some(display) = display.upgrade() else {
+                    return;
+                };
+                let running = lock(&display.rows).values().any(|r| r.status == "running");
+                if running {
+                    display.redraw();
+                }
+            }
+        });
+        Some(TickerGuard(task))
     }
 
     /// Takes one run event.
@@ -837,5 +875,29 @@ mod tests {
             .collect();
         assert_eq!(events.len(), 3);
         assert_eq!(events[2]["event"], "query_asked");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_live_table_counts_up_between_events_while_a_loop_runs() {
+        let (p, buf) = show(ProgressMode::Live);
+        let p = Arc::new(p);
+        let frames = |buf: &Buf| buf.text().matches("\x1b[2A").count();
+        let guard = p.start_ticker().expect("live mode ticks");
+        let before = frames(&buf);
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        let ticked = frames(&buf);
+        assert!(ticked >= before + 3, "{before} -> {ticked}");
+        // Nothing runs: no redraw.
+        p.set_status("api", "completed", "");
+        let after_end = frames(&buf);
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        assert_eq!(frames(&buf), after_end);
+        // Dropping the guard ends the task; so does dropping the display.
+        drop(guard);
+        assert!(
+            Arc::new(show(ProgressMode::Plain).0)
+                .start_ticker()
+                .is_none()
+        );
     }
 }

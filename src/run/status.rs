@@ -19,8 +19,8 @@ use td_llm::{Block, Purpose, Role, StopReason};
 use td_protocol::spend::Spend;
 
 use super::record::{
-    EVENTS_FILE, LoopStatus, LoopSummary, RunStatus, RunSummary, duration_between, for_each_jsonl,
-    is_run_dir, loop_names, read_summary, runs_root, transcript_path,
+    EVENTS_FILE, HeavySummary, LoopStatus, LoopSummary, RunStatus, RunSummary, duration_between,
+    for_each_jsonl, is_run_dir, loop_names, read_summary, runs_root, transcript_path,
 };
 
 /// How many run ids an error message lists.
@@ -370,6 +370,12 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
                 .unwrap_or_default();
             let _ = writeln!(notes, "merge {}: {what}{detail}", l.name);
         }
+        if let Some(seed) = &l.warm {
+            let _ = writeln!(notes, "warm {}: {}", l.name, warm_note(seed));
+        }
+        if let Some(heavy) = l.heavy.filter(|h| h.calls > 0) {
+            let _ = writeln!(notes, "heavy {}: {}", l.name, heavy_note(&heavy));
+        }
     }
     if !notes.is_empty() {
         out.push('\n');
@@ -378,6 +384,70 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
     out.push('\n');
     out.push_str(&totals(summary));
     out
+}
+
+/// What seeding the loop's worktree did: `target (1204 files, 310.5 MB, copy, 2.1s)`.
+fn warm_note(seed: &td_protocol::events::WarmSeed) -> String {
+    if seed.paths.is_empty() {
+        let why = seed
+            .skipped
+            .first()
+            .map(String::as_str)
+            .unwrap_or("nothing to copy");
+        return format!("nothing seeded ({why})");
+    }
+    let mut note = format!(
+        "{} ({} files, {}, {}, {})",
+        seed.paths.join(", "),
+        seed.files,
+        human_bytes(seed.bytes),
+        seed.method,
+        human_duration(seed.ms)
+    );
+    if seed.skipped_entries > 0 {
+        let _ = write!(note, "; {} entries left out", seed.skipped_entries);
+    }
+    note
+}
+
+/// How the loop used the heavy lane: `waited 12s; build 1m 05s, test 40s (6 calls)`.
+fn heavy_note(heavy: &HeavySummary) -> String {
+    let mut ran = Vec::new();
+    for (what, ms) in [
+        ("build", heavy.build_ms),
+        ("test", heavy.test_ms),
+        ("validate", heavy.validate_ms),
+    ] {
+        if ms > 0 {
+            ran.push(format!("{what} {}", human_duration(ms)));
+        }
+    }
+    let ran = if ran.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", ran.join(", "))
+    };
+    format!(
+        "waited {}{ran} ({} call{})",
+        human_duration(heavy.waited_ms),
+        heavy.calls,
+        if heavy.calls == 1 { "" } else { "s" }
+    )
+}
+
+/// `512 B`, `3.4 kB`, `310.5 MB`, `1.2 GB` (decimal units, as `du --si`).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 fn dash(s: &str) -> String {
@@ -809,5 +879,70 @@ mod tests {
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines[0].starts_with("sandbox missing landlock:"), "{text}");
         assert!(lines[1].starts_with("sandbox missing seccomp:"), "{text}");
+    }
+
+    #[test]
+    fn warm_seeding_and_heavy_lane_use_are_a_line_each_per_loop() {
+        let mut summary = RunSummary {
+            run_id: "r1".into(),
+            started_at: "2026-01-01T00:00:00.000Z".into(),
+            ..RunSummary::default()
+        };
+        let mut warm = LoopSummary::pending("fast", "rust");
+        warm.warm = Some(td_protocol::events::WarmSeed {
+            paths: vec!["target".into()],
+            files: 1204,
+            bytes: 310_500_000,
+            method: "copy".into(),
+            ms: 2_100,
+            skipped_entries: 2,
+            ..Default::default()
+        });
+        warm.heavy = Some(HeavySummary {
+            waited_ms: 12_000,
+            build_ms: 65_000,
+            test_ms: 40_000,
+            validate_ms: 0,
+            calls: 6,
+        });
+        let mut cold = LoopSummary::pending("cold", "rust");
+        cold.warm = Some(td_protocol::events::WarmSeed {
+            skipped: vec!["target: the base checkout has none".into()],
+            method: "none".into(),
+            ..Default::default()
+        });
+        cold.heavy = Some(HeavySummary {
+            calls: 1,
+            ..HeavySummary::default()
+        });
+        let quiet = LoopSummary::pending("quiet", "rust");
+        for l in [warm, cold, quiet] {
+            summary.loops.insert(l.name.clone(), l);
+        }
+        let text = render_status(&summary, "2026-01-01T00:00:01.000Z");
+        let notes: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("warm ") || l.starts_with("heavy "))
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "warm cold: nothing seeded (target: the base checkout has none)",
+                "heavy cold: waited 0ms (1 call)",
+                "warm fast: target (1204 files, 310.5 MB, copy, 2s); 2 entries left out",
+                "heavy fast: waited 12s; build 1m 05s, test 40s (6 calls)",
+            ],
+            "{text}"
+        );
+        assert!(!text.contains("quiet:"), "{text}");
+    }
+
+    #[test]
+    fn byte_counts_read_in_decimal_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(999), "999 B");
+        assert_eq!(human_bytes(3_400), "3.4 kB");
+        assert_eq!(human_bytes(1_200_000_000), "1.2 GB");
+        assert_eq!(human_bytes(u64::MAX), "18446744.1 TB");
     }
 }

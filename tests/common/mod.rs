@@ -15,8 +15,10 @@ pub mod fixture_project;
 pub mod flagged_run;
 pub mod http_once;
 pub mod interop;
+pub mod pip_env;
 pub mod python_sdk;
 pub mod run_story;
+pub mod sccache;
 pub mod tool_exec;
 
 /// The lines of the file at `path`; none while it cannot be read (not written yet).

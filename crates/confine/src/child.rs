@@ -81,6 +81,10 @@ pub enum Stage {
     Pins = 15,
     /// A hidden or protected path is not the one `prepare` checked (it changed since).
     GuardedPathChanged = 16,
+    /// `setns` into a service's user and network namespaces.
+    JoinNetwork = 17,
+    /// Bringing up the loopback of a private network namespace.
+    Loopback = 18,
 }
 
 impl Stage {
@@ -103,6 +107,8 @@ impl Stage {
             Seccomp,
             Pins,
             GuardedPathChanged,
+            JoinNetwork,
+            Loopback,
         ]
         .into_iter()
         .find(|s| *s as i32 == code)
@@ -127,6 +133,10 @@ impl Stage {
             Stage::Pins => {
                 "pinning the directories that hold hidden and protected paths (so that commands cannot move them)"
             }
+            Stage::JoinNetwork => {
+                "joining the network namespace of the loop's compiler cache server (is the server still running?)"
+            }
+            Stage::Loopback => "bringing up the loopback interface of a private network namespace",
             Stage::GuardedPathChanged => {
                 "checking that the hidden and protected paths are the ones taskdaemon started with (one was moved or replaced while the command started; try again)"
             }
@@ -142,6 +152,10 @@ pub struct ChildPlan {
     pub namespaces: libc::c_int,
     /// The namespaces include a user namespace: write the id maps.
     pub user_namespace: bool,
+    /// The namespaces of a service to join before the new ones are made.
+    pub join: Option<JoinFds>,
+    /// Bring up the loopback of the new network namespace (a service's private one).
+    pub loopback_up: bool,
     /// `"<uid> <uid> 1\n"`.
     pub uid_map: Vec<u8>,
     /// `"<gid> <gid> 1\n"`.
@@ -176,6 +190,17 @@ pub struct ChildPlan {
     pub seccomp: Option<&'static [Instruction]>,
     /// The highest capability number this kernel knows (`/proc/sys/kernel/cap_last_cap`).
     pub last_capability: libc::c_int,
+}
+
+/// Descriptors of a running service's namespaces, owned by one command's plan (so that they
+/// outlive the `prepare` that borrowed the service).
+#[derive(Debug)]
+pub struct JoinFds {
+    /// Its network namespace.
+    pub net: OwnedFd,
+    /// Its user namespace, when it made one (a daemon without the capabilities for
+    /// namespaces of its own).
+    pub user: Option<OwnedFd>,
 }
 
 /// A path to mount over, and the identity (device, inode) `prepare` found there: the init
@@ -214,6 +239,21 @@ pub unsafe fn enter(plan: &ChildPlan) -> io::Result<()> {
             ] {
                 libc::signal(signal, libc::SIG_DFL);
             }
+            if let Some(join) = &plan.join {
+                // The user namespace first: it owns the network namespace, and joining it is
+                // what gives the rights to join that (a command cannot join either later: its
+                // seccomp filter refuses `setns`).
+                if let Some(user) = &join.user {
+                    check(
+                        libc::setns(user.as_raw_fd(), libc::CLONE_NEWUSER),
+                        Stage::JoinNetwork,
+                    )?;
+                }
+                check(
+                    libc::setns(join.net.as_raw_fd(), libc::CLONE_NEWNET),
+                    Stage::JoinNetwork,
+                )?;
+            }
             check(libc::unshare(plan.namespaces), Stage::Namespaces)?;
             if plan.user_namespace {
                 // Without the maps the command would run as the overflow user and fail in
@@ -228,6 +268,9 @@ pub unsafe fn enter(plan: &ChildPlan) -> io::Result<()> {
                     Stage::Namespaces,
                 )?;
             }
+            if plan.loopback_up {
+                loopback_up()?;
+            }
             let init = check(libc::fork(), Stage::ForkInit)?;
             if init > 0 {
                 monitor(init);
@@ -241,6 +284,30 @@ pub unsafe fn enter(plan: &ChildPlan) -> io::Result<()> {
             }
         }
         confine_self(plan)
+    }
+}
+
+/// Sets the `lo` interface of the process's (new) network namespace up, so that a service in
+/// it can listen on 127.0.0.1 for the commands that join the namespace.
+unsafe fn loopback_up() -> io::Result<()> {
+    unsafe {
+        let sock = check(
+            libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0),
+            Stage::Loopback,
+        )?;
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *slot = *byte as libc::c_char;
+        }
+        let mut done = libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut request);
+        if done == 0 {
+            request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            done = libc::ioctl(sock, libc::SIOCSIFFLAGS, &request);
+        }
+        // The ioctl's errno, before `close` could change it.
+        let outcome = check(done, Stage::Loopback);
+        libc::close(sock);
+        outcome.map(|_| ())
     }
 }
 

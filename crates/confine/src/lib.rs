@@ -34,6 +34,7 @@ pub mod pins;
 pub mod probe;
 pub mod process;
 pub mod seccomp;
+pub mod service;
 
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -320,10 +321,35 @@ pub struct CommandPolicy<'a> {
     pub cwd: &'a Path,
     /// The loop's private temp dir.
     pub temp_dir: &'a Path,
-    /// No network (the no-net lane).
-    pub no_network: bool,
+    /// The network the command gets.
+    pub network: Network<'a>,
     /// Variables the launcher sets on top (worktree, exec id, ...).
     pub launcher_env: Vec<(OsString, OsString)>,
+}
+
+/// The network a confined command gets.
+#[derive(Debug, Clone, Copy)]
+pub enum Network<'a> {
+    /// The host's network (the net lanes).
+    Host,
+    /// A network namespace of its own whose only interface, the loopback, is down (the
+    /// no-net lane).
+    Isolated,
+    /// A network namespace of its own with the loopback up: it reaches nothing outside, and
+    /// nothing outside reaches it, but processes inside talk over 127.0.0.1. For a service
+    /// that a loop's commands then [`Network::Join`] (see [`service`]).
+    PrivateLoopback,
+    /// The network (and, where the daemon needs one for namespaces, the user namespace) of a
+    /// running service started with [`Network::PrivateLoopback`]: its loopback and nothing
+    /// else. No other loop's command, and nothing on the host, shares it.
+    Join(&'a service::Namespaces),
+}
+
+impl Network<'_> {
+    /// Whether the command stays off the host's network.
+    pub fn is_private(&self) -> bool {
+        !matches!(self, Network::Host)
+    }
 }
 
 /// Why a command cannot be confined as asked.
@@ -359,16 +385,24 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
             return Err(ConfineError::Required(missing.join("; ")));
         }
     }
-    if policy.no_network && !protections.namespaces {
+    let no_network = policy.network.is_private();
+    if no_network && !protections.namespaces {
         return Err(ConfineError::NoNetworkIsolation);
     }
+    let joined = match policy.network {
+        Network::Join(namespaces) => Some(namespaces.for_child()?),
+        _ => None,
+    };
     let mut namespaces = 0;
     if protections.namespaces {
         namespaces = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
-        if policy.no_network {
+        if matches!(policy.network, Network::Isolated | Network::PrivateLoopback) {
             namespaces |= libc::CLONE_NEWNET;
         }
-        if protections.needs_user_namespace {
+        // A command that joins a service's user namespace is in one already (and may not
+        // make another before joining the network namespace that it owns).
+        let joins_user = joined.as_ref().is_some_and(|j| j.user.is_some());
+        if protections.needs_user_namespace && !joins_user {
             namespaces |= libc::CLONE_NEWUSER;
         }
     }
@@ -388,7 +422,7 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
     let rules = landlock_rules::Rules {
         writable: &writable,
         strict_reads: strict,
-        no_network: policy.no_network,
+        no_network,
         private_shm,
     };
     let landlock = if protections.landlock_abi > 0 {
@@ -397,12 +431,9 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
         None
     };
     let pts_access = landlock_rules::device_masks(&rules, protections.landlock_abi);
-    let seccomp = protections.seccomp.then(|| {
-        seccomp::filter(seccomp::Lane::of(
-            policy.no_network,
-            policy.settings.unix_sockets,
-        ))
-    });
+    let seccomp = protections
+        .seccomp
+        .then(|| seccomp::filter(seccomp::Lane::of(no_network, policy.settings.unix_sockets)));
     let mounts = if namespaces != 0 {
         guarded_mounts(policy, &writable, protections.landlock_abi > 0)?
     } else {
@@ -412,7 +443,9 @@ pub fn prepare(policy: &CommandPolicy<'_>) -> Result<Prepared, ConfineError> {
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let plan = ChildPlan {
         namespaces,
-        user_namespace: protections.needs_user_namespace && namespaces != 0,
+        user_namespace: namespaces & libc::CLONE_NEWUSER != 0,
+        join: joined,
+        loopback_up: matches!(policy.network, Network::PrivateLoopback) && namespaces != 0,
         uid_map: format!("{uid} {uid} 1\n").into_bytes(),
         gid_map: format!("{gid} {gid} 1\n").into_bytes(),
         pins: mounts.pins,

@@ -187,36 +187,10 @@ pub async fn run(options: CommandOptions) -> Result<RunOutput, RunError> {
     if options.command.contains('\0') {
         return Err(RunError::InvalidCommand);
     }
-    let mut command = tokio::process::Command::new(SHELL);
-    command
-        .arg("-c")
-        .arg(&options.command)
-        .current_dir(&options.cwd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    // The daemon's end of the socket whose other end is the monitor's fd 0: closing it (by
-    // dropping it, or by dying) ends the command's namespace; the init reports the
-    // command's status on it.
+    let mut command = shell_command(&options.command, &options.cwd);
     let mut status_socket: Option<UnixStream> = None;
     match options.confinement {
-        Some(prepared) => {
-            let (daemon_end, launcher_end) = UnixStream::pair().map_err(|source| RunError::Io {
-                action: "creating the launcher's socket",
-                source,
-            })?;
-            command
-                .env_clear()
-                .envs(prepared.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::from(OwnedFd::from(launcher_end)));
-            let plan = Arc::new(prepared.plan);
-            // SAFETY: `child::enter` only makes system calls on data prepared before the
-            // fork (the plan), and allocates nothing.
-            unsafe {
-                command.pre_exec(move || child::enter(&plan));
-            }
-            status_socket = Some(daemon_end);
-        }
+        Some(prepared) => status_socket = Some(confine(&mut command, prepared)?),
         None => {
             command.stdin(Stdio::null()).process_group(0);
             for (key, value) in &options.env {
@@ -325,6 +299,44 @@ pub async fn run(options: CommandOptions) -> Result<RunOutput, RunError> {
         stdout: StreamCapture::from_buffer(&stdout_buf, cap),
         stderr: StreamCapture::from_buffer(&stderr_buf, cap),
     })
+}
+
+/// `/bin/sh -c command` in `cwd`, its output piped, killed when dropped.
+pub(crate) fn shell_command(command: &str, cwd: &std::path::Path) -> tokio::process::Command {
+    let mut shell = tokio::process::Command::new(SHELL);
+    shell
+        .arg("-c")
+        .arg(command)
+        .current_dir(cwd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    shell
+}
+
+/// Makes `command` start confined as `prepared` says, with `prepared`'s environment. Returns
+/// the daemon's end of the socket whose other end is the monitor's fd 0: closing it (by
+/// dropping it, or by dying) ends the command's namespace; the init reports the command's
+/// status on it.
+pub(crate) fn confine(
+    command: &mut tokio::process::Command,
+    prepared: Prepared,
+) -> Result<UnixStream, RunError> {
+    let (daemon_end, launcher_end) = UnixStream::pair().map_err(|source| RunError::Io {
+        action: "creating the launcher's socket",
+        source,
+    })?;
+    command
+        .env_clear()
+        .envs(prepared.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::from(OwnedFd::from(launcher_end)));
+    let plan = Arc::new(prepared.plan);
+    // SAFETY: `child::enter` only makes system calls on data prepared before the fork (the
+    // plan), and allocates nothing.
+    unsafe {
+        command.pre_exec(move || child::enter(&plan));
+    }
+    Ok(daemon_end)
 }
 
 /// How the wait for a command ended.
@@ -648,7 +660,11 @@ mod tests {
             worktree,
             cwd: worktree,
             temp_dir: tmp,
-            no_network,
+            network: if no_network {
+                crate::Network::Isolated
+            } else {
+                crate::Network::Host
+            },
             launcher_env: vec![("TMPDIR".into(), tmp.into())],
         })
         .unwrap();

@@ -22,38 +22,48 @@ passes.{% else %} When the task is done, call complete_task.{% endif %}{% if pee
 Other loops in this run: {{ peers | join(\", \") }}. Ask them with query_loop, hand them \
 data with share_data.{% endif %}";
 
-/// The default first user message of every iteration.
-pub const DEFAULT_ITERATION: &str = "\
-# Task
-{{ task }}
+/// The start of an iteration's first message: the task. A macro, not a `const`, so that
+/// `concat!` can build both iteration templates from the same words.
+macro_rules! task_section {
+    () => {
+        "# Task\n{{ task }}\n"
+    };
+}
+
+/// The end of an iteration's first message: the notes of earlier iterations and where this
+/// one stands.
+macro_rules! progress_section {
+    () => {
+        "\
 {% if progress %}
 # Progress from earlier iterations
 {% for note in progress %}- {{ note }}
 {% endfor %}{% endif %}
 This is iteration {{ iteration }} of at most {{ max_iterations }}; your context starts \
 fresh each iteration, so the files in your worktree and the notes above are all that \
-carries over.";
+carries over."
+    };
+}
+
+/// The default first user message of every iteration.
+pub const DEFAULT_ITERATION: &str = concat!(task_section!(), progress_section!());
 
 /// The first user message of every iteration of the built-in `spec`, `phase` and `code` loop
 /// types: [`DEFAULT_ITERATION`] that also names the plans, specs and phases in the worktree
 /// (the stage before wrote them; a dependency's handover or the loop's base branch brought
 /// them), so that a stage starts from the artifacts of the stage before. Without any it is
 /// the same text as [`DEFAULT_ITERATION`] (a test keeps it so).
-pub const STAGE_ITERATION: &str = "\
-# Task
-{{ task }}
+pub const STAGE_ITERATION: &str = concat!(
+    task_section!(),
+    "\
 {% if artifacts %}
 # Plans/specs from earlier stages
 These artifact files are in your worktree (written by the stages before this loop, or by \
 this loop in an earlier iteration); read the ones your task builds on before you start:
 {% for a in artifacts %}- {{ a.kind }} `{{ a.name }}`: {{ a.path }}
-{% endfor %}{% endif %}{% if progress %}
-# Progress from earlier iterations
-{% for note in progress %}- {{ note }}
-{% endfor %}{% endif %}
-This is iteration {{ iteration }} of at most {{ max_iterations }}; your context starts \
-fresh each iteration, so the files in your worktree and the notes above are all that \
-carries over.";
+{% endfor %}{% endif %}",
+    progress_section!()
+);
 
 /// The variables of an iteration's first message that change from one iteration to the next.
 /// A system prompt does not see them: it must be byte-identical for every iteration of a
@@ -217,6 +227,7 @@ pub fn render<S: Serialize>(template: &str, vars: &S) -> Result<String, PromptEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use serde_json::json;
 
     #[test]

@@ -469,22 +469,18 @@ fn check_owner(paths: &[&Path]) -> Result<(), Unanswerable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::git_stdout;
     use std::os::unix::fs::PermissionsExt;
 
     /// Runs git as a user would set a repository up, with an identity and no hooks.
     fn git(dir: &Path, args: &[&str]) -> String {
-        let out = crate::daemon_git::command(dir)
-            .args(["-c", "user.name=T", "-c", "user.email=t@localhost"])
-            .args(["-c", "commit.gpgsign=false"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        git_stdout(
+            crate::daemon_git::command(dir)
+                .args(["-c", "user.name=T", "-c", "user.email=t@localhost"])
+                .args(["-c", "commit.gpgsign=false"])
+                .args(args),
+            false,
+        )
     }
 
     fn repo_with_commit(dir: &Path) -> PathBuf {

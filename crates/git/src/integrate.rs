@@ -14,8 +14,8 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use crate::worktree::{
-    COMMIT_EMAIL, COMMIT_NAME, GitOutput, MAX_STDERR, Repo, Result, Worktree, WorktreeError,
-    list_some, merge_lock, nul_separated, porcelain_paths,
+    GitOutput, MAX_STDERR, Repo, Result, Worktree, WorktreeError, as_taskdaemon, list_some,
+    merge_lock, nul_separated, porcelain_paths,
 };
 
 /// Longest diff of one side of one conflicting file that is kept (head and tail).
@@ -102,18 +102,6 @@ pub struct Scratch {
     path: PathBuf,
 }
 
-/// The git identity arguments of every commit made here.
-fn identity() -> [String; 6] {
-    [
-        "-c".to_string(),
-        format!("user.name={COMMIT_NAME}"),
-        "-c".to_string(),
-        format!("user.email={COMMIT_EMAIL}"),
-        "-c".to_string(),
-        "commit.gpgSign=false".to_string(),
-    ]
-}
-
 /// Refuses a revision argument git would take for an option.
 fn check_rev(what: &'static str, rev: &str) -> Result<()> {
     if rev.is_empty() || rev.starts_with('-') || rev.contains('\0') {
@@ -190,20 +178,11 @@ impl Repo {
                 detail: format!("its parent cannot be created: {e}"),
             })?;
         }
-        self.git
-            .run(
-                &self.root,
-                [
-                    OsStr::new("worktree"),
-                    OsStr::new("add"),
-                    OsStr::new("--quiet"),
-                    OsStr::new("--detach"),
-                    dir.as_os_str(),
-                    OsStr::new(commit),
-                ],
-                "check that the run directory is writable",
-            )
-            .await?;
+        self.git_worktree_add(
+            &[OsStr::new("--detach"), dir.as_os_str(), OsStr::new(commit)],
+            "check that the run directory is writable",
+        )
+        .await?;
         Ok(Scratch {
             repo: self.clone(),
             path: std::fs::canonicalize(&dir).unwrap_or(dir),
@@ -401,12 +380,7 @@ impl Scratch {
     pub async fn merge(&self, rev: &str, message: &str) -> Result<ScratchMerge> {
         check_rev("branch to merge", rev)?;
         let git = &self.repo.git;
-        let mut args: Vec<String> = identity().to_vec();
-        args.extend(
-            ["merge", "--no-ff", "--no-edit", "-m", message, rev]
-                .iter()
-                .map(|s| s.to_string()),
-        );
+        let args = as_taskdaemon(&["merge", "--no-ff", "--no-edit", "-m", message, rev]);
         let merge = git.output(&self.path, &args).await?;
         if merge.success() {
             let commit = git
@@ -530,24 +504,14 @@ impl Worktree {
                 ),
             });
         }
-        let mut args: Vec<String> = identity().to_vec();
-        args.extend(
-            ["merge", "--no-ff", "--no-commit", rev]
-                .iter()
-                .map(|s| s.to_string()),
-        );
+        let args = as_taskdaemon(&["merge", "--no-ff", "--no-commit", rev]);
         let merge = git.output(&self.path, &args).await?;
         let in_progress = git.merge_in_progress(&self.path).await?;
         if merge.success() {
             if !in_progress {
                 return Ok(HandBackMerge::UpToDate);
             }
-            let mut args: Vec<String> = identity().to_vec();
-            args.extend(
-                ["commit", "--quiet", "--no-verify", "-m", message]
-                    .iter()
-                    .map(|s| s.to_string()),
-            );
+            let args = as_taskdaemon(&["commit", "--quiet", "--no-verify", "-m", message]);
             git.run(
                 &self.path,
                 &args,
@@ -584,6 +548,7 @@ impl Worktree {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::git_stdout;
     use std::process::Command;
 
     /// A repository on `main` with one commit, its git config kept out of the machine's.
@@ -614,18 +579,13 @@ mod tests {
         }
 
         fn git(&self, dir: &Path, args: &[&str]) -> String {
-            let out = Command::new("git")
-                .args(args)
-                .current_dir(dir)
-                .envs(self.env())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "git {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
+            git_stdout(
+                Command::new("git")
+                    .args(args)
+                    .current_dir(dir)
+                    .envs(self.env()),
+                false,
+            )
         }
 
         fn commit_file(&self, dir: &Path, file: &str, text: &str, message: &str) -> String {

@@ -7,4 +7,6 @@ pub mod head;
 pub mod integrate;
 pub mod merge_tree;
 pub mod seed;
+#[cfg(test)]
+mod test_support;
 pub mod worktree;

@@ -15,7 +15,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-use crate::worktree::{COMMIT_EMAIL, COMMIT_NAME, GitOutput, RUN_RECORD_DIR, WorktreeError};
+use crate::worktree::{GitOutput, RUN_RECORD_DIR, WorktreeError, as_taskdaemon};
 
 /// The oldest git whose `merge-tree` has `--write-tree` (a real merge, in memory).
 pub const MIN_GIT: (u32, u32) = (2, 38);
@@ -228,20 +228,14 @@ pub async fn snapshot(dir: &Path) -> Result<Snapshot, WorktreeError> {
     }
     let commit = run(
         dir,
-        [
-            "-c",
-            &format!("user.name={COMMIT_NAME}"),
-            "-c",
-            &format!("user.email={COMMIT_EMAIL}"),
-            "-c",
-            "commit.gpgSign=false",
+        as_taskdaemon(&[
             "commit-tree",
             tree.as_str(),
             "-p",
             head,
             "-m",
             SNAPSHOT_MESSAGE,
-        ],
+        ]),
         &[],
         hint,
     )
@@ -395,26 +389,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::git_stdout;
     use std::path::PathBuf;
     use std::process::Command;
 
     /// Runs the test's own git (a fixed identity, no system or user config) in `dir`;
     /// returns its stdout, and panics with its stderr when it fails unless `may_fail`.
     fn sh_git(dir: &Path, args: &[&str], may_fail: bool) -> String {
-        let out = Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
-            .args(args)
-            .current_dir(dir)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-            .unwrap();
-        assert!(
-            may_fail || out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        git_stdout(
+            Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("GIT_CONFIG_GLOBAL", "/dev/null"),
+            may_fail,
+        )
     }
 
     /// A repository on `main` with `files` committed, and a linked worktree `wt` on branch

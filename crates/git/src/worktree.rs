@@ -45,6 +45,23 @@ pub const COMMIT_NAME: &str = "TaskDaemon";
 /// Email TaskDaemon commits under.
 pub const COMMIT_EMAIL: &str = "taskdaemon@localhost";
 
+/// The git arguments `args` preceded by TaskDaemon's commit identity (and no signing), so
+/// that every commit made here is made alike whatever the user's git config says.
+pub(crate) fn as_taskdaemon(args: &[&str]) -> Vec<String> {
+    [
+        "-c",
+        &format!("user.name={COMMIT_NAME}"),
+        "-c",
+        &format!("user.email={COMMIT_EMAIL}"),
+        "-c",
+        "commit.gpgSign=false",
+    ]
+    .iter()
+    .chain(args)
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// How many dirty files a "blocked" reason names before saying "and N more".
 const LISTED_FILES: usize = 10;
 
@@ -545,19 +562,11 @@ impl Repo {
                 None => {}
             }
             self.check_dir_free(&dir, &branch)?;
-            self.git
-                .run(
-                    &self.root,
-                    [
-                        OsStr::new("worktree"),
-                        OsStr::new("add"),
-                        OsStr::new("--quiet"),
-                        dir.as_os_str(),
-                        OsStr::new(&branch),
-                    ],
-                    "check that the directory is writable",
-                )
-                .await?;
+            self.git_worktree_add(
+                &[dir.as_os_str(), OsStr::new(&branch)],
+                "check that the directory is writable",
+            )
+            .await?;
             return Ok(self.worktree(&dir, branch));
         }
 
@@ -590,21 +599,16 @@ impl Repo {
                 hint: "give an existing branch, tag or commit as the base (a new repository needs a first commit)".to_string(),
             })?;
         self.check_dir_free(&dir, &branch)?;
-        self.git
-            .run(
-                &self.root,
-                [
-                    OsStr::new("worktree"),
-                    OsStr::new("add"),
-                    OsStr::new("--quiet"),
-                    OsStr::new("-b"),
-                    OsStr::new(&branch),
-                    dir.as_os_str(),
-                    OsStr::new(&base_commit),
-                ],
-                "check that the directory is writable",
-            )
-            .await?;
+        self.git_worktree_add(
+            &[
+                OsStr::new("-b"),
+                OsStr::new(&branch),
+                dir.as_os_str(),
+                OsStr::new(&base_commit),
+            ],
+            "check that the directory is writable",
+        )
+        .await?;
         Ok(self.worktree(&dir, branch))
     }
 
@@ -646,6 +650,17 @@ impl Repo {
             branch,
             git: self.git.clone(),
         }
+    }
+
+    /// `git worktree add --quiet ARGS`, failing with `hint`: how every worktree of the
+    /// repository is made (loop worktrees and integration scratch alike).
+    pub(crate) async fn git_worktree_add(&self, args: &[&OsStr], hint: &str) -> Result<String> {
+        let add = [
+            OsStr::new("worktree"),
+            OsStr::new("add"),
+            OsStr::new("--quiet"),
+        ];
+        self.git.run(&self.root, add.iter().chain(args), hint).await
     }
 
     pub(crate) async fn prune(&self) -> Result<()> {
@@ -845,20 +860,14 @@ impl Worktree {
         self.git
             .run(
                 &self.path,
-                [
-                    "-c",
-                    &format!("user.name={COMMIT_NAME}"),
-                    "-c",
-                    &format!("user.email={COMMIT_EMAIL}"),
-                    "-c",
-                    "commit.gpgSign=false",
+                as_taskdaemon(&[
                     "commit",
                     "--quiet",
                     "--no-verify",
                     "--cleanup=whitespace",
                     "-m",
                     message,
-                ],
+                ]),
                 hint,
             )
             .await?;

@@ -15,13 +15,10 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use td_engine::transcript::NoTranscript;
-use td_engine::{EngineConfig, prompt};
 use td_llm::{Block, LlmClient, LlmError, LlmRequest, LlmResponse, Purpose, StopReason, ToolCall};
 use td_protocol::events::EventLog;
 use td_runtime::coordinator::CoordinatorPort;
 use td_runtime::daemon::{Runtime, RuntimeConfig};
-use td_runtime::loop_actor::LoopSpec;
 use td_runtime::tool_lanes::LaneSizes;
 use td_toolkit::call_path::ToolJob;
 use td_toolkit::catalog::Lane;
@@ -31,6 +28,8 @@ use td_toolkit::error::ToolResult;
 use td_toolkit::receipts::{Receipt, ReceiptLog};
 use td_toolkit::registry::ToolSet;
 use td_toolkit::tool::{Tool, ToolOutput};
+
+mod common;
 
 /// Failure guard: nothing here should take more than a moment.
 const GUARD: Duration = Duration::from_secs(20);
@@ -147,37 +146,16 @@ async fn answer_time_calls_wait_for_a_lane_worker_and_leave_receipts() {
     let ctx = Arc::new(rt.context(&worktree, "b").unwrap());
     let log_path = dir.path().join("b-receipts.jsonl");
     let receipts = Arc::new(ReceiptLog::open(&log_path).unwrap());
-    let spec = LoopSpec {
-        config: EngineConfig {
-            name: "b".into(),
-            loop_type: "ralph".into(),
-            task: "Knows what peek shows".into(),
-            max_iterations: 1,
-            max_turns: 1,
-            iteration_timeout: None,
-            success_code: 0,
-            system_template: prompt::DEFAULT_SYSTEM.into(),
-            iteration_template: prompt::DEFAULT_ITERATION.into(),
-            peers: Vec::new(),
-            first_iteration: 1,
-        },
-        ctx: ctx.clone(),
-        tools: tools.clone(),
-        validation_tools: Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
-        llm: Arc::new(PeekThenAnswer),
-        runner: Arc::new(rt.lanes.clone()),
-        coordinator: rt.coordinator.clone(),
-        events: events.clone(),
-        transcript: Arc::new(NoTranscript),
-        receipts: Some(receipts),
-        subscriptions: Some(Vec::new()),
-        ended: None,
-        gate: None,
-        initial_inbox: Vec::new(),
-        initial_progress: Vec::new(),
-        announced: false,
-        budgets: td_engine::budget::Budgets::unlimited(),
-    };
+    let mut spec = common::loop_spec(
+        &rt,
+        &events,
+        ctx.clone(),
+        "b",
+        tools.clone(),
+        Arc::new(PeekThenAnswer),
+    );
+    spec.config.task = "Knows what peek shows".into();
+    spec.receipts = Some(receipts);
     // The run's gate is never opened: loop `b` only answers.
     rt.spawn_loop(spec).await.unwrap();
     rt.flush().await;

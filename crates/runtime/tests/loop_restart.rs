@@ -14,16 +14,16 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use td_engine::transcript::NoTranscript;
-use td_engine::{EngineConfig, LoopEnd, prompt};
+use td_engine::LoopEnd;
 use td_llm::{Block, LlmClient, LlmError, LlmRequest, LlmResponse, StopReason, ToolCall};
 use td_protocol::events::{EventKind, EventLog};
 use td_runtime::daemon::{MAX_LOOP_RESTARTS, Runtime, RuntimeConfig};
-use td_runtime::loop_actor::LoopSpec;
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::ToolResult;
 use td_toolkit::registry::ToolSet;
 use td_toolkit::tool::{Tool, ToolOutput};
+
+mod common;
 
 /// Failure guard: nothing here should take more than a moment.
 const GUARD: Duration = Duration::from_secs(20);
@@ -119,41 +119,16 @@ async fn run(panics: u32, stop_after: bool) -> (LoopEnd, Vec<EventKind>) {
     let ctx = Arc::new(rt.context(&worktree, "p").unwrap());
     let tools: Vec<Arc<dyn Tool>> = vec![Arc::new(Complete)];
     let (entered, release) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-    let spec = LoopSpec {
-        config: EngineConfig {
-            name: "p".into(),
-            loop_type: "ralph".into(),
-            task: "Survive a panic".into(),
-            max_iterations: 10,
-            max_turns: 4,
-            iteration_timeout: None,
-            success_code: 0,
-            system_template: prompt::DEFAULT_SYSTEM.into(),
-            iteration_template: prompt::DEFAULT_ITERATION.into(),
-            peers: Vec::new(),
-            first_iteration: 1,
-        },
-        ctx,
-        tools: Arc::new(ToolSet::from_tools(tools).unwrap()),
-        validation_tools: Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
-        llm: Arc::new(PanicsFirst {
-            panics,
-            calls: AtomicU32::new(0),
-            hold: stop_after.then(|| (entered.clone(), release.clone())),
-        }),
-        runner: Arc::new(rt.lanes.clone()),
-        coordinator: rt.coordinator.clone(),
-        events: events.clone(),
-        transcript: Arc::new(NoTranscript),
-        receipts: None,
-        subscriptions: Some(Vec::new()),
-        ended: None,
-        gate: None,
-        initial_inbox: Vec::new(),
-        initial_progress: Vec::new(),
-        announced: false,
-        budgets: td_engine::budget::Budgets::unlimited(),
-    };
+    let llm = Arc::new(PanicsFirst {
+        panics,
+        calls: AtomicU32::new(0),
+        hold: stop_after.then(|| (entered.clone(), release.clone())),
+    });
+    let tools = Arc::new(ToolSet::from_tools(tools).unwrap());
+    let mut spec = common::loop_spec(&rt, &events, ctx, "p", tools, llm);
+    spec.config.task = "Survive a panic".into();
+    spec.config.max_iterations = 10;
+    spec.config.max_turns = 4;
     rt.spawn_loop(spec).await.unwrap();
     rt.release().await;
     if stop_after {

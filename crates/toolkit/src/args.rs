@@ -13,6 +13,12 @@ pub fn parse<T: DeserializeOwned>(tool: &str, input: Value) -> ToolResult<T> {
     serde_json::from_value(input).map_err(|e| ToolError::invalid(tool, "", e.to_string()))
 }
 
+/// The default of a tool's `path` argument, the worktree root; for
+/// `#[serde(default = "args::root")]`.
+pub fn root() -> String {
+    ".".to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

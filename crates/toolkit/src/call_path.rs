@@ -205,28 +205,16 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::error::ToolResult;
+    use crate::test_support::FnTool;
     use crate::tool::{Tool, ToolOutput};
 
     /// A tool under a catalog name (the name decides the route) that answers its name.
-    struct Named(&'static str, bool);
-
-    #[async_trait]
-    impl Tool for Named {
-        fn name(&self) -> &'static str {
-            self.0
-        }
-        fn description(&self) -> &'static str {
-            "test tool"
-        }
-        fn input_schema(&self) -> Value {
-            json!({"type": "object"})
-        }
-        fn read_only(&self) -> bool {
-            self.1
-        }
-        async fn execute(&self, _input: Value, _ctx: &ToolContext) -> ToolResult<ToolOutput> {
-            Ok(ToolOutput::text(format!("ran {}", self.0)))
+    fn named(name: &'static str, read_only: bool) -> impl Tool {
+        FnTool {
+            name,
+            schema: json!({"type": "object"}),
+            read_only,
+            run: move |_: Value| async move { Ok(ToolOutput::text(format!("ran {name}"))) },
         }
     }
 
@@ -249,10 +237,10 @@ mod tests {
     ) -> CallPath {
         let ctx = ToolContext::new(dir, "caller").unwrap();
         let tools: Vec<Arc<dyn Tool>> = vec![
-            Arc::new(Named("read_file", true)),
-            Arc::new(Named("write_file", false)),
-            Arc::new(Named("build", true)),
-            Arc::new(Named("list_loops", true)),
+            Arc::new(named("read_file", true)),
+            Arc::new(named("write_file", false)),
+            Arc::new(named("build", true)),
+            Arc::new(named("list_loops", true)),
         ];
         CallPath::new(
             Arc::new(ctx),

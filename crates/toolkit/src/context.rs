@@ -33,6 +33,18 @@ pub struct LoopCommands {
     pub validate: Option<String>,
 }
 
+/// How a loop's `build`, `test` and `validate` commands reach its compiler cache server
+/// (`compiler-cache:`; the server is started by the run, see `td_confine::service`): they
+/// join the server's private network namespace, which reaches nothing else, and get the
+/// variables that make the build use it.
+#[derive(Debug, Clone)]
+pub struct CompilerCacheAccess {
+    /// The server's namespaces.
+    pub namespaces: Arc<td_confine::service::Namespaces>,
+    /// Variables set for the commands (`RUSTC_WRAPPER`, ...).
+    pub env: Vec<(String, String)>,
+}
+
 /// The per-loop execution context of every tool call.
 pub struct ToolContext {
     root: PathBuf,
@@ -53,6 +65,8 @@ pub struct ToolContext {
     /// The loop's private temp dir for commands (`TMPDIR`), made at the first command and
     /// removed with the context.
     temp_dir: Mutex<Option<tempfile::TempDir>>,
+    /// The loop's compiler cache server, when the run has one.
+    compiler_cache: Option<CompilerCacheAccess>,
 }
 
 impl std::fmt::Debug for ToolContext {
@@ -100,6 +114,7 @@ impl ToolContext {
             commit_cache: Mutex::new(None),
             sandbox_settings: Arc::new(SandboxSettings::default()),
             temp_dir: Mutex::new(None),
+            compiler_cache: None,
         })
     }
 
@@ -115,6 +130,17 @@ impl ToolContext {
         self.files.set_hidden(&hidden);
         self.sandbox_settings = settings;
         self
+    }
+
+    /// Builds through the loop's compiler cache server (see [`CompilerCacheAccess`]).
+    pub fn with_compiler_cache(mut self, access: CompilerCacheAccess) -> Self {
+        self.compiler_cache = Some(access);
+        self
+    }
+
+    /// The loop's compiler cache server, when it has one.
+    pub fn compiler_cache(&self) -> Option<&CompilerCacheAccess> {
+        self.compiler_cache.as_ref()
     }
 
     /// How commands are confined.

@@ -20,6 +20,8 @@ pub mod receipts;
 pub mod registry;
 pub mod sandbox;
 pub mod stamp;
+#[cfg(test)]
+mod test_support;
 pub mod tool;
 pub mod web_access;
 pub mod worktree_fs;

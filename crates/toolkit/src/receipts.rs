@@ -466,6 +466,36 @@ pub fn read_log(path: &Path) -> Result<ReceiptRead, jsonl::ReadError> {
     jsonl::read(path)
 }
 
+/// The receipts of the log's tests: `run_command` running `echo {n}`, with id `id-{n}`.
+#[cfg(test)]
+pub(crate) fn test_receipt(n: usize) -> Receipt {
+    let input = serde_json::json!({"command": format!("echo {n}")});
+    Receipt {
+        id: format!("id-{n}"),
+        call_id: None,
+        exec_id: "e".into(),
+        tool: "run_command".into(),
+        input_hash: hash_value(&input),
+        input,
+        output_hash: hash_output("", false),
+        is_error: false,
+        error_kind: None,
+        output_bytes: 0,
+        output_capped: false,
+        latency_ms: 1,
+        side_effects: vec![SideEffect::CommandRun {
+            command: format!("echo {n}"),
+            exit_code: Some(0),
+            timed_out: false,
+        }],
+        time: "t".into(),
+        commit: None,
+        schema_valid: Some(true),
+        seq: None,
+        chain: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,40 +559,13 @@ mod tests {
         assert_ne!(hash_output("x", true), hash_output("x", false));
     }
 
-    fn receipt(tool: &str) -> Receipt {
-        Receipt {
-            id: "1".into(),
-            call_id: None,
-            exec_id: "e".into(),
-            tool: tool.into(),
-            input: json!({}),
-            input_hash: hash_value(&json!({})),
-            output_hash: hash_output("", false),
-            is_error: false,
-            error_kind: None,
-            output_bytes: 0,
-            output_capped: false,
-            latency_ms: 0,
-            side_effects: vec![SideEffect::CommandRun {
-                command: "true".into(),
-                exit_code: Some(0),
-                timed_out: false,
-            }],
-            time: "t".into(),
-            commit: None,
-            schema_valid: Some(true),
-            seq: None,
-            chain: None,
-        }
-    }
-
     #[test]
     fn log_round_trips_and_tolerates_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/receipts.jsonl");
         let log = ReceiptLog::open(&path).unwrap();
-        log.append(&receipt("a")).unwrap();
-        log.append(&receipt("b")).unwrap();
+        log.append(&test_receipt(1)).unwrap();
+        log.append(&test_receipt(2)).unwrap();
         drop(log);
         let mut f = std::fs::OpenOptions::new()
             .append(true)
@@ -571,7 +574,7 @@ mod tests {
         f.write_all(b"{\"id\": \"torn").unwrap();
         let read = read_log(&path).unwrap();
         assert_eq!(read.items.len(), 2);
-        assert_eq!(read.items[1].tool, "b");
+        assert_eq!(read.items[1].id, "id-2");
         assert_eq!(read.bad_lines.len(), 1);
         assert_eq!(read.bad_lines[0].0, 3);
     }

@@ -598,35 +598,25 @@ pub fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use async_trait::async_trait;
+    use crate::test_support::FnTool;
     use serde_json::json;
 
-    struct Echo;
-    #[async_trait]
-    impl Tool for Echo {
-        fn name(&self) -> &'static str {
-            "echo"
-        }
-        fn description(&self) -> &'static str {
-            "echo"
-        }
-        fn input_schema(&self) -> Value {
-            json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":1}},"required":["text"],"additionalProperties":false})
-        }
-        async fn execute(
-            &self,
-            input: Value,
-            _ctx: &ToolContext,
-        ) -> crate::error::ToolResult<ToolOutput> {
-            let text = input["text"].as_str().unwrap_or_default();
-            if text == "panic" {
-                panic!("boom");
-            }
-            if text == "sleep" {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-            }
-            Ok(ToolOutput::text(text.repeat(1000)))
-        }
+    /// Answers its `text` a thousand times; `panic` panics and `sleep` sleeps a minute.
+    fn echo() -> impl Tool {
+        FnTool::new(
+            "echo",
+            json!({"type":"object","properties":{"text":{"type":"string"},"n":{"type":"integer","minimum":1}},"required":["text"],"additionalProperties":false}),
+            |input: Value| async move {
+                let text = input["text"].as_str().unwrap_or_default();
+                if text == "panic" {
+                    panic!("boom");
+                }
+                if text == "sleep" {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                Ok(ToolOutput::text(text.repeat(1000)))
+            },
+        )
     }
 
     fn ctx(dir: &std::path::Path) -> ToolContext {
@@ -636,7 +626,7 @@ mod tests {
     #[tokio::test]
     async fn invalid_input_lists_pointers() {
         let dir = tempfile::tempdir().unwrap();
-        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(echo())]).unwrap();
         let out = set
             .call(&ctx(dir.path()), None, "echo", json!({"n": 0, "x": 1}))
             .await;
@@ -654,7 +644,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_tool_names_the_available_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(echo())]).unwrap();
         let out = set.call(&ctx(dir.path()), None, "nope", json!({})).await;
         assert!(out.is_error);
         assert!(out.content.contains("Available tools: echo"));
@@ -664,7 +654,7 @@ mod tests {
     #[tokio::test]
     async fn panic_becomes_an_error_and_the_set_still_works() {
         let dir = tempfile::tempdir().unwrap();
-        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(echo())]).unwrap();
         let c = ctx(dir.path());
         let out = set.call(&c, None, "echo", json!({"text": "panic"})).await;
         assert!(out.is_error);
@@ -679,7 +669,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn catalog_timeout_applies() {
         let dir = tempfile::tempdir().unwrap();
-        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(echo())]).unwrap();
         let out = set
             .call(&ctx(dir.path()), None, "echo", json!({"text": "sleep"}))
             .await;
@@ -688,37 +678,26 @@ mod tests {
     }
 
     /// A tool under a given catalog name that sleeps `ms` (virtual time in these tests).
-    struct Sleepy(&'static str);
-    #[async_trait]
-    impl Tool for Sleepy {
-        fn name(&self) -> &'static str {
-            self.0
-        }
-        fn description(&self) -> &'static str {
-            "sleeps"
-        }
-        fn input_schema(&self) -> Value {
-            json!({"type": "object", "properties": {"ms": {"type": "integer"}}})
-        }
-        async fn execute(
-            &self,
-            input: Value,
-            _ctx: &ToolContext,
-        ) -> crate::error::ToolResult<ToolOutput> {
-            let ms = input["ms"].as_u64().unwrap_or(0);
-            if ms > 0 {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-            }
-            Ok(ToolOutput::text("woke"))
-        }
+    fn sleepy(name: &'static str) -> impl Tool {
+        FnTool::new(
+            name,
+            json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+            |input: Value| async move {
+                let ms = input["ms"].as_u64().unwrap_or(0);
+                if ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                Ok(ToolOutput::text("woke"))
+            },
+        )
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_watchdog_counts_from_the_start_of_the_call_for_lane_tools_only() {
         let dir = tempfile::tempdir().unwrap();
         let set = ToolSet::from_tools(vec![
-            Arc::new(Sleepy("grep")),
-            Arc::new(Sleepy("list_loops")),
+            Arc::new(sleepy("grep")),
+            Arc::new(sleepy("list_loops")),
         ])
         .unwrap();
         let c = ctx(dir.path());
@@ -755,27 +734,10 @@ mod tests {
             test_box().set(&["zzzzzzzz"]).unwrap_err().to_string(),
             "unknown tool 'zzzzzzzz'; known tools: echo, pattern"
         );
-        struct Broken;
-        #[async_trait]
-        impl Tool for Broken {
-            fn name(&self) -> &'static str {
-                "broken"
-            }
-            fn description(&self) -> &'static str {
-                "bad schema"
-            }
-            fn input_schema(&self) -> Value {
-                json!({"type": 7})
-            }
-            async fn execute(
-                &self,
-                _input: Value,
-                _ctx: &ToolContext,
-            ) -> crate::error::ToolResult<ToolOutput> {
-                Ok(ToolOutput::text(""))
-            }
-        }
-        let err = ToolSet::from_tools(vec![Arc::new(Broken)]).unwrap_err();
+        let broken = FnTool::new("broken", json!({"type": 7}), |_: Value| async {
+            Ok(ToolOutput::text(""))
+        });
+        let err = ToolSet::from_tools(vec![Arc::new(broken)]).unwrap_err();
         assert!(
             matches!(&err, RegistryError::InvalidSchema { tool, .. } if tool == "broken"),
             "{err:?}"
@@ -804,27 +766,10 @@ mod tests {
             .unwrap()
             .with_catalog(Arc::new(catalog));
         // The unknown tool "echo" gets the default cap; use a renamed echo via read_file's cap.
-        struct Big;
-        #[async_trait]
-        impl Tool for Big {
-            fn name(&self) -> &'static str {
-                "read_file"
-            }
-            fn description(&self) -> &'static str {
-                "big"
-            }
-            fn input_schema(&self) -> Value {
-                json!({"type":"object"})
-            }
-            async fn execute(
-                &self,
-                _input: Value,
-                _ctx: &ToolContext,
-            ) -> crate::error::ToolResult<ToolOutput> {
-                Ok(ToolOutput::text(format!("HEAD{}TAIL", "x".repeat(5000))))
-            }
-        }
-        let set = ToolSet::from_tools(vec![Arc::new(Big)]).unwrap();
+        let big = FnTool::new("read_file", json!({"type":"object"}), |_: Value| async {
+            Ok(ToolOutput::text(format!("HEAD{}TAIL", "x".repeat(5000))))
+        });
+        let set = ToolSet::from_tools(vec![Arc::new(big)]).unwrap();
         let out = set.call(&c, None, "read_file", json!({})).await;
         assert!(out.content.len() <= 360);
         assert!(out.content.starts_with("HEAD") && out.content.ends_with("TAIL"));
@@ -841,7 +786,7 @@ mod tests {
         td_base::secrets::register("TEST_REGISTRY_KEY", "sk-registry-test-r3r3");
         let marker = "[REDACTED:TEST_REGISTRY_KEY]";
         let dir = tempfile::tempdir().unwrap();
-        let set = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(echo())]).unwrap();
         let out = set
             .call(
                 &ctx(dir.path()),
@@ -876,32 +821,19 @@ mod tests {
     }
 
     /// A tool whose schema wants a string `pattern`.
-    struct Pattern;
-    #[async_trait]
-    impl Tool for Pattern {
-        fn name(&self) -> &'static str {
-            "pattern"
-        }
-        fn description(&self) -> &'static str {
-            "takes a pattern"
-        }
-        fn input_schema(&self) -> Value {
+    fn pattern() -> impl Tool {
+        FnTool::new(
+            "pattern",
             json!({"type": "object", "additionalProperties": false,
-                   "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]})
-        }
-        async fn execute(
-            &self,
-            _input: Value,
-            _ctx: &ToolContext,
-        ) -> crate::error::ToolResult<ToolOutput> {
-            Ok(ToolOutput::text("ok"))
-        }
+                   "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]}),
+            |_: Value| async { Ok(ToolOutput::text("ok")) },
+        )
     }
 
     /// A box of the two test tools, made once (sets keep a `&'static` to their box).
     fn test_box() -> &'static ToolBox {
         static BOX: OnceLock<ToolBox> = OnceLock::new();
-        BOX.get_or_init(|| ToolBox::new(vec![Arc::new(Echo), Arc::new(Pattern)]))
+        BOX.get_or_init(|| ToolBox::new(vec![Arc::new(echo()), Arc::new(pattern())]))
     }
 
     #[test]
@@ -946,14 +878,14 @@ mod tests {
             &only_pattern,
             &test_box().set(&["pattern"]).unwrap().shared_definitions()
         ));
-        let custom_none = ToolSet::from_tools(vec![Arc::new(Echo)])
+        let custom_none = ToolSet::from_tools(vec![Arc::new(echo())])
             .unwrap()
             .shared_subset(|_| false);
         assert!(custom_none.is_empty());
-        let custom = ToolSet::from_tools(vec![Arc::new(Echo)]).unwrap();
+        let custom = ToolSet::from_tools(vec![Arc::new(echo())]).unwrap();
         assert_eq!(
             custom.shared_definitions()[0].input_schema,
-            Echo.input_schema()
+            echo().input_schema()
         );
     }
 }

@@ -162,6 +162,22 @@ pub(crate) async fn assert_unavailable_outside_a_run(tool: &dyn Tool, input: Val
     assert!(err.to_string().contains("taskdaemon run"), "{err}");
 }
 
+/// The bounds of `tool`'s schema in the built-in set: asserts that each of `refused` is
+/// refused as invalid arguments and that `passes`, an input just inside the bounds, gets
+/// through the schema; returns what calling it gave.
+pub(crate) async fn schema_bounds(
+    ctx: &ToolContext,
+    tool: &str,
+    refused: &[Value],
+    passes: Value,
+) -> td_toolkit::registry::CallOutcome {
+    let set = crate::all_tools();
+    assert_set_refuses(&set, ctx, tool, refused).await;
+    let out = set.call(ctx, None, tool, passes).await;
+    assert_eq!(out.receipt.schema_valid, Some(true), "{}", out.content);
+    out
+}
+
 /// A fresh empty worktree and a context for it (sandbox on, default catalog).
 pub(crate) fn worktree() -> (tempfile::TempDir, ToolContext) {
     let dir = tempfile::tempdir().unwrap();
@@ -294,13 +310,33 @@ pub(crate) async fn call(tool: Arc<dyn Tool>, wt: &Path, input: Value) -> (bool,
     (out.is_error, out.content)
 }
 
-/// Asserts that the registry refuses each of `inputs` as invalid arguments.
+/// Asserts that the registry refuses each of `inputs` to `tool` as invalid arguments.
 pub(crate) async fn assert_schema_refuses(tool: Arc<dyn Tool>, wt: &Path, inputs: &[Value]) {
-    for bad in inputs {
-        let (is_error, out) = call(tool.clone(), wt, bad.clone()).await;
+    let ctx = ToolContext::new(wt, "test").unwrap();
+    let set = td_toolkit::registry::ToolSet::from_tools(vec![tool]).unwrap();
+    let name = set.names()[0].clone();
+    assert_set_refuses(&set, &ctx, &name, inputs).await;
+}
+
+/// Asserts that `set` refuses each of `inputs` to `tool` as invalid arguments (its schema,
+/// before the tool runs): an error that says so, with that error kind in the receipt.
+pub(crate) async fn assert_set_refuses(
+    set: &td_toolkit::registry::ToolSet,
+    ctx: &ToolContext,
+    tool: &str,
+    inputs: &[Value],
+) {
+    for input in inputs {
+        let out = set.call(ctx, None, tool, input.clone()).await;
         assert!(
-            is_error && out.contains("invalid arguments"),
-            "{bad}: {out}"
+            out.is_error && out.content.contains("invalid arguments"),
+            "{input}: {}",
+            out.content
+        );
+        assert_eq!(
+            out.receipt.error_kind.as_deref(),
+            Some("invalid_arguments"),
+            "{input}"
         );
     }
 }

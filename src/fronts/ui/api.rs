@@ -1,8 +1,21 @@
-//! The dashboard's JSON API (see `h17-api.md` in the notes and README's dashboard
-//! section): the run, one loop, its transcript, receipts and diff, and the stop buttons.
+//! The dashboard's JSON API: the run, one loop, its transcript, receipts and diff, and the
+//! stop buttons (`GET /api/events`, the stream, is `events.rs`).
 //!
-//! A loop name from a URL is matched exactly against the loops the run's events name
-//! before it is used for anything; every answer's JSON passes `redact_json`.
+//! - `GET /api/run` → `{run_id, dir, live, summary, config}`: `live` whether a process owns
+//!   the run now, `summary` the shape of `summary.json` rebuilt from the events
+//!   ([`run_summary`]), `config` the config file's text when it can be read;
+//! - `GET /api/loops/NAME` → the loop's summary entry with `depends_on`, `base` (from the
+//!   config, when readable) and `tool` (its current tool);
+//! - `GET /api/loops/NAME/transcript?after=N&limit=M` and `.../receipts` → `{entries: [{n,
+//!   entry}], next}` (lines numbered from 1; `limit` 200 by default, at most 1000);
+//! - `GET /api/loops/NAME/diff` → `{base, branch, diff, truncated}`;
+//! - `POST /api/loops/NAME/stop`, `POST /api/run/stop` → `{ok: true}`, through the run's
+//!   control socket; 409 when the run is not live or refuses.
+//!
+//! Errors are `{error, hint}` with 400 (unreadable names or queries, unknown query
+//! parameters), 403 (see `auth.rs`), 404 (no such loop or address), 405, 409 or 500. A loop
+//! name from a URL is matched exactly against the loops the run's events name before it is
+//! used for anything; every answer's JSON passes `redact_json`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -350,6 +363,15 @@ async fn control_answer(app: &App, command: Command) -> Result<Response, ApiErro
     }
     match control::send(&app.run_dir, &command, "dashboard").await {
         Ok(()) => Ok(json_answer(StatusCode::OK, &json!({"ok": true}))),
+        // Owned, but no socket: the run could not open it (it warned when it started), or
+        // it ended just now.
+        Err(SendError::NotLive(why)) if crate::run::owner::is_owned(&app.run_dir) => {
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("the run cannot be reached: {why}"),
+                "the run said why when it started (a run directory too deep for a socket); stop it with Ctrl-C",
+            ))
+        }
         Err(SendError::NotLive(_)) => Err(not_live()),
         Err(SendError::Refused(why)) => Err(ApiError::new(
             StatusCode::CONFLICT,

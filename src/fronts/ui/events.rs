@@ -1,5 +1,12 @@
 //! `GET /api/events`: the run's events as server-sent events, past and future.
 //!
+//! Each line of `events.jsonl` is an event with `id: SEQ` and `data:` the line as written
+//! (lines that are not events are skipped); `?after=SEQ` or a `Last-Event-ID` header skips
+//! those up to SEQ. A loop's current tool comes as `event: tool` with `data: {"loop_name",
+//! "tool": NAME or null, "time"}`; once the run is not live and everything was sent, `event:
+//! end` (`data: {}`) and the stream closes. An idle stream gets a `: keepalive` comment
+//! every 15 s.
+//!
 //! Each stream has a task of its own: it joins the shared feed, reads the events published
 //! before it joined from `events.jsonl` itself (on a blocking thread, a line at a time,
 //! held back by the client's pace), then passes on what the feed broadcasts. A client that

@@ -618,36 +618,29 @@ fn check_session_end(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receipts::session::{SessionEnd, SessionReceipt, read_session};
-    use crate::receipts::{ReceiptLog, SideEffect, hash_output};
+    use crate::receipts::session::{SessionEnd, SessionRead, SessionReceipt, read_session};
+    use crate::receipts::{ReceiptLog, test_receipt};
     use serde_json::json;
     use std::sync::Arc;
 
-    fn receipt(n: usize) -> Receipt {
-        Receipt {
-            id: format!("id-{n}"),
-            call_id: None,
+    /// Ends the session of the chained log `log` left in `dir`: writes its session receipt
+    /// to `dir/RECEIPT.json` and reads it back.
+    fn seal(dir: &std::path::Path, key: &Arc<ChainKey>) -> (std::path::PathBuf, SessionRead) {
+        let log = ReceiptLog::open_chained(&dir.join("r.jsonl"), key.clone()).unwrap();
+        let end = SessionEnd {
+            session_id: "s".into(),
             exec_id: "e".into(),
-            tool: "run_command".into(),
-            input: json!({"command": format!("echo {n}")}),
-            input_hash: hash_value(&json!({"command": format!("echo {n}")})),
-            output_hash: hash_output("", false),
-            is_error: false,
-            error_kind: None,
-            output_bytes: 0,
-            output_capped: false,
-            latency_ms: 1,
-            side_effects: vec![SideEffect::CommandRun {
-                command: format!("echo {n}"),
-                exit_code: Some(0),
-                timed_out: false,
-            }],
-            time: "t".into(),
-            commit: None,
-            schema_valid: Some(true),
-            seq: None,
-            chain: None,
-        }
+            status: "ended".into(),
+            reason: None,
+            validation: None,
+            tool_set: None,
+        };
+        let path = dir.join("RECEIPT.json");
+        SessionReceipt::from_tally(end, &log.tally())
+            .write(&path, key)
+            .unwrap();
+        let session = read_session(&path, Some(key)).unwrap();
+        (path, session)
     }
 
     /// A chained log of `n` receipts, its lines, and the key.
@@ -657,7 +650,7 @@ mod tests {
         let path = dir.path().join("r.jsonl");
         let log = ReceiptLog::open_chained(&path, key.clone()).unwrap();
         for i in 1..=n {
-            log.append(&receipt(i)).unwrap();
+            log.append(&test_receipt(i)).unwrap();
         }
         let lines = std::fs::read_to_string(&path)
             .unwrap()
@@ -821,20 +814,7 @@ mod tests {
     #[test]
     fn the_session_receipt_catches_receipts_dropped_from_the_end() {
         let (d, lines, key) = log(4);
-        let path = d.path().join("RECEIPT.json");
-        let log = ReceiptLog::open_chained(&d.path().join("r.jsonl"), key.clone()).unwrap();
-        let end = SessionEnd {
-            session_id: "s".into(),
-            exec_id: "e".into(),
-            status: "ended".into(),
-            reason: None,
-            validation: None,
-            tool_set: None,
-        };
-        SessionReceipt::from_tally(end, &log.tally())
-            .write(&path, &key)
-            .unwrap();
-        let session = read_session(&path, Some(&key)).unwrap();
+        let (path, session) = seal(d.path(), &key);
         let whole = check(&entries(&lines), Some(&key), Some(&session));
         assert_eq!(whole.state, ChainState::Verified, "{:?}", whole.findings);
         let cut = check(&entries(&lines[..2]), Some(&key), Some(&session));
@@ -867,20 +847,7 @@ mod tests {
         assert_eq!(text.len(), 1, "{text:?}");
         assert!(text[0].starts_with("UNVERIFIABLE #4"), "{text:?}");
 
-        let log = ReceiptLog::open_chained(&d.path().join("r.jsonl"), key.clone()).unwrap();
-        let end = SessionEnd {
-            session_id: "s".into(),
-            exec_id: "e".into(),
-            status: "ended".into(),
-            reason: None,
-            validation: None,
-            tool_set: None,
-        };
-        let path = d.path().join("RECEIPT.json");
-        SessionReceipt::from_tally(end, &log.tally())
-            .write(&path, &key)
-            .unwrap();
-        let session = read_session(&path, Some(&key)).unwrap();
+        let (_, session) = seal(d.path(), &key);
         let mut edited = lines.clone();
         edited[2] = edited[2].replace("echo 3", "echo 4");
         let check = check(&entries(&edited), Some(&key), Some(&session));

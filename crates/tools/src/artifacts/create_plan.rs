@@ -110,12 +110,11 @@ impl Body for Plan {
             p.push("/specs", "a plan needs at least one spec");
         }
         for (i, spec) in self.specs.iter().enumerate() {
-            p.name(format!("/specs/{i}/name"), &spec.name);
-            p.text(format!("/specs/{i}/title"), &spec.title, "the title");
-            p.text(
-                format!("/specs/{i}/description"),
+            p.item(
+                &format!("/specs/{i}"),
+                &spec.name,
+                &spec.title,
                 &spec.description,
-                "the description",
             );
             for (j, dep) in spec.dependencies.iter().enumerate() {
                 let pointer = format!("/specs/{i}/dependencies/{j}");

@@ -115,12 +115,11 @@ impl Body for Spec {
             );
         }
         for (i, phase) in self.phases.iter().enumerate() {
-            p.name(format!("/phases/{i}/name"), &phase.name);
-            p.text(format!("/phases/{i}/title"), &phase.title, "the title");
-            p.text(
-                format!("/phases/{i}/description"),
+            p.item(
+                &format!("/phases/{i}"),
+                &phase.name,
+                &phase.title,
                 &phase.description,
-                "the description",
             );
             p.text(
                 format!("/phases/{i}/validation"),

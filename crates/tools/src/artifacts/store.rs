@@ -78,6 +78,14 @@ impl Problems {
         }
     }
 
+    /// Checks one item of a list (a plan's spec, a spec's phase) at `at`, e.g. `/specs/0`:
+    /// its name is valid and its title and description are not blank.
+    pub fn item(&mut self, at: &str, name: &str, title: &str, description: &str) {
+        self.name(format!("{at}/name"), name);
+        self.text(format!("{at}/title"), title, "the title");
+        self.text(format!("{at}/description"), description, "the description");
+    }
+
     /// Checks that names are unique within a list; `pointer_of(i)` points at item `i`'s name.
     pub fn unique_names<'a>(
         &mut self,

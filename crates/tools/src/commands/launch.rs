@@ -83,7 +83,12 @@ pub(crate) async fn execute_command(
     }
     let timeout_ms = checked_timeout(tool, ctx, args.timeout_ms)?;
     let cwd = working_directory(tool, ctx, args.cwd.as_deref().unwrap_or("."))?;
-    let out = run_in_worktree(tool, ctx, &args.command, &cwd, timeout_ms, isolate_network).await?;
+    let network = if isolate_network {
+        CommandNetwork::Isolated
+    } else {
+        CommandNetwork::Host
+    };
+    let out = run_in_worktree(tool, ctx, &args.command, &cwd, timeout_ms, network).await?;
     let headline = match (out.timed_out, out.exit_code, out.signal) {
         (true, _, _) => format!(
             "timed out after {timeout_ms} ms, process group killed. Pass a larger timeout_ms (at most {}) or run less at once.",
@@ -130,7 +135,20 @@ pub(crate) async fn execute_configured(
         });
     };
     let timeout_ms = checked_timeout(tool, ctx, args.timeout_ms)?;
-    let out = run_in_worktree(tool, ctx, command, ctx.root(), timeout_ms, false).await?;
+    let out = run_in_worktree(
+        tool,
+        ctx,
+        command,
+        ctx.root(),
+        timeout_ms,
+        CommandNetwork::Build,
+    )
+    .await?;
+    let offline_hint = if ctx.compiler_cache().is_some() && !out.success() {
+        "\n(compiler-cache is on, so this ran without network, reaching only the loop's cache server: if a dependency is missing, fetch it with run_command `cargo fetch`, then run this again)"
+    } else {
+        ""
+    };
     let status = match (out.timed_out, out.exit_code, out.signal) {
         (true, _, _) => format!(
             "{noun} timed out after {timeout_ms} ms, process group killed. Pass a larger timeout_ms (at most {}) if it needs longer.",
@@ -144,7 +162,7 @@ pub(crate) async fn execute_configured(
         }
     };
     Ok(command_output(
-        format!("{status}\ncommand: {command}"),
+        format!("{status}\ncommand: {command}{offline_hint}"),
         command,
         out,
     ))
@@ -197,6 +215,19 @@ fn working_directory(tool: &str, ctx: &ToolContext, cwd: &str) -> ToolResult<Pat
     }
 }
 
+/// The network a command tool's command gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommandNetwork {
+    /// The host's (`run_command`).
+    Host,
+    /// None (`run_command_isolated`).
+    Isolated,
+    /// A configured build, test or validation: the host's, or, when the loop has a compiler
+    /// cache server, that server's private network and nothing else (see
+    /// [`td_toolkit::context::CompilerCacheAccess`]).
+    Build,
+}
+
 /// Runs `command` in `cwd` with the loop's environment and the output cap of `tool`.
 pub(crate) async fn run_in_worktree(
     tool: &str,
@@ -204,7 +235,7 @@ pub(crate) async fn run_in_worktree(
     command: &str,
     cwd: &Path,
     timeout_ms: u64,
-    isolate_network: bool,
+    network: CommandNetwork,
 ) -> ToolResult<RunOutput> {
     let temp_dir = ctx.command_temp_dir().map_err(|e| {
         ToolError::failed(
@@ -213,19 +244,35 @@ pub(crate) async fn run_in_worktree(
             "The system temp directory must be writable by taskdaemon; free space or fix its permissions, then try again.",
         )
     })?;
-    let launcher_env = vec![
+    let mut launcher_env: Vec<(std::ffi::OsString, std::ffi::OsString)> = vec![
         ("TASKDAEMON_WORKTREE".into(), ctx.root().into()),
         ("TASKDAEMON_EXEC_ID".into(), ctx.exec_id().into()),
         // No terminal is attached: a credential prompt would only wait for the timeout.
         ("GIT_TERMINAL_PROMPT".into(), "0".into()),
         ("TMPDIR".into(), temp_dir.clone().into()),
     ];
+    let cache = ctx
+        .compiler_cache()
+        .filter(|_| network == CommandNetwork::Build);
+    let network = match (network, cache) {
+        (CommandNetwork::Build, Some(cache)) => {
+            launcher_env.extend(
+                cache
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.as_str().into(), v.as_str().into())),
+            );
+            td_confine::Network::Join(&cache.namespaces)
+        }
+        (CommandNetwork::Isolated, _) => td_confine::Network::Isolated,
+        _ => td_confine::Network::Host,
+    };
     let prepared = td_confine::prepare(&CommandPolicy {
         settings: ctx.sandbox_settings(),
         worktree: ctx.root(),
         cwd,
         temp_dir: &temp_dir,
-        no_network: isolate_network,
+        network,
         launcher_env,
     })
     .map_err(|e| match e {

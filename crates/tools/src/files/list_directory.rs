@@ -43,17 +43,13 @@ pub struct ListDirectory;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListArgs {
-    #[serde(default = "default_path")]
+    #[serde(default = "args::root")]
     path: String,
     #[serde(default)]
     recursive: bool,
     max_depth: Option<u64>,
     #[serde(default)]
     include_hidden: bool,
-}
-
-fn default_path() -> String {
-    ".".to_string()
 }
 
 /// Everything the blocking walk needs, owned.
@@ -364,7 +360,7 @@ fn error_path(err: &ignore::Error) -> Option<&std::path::Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{put, worktree as setup};
+    use crate::test_support::{put, schema_bounds, worktree as setup};
     use std::os::unix::fs::symlink;
 
     fn tree(ctx: &ToolContext) {
@@ -541,25 +537,14 @@ mod tests {
     #[tokio::test]
     async fn the_schema_bounds_max_depth() {
         let (_d, ctx) = setup();
-        let set = crate::all_tools();
-        for input in [
+        let refused = [
             json!({"max_depth": 0}),
             json!({"max_depth": 21}),
             json!({"recursive": "yes"}),
             json!({"depth": 2}),
-        ] {
-            let out = set.call(&ctx, None, NAME, input.clone()).await;
-            assert!(out.is_error, "{input}");
-            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
-        }
-        let out = set
-            .call(
-                &ctx,
-                None,
-                NAME,
-                json!({"recursive": true, "max_depth": 20}),
-            )
-            .await;
+        ];
+        let deepest = json!({"recursive": true, "max_depth": 20});
+        let out = schema_bounds(&ctx, NAME, &refused, deepest).await;
         assert!(!out.is_error, "{}", out.content);
     }
 

@@ -149,7 +149,7 @@ fn write_new(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::worktree as setup;
+    use crate::test_support::{assert_set_refuses, worktree as setup};
     use std::os::unix::fs::symlink;
     use td_toolkit::context::StampCheck;
 
@@ -284,16 +284,13 @@ mod tests {
     async fn the_schema_requires_both_fields() {
         let (_d, ctx) = setup();
         let set = crate::all_tools();
-        for input in [
+        let refused = [
             json!({"path": "a.txt"}),
             json!({"content": "x"}),
             json!({"path": "a.txt", "content": 3}),
             json!({"path": "a.txt", "content": "x", "mode": "append"}),
-        ] {
-            let out = set.call(&ctx, None, NAME, input.clone()).await;
-            assert!(out.is_error, "{input}");
-            assert_eq!(out.receipt.error_kind.as_deref(), Some("invalid_arguments"));
-        }
+        ];
+        assert_set_refuses(&set, &ctx, NAME, &refused).await;
         assert!(!ctx.root().join("a.txt").exists());
         let out = set
             .call(&ctx, None, NAME, json!({"path": "a.txt", "content": "x"}))

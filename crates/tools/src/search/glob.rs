@@ -35,16 +35,12 @@ pub struct Glob;
 #[serde(deny_unknown_fields)]
 struct GlobArgs {
     pattern: String,
-    #[serde(default = "default_path")]
+    #[serde(default = "args::root")]
     path: String,
     #[serde(default = "default_max")]
     max_results: u64,
     #[serde(default)]
     include_hidden: bool,
-}
-
-fn default_path() -> String {
-    ".".to_string()
 }
 
 fn default_max() -> u64 {

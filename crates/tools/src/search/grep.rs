@@ -58,7 +58,7 @@ pub struct Grep;
 #[serde(deny_unknown_fields)]
 struct GrepArgs {
     pattern: String,
-    #[serde(default = "default_path")]
+    #[serde(default = "args::root")]
     path: String,
     #[serde(default)]
     file_pattern: Option<String>,
@@ -70,10 +70,6 @@ struct GrepArgs {
     max_results: u64,
     #[serde(default)]
     include_hidden: bool,
-}
-
-fn default_path() -> String {
-    ".".to_string()
 }
 
 fn default_max() -> u64 {

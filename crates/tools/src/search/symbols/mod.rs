@@ -67,7 +67,7 @@ pub struct Symbols;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SymbolsArgs {
-    #[serde(default = "default_path")]
+    #[serde(default = "args::root")]
     path: String,
     #[serde(default)]
     name: Option<String>,
@@ -75,10 +75,6 @@ struct SymbolsArgs {
     kind: Option<String>,
     #[serde(default = "default_max")]
     max_results: u64,
-}
-
-fn default_path() -> String {
-    ".".to_string()
 }
 
 fn default_max() -> u64 {
