@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod attack;
+pub mod browser;
 pub mod fixture_project;
 pub mod flagged_run;
 pub mod http_once;

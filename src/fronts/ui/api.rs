@@ -126,13 +126,25 @@ async fn summary_of(app: &App) -> Result<RunSummary, ApiError> {
 /// `GET /api/run`.
 pub async fn run(State(app): State<AppState>) -> Result<Response, ApiError> {
     let summary = summary_of(&app).await?;
+    let mut value = serde_json::to_value(&summary)
+        .map_err(|e| ApiError::internal(format!("cannot write the run's summary: {e}")))?;
+    // What the summary does not hold and the page draws (the dependency graph): each
+    // loop's `depends_on`, from the run's config.
+    if let Some(loops) = value.get_mut("loops").and_then(Value::as_object_mut) {
+        for (name, entry) in loops.iter_mut() {
+            let info = app.project.loops.get(name).cloned().unwrap_or_default();
+            if let Some(map) = entry.as_object_mut() {
+                map.insert("depends_on".into(), json!(info.depends_on));
+            }
+        }
+    }
     Ok(json_answer(
         StatusCode::OK,
         &json!({
             "run_id": summary.run_id,
             "dir": app.run_dir.display().to_string(),
             "live": crate::run::owner::is_owned(&app.run_dir),
-            "summary": summary,
+            "summary": value,
             "config": app.project.config_text,
         }),
     ))

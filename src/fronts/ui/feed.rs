@@ -253,15 +253,22 @@ impl Follower {
     fn run(mut self, follow: Follow) {
         let (ntx, nrx) = std::sync::mpsc::channel::<notify::Result<notify::Event>>();
         let mut watcher = match follow {
-            Follow::Notify => match notify::recommended_watcher(move |e| {
-                let _ = ntx.send(e);
-            }) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!("dashboard: inotify is not available ({e}); polling instead");
-                    None
+            Follow::Notify => {
+                match notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+                    // An error wakes it too: it then reads everything.
+                    if e.as_ref().map_or(true, is_change) {
+                        let _ = ntx.send(e);
+                    }
+                }) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        tracing::warn!(
+                            "dashboard: inotify is not available ({e}); polling instead"
+                        );
+                        None
+                    }
                 }
-            },
+            }
             Follow::Poll(_) => None,
         };
         let poll = match (follow, &watcher) {
@@ -389,6 +396,9 @@ impl Follower {
         };
         if event.need_rescan() {
             self.mark_all_transcripts();
+        }
+        if !is_change(&event) {
+            return;
         }
         for path in &event.paths {
             if path.parent() == Some(run_dir) {
@@ -521,6 +531,14 @@ impl Follower {
             }));
         }
     }
+}
+
+/// Whether an inotify report may mean new lines. Opens and closes do not (a write is
+/// reported as a modification too), and the follower's own reads of `events.jsonl` and the
+/// transcripts cause them: taken for changes, every read would wake it for another read, a
+/// busy loop that doubled the daemon's CPU in a 1,000-loop run (benches/ui.rs).
+fn is_change(event: &notify::Event) -> bool {
+    !matches!(event.kind, notify::EventKind::Access(_))
 }
 
 /// Calls `each` with every complete line of `path` after `offset`, and moves `offset` past
@@ -740,5 +758,88 @@ mod tests {
         );
         assert_eq!(receipt_call_id(br#"{"call_id":null,"a":1}"#), None);
         assert_eq!(receipt_call_id(br#"{"a":1,"call_id":"x"}"#), None);
+    }
+
+    #[test]
+    fn an_answer_to_another_loop_leaves_the_tool_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        std::fs::create_dir_all(run.join("loops/a")).unwrap();
+        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
+        let feed_shared = Arc::new(Shared {
+            run_dir: run.to_path_buf(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        });
+        let mut rx = feed_shared.tx.subscribe();
+        let mut f = Follower::new(feed_shared.clone());
+        let lines = [
+            r#"{"entry":"response","iteration":1,"turn":1,"response":{"text":null,"tool_calls":[{"id":"c1","name":"run_command","input":{}}],"stop_reason":"tool_use","usage":{}}}"#,
+            // While its command runs, the loop answers another loop's question (iteration 0):
+            // the answer's response has no tool call, and the command is still in flight.
+            r#"{"entry":"request","iteration":0,"turn":1,"purpose":{"kind":"query_answer","from":"b","question":"q"},"new_messages":[]}"#,
+            r#"{"entry":"response","iteration":0,"turn":1,"response":{"text":"8080","tool_calls":[],"stop_reason":"end_turn","usage":{}}}"#,
+            r#"{"entry":"model_error","iteration":0,"error":"an answer failed"}"#,
+        ];
+        std::fs::write(
+            run.join("loops/a/transcript.jsonl"),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+        f.read_transcript("a");
+        match &*rx.try_recv().unwrap() {
+            Item::Tool { tool, .. } => assert_eq!(tool.as_deref(), Some("run_command")),
+            other => panic!("{other:?}"),
+        }
+        assert!(rx.try_recv().is_err(), "nothing else changed");
+        assert_eq!(
+            feed_shared_tool(&feed_shared, "a").as_deref(),
+            Some("run_command")
+        );
+    }
+
+    #[test]
+    fn the_followers_own_reads_do_not_wake_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        let loops = run.join("loops");
+        let shared = Arc::new(Shared {
+            run_dir: run.clone(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        });
+        let mut f = Follower::new(shared);
+        let transcript = loops.join("a/transcript.jsonl");
+        // Opening and closing a transcript to read it is reported by inotify too: taken for
+        // a change, every read would cause another one, and the follower would spin.
+        for kind in [
+            notify::EventKind::Access(notify::event::AccessKind::Open(
+                notify::event::AccessMode::Read,
+            )),
+            notify::EventKind::Access(notify::event::AccessKind::Close(
+                notify::event::AccessMode::Read,
+            )),
+        ] {
+            let event = notify::Event::new(kind).add_path(transcript.clone());
+            assert!(!is_change(&event), "{kind:?} wakes the follower");
+            f.note(Ok(event), &run, &loops);
+            assert!(f.dirty.is_empty(), "{kind:?} marked the loop changed");
+        }
+        let written = notify::Event::new(notify::EventKind::Modify(
+            notify::event::ModifyKind::Data(notify::event::DataChange::Any),
+        ))
+        .add_path(transcript);
+        assert!(is_change(&written));
+        f.note(Ok(written), &run, &loops);
+        assert!(f.dirty.contains("a"), "a write is a change");
+    }
+
+    fn feed_shared_tool(shared: &Shared, name: &str) -> Option<String> {
+        lock(&shared.state)
+            .tools
+            .get(name)
+            .and_then(|(tool, _)| tool.clone())
     }
 }
