@@ -22,16 +22,93 @@ pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// What to tell a user whose machine lacks the browser.
 pub const INSTALL_HINT: &str = "the dashboard's browser test needs Debian's Chromium and its WebDriver: \
-     install them with `apt-get install chromium chromium-driver` (as root; .ci/run does it in CI)";
+     install them with `apt-get install chromium chromium-driver` (the test does it itself when it runs as root or with passwordless sudo; .ci/run does it in CI)";
 
-/// Fails (never skips) when Chromium or chromedriver is missing, saying what to install.
+/// Makes sure Chromium and chromedriver are there: when one is missing and this process may
+/// install Debian packages (root, or passwordless `sudo`), it installs them with apt-get (one
+/// test process at a time, under a lock), as the MCP test makes its own Python environment;
+/// otherwise it fails (never skips), saying what to install.
 pub fn require_browser() {
+    let present = || {
+        [CHROMIUM, CHROMEDRIVER]
+            .iter()
+            .all(|p| Path::new(p).exists())
+    };
+    if !present() {
+        install_browser();
+    }
     for path in [CHROMIUM, CHROMEDRIVER] {
         assert!(
             Path::new(path).exists(),
             "{path} is missing: {INSTALL_HINT}"
         );
     }
+}
+
+/// `apt-get install chromium chromium-driver`, as root or through `sudo -n`, when apt-get is
+/// there; a failure is left to [`require_browser`]'s message (with apt's output above it).
+fn install_browser() {
+    if !Path::new("/usr/bin/apt-get").exists() {
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let sudo = !root
+        && Command::new("sudo")
+            .args(["-n", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !root && !sudo {
+        return;
+    }
+    let lock_path = std::env::temp_dir().join("taskdaemon-tests-apt-chromium.lock");
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+    else {
+        return;
+    };
+    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
+        return;
+    }
+    if [CHROMIUM, CHROMEDRIVER]
+        .iter()
+        .all(|p| Path::new(p).exists())
+    {
+        return;
+    }
+    eprintln!("installing Debian's chromium and chromium-driver for the dashboard's browser test");
+    let apt = |args: &[&str]| {
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut c = Command::new("sudo");
+            c.args(["-n", "apt-get"]);
+            c
+        };
+        let status = command
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .status();
+        status.is_ok_and(|s| s.success())
+    };
+    if apt(&["update", "-qq"]) {
+        apt(&[
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "chromium",
+            "chromium-driver",
+        ]);
+    }
+    drop(lock);
 }
 
 /// A chromedriver process (and the Chromium it starts), killed with its process group on drop.

@@ -208,6 +208,9 @@ struct Follower {
     dirty: BTreeSet<String>,
     /// When the loop directories were last listed.
     listed: Option<Instant>,
+    /// The transcripts were not followed (no browser was connected): their offsets and calls
+    /// in flight are out of date.
+    tools_stale: bool,
 }
 
 /// The parts of a transcript line the current tool needs.
@@ -243,6 +246,7 @@ impl Follower {
             transcripts: BTreeMap::new(),
             dirty: BTreeSet::new(),
             listed: None,
+            tools_stale: false,
         }
     }
 
@@ -319,14 +323,14 @@ impl Follower {
                 self.mark_all_transcripts();
             }
             self.read_events();
-            self.read_dirty();
+            self.follow_tools();
             if last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();
                 // What inotify cannot have told: lines written into a new loop directory
                 // before its watch was added. One stat per transcript.
                 if poll.is_none() {
                     self.mark_all_transcripts();
-                    self.read_dirty();
+                    self.follow_tools();
                 }
                 if !crate::run::owner::is_owned(&run_dir) {
                     // The owner is gone: everything it wrote is there to read.
@@ -355,7 +359,7 @@ impl Follower {
             });
             self.dirty.insert(name);
         }
-        self.read_dirty();
+        self.follow_tools();
     }
 
     /// The loop directories under `loops/` (plain names only).
@@ -456,6 +460,32 @@ impl Follower {
             }
         }
         self.events_offset = offset;
+    }
+
+    /// Keeps the loops' current tools while a browser is connected. With none, the
+    /// transcripts and receipt logs (most of what a run writes) are not read at all, so that
+    /// a dashboard nobody looks at costs the run next to nothing; when one connects again,
+    /// each transcript is read from its tail, as at start.
+    fn follow_tools(&mut self) {
+        if self.shared.tx.receiver_count() == 0 {
+            self.dirty.clear();
+            self.tools_stale = true;
+            return;
+        }
+        if self.tools_stale {
+            self.tools_stale = false;
+            // Every loop there is now (some may have started meanwhile), each from its tail.
+            self.listed = None;
+            self.mark_all_transcripts();
+            let loops_dir = self.shared.run_dir.join(LOOPS_DIR);
+            for (name, t) in &mut self.transcripts {
+                let dir = loops_dir.join(name);
+                t.offset = tail_start(&dir.join(TRANSCRIPT_FILE));
+                t.receipts_offset = tail_start(&dir.join(RECEIPTS_FILE));
+                t.pending.clear();
+            }
+        }
+        self.read_dirty();
     }
 
     /// Reads the transcripts marked as changed.
@@ -834,6 +864,54 @@ mod tests {
         assert!(is_change(&written));
         f.note(Ok(written), &run, &loops);
         assert!(f.dirty.contains("a"), "a write is a change");
+    }
+
+    #[test]
+    fn transcripts_are_read_only_while_a_browser_is_connected() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        std::fs::create_dir_all(run.join("loops/a")).unwrap();
+        let shared = Arc::new(Shared {
+            run_dir: run.clone(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        });
+        let mut f = Follower::new(shared.clone());
+        let response = |id: &str, tool: &str| {
+            format!(
+                r#"{{"entry":"response","iteration":1,"turn":1,"response":{{"text":null,"tool_calls":[{{"id":"{id}","name":"{tool}","input":{{}}}}],"stop_reason":"tool_use","usage":{{}}}}}}"#
+            )
+        };
+        let transcript = run.join("loops/a/transcript.jsonl");
+        std::fs::write(&transcript, response("c1", "build") + "\n").unwrap();
+        // Nobody watches: nothing is read.
+        f.mark_all_transcripts();
+        f.follow_tools();
+        assert_eq!(f.transcripts["a"].offset, 0);
+        assert_eq!(feed_shared_tool(&shared, "a"), None);
+        // More is written meanwhile; a browser connects: the tail is read, the loop's tool is
+        // the one in flight now.
+        let mut text = std::fs::read_to_string(&transcript).unwrap();
+        text.push_str(&(response("c2", "test") + "\n"));
+        std::fs::write(&transcript, &text).unwrap();
+        let mut rx = shared.tx.subscribe();
+        f.follow_tools();
+        assert_eq!(f.transcripts["a"].offset, text.len() as u64);
+        match &*rx.try_recv().unwrap() {
+            Item::Tool { tool, .. } => assert_eq!(tool.as_deref(), Some("test")),
+            other => panic!("{other:?}"),
+        }
+        // It leaves: reading stops again.
+        drop(rx);
+        std::fs::write(
+            &transcript,
+            text.clone() + &response("c3", "validate") + "\n",
+        )
+        .unwrap();
+        f.mark_all_transcripts();
+        f.follow_tools();
+        assert_eq!(f.transcripts["a"].offset, text.len() as u64);
     }
 
     fn feed_shared_tool(shared: &Shared, name: &str) -> Option<String> {
