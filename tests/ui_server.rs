@@ -193,6 +193,29 @@ async fn get_json(client: &reqwest::Client, url: &str) -> (u16, Value) {
     (status, value)
 }
 
+/// `taskdaemon run --ui` on the fixture, once its worker's command runs.
+fn live_run(project: &Project, sync: &tempfile::TempDir) -> Served {
+    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
+    let served = Served::start(
+        project
+            .taskdaemon(&[
+                "run",
+                "-c",
+                &config,
+                "--run-dir",
+                &run_dir,
+                "--ui",
+                "--ui-port",
+                "0",
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    let started = sync.path().join("started");
+    common::wait_until("the worker's command", RUN_GUARD, || started.exists());
+    served
+}
+
 /// A finished run of the fixture, and `taskdaemon ui` serving it.
 fn finished_run() -> (Project, Served, tempfile::TempDir) {
     let (project, sync) = project("true");
@@ -553,24 +576,7 @@ fn control_line(run_dir: &Path, line: &str) -> Value {
 async fn a_live_run_streams_new_events_and_the_stop_button_stops_a_loop_at_once() {
     let marker = format!("dashboard-stop-{}", std::process::id());
     let (project, sync) = project(&format!("sleep 600; echo {marker}"));
-    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
-    let mut served = Served::start(
-        project
-            .taskdaemon(&[
-                "run",
-                "-c",
-                &config,
-                "--run-dir",
-                &run_dir,
-                "--ui",
-                "--ui-port",
-                "0",
-            ])
-            .spawn()
-            .unwrap(),
-    );
-    let started = sync.path().join("started");
-    common::wait_until("the worker's command", RUN_GUARD, || started.exists());
+    let mut served = live_run(&project, &sync);
     let client = reqwest::Client::new();
     let (_, run) = get_json(&client, &served.at("/api/run")).await;
     assert_eq!(run["live"], true, "{run:#}");
@@ -683,24 +689,7 @@ async fn a_live_run_streams_new_events_and_the_stop_button_stops_a_loop_at_once(
 async fn the_run_stop_button_ends_the_run_as_sigterm_does() {
     let (project, sync) = project("until [ -e '{sync}/flag' ]; do sleep 0.05; done");
     let flag = sync.path().join("flag");
-    let (config, run_dir) = (path_arg(&project.config()), path_arg(&project.run_dir()));
-    let mut served = Served::start(
-        project
-            .taskdaemon(&[
-                "run",
-                "-c",
-                &config,
-                "--run-dir",
-                &run_dir,
-                "--ui",
-                "--ui-port",
-                "0",
-            ])
-            .spawn()
-            .unwrap(),
-    );
-    let started = sync.path().join("started");
-    common::wait_until("the worker's command", RUN_GUARD, || started.exists());
+    let mut served = live_run(&project, &sync);
     let client = reqwest::Client::new();
     let response = client
         .post(served.at("/api/run/stop"))

@@ -726,12 +726,7 @@ mod tests {
         let run = dir.path();
         std::fs::create_dir_all(run.join("loops/a")).unwrap();
         std::fs::write(run.join(EVENTS_FILE), "").unwrap();
-        let feed_shared = Arc::new(Shared {
-            run_dir: run.to_path_buf(),
-            state: Mutex::new(State::default()),
-            tx: broadcast::channel(16).0,
-            stop: AtomicBool::new(false),
-        });
+        let feed_shared = shared_at(run);
         let mut rx = feed_shared.tx.subscribe();
         let mut f = Follower::new(feed_shared.clone());
         let transcript = run.join("loops/a/transcript.jsonl");
@@ -796,12 +791,7 @@ mod tests {
         let run = dir.path();
         std::fs::create_dir_all(run.join("loops/a")).unwrap();
         std::fs::write(run.join(EVENTS_FILE), "").unwrap();
-        let feed_shared = Arc::new(Shared {
-            run_dir: run.to_path_buf(),
-            state: Mutex::new(State::default()),
-            tx: broadcast::channel(16).0,
-            stop: AtomicBool::new(false),
-        });
+        let feed_shared = shared_at(run);
         let mut rx = feed_shared.tx.subscribe();
         let mut f = Follower::new(feed_shared.clone());
         let lines = [
@@ -834,12 +824,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().to_path_buf();
         let loops = run.join("loops");
-        let shared = Arc::new(Shared {
-            run_dir: run.clone(),
-            state: Mutex::new(State::default()),
-            tx: broadcast::channel(16).0,
-            stop: AtomicBool::new(false),
-        });
+        let shared = shared_at(&run);
         let mut f = Follower::new(shared);
         let transcript = loops.join("a/transcript.jsonl");
         // Opening and closing a transcript to read it is reported by inotify too: taken for
@@ -871,12 +856,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().to_path_buf();
         std::fs::create_dir_all(run.join("loops/a")).unwrap();
-        let shared = Arc::new(Shared {
-            run_dir: run.clone(),
-            state: Mutex::new(State::default()),
-            tx: broadcast::channel(16).0,
-            stop: AtomicBool::new(false),
-        });
+        let shared = shared_at(&run);
         let mut f = Follower::new(shared.clone());
         let response = |id: &str, tool: &str| {
             format!(
@@ -912,6 +892,16 @@ mod tests {
         f.mark_all_transcripts();
         f.follow_tools();
         assert_eq!(f.transcripts["a"].offset, text.len() as u64);
+    }
+
+    /// The follower's shared state for a run directory, as `Feed::start` makes it.
+    fn shared_at(run: &Path) -> Arc<Shared> {
+        Arc::new(Shared {
+            run_dir: run.to_path_buf(),
+            state: Mutex::new(State::default()),
+            tx: broadcast::channel(16).0,
+            stop: AtomicBool::new(false),
+        })
     }
 
     fn feed_shared_tool(shared: &Shared, name: &str) -> Option<String> {
