@@ -311,16 +311,22 @@ impl Follower {
                     }
                 }
             }
-            if let Some(w) = watcher.as_mut()
-                && !loops_watched
-                && loops_dir.is_dir()
-            {
+            // The loops' directories are watched only while a browser is connected: every
+            // write into a watched directory costs the writing daemon an inotify event, and
+            // the follower a wake-up, for transcripts nobody reads then (see `follow_tools`).
+            if let Some(w) = watcher.as_mut() {
                 use notify::Watcher;
-                loops_watched = w
-                    .watch(&loops_dir, notify::RecursiveMode::Recursive)
-                    .is_ok();
-                // What was written before the watch.
-                self.mark_all_transcripts();
+                let watching = self.shared.tx.receiver_count() > 0;
+                if watching && !loops_watched && loops_dir.is_dir() {
+                    loops_watched = w
+                        .watch(&loops_dir, notify::RecursiveMode::Recursive)
+                        .is_ok();
+                    // What was written before the watch.
+                    self.mark_all_transcripts();
+                } else if !watching && loops_watched {
+                    let _ = w.unwatch(&loops_dir);
+                    loops_watched = false;
+                }
             }
             self.read_events();
             self.follow_tools();
