@@ -159,23 +159,7 @@ b:
         ),
     );
     let run_dir = root.join("run");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-        // The loops' cargo builds in their worktrees, not into the target directory of the
-        // cargo running this test (commands may not write there).
-        .env_remove("CARGO_TARGET_DIR")
-        .args(["run", "-c"])
-        .arg(&config)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    common::run_to_success(&config, &run_dir);
     let s = summary(&run_dir);
     let transcript = |name: &str| {
         std::fs::read_to_string(run_dir.join(format!("loops/{name}/transcript.jsonl")))

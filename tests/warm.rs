@@ -89,20 +89,7 @@ c:
     )
     .unwrap();
     let run_dir = root.join("run");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-        .args(["run", "-c"])
-        .arg(&config)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let (stdout, stderr) = common::run_to_success(&config, &run_dir);
 
     // The loop saw the base's output with the base's mtime, and its confined command could
     // write into its seeded target/.

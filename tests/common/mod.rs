@@ -240,3 +240,26 @@ pub fn wait_successful(child: &mut Child, limit: Duration, poll: Duration) -> Re
         }
     }
 }
+
+/// `taskdaemon run -c CONFIG --run-dir RUN_DIR` to its end, without `CARGO_TARGET_DIR` (a
+/// loop's cargo builds in its worktree, not into the target directory of the cargo running
+/// the tests, which commands may not write); panics with both streams unless it succeeded.
+/// Returns its stdout and stderr.
+pub fn run_to_success(config: &Path, run_dir: &Path) -> (String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .env_remove("CARGO_TARGET_DIR")
+        .args(["run", "-c"])
+        .arg(config)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (stdout, stderr)
+}

@@ -728,13 +728,8 @@ mod tests {
 
     #[test]
     fn the_current_tool_follows_responses_and_results() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, _shared, mut rx, mut f) = one_loop_run();
         let run = dir.path();
-        std::fs::create_dir_all(run.join("loops/a")).unwrap();
-        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
-        let feed_shared = shared_at(run);
-        let mut rx = feed_shared.tx.subscribe();
-        let mut f = Follower::new(feed_shared.clone());
         let transcript = run.join("loops/a/transcript.jsonl");
         let append = |text: &str| {
             use std::io::Write;
@@ -793,13 +788,8 @@ mod tests {
 
     #[test]
     fn an_answer_to_another_loop_leaves_the_tool_in_flight() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, feed_shared, mut rx, mut f) = one_loop_run();
         let run = dir.path();
-        std::fs::create_dir_all(run.join("loops/a")).unwrap();
-        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
-        let feed_shared = shared_at(run);
-        let mut rx = feed_shared.tx.subscribe();
-        let mut f = Follower::new(feed_shared.clone());
         let lines = [
             r#"{"entry":"response","iteration":1,"turn":1,"response":{"text":null,"tool_calls":[{"id":"c1","name":"run_command","input":{}}],"stop_reason":"tool_use","usage":{}}}"#,
             // While its command runs, the loop answers another loop's question (iteration 0):
@@ -898,6 +888,24 @@ mod tests {
         f.mark_all_transcripts();
         f.follow_tools();
         assert_eq!(f.transcripts["a"].offset, text.len() as u64);
+    }
+
+    /// A run directory with loop `a` and an empty event log, its follower, and a browser's
+    /// receiver (so that the follower reads the transcripts).
+    fn one_loop_run() -> (
+        tempfile::TempDir,
+        Arc<Shared>,
+        broadcast::Receiver<Arc<Item>>,
+        Follower,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        std::fs::create_dir_all(run.join("loops/a")).unwrap();
+        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
+        let shared = shared_at(run);
+        let rx = shared.tx.subscribe();
+        let follower = Follower::new(shared.clone());
+        (dir, shared, rx, follower)
     }
 
     /// The follower's shared state for a run directory, as `Feed::start` makes it.
