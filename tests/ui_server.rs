@@ -247,9 +247,16 @@ async fn a_finished_run_is_served_whole_and_its_stream_replays_every_event_then_
     assert_eq!(run["run_id"], summary["run_id"]);
     assert_eq!(run["live"], false);
     assert_eq!(run["summary"]["status"], "completed");
+    // The built-in `code` type's iteration limit, from the run's config (for `n/max`).
+    let code_max =
+        taskdaemon::config::Config::default().loop_types().unwrap()["code"].max_iterations;
     for name in ["asker", "worker", "later"] {
         assert_eq!(
             run["summary"]["loops"][name]["status"], "completed",
+            "{run:#}"
+        );
+        assert_eq!(
+            run["summary"]["loops"][name]["max_iterations"], code_max,
             "{run:#}"
         );
         assert_eq!(
@@ -322,6 +329,7 @@ async fn a_finished_run_is_served_whole_and_its_stream_replays_every_event_then_
     let (status, later) = get_json(&client, &served.at("/api/loops/later")).await;
     assert_eq!(status, 200);
     assert_eq!(later["depends_on"], json!(["worker"]));
+    assert_eq!(later["max_iterations"], code_max);
     assert_eq!(later["status"], "completed");
     let (status, page) =
         get_json(&client, &served.at("/api/loops/worker/transcript?limit=3")).await;

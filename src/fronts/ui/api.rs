@@ -128,13 +128,14 @@ pub async fn run(State(app): State<AppState>) -> Result<Response, ApiError> {
     let summary = summary_of(&app).await?;
     let mut value = serde_json::to_value(&summary)
         .map_err(|e| ApiError::internal(format!("cannot write the run's summary: {e}")))?;
-    // What the summary does not hold and the page draws (the dependency graph): each
-    // loop's `depends_on`, from the run's config.
+    // What the summary does not hold and the page draws (the dependency graph, `n/max`):
+    // each loop's `depends_on` and its type's `max_iterations`, from the run's config.
     if let Some(loops) = value.get_mut("loops").and_then(Value::as_object_mut) {
         for (name, entry) in loops.iter_mut() {
             let info = app.project.loops.get(name).cloned().unwrap_or_default();
             if let Some(map) = entry.as_object_mut() {
                 map.insert("depends_on".into(), json!(info.depends_on));
+                map.insert("max_iterations".into(), json!(info.max_iterations));
             }
         }
     }
@@ -168,6 +169,7 @@ pub async fn one_loop(
     if let Some(map) = value.as_object_mut() {
         map.insert("depends_on".into(), json!(info.depends_on));
         map.insert("base".into(), json!(info.base));
+        map.insert("max_iterations".into(), json!(info.max_iterations));
         map.insert("tool".into(), json!(app.feed.tool_of(&name)));
         map.entry("branch").or_insert(Value::Null);
         map.entry("worktree").or_insert(Value::Null);

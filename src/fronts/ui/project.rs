@@ -17,6 +17,8 @@ pub struct LoopInfo {
     pub depends_on: Vec<String>,
     /// Its base branch, when the config names one.
     pub base: Option<String>,
+    /// Its type's iteration limit, when the config's types resolve.
+    pub max_iterations: Option<u32>,
 }
 
 /// What the config of a run says, as far as it could be read.
@@ -55,6 +57,7 @@ impl Project {
         if project.repo.is_none() && !config.copy_repo {
             project.repo = Some(base_dir.join(config.repo.clone().unwrap_or_else(|| ".".into())));
         }
+        let types = config.loop_types().unwrap_or_default();
         project.loops = config
             .loops
             .iter()
@@ -64,6 +67,7 @@ impl Project {
                     LoopInfo {
                         depends_on: l.depends_on.clone(),
                         base: l.base.clone(),
+                        max_iterations: types.get(&l.loop_type).map(|t| t.max_iterations),
                     },
                 )
             })
