@@ -934,13 +934,26 @@ pub(crate) fn hide_chain_key(
         .path()
         .canonicalize()
         .map_err(|e| format!("cannot resolve {}: {e}", key.path().display()))?;
-    let mut settings = (**sandbox).clone();
-    if let Err(why) = td_confine::hide_from_commands(&mut settings, &real) {
+    let (settings, hidden) = hiding(sandbox, &real);
+    if let Err(why) = hidden {
         eprintln!(
             "taskdaemon: warning: the receipt chain key {why}; a command that reads it could forge the receipts of its loop"
         );
     }
-    Ok(Arc::new(settings))
+    Ok(settings)
+}
+
+/// `sandbox` with `path` hidden from commands, and whether it could be.
+fn hiding(
+    sandbox: &Arc<td_confine::SandboxSettings>,
+    path: &Path,
+) -> (
+    Arc<td_confine::SandboxSettings>,
+    Result<(), td_confine::HideError>,
+) {
+    let mut settings = (**sandbox).clone();
+    let hidden = td_confine::hide_from_commands(&mut settings, path);
+    (Arc::new(settings), hidden)
 }
 
 /// The second stop of a run (a signal, or the dashboard's run stop): the merge queue's job
@@ -1020,15 +1033,15 @@ fn hide_control_key(
     sandbox: &Arc<td_confine::SandboxSettings>,
 ) -> Arc<td_confine::SandboxSettings> {
     let real = key.canonicalize().unwrap_or_else(|_| key.to_path_buf());
-    let mut settings = (**sandbox).clone();
-    if let Err(why) = td_confine::hide_from_commands(&mut settings, &real)
+    let (settings, hidden) = hiding(sandbox, &real);
+    if let Err(why) = hidden
         && settings.unix_sockets != td_confine::UnixSockets::Refuse
     {
         eprintln!(
             "taskdaemon: warning: the control key {why}; with `sandbox.unix-sockets` open, a command that reads it could stop the run's loops"
         );
     }
-    Arc::new(settings)
+    settings
 }
 
 /// Marks loop `name` blocked for `why`: in the run's statuses, its record, the progress
