@@ -1397,7 +1397,7 @@ async fn start_loop(
     // finished iterations, the time they took.
     let carried = match resume {
         Some(r) => {
-            let entry = record.summary().loops.get(&def.name).cloned();
+            let entry = record.loop_summary(&def.name);
             Carried {
                 spend: entry.as_ref().map(|e| e.charged).unwrap_or_default(),
                 iterations: u64::from(r.next_iteration.saturating_sub(1)),

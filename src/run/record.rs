@@ -604,6 +604,11 @@ impl RunRecord {
         self.inner.summary.get()
     }
 
+    /// A copy of one loop's summary entry (without copying every loop's).
+    pub fn loop_summary(&self, loop_name: &str) -> Option<LoopSummary> {
+        self.inner.summary.read(|s| s.loops.get(loop_name).cloned())
+    }
+
     /// Waits until `summary.json` holds every change made so far; the error of its last
     /// write, if that failed.
     pub fn flush(&self) -> Result<(), String> {
@@ -687,22 +692,18 @@ impl RunRecord {
     /// (`loops/<name>/RECEIPT.json`) from its log and its summary entry (the summary, with
     /// the loop's final tool counts, is written behind as always).
     pub fn close_loop(&self, loop_name: &str) -> Result<(), String> {
-        let summary = self.summary();
-        let entry = summary
-            .loops
-            .get(loop_name)
-            .cloned()
-            .unwrap_or_else(|| LoopSummary::pending(loop_name, ""));
+        // One entry, not the whole summary: every loop's end would copy every loop's entry.
+        let (run_id, entry) = self
+            .inner
+            .summary
+            .read(|s| (s.run_id.clone(), s.loops.get(loop_name).cloned()));
+        let entry = entry.unwrap_or_else(|| LoopSummary::pending(loop_name, ""));
         let dir = loop_dir(&self.inner.dir, loop_name)?;
         let open = lock(&self.inner.receipts).get(loop_name).cloned();
         let tally = tally_for(open.as_ref(), &dir.join(RECEIPTS_FILE), self.chain_key()?)?;
-        self.inner.chain.close(
-            &summary.run_id,
-            &dir,
-            &entry,
-            &tally,
-            tool_set_of(open.as_ref()),
-        )
+        self.inner
+            .chain
+            .close(&run_id, &dir, &entry, &tally, tool_set_of(open.as_ref()))
     }
 
     /// Closes every loop that ended but whose record this process has not closed and that

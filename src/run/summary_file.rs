@@ -5,8 +5,11 @@
 //! which takes milliseconds; done in the caller, it would hold up the loop that made the
 //! change and, for changes made by events, every loop of the run. So a change only marks the
 //! summary dirty, and the writer thread writes the latest version: changes that come while a
-//! write is in progress are written together by the next one. [`SummaryFile::flush`] waits
-//! until what was changed is on the disk (the end of a run, tests).
+//! write is in progress are written together by the next one. Writes are at least
+//! [`MIN_INTERVAL`] apart: a run of 1,000 loops changes its summary thousands of times a
+//! second, and rewriting a file of 1,000 entries back to back took half the daemon's CPU
+//! (`benches/ui.rs`, perf: 14 of 28 s). [`SummaryFile::flush`] does not wait for the
+//! interval: it waits until what was changed is on the disk (the end of a run, tests).
 //!
 //! The summary is a view of the events and transcripts, which a resume can rebuild it from
 //! (`rebuild.rs`): a summary a little behind the events is never a loss. A write that fails
@@ -16,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::run::record::{RunSummary, SUMMARY_FILE};
 use td_base::sync::lock;
@@ -61,6 +64,11 @@ impl Failures {
     }
 }
 
+/// The shortest time between two writes of `summary.json` during a run (a flush writes at
+/// once). The file is a view for `status` and scripts, which a quarter of a second behind
+/// the events does not hurt.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(250);
+
 struct State {
     summary: RunSummary,
     /// Changed since the last snapshot was taken for writing.
@@ -69,6 +77,12 @@ struct State {
     writing: bool,
     /// The record is going away: write what is dirty, then stop.
     closing: bool,
+    /// Callers waiting in [`SummaryFile::flush`]: the writer does not wait for
+    /// [`MIN_INTERVAL`] while there is one.
+    flushing: usize,
+    /// Writes made by the writer (tests check the interval with it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    writes: u64,
     /// The outcome of the last write.
     last: Result<(), String>,
 }
@@ -107,6 +121,7 @@ impl Shared {
         }
         let mut state = lock(&self.state);
         state.writing = false;
+        state.writes = state.writes.saturating_add(1);
         state.last = written;
         self.changed.notify_all();
         true
@@ -143,6 +158,8 @@ impl SummaryFile {
                 dirty: false,
                 writing: false,
                 closing: false,
+                flushing: 0,
+                writes: 0,
                 last: Ok(()),
             }),
             changed: Condvar::new(),
@@ -164,6 +181,12 @@ impl SummaryFile {
         lock(&self.shared.state).summary.clone()
     }
 
+    /// What `read` takes from the summary as it is now (under the summary's lock: keep it
+    /// short), without copying the whole of it.
+    pub fn read<T>(&self, read: impl FnOnce(&RunSummary) -> T) -> T {
+        read(&lock(&self.shared.state).summary)
+    }
+
     /// Changes the summary with `change`, which says whether it changed anything; a change
     /// is written soon (`change` runs under the summary's lock: keep it short).
     pub fn change(&self, change: impl FnOnce(&mut RunSummary) -> bool) {
@@ -178,6 +201,8 @@ impl SummaryFile {
     /// went. Writes itself when the writer thread is gone.
     pub fn flush(&self) -> Result<(), String> {
         let mut state = lock(&self.shared.state);
+        state.flushing = state.flushing.saturating_add(1);
+        self.shared.changed.notify_all();
         while state.dirty || state.writing {
             if self.writer.as_ref().is_none_or(JoinHandle::is_finished) {
                 drop(state);
@@ -187,6 +212,7 @@ impl SummaryFile {
             }
             state = self.shared.wait(state);
         }
+        state.flushing = state.flushing.saturating_sub(1);
         state.last.clone()
     }
 }
@@ -203,17 +229,36 @@ impl Drop for SummaryFile {
 }
 
 fn writer_loop(shared: &Shared) {
+    let mut last_write: Option<Instant> = None;
     loop {
-        if shared.write_dirty() {
-            continue;
+        {
+            let mut state = lock(&shared.state);
+            loop {
+                if state.closing && !state.dirty {
+                    return;
+                }
+                if !state.dirty {
+                    state = shared.wait(state);
+                    continue;
+                }
+                // Dirty: written now if the last write is far enough behind, or someone
+                // waits for it; else after the rest of the interval (changes keep coming
+                // meanwhile and go into the same write).
+                let hurry = state.closing || state.flushing > 0;
+                let left = last_write.map_or(Duration::ZERO, |at| {
+                    MIN_INTERVAL.saturating_sub(at.elapsed())
+                });
+                if hurry || left.is_zero() {
+                    break;
+                }
+                state = match shared.changed.wait_timeout(state, left) {
+                    Ok((guard, _)) => guard,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+            }
         }
-        let state = lock(&shared.state);
-        if state.closing && !state.dirty {
-            return;
-        }
-        if !state.dirty {
-            drop(shared.wait(state));
-        }
+        last_write = Some(Instant::now());
+        shared.write_dirty();
     }
 }
 
@@ -258,6 +303,46 @@ mod tests {
         });
         drop(file);
         assert_eq!(read_summary(dir.path()).unwrap().run_id, "last");
+    }
+
+    #[test]
+    fn writes_are_an_interval_apart_but_a_flush_does_not_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let failures = Arc::new(Failures::new(dir.path()));
+        let file = SummaryFile::start(dir.path(), RunSummary::default(), failures).unwrap();
+        // Changes for 0.6 s, one every millisecond: at most one write per interval (and
+        // the first at once), where writing back to back would make dozens.
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < Duration::from_millis(600) {
+            file.change(|s| {
+                s.run_id = format!("r{n}");
+                true
+            });
+            n += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let took = start.elapsed();
+        let writes = lock(&file.shared.state).writes;
+        let most = took.as_millis() / MIN_INTERVAL.as_millis() + 1;
+        assert!(
+            writes >= 1 && u128::from(writes) <= most,
+            "{writes} writes in {took:?}"
+        );
+        // A flush right after a write still writes at once, not after the interval.
+        file.flush().unwrap();
+        file.change(|s| {
+            s.run_id = "flushed".into();
+            true
+        });
+        let asked = Instant::now();
+        file.flush().unwrap();
+        assert!(
+            asked.elapsed() < MIN_INTERVAL * 4 / 5,
+            "{:?}",
+            asked.elapsed()
+        );
+        assert_eq!(read_summary(dir.path()).unwrap().run_id, "flushed");
     }
 
     #[test]
