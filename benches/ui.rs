@@ -17,9 +17,14 @@
 //! drew it, and the page's own share (receipt → that frame).
 //!
 //! Measured: the latency p50/p95/p99/max over every event of the `open` runs; the daemon's
-//! CPU time (utime + stime of its own threads, `/proc/PID/stat`) from the gate's opening to
-//! the run's end (`run finished` for `--ui` runs; the last sample before exit, every 10 ms,
-//! for `plain`), median per mode, `open` and `closed` against `plain`.
+//! CPU time (utime + stime of its own threads, `/proc/PID/stat`), plus with `--ui` that of
+//! its dashboard process (`taskdaemon ui --run-dir-from-stdin`, its child), from the gate's
+//! opening to the run's end (`run finished` for `--ui` runs; the last sample before exit,
+//! every 10 ms, for `plain`), median per mode, `open` and `closed` against `plain`; and the
+//! dashboard process's own CPU alone against `plain`.
+//!
+//! The daemon runs on the last CPU and the browser on the others (`taskset`; see
+//! [`pinning`]; `BENCH_PIN=0` lets both run anywhere).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (fails, saying so, without them).
 //! Options (after `--`): `--loops N` (default 1000). `BENCH_ROUNDS` (default 2).
@@ -64,7 +69,10 @@ impl Mode {
 
 /// What one run gave.
 struct Outcome {
+    /// The daemon's CPU and, with `--ui`, its dashboard process's.
     cpu_ms: f64,
+    /// The dashboard process's share of `cpu_ms`.
+    dashboard_ms: f64,
     wall_ms: f64,
     latencies: Vec<f64>,
     page_ms: Vec<f64>,
@@ -160,7 +168,14 @@ impl Setup {
     }
 
     fn run_command(&self, ui: bool) -> Command {
-        let mut cmd = self.command(env!("CARGO_BIN_EXE_taskdaemon"));
+        let mut cmd = match &PINNING.get().and_then(|p| p.daemon.clone()) {
+            Some(cpus) => {
+                let mut cmd = self.command("taskset");
+                cmd.args(["-c", cpus, env!("CARGO_BIN_EXE_taskdaemon")]);
+                cmd
+            }
+            None => self.command(env!("CARGO_BIN_EXE_taskdaemon")),
+        };
         let cfg = self.path("cfg/taskdaemon.yml");
         let run = self.path("run");
         cmd.arg("run")
@@ -220,6 +235,39 @@ impl Setup {
 }
 
 /// The daemon's own CPU time (utime + stime of its threads) in ms, from `/proc/PID/stat`.
+/// Which CPUs the daemon and the browser may use (`taskset -c` lists), when they are kept
+/// apart.
+struct Pinning {
+    daemon: Option<String>,
+    browser: Option<String>,
+}
+
+static PINNING: std::sync::OnceLock<Pinning> = std::sync::OnceLock::new();
+
+/// The daemon (and its dashboard process and commands) on the last CPU, the browser on the
+/// others, unless `BENCH_PIN=0` or there is one CPU: on a shared 2-CPU machine a browser
+/// drawing 10,000 events competes with the daemon for its CPU, and the daemon's threads
+/// then spend more CPU on the same work (preemptions, cache), an effect of where the
+/// browser runs rather than of the dashboard (a user's browser is often on another machine).
+fn pinning() -> Pinning {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 || std::env::var("BENCH_PIN").is_ok_and(|v| v == "0") {
+        return Pinning {
+            daemon: None,
+            browser: None,
+        };
+    }
+    let last = cpus - 1;
+    Pinning {
+        daemon: Some(last.to_string()),
+        browser: Some(if last == 1 {
+            "0".to_string()
+        } else {
+            format!("0-{}", last - 1)
+        }),
+    }
+}
+
 fn cpu_ms(pid: i32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces: fields are counted after its `)`.
@@ -236,12 +284,14 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
     let setup = Setup::new(n);
     match mode {
         Mode::Plain => {
-            let mut child = setup
-                .run_command(false)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("taskdaemon starts");
+            // Its output is read as the `--ui` runs' is (a pipe, drained by a thread, its
+            // own process group), so that the modes differ only by the dashboard.
+            let mut cmd = setup.run_command(false);
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            let mut child = cmd.spawn().expect("taskdaemon starts");
+            let _stdout = browser::line_channel(child.stdout.take());
+            let _stderr = browser::line_channel(child.stderr.take());
             let pid = i32::try_from(child.id()).expect("pid");
             setup.wait_gate();
             let cpu0 = cpu_ms(pid).expect("the daemon's /proc stat");
@@ -263,6 +313,7 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
             setup.check_completed(n);
             Outcome {
                 cpu_ms: last - cpu0,
+                dashboard_ms: 0.0,
                 wall_ms,
                 latencies: Vec::new(),
                 page_ms: Vec::new(),
@@ -271,6 +322,7 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
         Mode::Open | Mode::Closed => {
             let mut run = UiRun::start(setup.run_command(true), GUARD);
             let pid = run.pid();
+            let dashboard = dashboard_pid(pid);
             if mode == Mode::Open {
                 client.goto(&run.url).await.expect("the dashboard loads");
                 // The page has read the first events and drawn the gate's row.
@@ -297,12 +349,14 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
                     .expect("metrics reset");
             }
             let cpu0 = cpu_ms(pid).expect("the daemon's /proc stat");
+            let dash0 = cpu_ms(dashboard).expect("the dashboard's /proc stat");
             let start = Instant::now();
             setup.open_gate();
             let finished = wait_line(&run.stdout, GUARD, |l| {
                 l.starts_with("run finished").then_some(())
             });
             let cpu1 = cpu_ms(pid).expect("the daemon's /proc stat");
+            let dash1 = cpu_ms(dashboard).expect("the dashboard's /proc stat");
             let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
             assert!(finished.is_some(), "the --ui run never said it finished");
             setup.check_completed(n);
@@ -348,13 +402,29 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
             }
             run.terminate(GUARD);
             Outcome {
-                cpu_ms: cpu1 - cpu0,
+                cpu_ms: (cpu1 - cpu0) + (dash1 - dash0),
+                dashboard_ms: dash1 - dash0,
                 wall_ms,
                 latencies,
                 page_ms,
             }
         }
     }
+}
+
+/// The dashboard process of the `run --ui` daemon `daemon` (its child `taskdaemon ui
+/// --run-dir-from-stdin`).
+fn dashboard_pid(daemon: i32) -> i32 {
+    let children = std::fs::read_to_string(format!("/proc/{daemon}/task/{daemon}/children"))
+        .expect("the daemon's children");
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|p: &i32| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"--run-dir-from-stdin"))
+        })
+        .expect("the daemon runs its dashboard process")
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -387,11 +457,18 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let driver = Driver::start();
+    let pinned = PINNING.get_or_init(pinning);
+    eprintln!(
+        "# CPUs: daemon {}, browser {} (BENCH_PIN=0: both anywhere)",
+        pinned.daemon.as_deref().unwrap_or("any"),
+        pinned.browser.as_deref().unwrap_or("any")
+    );
+    let driver = Driver::start_on(pinned.browser.as_deref());
     let client = rt.block_on(driver.session());
     let modes = [Mode::Plain, Mode::Open, Mode::Closed];
     let mut cpu: [Vec<f64>; 3] = Default::default();
     let mut wall: [Vec<f64>; 3] = Default::default();
+    let mut dashboard: [Vec<f64>; 3] = Default::default();
     let (mut latencies, mut page_ms) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         for k in 0..modes.len() {
@@ -399,14 +476,16 @@ fn main() {
             let mode = modes[m];
             let out = rt.block_on(run_once(n, mode, &client));
             eprintln!(
-                "# round {} {:<6} cpu {:>8.0} ms  wall {:>7.0} ms  events drawn {}",
+                "# round {} {:<6} cpu {:>8.0} ms (dashboard process {:>6.0} ms)  wall {:>7.0} ms  events drawn {}",
                 round + 1,
                 mode.name(),
                 out.cpu_ms,
+                out.dashboard_ms,
                 out.wall_ms,
                 out.latencies.len()
             );
             cpu[m].push(out.cpu_ms);
+            dashboard[m].push(out.dashboard_ms);
             wall[m].push(out.wall_ms);
             latencies.extend(out.latencies);
             page_ms.extend(out.page_ms);
@@ -462,6 +541,14 @@ fn main() {
         Some(plain),
         &format!("added <= {:.0}%", CPU_ADDED_TARGET * 100.0),
         Some(added <= CPU_ADDED_TARGET),
+    );
+    report.row(
+        "dashboard process CPU, page open / daemon without --ui (ms)",
+        "ms",
+        median(&dashboard[1]),
+        Some(plain),
+        "(reported: the part of the added CPU that is the dashboard's own)",
+        None,
     );
     report.row(
         "daemon CPU: --ui, no browser / no --ui (ms)",

@@ -10,6 +10,7 @@ use taskdaemon::config::Config;
 use taskdaemon::formats::{DefinitionFormat, render};
 use taskdaemon::fronts::policy::SessionPolicy;
 use taskdaemon::fronts::receipt_session::ReceiptSession;
+use taskdaemon::fronts::ui::process::DashboardProcess;
 use td_base::secrets::{self, RedactingWriter};
 use td_toolkit::call_path::{CallPath, InCallerTask};
 use td_toolkit::catalog::{Catalog, default_tool_set};
@@ -109,6 +110,10 @@ enum Command {
         /// with the page's address.
         #[arg(long, default_value = "127.0.0.1")]
         bind: std::net::IpAddr,
+        /// Used by `run --ui`: take the run directory from standard input (one line) and
+        /// end when standard input closes.
+        #[arg(long = "run-dir-from-stdin", hide = true, conflicts_with_all = ["run", "dir"])]
+        run_dir_from_stdin: bool,
     },
     /// Serve the tools over MCP on stdio.
     Mcp(SessionArgs),
@@ -311,34 +316,32 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
     } else {
         ProgressMode::Plain
     };
-    // The dashboard listens before anything else, so that its address is printed before the
-    // loops start; it serves once the run's record exists.
-    let mut dashboard: Option<(String, tokio::task::JoinHandle<()>)> = None;
+    // The dashboard (a process of its own: `fronts/ui/process.rs`) listens before anything
+    // else, so that its address is printed before the loops start; it serves once the run's
+    // record exists.
+    let mut dashboard = None;
     let mut record_ready = None;
     if args.ui {
-        let bound = match taskdaemon::fronts::ui::bind(
-            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-            args.ui_port,
-        )
-        .await
-        {
-            Ok(b) => b,
+        let process = match DashboardProcess::start(args.ui_port).await {
+            Ok(p) => p,
             Err(e) => {
-                eprintln!("taskdaemon: {}", e.0);
+                eprintln!("taskdaemon: {e}");
                 return Ok(ExitCode::from(1));
             }
         };
-        let url = bound.url().to_string();
+        let url = process.url().to_string();
         say(args.json, &format!("dashboard: {url}"));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PathBuf>();
         record_ready = Some(tx);
+        // Gives the process the run once there is one; hands it back for the end.
         let task = tokio::spawn(async move {
-            let Some(run_dir) = rx.recv().await else {
-                return;
-            };
-            if let Err(e) = bound.serve(&run_dir, std::future::pending()).await {
+            let mut process = process;
+            if let Some(run_dir) = rx.recv().await
+                && let Err(e) = process.serve(&run_dir).await
+            {
                 eprintln!("taskdaemon: {}", secrets::redact(&e));
             }
+            process
         });
         dashboard = Some((url, task));
     }
@@ -389,7 +392,9 @@ async fn run_command(args: RunArgs) -> Result<ExitCode, String> {
             &format!("run finished; the dashboard stays at {url} until Ctrl-C"),
         );
         signals.next().await;
-        task.abort();
+        if let Ok(process) = task.await {
+            process.stop().await;
+        }
     }
     Ok(code)
 }
@@ -427,6 +432,45 @@ async fn ui_command(
     bound
         .serve(&run_dir, async move {
             signals.next().await;
+        })
+        .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `taskdaemon ui --run-dir-from-stdin`, the dashboard process of `run --ui`: listens,
+/// prints its address, serves the run directory it is then given on standard input, and ends
+/// when that input closes or on SIGTERM (see `fronts/ui/process.rs`).
+async fn ui_child_command(port: u16, bind: std::net::IpAddr) -> Result<ExitCode, String> {
+    use std::io::Write;
+    secrets::register_environment(&[]);
+    let bound = match taskdaemon::fronts::ui::bind(bind, port).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("taskdaemon: {}", e.0);
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "dashboard: {}", bound.url())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("cannot print the dashboard's address: {e}"))?;
+    let mut signals = taskdaemon::run::signals::StopSignals::install();
+    let Some((run_dir, closed)) = taskdaemon::fronts::ui::process::run_dir_from_stdin().await
+    else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    if !run_dir.is_dir() {
+        return Err(format!(
+            "the run directory {} does not exist",
+            run_dir.display()
+        ));
+    }
+    bound
+        .serve(&run_dir, async move {
+            tokio::select! {
+                _ = closed => {}
+                _ = signals.next() => {}
+            }
         })
         .await?;
     Ok(ExitCode::SUCCESS)
@@ -491,10 +535,15 @@ fn main() -> ExitCode {
         )
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The dashboard is a few streams and requests: one thread serves them without handing
+    // every event from one worker thread to another (its file reads have threads of their
+    // own). Everything else runs loops and tools on every core.
+    let mut builder = if matches!(cli.command, Command::Ui { .. }) {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("taskdaemon: cannot start the async runtime: {e}");
@@ -635,7 +684,14 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             dir,
             port,
             bind,
-        } => ui_command(run, dir, port, bind).await,
+            run_dir_from_stdin,
+        } => {
+            if run_dir_from_stdin {
+                ui_child_command(port, bind).await
+            } else {
+                ui_command(run, dir, port, bind).await
+            }
+        }
         Command::Mcp(args) => {
             let Session {
                 ctx,

@@ -730,7 +730,64 @@ async fn the_run_stop_button_ends_the_run_as_sigterm_does() {
         .position(|e| e["event"] == "loop_stopped" && e["loop_name"] == "worker")
         .unwrap();
     assert!(requested < stopped);
+    let dashboard = dashboard_pid(served.pid());
     let out = served.terminate();
     // SIGTERM's code: the run was stopped as SIGTERM stops it.
     assert_eq!(out.code, Some(143), "{out}");
+    // The dashboard's process ended with it.
+    assert!(!alive(dashboard), "the dashboard outlived the run");
+}
+
+/// The dashboard process of the `taskdaemon run --ui` whose pid is `daemon`.
+fn dashboard_pid(daemon: i32) -> i32 {
+    let children =
+        std::fs::read_to_string(format!("/proc/{daemon}/task/{daemon}/children")).unwrap();
+    let found: Vec<i32> = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"--run-dir-from-stdin"))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "the daemon's children: {children}");
+    found[0]
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim().to_string()))
+        .is_some_and(|rest| !rest.starts_with('Z'))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_is_a_process_of_its_own_that_ends_when_the_daemon_dies() {
+    let (project, sync) = project("until [ -e '{sync}/flag' ]; do sleep 0.05; done");
+    let mut served = live_run(&project, &sync);
+    let dashboard = dashboard_pid(served.pid());
+    assert_ne!(dashboard, served.pid());
+    let client = reqwest::Client::new();
+    let (status, run) = get_json(&client, &served.at("/api/run")).await;
+    assert_eq!((status, &run["live"]), (200, &Value::Bool(true)), "{run}");
+    // Ctrl-C in the terminal goes to the daemon's process group only: the dashboard, in a
+    // group of its own, stays while the run stops.
+    // SAFETY: getpgid(2) on pids of our own processes.
+    let (group, daemon_group) = unsafe { (libc::getpgid(dashboard), libc::getpgid(served.pid())) };
+    assert_ne!(group, daemon_group);
+    // The daemon killed outright: the dashboard sees its input close and ends, and its port
+    // stops answering.
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(served.pid(), libc::SIGKILL) }, 0);
+    // Reaped, not read to its end: the dashboard holds the daemon's stderr until it ends.
+    let mut child = served.child.take().unwrap();
+    child.wait().unwrap();
+    common::wait_until("the dashboard's end", Duration::from_secs(10), || {
+        !alive(dashboard)
+    });
+    assert!(
+        client.get(served.at("/api/run")).send().await.is_err(),
+        "the dashboard still answers"
+    );
 }

@@ -122,9 +122,23 @@ pub struct Driver {
 impl Driver {
     /// Starts chromedriver on a free loopback port and waits until it says where.
     pub fn start() -> Driver {
+        Driver::start_on(None)
+    }
+
+    /// As [`Driver::start`], with chromedriver and the browsers it starts kept to the CPUs
+    /// `cpus` (a `taskset -c` list) when given: a bench keeps the browser off the CPU of
+    /// the process it measures.
+    pub fn start_on(cpus: Option<&str>) -> Driver {
         require_browser();
         let profile = tempfile::tempdir().expect("a temp dir for the browser profile");
-        let mut cmd = Command::new(CHROMEDRIVER);
+        let mut cmd = match cpus {
+            Some(cpus) => {
+                let mut cmd = Command::new("taskset");
+                cmd.args(["-c", cpus, CHROMEDRIVER]);
+                cmd
+            }
+            None => Command::new(CHROMEDRIVER),
+        };
         cmd.arg("--port=0")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -164,7 +164,7 @@ fn replay(
         }
         let start = pos;
         pos = pos.saturating_add(line.consumed());
-        if let Some((item, _)) = event_item(&line, start, pos)
+        if let Some(super::feed::EventLine { item, .. }) = event_item(&line, start, pos)
             && matches!(&item, Item::Event { seq, .. } if *seq > after)
             && tx.blocking_send(sse_of(&item)).is_err()
         {
@@ -182,15 +182,7 @@ fn end_event() -> Event {
 fn sse_of(item: &Item) -> Event {
     match item {
         Item::Event { seq, data, .. } => Event::default().id(seq.to_string()).data(&**data),
-        Item::Tool {
-            loop_name,
-            tool,
-            time,
-        } => {
-            let data = serde_json::json!({"loop_name": loop_name, "tool": tool, "time": time});
-            let text = td_base::secrets::redact_json(&data.to_string()).into_owned();
-            Event::default().event("tool").data(text)
-        }
+        Item::Tool { data, .. } => Event::default().event("tool").data(&**data),
         Item::End => end_event(),
     }
 }

@@ -1,7 +1,14 @@
 //! The dashboard's one follower of a run record, shared by every browser: it reads
-//! `events.jsonl` and the loops' `transcript.jsonl` as lines are appended (woken by inotify
-//! through `notify`, or by a poll where inotify does not see changes, such as a network
-//! file system) and fans what it read out to every open stream (a tokio broadcast).
+//! `events.jsonl` as lines are appended and, while a browser is connected, the running
+//! loops' `transcript.jsonl` and `receipts.jsonl`, and fans what it read out to every open
+//! stream (a tokio broadcast).
+//!
+//! It polls: one `fstat` of the held event log every [`DEFAULT_POLL`] (or what
+//! `TASKDAEMON_UI_POLL_MS` says), and of each running loop's held files every
+//! [`TOOL_POLL`]. inotify was tried first: it reported every write of 1,000 loops (and of
+//! the summary beside the event log), each report a wake-up of a watcher thread and of this
+//! one, which cost more CPU than the polls (`benches/ui.rs`), and it does not see another
+//! machine's writes on a network file system, where a poll does.
 //!
 //! A stream that joins gets the byte offset up to which events were published and a
 //! receiver for what comes after, under one lock, so that it reads the earlier lines from
@@ -34,22 +41,16 @@ use td_base::sync::lock;
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// How much of a transcript's end is read when the follower starts, for the current tool.
 const TRANSCRIPT_TAIL: u64 = 256 * 1024;
-/// How often the follower checks whether the run is still owned (and, with inotify, looks
-/// at every file whatever it was told).
+/// How often the follower checks whether the run is still owned.
 const TICK: Duration = Duration::from_millis(500);
-/// How long the follower lets a burst of reported writes gather before it reads.
-const COALESCE: Duration = Duration::from_millis(10);
+/// How often the event log is looked at unless told otherwise: an event reaches the page
+/// this much later at most (the page's target is 200 ms).
+pub const DEFAULT_POLL: Duration = Duration::from_millis(20);
+/// How often the running loops' transcripts are looked at while a browser is connected
+/// (their current tool is at most this late).
+const TOOL_POLL: Duration = Duration::from_millis(100);
 /// Items a stream may fall behind before it reads from the file again.
 const BACKLOG: usize = 4096;
-
-/// What wakes the follower.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Follow {
-    /// inotify (through `notify`): a change is read as it is reported.
-    Notify,
-    /// A poll of every file's length at this interval.
-    Poll(Duration),
-}
 
 /// One thing the follower publishes.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +76,8 @@ pub enum Item {
         tool: Option<String>,
         /// When this was seen (RFC 3339).
         time: String,
+        /// The three as the JSON every stream sends (made once, redacted).
+        data: Arc<str>,
     },
     /// The run is not live and every line was published.
     End,
@@ -97,7 +100,8 @@ pub struct Join {
 struct State {
     events_end: u64,
     ended: bool,
-    tools: BTreeMap<String, (Option<String>, String)>,
+    /// Each loop's last published tool item (an [`Item::Tool`]).
+    tools: BTreeMap<String, Arc<Item>>,
     loops: BTreeSet<String>,
 }
 
@@ -127,7 +131,7 @@ impl Drop for StopOnDrop {
 impl Feed {
     /// Reads what the record holds now (so that loop names are known before the first
     /// request), then follows it on a thread of its own.
-    pub fn start(run_dir: &Path, follow: Follow) -> Feed {
+    pub fn start(run_dir: &Path, poll: Duration) -> Feed {
         let (tx, _) = broadcast::channel(BACKLOG);
         let shared = Arc::new(Shared {
             run_dir: run_dir.to_path_buf(),
@@ -136,11 +140,11 @@ impl Feed {
             stop: AtomicBool::new(false),
         });
         let mut follower = Follower::new(shared.clone());
-        follower.read_all(true);
+        follower.read_all();
         let thread_shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("ui-feed".into())
-            .spawn(move || follower.run(follow));
+            .spawn(move || follower.run(poll));
         if let Err(e) = spawned {
             tracing::warn!("dashboard: cannot start the record follower: {e}");
             let mut state = lock(&thread_shared.state);
@@ -165,13 +169,9 @@ impl Feed {
             events_end: state.events_end,
             tools: state
                 .tools
-                .iter()
-                .filter(|(_, (tool, _))| tool.is_some())
-                .map(|(name, (tool, time))| Item::Tool {
-                    loop_name: name.clone(),
-                    tool: tool.clone(),
-                    time: time.clone(),
-                })
+                .values()
+                .filter(|item| matches!(&***item, Item::Tool { tool: Some(_), .. }))
+                .map(|item| (**item).clone())
                 .collect(),
             ended: state.ended,
         }
@@ -184,17 +184,22 @@ impl Feed {
 
     /// The current tool of a loop, if it waits on one.
     pub fn tool_of(&self, name: &str) -> Option<String> {
-        lock(&self.shared.state)
-            .tools
-            .get(name)
-            .and_then(|(tool, _)| tool.clone())
+        match lock(&self.shared.state).tools.get(name).map(|item| &**item) {
+            Some(Item::Tool { tool, .. }) => tool.clone(),
+            _ => None,
+        }
     }
 }
 
-/// What the follower knows of one transcript.
+/// What the follower knows of one running loop's transcript and receipt log.
 #[derive(Default)]
 struct Transcript {
+    /// The transcript, held open while the loop runs (a poll is then one `fstat`, not a
+    /// path lookup); `None` until it exists.
+    file: Option<std::fs::File>,
     offset: u64,
+    /// The receipt log, the same way.
+    receipts: Option<std::fs::File>,
     /// How far its receipt log was read.
     receipts_offset: u64,
     /// Calls of the last response without a result yet: (id, tool).
@@ -203,11 +208,15 @@ struct Transcript {
 
 struct Follower {
     shared: Arc<Shared>,
+    /// The event log, held open once it exists.
+    events: Option<std::fs::File>,
     events_offset: u64,
-    transcripts: BTreeMap<String, Transcript>,
-    dirty: BTreeSet<String>,
-    /// When the loop directories were last listed.
-    listed: Option<Instant>,
+    /// The loops running now (by the events), and what is known of their transcripts.
+    running: BTreeMap<String, Transcript>,
+    /// Loops that ended since the last read of the transcripts: their tool is cleared.
+    ended: BTreeSet<String>,
+    /// When the running loops' files were last looked at.
+    polled: Option<Instant>,
     /// The transcripts were not followed (no browser was connected): their offsets and calls
     /// in flight are out of date.
     tools_stale: bool,
@@ -242,105 +251,30 @@ impl Follower {
     fn new(shared: Arc<Shared>) -> Follower {
         Follower {
             shared,
+            events: None,
             events_offset: 0,
-            transcripts: BTreeMap::new(),
-            dirty: BTreeSet::new(),
-            listed: None,
-            tools_stale: false,
+            running: BTreeMap::new(),
+            ended: BTreeSet::new(),
+            polled: None,
+            tools_stale: true,
         }
     }
 
-    fn run_dir(&self) -> PathBuf {
-        self.shared.run_dir.clone()
-    }
-
-    fn run(mut self, follow: Follow) {
-        let (ntx, nrx) = std::sync::mpsc::channel::<notify::Result<notify::Event>>();
-        let mut watcher = match follow {
-            Follow::Notify => {
-                match notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-                    // An error wakes it too: it then reads everything.
-                    if e.as_ref().map_or(true, is_change) {
-                        let _ = ntx.send(e);
-                    }
-                }) {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        tracing::warn!(
-                            "dashboard: inotify is not available ({e}); polling instead"
-                        );
-                        None
-                    }
-                }
-            }
-            Follow::Poll(_) => None,
-        };
-        let poll = match (follow, &watcher) {
-            (Follow::Poll(every), _) => Some(every),
-            (Follow::Notify, None) => Some(Duration::from_millis(50)),
-            (Follow::Notify, Some(_)) => None,
-        };
-        let run_dir = self.run_dir();
-        let loops_dir = run_dir.join(LOOPS_DIR);
-        let mut loops_watched = false;
-        if let Some(w) = watcher.as_mut() {
-            use notify::Watcher;
-            if let Err(e) = w.watch(&run_dir, notify::RecursiveMode::NonRecursive) {
-                tracing::warn!("dashboard: cannot watch {}: {e}", run_dir.display());
-            }
-        }
+    fn run(mut self, poll: Duration) {
+        let run_dir = self.shared.run_dir.clone();
         let mut last_tick = Instant::now();
         loop {
             if self.shared.stop.load(Ordering::Relaxed) {
                 return;
             }
-            match poll {
-                Some(every) => {
-                    std::thread::sleep(every);
-                    self.mark_all_transcripts();
-                }
-                None => {
-                    if let Ok(first) = nrx.recv_timeout(TICK) {
-                        // Writes come in bursts (a response, its spend, its results): one
-                        // read for the burst, well within the 50 ms an event may take.
-                        std::thread::sleep(COALESCE);
-                        self.note(first, &run_dir, &loops_dir);
-                        while let Ok(more) = nrx.try_recv() {
-                            self.note(more, &run_dir, &loops_dir);
-                        }
-                    }
-                }
-            }
-            // The loops' directories are watched only while a browser is connected: every
-            // write into a watched directory costs the writing daemon an inotify event, and
-            // the follower a wake-up, for transcripts nobody reads then (see `follow_tools`).
-            if let Some(w) = watcher.as_mut() {
-                use notify::Watcher;
-                let watching = self.shared.tx.receiver_count() > 0;
-                if watching && !loops_watched && loops_dir.is_dir() {
-                    loops_watched = w
-                        .watch(&loops_dir, notify::RecursiveMode::Recursive)
-                        .is_ok();
-                    // What was written before the watch.
-                    self.mark_all_transcripts();
-                } else if !watching && loops_watched {
-                    let _ = w.unwatch(&loops_dir);
-                    loops_watched = false;
-                }
-            }
+            std::thread::sleep(poll);
             self.read_events();
             self.follow_tools();
             if last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();
-                // What inotify cannot have told: lines written into a new loop directory
-                // before its watch was added. One stat per transcript.
-                if poll.is_none() {
-                    self.mark_all_transcripts();
-                    self.follow_tools();
-                }
                 if !crate::run::owner::is_owned(&run_dir) {
                     // The owner is gone: everything it wrote is there to read.
-                    self.read_all(false);
+                    self.read_all();
                     let mut state = lock(&self.shared.state);
                     state.ended = true;
                     let _ = self.shared.tx.send(Arc::new(Item::End));
@@ -350,252 +284,237 @@ impl Follower {
         }
     }
 
-    /// Reads every line there is now (`starting`: transcripts only from their tails).
-    fn read_all(&mut self, starting: bool) {
+    /// Whether a browser is connected (only then are the transcripts read).
+    fn watched(&self) -> bool {
+        self.shared.tx.receiver_count() > 0
+    }
+
+    /// Reads every line there is now.
+    fn read_all(&mut self) {
         self.read_events();
-        for name in self.loop_dirs() {
-            self.transcripts.entry(name.clone()).or_insert_with(|| {
-                let mut t = Transcript::default();
-                if starting {
-                    let dir = self.shared.run_dir.join(LOOPS_DIR).join(&name);
-                    t.offset = tail_start(&dir.join(TRANSCRIPT_FILE));
-                    t.receipts_offset = tail_start(&dir.join(RECEIPTS_FILE));
-                }
-                t
-            });
-            self.dirty.insert(name);
-        }
+        self.polled = None;
         self.follow_tools();
     }
 
-    /// The loop directories under `loops/` (plain names only).
-    fn loop_dirs(&self) -> Vec<String> {
-        let mut names = Vec::new();
-        if let Ok(entries) = std::fs::read_dir(self.shared.run_dir.join(LOOPS_DIR)) {
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir())
-                    && let Some(name) = entry.file_name().to_str()
-                    && crate::run::record::loop_dir(&self.shared.run_dir, name).is_ok()
-                {
-                    names.push(name.to_string());
-                }
-            }
-        }
-        names
-    }
-
-    /// Marks every transcript to be read. The loop directories are listed again at most
-    /// once a [`TICK`] (loops are added rarely; a poll every few milliseconds would list
-    /// them thousands of times).
-    fn mark_all_transcripts(&mut self) {
-        if self.listed.is_none_or(|at| at.elapsed() >= TICK) {
-            self.listed = Some(Instant::now());
-            for name in self.loop_dirs() {
-                self.transcripts.entry(name).or_default();
-            }
-        }
-        self.dirty.extend(self.transcripts.keys().cloned());
-    }
-
-    /// Takes note of what inotify reported.
-    fn note(&mut self, event: notify::Result<notify::Event>, run_dir: &Path, loops_dir: &Path) {
-        let Ok(event) = event else {
-            // An overflowed queue or a watch error: read everything.
-            self.mark_all_transcripts();
-            return;
-        };
-        if event.need_rescan() {
-            self.mark_all_transcripts();
-        }
-        if !is_change(&event) {
-            return;
-        }
-        for path in &event.paths {
-            if path.parent() == Some(run_dir) {
-                continue; // events.jsonl is read every time
-            }
-            // A loop's directory (made, or a watch lost) or its transcript; its receipts
-            // and artifacts are not followed.
-            let Ok(rel) = path.strip_prefix(loops_dir) else {
-                continue;
-            };
-            let mut parts = rel.components();
-            let (Some(std::path::Component::Normal(name)), file) = (parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let transcript = match file {
-                None => true,
-                Some(f) => {
-                    (f.as_os_str() == TRANSCRIPT_FILE || f.as_os_str() == RECEIPTS_FILE)
-                        && parts.next().is_none()
-                }
-            };
-            if transcript && let Some(name) = name.to_str() {
-                self.dirty.insert(name.to_string());
-            }
-        }
-    }
-
-    /// Publishes the complete event lines appended since the last read.
+    /// Publishes the complete event lines appended since the last read, and keeps the set
+    /// of running loops.
     fn read_events(&mut self) {
-        let path = self.shared.run_dir.join(EVENTS_FILE);
-        if std::fs::metadata(&path).map_or(true, |m| m.len() <= self.events_offset) {
-            return;
-        }
-        let Ok(mut file) = std::fs::File::open(&path) else {
-            return;
-        };
-        if file.seek(SeekFrom::Start(self.events_offset)).is_err() {
-            return;
-        }
-        let mut reader = BufReader::new(file);
         let mut offset = self.events_offset;
-        while let Ok(Some(line)) = read_line(&mut reader, MAX_LINE) {
-            if !line.complete {
-                break; // torn: read again when it is whole
+        let path = self.shared.run_dir.join(EVENTS_FILE);
+        let mut events = self.events.take();
+        read_new_lines(&mut events, &path, &mut offset, |line, start, end| {
+            let parsed = event_item(line, start, end);
+            if let Some(parsed) = &parsed {
+                self.note_lifecycle(parsed);
             }
-            let start = offset;
-            offset = offset.saturating_add(line.consumed());
-            let parsed = event_item(&line, start, offset);
+            // The offset and the item under one lock: a stream joining now reads up to the
+            // offset from the file and takes the rest from the broadcast, missing none.
             let mut state = lock(&self.shared.state);
-            state.events_end = offset;
-            if let Some((item, names)) = parsed {
-                state.loops.extend(names);
-                let _ = self.shared.tx.send(Arc::new(item));
+            state.events_end = end;
+            if let Some(parsed) = parsed {
+                state.loops.extend(parsed.loops);
+                let _ = self.shared.tx.send(Arc::new(parsed.item));
             }
-        }
+        });
+        self.events = events;
         self.events_offset = offset;
     }
 
-    /// Keeps the loops' current tools while a browser is connected. With none, the
-    /// transcripts and receipt logs (most of what a run writes) are not read at all, so that
-    /// a dashboard nobody looks at costs the run next to nothing; when one connects again,
-    /// each transcript is read from its tail, as at start.
+    /// Keeps [`Follower::running`] by the event: a loop runs from its start (or restart)
+    /// until it completes, fails, is blocked, paused, stopped or unregistered.
+    fn note_lifecycle(&mut self, parsed: &EventLine) {
+        let Some(name) = parsed.loop_name.as_deref() else {
+            return;
+        };
+        const STARTS: [&str; 3] = ["loop_started", "loop_restarted", "iteration_started"];
+        const ENDS: [&str; 6] = [
+            "loop_completed",
+            "loop_failed",
+            "loop_blocked",
+            "loop_paused",
+            "loop_stopped",
+            "loop_unregistered",
+        ];
+        let event = parsed.event.as_str();
+        if STARTS.contains(&event)
+            && !self.running.contains_key(name)
+            && crate::run::record::loop_dir(&self.shared.run_dir, name).is_ok()
+        {
+            // A loop that starts now is read from its first line; one found running when
+            // the follower starts, from its tail (see `follow_tools`).
+            self.running.insert(name.to_string(), Transcript::default());
+            self.ended.remove(name);
+        } else if ENDS.contains(&event) && self.running.remove(name).is_some() {
+            self.ended.insert(name.to_string());
+        }
+    }
+
+    /// Keeps the running loops' current tools while a browser is connected: every
+    /// [`TOOL_POLL`], one `fstat` per held file, and the new lines of those that grew. With
+    /// no browser the transcripts and receipt logs (most of what a run writes) are not read
+    /// at all, so that a dashboard nobody looks at costs the run next to nothing; when one
+    /// connects again, each is read from its tail, as at start.
     fn follow_tools(&mut self) {
-        if self.shared.tx.receiver_count() == 0 {
-            self.dirty.clear();
+        if !self.watched() {
             self.tools_stale = true;
             return;
         }
+        for name in std::mem::take(&mut self.ended) {
+            self.publish_tool(&name, None);
+        }
         if self.tools_stale {
             self.tools_stale = false;
-            // Every loop there is now (some may have started meanwhile), each from its tail.
-            self.listed = None;
-            self.mark_all_transcripts();
+            self.polled = None;
             let loops_dir = self.shared.run_dir.join(LOOPS_DIR);
-            for (name, t) in &mut self.transcripts {
+            for (name, t) in &mut self.running {
                 let dir = loops_dir.join(name);
-                t.offset = tail_start(&dir.join(TRANSCRIPT_FILE));
-                t.receipts_offset = tail_start(&dir.join(RECEIPTS_FILE));
-                t.pending.clear();
+                *t = Transcript {
+                    offset: tail_start(&dir.join(TRANSCRIPT_FILE)),
+                    receipts_offset: tail_start(&dir.join(RECEIPTS_FILE)),
+                    ..Transcript::default()
+                };
             }
         }
-        self.read_dirty();
-    }
-
-    /// Reads the transcripts marked as changed.
-    fn read_dirty(&mut self) {
-        let dirty = std::mem::take(&mut self.dirty);
-        for name in dirty {
+        if self.polled.is_some_and(|at| at.elapsed() < TOOL_POLL) {
+            return;
+        }
+        self.polled = Some(Instant::now());
+        let names: Vec<String> = self.running.keys().cloned().collect();
+        for name in names {
             self.read_transcript(&name);
         }
     }
 
+    /// Reads what was appended to a running loop's transcript and receipt log, and
+    /// publishes its current tool when it changed.
     fn read_transcript(&mut self, name: &str) {
-        if crate::run::record::loop_dir(&self.shared.run_dir, name).is_err() {
+        let Some(t) = self.running.get_mut(name) else {
+            return;
+        };
+        let dir = self.shared.run_dir.join(LOOPS_DIR).join(name);
+        let mut pending = std::mem::take(&mut t.pending);
+        read_new_lines(
+            &mut t.file,
+            &dir.join(TRANSCRIPT_FILE),
+            &mut t.offset,
+            |line, _, _| {
+                let bytes = &line.bytes[..];
+                // Most of a transcript's bytes are requests (the messages sent) and spends:
+                // known by their tag, which comes first, they are skipped without parsing.
+                if skipped_kind(bytes) {
+                    return;
+                }
+                let Ok(entry) = serde_json::from_slice::<TranscriptLine>(bytes) else {
+                    return;
+                };
+                // An answer to another loop runs beside the loop's own call in flight: it is
+                // not what the loop is doing.
+                if entry.iteration == Some(0) {
+                    return;
+                }
+                match entry.entry.as_str() {
+                    "response" => {
+                        pending = entry
+                            .response
+                            .map(|r| r.tool_calls.into_iter().map(|c| (c.id, c.name)).collect())
+                            .unwrap_or_default();
+                    }
+                    "tool_result" => {
+                        if let Some(id) = entry.call_id {
+                            pending.retain(|(call, _)| *call != id);
+                        }
+                    }
+                    "iteration_started" | "model_error" => pending.clear(),
+                    _ => {}
+                }
+            },
+        );
+        // A receipt only ends a call in flight: with none, its log is not even looked at
+        // (it is read from where it was left once a call is in flight again).
+        if pending.is_empty() {
+            t.pending = pending;
+            self.publish_tool(name, None);
             return;
         }
-        let dir = self.shared.run_dir.join(LOOPS_DIR).join(name);
-        let t = self.transcripts.entry(name.to_string()).or_default();
-        let mut offset = t.offset;
-        for_new_lines(&dir.join(TRANSCRIPT_FILE), &mut offset, |bytes| {
-            // Most of a transcript's bytes are requests (the messages sent) and spends:
-            // known by their tag, which comes first, they are skipped without parsing.
-            if skipped_kind(bytes) {
-                return;
-            }
-            let Ok(entry) = serde_json::from_slice::<TranscriptLine>(bytes) else {
-                return;
-            };
-            // An answer to another loop runs beside the loop's own call in flight: it is
-            // not what the loop is doing.
-            if entry.iteration == Some(0) {
-                return;
-            }
-            match entry.entry.as_str() {
-                "response" => {
-                    t.pending = entry
-                        .response
-                        .map(|r| r.tool_calls.into_iter().map(|c| (c.id, c.name)).collect())
-                        .unwrap_or_default();
+        read_new_lines(
+            &mut t.receipts,
+            &dir.join(RECEIPTS_FILE),
+            &mut t.receipts_offset,
+            |line, _, _| {
+                if let Some(id) = receipt_call_id(&line.bytes) {
+                    pending.retain(|(call, _)| call.as_bytes() != id);
                 }
-                "tool_result" => {
-                    if let Some(id) = entry.call_id {
-                        t.pending.retain(|(call, _)| *call != id);
-                    }
-                }
-                "iteration_started" | "model_error" => t.pending.clear(),
-                _ => {}
-            }
-        });
-        t.offset = offset;
-        let mut offset = t.receipts_offset;
-        for_new_lines(&dir.join(RECEIPTS_FILE), &mut offset, |bytes| {
-            if let Some(id) = receipt_call_id(bytes) {
-                t.pending.retain(|(call, _)| call.as_bytes() != id);
-            }
-        });
-        t.receipts_offset = offset;
-        let now = t.pending.first().map(|(_, tool)| tool.clone());
+            },
+        );
+        let now = pending.first().map(|(_, tool)| tool.clone());
+        t.pending = pending;
+        self.publish_tool(name, now);
+    }
+
+    /// Publishes a loop's current tool if it is news.
+    fn publish_tool(&self, name: &str, now: Option<String>) {
         let mut state = lock(&self.shared.state);
-        let known = state.tools.get(name).map(|(tool, _)| tool.clone());
-        // A loop never seen with a tool that still has none is no news.
-        let changed = match &known {
-            Some(known) => *known != now,
-            None => now.is_some(),
+        let changed = match state.tools.get(name).map(|item| &**item) {
+            Some(Item::Tool { tool, .. }) => *tool != now,
+            // A loop never seen with a tool that still has none is no news.
+            _ => now.is_some(),
         };
         if changed {
-            let time = td_base::time::timestamp_now();
-            state
-                .tools
-                .insert(name.to_string(), (now.clone(), time.clone()));
-            let _ = self.shared.tx.send(Arc::new(Item::Tool {
-                loop_name: name.to_string(),
-                tool: now,
-                time,
-            }));
+            let item = Arc::new(tool_item(name, now));
+            state.tools.insert(name.to_string(), item.clone());
+            let _ = self.shared.tx.send(item);
         }
     }
 }
 
-/// Whether an inotify report may mean new lines. Opens and closes do not (a write is
-/// reported as a modification too), and the follower's own reads of `events.jsonl` and the
-/// transcripts cause them: taken for changes, every read would wake it for another read, a
-/// busy loop that doubled the daemon's CPU in a 1,000-loop run (benches/ui.rs).
-fn is_change(event: &notify::Event) -> bool {
-    !matches!(event.kind, notify::EventKind::Access(_))
+/// The item saying that `name`'s current tool is now `tool`, its JSON made (and redacted)
+/// once for every stream.
+fn tool_item(name: &str, tool: Option<String>) -> Item {
+    let time = td_base::time::timestamp_now();
+    let json = serde_json::json!({"loop_name": name, "tool": tool, "time": time}).to_string();
+    let data = Arc::from(td_base::secrets::redact_json(&json).as_ref());
+    Item::Tool {
+        loop_name: name.to_string(),
+        tool,
+        time,
+        data,
+    }
 }
 
-/// Calls `each` with every complete line of `path` after `offset`, and moves `offset` past
-/// them; a file that did not grow costs one stat.
-fn for_new_lines(path: &Path, offset: &mut u64, mut each: impl FnMut(&[u8])) {
-    if std::fs::metadata(path).map_or(true, |m| m.len() <= *offset) {
-        return;
+/// Calls `each` with every complete line of the file at `path` after `offset` (with where
+/// it starts and where the next begins), and moves `offset` past them. The file is opened
+/// into `held` the first time it exists and kept open, so that a file that did not grow
+/// costs one `fstat`. A file that shrank (replaced) is read again from its tail.
+fn read_new_lines(
+    held: &mut Option<std::fs::File>,
+    path: &Path,
+    offset: &mut u64,
+    mut each: impl FnMut(&Line, u64, u64),
+) {
+    if held.is_none() {
+        *held = std::fs::File::open(path).ok();
     }
-    let Ok(mut file) = std::fs::File::open(path) else {
+    let Some(file) = held.as_mut() else {
         return;
     };
-    if file.seek(SeekFrom::Start(*offset)).is_err() {
+    let len = match file.metadata() {
+        Ok(m) => m.len(),
+        Err(_) => return,
+    };
+    if len < *offset {
+        *offset = tail_start(path);
+    }
+    if len <= *offset || file.seek(SeekFrom::Start(*offset)).is_err() {
         return;
     }
     let mut reader = BufReader::new(file);
     while let Ok(Some(line)) = read_line(&mut reader, MAX_LINE) {
         if !line.complete {
-            break;
+            break; // torn: read again when it is whole
         }
+        let start = *offset;
         *offset = offset.saturating_add(line.consumed());
-        each(&line.bytes);
+        each(&line, start, *offset);
     }
 }
 
@@ -638,42 +557,79 @@ fn tail_start(path: &Path) -> u64 {
     }
 }
 
-/// The item of an event line between `start` and `end`, and the loop names it tells of;
-/// `None` for a line that is not an event (skipped, as `status` skips it).
-pub fn event_item(line: &Line, start: u64, end: u64) -> Option<(Item, Vec<String>)> {
-    if line.bytes.is_empty() {
+/// An event line, read: what is published, and what the follower keeps of it.
+pub struct EventLine {
+    /// What is published.
+    pub item: Item,
+    /// The loop names it tells of (its loop; the loops of `run_started`).
+    pub loops: Vec<String>,
+    /// Its `loop_name`, if it has one.
+    pub loop_name: Option<String>,
+    /// Its `event` (empty when it has none).
+    pub event: String,
+}
+
+/// The event line between `start` and `end`; `None` for a line that is not an event
+/// (skipped, as `status` skips it).
+pub fn event_item(line: &Line, start: u64, end: u64) -> Option<EventLine> {
+    // An object (a derived struct would take an array too); its other fields are skipped
+    // unread: a full parse of every event into a map was most of the follower's work.
+    if line.bytes.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    let value: Value = serde_json::from_slice(&line.bytes).ok()?;
-    let seq = value.get("seq")?.as_u64()?;
-    let mut names = Vec::new();
-    if let Some(name) = value.get("loop_name").and_then(Value::as_str) {
-        names.push(name.to_string());
-    }
-    if value.get("event").and_then(Value::as_str) == Some("run_started")
-        && let Some(loops) = value.get("loops").and_then(Value::as_array)
+    let head: EventHead = serde_json::from_slice(&line.bytes).ok()?;
+    let loop_name = head.loop_name.and_then(|v| match v {
+        Value::String(name) => Some(name),
+        _ => None,
+    });
+    let event = match head.event {
+        Some(Value::String(event)) => event,
+        _ => String::new(),
+    };
+    let mut loops: Vec<String> = loop_name.iter().cloned().collect();
+    if event == "run_started"
+        && let Some(Value::Array(listed)) = head.loops
     {
-        names.extend(
-            loops
+        loops.extend(
+            listed
                 .iter()
                 .filter_map(|l| l.get("name").and_then(Value::as_str))
                 .map(str::to_string),
         );
     }
     let text = match std::str::from_utf8(&line.bytes) {
-        Ok(text) if !text.contains('\r') => text.to_string(),
-        _ => serde_json::to_string(&value).ok()?,
+        Ok(text) if !text.contains('\r') => td_base::secrets::redact_json(text),
+        // A carriage return would end an SSE line: written again without it.
+        _ => {
+            let value: Value = serde_json::from_slice(&line.bytes).ok()?;
+            let text = serde_json::to_string(&value).ok()?;
+            std::borrow::Cow::Owned(td_base::secrets::redact_json(&text).into_owned())
+        }
     };
-    let data: Arc<str> = Arc::from(td_base::secrets::redact_json(&text).as_ref());
-    Some((
-        Item::Event {
+    Some(EventLine {
+        item: Item::Event {
             start,
             end,
-            seq,
-            data,
+            seq: head.seq,
+            data: Arc::from(text.as_ref()),
         },
-        names,
-    ))
+        loops,
+        loop_name,
+        event,
+    })
+}
+
+/// The fields of an event line the follower reads.
+#[derive(Deserialize)]
+struct EventHead {
+    seq: u64,
+    #[serde(default)]
+    event: Option<Value>,
+    #[serde(default)]
+    loop_name: Option<Value>,
+    /// `run_started`'s loops.
+    #[serde(default)]
+    loops: Option<Value>,
 }
 
 #[cfg(test)]
@@ -690,12 +646,18 @@ mod tests {
 
     #[test]
     fn event_lines_become_items_and_name_their_loops() {
-        let (item, names) = event_item(
+        let EventLine {
+            item,
+            loops: names,
+            loop_name,
+            event,
+        } = event_item(
             &line(r#"{"seq":1,"time":"t","event":"run_started","run_id":"r","config":null,"loops":[{"name":"a","loop_type":"code"},{"name":"b","loop_type":"code"}]}"#),
             0,
             10,
         )
         .unwrap();
+        assert_eq!((loop_name, event.as_str()), (None, "run_started"));
         assert!(matches!(
             item,
             Item::Event {
@@ -707,7 +669,10 @@ mod tests {
         ));
         assert_eq!(names, ["a", "b"]);
         // A carriage return would end an SSE line: the JSON is written again without it.
-        let (item, _) = event_item(&line("{\"seq\":2,\r\"loop_name\":\"a\"}"), 10, 20).unwrap();
+        let EventLine {
+            item, loop_name, ..
+        } = event_item(&line("{\"seq\":2,\r\"loop_name\":\"a\"}"), 10, 20).unwrap();
+        assert_eq!(loop_name.as_deref(), Some("a"));
         let Item::Event { data, .. } = item else {
             panic!("not an event")
         };
@@ -815,36 +780,24 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_followers_own_reads_do_not_wake_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().to_path_buf();
-        let loops = run.join("loops");
-        let shared = shared_at(&run);
-        let mut f = Follower::new(shared);
-        let transcript = loops.join("a/transcript.jsonl");
-        // Opening and closing a transcript to read it is reported by inotify too: taken for
-        // a change, every read would cause another one, and the follower would spin.
-        for kind in [
-            notify::EventKind::Access(notify::event::AccessKind::Open(
-                notify::event::AccessMode::Read,
-            )),
-            notify::EventKind::Access(notify::event::AccessKind::Close(
-                notify::event::AccessMode::Read,
-            )),
-        ] {
-            let event = notify::Event::new(kind).add_path(transcript.clone());
-            assert!(!is_change(&event), "{kind:?} wakes the follower");
-            f.note(Ok(event), &run, &loops);
-            assert!(f.dirty.is_empty(), "{kind:?} marked the loop changed");
-        }
-        let written = notify::Event::new(notify::EventKind::Modify(
-            notify::event::ModifyKind::Data(notify::event::DataChange::Any),
-        ))
-        .add_path(transcript);
-        assert!(is_change(&written));
-        f.note(Ok(written), &run, &loops);
-        assert!(f.dirty.contains("a"), "a write is a change");
+    fn response(id: &str, tool: &str) -> String {
+        format!(
+            r#"{{"entry":"response","iteration":1,"turn":1,"response":{{"text":null,"tool_calls":[{{"id":"{id}","name":"{tool}","input":{{}}}}],"stop_reason":"tool_use","usage":{{}}}}}}"#
+        )
+    }
+
+    fn append_event(run: &Path, seq: u64, event: &str, name: &str) {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.join(EVENTS_FILE))
+            .unwrap();
+        writeln!(
+            file,
+            r#"{{"seq":{seq},"time":"t","event":"{event}","loop_name":"{name}"}}"#
+        )
+        .unwrap();
     }
 
     #[test]
@@ -852,19 +805,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().to_path_buf();
         std::fs::create_dir_all(run.join("loops/a")).unwrap();
+        append_event(&run, 1, "loop_started", "a");
         let shared = shared_at(&run);
         let mut f = Follower::new(shared.clone());
-        let response = |id: &str, tool: &str| {
-            format!(
-                r#"{{"entry":"response","iteration":1,"turn":1,"response":{{"text":null,"tool_calls":[{{"id":"{id}","name":"{tool}","input":{{}}}}],"stop_reason":"tool_use","usage":{{}}}}}}"#
-            )
-        };
+        f.read_all();
         let transcript = run.join("loops/a/transcript.jsonl");
         std::fs::write(&transcript, response("c1", "build") + "\n").unwrap();
         // Nobody watches: nothing is read.
-        f.mark_all_transcripts();
+        f.polled = None;
         f.follow_tools();
-        assert_eq!(f.transcripts["a"].offset, 0);
+        assert_eq!(f.running["a"].offset, 0);
+        assert!(f.running["a"].file.is_none(), "nothing was opened");
         assert_eq!(feed_shared_tool(&shared, "a"), None);
         // More is written meanwhile; a browser connects: the tail is read, the loop's tool is
         // the one in flight now.
@@ -873,7 +824,7 @@ mod tests {
         std::fs::write(&transcript, &text).unwrap();
         let mut rx = shared.tx.subscribe();
         f.follow_tools();
-        assert_eq!(f.transcripts["a"].offset, text.len() as u64);
+        assert_eq!(f.running["a"].offset, text.len() as u64);
         match &*rx.try_recv().unwrap() {
             Item::Tool { tool, .. } => assert_eq!(tool.as_deref(), Some("test")),
             other => panic!("{other:?}"),
@@ -885,12 +836,67 @@ mod tests {
             text.clone() + &response("c3", "validate") + "\n",
         )
         .unwrap();
-        f.mark_all_transcripts();
+        f.polled = None;
         f.follow_tools();
-        assert_eq!(f.transcripts["a"].offset, text.len() as u64);
+        assert_eq!(f.running["a"].offset, text.len() as u64);
     }
 
-    /// A run directory with loop `a` and an empty event log, its follower, and a browser's
+    #[test]
+    fn only_running_loops_are_polled_and_an_ended_one_has_no_tool() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        for name in ["a", "b"] {
+            std::fs::create_dir_all(run.join("loops").join(name)).unwrap();
+            std::fs::write(
+                run.join("loops").join(name).join(TRANSCRIPT_FILE),
+                response("c1", "build") + "\n",
+            )
+            .unwrap();
+        }
+        append_event(&run, 1, "loop_started", "a");
+        append_event(&run, 2, "loop_started", "b");
+        append_event(&run, 3, "loop_completed", "b");
+        let shared = shared_at(&run);
+        let mut rx = shared.tx.subscribe();
+        let mut f = Follower::new(shared.clone());
+        f.tools_stale = false; // both started while the browser was there: read from the start
+        f.read_all();
+        // `b` ended: it is not followed, and its files are not held.
+        assert_eq!(f.running.keys().collect::<Vec<_>>(), ["a"]);
+        assert!(f.running["a"].file.is_some(), "a's transcript is held open");
+        let mut tools = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            if let Item::Tool {
+                loop_name, tool, ..
+            } = &*item
+            {
+                tools.push((loop_name.clone(), tool.clone()));
+            }
+        }
+        assert_eq!(tools, [("a".to_string(), Some("build".to_string()))]);
+        // `a` ends while its call is in flight: its tool is cleared, once.
+        append_event(&run, 4, "loop_failed", "a");
+        f.read_events();
+        f.follow_tools();
+        assert!(f.running.is_empty());
+        let mut cleared = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            if let Item::Tool {
+                loop_name, tool, ..
+            } = &*item
+            {
+                cleared.push((loop_name.clone(), tool.clone()));
+            }
+        }
+        assert_eq!(cleared, [("a".to_string(), None)]);
+        assert_eq!(feed_shared_tool(&shared, "a"), None);
+        // A restarted loop is followed again.
+        append_event(&run, 5, "loop_restarted", "a");
+        f.read_events();
+        assert!(f.running.contains_key("a"));
+    }
+
+    /// A run directory with loop `a` running (by its event log), its follower, and a browser's
     /// receiver (so that the follower reads the transcripts).
     fn one_loop_run() -> (
         tempfile::TempDir,
@@ -901,10 +907,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path();
         std::fs::create_dir_all(run.join("loops/a")).unwrap();
-        std::fs::write(run.join(EVENTS_FILE), "").unwrap();
+        append_event(run, 1, "loop_started", "a");
         let shared = shared_at(run);
+        let mut follower = Follower::new(shared.clone());
+        follower.read_events();
         let rx = shared.tx.subscribe();
-        let follower = Follower::new(shared.clone());
         (dir, shared, rx, follower)
     }
 
@@ -919,9 +926,9 @@ mod tests {
     }
 
     fn feed_shared_tool(shared: &Shared, name: &str) -> Option<String> {
-        lock(&shared.state)
-            .tools
-            .get(name)
-            .and_then(|(tool, _)| tool.clone())
+        match lock(&shared.state).tools.get(name).map(|item| &**item) {
+            Some(Item::Tool { tool, .. }) => tool.clone(),
+            _ => None,
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The local web dashboard of a run (`taskdaemon ui`, `taskdaemon run --ui`): an HTTP
-//! server (axum on the daemon's tokio runtime) that serves the embedded page and a JSON and
+//! server (axum on tokio, in a process of its own; see `process`) that serves the embedded page and a JSON and
 //! server-sent-events API over the run record, and passes the page's stop buttons to the
 //! run's control socket (`run/control.rs`). It reads the record only as files, following
 //! appended lines, so a finished run and a live one (in this process or another) are the
@@ -13,7 +13,8 @@
 //! - `api`: the JSON endpoints and the stop buttons; `error` their errors;
 //! - `project`: what the run's config adds (dependencies, bases, the repository);
 //! - `diff`: a loop's diff through the daemon's own git;
-//! - `lines`: capped line reading of the record's files.
+//! - `lines`: capped line reading of the record's files;
+//! - `process`: the dashboard of `run --ui` as a process of its own.
 
 pub mod api;
 pub mod assets;
@@ -23,6 +24,7 @@ pub mod error;
 pub mod events;
 pub mod feed;
 pub mod lines;
+pub mod process;
 pub mod project;
 
 use std::future::Future;
@@ -36,15 +38,14 @@ use axum::routing::{get, post};
 
 use self::api::{App, AppState};
 use self::auth::Access;
-use self::feed::{Feed, Follow};
+use self::feed::Feed;
 use self::project::Project;
 
 /// The port the dashboard listens on unless told.
 pub const DEFAULT_PORT: u16 = 7420;
 
-/// The environment variable that makes the follower poll every N milliseconds instead of
-/// using inotify (for a run directory on a network file system, where inotify does not see
-/// another machine's writes).
+/// The environment variable that sets how often, in milliseconds, the follower looks at the
+/// record (5 to 10,000; see [`feed::DEFAULT_POLL`]).
 pub const POLL_ENV: &str = "TASKDAEMON_UI_POLL_MS";
 
 /// A dashboard whose socket is bound: its address is known and can be printed before it
@@ -111,7 +112,7 @@ impl Bound {
                         .and_then(|(s, _)| s.config)
                 });
             App {
-                feed: Feed::start(&dir, follow_mode()),
+                feed: Feed::start(&dir, poll_interval()),
                 project: Project::load(&dir, recorded.as_deref()),
                 run_dir: dir,
             }
@@ -128,14 +129,14 @@ impl Bound {
     }
 }
 
-/// How the record is followed: inotify, or a poll when [`POLL_ENV`] says so.
-pub fn follow_mode() -> Follow {
+/// How often the record is polled: [`feed::DEFAULT_POLL`], or what [`POLL_ENV`] says.
+pub fn poll_interval() -> Duration {
     match std::env::var(POLL_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
     {
-        Some(ms) => Follow::Poll(Duration::from_millis(ms.clamp(5, 10_000))),
-        None => Follow::Notify,
+        Some(ms) => Duration::from_millis(ms.clamp(5, 10_000)),
+        None => feed::DEFAULT_POLL,
     }
 }
 

@@ -45,8 +45,14 @@ impl Project {
         let Some(path) = recorded.and_then(|r| find_config(run_dir, Path::new(r))) else {
             return project;
         };
+        let config = Config::load(&path).ok();
+        // The variables the config names as secret are redacted from every answer (a diff
+        // may hold one), as the run redacts them from its record.
+        if let Some(config) = &config {
+            td_base::secrets::register_environment(&config.sandbox.env.secret);
+        }
         project.config_text = read_text(&path);
-        let Ok(config) = Config::load(&path) else {
+        let Some(config) = config else {
             return project;
         };
         let base_dir = path
