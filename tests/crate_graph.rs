@@ -93,6 +93,21 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "td-tools",
         "the runtime gets its tools handed in",
     ),
+    (
+        "td-runtime",
+        "ractor_cluster",
+        "the actors know one node; only td-cluster talks to other nodes",
+    ),
+    (
+        "td-engine",
+        "ractor_cluster",
+        "the engine runs without actors, remote ones too",
+    ),
+    (
+        "td-tools",
+        "ractor_cluster",
+        "tools run without the actor runtime",
+    ),
 ];
 
 /// What to do when an assertion of this file fails.
