@@ -14,6 +14,7 @@ use serde_json::Value;
 /// dependencies, which are what the layers' code may use.
 const NORMAL_EDGES: &[(&str, &str)] = &[
     ("taskdaemon", "td-base"),
+    ("taskdaemon", "td-cluster"),
     ("taskdaemon", "td-confine"),
     ("taskdaemon", "td-engine"),
     ("taskdaemon", "td-git"),

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::host::AgentMsg;
 use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
 use crate::protocol::{
-    HEAD_GROUP, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead, ToHost,
+    HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead, ToHost,
     valid_host_name,
 };
 use crate::secret::ClusterSecret;
@@ -488,6 +488,11 @@ impl Registry {
             }
             if !valid_host_name(name) {
                 return Some(format!("the host name {name:?} is not {HOST_NAME_RULE}"));
+            }
+            if name == HEAD_NAME {
+                return Some(format!(
+                    "the name `{HEAD_NAME}` stands for the head itself (in placement rules); give this host another --name"
+                ));
             }
             if let Some(n) = slots
                 && !(1..=MAX_SLOTS).contains(&n)

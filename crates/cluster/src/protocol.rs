@@ -21,6 +21,9 @@ pub const HEAD_GROUP: &str = "head";
 /// The group of the hosts' agents (one member per host node).
 pub const HOSTS_GROUP: &str = "hosts";
 
+/// The name placement rules use for the head itself; no host may join with it.
+pub const HEAD_NAME: &str = "head";
+
 /// The longest host name.
 pub const MAX_NAME_LEN: usize = 63;
 
