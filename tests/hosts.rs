@@ -179,8 +179,18 @@ fn two_hosts_join_status_shows_them_and_the_run_end_sends_them_home() {
     let mut net = Net::new("two_hosts_join");
     let (head_ip, b1_ip, _) = net.host("b1");
     let (head_ip2, b2_ip, _) = net.host("b2");
-    let run = HeadRun::new("0.0.0.0:7070", "  slots: 3\n");
+    let run = HeadRun::new(
+        "0.0.0.0:7070",
+        "  slots: 3\n  placement:\n    - {loops: [w], hosts: [b1, head]}\n",
+    );
     let mut head = run.start_head(&net, "head");
+    // Placement is checked and shown, and said not to be applied yet.
+    assert!(
+        head.stderr()
+            .contains("placement (checked, not applied yet): loops w on b1, head"),
+        "{}",
+        head.stderr()
+    );
     let mut b1 = run.start_host(
         &net,
         "b1",
@@ -536,4 +546,78 @@ w:
         !env.contains(SECRET) && !env.contains("TD_HOSTS_COOKIE"),
         "{env}"
     );
+}
+
+/// `taskdaemon host` with `args` (no namespaces needed): exit code and stderr.
+fn host_alone(args: &[&str], dir: &Path) -> (i32, String) {
+    let out = std::process::Command::new(bin())
+        .arg("host")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let good = write_secret(&dir.join("good"), SECRET);
+    let good = good.display().to_string();
+    // Nobody listens there: exit 1, naming the address.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (code, err) = host_alone(
+        &["--join", &closed, "--name", "b1", "--secret-file", &good],
+        dir,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot reach the head at {closed}")),
+        "{err}"
+    );
+    // Mistakes of its own options: exit 2, before any connection.
+    let exposed = dir.join("exposed");
+    std::fs::write(&exposed, SECRET).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let exposed = exposed.display().to_string();
+    for (args, says) in [
+        (
+            vec!["--name", "b1", "--secret-file", exposed.as_str()],
+            "chmod 600",
+        ),
+        (
+            vec!["--name", "head", "--secret-file", good.as_str()],
+            "stands for the head itself",
+        ),
+        (
+            vec!["--name", "b 1", "--secret-file", good.as_str()],
+            "a host name is",
+        ),
+        (vec!["--name", "b1"], "give --secret-file FILE"),
+        (
+            vec![
+                "--name",
+                "b1",
+                "--slots",
+                "0",
+                "--secret-file",
+                good.as_str(),
+            ],
+            "--slots 0",
+        ),
+    ] {
+        let mut all = vec!["--join", closed.as_str()];
+        all.extend(args);
+        let (code, err) = host_alone(&all, dir);
+        assert_eq!(code, 2, "{all:?}: {err}");
+        assert!(err.contains(says), "{all:?}: {err}");
+    }
 }

@@ -141,3 +141,50 @@ fn event_kind(event: HostEvent) -> EventKind {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use summary::HostSummary;
+
+    #[tokio::test]
+    async fn a_resumed_run_records_the_earlier_processs_hosts_lost() {
+        let options = HeadOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            secret: td_cluster::ClusterSecret::checked("0123456789abcdef", "test".into()).unwrap(),
+            lost_after: Duration::from_secs(5),
+            default_slots: 2,
+        };
+        let mut earlier = HostsSummary::default();
+        for (name, status) in [("b1", HostStatus::Joined), ("b2", HostStatus::Left)] {
+            earlier.hosts.insert(
+                name.into(),
+                HostSummary {
+                    name: name.into(),
+                    address: "10.0.0.2:1".into(),
+                    status,
+                    ..HostSummary::default()
+                },
+            );
+        }
+        let events = Arc::new(EventLog::in_memory());
+        let hosts = Prepared {
+            options,
+            placement: Vec::new(),
+        }
+        .start(&events, Some(&earlier))
+        .await
+        .unwrap();
+        let recorded = events.events();
+        assert_eq!(recorded.len(), 1, "{recorded:?}");
+        assert_eq!(
+            recorded[0].kind,
+            EventKind::HostLost {
+                host: "b1".into(),
+                address: "10.0.0.2:1".into(),
+                reason: "the run's earlier process ended".into(),
+            }
+        );
+        hosts.shutdown("done").await;
+    }
+}
