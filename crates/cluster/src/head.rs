@@ -6,7 +6,8 @@
 //! Where ractor_cluster is weak, the registry guards:
 //! - a connection that does not join within `lost_after` of opening (no handshake, a
 //!   handshake left half way, a node that proved the secret and never asked to join) is
-//!   closed and reported refused: ractor_cluster itself waits forever;
+//!   closed and reported refused: ractor_cluster itself waits forever; and at most
+//!   [`MAX_WAITING`] connections wait at once;
 //! - a joined host is pinged every quarter of `lost_after` and taken for lost when it has
 //!   not answered for `lost_after`: ractor_cluster pings too, but never looks at the
 //!   answers, so a cut link (no FIN, no RST) keeps a session "up" until TCP gives up,
@@ -35,6 +36,10 @@ use crate::wire::{self, WireMsg};
 
 /// The most slots a host may offer.
 pub const MAX_SLOTS: u32 = 4096;
+
+/// The most connections that may wait to join at once; more are closed at once (each one
+/// holds three actors of ractor_cluster's until its deadline).
+pub const MAX_WAITING: usize = 64;
 
 /// How long a session that closed before joining waits for the reason its actor stopped
 /// with (which comes on another path) before it is reported without one.
@@ -371,6 +376,16 @@ impl Registry {
         match event {
             SessionEvent::Opened(info) => {
                 let id = info.session.get_id();
+                let waiting = state.sessions.values().filter(|s| s.host.is_none()).count();
+                if waiting >= MAX_WAITING {
+                    info.session.stop(Some("too_many_waiting".to_string()));
+                    self.emit(HostEvent::Refused {
+                        address: info.peer_addr,
+                        name: None,
+                        reason: format!("{MAX_WAITING} connections were already waiting to join"),
+                    });
+                    return;
+                }
                 // Its stop reason (a wrong secret) comes to us through the monitor.
                 myself.get_cell().monitor(info.session.get_cell());
                 myself.send_after(self.lost_after, move || RegistryMsg::Deadline(id));

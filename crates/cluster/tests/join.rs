@@ -180,3 +180,35 @@ async fn a_connection_that_never_joins_is_closed_at_its_deadline() {
     assert!(start.elapsed() < Duration::from_secs(3));
     head.shutdown("done", Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_waiting_limit_are_closed_at_once() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(30)).await;
+    let extra = 3;
+    let mut idle = Vec::new();
+    for _ in 0..(td_cluster::head::MAX_WAITING + extra) {
+        idle.push(tokio::net::TcpStream::connect(head.listen()).await.unwrap());
+    }
+    let too_many = |e: &HostEvent| matches!(e, HostEvent::Refused { reason, .. } if reason.contains("connections were already waiting"));
+    wait_for(&events, too_many).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Long before their deadline: only the ones past the limit.
+    assert_eq!(
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| too_many(e))
+            .count(),
+        extra
+    );
+    // And a host still joins once they are gone.
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
