@@ -50,6 +50,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 struct Echo;
 
 struct Ask(String, RpcReplyPort<String>);
+impl ractor::Message for Ask {}
 
 impl Actor for Echo {
     type Msg = Ask;

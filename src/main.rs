@@ -115,6 +115,11 @@ enum Command {
         #[arg(long = "run-dir-from-stdin", hide = true, conflicts_with_all = ["run", "dir"])]
         run_dir_from_stdin: bool,
     },
+    /// Run a worker host: join the head of a run (a `taskdaemon run` whose config has a
+    /// `hosts:` section) with the shared secret, and stay until the run ends (exit 0), the
+    /// head is lost or refuses this host (exit 1), or Ctrl-C. Loops do not run on hosts
+    /// yet: a joined host waits.
+    Host(HostArgs),
     /// Serve the tools over MCP on stdio.
     Mcp(SessionArgs),
     /// Re-run recorded tool calls.
@@ -211,6 +216,34 @@ struct RunArgs {
     /// The dashboard's port (0: any free one).
     #[arg(long, value_name = "N", requires = "ui", default_value_t = taskdaemon::fronts::ui::DEFAULT_PORT)]
     ui_port: u16,
+}
+
+/// Options of `taskdaemon host`.
+#[derive(Args, Clone)]
+struct HostArgs {
+    /// The head's address: the host (name or IP) of the machine running `taskdaemon run`,
+    /// and the port of its `hosts.listen`.
+    #[arg(long, value_name = "HEAD:PORT")]
+    join: String,
+    /// This host's name, unique among the run's hosts (default: this machine's host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Where this host keeps its worktrees; one host process per directory (default:
+    /// .taskdaemon/host-NAME in the current directory).
+    #[arg(long, value_name = "DIR")]
+    workdir: Option<PathBuf>,
+    /// Loops this host runs at once (default: the head's `hosts.slots`).
+    #[arg(long, value_name = "N")]
+    slots: Option<u32>,
+    /// The file holding the head's shared secret (only its owner may read it: chmod 600).
+    #[arg(long, value_name = "FILE", conflicts_with = "secret_env")]
+    secret_file: Option<PathBuf>,
+    /// The environment variable holding the head's shared secret.
+    #[arg(long, value_name = "NAME")]
+    secret_env: Option<String>,
+    /// How long connecting, the handshake and joining may each take, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    timeout_ms: u64,
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -531,7 +564,11 @@ fn main() -> ExitCode {
         ))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TASKDAEMON_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // ractor_cluster warns of every closed session; `taskdaemon host` and the
+                // run's record say what happened to a host in words of their own.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,ractor_cluster=error")
+                }),
         )
         .init();
     let cli = Cli::parse();
@@ -624,6 +661,21 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             end_session(served?, closed)
         }
         Command::Run(args) => run_command(args).await,
+        Command::Host(args) => {
+            let code = taskdaemon::run::hosts::worker::run(
+                taskdaemon::run::hosts::worker::WorkerOptions {
+                    join: args.join,
+                    name: args.name,
+                    workdir: args.workdir,
+                    slots: args.slots,
+                    secret_file: args.secret_file,
+                    secret_env: args.secret_env,
+                    timeout: std::time::Duration::from_millis(args.timeout_ms),
+                },
+            )
+            .await;
+            Ok(ExitCode::from(code))
+        }
         Command::Status {
             run,
             dir,

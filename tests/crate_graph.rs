@@ -14,6 +14,7 @@ use serde_json::Value;
 /// dependencies, which are what the layers' code may use.
 const NORMAL_EDGES: &[(&str, &str)] = &[
     ("taskdaemon", "td-base"),
+    ("taskdaemon", "td-cluster"),
     ("taskdaemon", "td-confine"),
     ("taskdaemon", "td-engine"),
     ("taskdaemon", "td-git"),
@@ -92,6 +93,21 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "td-runtime",
         "td-tools",
         "the runtime gets its tools handed in",
+    ),
+    (
+        "td-runtime",
+        "ractor_cluster",
+        "the actors know one node; only td-cluster talks to other nodes",
+    ),
+    (
+        "td-engine",
+        "ractor_cluster",
+        "the engine runs without actors, remote ones too",
+    ),
+    (
+        "td-tools",
+        "ractor_cluster",
+        "tools run without the actor runtime",
     ),
 ];
 

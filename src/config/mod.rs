@@ -18,6 +18,7 @@ use td_toolkit::web_access::WebAccess;
 
 pub mod budget;
 pub mod compiler_cache;
+pub mod hosts;
 pub mod locate;
 pub mod loop_types;
 pub mod loops;
@@ -126,6 +127,8 @@ pub struct Config {
     /// `run::compiler_cache`); none by default.
     #[serde(default)]
     pub compiler_cache: compiler_cache::CompilerCacheConfig,
+    /// Worker hosts: the head listens for them (see `config::hosts` and `run::hosts`).
+    pub hosts: Option<hosts::HostsConfig>,
 }
 
 /// A problem found in a parsed config: where (a YAML path such as `loops[2].type`, which
@@ -241,6 +244,9 @@ impl Config {
         if let Err(mut p) = loops::check(&self.loops, &types) {
             problems.append(&mut p);
         }
+        if let Some(h) = &self.hosts {
+            problems.extend(h.problems(&self.loops, &types));
+        }
         problems.extend(self.sandbox_problems());
         problems.extend(self.budget_problems());
         problems.extend(self.warm_problems());
@@ -350,6 +356,10 @@ impl Config {
     pub fn sandbox_settings(&self, base_dir: &Path) -> td_confine::SandboxSettings {
         let mut settings = self.sandbox.clone();
         if let Some(file) = self.llm.as_ref().and_then(|l| l.api_key_file.as_ref()) {
+            settings.hide.push(file.clone());
+        }
+        // The hosts' secret too: a command that read it could join a host of its own.
+        if let Some(file) = self.hosts.as_ref().and_then(|h| h.secret_file.as_ref()) {
             settings.hide.push(file.clone());
         }
         settings.resolved(base_dir)

@@ -6,6 +6,7 @@ pub mod compiler_cache;
 pub mod conflict_watch;
 pub mod control;
 pub mod handover;
+pub mod hosts;
 pub mod merge_cmd;
 pub mod merge_queue;
 pub mod orchestrator;

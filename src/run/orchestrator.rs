@@ -219,6 +219,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         td_confine::SandboxReport::at_start(&sandbox).map_err(|e| e.to_string())?;
     let web_access = config.web_access()?;
     let compiler_caches = CompilerCaches::from_config(&config.compiler_cache, &base_dir)?;
+    // Worker hosts (`hosts:`): the secret is read and the address checked now.
+    let hosts = crate::run::hosts::prepare(config.hosts.as_ref(), &base_dir)?;
     // The repository too (a copy of it is made in the run directory, so only its source can
     // be checked here).
     let source = base_dir.join(config.repo.clone().unwrap_or_else(|| PathBuf::from(".")));
@@ -403,6 +405,15 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     )
     .await
     .map_err(|e| e.to_string())?;
+    // The head listens for hosts while the run goes (`run/hosts`).
+    let hosts = match hosts {
+        Some(prepared) => Some(
+            prepared
+                .start(&events, restored.as_ref().map(|(_, r)| &r.summary.hosts))
+                .await?,
+        ),
+        None => None,
+    };
 
     // Early conflict warnings between running loops (`run/conflict_watch.rs`).
     let conflicts = match config.conflict_warnings {
@@ -810,6 +821,14 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     }
     rt.flush().await;
     rt.shutdown().await;
+    if let Some(hosts) = hosts {
+        let why = if interrupted.is_some() {
+            "the run was stopped"
+        } else {
+            "the run ended"
+        };
+        hosts.shutdown(why).await;
+    }
     if !config.keep_worktrees {
         for place in places.values() {
             if let Some(wt) = &place.worktree {

@@ -406,6 +406,9 @@ pub struct RunSummary {
     /// What every model call of the run spent.
     #[serde(skip_serializing_if = "Spend::is_empty")]
     pub spend: Spend,
+    /// The worker hosts that joined the run's head, and the connections it refused.
+    #[serde(skip_serializing_if = "crate::run::hosts::summary::HostsSummary::is_empty")]
+    pub hosts: crate::run::hosts::summary::HostsSummary,
 }
 
 impl RunSummary {
@@ -964,6 +967,12 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             s.heavy
                 .get_or_insert_default()
                 .add(tool, *waited_ms, *ran_ms);
+        }
+        kind @ (EventKind::HostJoined { .. }
+        | EventKind::HostLost { .. }
+        | EventKind::HostLeft { .. }
+        | EventKind::HostRefused { .. }) => {
+            return crate::run::hosts::summary::apply(&mut summary.hosts, time, kind);
         }
         _ => return false,
     }

@@ -381,6 +381,12 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
         out.push('\n');
         out.push_str(&notes);
     }
+    let hosts =
+        super::hosts::summary::render(&summary.hosts, summary.status == RunStatus::Interrupted);
+    if !hosts.is_empty() {
+        out.push('\n');
+        out.push_str(&hosts);
+    }
     out.push('\n');
     out.push_str(&totals(summary));
     out

@@ -322,6 +322,48 @@ pub enum EventKind {
         /// Worktree-relative path.
         path: String,
     },
+    /// A worker host joined the run's head (`taskdaemon host --join`): it proved the
+    /// shared secret and the head took its name.
+    HostJoined {
+        /// The host's name.
+        host: String,
+        /// Where it connected from (`ip:port`).
+        address: String,
+        /// Loops it runs at once.
+        slots: u32,
+        /// Where it keeps its worktrees, on the host.
+        workdir: String,
+        /// Its taskdaemon version.
+        version: String,
+    },
+    /// A joined host was lost: its connection closed, or it did not answer the head's
+    /// heartbeat within `hosts.lost-after-ms`.
+    HostLost {
+        /// The host's name.
+        host: String,
+        /// Where it was connected from.
+        address: String,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A joined host left: its user stopped it, or the run ended.
+    HostLeft {
+        /// The host's name.
+        host: String,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A connection to the head did not become a host: it did not prove the shared secret,
+    /// did not join in time, or asked for a name the head refused.
+    HostRefused {
+        /// Where it came from (`ip:port`).
+        address: String,
+        /// The name it asked for, when it got that far.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 /// What seeding a loop's worktree did (see [`EventKind::WorktreeSeeded`]).
@@ -560,6 +602,20 @@ mod tests {
         let started = r#"{"seq":4,"time":"t","event":"heavy_started","loop_name":"a","tool":"validate","waited_ms":7}"#;
         let event: Event = serde_json::from_str(started).unwrap();
         assert_eq!(serde_json::to_string(&event).unwrap(), started);
+    }
+
+    #[test]
+    fn host_events_have_a_stable_wire_form() {
+        for line in [
+            r#"{"seq":2,"time":"t","event":"host_joined","host":"b1","address":"10.0.0.2:4100","slots":2,"workdir":"/w","version":"0.1.0"}"#,
+            r#"{"seq":3,"time":"t","event":"host_lost","host":"b1","address":"10.0.0.2:4100","reason":"its connection closed"}"#,
+            r#"{"seq":4,"time":"t","event":"host_left","host":"b1","reason":"the run ended"}"#,
+            r#"{"seq":5,"time":"t","event":"host_refused","address":"10.0.0.3:4100","reason":"it did not prove the shared secret"}"#,
+            r#"{"seq":6,"time":"t","event":"host_refused","address":"10.0.0.3:4100","host":"b1","reason":"already joined"}"#,
+        ] {
+            let event: Event = serde_json::from_str(line).unwrap();
+            assert_eq!(serde_json::to_string(&event).unwrap(), line);
+        }
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub enum CoordMsg {
     },
 }
 
+// Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
+impl ractor::Message for CoordMsg {}
+
 struct Entry {
     actor: ActorRef<LoopMsg>,
     inbox: Arc<Inbox>,

@@ -116,6 +116,9 @@ pub enum DaemonMsg {
     },
 }
 
+// Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
+impl ractor::Message for DaemonMsg {}
+
 /// A loop the daemon supervises.
 struct Supervised {
     spec: LoopSpec,

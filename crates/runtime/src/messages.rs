@@ -19,3 +19,6 @@ pub enum LoopMsg {
     /// so that the daemon restarts the loop as for a panic in the actor itself.
     EnginePanicked(String),
 }
+
+// Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
+impl ractor::Message for LoopMsg {}

@@ -315,6 +315,9 @@ pub(crate) enum PoolMsg {
     Load(RpcReplyPort<LaneLoad>),
 }
 
+// Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
+impl ractor::Message for PoolMsg {}
+
 // What lets a worker report to its pool without knowing the pool's messages (ractor's
 // `DerivedActorRef`): the worker depends on the pool for nothing.
 impl From<WorkerIdle> for PoolMsg {

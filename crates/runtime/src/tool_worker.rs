@@ -44,6 +44,9 @@ pub(crate) enum WorkerMsg {
     },
 }
 
+// Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
+impl ractor::Message for WorkerMsg {}
+
 /// The worker actor (stateless apart from its [`WorkerState`]).
 pub(crate) struct ToolWorker;
 

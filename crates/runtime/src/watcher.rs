@@ -93,6 +93,9 @@ pub enum WatcherMsg {
     Fs(notify::Result<Event>),
 }
 
+// Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
+impl ractor::Message for WatcherMsg {}
+
 /// The watcher actor (spawn it with `()` as arguments).
 pub struct Watcher;
 

@@ -1,0 +1,773 @@
+//! The head's side: a node listening for hosts, and the host registry, the one actor of the
+//! head that other nodes reach. The registry keeps every host that joined (name, address,
+//! slots, workdir, joined, lost or left), refuses what must not join, and reports each
+//! change as a [`HostEvent`] (the run records them).
+//!
+//! Where ractor_cluster is weak, the registry guards:
+//! - a connection that does not join within `lost_after` of opening (no handshake, a
+//!   handshake left half way, a node that proved the secret and never asked to join) is
+//!   closed and reported refused: ractor_cluster itself waits forever; and at most
+//!   [`MAX_WAITING`] connections wait at once;
+//! - a joined host is pinged every quarter of `lost_after` and taken for lost when it has
+//!   not answered for `lost_after`: ractor_cluster pings too, but never looks at the
+//!   answers, so a cut link (no FIN, no RST) keeps a session "up" until TCP gives up,
+//!   ~15 minutes later. Losing a host closes its session, which fails every question
+//!   still waiting on it at once;
+//! - a session closed (process killed, connection reset) loses its host at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::message::{BoxedDowncastErr, SerializedMessage};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor_cluster::NodeServerMessage;
+use serde::{Deserialize, Serialize};
+
+use crate::host::AgentMsg;
+use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
+use crate::protocol::{
+    HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead, ToHost,
+    valid_host_name,
+};
+use crate::secret::ClusterSecret;
+use crate::wire::{self, WireMsg};
+
+/// The most slots a host may offer.
+pub const MAX_SLOTS: u32 = 4096;
+
+/// The most connections that may wait to join at once; more are closed at once (each one
+/// holds three actors of ractor_cluster's until its deadline).
+pub const MAX_WAITING: usize = 64;
+
+/// How long a session that closed before joining waits for the reason its actor stopped
+/// with (which comes on another path) before it is reported without one.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// How to start the head's side.
+#[derive(Debug, Clone)]
+pub struct HeadOptions {
+    /// Where hosts connect.
+    pub listen: SocketAddr,
+    /// The shared secret.
+    pub secret: ClusterSecret,
+    /// How long a host may stay silent before it is lost, and a connection may take to join.
+    pub lost_after: Duration,
+    /// The slots of a host that offers none.
+    pub default_slots: u32,
+}
+
+/// A change of the registry, for the run's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEvent {
+    /// A host joined.
+    Joined {
+        /// Its name.
+        name: String,
+        /// Where it connected from.
+        address: String,
+        /// Loops it runs at once.
+        slots: u32,
+        /// Where it keeps its worktrees.
+        workdir: String,
+        /// Its taskdaemon version.
+        version: String,
+    },
+    /// A joined host was lost: its connection closed, or it stopped answering.
+    Lost {
+        /// Its name.
+        name: String,
+        /// Where it was connected from.
+        address: String,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A joined host left: its user stopped it, or the run ended.
+    Left {
+        /// Its name.
+        name: String,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A connection did not join: no or a wrong secret, no join in time, or a join the
+    /// head refused.
+    Refused {
+        /// Where it came from.
+        address: String,
+        /// The name it asked to join as, if it got that far.
+        name: Option<String>,
+        /// Why, in words.
+        reason: String,
+    },
+}
+
+/// Where a host stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostState {
+    /// Joined and answering.
+    Joined,
+    /// Its connection closed or it stopped answering.
+    Lost,
+    /// It left.
+    Left,
+}
+
+/// A host as the registry knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    /// Its name.
+    pub name: String,
+    /// Where it connected from.
+    pub address: String,
+    /// Loops it runs at once.
+    pub slots: u32,
+    /// Where it keeps its worktrees.
+    pub workdir: String,
+    /// Where it stands.
+    pub state: HostState,
+}
+
+/// Messages of the host registry: from hosts (over the wire), and from this process.
+#[derive(Debug)]
+pub enum RegistryMsg {
+    /// A request of a host ([`ToHead`]).
+    Wire(WireMsg),
+    /// A session event of the node.
+    Session(SessionEvent),
+    /// A connection's time to join is up.
+    Deadline(ActorId),
+    /// A session that closed before joining is reported now, with or without its reason.
+    Settle(ActorId),
+    /// Time to check heartbeats.
+    Tick,
+    /// A heartbeat came back (`ok`) or failed.
+    PingDone {
+        /// The host.
+        name: String,
+        /// Its session when the ping went out.
+        session: ActorId,
+        /// Whether it answered.
+        ok: bool,
+    },
+    /// The hosts, in name order.
+    Hosts(RpcReplyPort<Vec<HostInfo>>),
+    /// The run ends: tell every joined host, and record them as left.
+    Shutdown {
+        /// Why, in words.
+        reason: String,
+        /// Answered once every host was told.
+        reply: RpcReplyPort<()>,
+    },
+}
+
+impl ractor::Message for RegistryMsg {
+    fn serializable() -> bool {
+        true
+    }
+
+    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
+        match self {
+            RegistryMsg::Wire(msg) => Ok(msg.serialize()),
+            // The others never leave this process.
+            _ => Err(BoxedDowncastErr),
+        }
+    }
+
+    fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
+        WireMsg::deserialize(message).map(RegistryMsg::Wire)
+    }
+}
+
+/// The head's side, running.
+#[derive(Debug)]
+pub struct Head {
+    registry: ActorRef<RegistryMsg>,
+    node: Node,
+    listen: SocketAddr,
+}
+
+impl Head {
+    /// Starts the registry and the node listening on `options.listen`; `on_event` gets every
+    /// [`HostEvent`], in order, from inside the registry (it must not block).
+    pub async fn start(
+        options: HeadOptions,
+        on_event: impl Fn(HostEvent) + Send + Sync + 'static,
+    ) -> Result<Head, NodeError> {
+        let listen = options.listen;
+        let (registry, _) = Actor::spawn(
+            None,
+            Registry {
+                lost_after: options.lost_after,
+                default_slots: options.default_slots,
+                sink: Arc::new(on_event),
+            },
+            (),
+        )
+        .await
+        .map_err(|e| NodeError::Start(e.to_string()))?;
+        let events = registry.clone();
+        let started = node::start(
+            NodeOptions {
+                name: node::unique_node_name("head"),
+                host_part: "head".to_string(),
+                listen,
+                secret: options.secret,
+            },
+            move |event| {
+                let _ = events.cast(RegistryMsg::Session(event));
+            },
+        )
+        .await;
+        match started {
+            Ok(node) => Ok(Head {
+                registry,
+                node,
+                listen,
+            }),
+            Err(e) => {
+                registry.stop(None);
+                Err(e)
+            }
+        }
+    }
+
+    /// Where hosts connect.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// The hosts the registry knows, in name order (empty once it stopped).
+    pub async fn hosts(&self) -> Vec<HostInfo> {
+        ractor::call_t!(self.registry, RegistryMsg::Hosts, 5_000).unwrap_or_default()
+    }
+
+    /// Tells every joined host that the run ended (`reason`), records them as left, waits up
+    /// to `grace` for their connections to close (the hosts close them, so that their side
+    /// and not the head's port keeps the closed connections' TIME_WAIT), then stops.
+    pub async fn shutdown(self, reason: &str, grace: Duration) {
+        let reason = reason.to_string();
+        let _ = self
+            .registry
+            .call(
+                |reply| RegistryMsg::Shutdown { reason, reply },
+                Some(Duration::from_secs(5)),
+            )
+            .await;
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            let open = ractor::call_t!(self.node.server, NodeServerMessage::GetSessions, 1_000)
+                .map(|s| s.len())
+                .unwrap_or(0);
+            if open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self
+            .node
+            .server
+            .stop_and_wait(None, Some(Duration::from_secs(5)))
+            .await;
+        let _ = self
+            .registry
+            .stop_and_wait(None, Some(Duration::from_secs(5)))
+            .await;
+    }
+}
+
+impl Drop for Head {
+    fn drop(&mut self) {
+        // A head dropped without `shutdown` (an error path) still stops listening.
+        self.node.server.stop(None);
+        self.registry.stop(None);
+    }
+}
+
+struct Registry {
+    lost_after: Duration,
+    default_slots: u32,
+    sink: Arc<dyn Fn(HostEvent) + Send + Sync>,
+}
+
+/// A connection, from its opening to its close.
+struct Session {
+    info: SessionInfo,
+    authenticated: bool,
+    /// The host that joined through it.
+    host: Option<String>,
+    /// Why its actor stopped (from the monitor), in words.
+    end: Option<String>,
+    disconnected: bool,
+    /// Its refusal was reported.
+    reported: bool,
+}
+
+struct HostEntry {
+    info: HostInfo,
+    session: ActorId,
+    session_ref: ActorRef<ractor_cluster::NodeSessionMessage>,
+    agent: ActorRef<AgentMsg>,
+    last_answer: Instant,
+    pinging: bool,
+}
+
+/// The registry's state.
+pub struct RegistryState {
+    sessions: HashMap<ActorId, Session>,
+    hosts: BTreeMap<String, HostEntry>,
+    ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Registry {
+    fn emit(&self, event: HostEvent) {
+        (self.sink)(event);
+    }
+
+    fn lost_after_ms(&self) -> u128 {
+        self.lost_after.as_millis()
+    }
+
+    /// Words for the reason ractor_cluster (or we) stopped a session with.
+    fn reason_words(&self, reason: Option<&str>) -> String {
+        match reason {
+            Some("auth_fail") => {
+                "it did not prove the shared secret (its secret differs from the head's)".into()
+            }
+            Some("tcp_session_closed") | Some("channel_closed") | None => {
+                "its connection closed before it joined".into()
+            }
+            Some("join_timeout") => format!(
+                "it did not join within {} ms of connecting",
+                self.lost_after_ms()
+            ),
+            Some("session_election_lost") | Some("duplicate_connection") => {
+                "another connection of the same node took its place".into()
+            }
+            Some("self_connection") => "it is this node itself".into(),
+            Some(other) => format!("its connection closed ({other})"),
+        }
+    }
+
+    fn refuse_session(&self, state: &mut RegistryState, id: ActorId) {
+        let Some(session) = state.sessions.remove(&id) else {
+            return;
+        };
+        if session.reported || session.host.is_some() {
+            return;
+        }
+        self.emit(HostEvent::Refused {
+            address: session.info.peer_addr.clone(),
+            name: None,
+            reason: session
+                .end
+                .clone()
+                .unwrap_or_else(|| self.reason_words(None)),
+        });
+    }
+
+    fn on_session(
+        &self,
+        myself: &ActorRef<RegistryMsg>,
+        state: &mut RegistryState,
+        event: SessionEvent,
+    ) {
+        match event {
+            SessionEvent::Opened(info) => {
+                let id = info.session.get_id();
+                let waiting = state.sessions.values().filter(|s| s.host.is_none()).count();
+                if waiting >= MAX_WAITING {
+                    info.session.stop(Some("too_many_waiting".to_string()));
+                    self.emit(HostEvent::Refused {
+                        address: info.peer_addr,
+                        name: None,
+                        reason: format!("{MAX_WAITING} connections were already waiting to join"),
+                    });
+                    return;
+                }
+                // Its stop reason (a wrong secret) comes to us through the monitor.
+                myself.get_cell().monitor(info.session.get_cell());
+                myself.send_after(self.lost_after, move || RegistryMsg::Deadline(id));
+                state.sessions.insert(
+                    id,
+                    Session {
+                        info,
+                        authenticated: false,
+                        host: None,
+                        end: None,
+                        disconnected: false,
+                        reported: false,
+                    },
+                );
+            }
+            SessionEvent::Authenticated(info) | SessionEvent::Ready(info) => {
+                if let Some(s) = state.sessions.get_mut(&info.session.get_id()) {
+                    s.authenticated = true;
+                    s.info.peer_name = info.peer_name.or(s.info.peer_name.take());
+                }
+            }
+            SessionEvent::Disconnected(info) => {
+                let id = info.session.get_id();
+                let Some(session) = state.sessions.get_mut(&id) else {
+                    return;
+                };
+                session.disconnected = true;
+                if let Some(name) = session.host.clone() {
+                    state.sessions.remove(&id);
+                    self.lose(state, &name, id, "its connection closed".to_string());
+                } else if session.reported || session.end.is_some() {
+                    self.refuse_session(state, id);
+                } else {
+                    myself.send_after(SETTLE, move || RegistryMsg::Settle(id));
+                }
+            }
+        }
+    }
+
+    /// Marks `name` lost when it is still joined through `session`.
+    fn lose(&self, state: &mut RegistryState, name: &str, session: ActorId, reason: String) {
+        let Some(host) = state.hosts.get_mut(name) else {
+            return;
+        };
+        if host.session != session || host.info.state != HostState::Joined {
+            return;
+        }
+        host.info.state = HostState::Lost;
+        // Closing the session fails every question still waiting on it at once.
+        host.session_ref.stop(Some("lost".to_string()));
+        self.emit(HostEvent::Lost {
+            name: name.to_string(),
+            address: host.info.address.clone(),
+            reason,
+        });
+    }
+
+    fn on_wire(&self, state: &mut RegistryState, msg: WireMsg) {
+        let request = match msg.parse::<ToHead>() {
+            Ok(r) => r,
+            Err(e) => {
+                msg.answer(Err::<(), _>(e));
+                return;
+            }
+        };
+        match request {
+            ToHead::Join {
+                protocol,
+                name,
+                node,
+                slots,
+                workdir,
+                version,
+            } => {
+                let answer = self.join(state, protocol, &name, &node, slots, workdir, version);
+                msg.answer(answer);
+            }
+            ToHead::Leave { name, reason } => {
+                if let Some(host) = state.hosts.get_mut(&name)
+                    && host.info.state == HostState::Joined
+                {
+                    host.info.state = HostState::Left;
+                    self.emit(HostEvent::Left { name, reason });
+                }
+                msg.answer(Ok(()));
+            }
+        }
+    }
+
+    /// Decides a join: the answer for the host, and the event.
+    #[allow(clippy::too_many_arguments)]
+    fn join(
+        &self,
+        state: &mut RegistryState,
+        protocol: u32,
+        name: &str,
+        node: &str,
+        slots: Option<u32>,
+        workdir: String,
+        version: String,
+    ) -> Result<Joined, String> {
+        // The session this node joins through: only a node that proved the secret can send
+        // anything, and its name is what the handshake told.
+        let session_id = state
+            .sessions
+            .iter()
+            .find(|(_, s)| s.authenticated && s.info.peer_name.as_deref() == Some(node))
+            .map(|(id, _)| *id);
+        let refusal = || -> Option<String> {
+            if protocol != PROTOCOL {
+                return Some(format!(
+                    "this host speaks protocol {protocol} and the head {PROTOCOL}: run the same taskdaemon version on both (the head runs {})",
+                    env!("CARGO_PKG_VERSION")
+                ));
+            }
+            if !valid_host_name(name) {
+                return Some(format!("the host name {name:?} is not {HOST_NAME_RULE}"));
+            }
+            if name == HEAD_NAME {
+                return Some(format!(
+                    "the name `{HEAD_NAME}` stands for the head itself (in placement rules); give this host another --name"
+                ));
+            }
+            if let Some(n) = slots
+                && !(1..=MAX_SLOTS).contains(&n)
+            {
+                return Some(format!(
+                    "--slots {n}: a host runs 1 to {MAX_SLOTS} loops at once"
+                ));
+            }
+            if let Some(h) = state.hosts.get(name)
+                && h.info.state == HostState::Joined
+            {
+                return Some(format!(
+                    "a host named {name} is already joined (from {}); give this one another --name",
+                    h.info.address
+                ));
+            }
+            if session_id.is_none() {
+                return Some(format!(
+                    "no authenticated connection of node {node} is known here; join again"
+                ));
+            }
+            None
+        };
+        let reason = refusal();
+        let session_id = match (reason, session_id) {
+            (None, Some(id)) => id,
+            (reason, id) => {
+                let reason = reason.unwrap_or_default();
+                let address = id
+                    .and_then(|id| state.sessions.get_mut(&id))
+                    .map(|s| {
+                        s.reported = true;
+                        s.info.peer_addr.clone()
+                    })
+                    .unwrap_or_else(|| "?".to_string());
+                self.emit(HostEvent::Refused {
+                    address,
+                    name: Some(name.to_string()),
+                    reason: reason.clone(),
+                });
+                // Its connection closes at its deadline, should it not close it itself.
+                return Err(format!("the head refused this host: {reason}"));
+            }
+        };
+        let Some(session) = state.sessions.get_mut(&session_id) else {
+            return Err("the connection closed while joining".to_string());
+        };
+        // The host's agent, as the session's process-group sync made it known here (the
+        // sync happened before the session was ready, hence before this request).
+        let agent = ractor::pg::get_scoped_members(&SCOPE.to_string(), &HOSTS_GROUP.to_string())
+            .into_iter()
+            .find(|cell| {
+                matches!(cell.get_id(), ActorId::Remote { node_id, .. } if node_id == session.info.node_id)
+            });
+        let Some(agent) = agent else {
+            let reason = "its agent is not known here (its node advertised none)".to_string();
+            session.reported = true;
+            self.emit(HostEvent::Refused {
+                address: session.info.peer_addr.clone(),
+                name: Some(name.to_string()),
+                reason: reason.clone(),
+            });
+            return Err(format!("the head refused this host: {reason}"));
+        };
+        session.host = Some(name.to_string());
+        let slots = slots.unwrap_or(self.default_slots);
+        let info = HostInfo {
+            name: name.to_string(),
+            address: session.info.peer_addr.clone(),
+            slots,
+            workdir: workdir.clone(),
+            state: HostState::Joined,
+        };
+        state.hosts.insert(
+            name.to_string(),
+            HostEntry {
+                info: info.clone(),
+                session: session_id,
+                session_ref: session.info.session.clone(),
+                agent: agent.into(),
+                last_answer: Instant::now(),
+                pinging: false,
+            },
+        );
+        self.emit(HostEvent::Joined {
+            name: name.to_string(),
+            address: info.address,
+            slots,
+            workdir,
+            version,
+        });
+        Ok(Joined {
+            slots,
+            lost_after_ms: u64::try_from(self.lost_after.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn tick(&self, myself: &ActorRef<RegistryMsg>, state: &mut RegistryState) {
+        let mut silent = Vec::new();
+        for (name, host) in state.hosts.iter_mut() {
+            if host.info.state != HostState::Joined {
+                continue;
+            }
+            let quiet = host.last_answer.elapsed();
+            if quiet > self.lost_after {
+                silent.push((name.clone(), host.session, quiet));
+                continue;
+            }
+            if host.pinging {
+                continue;
+            }
+            host.pinging = true;
+            let (agent, me, name, session) = (
+                host.agent.clone(),
+                myself.clone(),
+                name.clone(),
+                host.session,
+            );
+            let timeout = self.lost_after;
+            tokio::spawn(async move {
+                let ok = wire::ask::<AgentMsg, ToHost, ()>(
+                    &agent,
+                    AgentMsg::Wire,
+                    &ToHost::Ping,
+                    timeout,
+                )
+                .await
+                .is_ok();
+                let _ = me.cast(RegistryMsg::PingDone { name, session, ok });
+            });
+        }
+        for (name, session, quiet) in silent {
+            self.lose(
+                state,
+                &name,
+                session,
+                format!(
+                    "no answer to the head's heartbeat for {} ms (the limit is {} ms)",
+                    quiet.as_millis(),
+                    self.lost_after_ms()
+                ),
+            );
+        }
+    }
+}
+
+impl Actor for Registry {
+    type Msg = RegistryMsg;
+    type State = RegistryState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (): (),
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join_scoped(
+            SCOPE.to_string(),
+            HEAD_GROUP.to_string(),
+            vec![myself.get_cell()],
+        );
+        let period = (self.lost_after / 4).max(Duration::from_millis(25));
+        let ticker = myself.send_interval(period, || RegistryMsg::Tick);
+        Ok(RegistryState {
+            sessions: HashMap::new(),
+            hosts: BTreeMap::new(),
+            ticker: Some(ticker),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.ticker.take() {
+            t.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            RegistryMsg::Wire(msg) => self.on_wire(state, msg),
+            RegistryMsg::Session(event) => self.on_session(&myself, state, event),
+            RegistryMsg::Deadline(id) => {
+                if let Some(s) = state.sessions.get_mut(&id)
+                    && s.host.is_none()
+                    && !s.disconnected
+                {
+                    s.end = Some(self.reason_words(Some("join_timeout")));
+                    s.info.session.stop(Some("join_timeout".to_string()));
+                }
+            }
+            RegistryMsg::Settle(id) => self.refuse_session(state, id),
+            RegistryMsg::Tick => self.tick(&myself, state),
+            RegistryMsg::PingDone { name, session, ok } => {
+                if let Some(host) = state.hosts.get_mut(&name)
+                    && host.session == session
+                {
+                    host.pinging = false;
+                    if ok {
+                        host.last_answer = Instant::now();
+                    }
+                }
+            }
+            RegistryMsg::Hosts(reply) => {
+                let _ = reply.send(state.hosts.values().map(|h| h.info.clone()).collect());
+            }
+            RegistryMsg::Shutdown { reason, reply } => {
+                for (name, host) in state.hosts.iter_mut() {
+                    if host.info.state != HostState::Joined {
+                        continue;
+                    }
+                    // Told, not asked: a host that does not hear it loses the head at its
+                    // next missed heartbeat instead.
+                    let _ = wire::tell(
+                        &host.agent,
+                        AgentMsg::Wire,
+                        &ToHost::Bye {
+                            reason: reason.clone(),
+                        },
+                    );
+                    host.info.state = HostState::Left;
+                    self.emit(HostEvent::Left {
+                        name: name.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Only monitored sessions send these; a session ending is no reason for the
+        // registry to stop (the default would).
+        let (id, reason) = match &message {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell.get_id(), reason.clone()),
+            SupervisionEvent::ActorFailed(cell, err) => (cell.get_id(), Some(err.to_string())),
+            _ => return Ok(()),
+        };
+        let words = self.reason_words(reason.as_deref());
+        if let Some(s) = state.sessions.get_mut(&id) {
+            s.end.get_or_insert(words);
+            if s.disconnected && s.host.is_none() {
+                self.refuse_session(state, id);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! A head and one host in this process, over loopback: joining, refusals, leaving and the
+//! end of the run, as the registry reports them. (ractor's process groups are global to a
+//! process, so more than one host per process would see each other's agents; the tests of
+//! several hosts run the real binary in network namespaces: tests/hosts.rs at the root.)
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use td_cluster::{
+    ClusterSecret, Head, HeadOptions, HostEnd, HostEvent, HostOptions, HostState, JoinError,
+};
+
+/// One test at a time: actor ids of other nodes are numbered per node (`Remote { node_id,
+/// .. }` from 0 in each), so two tests' hosts in this one process would take each other's
+/// head for theirs. (A real process runs one node.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn secret(text: &str) -> ClusterSecret {
+    ClusterSecret::checked(text, "test".into()).unwrap()
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+async fn head(lost_after: Duration) -> (Head, Arc<Mutex<Vec<HostEvent>>>) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let head = Head::start(
+        HeadOptions {
+            listen: free_addr(),
+            secret: secret("the-head-secret-0123456789"),
+            lost_after,
+            default_slots: 3,
+        },
+        move |e| sink.lock().unwrap().push(e),
+    )
+    .await
+    .unwrap();
+    (head, events)
+}
+
+fn host(head: &Head, name: &str, secret_text: &str) -> HostOptions {
+    HostOptions {
+        head: head.listen().to_string(),
+        name: name.into(),
+        slots: None,
+        workdir: "/w".into(),
+        secret: secret(secret_text),
+        timeout: Duration::from_secs(5),
+    }
+}
+
+async fn wait_for(events: &Arc<Mutex<Vec<HostEvent>>>, what: impl Fn(&HostEvent) -> bool) {
+    for _ in 0..500 {
+        if events.lock().unwrap().iter().any(&what) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no such event in {:?}", events.lock().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_joins_with_the_default_slots_and_leaves_when_stopped() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    assert_eq!(session.joined.slots, 3);
+    assert_eq!(session.joined.lost_after_ms, 5000);
+    let hosts = head.hosts().await;
+    assert_eq!(hosts.len(), 1);
+    assert_eq!(hosts[0].name, "h1");
+    assert_eq!(hosts[0].state, HostState::Joined);
+    assert!(hosts[0].address.starts_with("127.0.0.1:"), "{hosts:?}");
+    let end = session
+        .run(async { "stopped by its user".to_string() })
+        .await;
+    assert_eq!(end, HostEnd::Stopped);
+    wait_for(&events, |e| matches!(e, HostEvent::Left { name, reason } if name == "h1" && reason == "stopped by its user")).await;
+    // Leaving is not losing: the connection that closes next is no news.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, HostEvent::Lost { .. })),
+        "{:?}",
+        events.lock().unwrap()
+    );
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_secret_is_refused_on_both_sides() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let err = td_cluster::host::join(host(&head, "h1", "another-secret-0123456789"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, JoinError::Refused { .. }), "{err}");
+    assert!(err.to_string().contains("refused this host"), "{err}");
+    wait_for(&events, |e| {
+        matches!(e, HostEvent::Refused { reason, name: None, .. } if reason.contains("did not prove the shared secret"))
+    })
+    .await;
+    assert!(head.hosts().await.is_empty());
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_host_of_the_same_name_is_refused_and_the_first_stays() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let first = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    // The second one in another process would be the usual case; here its node (another
+    // unique node name) joins from this one.
+    let err = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already joined"), "{err}");
+    wait_for(
+        &events,
+        |e| matches!(e, HostEvent::Refused { name: Some(n), .. } if n == "h1"),
+    )
+    .await;
+    let hosts = head.hosts().await;
+    assert_eq!(hosts.len(), 1);
+    assert_eq!(hosts[0].state, HostState::Joined);
+    drop(first);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_the_run_is_told_to_the_host() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    let running = tokio::spawn(session.run(std::future::pending()));
+    head.shutdown("the run ended", Duration::from_secs(2)).await;
+    let end = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, HostEnd::RunEnded("the run ended".into()));
+    wait_for(
+        &events,
+        |e| matches!(e, HostEvent::Left { name, .. } if name == "h1"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_joins_is_closed_at_its_deadline() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_millis(400)).await;
+    let mut idle = tokio::net::TcpStream::connect(head.listen()).await.unwrap();
+    let start = std::time::Instant::now();
+    wait_for(&events, |e| {
+        matches!(e, HostEvent::Refused { reason, .. } if reason.contains("did not join within 400 ms"))
+    })
+    .await;
+    // The head closed it: the read ends.
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(2), idle.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(start.elapsed() < Duration::from_secs(3));
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_waiting_limit_are_closed_at_once() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(30)).await;
+    let extra = 3;
+    let mut idle = Vec::new();
+    for _ in 0..(td_cluster::head::MAX_WAITING + extra) {
+        idle.push(tokio::net::TcpStream::connect(head.listen()).await.unwrap());
+    }
+    let too_many = |e: &HostEvent| matches!(e, HostEvent::Refused { reason, .. } if reason.contains("connections were already waiting"));
+    wait_for(&events, too_many).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Long before their deadline: only the ones past the limit.
+    assert_eq!(
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| too_many(e))
+            .count(),
+        extra
+    );
+    // And a host still joins once they are gone.
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}

@@ -1,0 +1,190 @@
+//! Worker hosts of a run (issue 18). On the head (`taskdaemon run` with a `hosts:`
+//! section): the secret is read and checked before anything is written ([`prepare`]), then
+//! the head listens while the run goes ([`Prepared::start`]), records every host that
+//! joins, is lost, leaves or is refused as a `host_*` event (`summary.json`'s `hosts` and
+//! `status` show them: [`summary`]), and tells the hosts when the run ends. A worker host is
+//! `taskdaemon host --join` ([`worker`]).
+//!
+//! Loops still run on the head only: hosts join, authenticate and stay known, and placement
+//! rules are checked, but no loop is sent to a host yet.
+
+pub mod summary;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use td_cluster::{Head, HeadOptions, HostEvent};
+use td_protocol::events::{EventKind, EventLog};
+
+use crate::config::hosts::HostsConfig;
+use summary::{HostStatus, HostsSummary};
+
+/// How long the head waits at the run's end for the hosts it told to close their
+/// connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The head's side, checked and ready to listen.
+#[derive(Debug)]
+pub struct Prepared {
+    options: HeadOptions,
+    placement: Vec<String>,
+}
+
+/// The head's side, listening.
+#[derive(Debug)]
+pub struct HeadHosts {
+    head: Head,
+}
+
+/// Reads the hosts' secret of `config` (`base_dir`: the config file's directory) and checks
+/// that its address can be listened on; `None` without a `hosts:` section. From here on the
+/// secret is redacted from everything the run writes, and kept out of commands' environment.
+pub fn prepare(config: Option<&HostsConfig>, base_dir: &Path) -> Result<Option<Prepared>, String> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    let options = config.head_options(base_dir)?;
+    td_base::secrets::register("hosts secret", options.secret.expose());
+    // Before the record is made: an address in use is a startup error, not a broken run.
+    std::net::TcpListener::bind(options.listen)
+        .map_err(|e| format!("hosts: cannot listen on {}: {e}", options.listen))?;
+    Ok(Some(Prepared {
+        options,
+        placement: config.placement_lines(),
+    }))
+}
+
+impl Prepared {
+    /// Listens for hosts, recording their events in `events`. `earlier`: the hosts of the
+    /// run a resume continues; those still joined there went with its process, and are
+    /// recorded lost first.
+    pub async fn start(
+        self,
+        events: &Arc<EventLog>,
+        earlier: Option<&HostsSummary>,
+    ) -> Result<HeadHosts, String> {
+        for host in earlier.into_iter().flat_map(|h| h.hosts.values()) {
+            if host.status == HostStatus::Joined {
+                events.record(EventKind::HostLost {
+                    host: host.name.clone(),
+                    address: host.address.clone(),
+                    reason: "the run's earlier process ended".to_string(),
+                });
+            }
+        }
+        let log = events.clone();
+        let listen = self.options.listen;
+        let head = Head::start(self.options, move |event| log.record(event_kind(event)))
+            .await
+            .map_err(|e| format!("hosts: {e}"))?;
+        eprintln!(
+            "taskdaemon: hosts join at {listen} (taskdaemon host --join THIS-MACHINE:{} --secret-file FILE); loops run on the head only for now",
+            listen.port()
+        );
+        for rule in &self.placement {
+            eprintln!("taskdaemon: placement (checked, not applied yet): {rule}");
+        }
+        Ok(HeadHosts { head })
+    }
+}
+
+impl HeadHosts {
+    /// Where hosts connect.
+    pub fn listen(&self) -> SocketAddr {
+        self.head.listen()
+    }
+
+    /// Tells every joined host that the run ended (`reason`) and stops listening; each is
+    /// recorded as left.
+    pub async fn shutdown(self, reason: &str) {
+        self.head.shutdown(reason, SHUTDOWN_GRACE).await;
+    }
+}
+
+/// The run's event for a change of the head's host registry.
+fn event_kind(event: HostEvent) -> EventKind {
+    match event {
+        HostEvent::Joined {
+            name,
+            address,
+            slots,
+            workdir,
+            version,
+        } => EventKind::HostJoined {
+            host: name,
+            address,
+            slots,
+            workdir,
+            version,
+        },
+        HostEvent::Lost {
+            name,
+            address,
+            reason,
+        } => EventKind::HostLost {
+            host: name,
+            address,
+            reason,
+        },
+        HostEvent::Left { name, reason } => EventKind::HostLeft { host: name, reason },
+        HostEvent::Refused {
+            address,
+            name,
+            reason,
+        } => EventKind::HostRefused {
+            address,
+            host: name,
+            reason,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use summary::HostSummary;
+
+    #[tokio::test]
+    async fn a_resumed_run_records_the_earlier_processs_hosts_lost() {
+        let options = HeadOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            secret: td_cluster::ClusterSecret::checked("0123456789abcdef", "test".into()).unwrap(),
+            lost_after: Duration::from_secs(5),
+            default_slots: 2,
+        };
+        let mut earlier = HostsSummary::default();
+        for (name, status) in [("b1", HostStatus::Joined), ("b2", HostStatus::Left)] {
+            earlier.hosts.insert(
+                name.into(),
+                HostSummary {
+                    name: name.into(),
+                    address: "10.0.0.2:1".into(),
+                    status,
+                    ..HostSummary::default()
+                },
+            );
+        }
+        let events = Arc::new(EventLog::in_memory());
+        let hosts = Prepared {
+            options,
+            placement: Vec::new(),
+        }
+        .start(&events, Some(&earlier))
+        .await
+        .unwrap();
+        let recorded = events.events();
+        assert_eq!(recorded.len(), 1, "{recorded:?}");
+        assert_eq!(
+            recorded[0].kind,
+            EventKind::HostLost {
+                host: "b1".into(),
+                address: "10.0.0.2:1".into(),
+                reason: "the run's earlier process ended".into(),
+            }
+        );
+        hosts.shutdown("done").await;
+    }
+}

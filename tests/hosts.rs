@@ -1,0 +1,625 @@
+//! Worker hosts joined to a run's head, through the real binaries, each "machine" in a
+//! network namespace of its own (tests/common/netns.rs: veth links, addresses on those
+//! links only; root and `ip` needed, else the tests fail saying so): two hosts join and
+//! `status` shows them with their slots; a host with a wrong secret is refused (it exits 1
+//! saying so, the head records it and goes on); a connection that never joins is closed at
+//! its deadline; a host killed (SIGKILL) and a host whose link is cut are marked lost within
+//! the bound, and the cut-off host leaves by itself; the run's end sends the hosts home.
+//! And without namespaces: the hosts' secret never reaches a loop's command (file hidden,
+//! variable withheld).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+use common::flagged_run::{FlaggedRun, summary};
+use common::netns::{Net, Proc};
+use common::wait_until;
+
+/// How long the tests wait for what should take a moment.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The heartbeat limit of the tests' heads (`hosts.lost-after-ms`): short, yet long enough
+/// that a host answering on a machine busy with the other tests is not taken for lost.
+const LOST_AFTER: Duration = Duration::from_millis(3000);
+
+/// The longest a lost host may take to be recorded: heartbeats go every quarter of the
+/// limit, so a silent host is seen at most a quarter after the limit; 1 s more for a loaded
+/// machine (the tests poll the record, and the record is written a little behind).
+const LOST_BOUND: Duration = Duration::from_millis(3000 + 750 + 1000);
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_taskdaemon")
+}
+
+/// A run whose loop `w` waits until `{flags}/release` exists, with a `hosts:` section
+/// (`extra` added to it) and the secret `SECRET` in `<root>/secret` (0600).
+struct HeadRun {
+    run: FlaggedRun,
+    secret_file: PathBuf,
+}
+
+const SECRET: &str = "the-hosts-secret-of-this-test-0123456789";
+
+impl HeadRun {
+    fn new(listen: &str, extra: &str) -> HeadRun {
+        let run = FlaggedRun::new(
+            r#"
+w:
+  turns:
+    - calls:
+        - run_command: {command: "touch {f}/waiting; until [ -e {f}/release ]; do sleep 0.05; done"}
+    - calls:
+        - complete_task: {summary: "w done"}
+"#,
+            "  - {name: w, type: ralph, task: \"Wait.\"}\n",
+        );
+        let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+        let secret_file = write_secret(&root.join("secret"), SECRET);
+        let mut config = std::fs::read_to_string(&run.config).unwrap();
+        config.push_str(&format!(
+            "hosts:\n  listen: {listen}\n  secret-file: {}\n  lost-after-ms: {}\n{extra}",
+            secret_file.display(),
+            LOST_AFTER.as_millis()
+        ));
+        std::fs::write(&run.config, config).unwrap();
+        HeadRun { run, secret_file }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.run
+            .config
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf()
+    }
+
+    /// The head (`taskdaemon run`) in namespace `ns`, once it listens.
+    fn start_head(&self, net: &Net, ns: &str) -> Proc {
+        let config = self.run.config.display().to_string();
+        let run_dir = self.run.run_dir.display().to_string();
+        let head = net.spawn(
+            ns,
+            &self.root(),
+            bin(),
+            &["run", "-c", &config, "--run-dir", &run_dir],
+        );
+        wait_until("the head to listen", WAIT, || {
+            head.stderr().contains("taskdaemon: hosts join at")
+        });
+        head
+    }
+
+    /// `taskdaemon host --join HEAD --name NAME` in namespace `ns` with `secret_file`.
+    fn start_host(
+        &self,
+        net: &Net,
+        ns: &str,
+        head: &str,
+        name: &str,
+        secret_file: &Path,
+        extra: &[&str],
+    ) -> Proc {
+        let workdir = self.root().join(format!("host-{name}"));
+        let (secret, workdir) = (
+            secret_file.display().to_string(),
+            workdir.display().to_string(),
+        );
+        let mut args = vec![
+            "host",
+            "--join",
+            head,
+            "--name",
+            name,
+            "--secret-file",
+            &secret,
+            "--workdir",
+            &workdir,
+        ];
+        args.extend_from_slice(extra);
+        net.spawn(ns, &self.root(), bin(), &args)
+    }
+
+    fn events(&self) -> Vec<Value> {
+        self.run.events()
+    }
+
+    fn host_events(&self, kind: &str) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["event"] == kind)
+            .collect()
+    }
+
+    fn release(&self) {
+        std::fs::write(self.run.flag("release"), "").unwrap();
+    }
+
+    /// `taskdaemon status --dir RUN`.
+    fn status(&self) -> String {
+        let out = std::process::Command::new(bin())
+            .args(["status", "--dir"])
+            .arg(&self.run.run_dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+fn write_secret(path: &Path, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("{text}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.to_path_buf()
+}
+
+/// The status line of host `name` (its table row).
+fn host_row<'a>(status: &'a str, name: &str) -> &'a str {
+    status
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row of host {name} in:\n{status}"))
+}
+
+fn joined(run: &HeadRun, name: &str) -> bool {
+    summary(&run.run.run_dir)["hosts"]["hosts"][name]["status"] == "joined"
+}
+
+#[test]
+fn two_hosts_join_status_shows_them_and_the_run_end_sends_them_home() {
+    let mut net = Net::new("two_hosts_join");
+    let (head_ip, b1_ip, _) = net.host("b1");
+    let (head_ip2, b2_ip, _) = net.host("b2");
+    let run = HeadRun::new(
+        "0.0.0.0:7070",
+        "  slots: 3\n  placement:\n    - {loops: [w], hosts: [b1, head]}\n",
+    );
+    let mut head = run.start_head(&net, "head");
+    // Placement is checked and shown, and said not to be applied yet.
+    assert!(
+        head.stderr()
+            .contains("placement (checked, not applied yet): loops w on b1, head"),
+        "{}",
+        head.stderr()
+    );
+    let mut b1 = run.start_host(
+        &net,
+        "b1",
+        &format!("{head_ip}:7070"),
+        "b1",
+        &run.secret_file,
+        &[],
+    );
+    let mut b2 = run.start_host(
+        &net,
+        "b2",
+        &format!("{head_ip2}:7070"),
+        "b2",
+        &run.secret_file,
+        &["--slots", "5"],
+    );
+    wait_until("both hosts to join", WAIT, || {
+        joined(&run, "b1") && joined(&run, "b2")
+    });
+
+    let status = run.status();
+    let row = host_row(&status, "b1");
+    // The head's default slots for a host that offers none; its own for the other; each
+    // from its own link's address.
+    assert!(
+        row.contains(&format!("{b1_ip}:")) && row.contains(" 3 ") && row.contains("joined"),
+        "{status}"
+    );
+    let row = host_row(&status, "b2");
+    assert!(
+        row.contains(&format!("{b2_ip}:")) && row.contains(" 5 ") && row.contains("joined"),
+        "{status}"
+    );
+    assert!(
+        b1.stderr()
+            .contains(&format!("joined the head at {head_ip}:7070 as b1 (3 slots")),
+        "{}",
+        b1.stderr()
+    );
+    let joins = run.host_events("host_joined");
+    assert_eq!(joins.len(), 2, "{joins:?}");
+
+    run.release();
+    assert_eq!(head.wait_exit(WAIT), Some(0), "{}", head.stderr());
+    for (name, host) in [("b1", &mut b1), ("b2", &mut b2)] {
+        assert_eq!(
+            host.wait_exit(Duration::from_secs(10)),
+            Some(0),
+            "{name}: {}",
+            host.stderr()
+        );
+        assert!(
+            host.stderr().contains("says: the run ended; leaving"),
+            "{}",
+            host.stderr()
+        );
+    }
+    let left = run.host_events("host_left");
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        left.iter().all(|e| e["reason"] == "the run ended"),
+        "{left:?}"
+    );
+    // Left, not lost: the end of the run is no failure of a host.
+    assert!(
+        run.host_events("host_lost").is_empty(),
+        "{:?}",
+        run.events()
+    );
+    assert!(host_row(&run.status(), "b1").contains("left"));
+}
+
+#[test]
+fn a_wrong_secret_is_refused_and_the_head_goes_on() {
+    let mut net = Net::new("a_wrong_secret_is_refused");
+    let (head_ip, bad_ip, _) = net.host("bad");
+    let (head_ip2, _, _) = net.host("good");
+    let run = HeadRun::new("0.0.0.0:7070", "");
+    let mut head = run.start_head(&net, "head");
+
+    let wrong = write_secret(
+        &run.root().join("wrong-secret"),
+        "another-secret-of-this-test-0123456789",
+    );
+    let mut bad = run.start_host(&net, "bad", &format!("{head_ip}:7070"), "bad", &wrong, &[]);
+    assert_eq!(bad.wait_exit(WAIT), Some(1), "{}", bad.stderr());
+    assert!(
+        bad.stderr()
+            .contains(&format!("the head at {head_ip}:7070 refused this host")),
+        "{}",
+        bad.stderr()
+    );
+    wait_until("the refusal in the record", WAIT, || {
+        !run.host_events("host_refused").is_empty()
+    });
+    let refused = run.host_events("host_refused");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{bad_ip}:")),
+        "{refused:?}"
+    );
+    assert!(
+        refused[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("did not prove the shared secret"),
+        "{refused:?}"
+    );
+    assert!(run.host_events("host_joined").is_empty());
+
+    // A connection that says nothing is closed at its deadline, and refused too.
+    let idle_started = Instant::now();
+    let mut idle = net.spawn(
+        "bad",
+        &run.root(),
+        "bash",
+        &["-c", &format!("exec 3<>/dev/tcp/{head_ip}/7070 && cat <&3")],
+    );
+    wait_until("the idle connection's refusal", WAIT, || {
+        run.host_events("host_refused").iter().any(|e| {
+            e["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("did not join within 3000 ms")
+        })
+    });
+    assert!(idle_started.elapsed() < LOST_BOUND + Duration::from_secs(1));
+    // The head closed it: the read returned (empty) and the script ended.
+    assert_eq!(
+        idle.wait_exit(Duration::from_secs(5)),
+        Some(0),
+        "{}",
+        idle.stderr()
+    );
+
+    // The head went on: a host with the right secret joins, and the run completes.
+    let mut good = run.start_host(
+        &net,
+        "good",
+        &format!("{head_ip2}:7070"),
+        "good",
+        &run.secret_file,
+        &[],
+    );
+    wait_until("the good host to join", WAIT, || joined(&run, "good"));
+    let status = run.status();
+    assert!(
+        status.contains("did not prove the shared secret"),
+        "{status}"
+    );
+    run.release();
+    assert_eq!(head.wait_exit(WAIT), Some(0), "{}", head.stderr());
+    assert_eq!(
+        good.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        good.stderr()
+    );
+    // The secret itself is nowhere in the record or the head's words.
+    let events = std::fs::read_to_string(run.run.run_dir.join("events.jsonl")).unwrap();
+    assert!(!events.contains(SECRET) && !head.stderr().contains(SECRET));
+}
+
+#[test]
+fn a_killed_host_is_lost_at_once_and_the_others_stay() {
+    let mut net = Net::new("a_killed_host_is_lost");
+    let (head_ip, _, _) = net.host("b1");
+    let (head_ip2, _, _) = net.host("b2");
+    let run = HeadRun::new("0.0.0.0:7070", "");
+    let mut head = run.start_head(&net, "head");
+    let mut b1 = run.start_host(
+        &net,
+        "b1",
+        &format!("{head_ip}:7070"),
+        "b1",
+        &run.secret_file,
+        &[],
+    );
+    let mut b2 = run.start_host(
+        &net,
+        "b2",
+        &format!("{head_ip2}:7070"),
+        "b2",
+        &run.secret_file,
+        &[],
+    );
+    wait_until("both hosts to join", WAIT, || {
+        joined(&run, "b1") && joined(&run, "b2")
+    });
+
+    let killed = Instant::now();
+    b1.kill();
+    wait_until("b1 to be lost", WAIT, || {
+        !run.host_events("host_lost").is_empty()
+    });
+    let took = killed.elapsed();
+    eprintln!("measured: killed host recorded lost after {took:?}");
+    assert!(
+        took < LOST_BOUND,
+        "lost after {took:?}, the bound is {LOST_BOUND:?}"
+    );
+    let lost = run.host_events("host_lost");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0]["host"], "b1");
+    assert_eq!(lost[0]["reason"], "its connection closed", "{lost:?}");
+    // Past a whole heartbeat limit, b2 is still joined: its heartbeats are answered.
+    std::thread::sleep(LOST_AFTER + LOST_AFTER / 2);
+    assert!(joined(&run, "b2"), "{:?}", run.events());
+    let status = run.status();
+    assert!(
+        host_row(&status, "b1").contains("lost") && host_row(&status, "b2").contains("joined"),
+        "{status}"
+    );
+    assert!(status.contains("lost b1 at "), "{status}");
+
+    run.release();
+    assert_eq!(head.wait_exit(WAIT), Some(0), "{}", head.stderr());
+    assert_eq!(
+        b2.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        b2.stderr()
+    );
+}
+
+#[test]
+fn a_cut_link_loses_the_host_within_the_bound_on_both_sides() {
+    let mut net = Net::new("a_cut_link_loses_the_host");
+    let (head_ip, _, host_if) = net.host("b1");
+    let run = HeadRun::new("0.0.0.0:7070", "");
+    let mut head = run.start_head(&net, "head");
+    let mut b1 = run.start_host(
+        &net,
+        "b1",
+        &format!("{head_ip}:7070"),
+        "b1",
+        &run.secret_file,
+        &[],
+    );
+    wait_until("b1 to join", WAIT, || joined(&run, "b1"));
+
+    // No FIN, no RST: only heartbeats can tell.
+    let cut = Instant::now();
+    net.set_link("b1", &host_if, false);
+    wait_until("b1 to be lost", WAIT, || {
+        !run.host_events("host_lost").is_empty()
+    });
+    let took = cut.elapsed();
+    eprintln!("measured: cut-off host recorded lost after {took:?}");
+    assert!(
+        took < LOST_BOUND,
+        "lost after {took:?}, the bound is {LOST_BOUND:?}"
+    );
+    let lost = run.host_events("host_lost");
+    assert!(
+        lost[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no answer to the head's heartbeat"),
+        "{lost:?}"
+    );
+    // The host, cut off, takes the head for lost by itself and leaves.
+    assert_eq!(b1.wait_exit(LOST_BOUND), Some(1), "{}", b1.stderr());
+    assert!(
+        b1.stderr().contains("lost the head") && b1.stderr().contains("no heartbeat from the head"),
+        "{}",
+        b1.stderr()
+    );
+
+    run.release();
+    assert_eq!(head.wait_exit(WAIT), Some(0), "{}", head.stderr());
+    assert!(host_row(&run.status(), "b1").contains("lost"));
+}
+
+#[test]
+fn the_hosts_secret_never_reaches_a_loops_command() {
+    // The file: hidden from commands as the model's key file is.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - run_command: {command: "cat SECRETFILE > {f}/leak 2>&1; env > {f}/env"}
+    - calls:
+        - complete_task: {summary: "w done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Try.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let script = run.config.with_file_name("script.yml");
+    let text = std::fs::read_to_string(&script).unwrap();
+    std::fs::write(
+        &script,
+        text.replace("SECRETFILE", &secret_file.display().to_string()),
+    )
+    .unwrap();
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let out = run.command(&[]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let leak = std::fs::read_to_string(run.flag("leak")).unwrap();
+    if common::fully_confined() {
+        // Hidden: the command saw an empty file.
+        assert_eq!(leak, "", "the command read the secret file: {leak}");
+    } else {
+        eprintln!("branch: without full confinement hidden files are not hidden; `status` says so");
+    }
+
+    // The variable: withheld from commands even under a name that does not look secret.
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - run_command: {command: "env > {f}/env"}
+    - calls:
+        - complete_task: {summary: "w done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Try.\"}\n",
+    );
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-env: TD_HOSTS_COOKIE\n"
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let out = run
+        .command(&[])
+        .env("TD_HOSTS_COOKIE", SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let env = std::fs::read_to_string(run.flag("env")).unwrap();
+    assert!(env.contains("PATH="), "{env}");
+    assert!(
+        !env.contains(SECRET) && !env.contains("TD_HOSTS_COOKIE"),
+        "{env}"
+    );
+}
+
+/// `taskdaemon host` with `args` (no namespaces needed): exit code and stderr.
+fn host_alone(args: &[&str], dir: &Path) -> (i32, String) {
+    let out = std::process::Command::new(bin())
+        .arg("host")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let good = write_secret(&dir.join("good"), SECRET);
+    let good = good.display().to_string();
+    // Nobody listens there: exit 1, naming the address.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (code, err) = host_alone(
+        &["--join", &closed, "--name", "b1", "--secret-file", &good],
+        dir,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot reach the head at {closed}")),
+        "{err}"
+    );
+    // Mistakes of its own options: exit 2, before any connection.
+    let exposed = dir.join("exposed");
+    std::fs::write(&exposed, SECRET).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let exposed = exposed.display().to_string();
+    for (args, says) in [
+        (
+            vec!["--name", "b1", "--secret-file", exposed.as_str()],
+            "chmod 600",
+        ),
+        (
+            vec!["--name", "head", "--secret-file", good.as_str()],
+            "stands for the head itself",
+        ),
+        (
+            vec!["--name", "b 1", "--secret-file", good.as_str()],
+            "a host name is",
+        ),
+        (vec!["--name", "b1"], "give --secret-file FILE"),
+        (
+            vec![
+                "--name",
+                "b1",
+                "--slots",
+                "0",
+                "--secret-file",
+                good.as_str(),
+            ],
+            "--slots 0",
+        ),
+    ] {
+        let mut all = vec!["--join", closed.as_str()];
+        all.extend(args);
+        let (code, err) = host_alone(&all, dir);
+        assert_eq!(code, 2, "{all:?}: {err}");
+        assert!(err.contains(says), "{all:?}: {err}");
+    }
+}
