@@ -367,6 +367,14 @@ fn a_completed_loop_killed_in_the_queue_is_queued_again_on_resume() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // summary.json is written behind the run: killed once it says what the events say.
+    let summary_path = run_dir.join("summary.json");
+    common::wait_until("the summary to say solo completed", RUN_GUARD, || {
+        std::fs::read_to_string(&summary_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|v| v["loops"]["solo"]["status"] == "completed")
+    });
     child.kill().unwrap();
     child.wait().unwrap();
     std::fs::write(f.join("release"), "").unwrap();

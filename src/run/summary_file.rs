@@ -5,11 +5,14 @@
 //! which takes milliseconds; done in the caller, it would hold up the loop that made the
 //! change and, for changes made by events, every loop of the run. So a change only marks the
 //! summary dirty, and the writer thread writes the latest version: changes that come while a
-//! write is in progress are written together by the next one. Writes are at least
-//! [`MIN_INTERVAL`] apart: a run of 1,000 loops changes its summary thousands of times a
-//! second, and rewriting a file of 1,000 entries back to back took half the daemon's CPU
-//! (`benches/ui.rs`, perf: 14 of 28 s). [`SummaryFile::flush`] does not wait for the
-//! interval: it waits until what was changed is on the disk (the end of a run, tests).
+//! write is in progress are written together by the next one. After a write the writer
+//! rests [`REST_FACTOR`] times as long as the write took (at most [`MAX_REST`]): a run of
+//! 1,000 loops changes its summary thousands of times a second, and rewriting a file of
+//! 1,000 entries back to back took half the daemon's CPU (`benches/ui.rs`, perf: 14 of
+//! 28 s), while a small run's writes take a millisecond or two and stay as prompt as before
+//! (what a crash leaves in `summary.json` is what a resume starts from, with the events).
+//! [`SummaryFile::flush`] does not wait for the rest: it waits until what was changed is on
+//! the disk (the end of a run, tests).
 //!
 //! The summary is a view of the events and transcripts, which a resume can rebuild it from
 //! (`rebuild.rs`): a summary a little behind the events is never a loss. A write that fails
@@ -64,10 +67,11 @@ impl Failures {
     }
 }
 
-/// The shortest time between two writes of `summary.json` during a run (a flush writes at
-/// once). The file is a view for `status` and scripts, which a quarter of a second behind
-/// the events does not hurt.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(250);
+/// How many times as long as a write took the writer waits before the next one: it spends
+/// at most about a tenth of its time writing.
+pub const REST_FACTOR: u32 = 10;
+/// The longest rest between two writes during a run (a flush writes at once).
+pub const MAX_REST: Duration = Duration::from_millis(250);
 
 struct State {
     summary: RunSummary,
@@ -77,8 +81,8 @@ struct State {
     writing: bool,
     /// The record is going away: write what is dirty, then stop.
     closing: bool,
-    /// Callers waiting in [`SummaryFile::flush`]: the writer does not wait for
-    /// [`MIN_INTERVAL`] while there is one.
+    /// Callers waiting in [`SummaryFile::flush`]: the writer does not rest while there is
+    /// one.
     flushing: usize,
     /// Writes made by the writer (tests check the interval with it).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -229,7 +233,8 @@ impl Drop for SummaryFile {
 }
 
 fn writer_loop(shared: &Shared) {
-    let mut last_write: Option<Instant> = None;
+    // When the last write ended, and how long the writer rests after it.
+    let mut last_write: Option<(Instant, Duration)> = None;
     loop {
         {
             let mut state = lock(&shared.state);
@@ -241,12 +246,12 @@ fn writer_loop(shared: &Shared) {
                     state = shared.wait(state);
                     continue;
                 }
-                // Dirty: written now if the last write is far enough behind, or someone
-                // waits for it; else after the rest of the interval (changes keep coming
-                // meanwhile and go into the same write).
+                // Dirty: written now if the writer rested long enough, or someone waits for
+                // it; else after the rest of its rest (changes keep coming meanwhile and go
+                // into the same write).
                 let hurry = state.closing || state.flushing > 0;
-                let left = last_write.map_or(Duration::ZERO, |at| {
-                    MIN_INTERVAL.saturating_sub(at.elapsed())
+                let left = last_write.map_or(Duration::ZERO, |(at, rest)| {
+                    rest.saturating_sub(at.elapsed())
                 });
                 if hurry || left.is_zero() {
                     break;
@@ -257,14 +262,22 @@ fn writer_loop(shared: &Shared) {
                 };
             }
         }
-        last_write = Some(Instant::now());
+        let started = Instant::now();
         shared.write_dirty();
+        let took = started.elapsed();
+        last_write = Some((Instant::now(), (took * REST_FACTOR).min(MAX_REST)));
     }
 }
+
+/// Milliseconds each write sleeps first (tests: a slow write).
+#[cfg(test)]
+static SLOW_WRITE_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Replaces `summary.json` atomically and durably: readers see the old or the new file,
 /// never a mix, and a power loss keeps one of them. Secrets are redacted.
 pub fn write_summary(dir: &Path, summary: &RunSummary) -> Result<(), String> {
+    #[cfg(test)]
+    std::thread::sleep(Duration::from_millis(SLOW_WRITE_MS.load(Ordering::Relaxed)));
     let path = dir.join(SUMMARY_FILE);
     let text = serde_json::to_string_pretty(summary)
         .map_err(|e| format!("cannot serialize the run summary: {e}"))?;
@@ -310,8 +323,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let failures = Arc::new(Failures::new(dir.path()));
         let file = SummaryFile::start(dir.path(), RunSummary::default(), failures).unwrap();
-        // Changes for 0.6 s, one every millisecond: at most one write per interval (and
-        // the first at once), where writing back to back would make dozens.
+        // Changes for 0.6 s, one every millisecond. Each write sleeps 20 ms in the test
+        // (a slow disk, or a summary of 1,000 loops): the writer then rests 200 ms, so at
+        // most one write per 220 ms (and the first at once), where writing back to back
+        // would make about thirty.
+        SLOW_WRITE_MS.store(20, Ordering::Relaxed);
         let start = Instant::now();
         let mut n = 0u64;
         while start.elapsed() < Duration::from_millis(600) {
@@ -324,7 +340,7 @@ mod tests {
         }
         let took = start.elapsed();
         let writes = lock(&file.shared.state).writes;
-        let most = took.as_millis() / MIN_INTERVAL.as_millis() + 1;
+        let most = took.as_millis() / 220 + 1;
         assert!(
             writes >= 1 && u128::from(writes) <= most,
             "{writes} writes in {took:?}"
@@ -338,10 +354,11 @@ mod tests {
         let asked = Instant::now();
         file.flush().unwrap();
         assert!(
-            asked.elapsed() < MIN_INTERVAL * 4 / 5,
+            asked.elapsed() < Duration::from_millis(150),
             "{:?}",
             asked.elapsed()
         );
+        SLOW_WRITE_MS.store(0, Ordering::Relaxed);
         assert_eq!(read_summary(dir.path()).unwrap().run_id, "flushed");
     }
 
