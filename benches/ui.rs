@@ -290,8 +290,8 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
             let mut child = cmd.spawn().expect("taskdaemon starts");
-            let _stdout = browser::line_channel(child.stdout.take());
-            let _stderr = browser::line_channel(child.stderr.take());
+            let stdout = browser::line_channel(child.stdout.take());
+            let stderr = browser::line_channel(child.stderr.take());
             let pid = i32::try_from(child.id()).expect("pid");
             setup.wait_gate();
             let cpu0 = cpu_ms(pid).expect("the daemon's /proc stat");
@@ -303,7 +303,15 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
                     last = c;
                 }
                 if let Some(status) = child.try_wait().expect("wait") {
-                    assert!(status.success(), "the plain run failed: {status}");
+                    if !status.success() {
+                        let said: Vec<String> =
+                            stdout.try_iter().chain(stderr.try_iter()).collect();
+                        let tail = &said[said.len().saturating_sub(30)..];
+                        panic!(
+                            "the plain run failed: {status}; its last lines:\n{}",
+                            tail.join("\n")
+                        );
+                    }
                     break;
                 }
                 assert!(start.elapsed() < GUARD, "the plain run hung");
