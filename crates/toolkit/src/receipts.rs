@@ -9,7 +9,10 @@
 
 pub mod chain;
 pub mod check;
+mod lazy;
 pub mod session;
+
+pub use lazy::CallReceipt;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

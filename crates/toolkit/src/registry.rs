@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::FutureExt;
 use serde_json::Value;
@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::catalog::{Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::error::{ArgumentProblem, ToolError};
-use crate::receipts::{Receipt, SideEffect, hash_output, hash_value};
+use crate::receipts::{CallReceipt, Receipt, SideEffect};
 use crate::tool::{Tool, ToolOutput};
 use td_base::secrets;
 use td_base::sync::lock;
@@ -66,8 +66,9 @@ pub struct CallOutcome {
     pub content: String,
     /// Whether it is an error result.
     pub is_error: bool,
-    /// The call's receipt.
-    pub receipt: Receipt,
+    /// The call's receipt, read as a [`Receipt`]: its id, date and input hash are made when
+    /// it is first read (a receipt log writes it), not by a call whose receipt nobody reads.
+    pub receipt: CallReceipt,
 }
 
 struct Entry {
@@ -340,12 +341,12 @@ impl ToolSet {
         error: ToolError,
         latency: Duration,
     ) -> CallOutcome {
-        let time = td_base::time::timestamp_now();
         let checked = Checked {
             result: Err(error),
             schema_valid: None,
         };
         let spec = ctx.spec(name);
+        let time = SystemTime::now();
         self.outcome(ctx, &spec, call_id, name, input, checked, latency, time)
     }
 
@@ -358,7 +359,7 @@ impl ToolSet {
         panics: PanicPolicy,
     ) -> CallOutcome {
         let started = Instant::now();
-        let time = td_base::time::timestamp_now();
+        let time = SystemTime::now();
         let spec = ctx.spec(name);
         let checked = self
             .run_guarded(ctx, &spec, name, input.clone(), panics)
@@ -379,7 +380,9 @@ impl ToolSet {
     /// output, the recorded input and the side effects first: what the model, the transcript
     /// and the receipt see is one redacted text, the output is redacted before it is capped
     /// (a cut could leave half a secret), and the hashes cover the redacted text, so that
-    /// `replay verify` (which redacts alike) compares like with like.
+    /// `replay verify` (which redacts alike) compares like with like. The receipt's id, the
+    /// date of `time` (when the call started) and its input hash are made when it is first
+    /// read ([`CallReceipt`]).
     #[allow(clippy::too_many_arguments)]
     fn outcome(
         &self,
@@ -390,14 +393,13 @@ impl ToolSet {
         mut input: Value,
         checked: Checked,
         latency: Duration,
-        time: String,
+        time: SystemTime,
     ) -> CallOutcome {
         let Checked {
             result,
             schema_valid,
         } = checked;
         secrets::redact_value(&mut input);
-        let input_hash = hash_value(&input);
         let latency_ms = latency.as_millis() as u64;
         let (full, is_error, mut effects, error_kind) = match result {
             Ok(out) => (out.content, out.is_error, out.effects, None),
@@ -412,35 +414,37 @@ impl ToolSet {
             // A command may have committed; the next receipt must not reuse a stale HEAD.
             ctx.invalidate_commit();
         }
-        let output_hash = hash_output(&full, is_error);
         let output_bytes = full.len();
-        // Most outputs fit: they are handed on as they are, not copied.
-        let content = if output_bytes <= spec.max_output_bytes {
-            full
+        // Most outputs fit: they are handed on as they are, not copied (the receipt hashes
+        // the full output, or keeps a copy of a small one to hash when it is made).
+        let (content, full) = if output_bytes <= spec.max_output_bytes {
+            (full, None)
         } else {
-            head_tail(&full, spec.max_output_bytes)
+            (head_tail(&full, spec.max_output_bytes), Some(full))
         };
         let output_capped = content.len() != output_bytes;
         let receipt = Receipt {
-            id: uuid::Uuid::now_v7().to_string(),
+            // Made with the receipt, when it is first read.
+            id: String::new(),
             call_id: call_id.map(str::to_string),
             exec_id: ctx.exec_id().to_string(),
             tool: name.to_string(),
             input,
-            input_hash,
-            output_hash,
+            input_hash: String::new(),
+            output_hash: String::new(),
             is_error,
             error_kind,
             output_bytes,
             output_capped,
             latency_ms,
             side_effects: effects,
-            time,
+            time: String::new(),
             commit: ctx.worktree_commit(),
             schema_valid,
             seq: None,
             chain: None,
         };
+        let receipt = CallReceipt::new(receipt, time, full.as_deref().unwrap_or(&content));
         CallOutcome {
             content,
             is_error,
@@ -598,6 +602,7 @@ pub fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::receipts::{hash_output, hash_value};
     use crate::test_support::FnTool;
     use serde_json::json;
 

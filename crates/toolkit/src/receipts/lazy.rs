@@ -1,0 +1,238 @@
+//! A call's receipt as the call leaves it: complete but for the parts that cost the most to
+//! make — its id, the date of its `time` and the hashes of its input and (a small) output —,
+//! which are made the first time it is read.
+//!
+//! A receipt is read when a receipt log writes it, which is right after the call for every
+//! caller that keeps a log (a loop of a run, `tool exec`, MCP), and by callers that look at
+//! it (the engine reads a validation's side effects, replay compares output hashes). A
+//! caller that keeps no log and reads nothing of it (the merge queue's checks, the query
+//! bench) does not pay for an id, a date and hashes that nobody would see: they were half of
+//! a `query_loop` call's own cost (bench query).
+//!
+//! Made when read, the receipt is the one the call would have had made at its end: the input
+//! and output were redacted when the call ended and the hashes cover that text; `time` is
+//! when the call started (the clock is read then, only the date is written later); the id is
+//! a UUID v7 drawn when the receipt is made, so ids still sort in the order receipts are
+//! written. The output is hashed when the call ends when it is larger than
+//! [`LAZY_OUTPUT_HASH_MAX`]: to hash it later the receipt keeps a copy of it, which for a
+//! small output costs a fraction of the hash, and for a large one would hold its memory.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+use td_base::sync::lock;
+
+use super::{Receipt, hash_output, hash_value};
+
+/// Largest output (bytes) whose hash is left to when the receipt is made.
+pub const LAZY_OUTPUT_HASH_MAX: usize = 4 * 1024;
+
+/// A call's receipt, read as a [`Receipt`] (`Deref`): made in full the first time it is read
+/// (see the [module](self) docs).
+pub struct CallReceipt {
+    made: OnceLock<Box<Receipt>>,
+    draft: Mutex<Draft>,
+}
+
+/// A receipt with its id, date and hashes still to make.
+struct Draft {
+    /// Every field but `id`, `time`, `input_hash` and (when `output` is kept) `output_hash`,
+    /// which are empty.
+    receipt: Receipt,
+    /// When the call started.
+    started: SystemTime,
+    /// The full output, when it is hashed with the receipt.
+    output: Option<String>,
+}
+
+impl CallReceipt {
+    /// The receipt of a call that started at `started` and whose full (redacted, uncapped)
+    /// output is `output`, from one whose `id`, `time`, `input_hash` and `output_hash` are
+    /// left to make (whatever they hold is replaced). A small output is copied to be hashed
+    /// when the receipt is made, a larger one is hashed now.
+    pub(crate) fn new(mut receipt: Receipt, started: SystemTime, output: &str) -> Self {
+        let output = if output.len() <= LAZY_OUTPUT_HASH_MAX {
+            Some(output.to_string())
+        } else {
+            receipt.output_hash = hash_output(output, receipt.is_error);
+            None
+        };
+        Self {
+            made: OnceLock::new(),
+            draft: Mutex::new(Draft {
+                receipt,
+                started,
+                output,
+            }),
+        }
+    }
+
+    /// Whether it was made already (read, or written to a log).
+    pub fn is_made(&self) -> bool {
+        self.made.get().is_some()
+    }
+
+    /// The receipt, made if it was not yet.
+    pub fn into_receipt(self) -> Receipt {
+        match self.made.into_inner() {
+            Some(receipt) => *receipt,
+            None => make(&mut self.draft.into_inner().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+}
+
+/// Makes the receipt of `draft`: its parts are computed first, so that nothing is taken out
+/// of the draft unless the receipt can be completed.
+fn make(draft: &mut Draft) -> Receipt {
+    let id = uuid::Uuid::now_v7().to_string();
+    let time = td_base::time::timestamp_at(draft.started);
+    let input_hash = hash_value(&draft.receipt.input);
+    let output_hash = draft
+        .output
+        .as_deref()
+        .map(|output| hash_output(output, draft.receipt.is_error));
+    let mut receipt = std::mem::replace(&mut draft.receipt, empty());
+    receipt.id = id;
+    receipt.time = time;
+    receipt.input_hash = input_hash;
+    if let Some(hash) = output_hash {
+        receipt.output_hash = hash;
+    }
+    receipt
+}
+
+impl std::ops::Deref for CallReceipt {
+    type Target = Receipt;
+
+    fn deref(&self) -> &Receipt {
+        self.made
+            .get_or_init(|| Box::new(make(&mut lock(&self.draft))))
+    }
+}
+
+impl Clone for CallReceipt {
+    fn clone(&self) -> Self {
+        let made = OnceLock::new();
+        let _ = made.set(Box::new((**self).clone()));
+        Self {
+            made,
+            draft: Mutex::new(Draft {
+                receipt: empty(),
+                started: SystemTime::UNIX_EPOCH,
+                output: None,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for CallReceipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// What a made receipt leaves in its draft: nothing (no field allocates).
+fn empty() -> Receipt {
+    Receipt {
+        id: String::new(),
+        call_id: None,
+        exec_id: String::new(),
+        tool: String::new(),
+        input: Value::Null,
+        input_hash: String::new(),
+        output_hash: String::new(),
+        is_error: false,
+        error_kind: None,
+        output_bytes: 0,
+        output_capped: false,
+        latency_ms: 0,
+        side_effects: Vec::new(),
+        time: String::new(),
+        commit: None,
+        schema_valid: None,
+        seq: None,
+        chain: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::receipts::test_receipt;
+
+    /// `test_receipt(n)` as a call leaves it, with its output `""`: the parts still to make
+    /// hold junk.
+    fn draft(n: usize) -> Receipt {
+        Receipt {
+            id: "x".into(),
+            time: "y".into(),
+            input_hash: "z".into(),
+            output_hash: "w".into(),
+            ..test_receipt(n)
+        }
+    }
+
+    #[test]
+    fn made_once_when_first_read_with_the_start_time_and_the_hashes() {
+        let complete = test_receipt(7);
+        let started = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let receipt = CallReceipt::new(draft(7), started, "");
+        assert!(!receipt.is_made());
+        assert_eq!(receipt.input, json!({"command": "echo 7"}), "read through");
+        assert!(receipt.is_made());
+        assert_eq!(receipt.time, "2023-11-14T22:13:20.123Z");
+        let id = uuid::Uuid::parse_str(&receipt.id).unwrap();
+        assert_eq!(id.get_version_num(), 7);
+        // Every other field as the call left it, the hashes as if made at its end.
+        let expected = Receipt {
+            id: receipt.id.clone(),
+            time: receipt.time.clone(),
+            ..complete
+        };
+        assert_eq!(*receipt, expected);
+        // Read again (or cloned): the same receipt, not a second one.
+        assert_eq!(*receipt, expected);
+        assert_eq!(*receipt.clone(), expected);
+        assert_eq!(receipt.into_receipt(), expected);
+        let unread = CallReceipt::new(draft(7), started, "").into_receipt();
+        assert_eq!(unread.input_hash, expected.input_hash);
+        assert_eq!(unread.output_hash, expected.output_hash);
+        assert_eq!(unread.time, "2023-11-14T22:13:20.123Z");
+    }
+
+    #[test]
+    fn outputs_large_and_small_are_hashed_alike() {
+        for (len, is_error) in [
+            (0, false),
+            (LAZY_OUTPUT_HASH_MAX, true),
+            (LAZY_OUTPUT_HASH_MAX + 1, false),
+        ] {
+            let output = "é\n".repeat(len / 3) + &"x".repeat(len % 3);
+            assert_eq!(output.len(), len);
+            let receipt = CallReceipt::new(
+                Receipt {
+                    is_error,
+                    ..draft(1)
+                },
+                SystemTime::now(),
+                &output,
+            );
+            assert_eq!(receipt.output_hash, hash_output(&output, is_error), "{len}");
+        }
+    }
+
+    #[test]
+    fn ids_follow_the_order_receipts_are_made_in() {
+        let make = || CallReceipt::new(draft(1), SystemTime::now(), "");
+        let (a, b) = (make(), make());
+        // `b` is read (written) first: its id sorts first.
+        let (b_id, a_id) = (b.id.clone(), a.id.clone());
+        assert!(b_id < a_id, "{b_id} then {a_id}");
+    }
+}
