@@ -575,7 +575,12 @@ impl QueryRecord {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let (id, from, to) = (self.id, self.from.clone(), self.target.clone());
+        // Recorded once: the names are handed to the event, not copied.
+        let (id, from, to) = (
+            self.id,
+            std::mem::take(&mut self.from),
+            std::mem::take(&mut self.target),
+        );
         self.events.record(match outcome {
             Ok(answer) => EventKind::QueryAnswered {
                 id,
