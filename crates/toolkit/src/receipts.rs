@@ -13,6 +13,7 @@ mod lazy;
 pub mod session;
 
 pub use lazy::CallReceipt;
+pub(crate) use lazy::Caller;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

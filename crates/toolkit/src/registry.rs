@@ -4,6 +4,7 @@
 //! Loops, `tool exec`, MCP and replay all call tools through `ToolSet::call`, so limits,
 //! receipts and the redaction of secrets cannot differ between fronts.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::pin;
@@ -17,7 +18,7 @@ use serde_json::Value;
 use crate::catalog::{Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::error::{ArgumentProblem, ToolError};
-use crate::receipts::{CallReceipt, Receipt, SideEffect};
+use crate::receipts::{CallReceipt, Caller, Receipt, SideEffect};
 use crate::tool::{Tool, ToolOutput};
 use td_base::secrets;
 use td_base::sync::lock;
@@ -344,6 +345,7 @@ impl ToolSet {
         let checked = Checked {
             result: Err(error),
             schema_valid: None,
+            tool: self.get(name).map(|t| t.name()),
         };
         let spec = ctx.spec(name);
         let time = SystemTime::now();
@@ -361,9 +363,8 @@ impl ToolSet {
         let started = Instant::now();
         let time = SystemTime::now();
         let spec = ctx.spec(name);
-        let checked = self
-            .run_guarded(ctx, &spec, name, input.clone(), panics)
-            .await;
+        // The tool borrows the input: it stays here for the receipt, uncopied.
+        let checked = self.run_guarded(ctx, &spec, name, &input, panics).await;
         self.outcome(
             ctx,
             &spec,
@@ -398,6 +399,7 @@ impl ToolSet {
         let Checked {
             result,
             schema_valid,
+            tool,
         } = checked;
         secrets::redact_value(&mut input);
         let latency_ms = latency.as_millis() as u64;
@@ -427,8 +429,8 @@ impl ToolSet {
             // Made with the receipt, when it is first read.
             id: String::new(),
             call_id: call_id.map(str::to_string),
-            exec_id: ctx.exec_id().to_string(),
-            tool: name.to_string(),
+            exec_id: String::new(),
+            tool: String::new(),
             input,
             input_hash: String::new(),
             output_hash: String::new(),
@@ -444,7 +446,11 @@ impl ToolSet {
             seq: None,
             chain: None,
         };
-        let receipt = CallReceipt::new(receipt, time, full.as_deref().unwrap_or(&content));
+        let caller = Caller {
+            exec_id: Arc::clone(ctx.shared_exec_id()),
+            tool: tool.map_or_else(|| Cow::Owned(name.to_string()), Cow::Borrowed),
+        };
+        let receipt = CallReceipt::new(receipt, caller, time, full.as_deref().unwrap_or(&content));
         CallOutcome {
             content,
             is_error,
@@ -459,25 +465,31 @@ impl ToolSet {
         ctx: &ToolContext,
         spec: &ToolSpec,
         name: &str,
-        input: Value,
+        input: &Value,
         panics: PanicPolicy,
     ) -> Checked {
-        let refused = |error| Checked {
-            result: Err(error),
-            schema_valid: Some(false),
-        };
         let Some(entry) = self.entries.get(name) else {
-            return refused(self.unknown(name));
+            return Checked {
+                result: Err(self.unknown(name)),
+                schema_valid: Some(false),
+                tool: None,
+            };
         };
+        let tool = Some(entry.tool.name());
         // The quick check first; the problems are listed only for an input it refuses.
-        if !entry.validator.is_valid(&input)
-            && let Err(error) = self.validate(name, &input)
+        if !entry.validator.is_valid(input)
+            && let Err(error) = self.validate(name, input)
         {
-            return refused(error);
+            return Checked {
+                result: Err(error),
+                schema_valid: Some(false),
+                tool,
+            };
         }
         Checked {
             result: run_validated(entry, ctx, spec, name, input, panics).await,
             schema_valid: Some(true),
+            tool,
         }
     }
 }
@@ -495,7 +507,7 @@ async fn run_validated(
     ctx: &ToolContext,
     spec: &ToolSpec,
     name: &str,
-    input: Value,
+    input: &Value,
     panics: PanicPolicy,
 ) -> Result<ToolOutput, ToolError> {
     let deadline = match spec.lane {
@@ -514,7 +526,7 @@ async fn run_validated(
         timeout_ms: watchdog.as_millis() as u64,
         detail: format!(" ({name})"),
     };
-    let run = entry.tool.execute(input, ctx);
+    let run = entry.tool.execute_borrowed(input, ctx);
     if panics == PanicPolicy::Propagate {
         return match deadline {
             None => run.await,
@@ -573,10 +585,12 @@ fn redact_side_effect(effect: &mut SideEffect) {
     }
 }
 
-/// A call's result, and whether the schema accepted its input (`None`: not known).
+/// A call's result, whether the schema accepted its input (`None`: not known), and the
+/// tool's own name when the set has it.
 struct Checked {
     result: Result<ToolOutput, ToolError>,
     schema_valid: Option<bool>,
+    tool: Option<&'static str>,
 }
 
 /// What to do when a tool panics.

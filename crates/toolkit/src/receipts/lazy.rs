@@ -17,7 +17,8 @@
 //! [`LAZY_OUTPUT_HASH_MAX`]: to hash it later the receipt keeps a copy of it, which for a
 //! small output costs a fraction of the hash, and for a large one would hold its memory.
 
-use std::sync::{Mutex, OnceLock};
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use serde_json::Value;
@@ -31,54 +32,81 @@ pub const LAZY_OUTPUT_HASH_MAX: usize = 4 * 1024;
 
 /// A call's receipt, read as a [`Receipt`] (`Deref`): made in full the first time it is read
 /// (see the [module](self) docs).
-pub struct CallReceipt {
-    made: OnceLock<Box<Receipt>>,
+///
+/// Boxed: an outcome is moved through every layer of the call path (registry, lane, call
+/// path, caller), and a receipt inline made each move a copy of several hundred bytes.
+pub struct CallReceipt(Box<Cell>);
+
+/// The receipt once made, and what makes it.
+struct Cell {
+    made: OnceLock<Receipt>,
     draft: Mutex<Draft>,
 }
 
 /// A receipt with its id, date and hashes still to make.
 struct Draft {
-    /// Every field but `id`, `time`, `input_hash` and (when `output` is kept) `output_hash`,
-    /// which are empty.
+    /// Every field but `id`, `time`, `input_hash`, `exec_id`, `tool` and (when `output` is
+    /// kept) `output_hash`, which are empty.
     receipt: Receipt,
+    /// The calling loop, shared with its context until the receipt is made.
+    exec_id: Arc<str>,
+    /// The tool's name (its own, for a tool of the set).
+    tool: Cow<'static, str>,
     /// When the call started.
     started: SystemTime,
     /// The full output, when it is hashed with the receipt.
     output: Option<String>,
 }
 
+/// Who made a call, for its receipt: the loop and the tool's name.
+pub(crate) struct Caller {
+    /// The loop (its context's shared exec id).
+    pub exec_id: Arc<str>,
+    /// The tool, as named by its set when it is one (no copy), else as called.
+    pub tool: Cow<'static, str>,
+}
+
 impl CallReceipt {
-    /// The receipt of a call that started at `started` and whose full (redacted, uncapped)
-    /// output is `output`, from one whose `id`, `time`, `input_hash` and `output_hash` are
-    /// left to make (whatever they hold is replaced). A small output is copied to be hashed
-    /// when the receipt is made, a larger one is hashed now.
-    pub(crate) fn new(mut receipt: Receipt, started: SystemTime, output: &str) -> Self {
+    /// The receipt of `caller`'s call that started at `started` and whose full (redacted,
+    /// uncapped) output is `output`, from one whose `id`, `time`, `exec_id`, `tool`,
+    /// `input_hash` and `output_hash` are left to make (whatever they hold is replaced). A
+    /// small output is copied to be hashed when the receipt is made, a larger one is hashed
+    /// now.
+    pub(crate) fn new(
+        mut receipt: Receipt,
+        caller: Caller,
+        started: SystemTime,
+        output: &str,
+    ) -> Self {
         let output = if output.len() <= LAZY_OUTPUT_HASH_MAX {
             Some(output.to_string())
         } else {
             receipt.output_hash = hash_output(output, receipt.is_error);
             None
         };
-        Self {
+        Self(Box::new(Cell {
             made: OnceLock::new(),
             draft: Mutex::new(Draft {
                 receipt,
+                exec_id: caller.exec_id,
+                tool: caller.tool,
                 started,
                 output,
             }),
-        }
+        }))
     }
 
     /// Whether it was made already (read, or written to a log).
     pub fn is_made(&self) -> bool {
-        self.made.get().is_some()
+        self.0.made.get().is_some()
     }
 
     /// The receipt, made if it was not yet.
     pub fn into_receipt(self) -> Receipt {
-        match self.made.into_inner() {
-            Some(receipt) => *receipt,
-            None => make(&mut self.draft.into_inner().unwrap_or_else(|e| e.into_inner())),
+        let Cell { made, draft } = *self.0;
+        match made.into_inner() {
+            Some(receipt) => receipt,
+            None => make(&mut draft.into_inner().unwrap_or_else(|e| e.into_inner())),
         }
     }
 }
@@ -97,6 +125,8 @@ fn make(draft: &mut Draft) -> Receipt {
     receipt.id = id;
     receipt.time = time;
     receipt.input_hash = input_hash;
+    receipt.exec_id = draft.exec_id.to_string();
+    receipt.tool = std::mem::take(&mut draft.tool).into_owned();
     if let Some(hash) = output_hash {
         receipt.output_hash = hash;
     }
@@ -107,23 +137,24 @@ impl std::ops::Deref for CallReceipt {
     type Target = Receipt;
 
     fn deref(&self) -> &Receipt {
-        self.made
-            .get_or_init(|| Box::new(make(&mut lock(&self.draft))))
+        self.0.made.get_or_init(|| make(&mut lock(&self.0.draft)))
     }
 }
 
 impl Clone for CallReceipt {
     fn clone(&self) -> Self {
         let made = OnceLock::new();
-        let _ = made.set(Box::new((**self).clone()));
-        Self {
+        let _ = made.set((**self).clone());
+        Self(Box::new(Cell {
             made,
             draft: Mutex::new(Draft {
                 receipt: empty(),
+                exec_id: Arc::from(""),
+                tool: Cow::Borrowed(""),
                 started: SystemTime::UNIX_EPOCH,
                 output: None,
             }),
-        }
+        }))
     }
 }
 
@@ -174,7 +205,17 @@ mod tests {
             time: "y".into(),
             input_hash: "z".into(),
             output_hash: "w".into(),
+            exec_id: "v".into(),
+            tool: "u".into(),
             ..test_receipt(n)
+        }
+    }
+
+    /// `test_receipt`'s caller: loop `e`, tool `run_command`.
+    fn caller() -> Caller {
+        Caller {
+            exec_id: Arc::from("e"),
+            tool: Cow::Borrowed("run_command"),
         }
     }
 
@@ -182,7 +223,7 @@ mod tests {
     fn made_once_when_first_read_with_the_start_time_and_the_hashes() {
         let complete = test_receipt(7);
         let started = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
-        let receipt = CallReceipt::new(draft(7), started, "");
+        let receipt = CallReceipt::new(draft(7), caller(), started, "");
         assert!(!receipt.is_made());
         assert_eq!(receipt.input, json!({"command": "echo 7"}), "read through");
         assert!(receipt.is_made());
@@ -200,7 +241,7 @@ mod tests {
         assert_eq!(*receipt, expected);
         assert_eq!(*receipt.clone(), expected);
         assert_eq!(receipt.into_receipt(), expected);
-        let unread = CallReceipt::new(draft(7), started, "").into_receipt();
+        let unread = CallReceipt::new(draft(7), caller(), started, "").into_receipt();
         assert_eq!(unread.input_hash, expected.input_hash);
         assert_eq!(unread.output_hash, expected.output_hash);
         assert_eq!(unread.time, "2023-11-14T22:13:20.123Z");
@@ -220,6 +261,7 @@ mod tests {
                     is_error,
                     ..draft(1)
                 },
+                caller(),
                 SystemTime::now(),
                 &output,
             );
@@ -229,7 +271,7 @@ mod tests {
 
     #[test]
     fn ids_follow_the_order_receipts_are_made_in() {
-        let make = || CallReceipt::new(draft(1), SystemTime::now(), "");
+        let make = || CallReceipt::new(draft(1), caller(), SystemTime::now(), "");
         let (a, b) = (make(), make());
         // `b` is read (written) first: its id sorts first.
         let (b_id, a_id) = (b.id.clone(), a.id.clone());
