@@ -134,7 +134,8 @@ async fn ask(input: &Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
             Duration::from_millis(timeout_ms),
         )
         .await?;
-    Ok(ToolOutput::text(format!("Reply from {target}:\n{reply}")))
+    // Joined rather than formatted: one allocation of the right size, no formatter.
+    Ok(ToolOutput::text(["Reply from ", target, ":\n", &reply].concat()))
 }
 
 #[cfg(test)]
