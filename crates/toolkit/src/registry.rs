@@ -10,7 +10,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use serde_json::Value;
@@ -348,8 +348,17 @@ impl ToolSet {
             tool: self.get(name).map(|t| t.name()),
         };
         let spec = ctx.spec(name);
-        let time = SystemTime::now();
-        self.outcome(ctx, &spec, call_id, name, input, checked, latency, time)
+        // Its receipt's time is now, when the failure is known (as it always was).
+        self.outcome(
+            ctx,
+            &spec,
+            call_id,
+            name,
+            input,
+            checked,
+            latency,
+            Instant::now(),
+        )
     }
 
     async fn call_with(
@@ -361,7 +370,6 @@ impl ToolSet {
         panics: PanicPolicy,
     ) -> CallOutcome {
         let started = Instant::now();
-        let time = SystemTime::now();
         let spec = ctx.spec(name);
         // The tool borrows the input: it stays here for the receipt, uncopied.
         let checked = self.run_guarded(ctx, &spec, name, &input, panics).await;
@@ -373,7 +381,7 @@ impl ToolSet {
             input,
             checked,
             started.elapsed(),
-            time,
+            started,
         )
     }
 
@@ -382,7 +390,7 @@ impl ToolSet {
     /// and the receipt see is one redacted text, the output is redacted before it is capped
     /// (a cut could leave half a secret), and the hashes cover the redacted text, so that
     /// `replay verify` (which redacts alike) compares like with like. The receipt's id, the
-    /// date of `time` (when the call started) and its input hash are made when it is first
+    /// date of `time` (when the call `started`) and its hashes are made when it is first
     /// read ([`CallReceipt`]).
     #[allow(clippy::too_many_arguments)]
     fn outcome(
@@ -394,7 +402,7 @@ impl ToolSet {
         mut input: Value,
         checked: Checked,
         latency: Duration,
-        time: SystemTime,
+        started: Instant,
     ) -> CallOutcome {
         let Checked {
             result,
@@ -450,7 +458,12 @@ impl ToolSet {
             exec_id: Arc::clone(ctx.shared_exec_id()),
             tool: tool.map_or_else(|| Cow::Owned(name.to_string()), Cow::Borrowed),
         };
-        let receipt = CallReceipt::new(receipt, caller, time, full.as_deref().unwrap_or(&content));
+        let receipt = CallReceipt::new(
+            receipt,
+            caller,
+            started,
+            full.as_deref().unwrap_or(&content),
+        );
         CallOutcome {
             content,
             is_error,

@@ -11,15 +11,15 @@
 //!
 //! Made when read, the receipt is the one the call would have had made at its end: the input
 //! and output were redacted when the call ended and the hashes cover that text; `time` is
-//! when the call started (the clock is read then, only the date is written later); the id is
-//! a UUID v7 drawn when the receipt is made, so ids still sort in the order receipts are
-//! written. The output is hashed when the call ends when it is larger than
+//! when the call started, the wall clock now less the monotonic time since the start (the
+//! same reading unless the wall clock was set in between); the id is a UUID v7 drawn when
+//! the receipt is made, so ids still sort in the order receipts are written. The output is hashed when the call ends when it is larger than
 //! [`LAZY_OUTPUT_HASH_MAX`]: to hash it later the receipt keeps a copy of it, which for a
 //! small output costs a fraction of the hash, and for a large one would hold its memory.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use serde_json::Value;
 
@@ -53,7 +53,7 @@ struct Draft {
     /// The tool's name (its own, for a tool of the set).
     tool: Cow<'static, str>,
     /// When the call started.
-    started: SystemTime,
+    started: Instant,
     /// The full output, when it is hashed with the receipt.
     output: Option<String>,
 }
@@ -75,7 +75,7 @@ impl CallReceipt {
     pub(crate) fn new(
         mut receipt: Receipt,
         caller: Caller,
-        started: SystemTime,
+        started: Instant,
         output: &str,
     ) -> Self {
         let output = if output.len() <= LAZY_OUTPUT_HASH_MAX {
@@ -115,7 +115,7 @@ impl CallReceipt {
 /// of the draft unless the receipt can be completed.
 fn make(draft: &mut Draft) -> Receipt {
     let id = uuid::Uuid::now_v7().to_string();
-    let time = td_base::time::timestamp_at(draft.started);
+    let time = td_base::time::timestamp_at(wall_time_of(draft.started));
     let input_hash = hash_value(&draft.receipt.input);
     let output_hash = draft
         .output
@@ -131,6 +131,12 @@ fn make(draft: &mut Draft) -> Receipt {
         receipt.output_hash = hash;
     }
     receipt
+}
+
+/// When `started` was on the wall clock: now, less the time since.
+fn wall_time_of(started: Instant) -> SystemTime {
+    let now = SystemTime::now();
+    now.checked_sub(started.elapsed()).unwrap_or(now)
 }
 
 impl std::ops::Deref for CallReceipt {
@@ -151,7 +157,7 @@ impl Clone for CallReceipt {
                 receipt: empty(),
                 exec_id: Arc::from(""),
                 tool: Cow::Borrowed(""),
-                started: SystemTime::UNIX_EPOCH,
+                started: Instant::now(),
                 output: None,
             }),
         }))
@@ -219,15 +225,28 @@ mod tests {
         }
     }
 
+    /// The date of the time `ago` before now.
+    fn date_ago(ago: Duration) -> String {
+        td_base::time::timestamp_at(SystemTime::now() - ago)
+    }
+
     #[test]
     fn made_once_when_first_read_with_the_start_time_and_the_hashes() {
         let complete = test_receipt(7);
-        let started = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let ago = Duration::from_secs(5);
+        let started = Instant::now().checked_sub(ago).unwrap();
         let receipt = CallReceipt::new(draft(7), caller(), started, "");
         assert!(!receipt.is_made());
+        let earliest = date_ago(ago);
         assert_eq!(receipt.input, json!({"command": "echo 7"}), "read through");
+        let latest = date_ago(ago);
         assert!(receipt.is_made());
-        assert_eq!(receipt.time, "2023-11-14T22:13:20.123Z");
+        // When the call started, though it is written later.
+        assert!(
+            earliest <= receipt.time && receipt.time <= latest,
+            "{earliest} <= {} <= {latest}",
+            receipt.time
+        );
         let id = uuid::Uuid::parse_str(&receipt.id).unwrap();
         assert_eq!(id.get_version_num(), 7);
         // Every other field as the call left it, the hashes as if made at its end.
@@ -241,10 +260,11 @@ mod tests {
         assert_eq!(*receipt, expected);
         assert_eq!(*receipt.clone(), expected);
         assert_eq!(receipt.into_receipt(), expected);
+        let earliest = date_ago(ago);
         let unread = CallReceipt::new(draft(7), caller(), started, "").into_receipt();
         assert_eq!(unread.input_hash, expected.input_hash);
         assert_eq!(unread.output_hash, expected.output_hash);
-        assert_eq!(unread.time, "2023-11-14T22:13:20.123Z");
+        assert!(earliest <= unread.time && unread.time <= date_ago(ago));
     }
 
     #[test]
@@ -262,7 +282,7 @@ mod tests {
                     ..draft(1)
                 },
                 caller(),
-                SystemTime::now(),
+                Instant::now(),
                 &output,
             );
             assert_eq!(receipt.output_hash, hash_output(&output, is_error), "{len}");
@@ -271,7 +291,7 @@ mod tests {
 
     #[test]
     fn ids_follow_the_order_receipts_are_made_in() {
-        let make = || CallReceipt::new(draft(1), caller(), SystemTime::now(), "");
+        let make = || CallReceipt::new(draft(1), caller(), Instant::now(), "");
         let (a, b) = (make(), make());
         // `b` is read (written) first: its id sorts first.
         let (b_id, a_id) = (b.id.clone(), a.id.clone());
