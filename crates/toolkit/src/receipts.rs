@@ -13,7 +13,7 @@ mod lazy;
 pub mod session;
 
 pub use lazy::CallReceipt;
-pub(crate) use lazy::Caller;
+pub(crate) use lazy::{CallDraft, DraftOutput};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

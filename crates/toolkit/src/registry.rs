@@ -18,7 +18,7 @@ use serde_json::Value;
 use crate::catalog::{Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::error::{ArgumentProblem, ToolError};
-use crate::receipts::{CallReceipt, Caller, Receipt, SideEffect};
+use crate::receipts::{CallDraft, CallReceipt, DraftOutput, SideEffect};
 use crate::tool::{Tool, ToolOutput};
 use td_base::secrets;
 use td_base::sync::lock;
@@ -433,37 +433,22 @@ impl ToolSet {
             (head_tail(&full, spec.max_output_bytes), Some(full))
         };
         let output_capped = content.len() != output_bytes;
-        let receipt = Receipt {
-            // Made with the receipt, when it is first read.
-            id: String::new(),
+        let receipt = CallReceipt::new(CallDraft {
             call_id: call_id.map(str::to_string),
-            exec_id: String::new(),
-            tool: String::new(),
+            exec_id: Arc::clone(ctx.shared_exec_id()),
+            tool: tool.map_or_else(|| Cow::Owned(name.to_string()), Cow::Borrowed),
             input,
-            input_hash: String::new(),
-            output_hash: String::new(),
+            output: DraftOutput::of(full.as_deref().unwrap_or(&content), is_error),
             is_error,
             error_kind,
             output_bytes,
             output_capped,
             latency_ms,
             side_effects: effects,
-            time: String::new(),
             commit: ctx.worktree_commit(),
             schema_valid,
-            seq: None,
-            chain: None,
-        };
-        let caller = Caller {
-            exec_id: Arc::clone(ctx.shared_exec_id()),
-            tool: tool.map_or_else(|| Cow::Owned(name.to_string()), Cow::Borrowed),
-        };
-        let receipt = CallReceipt::new(
-            receipt,
-            caller,
             started,
-            full.as_deref().unwrap_or(&content),
-        );
+        });
         CallOutcome {
             content,
             is_error,

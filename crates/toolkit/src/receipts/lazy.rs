@@ -13,9 +13,10 @@
 //! and output were redacted when the call ended and the hashes cover that text; `time` is
 //! when the call started, the wall clock now less the monotonic time since the start (the
 //! same reading unless the wall clock was set in between); the id is a UUID v7 drawn when
-//! the receipt is made, so ids still sort in the order receipts are written. The output is hashed when the call ends when it is larger than
-//! [`LAZY_OUTPUT_HASH_MAX`]: to hash it later the receipt keeps a copy of it, which for a
-//! small output costs a fraction of the hash, and for a large one would hold its memory.
+//! the receipt is made, so ids still sort in the order receipts are written. An output
+//! larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to hash it later the
+//! receipt keeps a copy, which for a small output costs a fraction of the hash, and for a
+//! large one would hold its memory.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -25,7 +26,7 @@ use serde_json::Value;
 
 use td_base::sync::lock;
 
-use super::{Receipt, hash_output, hash_value};
+use super::{Receipt, SideEffect, hash_output, hash_value};
 
 /// Largest output (bytes) whose hash is left to when the receipt is made.
 pub const LAZY_OUTPUT_HASH_MAX: usize = 4 * 1024;
@@ -37,62 +38,71 @@ pub const LAZY_OUTPUT_HASH_MAX: usize = 4 * 1024;
 /// path, caller), and a receipt inline made each move a copy of several hundred bytes.
 pub struct CallReceipt(Box<Cell>);
 
-/// The receipt once made, and what makes it.
+/// The receipt once made, and what makes it (taken when it is made).
 struct Cell {
     made: OnceLock<Receipt>,
-    draft: Mutex<Draft>,
+    draft: Mutex<Option<CallDraft>>,
 }
 
-/// A receipt with its id, date and hashes still to make.
-struct Draft {
-    /// Every field but `id`, `time`, `input_hash`, `exec_id`, `tool` and (when `output` is
-    /// kept) `output_hash`, which are empty.
-    receipt: Receipt,
+/// What a call leaves for its receipt: the [`Receipt`]'s fields as the call ended, but for
+/// the id, the date and the hashes, which are made from these.
+pub(crate) struct CallDraft {
+    /// The model's id for the call.
+    pub call_id: Option<String>,
     /// The calling loop, shared with its context until the receipt is made.
-    exec_id: Arc<str>,
-    /// The tool's name (its own, for a tool of the set).
-    tool: Cow<'static, str>,
+    pub exec_id: Arc<str>,
+    /// The tool's name (its own, not a copy, for a tool of the set).
+    pub tool: Cow<'static, str>,
+    /// The input, redacted.
+    pub input: Value,
+    /// The full output, redacted: see [`DraftOutput::of`].
+    pub output: DraftOutput,
+    /// As [`Receipt::is_error`].
+    pub is_error: bool,
+    /// As [`Receipt::error_kind`].
+    pub error_kind: Option<String>,
+    /// As [`Receipt::output_bytes`].
+    pub output_bytes: usize,
+    /// As [`Receipt::output_capped`].
+    pub output_capped: bool,
+    /// As [`Receipt::latency_ms`].
+    pub latency_ms: u64,
+    /// As [`Receipt::side_effects`].
+    pub side_effects: Vec<SideEffect>,
+    /// As [`Receipt::commit`].
+    pub commit: Option<String>,
+    /// As [`Receipt::schema_valid`].
+    pub schema_valid: Option<bool>,
     /// When the call started.
-    started: Instant,
-    /// The full output, when it is hashed with the receipt.
-    output: Option<String>,
+    pub started: Instant,
 }
 
-/// Who made a call, for its receipt: the loop and the tool's name.
-pub(crate) struct Caller {
-    /// The loop (its context's shared exec id).
-    pub exec_id: Arc<str>,
-    /// The tool, as named by its set when it is one (no copy), else as called.
-    pub tool: Cow<'static, str>,
+/// A call's full output, for its receipt's `output_hash`.
+pub(crate) enum DraftOutput {
+    /// A small output, kept to be hashed when the receipt is made.
+    Kept(String),
+    /// The hash of a large output, made when the call ended.
+    Hashed(String),
+}
+
+impl DraftOutput {
+    /// The full (redacted, uncapped) `output` of a call that `is_error` or not: kept when it
+    /// is small, else hashed now.
+    pub(crate) fn of(output: &str, is_error: bool) -> Self {
+        if output.len() <= LAZY_OUTPUT_HASH_MAX {
+            Self::Kept(output.to_string())
+        } else {
+            Self::Hashed(hash_output(output, is_error))
+        }
+    }
 }
 
 impl CallReceipt {
-    /// The receipt of `caller`'s call that started at `started` and whose full (redacted,
-    /// uncapped) output is `output`, from one whose `id`, `time`, `exec_id`, `tool`,
-    /// `input_hash` and `output_hash` are left to make (whatever they hold is replaced). A
-    /// small output is copied to be hashed when the receipt is made, a larger one is hashed
-    /// now.
-    pub(crate) fn new(
-        mut receipt: Receipt,
-        caller: Caller,
-        started: Instant,
-        output: &str,
-    ) -> Self {
-        let output = if output.len() <= LAZY_OUTPUT_HASH_MAX {
-            Some(output.to_string())
-        } else {
-            receipt.output_hash = hash_output(output, receipt.is_error);
-            None
-        };
+    /// The receipt `draft` makes when it is first read.
+    pub(crate) fn new(draft: CallDraft) -> Self {
         Self(Box::new(Cell {
             made: OnceLock::new(),
-            draft: Mutex::new(Draft {
-                receipt,
-                exec_id: caller.exec_id,
-                tool: caller.tool,
-                started,
-                output,
-            }),
+            draft: Mutex::new(Some(draft)),
         }))
     }
 
@@ -106,31 +116,41 @@ impl CallReceipt {
         let Cell { made, draft } = *self.0;
         match made.into_inner() {
             Some(receipt) => receipt,
-            None => make(&mut draft.into_inner().unwrap_or_else(|e| e.into_inner())),
+            None => make(draft.into_inner().unwrap_or_else(|e| e.into_inner())),
         }
     }
 }
 
-/// Makes the receipt of `draft`: its parts are computed first, so that nothing is taken out
-/// of the draft unless the receipt can be completed.
-fn make(draft: &mut Draft) -> Receipt {
-    let id = uuid::Uuid::now_v7().to_string();
-    let time = td_base::time::timestamp_at(wall_time_of(draft.started));
-    let input_hash = hash_value(&draft.receipt.input);
-    let output_hash = draft
-        .output
-        .as_deref()
-        .map(|output| hash_output(output, draft.receipt.is_error));
-    let mut receipt = std::mem::replace(&mut draft.receipt, empty());
-    receipt.id = id;
-    receipt.time = time;
-    receipt.input_hash = input_hash;
-    receipt.exec_id = draft.exec_id.to_string();
-    receipt.tool = std::mem::take(&mut draft.tool).into_owned();
-    if let Some(hash) = output_hash {
-        receipt.output_hash = hash;
+/// Makes the receipt of `draft` (`None` only for a cell whose receipt was made already,
+/// which is never made again: an empty receipt, so that nothing here can panic).
+fn make(draft: Option<CallDraft>) -> Receipt {
+    let Some(d) = draft else {
+        return empty();
+    };
+    let output_hash = match d.output {
+        DraftOutput::Kept(output) => hash_output(&output, d.is_error),
+        DraftOutput::Hashed(hash) => hash,
+    };
+    Receipt {
+        id: uuid::Uuid::now_v7().to_string(),
+        call_id: d.call_id,
+        exec_id: d.exec_id.to_string(),
+        tool: d.tool.into_owned(),
+        input_hash: hash_value(&d.input),
+        input: d.input,
+        output_hash,
+        is_error: d.is_error,
+        error_kind: d.error_kind,
+        output_bytes: d.output_bytes,
+        output_capped: d.output_capped,
+        latency_ms: d.latency_ms,
+        side_effects: d.side_effects,
+        time: td_base::time::timestamp_at(wall_time_of(d.started)),
+        commit: d.commit,
+        schema_valid: d.schema_valid,
+        seq: None,
+        chain: None,
     }
-    receipt
 }
 
 /// When `started` was on the wall clock: now, less the time since.
@@ -143,7 +163,7 @@ impl std::ops::Deref for CallReceipt {
     type Target = Receipt;
 
     fn deref(&self) -> &Receipt {
-        self.0.made.get_or_init(|| make(&mut lock(&self.0.draft)))
+        self.0.made.get_or_init(|| make(lock(&self.0.draft).take()))
     }
 }
 
@@ -153,13 +173,7 @@ impl Clone for CallReceipt {
         let _ = made.set((**self).clone());
         Self(Box::new(Cell {
             made,
-            draft: Mutex::new(Draft {
-                receipt: empty(),
-                exec_id: Arc::from(""),
-                tool: Cow::Borrowed(""),
-                started: Instant::now(),
-                output: None,
-            }),
+            draft: Mutex::new(None),
         }))
     }
 }
@@ -170,7 +184,7 @@ impl std::fmt::Debug for CallReceipt {
     }
 }
 
-/// What a made receipt leaves in its draft: nothing (no field allocates).
+/// The receipt of no call (see [`make`]).
 fn empty() -> Receipt {
     Receipt {
         id: String::new(),
@@ -203,25 +217,24 @@ mod tests {
     use super::*;
     use crate::receipts::test_receipt;
 
-    /// `test_receipt(n)` as a call leaves it, with its output `""`: the parts still to make
-    /// hold junk.
-    fn draft(n: usize) -> Receipt {
-        Receipt {
-            id: "x".into(),
-            time: "y".into(),
-            input_hash: "z".into(),
-            output_hash: "w".into(),
-            exec_id: "v".into(),
-            tool: "u".into(),
-            ..test_receipt(n)
-        }
-    }
-
-    /// `test_receipt`'s caller: loop `e`, tool `run_command`.
-    fn caller() -> Caller {
-        Caller {
-            exec_id: Arc::from("e"),
+    /// What the call of `test_receipt(n)` leaves, started at `started`, with `output`.
+    fn draft(n: usize, started: Instant, output: &str, is_error: bool) -> CallDraft {
+        let r = test_receipt(n);
+        CallDraft {
+            call_id: r.call_id,
+            exec_id: Arc::from(r.exec_id.as_str()),
             tool: Cow::Borrowed("run_command"),
+            input: r.input,
+            output: DraftOutput::of(output, is_error),
+            is_error,
+            error_kind: r.error_kind,
+            output_bytes: r.output_bytes,
+            output_capped: r.output_capped,
+            latency_ms: r.latency_ms,
+            side_effects: r.side_effects,
+            commit: r.commit,
+            schema_valid: r.schema_valid,
+            started,
         }
     }
 
@@ -235,7 +248,7 @@ mod tests {
         let complete = test_receipt(7);
         let ago = Duration::from_secs(5);
         let started = Instant::now().checked_sub(ago).unwrap();
-        let receipt = CallReceipt::new(draft(7), caller(), started, "");
+        let receipt = CallReceipt::new(draft(7, started, "", false));
         assert!(!receipt.is_made());
         let earliest = date_ago(ago);
         assert_eq!(receipt.input, json!({"command": "echo 7"}), "read through");
@@ -261,7 +274,7 @@ mod tests {
         assert_eq!(*receipt.clone(), expected);
         assert_eq!(receipt.into_receipt(), expected);
         let earliest = date_ago(ago);
-        let unread = CallReceipt::new(draft(7), caller(), started, "").into_receipt();
+        let unread = CallReceipt::new(draft(7, started, "", false)).into_receipt();
         assert_eq!(unread.input_hash, expected.input_hash);
         assert_eq!(unread.output_hash, expected.output_hash);
         assert!(earliest <= unread.time && unread.time <= date_ago(ago));
@@ -276,22 +289,14 @@ mod tests {
         ] {
             let output = "é\n".repeat(len / 3) + &"x".repeat(len % 3);
             assert_eq!(output.len(), len);
-            let receipt = CallReceipt::new(
-                Receipt {
-                    is_error,
-                    ..draft(1)
-                },
-                caller(),
-                Instant::now(),
-                &output,
-            );
+            let receipt = CallReceipt::new(draft(1, Instant::now(), &output, is_error));
             assert_eq!(receipt.output_hash, hash_output(&output, is_error), "{len}");
         }
     }
 
     #[test]
     fn ids_follow_the_order_receipts_are_made_in() {
-        let make = || CallReceipt::new(draft(1), caller(), Instant::now(), "");
+        let make = || CallReceipt::new(draft(1, Instant::now(), "", false));
         let (a, b) = (make(), make());
         // `b` is read (written) first: its id sorts first.
         let (b_id, a_id) = (b.id.clone(), a.id.clone());
