@@ -209,7 +209,11 @@ impl Turns<'_> {
                 return TurnsEnd::EndTurn(response.text);
             }
             request.messages.push(assistant_message(&response));
-            let (results, stopped, unrecorded) = self.run_calls(turn, &response, rules).await;
+            // Boxed: only a turn with calls needs it, and inline it made every conversation's
+            // future larger than the allocator's small sizes (an answer is boxed per query, and
+            // a larger box is allocated and freed the slow way: bench query).
+            let (results, stopped, unrecorded) =
+                Box::pin(self.run_calls(turn, &response, rules)).await;
             request.messages.push(Message {
                 role: Role::User,
                 content: results,

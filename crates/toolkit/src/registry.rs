@@ -313,7 +313,22 @@ impl ToolSet {
         name: &str,
         input: Value,
     ) -> CallOutcome {
-        self.call_with(ctx, call_id, name, input, PanicPolicy::Catch)
+        let spec = ctx.spec(name);
+        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Catch)
+            .await
+    }
+
+    /// [`ToolSet::call`] with the catalog entry of `name` in `ctx` looked up already (a call
+    /// path keeps those of its tools).
+    pub(crate) async fn call_specified(
+        &self,
+        ctx: &ToolContext,
+        spec: ToolSpec,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+    ) -> CallOutcome {
+        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Catch)
             .await
     }
 
@@ -327,7 +342,8 @@ impl ToolSet {
         name: &str,
         input: Value,
     ) -> CallOutcome {
-        self.call_with(ctx, call_id, name, input, PanicPolicy::Propagate)
+        let spec = ctx.spec(name);
+        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Propagate)
             .await
     }
 
@@ -364,13 +380,13 @@ impl ToolSet {
     async fn call_with(
         &self,
         ctx: &ToolContext,
+        spec: ToolSpec,
         call_id: Option<&str>,
         name: &str,
         input: Value,
         panics: PanicPolicy,
     ) -> CallOutcome {
         let started = Instant::now();
-        let spec = ctx.spec(name);
         // The tool borrows the input: it stays here for the receipt, uncopied.
         let checked = self.run_guarded(ctx, &spec, name, &input, panics).await;
         self.outcome(
