@@ -135,7 +135,9 @@ async fn ask(input: &Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
         )
         .await?;
     // Joined rather than formatted: one allocation of the right size, no formatter.
-    Ok(ToolOutput::text(["Reply from ", target, ":\n", &reply].concat()))
+    Ok(ToolOutput::text(
+        ["Reply from ", target, ":\n", &reply].concat(),
+    ))
 }
 
 #[cfg(test)]
