@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::catalog::{Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::error::{ArgumentProblem, ToolError};
+use crate::quick_schema::QuickSchema;
 use crate::receipts::{CallDraft, CallReceipt, DraftOutput, SideEffect};
 use crate::tool::{Tool, ToolOutput};
 use td_base::secrets;
@@ -75,6 +76,8 @@ pub struct CallOutcome {
 struct Entry {
     tool: Arc<dyn Tool>,
     validator: jsonschema::Validator,
+    /// The quick check in front of the validator, when the schema is simple enough.
+    quick: Option<QuickSchema>,
 }
 
 impl Entry {
@@ -87,13 +90,24 @@ impl Entry {
     }
 
     fn compile(tool: Arc<dyn Tool>) -> Result<Self, RegistryError> {
-        let validator = jsonschema::validator_for(&tool.input_schema()).map_err(|e| {
-            RegistryError::InvalidSchema {
+        let schema = tool.input_schema();
+        let validator =
+            jsonschema::validator_for(&schema).map_err(|e| RegistryError::InvalidSchema {
                 tool: tool.name().to_string(),
                 reason: e.to_string(),
-            }
-        })?;
-        Ok(Self { tool, validator })
+            })?;
+        let quick = QuickSchema::compile(&schema);
+        Ok(Self {
+            tool,
+            validator,
+            quick,
+        })
+    }
+
+    /// Whether `input` passes the schema: the quick check when it is certain, else the
+    /// validator.
+    fn is_valid(&self, input: &Value) -> bool {
+        self.quick.as_ref().is_some_and(|q| q.accepts(input)) || self.validator.is_valid(input)
     }
 }
 
@@ -490,8 +504,8 @@ impl ToolSet {
             };
         };
         let tool = Some(entry.tool.name());
-        // The quick check first; the problems are listed only for an input it refuses.
-        if !entry.validator.is_valid(input)
+        // The quick checks first; the problems are listed only for an input they refuse.
+        if !entry.is_valid(input)
             && let Err(error) = self.validate(name, input)
         {
             return Checked {
