@@ -297,6 +297,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_receipt_is_made_when_it_is_saved_or_read_and_not_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("receipts.jsonl");
+        let log = Arc::new(ReceiptLog::open(&log_path).unwrap());
+        let kept = path(dir.path(), Arc::default(), Some(log));
+        let not_kept = path(dir.path(), Arc::default(), None);
+        for name in ["read_file", "list_loops", "nope"] {
+            let saved = kept.call(Some("k"), name, json!({"a": 1})).await.outcome;
+            assert!(saved.receipt.is_made(), "{name}: written to the log");
+            let unsaved = not_kept
+                .call(Some("n"), name, json!({"a": 1}))
+                .await
+                .outcome;
+            assert!(!unsaved.receipt.is_made(), "{name}: nobody read it");
+            // Read later, it is the receipt the log got, but for its id, time and call id.
+            let (saved, unsaved) = (saved.receipt.into_receipt(), unsaved.receipt.into_receipt());
+            assert_ne!(saved.id, unsaved.id);
+            assert_eq!(
+                crate::receipts::Receipt {
+                    id: saved.id.clone(),
+                    time: saved.time.clone(),
+                    call_id: saved.call_id.clone(),
+                    latency_ms: saved.latency_ms,
+                    ..unsaved
+                },
+                saved
+            );
+        }
+        let written = std::fs::read_to_string(&log_path).unwrap();
+        assert_eq!(written.lines().count(), 3);
+    }
+
+    #[tokio::test]
     async fn every_call_leaves_its_receipt_and_a_failed_save_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let log_path = dir.path().join("receipts.jsonl");
