@@ -152,11 +152,13 @@ async fn rig() -> Rig {
     }
 }
 
-/// `BENCH_CALLS=KIND:N` (KIND `port`, `tool` or `echo`): the latency part's setup, then `N`
-/// untimed calls of one kind on the current-thread runtime, and no report. For counting
-/// instructions: run it under `valgrind --tool=callgrind` with two values of `N`; the
-/// difference of the two totals over the difference of `N` is what one call costs, setup
-/// and shutdown excluded (see BENCHMARKS.md).
+/// `BENCH_CALLS=KIND:N` (KIND `port`, `tool`, `tool-receipt` or `echo`): the latency part's
+/// setup, then `N` calls of one kind on the current-thread runtime, and no report but their
+/// mean wall time. `tool-receipt` is `tool` with each call's receipt made (read), as a loop
+/// that keeps a receipt log makes it (the write itself excluded). For counting instructions:
+/// run it under `valgrind --tool=callgrind` with two values of `N`; the difference of the two
+/// totals over the difference of `N` is what one call costs, setup and shutdown excluded
+/// (see BENCHMARKS.md).
 async fn calls_only(kind: &str, n: usize) {
     let Rig {
         _dir,
@@ -166,6 +168,7 @@ async fn calls_only(kind: &str, n: usize) {
         echo,
     } = rig().await;
     let input = json!({"target_exec_id": "b", "question": QUESTION});
+    let started = Instant::now();
     for _ in 0..n {
         settle().await;
         match kind {
@@ -178,10 +181,22 @@ async fn calls_only(kind: &str, n: usize) {
                 let out = calls.call(Some("q"), "query_loop", input).await.outcome;
                 assert!(!out.is_error, "{}", out.content);
             }
+            "tool-receipt" => {
+                let input = input.clone();
+                let out = calls.call(Some("q"), "query_loop", input).await.outcome;
+                assert!(!out.is_error, "{}", out.content);
+                assert!(out.receipt.input_hash.starts_with("sha256:"));
+            }
             "echo" => assert_eq!(echo_call(&echo).await, QUESTION),
-            other => panic!("BENCH_CALLS: unknown kind '{other}' (port, tool or echo)"),
+            other => {
+                panic!("BENCH_CALLS: unknown kind '{other}' (port, tool, tool-receipt or echo)")
+            }
         }
     }
+    eprintln!(
+        "# {kind}: {n} calls, {:.0} ns each (with a yield before each)",
+        started.elapsed().as_nanos() as f64 / n.max(1) as f64
+    );
     echo.stop(None);
     rt.shutdown().await;
 }
@@ -451,7 +466,7 @@ fn main() {
         let (kind, n) = spec
             .split_once(':')
             .and_then(|(k, n)| Some((k.to_string(), n.parse::<usize>().ok()?)))
-            .expect("BENCH_CALLS=KIND:N (KIND port, tool or echo)");
+            .expect("BENCH_CALLS=KIND:N (KIND port, tool, tool-receipt or echo)");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
