@@ -125,7 +125,17 @@ async fn settle() {
     tokio::task::yield_now().await;
 }
 
-async fn latency(report: &mut Report, runtime: &str) {
+/// What the latency part measures: loops `a` and `b` on a runtime, `a`'s port and call
+/// path, and the echo actor.
+struct Rig {
+    _dir: tempfile::TempDir,
+    rt: Runtime,
+    port: Arc<CoordinatorPort>,
+    calls: CallPath,
+    echo: ActorRef<Ask>,
+}
+
+async fn rig() -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
     let names = vec!["a".to_string(), "b".to_string()];
     let rt = start_loops(dir.path(), &names).await;
@@ -134,6 +144,72 @@ async fn latency(report: &mut Report, runtime: &str) {
     let tools = Arc::new(td_tools::tool_set(&["query_loop"]).expect("tools"));
     let calls = CallPath::new(ctx_a, tools, Arc::new(rt.lanes.clone()), None);
     let (echo, _) = Actor::spawn(None, Echo, ()).await.expect("echo");
+    Rig {
+        _dir: dir,
+        rt,
+        port,
+        calls,
+        echo,
+    }
+}
+
+/// `BENCH_CALLS=KIND:N` (KIND `port`, `tool`, `tool-receipt` or `echo`): the latency part's
+/// setup, then `N` calls of one kind on the current-thread runtime, and no report but their
+/// mean wall time. `tool-receipt` is `tool` with each call's receipt made (read), as a loop
+/// that keeps a receipt log makes it (the write itself excluded). For counting instructions:
+/// run it under `valgrind --tool=callgrind` with two values of `N`; the difference of the two
+/// totals over the difference of `N` is what one call costs, setup and shutdown excluded
+/// (see BENCHMARKS.md).
+async fn calls_only(kind: &str, n: usize) {
+    let Rig {
+        _dir,
+        rt,
+        port,
+        calls,
+        echo,
+    } = rig().await;
+    let input = json!({"target_exec_id": "b", "question": QUESTION});
+    let started = Instant::now();
+    for _ in 0..n {
+        settle().await;
+        match kind {
+            "port" => {
+                let answer = port.query("a", "b", QUESTION, TIMEOUT).await;
+                assert_eq!(answer.as_deref().ok(), Some(ANSWER), "{answer:?}");
+            }
+            "tool" => {
+                let input = input.clone();
+                let out = calls.call(Some("q"), "query_loop", input).await.outcome;
+                assert!(!out.is_error, "{}", out.content);
+            }
+            "tool-receipt" => {
+                let input = input.clone();
+                let out = calls.call(Some("q"), "query_loop", input).await.outcome;
+                assert!(!out.is_error, "{}", out.content);
+                assert!(out.receipt.input_hash.starts_with("sha256:"));
+            }
+            "echo" => assert_eq!(echo_call(&echo).await, QUESTION),
+            other => {
+                panic!("BENCH_CALLS: unknown kind '{other}' (port, tool, tool-receipt or echo)")
+            }
+        }
+    }
+    eprintln!(
+        "# {kind}: {n} calls, {:.0} ns each (with a yield before each)",
+        started.elapsed().as_nanos() as f64 / n.max(1) as f64
+    );
+    echo.stop(None);
+    rt.shutdown().await;
+}
+
+async fn latency(report: &mut Report, runtime: &str) {
+    let Rig {
+        _dir,
+        rt,
+        port,
+        calls,
+        echo,
+    } = rig().await;
 
     // Rounds of alternating samples; each metric is the median over rounds of the round's
     // percentile, so that one unlucky stretch (the machine is shared) moves neither side much.
@@ -387,6 +463,18 @@ async fn throughput(report: &mut Report) {
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var("BENCH_CALLS") {
+        let (kind, n) = spec
+            .split_once(':')
+            .and_then(|(k, n)| Some((k.to_string(), n.parse::<usize>().ok()?)))
+            .expect("BENCH_CALLS=KIND:N (KIND port, tool, tool-receipt or echo)");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio")
+            .block_on(calls_only(&kind, n));
+        return;
+    }
     print_machine("query");
     // `BENCH_ONLY=latency` (or `1 thread`, `multi-thread`, `throughput`) runs one part only.
     let mut report = Report::new("query");

@@ -375,7 +375,7 @@ async fn replay_one(
         report.differ += 1;
         CallVerdict::Differs {
             expected: receipt.output_hash.clone(),
-            actual: outcome.receipt.output_hash,
+            actual: outcome.receipt.into_receipt().output_hash,
             excerpt: td_base::text::head_tail(&outcome.content, 400),
         }
     }
@@ -540,7 +540,7 @@ mod tests {
             )
             .await;
         log.append(&b.receipt).unwrap();
-        let mut other = a.receipt.clone();
+        let mut other = a.receipt.into_receipt();
         other.output_hash = "sha256:0".into();
         log.append(&other).unwrap();
 

@@ -27,6 +27,7 @@
 
 use std::borrow::Cow;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{OnceLock, RwLock};
 
 use serde_json::Value;
@@ -89,6 +90,10 @@ struct Secret {
     marker: String,
 }
 
+/// Whether any secret was registered: until one is, text is redacted without taking the
+/// registry's lock (every tool call redacts its input and output).
+static ANY_REGISTERED: AtomicBool = AtomicBool::new(false);
+
 fn registry() -> &'static RwLock<Vec<Secret>> {
     static SECRETS: OnceLock<RwLock<Vec<Secret>>> = OnceLock::new();
     SECRETS.get_or_init(|| RwLock::new(Vec::new()))
@@ -107,6 +112,7 @@ pub fn register(name: &str, value: &str) {
     if secrets.iter().any(|s| s.value == value) {
         return;
     }
+    ANY_REGISTERED.store(true, Ordering::Release);
     secrets.push(Secret {
         value: value.to_string(),
         escaped: json_escaped(value),
@@ -140,7 +146,14 @@ pub fn is_secret_value(value: &str) -> bool {
 /// tail cut left on either side of its omission marker. Borrowed (no copy) when it holds
 /// none, which is the common case.
 pub fn redact(text: &str) -> Cow<'_, str> {
-    let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
+    if !ANY_REGISTERED.load(Ordering::Acquire) {
+        return Cow::Borrowed(text);
+    }
+    redact_in(text, &registry().read().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// [`redact`] with the registered secrets in hand (read once for a whole value).
+fn redact_in<'t>(text: &'t str, secrets: &[Secret]) -> Cow<'t, str> {
     let mut out: Cow<'_, str> = Cow::Borrowed(text);
     for secret in secrets.iter() {
         replace_all(&mut out, &secret.value, &secret.marker);
@@ -148,7 +161,7 @@ pub fn redact(text: &str) -> Cow<'_, str> {
             replace_all(&mut out, &secret.escaped, &secret.marker);
         }
     }
-    if let Some(cut) = redact_cut_fragments(&out, &secrets) {
+    if let Some(cut) = redact_cut_fragments(&out, secrets) {
         out = Cow::Owned(cut);
     }
     out
@@ -169,6 +182,9 @@ pub fn redact(text: &str) -> Cow<'_, str> {
 /// was replaced, and a document that no longer parses is redacted value by value instead
 /// (written compact).
 pub fn redact_json(text: &str) -> Cow<'_, str> {
+    if !ANY_REGISTERED.load(Ordering::Acquire) {
+        return Cow::Borrowed(text);
+    }
     let replaced = {
         let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
         let mut out: Cow<'_, str> = Cow::Borrowed(text);
@@ -197,29 +213,47 @@ pub fn redact_json(text: &str) -> Cow<'_, str> {
 /// Redacts every string inside `value` (object keys too), in place; returns whether anything
 /// was replaced.
 pub fn redact_value(value: &mut Value) -> bool {
+    // The secrets are read once for the whole value (every tool call's input comes here);
+    // with none registered there is nothing to look for.
+    if !ANY_REGISTERED.load(Ordering::Acquire) {
+        return false;
+    }
+    let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
+    !secrets.is_empty() && redact_value_in(value, &secrets)
+}
+
+fn redact_value_in(value: &mut Value, secrets: &[Secret]) -> bool {
     match value {
-        Value::String(s) => match redact(s) {
+        Value::String(s) => match redact_in(s, secrets) {
             Cow::Borrowed(_) => false,
             Cow::Owned(r) => {
                 *s = r;
                 true
             }
         },
-        Value::Array(items) => items
-            .iter_mut()
-            .fold(false, |changed, item| redact_value(item) | changed),
+        Value::Array(items) => items.iter_mut().fold(false, |changed, item| {
+            redact_value_in(item, secrets) | changed
+        }),
         Value::Object(map) => {
-            if map.keys().any(|k| matches!(redact(k), Cow::Owned(_))) {
+            if map
+                .keys()
+                .any(|k| matches!(redact_in(k, secrets), Cow::Owned(_)))
+            {
                 // Keys cannot be changed in place: the map is rebuilt, in its order.
                 let old = std::mem::take(map);
                 for (key, mut item) in old {
-                    redact_value(&mut item);
-                    map.insert(redact_owned(key), item);
+                    redact_value_in(&mut item, secrets);
+                    let key = match redact_in(&key, secrets) {
+                        Cow::Borrowed(_) => key,
+                        Cow::Owned(redacted) => redacted,
+                    };
+                    map.insert(key, item);
                 }
                 true
             } else {
-                map.values_mut()
-                    .fold(false, |changed, item| redact_value(item) | changed)
+                map.values_mut().fold(false, |changed, item| {
+                    redact_value_in(item, secrets) | changed
+                })
             }
         }
         Value::Null | Value::Bool(_) | Value::Number(_) => false,

@@ -95,6 +95,13 @@ pub trait TranscriptSink: Send + Sync {
     /// Records one entry of `loop_name`'s transcript.
     fn record(&self, loop_name: &str, entry: TranscriptEntry);
 
+    /// Whether the entries given to [`TranscriptSink::record`] are kept. A sink that
+    /// discards them ([`NoTranscript`]) says no, and the turn loop then does not build them
+    /// (a request's new messages and each response are copied into their entries).
+    fn keeps_entries(&self) -> bool {
+        true
+    }
+
     /// Why the record behind this sink can no longer be written, once a write to it failed
     /// (`None` while every write went through, and for sinks that cannot fail). The engine
     /// stops a loop before its next model or tool call when this says so: work whose record
@@ -149,4 +156,8 @@ pub struct NoTranscript;
 
 impl TranscriptSink for NoTranscript {
     fn record(&self, _loop_name: &str, _entry: TranscriptEntry) {}
+
+    fn keeps_entries(&self) -> bool {
+        false
+    }
 }

@@ -159,15 +159,12 @@ impl Turns<'_> {
                 Err(why) => return TurnsEnd::OverBudget(why),
             };
             rules.before_request(&mut request.messages);
-            self.transcript.record(
-                self.loop_name,
-                TranscriptEntry::Request {
-                    iteration: self.iteration,
-                    turn,
-                    purpose: request.purpose.clone(),
-                    new_messages: request.messages[sent..].to_vec(),
-                },
-            );
+            self.note(|| TranscriptEntry::Request {
+                iteration: self.iteration,
+                turn,
+                purpose: request.purpose.clone(),
+                new_messages: request.messages[sent..].to_vec(),
+            });
             sent = request.messages.len();
             if let Some(count) = self.model_calls {
                 count.fetch_add(1, Ordering::Relaxed);
@@ -201,21 +198,22 @@ impl Turns<'_> {
                     return TurnsEnd::ModelError(e);
                 }
             };
-            self.transcript.record(
-                self.loop_name,
-                TranscriptEntry::Response {
-                    iteration: self.iteration,
-                    turn,
-                    response: response.clone(),
-                },
-            );
+            self.note(|| TranscriptEntry::Response {
+                iteration: self.iteration,
+                turn,
+                response: response.clone(),
+            });
             self.settle(hold, turn, &response);
             if response.tool_calls.is_empty() {
                 // The conversation ends here: nothing will send the reply back.
                 return TurnsEnd::EndTurn(response.text);
             }
             request.messages.push(assistant_message(&response));
-            let (results, stopped, unrecorded) = self.run_calls(turn, &response, rules).await;
+            // Boxed: only a turn with calls needs it, and inline it made every conversation's
+            // future larger than the allocator's small sizes (an answer is boxed per query, and
+            // a larger box is allocated and freed the slow way: bench query).
+            let (results, stopped, unrecorded) =
+                Box::pin(self.run_calls(turn, &response, rules)).await;
             request.messages.push(Message {
                 role: Role::User,
                 content: results,
@@ -237,15 +235,20 @@ impl Turns<'_> {
     fn settle(&self, hold: Hold, turn: u32, response: &LlmResponse) {
         let spend = hold.settle(&response.usage);
         lock(self.charge.spent).add(&spend);
-        self.transcript.record(
-            self.loop_name,
-            TranscriptEntry::Spent {
-                iteration: self.iteration,
-                turn,
-                charged_to: self.charge.charged_to.map(str::to_string),
-                spend,
-            },
-        );
+        self.note(|| TranscriptEntry::Spent {
+            iteration: self.iteration,
+            turn,
+            charged_to: self.charge.charged_to.map(str::to_string),
+            spend,
+        });
+    }
+
+    /// Records the entry `entry` makes, if the transcript keeps entries (building one copies
+    /// messages and responses).
+    fn note(&self, entry: impl FnOnce() -> TranscriptEntry) {
+        if self.transcript.keeps_entries() {
+            self.transcript.record(self.loop_name, entry());
+        }
     }
 
     /// Runs the calls of one response (see the module doc). Returns the results, whether a
@@ -344,17 +347,14 @@ impl Turns<'_> {
                     true,
                 ),
             };
-            self.transcript.record(
-                self.loop_name,
-                TranscriptEntry::ToolResult {
-                    iteration: self.iteration,
-                    turn,
-                    call_id: call.id.clone(),
-                    name: call.name.clone(),
-                    content: content.clone(),
-                    is_error,
-                },
-            );
+            self.note(|| TranscriptEntry::ToolResult {
+                iteration: self.iteration,
+                turn,
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: content.clone(),
+                is_error,
+            });
             blocks.push(Block::ToolResult {
                 tool_use_id: call.id.clone(),
                 content,
@@ -595,5 +595,64 @@ mod tests {
         assert_eq!(notices.0, 0);
         assert_eq!(llm.0.load(Ordering::Relaxed), 2);
         assert_eq!(budgets.run_spent().tokens(), 220);
+    }
+
+    /// Keeps no entries, and fails the test if it is handed one.
+    struct KeepsNothing;
+
+    impl TranscriptSink for KeepsNothing {
+        fn record(&self, _loop_name: &str, entry: TranscriptEntry) {
+            panic!("an entry was built for a sink that keeps none: {entry:?}");
+        }
+
+        fn keeps_entries(&self) -> bool {
+            false
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sink_that_keeps_no_entries_is_handed_none_and_the_turns_run_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = CallPath::new(
+            Arc::new(ToolContext::new(dir.path(), "b").unwrap()),
+            Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
+            Arc::new(InCallerTask),
+            None,
+        );
+        let budgets = Budgets::new(
+            Limits::default(),
+            Pricing {
+                model: "m".into(),
+                price: None,
+                max_output_tokens: 500,
+            },
+            Carried::default(),
+        );
+        let account = budgets.account("b");
+        let llm = Counting(AtomicU32::new(0));
+        let spent = Mutex::new(Spend::default());
+        let turns = Turns {
+            loop_name: "b",
+            iteration: 1,
+            max_turns: 4,
+            llm: &llm,
+            transcript: &KeepsNothing,
+            calls: &calls,
+            stop: None,
+            model_calls: None,
+            events: None,
+            charge: Charge {
+                account: &account,
+                charged_to: None,
+                spent: &spent,
+            },
+        };
+        let end = turns.run(&mut request(), &mut Notices(0)).await;
+        assert!(
+            matches!(end, TurnsEnd::EndTurn(Some(ref t)) if t == "done"),
+            "{end:?}"
+        );
+        assert_eq!(lock(&spent).tokens(), 110, "what it spent is still counted");
+        assert_eq!(budgets.run_spent().tokens(), 110);
     }
 }

@@ -12,6 +12,8 @@
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -534,31 +536,58 @@ impl RoutedQuery {
             // allocation then merged freed memory first (glibc's malloc_consolidate: about a
             // tenth of a `query_loop` call, bench query).
             let mut answering = Box::pin(answerer.answer_counting(&record.from, &question, &spent));
-            let target = &record.target;
-            let answered = |r: Result<String, AnswerError>| {
-                r.map_err(|why| format!("loop '{target}' could not answer: {why}"))
-            };
             // An answer that needs no waiting (a local or scripted model) is taken without
             // arming a timer: on the multi-threaded runtime arming one wakes the thread parked
             // on the timer driver, which cost more than the rest of the query (query bench).
             // Polling once first changes nothing else: `timeout_at` polls the answer first too.
             match answering.as_mut().now_or_never() {
-                Some(r) => answered(r),
-                None => tokio::select! {
-                    r = tokio::time::timeout_at(deadline, answering) => match r {
-                        Ok(r) => answered(r),
-                        Err(_) => Err(format!(
-                            "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
-                            record.timeout.as_millis()
-                        )),
-                    },
-                    _ = cancelled => Err(stopped_before_answering(target)),
-                },
+                Some(r) => answered(&record.target, r),
+                // Boxed: the timer and the select are only needed here, and inline they made
+                // every query's future (moved a few times per query) larger.
+                None => {
+                    Box::pin(wait_for_answer(
+                        answering,
+                        deadline,
+                        cancelled,
+                        &record.target,
+                        record.timeout,
+                    ))
+                    .await
+                }
             }
         };
         let spent = *lock(&spent);
         record.record(&outcome, (!spent.is_empty()).then_some(spent));
         outcome.map_err(|message| ToolError::Unavailable { message })
+    }
+}
+
+/// An answer of loop `target`, or why there is none, as the asker is told.
+fn answered(target: &str, answer: Result<String, AnswerError>) -> Result<String, String> {
+    answer.map_err(|why| format!("loop '{target}' could not answer: {why}"))
+}
+
+/// Waits for an answer that was not ready at once: until the asker's `deadline` (`timeout`
+/// after it asked), or until `target` leaves the run (`cancelled`).
+async fn wait_for_answer<F>(
+    answering: Pin<Box<F>>,
+    deadline: tokio::time::Instant,
+    cancelled: oneshot::Receiver<()>,
+    target: &str,
+    timeout: Duration,
+) -> Result<String, String>
+where
+    F: Future<Output = Result<String, AnswerError>>,
+{
+    tokio::select! {
+        r = tokio::time::timeout_at(deadline, answering) => match r {
+            Ok(r) => answered(target, r),
+            Err(_) => Err(format!(
+                "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
+                timeout.as_millis()
+            )),
+        },
+        _ = cancelled => Err(stopped_before_answering(target)),
     }
 }
 
@@ -578,7 +607,12 @@ impl QueryRecord {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let (id, from, to) = (self.id, self.from.clone(), self.target.clone());
+        // Recorded once: the names are handed to the event, not copied.
+        let (id, from, to) = (
+            self.id,
+            std::mem::take(&mut self.from),
+            std::mem::take(&mut self.target),
+        );
         self.events.record(match outcome {
             Ok(answer) => EventKind::QueryAnswered {
                 id,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::catalog::{Lane, Route};
+use crate::catalog::{Lane, Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::receipts::ReceiptLog;
 use crate::registry::{CallOutcome, ToolSet};
@@ -89,9 +89,10 @@ pub struct Called {
 pub struct CallPath {
     ctx: Arc<ToolContext>,
     tools: Arc<ToolSet>,
-    /// The route of every tool of the set, decided once (names are the tools' own). A
-    /// set has a few dozen tools at most: a scan finds one faster than hashing its name.
-    routes: Vec<(&'static str, Route)>,
+    /// The catalog entry (route, limits) of every tool of the set, looked up once (names
+    /// are the tools' own). A set has a few dozen tools at most: a scan finds one faster
+    /// than hashing its name.
+    specs: Vec<(&'static str, ToolSpec)>,
     runner: Arc<dyn LaneRunner>,
     receipts: Option<Arc<ReceiptLog>>,
 }
@@ -115,16 +116,16 @@ impl CallPath {
         runner: Arc<dyn LaneRunner>,
         receipts: Option<Arc<ReceiptLog>>,
     ) -> Self {
-        let routes = tools
+        let specs = tools
             .names()
             .iter()
             .filter_map(|name| tools.get(name))
-            .map(|tool| (tool.name(), ctx.spec(tool.name()).lane))
+            .map(|tool| (tool.name(), ctx.spec(tool.name())))
             .collect();
         Self {
             ctx,
             tools,
-            routes,
+            specs,
             runner,
             receipts,
         }
@@ -147,10 +148,15 @@ impl CallPath {
 
     /// Where calls of `name` go; `None` when the set has no such tool.
     pub fn route(&self, name: &str) -> Option<Route> {
-        self.routes
+        self.spec(name).map(|spec| spec.lane)
+    }
+
+    /// The catalog entry of `name`; `None` when the set has no such tool.
+    fn spec(&self, name: &str) -> Option<ToolSpec> {
+        self.specs
             .iter()
             .find(|(tool, _)| *tool == name)
-            .map(|&(_, route)| route)
+            .map(|&(_, spec)| spec)
     }
 
     /// Whether calls of `name` may run beside other such calls of one model response: a
@@ -163,8 +169,11 @@ impl CallPath {
 
     /// Runs one call where its route says and saves its receipt.
     pub async fn call(&self, call_id: Option<&str>, name: &str, input: Value) -> Called {
-        let outcome = match self.route(name) {
-            Some(Route::Lane(lane)) => {
+        let outcome = match self.spec(name) {
+            Some(ToolSpec {
+                lane: Route::Lane(lane),
+                ..
+            }) => {
                 let job = ToolJob {
                     ctx: Arc::clone(&self.ctx),
                     tools: Arc::clone(&self.tools),
@@ -174,11 +183,14 @@ impl CallPath {
                 };
                 self.runner.run(lane, job).await
             }
-            // Coordination tools wait on other loops: a worker must never be held for
-            // that. Unknown names are answered by the registry without running anything.
-            Some(Route::Coordinator) | None => {
-                self.tools.call(&self.ctx, call_id, name, input).await
+            // Coordination tools wait on other loops: a worker must never be held for that.
+            Some(spec) => {
+                self.tools
+                    .call_specified(&self.ctx, spec, call_id, name, input)
+                    .await
             }
+            // Unknown names are answered by the registry without running anything.
+            None => self.tools.call(&self.ctx, call_id, name, input).await,
         };
         let saved = self.save(&outcome);
         Called { outcome, saved }
@@ -282,6 +294,39 @@ mod tests {
         assert!(!calls.concurrent("write_file"), "it writes");
         assert!(!calls.concurrent("list_loops"), "it waits on other loops");
         assert!(!calls.concurrent("grep"), "not in the set");
+    }
+
+    #[tokio::test]
+    async fn a_receipt_is_made_when_it_is_saved_or_read_and_not_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("receipts.jsonl");
+        let log = Arc::new(ReceiptLog::open(&log_path).unwrap());
+        let kept = path(dir.path(), Arc::default(), Some(log));
+        let not_kept = path(dir.path(), Arc::default(), None);
+        for name in ["read_file", "list_loops", "nope"] {
+            let saved = kept.call(Some("k"), name, json!({"a": 1})).await.outcome;
+            assert!(saved.receipt.is_made(), "{name}: written to the log");
+            let unsaved = not_kept
+                .call(Some("n"), name, json!({"a": 1}))
+                .await
+                .outcome;
+            assert!(!unsaved.receipt.is_made(), "{name}: nobody read it");
+            // Read later, it is the receipt the log got, but for its id, time and call id.
+            let (saved, unsaved) = (saved.receipt.into_receipt(), unsaved.receipt.into_receipt());
+            assert_ne!(saved.id, unsaved.id);
+            assert_eq!(
+                crate::receipts::Receipt {
+                    id: saved.id.clone(),
+                    time: saved.time.clone(),
+                    call_id: saved.call_id.clone(),
+                    latency_ms: saved.latency_ms,
+                    ..unsaved
+                },
+                saved
+            );
+        }
+        let written = std::fs::read_to_string(&log_path).unwrap();
+        assert_eq!(written.lines().count(), 3);
     }
 
     #[tokio::test]

@@ -48,7 +48,8 @@ pub struct CompilerCacheAccess {
 /// The per-loop execution context of every tool call.
 pub struct ToolContext {
     root: PathBuf,
-    exec_id: String,
+    /// Shared: every receipt of the loop's calls holds it until it is made.
+    exec_id: Arc<str>,
     /// The root's handle: every file tool opens, lists and writes through it.
     files: Arc<WorktreeFs>,
     catalog: Arc<Catalog>,
@@ -103,7 +104,7 @@ impl ToolContext {
         let files = Arc::new(files);
         Ok(Self {
             root,
-            exec_id: exec_id.into(),
+            exec_id: Arc::from(exec_id.into()),
             reads: ReadTracking::new(Arc::clone(&files)),
             files,
             catalog: Arc::new(Catalog::default()),
@@ -243,6 +244,11 @@ impl ToolContext {
 
     /// The loop's exec id (its name in the run).
     pub fn exec_id(&self) -> &str {
+        &self.exec_id
+    }
+
+    /// The loop's exec id, shared.
+    pub fn shared_exec_id(&self) -> &Arc<str> {
         &self.exec_id
     }
 

@@ -14,6 +14,7 @@ pub mod catalog;
 pub mod context;
 pub mod coordination;
 pub mod error;
+pub mod quick_schema;
 pub mod read_index;
 pub mod read_tracking;
 pub mod receipts;

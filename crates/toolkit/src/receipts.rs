@@ -9,7 +9,11 @@
 
 pub mod chain;
 pub mod check;
+mod lazy;
 pub mod session;
+
+pub use lazy::CallReceipt;
+pub(crate) use lazy::{CallDraft, DraftOutput};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -199,16 +203,18 @@ fn write_sorted<W: std::io::Write>(v: &Value, out: &mut W) -> std::io::Result<()
     // are written by serde_json, exactly as `Value::to_string` writes them.
     match v {
         Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
             out.write_all(b"{")?;
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.write_all(b",")?;
+            // Without `preserve_order` the map is sorted already: no list of keys to make.
+            if m.keys().is_sorted() {
+                for (i, (k, item)) in m.iter().enumerate() {
+                    write_member(i, k, item, out)?;
                 }
-                serde_json::to_writer(&mut *out, k)?;
-                out.write_all(b":")?;
-                write_sorted(&m[k.as_str()], out)?;
+            } else {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                for (i, k) in keys.iter().enumerate() {
+                    write_member(i, k, &m[k.as_str()], out)?;
+                }
             }
             out.write_all(b"}")
         }
@@ -222,9 +228,71 @@ fn write_sorted<W: std::io::Write>(v: &Value, out: &mut W) -> std::io::Result<()
             }
             out.write_all(b"]")
         }
+        Value::String(s) => write_str(s, out),
         other => Ok(serde_json::to_writer(&mut *out, other)?),
     }
 }
+
+/// The `i`th member `"key":value` of an object, in canonical JSON.
+fn write_member<W: std::io::Write>(
+    i: usize,
+    key: &str,
+    item: &Value,
+    out: &mut W,
+) -> std::io::Result<()> {
+    if i > 0 {
+        out.write_all(b",")?;
+    }
+    write_str(key, out)?;
+    out.write_all(b":")?;
+    write_sorted(item, out)
+}
+
+/// Writes `s` as a JSON string, byte for byte as serde_json writes it: `"` and `\` escaped
+/// with a backslash, the control characters below U+0020 as `\b`, `\t`, `\n`, `\f`, `\r` or
+/// `\u00xx` (lowercase hex), everything else as it is. Runs without escapes are written in
+/// one piece (keys and most values are one run).
+fn write_str<W: std::io::Write>(s: &str, out: &mut W) -> std::io::Result<()> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.write_all(b"\"")?;
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape = ESCAPE[usize::from(b)];
+        if escape == 0 {
+            continue;
+        }
+        out.write_all(&bytes[start..i])?;
+        if escape == b'u' {
+            let hex = [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]];
+            out.write_all(&[b'\\', b'u', b'0', b'0', hex[0], hex[1]])?;
+        } else {
+            out.write_all(&[b'\\', escape])?;
+        }
+        start = i + 1;
+    }
+    out.write_all(&bytes[start..])?;
+    out.write_all(b"\"")
+}
+
+/// For each byte, what follows the backslash of its escape in a JSON string as serde_json
+/// writes it (`u` for `\u00xx`), or 0 when it is written as it is.
+const ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = b'u';
+        b += 1;
+    }
+    table[0x08] = b'b';
+    table[0x09] = b't';
+    table[0x0a] = b'n';
+    table[0x0c] = b'f';
+    table[0x0d] = b'r';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
 
 /// A SHA-256 fed through `std::io::Write`, which never fails.
 struct HashWriter(Sha256);
@@ -266,8 +334,8 @@ pub fn hash_value(value: &Value) -> String {
 pub fn hash_output(content: &str, is_error: bool) -> String {
     let mut hasher = HashWriter(Sha256::new());
     hasher.0.update(b"{\"content\":");
-    // Writing to a hasher cannot fail, and a `str` serializes.
-    let _ = serde_json::to_writer(&mut hasher, content);
+    // Writing to a hasher cannot fail.
+    let _ = write_str(content, &mut hasher);
     hasher.0.update(if is_error {
         &b",\"is_error\":true}"[..]
     } else {
@@ -539,6 +607,32 @@ mod tests {
             hash_output("", false),
             "sha256:7c979489768bc7bdb4454e6a808865f48b7677e4b3407659c6442ef9377b5fea"
         );
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        let mut strings: Vec<String> = (0u32..0x80)
+            .filter_map(char::from_u32)
+            .map(|c| format!("a{c}b"))
+            .collect();
+        strings.extend(
+            [
+                "",
+                "plain text",
+                "ünï \u{1F600} \u{7f}",
+                "tab\there",
+                "\\\"",
+            ]
+            .map(String::from),
+        );
+        for s in &strings {
+            let mut out = Vec::new();
+            write_str(s, &mut out).unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(s).unwrap()
+            );
+        }
     }
 
     #[test]

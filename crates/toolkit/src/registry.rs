@@ -4,6 +4,7 @@
 //! Loops, `tool exec`, MCP and replay all call tools through `ToolSet::call`, so limits,
 //! receipts and the redaction of secrets cannot differ between fronts.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::pin;
@@ -17,7 +18,8 @@ use serde_json::Value;
 use crate::catalog::{Route, ToolSpec};
 use crate::context::ToolContext;
 use crate::error::{ArgumentProblem, ToolError};
-use crate::receipts::{Receipt, SideEffect, hash_output, hash_value};
+use crate::quick_schema::QuickSchema;
+use crate::receipts::{CallDraft, CallReceipt, DraftOutput, SideEffect};
 use crate::tool::{Tool, ToolOutput};
 use td_base::secrets;
 use td_base::sync::lock;
@@ -66,13 +68,16 @@ pub struct CallOutcome {
     pub content: String,
     /// Whether it is an error result.
     pub is_error: bool,
-    /// The call's receipt.
-    pub receipt: Receipt,
+    /// The call's receipt, read as a [`Receipt`]: its id, date and input hash are made when
+    /// it is first read (a receipt log writes it), not by a call whose receipt nobody reads.
+    pub receipt: CallReceipt,
 }
 
 struct Entry {
     tool: Arc<dyn Tool>,
     validator: jsonschema::Validator,
+    /// The quick check in front of the validator, when the schema is simple enough.
+    quick: Option<QuickSchema>,
 }
 
 impl Entry {
@@ -85,13 +90,24 @@ impl Entry {
     }
 
     fn compile(tool: Arc<dyn Tool>) -> Result<Self, RegistryError> {
-        let validator = jsonschema::validator_for(&tool.input_schema()).map_err(|e| {
-            RegistryError::InvalidSchema {
+        let schema = tool.input_schema();
+        let validator =
+            jsonschema::validator_for(&schema).map_err(|e| RegistryError::InvalidSchema {
                 tool: tool.name().to_string(),
                 reason: e.to_string(),
-            }
-        })?;
-        Ok(Self { tool, validator })
+            })?;
+        let quick = QuickSchema::compile(&schema);
+        Ok(Self {
+            tool,
+            validator,
+            quick,
+        })
+    }
+
+    /// Whether `input` passes the schema: the quick check when it is certain, else the
+    /// validator.
+    fn is_valid(&self, input: &Value) -> bool {
+        self.quick.as_ref().is_some_and(|q| q.accepts(input)) || self.validator.is_valid(input)
     }
 }
 
@@ -311,7 +327,22 @@ impl ToolSet {
         name: &str,
         input: Value,
     ) -> CallOutcome {
-        self.call_with(ctx, call_id, name, input, PanicPolicy::Catch)
+        let spec = ctx.spec(name);
+        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Catch)
+            .await
+    }
+
+    /// [`ToolSet::call`] with the catalog entry of `name` in `ctx` looked up already (a call
+    /// path keeps those of its tools).
+    pub(crate) async fn call_specified(
+        &self,
+        ctx: &ToolContext,
+        spec: ToolSpec,
+        call_id: Option<&str>,
+        name: &str,
+        input: Value,
+    ) -> CallOutcome {
+        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Catch)
             .await
     }
 
@@ -325,7 +356,8 @@ impl ToolSet {
         name: &str,
         input: Value,
     ) -> CallOutcome {
-        self.call_with(ctx, call_id, name, input, PanicPolicy::Propagate)
+        let spec = ctx.spec(name);
+        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Propagate)
             .await
     }
 
@@ -340,29 +372,37 @@ impl ToolSet {
         error: ToolError,
         latency: Duration,
     ) -> CallOutcome {
-        let time = td_base::time::timestamp_now();
         let checked = Checked {
             result: Err(error),
             schema_valid: None,
+            tool: self.get(name).map(|t| t.name()),
         };
         let spec = ctx.spec(name);
-        self.outcome(ctx, &spec, call_id, name, input, checked, latency, time)
+        // Its receipt's time is now, when the failure is known (as it always was).
+        self.outcome(
+            ctx,
+            &spec,
+            call_id,
+            name,
+            input,
+            checked,
+            latency,
+            Instant::now(),
+        )
     }
 
     async fn call_with(
         &self,
         ctx: &ToolContext,
+        spec: ToolSpec,
         call_id: Option<&str>,
         name: &str,
         input: Value,
         panics: PanicPolicy,
     ) -> CallOutcome {
         let started = Instant::now();
-        let time = td_base::time::timestamp_now();
-        let spec = ctx.spec(name);
-        let checked = self
-            .run_guarded(ctx, &spec, name, input.clone(), panics)
-            .await;
+        // The tool borrows the input: it stays here for the receipt, uncopied.
+        let checked = self.run_guarded(ctx, &spec, name, &input, panics).await;
         self.outcome(
             ctx,
             &spec,
@@ -371,7 +411,7 @@ impl ToolSet {
             input,
             checked,
             started.elapsed(),
-            time,
+            started,
         )
     }
 
@@ -379,7 +419,9 @@ impl ToolSet {
     /// output, the recorded input and the side effects first: what the model, the transcript
     /// and the receipt see is one redacted text, the output is redacted before it is capped
     /// (a cut could leave half a secret), and the hashes cover the redacted text, so that
-    /// `replay verify` (which redacts alike) compares like with like.
+    /// `replay verify` (which redacts alike) compares like with like. The receipt's id, the
+    /// date of `time` (when the call `started`) and its hashes are made when it is first
+    /// read ([`CallReceipt`]).
     #[allow(clippy::too_many_arguments)]
     fn outcome(
         &self,
@@ -390,14 +432,14 @@ impl ToolSet {
         mut input: Value,
         checked: Checked,
         latency: Duration,
-        time: String,
+        started: Instant,
     ) -> CallOutcome {
         let Checked {
             result,
             schema_valid,
+            tool,
         } = checked;
         secrets::redact_value(&mut input);
-        let input_hash = hash_value(&input);
         let latency_ms = latency.as_millis() as u64;
         let (full, is_error, mut effects, error_kind) = match result {
             Ok(out) => (out.content, out.is_error, out.effects, None),
@@ -412,35 +454,31 @@ impl ToolSet {
             // A command may have committed; the next receipt must not reuse a stale HEAD.
             ctx.invalidate_commit();
         }
-        let output_hash = hash_output(&full, is_error);
         let output_bytes = full.len();
-        // Most outputs fit: they are handed on as they are, not copied.
-        let content = if output_bytes <= spec.max_output_bytes {
-            full
+        // Most outputs fit: they are handed on as they are, not copied (the receipt hashes
+        // the full output, or keeps a copy of a small one to hash when it is made).
+        let (content, full) = if output_bytes <= spec.max_output_bytes {
+            (full, None)
         } else {
-            head_tail(&full, spec.max_output_bytes)
+            (head_tail(&full, spec.max_output_bytes), Some(full))
         };
         let output_capped = content.len() != output_bytes;
-        let receipt = Receipt {
-            id: uuid::Uuid::now_v7().to_string(),
+        let receipt = CallReceipt::new(CallDraft {
             call_id: call_id.map(str::to_string),
-            exec_id: ctx.exec_id().to_string(),
-            tool: name.to_string(),
+            exec_id: Arc::clone(ctx.shared_exec_id()),
+            tool: tool.map_or_else(|| Cow::Owned(name.to_string()), Cow::Borrowed),
             input,
-            input_hash,
-            output_hash,
+            output: DraftOutput::of(full.as_deref().unwrap_or(&content), is_error),
             is_error,
             error_kind,
             output_bytes,
             output_capped,
             latency_ms,
             side_effects: effects,
-            time,
             commit: ctx.worktree_commit(),
             schema_valid,
-            seq: None,
-            chain: None,
-        };
+            started,
+        });
         CallOutcome {
             content,
             is_error,
@@ -455,25 +493,31 @@ impl ToolSet {
         ctx: &ToolContext,
         spec: &ToolSpec,
         name: &str,
-        input: Value,
+        input: &Value,
         panics: PanicPolicy,
     ) -> Checked {
-        let refused = |error| Checked {
-            result: Err(error),
-            schema_valid: Some(false),
-        };
         let Some(entry) = self.entries.get(name) else {
-            return refused(self.unknown(name));
+            return Checked {
+                result: Err(self.unknown(name)),
+                schema_valid: Some(false),
+                tool: None,
+            };
         };
-        // The quick check first; the problems are listed only for an input it refuses.
-        if !entry.validator.is_valid(&input)
-            && let Err(error) = self.validate(name, &input)
+        let tool = Some(entry.tool.name());
+        // The quick checks first; the problems are listed only for an input they refuse.
+        if !entry.is_valid(input)
+            && let Err(error) = self.validate(name, input)
         {
-            return refused(error);
+            return Checked {
+                result: Err(error),
+                schema_valid: Some(false),
+                tool,
+            };
         }
         Checked {
             result: run_validated(entry, ctx, spec, name, input, panics).await,
             schema_valid: Some(true),
+            tool,
         }
     }
 }
@@ -491,7 +535,7 @@ async fn run_validated(
     ctx: &ToolContext,
     spec: &ToolSpec,
     name: &str,
-    input: Value,
+    input: &Value,
     panics: PanicPolicy,
 ) -> Result<ToolOutput, ToolError> {
     let deadline = match spec.lane {
@@ -510,7 +554,7 @@ async fn run_validated(
         timeout_ms: watchdog.as_millis() as u64,
         detail: format!(" ({name})"),
     };
-    let run = entry.tool.execute(input, ctx);
+    let run = entry.tool.execute_borrowed(input, ctx);
     if panics == PanicPolicy::Propagate {
         return match deadline {
             None => run.await,
@@ -569,10 +613,12 @@ fn redact_side_effect(effect: &mut SideEffect) {
     }
 }
 
-/// A call's result, and whether the schema accepted its input (`None`: not known).
+/// A call's result, whether the schema accepted its input (`None`: not known), and the
+/// tool's own name when the set has it.
 struct Checked {
     result: Result<ToolOutput, ToolError>,
     schema_valid: Option<bool>,
+    tool: Option<&'static str>,
 }
 
 /// What to do when a tool panics.
@@ -598,6 +644,7 @@ pub fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::receipts::{hash_output, hash_value};
     use crate::test_support::FnTool;
     use serde_json::json;
 

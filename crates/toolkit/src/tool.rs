@@ -8,6 +8,9 @@ use crate::context::ToolContext;
 use crate::error::ToolResult;
 use crate::receipts::SideEffect;
 
+/// What [`Tool::execute_borrowed`] returns (re-exported so that tools need no other crate).
+pub use futures::future::BoxFuture;
+
 /// What a successful call returns.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ToolOutput {
@@ -62,4 +65,16 @@ pub trait Tool: Send + Sync {
 
     /// Runs the call. `input` has already been validated against `input_schema`.
     async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput>;
+
+    /// Runs the call on a borrowed input, which the registry keeps for the call's receipt:
+    /// what the registry calls. By default the input is copied for [`Tool::execute`]; a tool
+    /// that only reads a few fields (the coordination tools) takes them from the borrowed
+    /// input instead, which spares a copy of the whole value on every call.
+    fn execute_borrowed<'a>(
+        &'a self,
+        input: &'a Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, ToolResult<ToolOutput>> {
+        self.execute(input.clone(), ctx)
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use td_toolkit::args;
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::{ToolError, ToolResult};
-use td_toolkit::tool::{Tool, ToolOutput};
+use td_toolkit::tool::{BoxFuture, Tool, ToolOutput};
 
 const TOOL: &str = "query_loop";
 
@@ -20,11 +20,12 @@ const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 /// The `query_loop` tool.
 pub struct QueryLoop;
 
+/// Borrowed from the input (the registry keeps it for the receipt).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Args {
-    target_exec_id: String,
-    question: String,
+struct Args<'a> {
+    target_exec_id: &'a str,
+    question: &'a str,
     timeout_ms: Option<u64>,
 }
 
@@ -66,61 +67,77 @@ impl Tool for QueryLoop {
     }
 
     async fn execute(&self, input: Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
-        let args: Args = args::parse(TOOL, input)?;
-        let target = args.target_exec_id.trim();
-        if target.is_empty() {
-            return Err(ToolError::invalid(
-                TOOL,
-                "/target_exec_id",
-                "the target is blank; name a loop from list_loops",
-            ));
-        }
-        if target == ctx.exec_id() {
-            return Err(ToolError::invalid(
-                TOOL,
-                "/target_exec_id",
-                format!(
-                    "'{target}' is this loop itself; ask another loop, or answer the question from your own work"
-                ),
-            ));
-        }
-        if args.question.trim().is_empty() {
-            return Err(ToolError::invalid(
-                TOOL,
-                "/question",
-                "the question is blank; write it out",
-            ));
-        }
-        let max = ctx.spec(TOOL).timeout_ms;
-        let timeout_ms = match args.timeout_ms {
-            None => DEFAULT_TIMEOUT_MS.min(max),
-            Some(0) => {
-                return Err(ToolError::invalid(
-                    TOOL,
-                    "/timeout_ms",
-                    "must be at least 1",
-                ));
-            }
-            Some(t) if t > max => {
-                return Err(ToolError::invalid(
-                    TOOL,
-                    "/timeout_ms",
-                    format!("{t} is more than the allowed maximum of {max}; pass {max} or less"),
-                ));
-            }
-            Some(t) => t,
-        };
-        let port = ctx.coordination()?;
-        let reply = port
-            .query(
-                ctx.exec_id(),
-                target,
-                &args.question,
-                Duration::from_millis(timeout_ms),
-            )
-            .await?;
-        Ok(ToolOutput::text(format!("Reply from {target}:\n{reply}")))
+        ask(&input, ctx).await
     }
+
+    fn execute_borrowed<'a>(
+        &'a self,
+        input: &'a Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, ToolResult<ToolOutput>> {
+        Box::pin(ask(input, ctx))
+    }
+}
+
+/// Checks the arguments in `input` and asks the target through the coordination port.
+async fn ask(input: &Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
+    let args: Args<'_> = args::parse_ref(TOOL, input)?;
+    let target = args.target_exec_id.trim();
+    if target.is_empty() {
+        return Err(ToolError::invalid(
+            TOOL,
+            "/target_exec_id",
+            "the target is blank; name a loop from list_loops",
+        ));
+    }
+    if target == ctx.exec_id() {
+        return Err(ToolError::invalid(
+            TOOL,
+            "/target_exec_id",
+            format!(
+                "'{target}' is this loop itself; ask another loop, or answer the question from your own work"
+            ),
+        ));
+    }
+    if args.question.trim().is_empty() {
+        return Err(ToolError::invalid(
+            TOOL,
+            "/question",
+            "the question is blank; write it out",
+        ));
+    }
+    let max = ctx.spec(TOOL).timeout_ms;
+    let timeout_ms = match args.timeout_ms {
+        None => DEFAULT_TIMEOUT_MS.min(max),
+        Some(0) => {
+            return Err(ToolError::invalid(
+                TOOL,
+                "/timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        Some(t) if t > max => {
+            return Err(ToolError::invalid(
+                TOOL,
+                "/timeout_ms",
+                format!("{t} is more than the allowed maximum of {max}; pass {max} or less"),
+            ));
+        }
+        Some(t) => t,
+    };
+    let port = ctx.coordination()?;
+    let reply = port
+        .query(
+            ctx.exec_id(),
+            target,
+            args.question,
+            Duration::from_millis(timeout_ms),
+        )
+        .await?;
+    // Joined rather than formatted: one allocation of the right size, no formatter.
+    Ok(ToolOutput::text(
+        ["Reply from ", target, ":\n", &reply].concat(),
+    ))
 }
 
 #[cfg(test)]
@@ -266,6 +283,39 @@ mod tests {
         assert_eq!(err.kind(), "not_found");
         assert!(err.to_string().contains("list_loops"));
         assert_eq!(fake.calls().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn through_the_registry_it_reads_the_input_the_receipt_keeps() {
+        let (_d, fake, ctx) = setup();
+        let set = td_toolkit::registry::ToolSet::from_tools(vec![Arc::new(QueryLoop)]).unwrap();
+        let input = json!({"target_exec_id": " api ", "question": "Which port?", "timeout_ms": 5});
+        let out = set.call(&ctx, Some("c1"), TOOL, input.clone()).await;
+        assert_eq!(out.content, "Reply from api:\n8080");
+        assert!(!out.is_error);
+        assert_eq!(
+            fake.calls(),
+            [Call::Query {
+                from: "client".into(),
+                target: "api".into(),
+                question: "Which port?".into(),
+                timeout: Duration::from_millis(5)
+            }]
+        );
+        let receipt = out.receipt.into_receipt();
+        assert_eq!(receipt.input, input);
+        assert_eq!(receipt.input_hash, td_toolkit::receipts::hash_value(&input));
+        assert_eq!(
+            (receipt.tool.as_str(), receipt.exec_id.as_str()),
+            (TOOL, "client")
+        );
+        assert_eq!(receipt.call_id.as_deref(), Some("c1"));
+        // Refused arguments are refused alike on both paths.
+        let bad = json!({"target_exec_id": "client", "question": "q"});
+        let direct = QueryLoop.execute(bad.clone(), &ctx).await.unwrap_err();
+        let out = set.call(&ctx, None, TOOL, bad).await;
+        assert!(out.is_error);
+        assert_eq!(out.content, direct.to_string());
     }
 
     #[tokio::test]
