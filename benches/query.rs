@@ -3,13 +3,14 @@
 //! Latency: loop `a` asks loop `b` (both real loop actors on a `Runtime`, scripted provider,
 //! their engines parked at the start gate so nothing else runs). Measured, alternating in
 //! the same task, sample by sample, in 7 rounds (medians over rounds reported); each round
-//! is 4,000 port/echo pairs, then 4,000 tool/echo pairs:
+//! is 4,000 port/echo pairs, then 4,000 tool/echo pairs, then 4,000 (tool, receipt made)/echo pairs:
 //! - `port`: `CoordinatorPort::query` (what the `query_loop` tool calls): asker → coordinator
 //!   (checks, records, hands back the target's answerer) → the target's answer (prompt,
 //!   scripted model call) run in the asker's task under its deadline;
 //! - `tool`: the whole `query_loop` tool as a loop calls it, through its `CallPath` (route,
-//!   schema validation, the registry's guards, the receipt built; the bench's loops keep no
-//!   receipt log) on top of the same route;
+//!   schema validation, the registry's guards; the bench's loops keep no receipt log, so the
+//!   receipt is not made) on top of the same route, and the same with each call's receipt
+//!   made (read) in the timed part, as for a loop that keeps a log (the write excluded);
 //! - baseline: `ActorRef::call` to an echo actor that returns the question.
 //!
 //! Run on a current-thread runtime (what the code costs) and on the multi-threaded one the
@@ -255,12 +256,34 @@ async fn latency(report: &mut Report, runtime: &str) {
                 base_tool.push(t.elapsed());
                 assert_eq!(echoed, QUESTION);
             }
+            // The tool again, each call's receipt made (read) in the timed part, as it is
+            // for a loop that keeps a receipt log (the log's write excluded).
+            let (mut made, mut base_made) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for _ in 0..n {
+                settle().await;
+                let t = Instant::now();
+                let out = calls
+                    .call(Some("q"), "query_loop", input.clone())
+                    .await
+                    .outcome;
+                let hashed = out.receipt.input_hash.starts_with("sha256:");
+                made.push(t.elapsed());
+                assert!(!out.is_error && hashed, "{}", out.content);
+
+                settle().await;
+                let t = Instant::now();
+                let echoed = echo_call(&echo).await;
+                base_made.push(t.elapsed());
+                assert_eq!(echoed, QUESTION);
+            }
             if round > 0 {
                 rounds.push([
                     Dist::new(&ours),
                     Dist::new(&base_ours),
                     Dist::new(&tool),
                     Dist::new(&base_tool),
+                    Dist::new(&made),
+                    Dist::new(&base_made),
                 ]);
             }
         }
@@ -268,14 +291,16 @@ async fn latency(report: &mut Report, runtime: &str) {
         rounds
     });
     let rounds = driver.await.expect("driver");
-    for (i, [o, bo, t, bt]) in rounds.iter().enumerate() {
+    for (i, [o, bo, t, bt, m, bm]) in rounds.iter().enumerate() {
         eprintln!(
-            "# {runtime}, round {}: p50 port {:.2} / echo {:.2}, tool {:.2} / echo {:.2} us; p99 port {:.2} / echo {:.2}, tool {:.2} / echo {:.2} us",
+            "# {runtime}, round {}: p50 port {:.2} / echo {:.2}, tool {:.2} / echo {:.2}, tool with receipt {:.2} / echo {:.2} us; p99 port {:.2} / echo {:.2}, tool {:.2} / echo {:.2} us",
             i + 1,
             o.p50(),
             bo.p50(),
             t.p50(),
             bt.p50(),
+            m.p50(),
+            bm.p50(),
             o.p99(),
             bo.p99(),
             t.p99(),
@@ -284,7 +309,7 @@ async fn latency(report: &mut Report, runtime: &str) {
     }
     // Each figure is the median over rounds; the ratio that is judged is the median of the
     // per-round ratios (both sides of a ratio were measured in the same stretch of time).
-    let med = |f: &dyn Fn(&[Dist; 4]) -> f64| median_f64(&rounds.iter().map(f).collect::<Vec<_>>());
+    let med = |f: &dyn Fn(&[Dist; 6]) -> f64| median_f64(&rounds.iter().map(f).collect::<Vec<_>>());
     eprintln!(
         "# latency ({runtime}): {ROUNDS} rounds of {PER_ROUND} pairs each, alternating; medians over rounds"
     );
@@ -337,6 +362,15 @@ async fn latency(report: &mut Report, runtime: &str) {
         None,
         &format!("<= 4 (worst round {tool_worst:.2})"),
         Some(tool_ratio <= 4.0),
+    );
+    let made_ratio = med(&|r| r[4].p50() / r[5].p50());
+    report.row(
+        &format!("round_trip_p50 ratio (query_loop tool, receipt made, {runtime})"),
+        "x",
+        made_ratio,
+        None,
+        "<= 4 (as a loop that keeps a receipt log calls it)",
+        Some(made_ratio <= 4.0),
     );
     report.row(
         &format!("round_trip_p99 (query_loop tool, {runtime})"),
