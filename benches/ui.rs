@@ -23,8 +23,9 @@
 //! every 10 ms, for `plain`), median per mode, `open` and `closed` against `plain`; and the
 //! dashboard process's own CPU alone against `plain`.
 //!
-//! The daemon runs on the last CPU and the browser on the others (`taskset`; see
-//! [`pinning`]; `BENCH_PIN=0` lets both run anywhere).
+//! The daemon (with its commands) runs on the last CPU; the browser and the dashboard
+//! process on the others (`taskset`; see [`pinning`]; `BENCH_PIN=0` lets all run anywhere).
+//! The dashboard process's CPU is counted with the daemon's wherever it runs.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (fails, saying so, without them).
 //! Options (after `--`): `--loops N` (default 1000). `BENCH_ROUNDS` (default 2).
@@ -244,11 +245,15 @@ struct Pinning {
 
 static PINNING: std::sync::OnceLock<Pinning> = std::sync::OnceLock::new();
 
-/// The daemon (and its dashboard process and commands) on the last CPU, the browser on the
-/// others, unless `BENCH_PIN=0` or there is one CPU: on a shared 2-CPU machine a browser
+/// The daemon (and its commands) on the last CPU, the browser and the dashboard process on
+/// the others, unless `BENCH_PIN=0` or there is one CPU: on a shared 2-CPU machine a browser
 /// drawing 10,000 events competes with the daemon for its CPU, and the daemon's threads
 /// then spend more CPU on the same work (preemptions, cache), an effect of where the
 /// browser runs rather than of the dashboard (a user's browser is often on another machine).
+/// The dashboard process left on the daemon's one CPU (its inherited affinity) woke there
+/// every 20 ms: with a quiet machine the daemon then used about 10% more CPU with `--ui` even
+/// without a browser (BENCHMARKS.md, run 13), where a machine with a free CPU would run it
+/// beside the daemon, not on top of it.
 fn pinning() -> Pinning {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus < 2 || std::env::var("BENCH_PIN").is_ok_and(|v| v == "0") {
@@ -331,6 +336,17 @@ async fn run_once(n: usize, mode: Mode, client: &fantoccini::Client) -> Outcome 
             let mut run = UiRun::start(setup.run_command(true), GUARD);
             let pid = run.pid();
             let dashboard = dashboard_pid(pid);
+            // The dashboard process serves the browser: with the CPUs split, it runs on the
+            // browser's side (as the scheduler would put it on an idle CPU rather than beside
+            // the busy daemon); its CPU is counted with the daemon's all the same.
+            if let Some(cpus) = PINNING.get().and_then(|p| p.browser.clone()) {
+                let moved = Command::new("taskset")
+                    .args(["-a", "-p", "-c", &cpus, &dashboard.to_string()])
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(moved, "taskset could not move the dashboard process");
+            }
             if mode == Mode::Open {
                 client.goto(&run.url).await.expect("the dashboard loads");
                 // The page has read the first events and drawn the gate's row.
