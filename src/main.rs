@@ -452,12 +452,9 @@ async fn ui_command(
     secrets::register_environment(&[]);
     let run = run.filter(|r| r != "latest");
     let run_dir = taskdaemon::run::status::resolve_run_dir(&dir, run.as_deref())?;
-    let bound = match taskdaemon::fronts::ui::bind(bind, port).await {
+    let bound = match bind_dashboard(bind, port).await {
         Ok(b) => b,
-        Err(e) => {
-            eprintln!("taskdaemon: {}", e.0);
-            return Ok(ExitCode::from(1));
-        }
+        Err(code) => return Ok(code),
     };
     println!("dashboard: {}", bound.url());
     // Installed before serving: from here a signal ends the server, not the process.
@@ -470,18 +467,26 @@ async fn ui_command(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Binds the dashboard's socket, or says why not on stderr and gives the exit code (1).
+async fn bind_dashboard(
+    bind: std::net::IpAddr,
+    port: u16,
+) -> Result<taskdaemon::fronts::ui::Bound, ExitCode> {
+    taskdaemon::fronts::ui::bind(bind, port).await.map_err(|e| {
+        eprintln!("taskdaemon: {}", e.0);
+        ExitCode::from(1)
+    })
+}
+
 /// `taskdaemon ui --run-dir-from-stdin`, the dashboard process of `run --ui`: listens,
 /// prints its address, serves the run directory it is then given on standard input, and ends
 /// when that input closes or on SIGTERM (see `fronts/ui/process.rs`).
 async fn ui_child_command(port: u16, bind: std::net::IpAddr) -> Result<ExitCode, String> {
     use std::io::Write;
     secrets::register_environment(&[]);
-    let bound = match taskdaemon::fronts::ui::bind(bind, port).await {
+    let bound = match bind_dashboard(bind, port).await {
         Ok(b) => b,
-        Err(e) => {
-            eprintln!("taskdaemon: {}", e.0);
-            return Ok(ExitCode::from(1));
-        }
+        Err(code) => return Ok(code),
     };
     let mut stdout = std::io::stdout();
     writeln!(stdout, "dashboard: {}", bound.url())

@@ -92,11 +92,6 @@ impl DashboardProcess {
         &self.url
     }
 
-    /// The dashboard process's id (the bench counts its CPU).
-    pub fn id(&self) -> Option<u32> {
-        self.child.id()
-    }
-
     /// Tells the dashboard which run directory to serve.
     pub async fn serve(&mut self, run_dir: &Path) -> Result<(), String> {
         let Some(stdin) = self.stdin.as_mut() else {
@@ -159,7 +154,8 @@ pub async fn run_dir_from_stdin() -> Option<(std::path::PathBuf, tokio::sync::on
             }
             let _ = closed_tx.send(());
         });
-    if spawned.is_err() {
+    if let Err(e) = spawned {
+        eprintln!("taskdaemon: the dashboard cannot read its input: {e}");
         return None;
     }
     let dir = dir_rx.await.ok()?;
