@@ -850,3 +850,34 @@ async fn bundle_commits_checks_what_the_host_says_it_has() {
     let err = bundle_commits(&repo, &tip, &many, &out).await.unwrap_err();
     assert!(matches!(err, TransferError::Invalid { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn the_head_refuses_a_ref_that_is_no_new_commit() {
+    let fx = Fx::new(2);
+    let base = fx.main_tip();
+    let host = fx.host_clone("host");
+    // A ref at a tree (a bundle may name any object).
+    fx.commit_file(&host, "loop.txt", "work\n", "loop");
+    let tree = fx.git(&host, &["rev-parse", "HEAD^{tree}"]);
+    fx.git(&host, &["update-ref", "refs/tags/t", &tree]);
+    let at_tree = fx.path("tree.bundle");
+    fx.git(
+        &host,
+        &["bundle", "create", at_tree.to_str().unwrap(), "refs/tags/t"],
+    );
+    assert_head_refuses(&fx, &at_tree, &base, "not a commit").await;
+    // A ref at the base itself (the header of a real bundle, its tip replaced).
+    let (good, base, tip) = host_bundle(&fx, "host2", 1);
+    let text = std::fs::read(&good).unwrap();
+    let needle = format!("{tip} refs/heads/loop\n").into_bytes();
+    let at = text
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap();
+    let mut forged = text[..at].to_vec();
+    forged.extend_from_slice(format!("{base} refs/heads/loop\n").as_bytes());
+    forged.extend_from_slice(&text[at + needle.len()..]);
+    let at_base = fx.path("at-base.bundle");
+    std::fs::write(&at_base, forged).unwrap();
+    assert_head_refuses(&fx, &at_base, &base, "base itself").await;
+}
