@@ -26,26 +26,25 @@
 //! [`CoordMsg::DeliverLocal`] and [`CoordMsg::AnswerLocal`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::FutureExt as _;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::messages::LoopMsg;
-use crate::remote_loop::{Delivered, Deliveries, RemoteLoop, RemoteTarget};
-use crate::upstream::{Forwarder, QUERY_GRACE, Told, Upstream, bounded, head_silent};
-use td_base::sync::lock;
-use td_engine::{AnswerError, Answerer, Inbox};
+use crate::remote_loop::{
+    Alerted, Deliveries, Notified, PendingAlert, PendingShare, RemoteLoop, RemoteTarget, Shared,
+};
+pub use crate::routed_query::RoutedQuery;
+use crate::routed_query::{Answering, QueryRecord};
+use crate::upstream::{Forwarder, Told, Upstream, bounded};
+use td_engine::{Answerer, Inbox};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
-use td_protocol::spend::Spend;
 use td_toolkit::coordination::{Coordination, Delivery, LoopInfo};
 use td_toolkit::error::ToolError;
 
@@ -232,8 +231,8 @@ pub enum CoordMsg {
     List {
         /// Asking loop.
         from: String,
-        /// The listing.
-        reply: RpcReplyPort<Vec<LoopInfo>>,
+        /// The listing (on a host: or why the head gave none).
+        reply: RpcReplyPort<Result<Vec<LoopInfo>, ToolError>>,
     },
 }
 
@@ -730,13 +729,7 @@ impl Actor for Coordinator {
                     let up = up.upstream.clone();
                     tokio::spawn(async move {
                         let listed = bounded("a list_loops", up.list_loops(&from));
-                        // A listing the head did not give is an empty one for the caller; the
-                        // error is in the host's log.
-                        let list = listed.await.unwrap_or_else(|e| {
-                            tracing::warn!("list_loops for {from}: {e}");
-                            Vec::new()
-                        });
-                        let _ = reply.send(list);
+                        let _ = reply.send(listed.await);
                     });
                     return Ok(());
                 }
@@ -751,7 +744,7 @@ impl Actor for Coordinator {
                         task: e.task.lines().next().unwrap_or("").to_string(),
                     })
                     .collect();
-                let _ = reply.send(list);
+                let _ = reply.send(Ok(list));
             }
             CoordMsg::Flush(reply) => match &state.upstream {
                 Some(up) => up.tell(Told::Flush(reply)),
@@ -882,20 +875,15 @@ fn handle_query(
         Place::Local { answerer, .. } => Answering::Local(answerer.clone()),
         Place::Remote(deliveries) => Answering::Remote(deliveries.target().clone()),
     };
-    let routed = RoutedQuery(Routed::Here(Accepted {
-        answering,
-        question,
-        deadline: tokio::time::Instant::now() + timeout,
-        cancelled,
-        record: QueryRecord {
-            id,
-            from,
-            target,
-            timeout,
-            events: state.events.clone(),
-            done: false,
-        },
-    }));
+    let record = QueryRecord {
+        id,
+        from,
+        target,
+        timeout,
+        events: state.events.clone(),
+        done: false,
+    };
+    let routed = RoutedQuery::accepted(answering, question, timeout, cancelled, record);
     // An asker that is gone drops the query unrun; its record says so.
     let _ = reply.send(Ok(routed));
 }
@@ -925,393 +913,19 @@ fn answer_local(
     let (cancel_tx, cancelled) = oneshot::channel();
     answering.retain(|c| !c.is_closed());
     answering.push(cancel_tx);
-    Ok(RoutedQuery(Routed::Here(Accepted {
-        answering: Answering::Local(answerer.clone()),
-        question,
-        deadline: tokio::time::Instant::now() + timeout,
-        cancelled,
-        // Done from the start: the head records the query.
-        record: QueryRecord {
-            id: 0,
-            from,
-            target: name,
-            timeout,
-            events: state.events.clone(),
-            done: true,
-        },
-    })))
-}
-
-/// An accepted query: the target loop's [`Answerer`] (or, for a loop of another process,
-/// its link) and what the answer is held to (the asker's deadline, the target staying in
-/// the run).
-///
-/// The asker runs it in its own task ([`RoutedQuery::run`]): it waits for the answer anyway,
-/// and running the answer there spares a task and two task switches per query. The answer
-/// is still the target's (its task, progress, worktree and transcript); it ends at the
-/// asker's deadline, or at once when the target leaves the run (the coordinator drops the
-/// cancel handle). Its outcome is recorded as an event exactly once.
-///
-/// On a worker host the query is the head's to route: running it asks the head.
-pub struct RoutedQuery(Routed);
-
-enum Routed {
-    /// Checked and recorded by this coordinator.
-    Here(Accepted),
-    /// A host's query, which the head checks, records and routes.
-    Upstream(Box<UpstreamQuery>),
-}
-
-struct Accepted {
-    answering: Answering,
-    question: String,
-    deadline: tokio::time::Instant,
-    cancelled: oneshot::Receiver<()>,
-    record: QueryRecord,
-}
-
-/// Who answers an accepted query.
-enum Answering {
-    /// A loop of this process.
-    Local(Arc<Answerer>),
-    /// A loop of another process, through its link.
-    Remote(Arc<RemoteTarget>),
-}
-
-impl RoutedQuery {
-    /// A host's query for the head.
-    fn upstream(
-        upstream: Arc<dyn Upstream>,
-        from: String,
-        target: String,
-        question: String,
-        timeout: Duration,
-    ) -> Self {
-        RoutedQuery(Routed::Upstream(Box::new(UpstreamQuery {
-            upstream,
-            from,
-            target,
-            question,
-            timeout,
-        })))
-    }
-
-    /// Runs the answer and returns it, or why there is none.
-    pub async fn run(self) -> Result<String, ToolError> {
-        match self.0 {
-            Routed::Here(accepted) => accepted.run().await,
-            // Boxed: only a host's queries need it.
-            Routed::Upstream(query) => Box::pin(query.run()).await,
-        }
-    }
-}
-
-impl Accepted {
-    async fn run(self) -> Result<String, ToolError> {
-        let Accepted {
-            answering,
-            question,
-            deadline,
-            cancelled,
-            mut record,
-        } = self;
-        let answerer = match answering {
-            Answering::Local(answerer) => answerer,
-            Answering::Remote(target) => {
-                let outcome = Box::pin(ask_remote(
-                    &target,
-                    &record.from,
-                    &question,
-                    deadline,
-                    cancelled,
-                    record.timeout,
-                ))
-                .await;
-                // What the answer spent is charged and kept where its model call was made.
-                record.record(&outcome, None);
-                return outcome.map_err(|message| ToolError::Unavailable { message });
-            }
-        };
-        // Outside the answer's future, which a timeout or the target's end drops.
-        let spent = Mutex::new(Spend::default());
-        let outcome = {
-            // Boxed on its own: `Coordination::query` boxes its future on every query, and
-            // with the answer inside it that box grew past the allocator's small sizes, whose
-            // allocation then merged freed memory first (glibc's malloc_consolidate: about a
-            // tenth of a `query_loop` call, bench query).
-            let mut answering = Box::pin(answerer.answer_counting(&record.from, &question, &spent));
-            // An answer that needs no waiting (a local or scripted model) is taken without
-            // arming a timer: on the multi-threaded runtime arming one wakes the thread parked
-            // on the timer driver, which cost more than the rest of the query (query bench).
-            // Polling once first changes nothing else: `timeout_at` polls the answer first too.
-            match answering.as_mut().now_or_never() {
-                Some(r) => answered(&record.target, r),
-                // Boxed: the timer and the select are only needed here, and inline they made
-                // every query's future (moved a few times per query) larger.
-                None => {
-                    Box::pin(wait_for_answer(
-                        answering,
-                        deadline,
-                        cancelled,
-                        &record.target,
-                        record.timeout,
-                    ))
-                    .await
-                }
-            }
-        };
-        let spent = *lock(&spent);
-        record.record(&outcome, (!spent.is_empty()).then_some(spent));
-        outcome.map_err(|message| ToolError::Unavailable { message })
-    }
-}
-
-/// An answer of loop `target`, or why there is none, as the asker is told.
-fn answered(target: &str, answer: Result<String, AnswerError>) -> Result<String, String> {
-    answer.map_err(|why| format!("loop '{target}' could not answer: {why}"))
-}
-
-/// Waits for an answer that was not ready at once: until the asker's `deadline` (`timeout`
-/// after it asked), or until `target` leaves the run (`cancelled`).
-async fn wait_for_answer<F>(
-    answering: Pin<Box<F>>,
-    deadline: tokio::time::Instant,
-    cancelled: oneshot::Receiver<()>,
-    target: &str,
-    timeout: Duration,
-) -> Result<String, String>
-where
-    F: Future<Output = Result<String, AnswerError>>,
-{
-    tokio::select! {
-        r = tokio::time::timeout_at(deadline, answering) => match r {
-            Ok(r) => answered(target, r),
-            Err(_) => Err(no_reply(target, timeout)),
-        },
-        _ = cancelled => Err(stopped_before_answering(target)),
-    }
-}
-
-/// The answer of remote loop `target` through its link, held to the asker's `deadline`
-/// and to the loop staying in the run (`cancelled`). An error the link gives (the host's
-/// answer failed, the host could not be reached) is passed on as it is.
-async fn ask_remote(
-    target: &RemoteTarget,
-    from: &str,
-    question: &str,
-    deadline: tokio::time::Instant,
-    cancelled: oneshot::Receiver<()>,
-    timeout: Duration,
-) -> Result<String, String> {
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let asking = target.link.answer(from, question, left);
-    tokio::select! {
-        r = tokio::time::timeout_at(deadline, asking) => match r {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(ToolError::Unavailable { message })) => Err(message),
-            Ok(Err(other)) => Err(other.to_string()),
-            Err(_) => Err(no_reply(&target.name, timeout)),
-        },
-        _ = cancelled => Err(target.left_before_answering()),
-    }
-}
-
-/// A host's query, asked of the head.
-struct UpstreamQuery {
-    upstream: Arc<dyn Upstream>,
-    from: String,
-    target: String,
-    question: String,
-    timeout: Duration,
-}
-
-impl UpstreamQuery {
-    async fn run(self) -> Result<String, ToolError> {
-        // The head holds the asker's timeout; this bounds a head that does not answer at all.
-        let waited = self.timeout.saturating_add(QUERY_GRACE);
-        let asked = self
-            .upstream
-            .query(&self.from, &self.target, &self.question, self.timeout);
-        tokio::time::timeout(waited, asked)
-            .await
-            .unwrap_or_else(|_| Err(head_silent("a query_loop", waited)))
-    }
-}
-
-/// Records the outcome of one accepted query as an event, once; a query dropped before its
-/// outcome (the asker stopped waiting: its iteration or loop ended) is recorded as such.
-struct QueryRecord {
-    id: u64,
-    from: String,
-    target: String,
-    timeout: Duration,
-    events: Arc<EventLog>,
-    done: bool,
-}
-
-impl QueryRecord {
-    fn record(&mut self, outcome: &Result<String, String>, spend: Option<Spend>) {
-        if std::mem::replace(&mut self.done, true) {
-            return;
-        }
-        // Recorded once: the names are handed to the event, not copied.
-        let (id, from, to) = (
-            self.id,
-            std::mem::take(&mut self.from),
-            std::mem::take(&mut self.target),
-        );
-        self.events.record(match outcome {
-            Ok(answer) => EventKind::QueryAnswered {
-                id,
-                from,
-                to,
-                reply: answer.clone(),
-                spend,
-            },
-            Err(error) => EventKind::QueryFailed {
-                id,
-                from,
-                to,
-                error: error.clone(),
-                spend,
-            },
-        });
-    }
-}
-
-impl Drop for QueryRecord {
-    fn drop(&mut self) {
-        if !self.done {
-            let message = format!(
-                "loop '{}' stopped waiting before the answer came (its iteration or the loop ended)",
-                self.from
-            );
-            // What the answer spent is in the answering loop's transcript.
-            self.record(&Err(message), None);
-        }
-    }
-}
-
-/// The message for a query that got no answer within the asker's `timeout`.
-fn no_reply(target: &str, timeout: Duration) -> String {
-    format!(
-        "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
-        timeout.as_millis()
-    )
-}
-
-/// The one message for a query whose target went away.
-pub(crate) fn stopped_before_answering(target: &str) -> String {
-    format!("loop '{target}' stopped before answering your query; continue without the answer")
-}
-
-/// What the coordinator did with a share: done, or waiting for remote deliveries.
-enum Shared {
-    /// Every target's outcome is known.
-    Done(Vec<Delivery>),
-    /// Some targets are remote loops whose deliveries are under way.
-    Pending(PendingShare),
-}
-
-/// A share with remote deliveries under way: settled (recorded, answered) once their
-/// outcomes are in, outside the coordinator's handler.
-struct PendingShare {
-    deliveries: Vec<Delivery>,
-    /// Index in `deliveries` and outcome of each remote delivery.
-    waiting: Vec<(usize, Delivered)>,
-    from: String,
-    data_type: String,
-    data: Value,
-    events: Arc<EventLog>,
-}
-
-impl PendingShare {
-    /// Waits for the remote deliveries, records each and returns every target's outcome.
-    async fn settle(mut self) -> Vec<Delivery> {
-        for (i, delivered) in self.waiting {
-            let Some(delivery) = self.deliveries.get_mut(i) else {
-                continue;
-            };
-            let error = delivered
-                .await
-                .unwrap_or_else(|_| Err(queue_stopped()))
-                .err();
-            self.events.record(EventKind::Shared {
-                from: self.from.clone(),
-                to: delivery.target.clone(),
-                data_type: self.data_type.clone(),
-                data: self.data.clone(),
-                error: error.clone(),
-            });
-            delivery.error = error;
-        }
-        self.deliveries
-    }
-}
-
-/// What a delivery is told when its queue ended without a word (the runtime shut down).
-fn queue_stopped() -> String {
-    "not delivered: the run is shutting down".to_string()
-}
-
-/// What the coordinator did with an alert: done (how many loops it reached), or waiting for
-/// remote deliveries.
-enum Alerted {
-    Done(usize),
-    Pending(PendingAlert),
-}
-
-/// An alert with remote deliveries under way: recorded (one event, with every loop it
-/// reached) once their outcomes are in.
-struct PendingAlert {
-    /// The loops it reached so far.
-    recipients: Vec<String>,
-    /// The remote loops it is on its way to.
-    waiting: Vec<(String, Delivered)>,
-    from: String,
-    event_type: String,
-    message: String,
-    data: Option<Value>,
-    /// A notice to one loop: not reaching it is recorded as the alert's error.
-    notice: bool,
-    events: Arc<EventLog>,
-}
-
-impl PendingAlert {
-    /// Waits for the remote deliveries, records the alert and returns how many loops it
-    /// reached.
-    async fn settle(mut self) -> usize {
-        let mut error = None;
-        for (name, delivered) in self.waiting {
-            match delivered.await.unwrap_or_else(|_| Err(queue_stopped())) {
-                Ok(()) => self.recipients.push(name),
-                Err(why) => {
-                    tracing::info!("alert {} to loop {name}: {why}", self.event_type);
-                    if self.notice {
-                        error = Some(why);
-                    }
-                }
-            }
-        }
-        let reached = self.recipients.len();
-        self.events.record(EventKind::Alert {
-            from: self.from,
-            event_type: self.event_type,
-            message: self.message,
-            data: self.data,
-            recipients: self.recipients,
-            error,
-        });
-        reached
-    }
-}
-
-/// What the coordinator did with a notice to one loop.
-enum Notified {
-    /// Whether it reached the loop.
-    Done(bool),
-    /// On its way to a remote loop.
-    Pending(PendingAlert),
+    // Done from the start: the head records the query.
+    let record = QueryRecord {
+        id: 0,
+        from,
+        target: name,
+        timeout,
+        events: state.events.clone(),
+        done: true,
+    };
+    let answering = Answering::Local(answerer.clone());
+    Ok(RoutedQuery::accepted(
+        answering, question, timeout, cancelled, record,
+    ))
 }
 
 fn handle_share(
@@ -1652,7 +1266,7 @@ impl Coordination for CoordinatorPort {
             from: from.to_string(),
             reply,
         })
-        .await
+        .await?
     }
 }
 

@@ -6,7 +6,9 @@
 //! loop is queued here, and whoever waits for the outcome (the sender's reply, the record)
 //! waits for the queue's answer. A delivery counts as delivered only when the link says the
 //! item is in the loop's inbox over there; anything else (the link refused it, no answer in
-//! time, the loop left the run) is reported as not delivered, with why.
+//! time, the loop left the run) is reported as not delivered, with why. A share or alert
+//! with remote deliveries under way is recorded and answered once their outcomes are in
+//! ([`PendingShare`], [`PendingAlert`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -15,7 +17,10 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use serde_json::Value;
+use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
+use td_toolkit::coordination::Delivery;
 use td_toolkit::error::ToolError;
 
 /// How long one delivery to a remote loop may take, from the moment it is queued, before it
@@ -63,7 +68,7 @@ impl RemoteTarget {
                     "loop '{name}' did not answer: {reason}; ask again later or ask another loop"
                 )
             }
-            None => crate::coordinator::stopped_before_answering(name),
+            None => crate::routed_query::stopped_before_answering(name),
         }
     }
 
@@ -188,4 +193,113 @@ async fn deliver_in_order(
     while let Ok(job) = jobs.try_recv() {
         let _ = job.done.send(Err(target.left_before_delivery()));
     }
+}
+
+/// What the coordinator did with a share: done, or waiting for remote deliveries.
+pub(crate) enum Shared {
+    /// Every target's outcome is known.
+    Done(Vec<Delivery>),
+    /// Some targets are remote loops whose deliveries are under way.
+    Pending(PendingShare),
+}
+
+/// A share with remote deliveries under way: settled (recorded, answered) once their
+/// outcomes are in, outside the coordinator's handler.
+pub(crate) struct PendingShare {
+    pub(crate) deliveries: Vec<Delivery>,
+    /// Index in `deliveries` and outcome of each remote delivery.
+    pub(crate) waiting: Vec<(usize, Delivered)>,
+    pub(crate) from: String,
+    pub(crate) data_type: String,
+    pub(crate) data: Value,
+    pub(crate) events: Arc<EventLog>,
+}
+
+impl PendingShare {
+    /// Waits for the remote deliveries, records each and returns every target's outcome.
+    pub(crate) async fn settle(mut self) -> Vec<Delivery> {
+        for (i, delivered) in self.waiting {
+            let Some(delivery) = self.deliveries.get_mut(i) else {
+                continue;
+            };
+            let error = delivered
+                .await
+                .unwrap_or_else(|_| Err(queue_stopped()))
+                .err();
+            self.events.record(EventKind::Shared {
+                from: self.from.clone(),
+                to: delivery.target.clone(),
+                data_type: self.data_type.clone(),
+                data: self.data.clone(),
+                error: error.clone(),
+            });
+            delivery.error = error;
+        }
+        self.deliveries
+    }
+}
+
+/// What a delivery is told when its queue ended without a word (the runtime shut down).
+fn queue_stopped() -> String {
+    "not delivered: the run is shutting down".to_string()
+}
+
+/// What the coordinator did with an alert: done (how many loops it reached), or waiting for
+/// remote deliveries.
+pub(crate) enum Alerted {
+    Done(usize),
+    Pending(PendingAlert),
+}
+
+/// An alert with remote deliveries under way: recorded (one event, with every loop it
+/// reached) once their outcomes are in.
+pub(crate) struct PendingAlert {
+    /// The loops it reached so far.
+    pub(crate) recipients: Vec<String>,
+    /// The remote loops it is on its way to.
+    pub(crate) waiting: Vec<(String, Delivered)>,
+    pub(crate) from: String,
+    pub(crate) event_type: String,
+    pub(crate) message: String,
+    pub(crate) data: Option<Value>,
+    /// A notice to one loop: not reaching it is recorded as the alert's error.
+    pub(crate) notice: bool,
+    pub(crate) events: Arc<EventLog>,
+}
+
+impl PendingAlert {
+    /// Waits for the remote deliveries, records the alert and returns how many loops it
+    /// reached.
+    pub(crate) async fn settle(mut self) -> usize {
+        let mut error = None;
+        for (name, delivered) in self.waiting {
+            match delivered.await.unwrap_or_else(|_| Err(queue_stopped())) {
+                Ok(()) => self.recipients.push(name),
+                Err(why) => {
+                    tracing::info!("alert {} to loop {name}: {why}", self.event_type);
+                    if self.notice {
+                        error = Some(why);
+                    }
+                }
+            }
+        }
+        let reached = self.recipients.len();
+        self.events.record(EventKind::Alert {
+            from: self.from,
+            event_type: self.event_type,
+            message: self.message,
+            data: self.data,
+            recipients: self.recipients,
+            error,
+        });
+        reached
+    }
+}
+
+/// What the coordinator did with a notice to one loop.
+pub(crate) enum Notified {
+    /// Whether it reached the loop.
+    Done(bool),
+    /// On its way to a remote loop.
+    Pending(PendingAlert),
 }

@@ -449,8 +449,20 @@ async fn shares_cross_both_ways_and_each_is_shown_once() {
         .await
         .unwrap();
     assert_eq!(delivered[0].error, None, "{delivered:?}");
+    // Several items to one remote loop arrive in the order they were sent.
+    for n in 1..=5 {
+        let to = ["h1".to_string()];
+        let port = p.port("a");
+        let sent = port.share("a", &to, "n", json!(format!("MARK-SEQ-{n}")));
+        assert_eq!(sent.await.unwrap()[0].error, None);
+    }
 
     p.run_to_end(&["a"], &["h1"]).await;
+    let prompt = p.llm.prompts.lock().unwrap()["h1"].concat();
+    let at: Vec<usize> = (1..=5)
+        .map(|n| prompt.find(&format!("MARK-SEQ-{n}")).unwrap())
+        .collect();
+    assert!(at.is_sorted(), "{at:?}");
     assert_eq!(p.llm.seen("h1", "MARK-A-TO-H1"), 1);
     assert_eq!(p.llm.seen("a", "MARK-H1-TO-A"), 1);
     assert_eq!(p.llm.seen("a", "MARK-A-TO-H1"), 0);
@@ -460,8 +472,12 @@ async fn shares_cross_both_ways_and_each_is_shown_once() {
         .into_iter()
         .filter_map(|k| match k {
             EventKind::Shared {
-                from, to, error, ..
-            } => Some((from, to, error)),
+                from,
+                to,
+                error,
+                data_type,
+                ..
+            } if data_type == "schema" => Some((from, to, error)),
             _ => None,
         })
         .collect();
@@ -714,5 +730,27 @@ async fn registrations_the_head_refuses_leave_nothing_behind() {
     assert!(!p.head.drop_remote("a", "not remote").await);
     let listed = p.port("a").list_loops("a").await.unwrap();
     assert!(listed.is_empty(), "{listed:?}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_loop_whose_actor_ends_leaves_the_heads_run() {
+    let p = pair(&["a"], &["h1"], &[]).await;
+    p.host.kill_loop("h1").unwrap();
+    let port = p.port("a");
+    let started = Instant::now();
+    while !port.list_loops("a").await.unwrap().is_empty() {
+        assert!(started.elapsed() < GUARD, "h1 is still listed on the head");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let asked = port.query("a", "h1", "there?", ASK).await;
+    let asked = asked.unwrap_err().to_string();
+    assert!(asked.contains("loop 'h1' has stopped (stopped)"), "{asked}");
+    let item = Arc::new(InboxItem::Share {
+        from: "a".into(),
+        data_type: "t".into(),
+        data: json!(1),
+    });
+    assert!(!p.host.deliver_local("h1", item).await);
     p.shutdown().await;
 }
