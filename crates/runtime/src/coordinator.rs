@@ -39,8 +39,8 @@ use crate::messages::LoopMsg;
 use crate::remote_loop::{
     Alerted, Deliveries, Notified, PendingAlert, PendingShare, RemoteLoop, RemoteTarget, Shared,
 };
+use crate::routed_query::QueryRecord;
 pub use crate::routed_query::RoutedQuery;
-use crate::routed_query::{Answering, QueryRecord};
 use crate::upstream::{Forwarder, Told, Upstream, bounded};
 use td_engine::{Answerer, Inbox};
 use td_protocol::events::{EventKind, EventLog};
@@ -871,10 +871,6 @@ fn handle_query(
     let (cancel_tx, cancelled) = oneshot::channel();
     entry.answering.retain(|c| !c.is_closed());
     entry.answering.push(cancel_tx);
-    let answering = match &entry.place {
-        Place::Local { answerer, .. } => Answering::Local(answerer.clone()),
-        Place::Remote(deliveries) => Answering::Remote(deliveries.target().clone()),
-    };
     let record = QueryRecord {
         id,
         from,
@@ -883,7 +879,15 @@ fn handle_query(
         events: state.events.clone(),
         done: false,
     };
-    let routed = RoutedQuery::accepted(answering, question, timeout, cancelled, record);
+    let routed = match &entry.place {
+        Place::Local { answerer, .. } => {
+            RoutedQuery::local(answerer.clone(), question, timeout, cancelled, record)
+        }
+        Place::Remote(deliveries) => {
+            let target = deliveries.target().clone();
+            RoutedQuery::remote(target, question, timeout, cancelled, record)
+        }
+    };
     // An asker that is gone drops the query unrun; its record says so.
     let _ = reply.send(Ok(routed));
 }
@@ -922,9 +926,9 @@ fn answer_local(
         events: state.events.clone(),
         done: true,
     };
-    let answering = Answering::Local(answerer.clone());
-    Ok(RoutedQuery::accepted(
-        answering, question, timeout, cancelled, record,
+    let answerer = answerer.clone();
+    Ok(RoutedQuery::local(
+        answerer, question, timeout, cancelled, record,
     ))
 }
 
