@@ -1265,6 +1265,8 @@ a:
         - share_data: {target_exec_ids: [b], data_type: big, data: "0123456789012345678901234567890123456789012345678901234567890123456789"}
         - broadcast_alert: {event_type: build_broken, message: "main is red"}
         - broadcast_alert: {event_type: docs_updated, message: "see README"}
+        - broadcast_alert: {event_type: build_broken, message: "ABCDEFGHIJ0123456789012345678901234567890123456789012345678901234567890123456789"}
+        - query_loop: {target_exec_id: b, question: "KLMNOPQRST0123456789012345678901234567890123456789012345678901234567890123456789"}
         - run_command: {command: "touch ../sent.flag"}
     - calls:
         - complete_task: {summary: "done"}
@@ -1322,6 +1324,27 @@ c:
     assert_eq!(requests_containing(&run, "c", "see README"), vec![2]);
     assert!(requests_containing(&run, "c", "loop `a` started").is_empty());
     assert!(requests_containing(&run, "b", "0123456789").is_empty());
+    // The payload limit holds for a message's and a question's own text too (a worker host
+    // or a model could otherwise send megabytes that every recipient's inbox and the event
+    // log keep).
+    let alerts = tool_results(&run, "a", "broadcast_alert");
+    assert!(
+        alerts[2].0
+            && alerts[2]
+                .1
+                .contains("message of 80 bytes is over the limit of 64 bytes"),
+        "{alerts:?}"
+    );
+    let query = &tool_results(&run, "a", "query_loop")[0];
+    assert!(
+        query.0
+            && query
+                .1
+                .contains("question of 80 bytes is over the limit of 64 bytes"),
+        "{query:?}"
+    );
+    assert!(requests_containing(&run, "b", "ABCDEFGHIJ").is_empty());
+    assert!(requests_containing(&run, "b", "KLMNOPQRST").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -366,6 +366,24 @@ impl CoordState {
         }
     }
 
+    /// A message's or question's own text against the payload limit: from a model or a
+    /// worker host it could otherwise be megabytes, kept by every recipient's inbox and the
+    /// event log.
+    fn check_text(&self, what: &str, text: &str) -> Result<(), ToolError> {
+        if text.len() > self.limits.max_payload_bytes {
+            return Err(ToolError::LimitExceeded {
+                what: format!(
+                    "{what} of {} bytes is over the limit of {} bytes; it was NOT sent",
+                    text.len(),
+                    self.limits.max_payload_bytes
+                ),
+                hint: "Say it in fewer words: write the details to a file in your worktree and send its path."
+                    .to_string(),
+            });
+        }
+        Ok(())
+    }
+
     fn check_payload(&self, data: &Value) -> Result<(), ToolError> {
         let size = serde_json::to_string(data)
             .map(|s| s.len())
@@ -841,13 +859,17 @@ fn handle_query(
 ) {
     let id = state.next_query;
     state.next_query += 1;
-    let refused = state.take_token(&from).err().or_else(|| {
-        state
-            .unreachable(&from, &target)
-            .map(|message| ToolError::Unavailable {
-                message: format!("query not sent: {message}"),
-            })
-    });
+    let refused = state
+        .take_token(&from)
+        .and_then(|()| state.check_text("question", &question))
+        .err()
+        .or_else(|| {
+            state
+                .unreachable(&from, &target)
+                .map(|message| ToolError::Unavailable {
+                    message: format!("query not sent: {message}"),
+                })
+        });
     if let Some(err) = refused {
         state.events.record(EventKind::QueryFailed {
             id,
@@ -941,13 +963,15 @@ fn handle_share(
 ) -> Result<Shared, ToolError> {
     let refused = state
         .take_token(from)
+        .and_then(|()| state.check_text("data type", data_type))
         .and_then(|()| state.check_payload(&data));
     if let Err(err) = refused {
+        let data_type = td_base::text::head_tail(data_type, state.limits.max_payload_bytes);
         for to in targets {
             state.events.record(EventKind::Shared {
                 from: from.to_string(),
                 to: to.clone(),
-                data_type: data_type.to_string(),
+                data_type: data_type.clone(),
                 data: Value::Null,
                 error: Some(err.to_string()),
             });
@@ -1023,15 +1047,21 @@ fn handle_alert(
     data: Option<Value>,
     about: Option<&str>,
 ) -> Result<Alerted, ToolError> {
-    let refused = state.take_token(from).and_then(|()| match &data {
-        Some(d) => state.check_payload(d),
-        None => Ok(()),
-    });
+    let refused = state
+        .take_token(from)
+        .and_then(|()| state.check_text("event type", event_type))
+        .and_then(|()| state.check_text("message", message))
+        .and_then(|()| match &data {
+            Some(d) => state.check_payload(d),
+            None => Ok(()),
+        });
     if let Err(err) = refused {
+        // What was refused, within the limit: an oversized message is not kept either.
+        let limit = state.limits.max_payload_bytes;
         state.events.record(EventKind::Alert {
             from: from.to_string(),
-            event_type: event_type.to_string(),
-            message: message.to_string(),
+            event_type: td_base::text::head_tail(event_type, limit),
+            message: td_base::text::head_tail(message, limit),
             data,
             recipients: Vec::new(),
             error: Some(err.to_string()),
