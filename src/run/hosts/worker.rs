@@ -170,6 +170,7 @@ pub async fn run(options: WorkerOptions) -> u8 {
         workdir: workdir.display().to_string(),
         secret,
         timeout: options.timeout,
+        requests: None,
     });
     let session = tokio::select! {
         joined = joining => match joined {
