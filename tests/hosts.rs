@@ -184,10 +184,9 @@ fn two_hosts_join_status_shows_them_and_the_run_end_sends_them_home() {
         "  slots: 3\n  placement:\n    - {loops: [w], hosts: [b1, head]}\n",
     );
     let mut head = run.start_head(&net, "head");
-    // Placement is checked and shown, and said not to be applied yet.
+    // Placement is shown.
     assert!(
-        head.stderr()
-            .contains("placement (checked, not applied yet): loops w on b1, head"),
+        head.stderr().contains("placement: loops w on b1, head"),
         "{}",
         head.stderr()
     );
@@ -622,4 +621,85 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
         assert_eq!(code, 2, "{all:?}: {err}");
         assert!(err.contains(says), "{all:?}: {err}");
     }
+}
+
+#[test]
+fn a_loop_placed_on_a_host_that_never_joins_waits_and_ctrl_c_ends_the_run() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - complete_task: {summary: "w done"}
+x:
+  turns:
+    - calls:
+        - complete_task: {summary: "x done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Go.\"}\n  - {name: x, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [x], hosts: [h1]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut child = run
+        .command(&[])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // w runs on the head and completes; x waits for h1, and says so.
+    wait_until("x to wait for h1 and w to complete", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["x"]["reason"] == "waiting for host h1"
+            && s["loops"]["w"]["status"] == "completed"
+    });
+    // The run does not end while x waits.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended with x waiting"
+    );
+    let out = std::process::Command::new(bin())
+        .args(["status", "--dir"])
+        .arg(&run.run_dir)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains("pending x: waiting for host h1"),
+        "{status}"
+    );
+
+    // Ctrl-C ends it cleanly: x never started, and says what it was waiting for.
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(started.elapsed() < WAIT, "the run did not end after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert_eq!(code, Some(130), "{err}");
+    let s = summary(&run.run_dir);
+    assert_eq!(s["status"], "stopped", "{s}");
+    assert_eq!(s["loops"]["x"]["status"], "stopped", "{s}");
+    assert_eq!(
+        s["loops"]["x"]["reason"],
+        "never started: the run was interrupted (it was waiting for host h1)",
+        "{s}"
+    );
+    assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
 }

@@ -16,6 +16,8 @@ use crate::run::compiler_cache::CompilerCaches;
 use crate::run::conflict_watch::ConflictWatch;
 use crate::run::control::{Command, ControlRequest, ControlSocket};
 use crate::run::handover;
+use crate::run::hosts::HeadHosts;
+use crate::run::hosts::placement::{self, Free, Site};
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
 use crate::run::owner;
 use crate::run::progress::{ProgressDisplay, ProgressMode};
@@ -84,6 +86,31 @@ impl RunReport {
             1
         }
     }
+}
+
+/// Returns once a host joined, was lost or left; never without hosts.
+async fn hosts_changed(hosts: &Option<HeadHosts>) {
+    match hosts {
+        Some(h) => h.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Notes that loop `name` waits (`why`), once per reason: in its record and the progress
+/// display (`status` shows it).
+fn note_waiting(
+    name: &str,
+    why: String,
+    waiting: &mut BTreeMap<String, String>,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+) {
+    if waiting.get(name) == Some(&why) {
+        return;
+    }
+    let _ = record.update_loop(name, |s| s.reason = Some(why.clone()));
+    progress.set_status(name, "pending", &why);
+    waiting.insert(name.to_string(), why);
 }
 
 /// Where one loop works.
@@ -444,6 +471,10 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     }
     let mut places: BTreeMap<String, Place> = BTreeMap::new();
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
+    // Loops running on a host, by name: the host's.
+    let remote: BTreeMap<String, String> = BTreeMap::new();
+    // Loops ready to start that wait for a host or a slot, and why (as `status` shows it).
+    let mut waiting: BTreeMap<String, String> = BTreeMap::new();
     let mut released = false;
     let mut stops_sent = false;
     // After the first stop signal, a second one (of either kind) stops the loops at once
@@ -551,17 +582,37 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             // are stopped too (below), as the user asked.
             block_orphans(&loops, &mut status, &record, &progress, &events);
         }
-        let running = status
-            .values()
-            .filter(|s| **s == LoopStatus::Running)
-            .count();
-        let mut free = config.concurrency.max_loops.saturating_sub(running);
+        // The free slots: the head's (`max-loops` less the loops running on it), and each
+        // joined host's (its slots less the loops running there).
+        let mut free = Free {
+            head: config.concurrency.max_loops.saturating_sub(
+                status
+                    .iter()
+                    .filter(|(n, s)| **s == LoopStatus::Running && !remote.contains_key(*n))
+                    .count(),
+            ),
+            hosts: BTreeMap::new(),
+        };
+        let joined = match &hosts {
+            Some(h) if !halted => h.joined().await,
+            _ => BTreeMap::new(),
+        };
+        for (host, slots) in &joined {
+            let busy = remote.values().filter(|h| *h == host).count();
+            free.hosts
+                .insert(host.clone(), (*slots as usize).saturating_sub(busy));
+        }
+        // Every host's slots stay unused until its loops can run there.
+        free.hosts.values_mut().for_each(|n| *n = 0);
         for def in &loops {
             if interrupted.is_none() {
                 // A signal while the previous loop's worktree was being made.
                 interrupted = signals.arrived();
             }
-            if free == 0 || interrupted.is_some() || record.unwritable().is_some() {
+            if interrupted.is_some() || record.unwritable().is_some() {
+                break;
+            }
+            if hosts.is_none() && free.head == 0 {
                 break;
             }
             if status[&def.name] != LoopStatus::Pending
@@ -575,6 +626,27 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             {
                 continue;
             }
+            // Where it runs (`run/hosts/placement`), or why it waits.
+            let chosen = match &config.hosts {
+                None => Ok(Site::Head),
+                Some(h) => {
+                    let head_only = !matches!(def.worktree, None | Some(WorktreeMode::Own));
+                    placement::choose(h.hosts_for(def), head_only, &free, &joined)
+                }
+            };
+            let site = match chosen {
+                Ok(Site::Head) => Site::Head,
+                Ok(Site::Host(host)) => {
+                    let why = format!("placed on host {host}, where loops do not run yet");
+                    note_waiting(&def.name, why, &mut waiting, &record, &progress);
+                    continue;
+                }
+                Err(why) => {
+                    note_waiting(&def.name, why, &mut waiting, &record, &progress);
+                    continue;
+                }
+            };
+            waiting.remove(&def.name);
             let resume = resume_state.get(&def.name);
             // A new branch starts where its dependencies' work is (see `handover`).
             let base = def.base.clone().unwrap_or_else(|| default_base.clone());
@@ -642,7 +714,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     places.insert(def.name.clone(), place);
                     rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
                     status.insert(def.name.clone(), LoopStatus::Running);
-                    free -= 1;
+                    free.take(&site);
                 }
                 Err(why) => {
                     status.insert(def.name.clone(), LoopStatus::Failed);
@@ -672,7 +744,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             released = true;
         }
         let any_running = status.values().any(|s| *s == LoopStatus::Running);
-        if !any_running && !queue.busy() {
+        // A loop that waited and was stopped or blocked meanwhile waits no more.
+        waiting.retain(|n, _| status.get(n) == Some(&LoopStatus::Pending));
+        // Loops waiting for a host keep the run going until one comes (or a stop).
+        let halted = interrupted.is_some() || record.unwritable().is_some();
+        if !any_running && !queue.busy() && (waiting.is_empty() || halted) {
             break;
         }
         let ended = tokio::select! {
@@ -711,6 +787,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 }
                 continue;
             }
+            () = hosts_changed(&hosts), if !waiting.is_empty() => continue,
             signal = signals.next(), if !forced => {
                 if interrupted.is_none() {
                     // The stops are sent at the top of the loop.
@@ -803,11 +880,19 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             } else {
                 "never started"
             };
+            // What it was waiting for is no longer what it is.
+            let why = match waiting.get(name) {
+                Some(waited) => format!("{why} (it was {waited})"),
+                None => why.to_string(),
+            };
             let _ = record.update_loop(name, |l| {
                 l.status = st;
-                l.reason.get_or_insert_with(|| why.to_string());
+                if waiting.contains_key(name) {
+                    l.reason = None;
+                }
+                l.reason.get_or_insert_with(|| why.clone());
             });
-            progress.set_status(name, st.as_str(), why);
+            progress.set_status(name, st.as_str(), &why);
         }
     }
     // Nothing more can be stopped: the socket and its key go.

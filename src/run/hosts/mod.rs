@@ -5,19 +5,21 @@
 //! `status` show them: [`summary`]), and tells the hosts when the run ends. A worker host is
 //! `taskdaemon host --join` ([`worker`]).
 //!
-//! Loops still run on the head only: hosts join, authenticate and stay known, and placement
-//! rules are checked, but no loop is sent to a host yet.
+//! Where each loop runs is decided by [`placement`] when it is ready to start.
 
+pub mod placement;
 pub mod summary;
 pub mod worker;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use td_cluster::{Head, HeadOptions, HostEvent};
+use td_cluster::{Head, HeadOptions, HostEvent, HostState};
 use td_protocol::events::{EventKind, EventLog};
+use tokio::sync::Notify;
 
 use crate::config::hosts::HostsConfig;
 use summary::{HostStatus, HostsSummary};
@@ -37,6 +39,8 @@ pub struct Prepared {
 #[derive(Debug)]
 pub struct HeadHosts {
     head: Head,
+    /// Woken when a host joins, is lost or leaves: loops waiting for a host look again.
+    changed: Arc<Notify>,
 }
 
 /// Reads the hosts' secret of `config` (`base_dir`: the config file's directory) and checks
@@ -77,17 +81,22 @@ impl Prepared {
         }
         let log = events.clone();
         let listen = self.options.listen;
-        let head = Head::start(self.options, move |event| log.record(event_kind(event)))
-            .await
-            .map_err(|e| format!("hosts: {e}"))?;
+        let changed = Arc::new(Notify::new());
+        let wake = changed.clone();
+        let head = Head::start(self.options, move |event| {
+            log.record(event_kind(event));
+            wake.notify_one();
+        })
+        .await
+        .map_err(|e| format!("hosts: {e}"))?;
         eprintln!(
-            "taskdaemon: hosts join at {listen} (taskdaemon host --join THIS-MACHINE:{} --secret-file FILE); loops run on the head only for now",
+            "taskdaemon: hosts join at {listen} (taskdaemon host --join THIS-MACHINE:{} --secret-file FILE)",
             listen.port()
         );
         for rule in &self.placement {
-            eprintln!("taskdaemon: placement (checked, not applied yet): {rule}");
+            eprintln!("taskdaemon: placement: {rule}");
         }
-        Ok(HeadHosts { head })
+        Ok(HeadHosts { head, changed })
     }
 }
 
@@ -95,6 +104,22 @@ impl HeadHosts {
     /// Where hosts connect.
     pub fn listen(&self) -> SocketAddr {
         self.head.listen()
+    }
+
+    /// The joined hosts and their slots.
+    pub async fn joined(&self) -> BTreeMap<String, u32> {
+        self.head
+            .hosts()
+            .await
+            .into_iter()
+            .filter(|h| h.state == HostState::Joined)
+            .map(|h| (h.name, h.slots))
+            .collect()
+    }
+
+    /// Returns once a host joined, was lost or left since the last call.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// Tells every joined host that the run ended (`reason`) and stops listening; each is
