@@ -1,5 +1,6 @@
 //! Git as the daemon runs it for itself (never for a loop's model): worktrees, commits, integration,
-//! merges and HEAD lookup, every command without hooks (`daemon_git`).
+//! merges, HEAD lookup, and commits moved to and from worker hosts as bundles (`transfer`), every
+//! command without hooks (`daemon_git`).
 
 pub mod daemon_git;
 pub mod fresh_copy;
@@ -9,4 +10,5 @@ pub mod merge_tree;
 pub mod seed;
 #[cfg(test)]
 mod test_support;
+pub mod transfer;
 pub mod worktree;

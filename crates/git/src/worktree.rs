@@ -187,7 +187,7 @@ pub fn loop_branch(run_id: &str, loop_name: &str) -> String {
 /// Runs git with the environment of one [`Repo`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Git {
-    extra_env: Arc<[(OsString, OsString)]>,
+    pub(crate) extra_env: Arc<[(OsString, OsString)]>,
 }
 
 /// What a finished git command left behind.
@@ -245,11 +245,48 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    git_output_with(dir, args, env, GitInput::None).await
+}
+
+/// What a git command reads on stdin.
+pub(crate) enum GitInput {
+    /// Nothing (stdin closed), as for most commands.
+    None,
+    /// These bytes (e.g. revisions for `--stdin`), written while git runs so that a long
+    /// answer cannot deadlock against a long question.
+    Bytes(Vec<u8>),
+    /// This open file, from its current offset (e.g. the pack of a bundle, for
+    /// `index-pack --stdin`): git reads it directly, nothing passes through memory.
+    File(std::fs::File),
+}
+
+/// [`git_output`] with `input` on stdin.
+pub(crate) async fn git_output_with<I, S>(
+    dir: &Path,
+    args: I,
+    env: &[(OsString, OsString)],
+    input: GitInput,
+) -> Result<GitOutput>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     let mut cmd = tokio::process::Command::from(crate::daemon_git::command(dir));
     cmd.args(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let mut bytes = None;
+    match input {
+        GitInput::None => {}
+        GitInput::Bytes(b) => {
+            cmd.stdin(Stdio::piped());
+            bytes = Some(b);
+        }
+        GitInput::File(f) => {
+            cmd.stdin(Stdio::from(f));
+        }
+    }
     for (key, value) in env {
         cmd.env(key, value);
     }
@@ -257,7 +294,21 @@ where
         .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
         .collect::<Vec<_>>()
         .join(" ");
-    let out = cmd.output().await.map_err(|e| match e.kind() {
+    let out = match cmd.spawn() {
+        Ok(mut child) => {
+            if let (Some(bytes), Some(mut stdin)) = (bytes, child.stdin.take()) {
+                // A git that exits early closes its end; the write then fails, and what git
+                // said is in its status and stderr.
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = stdin.write_all(&bytes).await;
+                });
+            }
+            child.wait_with_output().await
+        }
+        Err(e) => Err(e),
+    };
+    let out = out.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
             WorktreeError::GitUnavailable {
                 detail: e.to_string(),
@@ -288,6 +339,20 @@ impl Git {
         S: AsRef<OsStr>,
     {
         git_output(dir, args, &self.extra_env).await
+    }
+
+    /// Runs `git ARGS` in `dir` with `input` on stdin, and returns whatever it did.
+    pub(crate) async fn output_with<I, S>(
+        &self,
+        dir: &Path,
+        args: I,
+        input: GitInput,
+    ) -> Result<GitOutput>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        git_output_with(dir, args, &self.extra_env, input).await
     }
 
     /// Runs `git ARGS` in `dir`; a failure becomes an error carrying `hint`.

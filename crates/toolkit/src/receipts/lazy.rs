@@ -13,7 +13,8 @@
 //! and output were redacted when the call ended and the hashes cover that text; `time` is
 //! when the call started, the wall clock now less the monotonic time since the start (the
 //! same reading unless the wall clock was set in between); the id is a UUID v7 drawn when
-//! the receipt is made, so ids still sort in the order receipts are written. An output
+//! the receipt is made ([`super::receipt_id`]), so ids still sort in the order receipts are
+//! written. An output
 //! larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to hash it later the
 //! receipt keeps a copy, which for a small output costs a fraction of the hash, and for a
 //! large one would hold its memory.
@@ -26,6 +27,7 @@ use serde_json::Value;
 
 use td_base::sync::lock;
 
+use super::receipt_id::receipt_id;
 use super::{Receipt, SideEffect, hash_output, hash_value};
 
 /// Largest output (bytes) whose hash is left to when the receipt is made.
@@ -131,8 +133,11 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         DraftOutput::Kept(output) => hash_output(&output, d.is_error),
         DraftOutput::Hashed(hash) => hash,
     };
+    // One reading of the wall clock for the id and the date (clock reads are not cheap on a
+    // virtual machine).
+    let now = SystemTime::now();
     Receipt {
-        id: uuid::Uuid::now_v7().to_string(),
+        id: receipt_id(now),
         call_id: d.call_id,
         exec_id: d.exec_id.to_string(),
         tool: d.tool.into_owned(),
@@ -145,7 +150,7 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         output_capped: d.output_capped,
         latency_ms: d.latency_ms,
         side_effects: d.side_effects,
-        time: td_base::time::timestamp_at(wall_time_of(d.started)),
+        time: td_base::time::timestamp_at(wall_time_of(d.started, now)),
         commit: d.commit,
         schema_valid: d.schema_valid,
         seq: None,
@@ -153,9 +158,8 @@ fn make(draft: Option<CallDraft>) -> Receipt {
     }
 }
 
-/// When `started` was on the wall clock: now, less the time since.
-fn wall_time_of(started: Instant) -> SystemTime {
-    let now = SystemTime::now();
+/// When `started` was on the wall clock: `now`, less the time since.
+fn wall_time_of(started: Instant, now: SystemTime) -> SystemTime {
     now.checked_sub(started.elapsed()).unwrap_or(now)
 }
 
