@@ -703,3 +703,195 @@ x:
     );
     assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
 }
+
+/// A run of `script` and `loops` with a `hosts:` section on 0.0.0.0:7070 (`extra` added).
+fn head_run(script: &str, loops: &str, extra: &str) -> HeadRun {
+    let run = FlaggedRun::new(script, loops);
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 0.0.0.0:7070\n  secret-file: {}\n  lost-after-ms: {}\n{extra}",
+        secret_file.display(),
+        LOST_AFTER.as_millis()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    HeadRun { run, secret_file }
+}
+
+/// `git show REV:PATH` in the run's repository.
+fn show(run: &HeadRun, rev_path: &str) -> Option<String> {
+    let repo = run.run.config.parent().unwrap();
+    let out = std::process::Command::new("git")
+        .args(["show", rev_path])
+        .current_dir(repo)
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn loops_run_on_two_hosts_and_their_work_records_and_hosts_come_back_to_the_head() {
+    let mut net = Net::new("loops_run_on_two_hosts");
+    let (head_ip, _, _) = net.host("h1");
+    let (head_ip2, _, _) = net.host("h2");
+    let root_dir = tempfile::tempdir().unwrap();
+    let outside = root_dir.path().canonicalize().unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let script = r#"
+a:
+  turns:
+    - calls:
+        - write_file: {path: "a.txt", content: "from the head\n"}
+    - calls:
+        - complete_task: {summary: "a done"}
+b:
+  turns:
+    - calls:
+        - write_file: {path: "b.txt", content: "from h1\n"}
+    - calls:
+        - query_loop: {target_exec_id: a, question: "Which port?"}
+    - calls:
+        - complete_task: {summary: "b done"}
+c:
+  turns:
+    - calls:
+        - run_command: {command: "echo from-h2 > c.txt; cat SECRETFILE > leak.txt 2>&1; env > env.txt; (echo x > OUTSIDE/escaped) 2> escape.txt; echo $? >> escape.txt"}
+    - calls:
+        - complete_task: {summary: "c done"}
+"#;
+    let run = head_run(
+        script,
+        "  - {name: a, type: ralph, task: \"Go.\"}\n  - {name: b, type: ralph, task: \"Go.\"}\n  - {name: c, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [a], hosts: [head]}\n    - {loops: [b], hosts: [h1]}\n    - {loops: [c], hosts: [h2]}\n",
+    );
+    let script_file = run.run.config.with_file_name("script.yml");
+    let text = std::fs::read_to_string(&script_file).unwrap();
+    std::fs::write(
+        &script_file,
+        text.replace("SECRETFILE", &run.secret_file.display().to_string())
+            .replace("OUTSIDE", &outside.display().to_string()),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    let mut h2 = run.start_host(
+        &net,
+        "h2",
+        &format!("{head_ip2}:7070"),
+        "h2",
+        &run.secret_file,
+        &[],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(0),
+        "{}\n--- h1:\n{}\n--- h2:\n{}",
+        head.stderr(),
+        h1.stderr(),
+        h2.stderr()
+    );
+    for (name, host) in [("h1", &mut h1), ("h2", &mut h2)] {
+        assert_eq!(
+            host.wait_exit(Duration::from_secs(10)),
+            Some(0),
+            "{name}: {}",
+            host.stderr()
+        );
+    }
+    let s = summary(&run.run.run_dir);
+    for (name, host) in [("a", None), ("b", Some("h1")), ("c", Some("h2"))] {
+        let l = &s["loops"][name];
+        assert_eq!(l["status"], "completed", "{name}: {s}");
+        assert_eq!(l["host"].as_str(), host, "{name}: {s}");
+        assert_eq!(l["merge"]["merged"], true, "{name}: {s}");
+    }
+    // The remote loops' commits are on the head's integration branch.
+    let into = s["loops"]["b"]["merge"]["into"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        show(&run, &format!("{into}:b.txt")).as_deref(),
+        Some("from h1\n")
+    );
+    assert_eq!(
+        show(&run, &format!("{into}:c.txt")).as_deref(),
+        Some("from-h2\n")
+    );
+    assert_eq!(
+        show(&run, &format!("{into}:a.txt")).as_deref(),
+        Some("from the head\n")
+    );
+    // The record holds their transcripts and receipts, chained with the run's key.
+    for name in ["b", "c"] {
+        let dir = run.run.run_dir.join("loops").join(name);
+        let transcript = std::fs::read_to_string(dir.join("transcript.jsonl")).unwrap();
+        assert!(
+            transcript.contains("\"entry\":\"response\""),
+            "{name}: {transcript}"
+        );
+        let receipts = std::fs::read_to_string(dir.join("receipts.jsonl")).unwrap();
+        assert!(receipts.lines().count() >= 2, "{name}: {receipts}");
+        assert!(receipts.contains("\"chain\":"), "{name}: {receipts}");
+        assert!(dir.join("RECEIPT.json").exists(), "{name}");
+    }
+    // A query across hosts is refused, saying so, in this build.
+    let transcript =
+        std::fs::read_to_string(run.run.run_dir.join("loops/b/transcript.jsonl")).unwrap();
+    assert!(
+        transcript.contains("query_loop across hosts is not available in this build"),
+        "{transcript}"
+    );
+    // `status` shows each loop's host.
+    let status = run.status();
+    let row = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row of {name}: {status}"))
+            .to_string()
+    };
+    assert!(row("b").ends_with(" h1"), "{status}");
+    assert!(row("c").ends_with(" h2"), "{status}");
+    assert!(row("a").ends_with(" head"), "{status}");
+    // Events of the remote loops are in the one event log, numbered in order.
+    let events = run.events();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "loop_started" && e["loop_name"] == "c"),
+        "{events:?}"
+    );
+
+    // On h2 the command was confined: the hosts' secret file read empty, a file outside its
+    // worktree could not be written, and its environment held no key.
+    let leak = show(&run, &format!("{into}:leak.txt")).unwrap_or_default();
+    if common::fully_confined() {
+        assert_eq!(leak, "", "the command read the secret file: {leak}");
+    }
+    assert!(!leak.contains(SECRET));
+    assert!(
+        !outside.join("escaped").exists(),
+        "a command on h2 wrote outside its worktree"
+    );
+    let escape = show(&run, &format!("{into}:escape.txt")).unwrap_or_default();
+    assert!(
+        !escape.trim_end().ends_with("\n0") && escape.trim() != "0",
+        "{escape}"
+    );
+    let env = show(&run, &format!("{into}:env.txt")).unwrap_or_default();
+    assert!(env.contains("PATH="), "{env}");
+    assert!(!env.contains("API_KEY") && !env.contains(SECRET), "{env}");
+}

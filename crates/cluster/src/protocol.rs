@@ -80,6 +80,15 @@ pub enum ToHead {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum FromHost {
+    /// The host names the commits its mirror has (`have`); the head bundles the loop's base
+    /// commit without what they reach and answers the bundle's size, `None` when the host
+    /// has the base already (then no chunk is fetched).
+    PrepareBase {
+        /// The loop.
+        loop_name: String,
+        /// Commits the host's mirror has.
+        have: Vec<String>,
+    },
     /// A chunk of the bundle of the loop's base commit, from `offset` (answered with a
     /// [`Chunk`]).
     BaseChunk {
@@ -88,7 +97,7 @@ pub enum FromHost {
         /// Where the chunk starts.
         offset: u64,
     },
-    /// One model call of the loop (answered with the model's response): the host has no
+    /// One model call of the loop (answered with a [`CompleteAnswer`]): the host has no
     /// keys; the head calls its own model client and charges the loop's budget.
     Complete {
         /// The loop.
@@ -130,6 +139,31 @@ pub enum FromHost {
         branch: Option<BranchBundle>,
         /// Why the host could not send its work, when it could not.
         problem: Option<String>,
+    },
+}
+
+/// The head's answer to [`FromHost::Complete`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CompleteAnswer {
+    /// The model's response (`td_llm::LlmResponse`).
+    Response {
+        /// The response.
+        response: Value,
+    },
+    /// The loop's budget or the run's has no room for the call: the loop pauses.
+    OverBudget {
+        /// Which limit, and what to do.
+        reason: String,
+    },
+    /// The model call failed (after the head's client retried).
+    Failed {
+        /// `transport`, `api`, `bad_reply` or `script`.
+        kind: String,
+        /// The HTTP status of an `api` error.
+        status: Option<u16>,
+        /// What it said.
+        message: String,
     },
 }
 
@@ -203,8 +237,6 @@ pub struct StartLoop {
     pub base_commit: String,
     /// The branch its worktree is on (the head's name for it).
     pub branch: String,
-    /// The size of the base bundle the host fetches in chunks ([`FromHost::BaseChunk`]).
-    pub bundle_bytes: u64,
     /// The run's command confinement, without paths of the head's machine: `mode`, `read`,
     /// `unix-sockets` and `env` of `sandbox:` (the form taskdaemon.yml uses).
     pub sandbox: Value,

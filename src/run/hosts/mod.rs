@@ -7,7 +7,9 @@
 //!
 //! Where each loop runs is decided by [`placement`] when it is ready to start.
 
+pub mod host_loops;
 pub mod placement;
+pub mod remote;
 pub mod summary;
 pub mod worker;
 
@@ -69,6 +71,7 @@ impl Prepared {
         self,
         events: &Arc<EventLog>,
         earlier: Option<&HostsSummary>,
+        remote: Option<Arc<remote::RemoteLoops>>,
     ) -> Result<HeadHosts, String> {
         for host in earlier.into_iter().flat_map(|h| h.hosts.values()) {
             if host.status == HostStatus::Joined {
@@ -83,12 +86,35 @@ impl Prepared {
         let listen = self.options.listen;
         let changed = Arc::new(Notify::new());
         let wake = changed.clone();
-        let head = Head::start(self.options, move |event| {
-            log.record(event_kind(event));
-            wake.notify_one();
-        })
+        let lost = remote.clone();
+        let serve = remote.clone();
+        let refuse = |request: td_cluster::HostRequest| {
+            request
+                .reply
+                .send(Err::<(), _>("this run runs no loops on hosts".to_string()))
+        };
+        let head = Head::start_with(
+            self.options,
+            move |event| {
+                // Its loops end first (marked interrupted), then the host is recorded lost.
+                if let (HostEvent::Lost { name, reason, .. }, Some(lost)) = (&event, &lost) {
+                    lost.host_lost(name, reason);
+                }
+                log.record(event_kind(event));
+                wake.notify_one();
+            },
+            Arc::new(move |request| match &serve {
+                Some(serve) => {
+                    tokio::spawn(serve.clone().handle(request));
+                }
+                None => refuse(request),
+            }),
+        )
         .await
         .map_err(|e| format!("hosts: {e}"))?;
+        if let Some(remote) = &remote {
+            remote.set_asker(head.asker());
+        }
         eprintln!(
             "taskdaemon: hosts join at {listen} (taskdaemon host --join THIS-MACHINE:{} --secret-file FILE)",
             listen.port()
@@ -197,7 +223,7 @@ mod tests {
             options,
             placement: Vec::new(),
         }
-        .start(&events, Some(&earlier))
+        .start(&events, Some(&earlier), None)
         .await
         .unwrap();
         let recorded = events.events();
