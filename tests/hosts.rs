@@ -895,3 +895,175 @@ c:
     assert!(env.contains("PATH="), "{env}");
     assert!(!env.contains("API_KEY") && !env.contains(SECRET), "{env}");
 }
+
+/// A hostile host (this test, joined through td_cluster with the secret) sends branches
+/// that `take_branch` must refuse: a bundle with an extra ref, and one of unrelated
+/// history. Each loop fails with the reason, and the head's repository is unchanged.
+#[test]
+fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
+    use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "extra:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\nunrelated:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: extra, type: ralph, task: \"Go.\"}\n  - {name: unrelated, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [extra, unrelated], hosts: [evil]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let mut head = std::process::Command::new(bin())
+        .args(["run", "-c"])
+        .arg(&run.config)
+        .arg("--run-dir")
+        .arg(&run.run_dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("both loops to wait for evil", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["extra"]["reason"] == "waiting for host evil"
+            && s["loops"]["unrelated"]["reason"] == "waiting for host evil"
+    });
+    let refs_before = common::git(&repo, &["for-each-ref"]);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tips = rt.block_on(async {
+        let mut tips = Vec::new();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(2),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let scratch = root.join("evil-work");
+        for _ in 0..2 {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            let ToHost::StartLoop(start) = request.request else {
+                panic!("not a start: {:?}", request.request);
+            };
+            request.reply.send(Ok(()));
+            // The loop's "work", made where the host can reach the head's commits (a real
+            // host would have them from the base bundle).
+            let work = scratch.join(&start.loop_name);
+            common::git(&root, &["clone", "-q", &repo.display().to_string(), &work.display().to_string()]);
+            common::git(&work, &["checkout", "-q", "-b", "work", &start.base_commit]);
+            let bundle = work.join("branch.bundle");
+            let bundle_arg = bundle.display().to_string();
+            if start.loop_name == "extra" {
+                std::fs::write(work.join("f.txt"), "work\n").unwrap();
+                common::git(&work, &["add", "f.txt"]);
+                common::git(&work, &["commit", "-q", "-m", "work"]);
+                // A second ref rides along.
+                common::git(&work, &["branch", "sneaky"]);
+                common::git(&work, &["bundle", "create", "-q", &bundle_arg, &format!("{}..work", start.base_commit), "sneaky"]);
+            } else {
+                // History that does not descend from the base.
+                common::git(&work, &["checkout", "-q", "--orphan", "other"]);
+                std::fs::write(work.join("g.txt"), "other\n").unwrap();
+                common::git(&work, &["add", "-A"]);
+                common::git(&work, &["commit", "-q", "-m", "other"]);
+                common::git(&work, &["bundle", "create", "-q", &bundle_arg, "other"]);
+            }
+            let tip = common::git(&work, &["rev-parse", "HEAD"]).trim().to_string();
+            tips.push((start.loop_name.clone(), start.base_commit.clone(), tip.clone()));
+            let bytes = std::fs::read(&bundle).unwrap();
+            let () = link
+                .ask(
+                    FromHost::BranchChunk {
+                        loop_name: start.loop_name.clone(),
+                        offset: 0,
+                        data: hex::encode(&bytes),
+                    },
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+            let () = link
+                .ask(
+                    FromHost::Ended {
+                        loop_name: start.loop_name.clone(),
+                        end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                        branch: Some(BranchBundle {
+                            tip,
+                            bytes: bytes.len() as u64,
+                        }),
+                        problem: None,
+                    },
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+        tips
+    });
+
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = head.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(started.elapsed() < WAIT, "the run did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let s = summary(&run.run_dir);
+    assert_eq!(code, Some(1), "{s}");
+    for name in ["extra", "unrelated"] {
+        let l = &s["loops"][name];
+        assert_eq!(l["status"], "failed", "{name}: {s}");
+        let reason = l["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("its host's branch was refused"),
+            "{name}: {reason}"
+        );
+        assert_eq!(l["host"], "evil", "{s}");
+    }
+    // Nothing of either bundle is in the repository: no ref moved or appeared.
+    let refs_after = common::git(&repo, &["for-each-ref"]);
+    let without_run = |refs: &str| -> Vec<String> {
+        refs.lines()
+            .filter(|l| !l.contains("refs/heads/taskdaemon/"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(without_run(&refs_before), without_run(&refs_after));
+    assert!(
+        !refs_after.contains("sneaky") && !refs_after.contains("refs/taskdaemon/hosts"),
+        "{refs_after}"
+    );
+    let run_id = s["run_id"].as_str().unwrap();
+    for (name, base, tip) in tips {
+        // Its branch stays at its base, and the refused commits are not in the repository.
+        let branch = common::git(
+            &repo,
+            &["rev-parse", &format!("taskdaemon/{run_id}/{name}")],
+        );
+        assert_eq!(branch.trim(), base, "{name}");
+        let has = std::process::Command::new("git")
+            .args(["cat-file", "-e", &tip])
+            .current_dir(&repo)
+            .status()
+            .unwrap();
+        assert!(
+            !has.success(),
+            "{name}: the refused commit {tip} is in the repository"
+        );
+    }
+}
