@@ -1067,3 +1067,112 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
         );
     }
 }
+
+#[test]
+fn a_lost_hosts_loop_is_interrupted_and_ctrl_c_stops_a_loop_on_a_host() {
+    let mut net = Net::new("a_lost_hosts_loop_is_interrupted");
+    let (head_ip, _, _) = net.host("h1");
+    let (head_ip2, _, _) = net.host("h2");
+    let marker = format!("td-hosts-stop-{}", std::process::id());
+    let script = format!(
+        r#"
+p:
+  turns:
+    - calls:
+        - run_command: {{command: "sleep 600 # {marker}"}}
+    - calls:
+        - complete_task: {{summary: "p done"}}
+q:
+  turns:
+    - calls:
+        - run_command: {{command: "sleep 600 # {marker}"}}
+    - calls:
+        - complete_task: {{summary: "q done"}}
+"#
+    );
+    let run = head_run(
+        &script,
+        "  - {name: p, type: ralph, task: \"Go.\"}\n  - {name: q, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [p], hosts: [h1]}\n    - {loops: [q], hosts: [h2]}\n",
+    );
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    let mut h2 = run.start_host(
+        &net,
+        "h2",
+        &format!("{head_ip2}:7070"),
+        "h2",
+        &run.secret_file,
+        &[],
+    );
+    let running = |name: &str| {
+        std::fs::read_to_string(
+            run.run
+                .run_dir
+                .join("loops")
+                .join(name)
+                .join("transcript.jsonl"),
+        )
+        .unwrap_or_default()
+        .contains("run_command")
+    };
+    wait_until("both loops to run their command", WAIT, || {
+        running("p") && running("q")
+    });
+
+    // h1 dies: its loop is stopped at once, with the reason.
+    let killed = Instant::now();
+    h1.kill();
+    wait_until("p to be interrupted", WAIT, || {
+        summary(&run.run.run_dir)["loops"]["p"]["status"] == "stopped"
+    });
+    let took = killed.elapsed();
+    eprintln!("measured: a lost host's loop marked stopped after {took:?}");
+    assert!(took < LOST_BOUND, "{took:?}");
+    let s = summary(&run.run.run_dir);
+    let reason = s["loops"]["p"]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.starts_with("interrupted: its host h1 was lost (its connection closed)"),
+        "{s}"
+    );
+    assert_eq!(s["loops"]["q"]["status"], "running", "{s}");
+
+    // Ctrl-C twice: the loop on h2 is stopped at once (its command killed there).
+    // SAFETY: plain signals to our own child.
+    unsafe { libc::kill(head.child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(head.child.id() as i32, libc::SIGINT) };
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(130),
+        "{}\n--- h2:\n{}",
+        head.stderr(),
+        h2.stderr()
+    );
+    let s = summary(&run.run.run_dir);
+    assert_eq!(s["loops"]["q"]["status"], "stopped", "{s}");
+    assert_eq!(s["loops"]["q"]["host"], "h2", "{s}");
+    assert_eq!(s["status"], "stopped", "{s}");
+    assert_eq!(
+        h2.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h2.stderr()
+    );
+    // No command of either host is left behind on h2's side; h1's died with its host or is
+    // cleaned up here.
+    wait_until("h2's command to be gone", Duration::from_secs(10), || {
+        common::pids_with(&marker).len() <= 1
+    });
+    for pid in common::pids_with(&marker) {
+        // SAFETY: a test-owned process, found by its unique marker.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
