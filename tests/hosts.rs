@@ -1176,3 +1176,73 @@ q:
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }
+
+#[test]
+fn a_hosts_slots_bound_its_loops_and_a_freed_slot_takes_the_next() {
+    let mut net = Net::new("a_hosts_slots_bound_its_loops");
+    let (head_ip, _, _) = net.host("h1");
+    let script = r#"
+d1:
+  turns:
+    - calls:
+        - write_file: {path: "d1.txt", content: "1\n"}
+    - calls:
+        - complete_task: {summary: "d1 done"}
+d2:
+  turns:
+    - calls:
+        - write_file: {path: "d2.txt", content: "2\n"}
+    - calls:
+        - complete_task: {summary: "d2 done"}
+"#;
+    let run = head_run(
+        script,
+        "  - {name: d1, type: ralph, task: \"Go.\"}\n  - {name: d2, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [d1, d2], hosts: [h1]}\n",
+    );
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &["--slots", "1"],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(0),
+        "{}\n--- h1:\n{}",
+        head.stderr(),
+        h1.stderr()
+    );
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
+    );
+    let events = run.events();
+    let seq = |kind: &str, name: &str| {
+        events
+            .iter()
+            .find(|e| e["event"] == kind && e["loop_name"] == name)
+            .and_then(|e| e["seq"].as_u64())
+            .unwrap_or_else(|| panic!("no {kind} of {name}: {events:?}"))
+    };
+    // One at a time: the second started after the first completed.
+    let (first, second) = if seq("loop_started", "d1") < seq("loop_started", "d2") {
+        ("d1", "d2")
+    } else {
+        ("d2", "d1")
+    };
+    assert!(
+        seq("loop_completed", first) < seq("loop_started", second),
+        "{events:?}"
+    );
+    let s = summary(&run.run.run_dir);
+    for name in ["d1", "d2"] {
+        assert_eq!(s["loops"][name]["status"], "completed", "{s}");
+        assert_eq!(s["loops"][name]["host"], "h1", "{s}");
+    }
+}

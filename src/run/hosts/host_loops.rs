@@ -296,8 +296,15 @@ impl HostLoops {
             .join("worktrees")
             .join(start.branch.replace('/', "+"));
         if dir.exists() {
-            // A loop of this name and branch ran here before (a resumed run): its
-            // worktree starts again from the head's commit, which is the loop's truth.
+            // A loop of this name and branch ran here before and its worktree was left (the
+            // host stopped with it): it starts again from the head's commit, which is the
+            // loop's truth.
+            if let Ok(stale) = mirror
+                .add_worktree(&dir, &start.branch, &start.base_commit)
+                .await
+            {
+                let _ = mirror.remove_worktree(&stale, false).await;
+            }
             let _ = std::fs::remove_dir_all(&dir);
         }
         let worktree = mirror
@@ -457,12 +464,15 @@ impl HostLoops {
             };
             let mut problem = streamer.flush().await.err();
             let mut branch = None;
-            if let (None, Some(worktree)) = (&problem, worktree) {
-                match self.send_branch(&start, &worktree, &end).await {
+            if let (None, Some(worktree)) = (&problem, &worktree) {
+                match self.send_branch(&start, worktree, &end).await {
                     Ok(b) => branch = b,
                     Err(why) => problem = Some(why),
                 }
             }
+            // Its slot is free from here on: the head may send the next loop (or this one
+            // again, handed back by its merge queue) as soon as it has this end.
+            lock(&self.loops).remove(&name);
             let end_value = serde_json::to_value(&end).unwrap_or(Value::Null);
             let sent: Result<(), String> = ask_again(&self.link, || FromHost::Ended {
                 loop_name: name.clone(),
@@ -478,7 +488,10 @@ impl HostLoops {
                     td_base::secrets::redact(&why)
                 );
             }
-            lock(&self.loops).remove(&name);
+            // The head has its commits (or refused them): the worktree and its branch go.
+            if let (Some(worktree), Ok(mirror)) = (worktree, self.mirror().await) {
+                let _ = mirror.remove_worktree(&worktree, false).await;
+            }
         });
     }
 

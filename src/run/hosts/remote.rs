@@ -94,6 +94,9 @@ struct Entry {
     branch_bytes: u64,
     /// A run limit its iterations passed: its next model call is refused with it.
     over: Option<String>,
+    /// Why its records can no longer be appended: every later batch is refused with it
+    /// (the host then stops the loop), so that no batch is taken twice or half.
+    broken: Option<String>,
     /// Its end was handed to the run (or its host was lost).
     done: bool,
 }
@@ -178,6 +181,7 @@ impl RemoteLoops {
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
                 over: None,
+                broken: None,
                 done: false,
             },
         );
@@ -411,6 +415,9 @@ impl RemoteLoops {
     ) -> Result<(), String> {
         {
             let loops = lock(&self.loops);
+            if let Some(why) = loops.get(name).and_then(|e| e.broken.clone()) {
+                return Err(why);
+            }
             let last = loops.get(name).map_or(0, |e| e.batch);
             if batch <= last {
                 // A retry of a batch whose answer was lost: appended already.
@@ -479,17 +486,21 @@ impl RemoteLoops {
         for entry in entries {
             self.side.transcript.record(name, entry);
         }
-        if let Some(log) = log {
-            for receipt in &taken {
-                log.append(receipt).map_err(|e| {
-                    let why = format!("cannot append to loop {name}'s receipts: {e}");
-                    self.side.record.note_failure(why.clone());
-                    why
-                })?;
-            }
-        }
+        // From here on the batch is taken, whatever fails: a retry must not append it again.
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.batch = batch;
+        }
+        if let Some(log) = log {
+            for receipt in &taken {
+                if let Err(e) = log.append(receipt) {
+                    let why = format!("the head cannot append to loop {name}'s receipts: {e}");
+                    self.side.record.note_failure(why.clone());
+                    if let Some(entry) = lock(&self.loops).get_mut(name) {
+                        entry.broken = Some(why.clone());
+                    }
+                    return Err(why);
+                }
+            }
         }
         Ok(())
     }
