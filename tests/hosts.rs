@@ -1246,3 +1246,64 @@ d2:
         assert_eq!(s["loops"][name]["host"], "h1", "{s}");
     }
 }
+
+#[test]
+fn the_run_budget_holds_for_a_loop_on_a_host() {
+    let mut net = Net::new("the_run_budget_holds_on_a_host");
+    let (head_ip, _, _) = net.host("h1");
+    // Each turn costs $0.0101 at the prices below: twelve do not fit in $0.10.
+    let mut script = String::from("far:\n  turns:\n");
+    for i in 0..12 {
+        script.push_str(&format!(
+            "    - calls:\n        - write_file: {{path: f{i}.txt, content: \"{i}\\n\"}}\n      usage: {{input_tokens: 100, output_tokens: 100}}\n"
+        ));
+    }
+    script.push_str("    - calls:\n        - complete_task: {summary: done}\n      usage: {input_tokens: 100, output_tokens: 100}\n");
+    let run = head_run(
+        &script,
+        "  - {name: far, type: mini, task: \"Write the files.\"}\n",
+        "  placement:\n    - {loops: [far], hosts: [h1]}\n",
+    );
+    let config = std::fs::read_to_string(&run.run.config).unwrap();
+    std::fs::write(
+        &run.run.config,
+        format!(
+            "loop-types:\n  mini: {{extends: ralph, tools: [write_file, complete_task], max-turns: 40}}\nprices:\n  scripted: {{input: 100, output: 1, cache-read: 10, cache-write: 125}}\nbudget: {{usd: 0.1}}\n{config}"
+        ),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(1),
+        "{}\n--- h1:\n{}",
+        head.stderr(),
+        h1.stderr()
+    );
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
+    );
+    let s = summary(&run.run.run_dir);
+    let far = &s["loops"]["far"];
+    // Paused by the run's budget, checked on the head for the host's calls; never passed.
+    assert_eq!(far["status"], "paused", "{s}");
+    assert!(
+        far["reason"].as_str().unwrap_or("").contains("budget"),
+        "{s}"
+    );
+    let spent = far["charged"]["cost_nano_usd"].as_u64().unwrap();
+    assert!(spent > 0 && spent <= 100_000_000, "{far}");
+    assert_eq!(spent % 10_100_000, 0, "whole turns: {far}");
+    assert_eq!(far["host"], "h1", "{s}");
+}
