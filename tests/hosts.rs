@@ -864,6 +864,12 @@ c:
     assert!(row("b").ends_with(" h1"), "{status}");
     assert!(row("c").ends_with(" h2"), "{status}");
     assert!(row("a").ends_with(" head"), "{status}");
+    // Every event the hosts sent was one the head takes from them.
+    assert!(
+        !head.stderr().contains("which only the head records"),
+        "{}",
+        head.stderr()
+    );
     // Events of the remote loops are in the one event log, numbered in order.
     let events = run.events();
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
@@ -981,6 +987,42 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
                 common::git(&work, &["commit", "-q", "-m", "other"]);
                 common::git(&work, &["bundle", "create", "-q", &bundle_arg, "other"]);
             }
+            if start.loop_name == "extra" {
+                // Records that are not the host's to give: an event only the head records
+                // is left out; another loop's event or receipt refuses the batch.
+                let records = |batch: u64, events: Vec<serde_json::Value>, receipts: Vec<serde_json::Value>| {
+                    FromHost::Records {
+                        loop_name: "extra".into(),
+                        batch,
+                        events,
+                        transcript: Vec::new(),
+                        receipts,
+                    }
+                };
+                let () = link
+                    .ask(
+                        records(1, vec![serde_json::json!({"event": "loop_blocked", "loop_name": "extra", "reason": "FORGED"})], vec![]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap();
+                let err = link
+                    .ask::<()>(
+                        records(2, vec![serde_json::json!({"event": "progress_noted", "loop_name": "unrelated", "iteration": 1, "note": "x"})], vec![]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("is not its own"), "{err}");
+                let err = link
+                    .ask::<()>(
+                        records(2, vec![], vec![serde_json::json!({"exec_id": "unrelated"})]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("receipt"), "{err}");
+            }
             let tip = common::git(&work, &["rev-parse", "HEAD"]).trim().to_string();
             tips.push((start.loop_name.clone(), start.base_commit.clone(), tip.clone()));
             let bytes = std::fs::read(&bundle).unwrap();
@@ -1035,6 +1077,15 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
         );
         assert_eq!(l["host"], "evil", "{s}");
     }
+    // The forged event was left out, and said.
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = head.stderr.take().unwrap().read_to_string(&mut err);
+    assert!(
+        err.contains("`loop_blocked` event, which only the head records"),
+        "{err}"
+    );
+    assert!(!run.events().iter().any(|e| e["reason"] == "FORGED"));
     // Nothing of either bundle is in the repository: no ref moved or appeared.
     let refs_after = common::git(&repo, &["for-each-ref"]);
     let without_run = |refs: &str| -> Vec<String> {

@@ -121,6 +121,29 @@ pub struct Placed {
     pub tools: Arc<[ToolDefinition]>,
 }
 
+/// The events a loop's engine and runtime record on a host, the only ones the head takes
+/// from one: what the head decides about a loop (blocked, merged, handed back, stopped by a
+/// request, its worktree seeded) and the coordinator's events are the head's to record.
+const HOST_EVENTS: &[&str] = &[
+    "loop_started",
+    "iteration_started",
+    "iteration_ended",
+    "loop_completed",
+    "loop_failed",
+    "loop_paused",
+    "loop_stopped",
+    "loop_restarted",
+    "loop_unregistered",
+    "progress_noted",
+    "inbox_shown",
+    "inbox_unread",
+    "model_retried",
+    "heavy_queued",
+    "heavy_started",
+    "heavy_ended",
+    "file_changed",
+];
+
 /// A model request as a host sends it; the tools are the head's (see the module doc).
 #[derive(Deserialize)]
 struct WireRequest {
@@ -436,6 +459,15 @@ impl RemoteLoops {
                     "an event in loop {name}'s records is not its own: {}",
                     td_base::text::head_tail(&event.to_string(), 200)
                 ));
+            }
+            let kind = event.get("event").and_then(Value::as_str).unwrap_or("");
+            if !HOST_EVENTS.contains(&kind) {
+                // Not the host's to say; left out, and said (not silently).
+                eprintln!(
+                    "taskdaemon: loop {name}: its host sent a `{}` event, which only the head records; left out",
+                    td_base::text::head_tail(kind, 60)
+                );
+                continue;
             }
             kinds.push(
                 serde_json::from_value::<EventKind>(event)
