@@ -1358,3 +1358,92 @@ fn the_run_budget_holds_for_a_loop_on_a_host() {
     assert_eq!(spent % 10_100_000, 0, "whole turns: {far}");
     assert_eq!(far["host"], "h1", "{s}");
 }
+
+/// A host that answers its heartbeats but never ends its loop (this test, joined through
+/// td_cluster) cannot keep a run that was stopped at once from ending.
+#[test]
+fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
+    use td_cluster::protocol::ToHost;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "stuck:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: stuck, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [stuck], hosts: [mute]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("stuck to wait for mute", WAIT, || {
+        summary(&run.run_dir)["loops"]["stuck"]["reason"] == "waiting for host mute"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stopped_at = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "mute".into(),
+            slots: Some(1),
+            workdir: root.join("mute").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        // Ctrl-C twice: the loop is to stop at once; this host says yes and does nothing.
+        // SAFETY: plain signals to our own child.
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        let mut stopped_at = None;
+        while let Ok(Some(request)) = tokio::time::timeout(WAIT, rx.recv()).await {
+            if matches!(request.request, ToHost::StopLoop { now: true, .. }) {
+                stopped_at = Some(Instant::now());
+            }
+            request.reply.send(Ok(()));
+            if stopped_at.is_some() {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+        stopped_at.expect("no StopLoop now came")
+    });
+    let code = loop {
+        if let Some(s) = head.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(stopped_at.elapsed() < WAIT, "the run did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = stopped_at.elapsed();
+    eprintln!("measured: a run stopped at once ended {took:?} after its stop reached a mute host");
+    assert_eq!(code, Some(130));
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["stuck"]["status"], "stopped", "{s}");
+    assert!(
+        s["loops"]["stuck"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("its host mute did not stop it within 15 s"),
+        "{s}"
+    );
+}

@@ -53,6 +53,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stop request may take to reach a host's loop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a loop stopped at once (a second Ctrl-C) may take to end on its host before the
+/// head takes it for stopped without its host's word (and without its last work).
+const STOP_NOW_GRACE: Duration = Duration::from_secs(15);
+
 /// A remote loop's end, for the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteEnd {
@@ -225,8 +229,10 @@ impl RemoteLoops {
     }
 
     /// Asks the host of loop `name` to stop it (at once: `now`); a host that does not
-    /// answer is lost soon, and its loops with it.
-    pub fn stop(&self, name: &str, now: bool) {
+    /// answer is lost soon, and its loops with it. A loop stopped at once that has not ended
+    /// within [`STOP_NOW_GRACE`] is taken for stopped, so that a host that answers its
+    /// heartbeats but not for its loop cannot keep the run from ending.
+    pub fn stop(self: &Arc<Self>, name: &str, now: bool) {
         let Some(host) = lock(&self.loops)
             .get(name)
             .filter(|e| !e.done)
@@ -241,8 +247,30 @@ impl RemoteLoops {
             loop_name: name.to_string(),
             now,
         };
+        let me = self.clone();
+        let name = name.to_string();
         tokio::spawn(async move {
             let _ = asker.ask::<()>(&host, &request, STOP_TIMEOUT).await;
+            if !now {
+                return;
+            }
+            tokio::time::sleep(STOP_NOW_GRACE).await;
+            let mut loops = lock(&me.loops);
+            if let Some(entry) = loops.get_mut(&name)
+                && !entry.done
+            {
+                entry.done = true;
+                let _ = me.ends.send(RemoteEnd {
+                    name,
+                    end: LoopEnd::Stopped {
+                        iterations: entry.iterations,
+                        reason: Some(format!(
+                            "its host {host} did not stop it within {} s of the stop; what it did since its last records is not in the run",
+                            STOP_NOW_GRACE.as_secs()
+                        )),
+                    },
+                });
+            }
         });
     }
 
