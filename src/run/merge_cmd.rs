@@ -126,6 +126,7 @@ async fn merge(options: MergeOptions) -> Result<(String, u8), (String, u8)> {
             lanes: config.lanes,
             limits: config.limits,
             watch_files: false,
+            upstream: None,
         },
         events.clone(),
     )

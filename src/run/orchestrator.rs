@@ -428,6 +428,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             lanes: config.lanes,
             limits: config.limits,
             watch_files: true,
+            upstream: None,
         },
         events.clone(),
     )

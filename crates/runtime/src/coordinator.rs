@@ -10,26 +10,41 @@
 //! it fails immediately. Unknown, stopped and self targets are refused at once with the
 //! list of live loops. Rate and size limits answer the
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
+//!
+//! Loops of other processes (worker hosts) take part as remote entries: the head's
+//! coordinator holds a [`RemoteLoop`] link for each instead of an actor, inbox and answerer,
+//! and routes, limits and records their messages exactly as a local loop's. A query to a
+//! remote loop awaits the link's answer in the asker's task, under the same deadline and
+//! cancellation; shares and alerts for it go through its delivery queue
+//! ([`crate::remote_loop`]), and are reported delivered only when the link says so.
+//! [`CoordMsg::DropRemote`] takes a remote loop out of the run (its host was lost): what waits
+//! on it fails at once, saying why.
+//!
+//! A host's runtime is started with an [`Upstream`] (the head): its coordinator keeps its
+//! loops' inboxes and answerers and routes nothing itself. Its loops' queries, shares,
+//! alerts and listings go to the head, and what the head sends them arrives through
+//! [`CoordMsg::DeliverLocal`] and [`CoordMsg::AnswerLocal`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::FutureExt as _;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::messages::LoopMsg;
-use td_base::sync::lock;
-use td_engine::{AnswerError, Answerer, Inbox};
+use crate::remote_loop::{
+    Alerted, Deliveries, Notified, PendingAlert, PendingShare, RemoteLoop, RemoteTarget, Shared,
+};
+use crate::routed_query::QueryRecord;
+pub use crate::routed_query::RoutedQuery;
+use crate::upstream::{Forwarder, Told, Upstream, bounded};
+use td_engine::{Answerer, Inbox};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
-use td_protocol::spend::Spend;
 use td_toolkit::coordination::{Coordination, Delivery, LoopInfo};
 use td_toolkit::error::ToolError;
 
@@ -77,9 +92,81 @@ pub enum CoordMsg {
         inbox: Arc<Inbox>,
         /// Answers the questions other loops ask it.
         answerer: Arc<Answerer>,
-        /// Answered once registered (so the loop may start sending right after).
-        reply: RpcReplyPort<()>,
+        /// Answered once registered (so the loop may start sending right after); on a
+        /// host, once the head knows the loop, or with why it refused it.
+        reply: RpcReplyPort<Result<(), String>>,
     },
+    /// A loop that lives in another process joins the run (head side): routed through
+    /// `link`. Refused when a local loop of that name is in the run; a remote one of that
+    /// name is replaced (its host registered it again after a restart).
+    RegisterRemote {
+        /// Its exec id.
+        name: String,
+        /// Its loop type.
+        loop_type: String,
+        /// Its task.
+        task: String,
+        /// Alert event types it listens to (as for [`CoordMsg::Register`]).
+        subscriptions: Option<Vec<String>>,
+        /// How to reach it.
+        link: Arc<dyn RemoteLoop>,
+        /// Answered once registered, or with why not.
+        reply: RpcReplyPort<Result<(), String>>,
+    },
+    /// A remote loop's status changed (ignored for a loop that is not remote).
+    SetRemoteStatus {
+        /// Loop name.
+        name: String,
+        /// New status.
+        status: String,
+    },
+    /// A remote loop leaves the run: queries and deliveries waiting on it fail at once.
+    /// With a `reason` (its host was lost), they say it, and a running loop is recorded as
+    /// interrupted; without one, it ended as a local loop's actor does.
+    DropRemote {
+        /// Loop name.
+        name: String,
+        /// Why it left, as the askers waiting on it are told.
+        reason: Option<String>,
+        /// Whether there was such a remote loop.
+        reply: Option<RpcReplyPort<bool>>,
+    },
+    /// Internal (host side): the head refused the registration of loop `name`, whose actor
+    /// `actor` will not start: its entry goes, if it is still that actor's.
+    Forget {
+        /// Loop name.
+        name: String,
+        /// Its actor.
+        actor: ractor::ActorId,
+    },
+    /// Put an item into the inbox of local loop `name` (host side: a share or alert the
+    /// head routed to it). Not recorded here: the head records it.
+    DeliverLocal {
+        /// Loop name.
+        name: String,
+        /// The item.
+        item: Arc<InboxItem>,
+        /// True once it is in the inbox; false when no such loop is running here.
+        reply: RpcReplyPort<bool>,
+    },
+    /// Ask local loop `name` a question for `from` (host side: a query the head routed to
+    /// it). The answer runs as a local query's does, in the caller's task; it is not
+    /// recorded here (the head records it).
+    AnswerLocal {
+        /// Loop name.
+        name: String,
+        /// The asking loop.
+        from: String,
+        /// The question.
+        question: String,
+        /// How long the asker waits.
+        timeout: Duration,
+        /// The answer to run, or why there is none.
+        reply: RpcReplyPort<Result<RoutedQuery, ToolError>>,
+    },
+    /// Answered once every message sent before it was handled (on a host, also once the
+    /// head was told everything queued for it before).
+    Flush(RpcReplyPort<()>),
     /// A loop's status changed (running, completed, failed...).
     SetStatus {
         /// Loop name.
@@ -144,18 +231,29 @@ pub enum CoordMsg {
     List {
         /// Asking loop.
         from: String,
-        /// The listing.
-        reply: RpcReplyPort<Vec<LoopInfo>>,
+        /// The listing (on a host: or why the head gave none).
+        reply: RpcReplyPort<Result<Vec<LoopInfo>, ToolError>>,
     },
 }
 
 // Local only: never sent to another node (ractor's `cluster` feature needs the impl said).
 impl ractor::Message for CoordMsg {}
 
+/// Where a loop of the run lives.
+enum Place {
+    /// In this process.
+    Local {
+        actor: ActorRef<LoopMsg>,
+        /// Its inbox: shares and alerts go straight in, so "delivered" means it is there.
+        inbox: Arc<Inbox>,
+        answerer: Arc<Answerer>,
+    },
+    /// In another process, reached through its link and delivery queue.
+    Remote(Deliveries),
+}
+
 struct Entry {
-    actor: ActorRef<LoopMsg>,
-    inbox: Arc<Inbox>,
-    answerer: Arc<Answerer>,
+    place: Place,
     /// One per answer in progress for another loop: dropped when the loop leaves the run,
     /// which cancels them. Closed ones (answer done) are pruned as new queries arrive.
     answering: Vec<oneshot::Sender<()>>,
@@ -179,6 +277,8 @@ pub struct CoordState {
     buckets: HashMap<String, Bucket>,
     limits: CoordinatorLimits,
     events: Arc<EventLog>,
+    /// On a host: the head, where all routing happens.
+    upstream: Option<Forwarder>,
 }
 
 /// The coordinator actor.
@@ -190,6 +290,8 @@ pub struct CoordinatorArgs {
     pub limits: CoordinatorLimits,
     /// Where events go.
     pub events: Arc<EventLog>,
+    /// On a worker host: the head's coordinator, which routes everything the loops send.
+    pub upstream: Option<Arc<dyn Upstream>>,
 }
 
 impl CoordState {
@@ -281,15 +383,17 @@ impl CoordState {
         Ok(())
     }
 
-    fn unregister(&mut self, name: &str, crashed: bool) {
+    fn unregister(&mut self, name: &str, leaving: Leaving) {
         if let Some(entry) = self.loops.remove(name) {
             // Dropping the cancel handles ends every answer in progress for this loop: each
-            // asker learns at once that it stopped.
+            // asker learns at once that it stopped (a remote loop's delivery queue goes with
+            // the entry, answering what it still holds as not delivered).
             drop(entry.answering);
-            let status = match entry.status.as_str() {
-                _ if crashed => "crashed".to_string(),
-                "running" => "stopped".to_string(),
-                other => other.to_string(),
+            let status = match (entry.status.as_str(), leaving) {
+                (_, Leaving::Crashed) => "crashed".to_string(),
+                ("running", Leaving::Lost) => "interrupted".to_string(),
+                ("running", Leaving::Ended) => "stopped".to_string(),
+                (other, _) => other.to_string(),
             };
             self.gone.insert(name.to_string(), status);
             self.events.record(EventKind::LoopUnregistered {
@@ -297,6 +401,56 @@ impl CoordState {
             });
         }
     }
+
+    /// Loop `name` leaves the run; on a host the head is told.
+    fn leave(&mut self, name: &str, leaving: Leaving) {
+        if !self.loops.contains_key(name) {
+            return;
+        }
+        self.unregister(name, leaving);
+        if let Some(up) = &self.upstream {
+            if matches!(leaving, Leaving::Crashed) {
+                up.tell(Told::SetStatus {
+                    name: name.to_string(),
+                    status: "crashed".to_string(),
+                });
+            }
+            up.tell(Told::Unregister {
+                name: name.to_string(),
+            });
+        }
+    }
+
+    /// Drops remote loop `name` (see [`CoordMsg::DropRemote`]); false when there is none.
+    fn drop_remote(&mut self, name: &str, reason: Option<String>) -> bool {
+        let Some(entry) = self.loops.get(name) else {
+            return false;
+        };
+        let Place::Remote(deliveries) = &entry.place else {
+            return false;
+        };
+        let leaving = match reason {
+            Some(reason) => {
+                // Set before the entry goes: what waits on the loop reads it when woken.
+                let _ = deliveries.target().left.set(reason);
+                Leaving::Lost
+            }
+            None => Leaving::Ended,
+        };
+        self.unregister(name, leaving);
+        true
+    }
+}
+
+/// How a loop leaves the run.
+#[derive(Clone, Copy)]
+enum Leaving {
+    /// Its actor ended (or its host says it did).
+    Ended,
+    /// Its actor failed.
+    Crashed,
+    /// Its host was lost.
+    Lost,
 }
 
 impl Actor for Coordinator {
@@ -306,7 +460,7 @@ impl Actor for Coordinator {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<CoordMsg>,
+        myself: ActorRef<CoordMsg>,
         args: CoordinatorArgs,
     ) -> Result<CoordState, ActorProcessingErr> {
         Ok(CoordState {
@@ -316,6 +470,7 @@ impl Actor for Coordinator {
             buckets: HashMap::new(),
             limits: args.limits,
             events: args.events,
+            upstream: args.upstream.map(|up| Forwarder::start(up, myself)),
         })
     }
 
@@ -338,12 +493,29 @@ impl Actor for Coordinator {
             } => {
                 myself.get_cell().monitor(actor.get_cell());
                 state.gone.remove(&name);
+                // On a host the head is told, and the loop answered once the head knows it.
+                let reply = match &state.upstream {
+                    Some(up) => {
+                        up.tell(Told::Register {
+                            name: name.clone(),
+                            loop_type: loop_type.clone(),
+                            task: task.clone(),
+                            subscriptions: subscriptions.clone(),
+                            actor: actor.get_id(),
+                            reply,
+                        });
+                        None
+                    }
+                    None => Some(reply),
+                };
                 state.loops.insert(
                     name,
                     Entry {
-                        actor,
-                        inbox,
-                        answerer,
+                        place: Place::Local {
+                            actor,
+                            inbox,
+                            answerer,
+                        },
                         answering: Vec::new(),
                         loop_type,
                         task,
@@ -351,11 +523,61 @@ impl Actor for Coordinator {
                         subscriptions: subscriptions.map(|s| s.into_iter().collect()),
                     },
                 );
-                let _ = reply.send(());
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            CoordMsg::RegisterRemote {
+                name,
+                loop_type,
+                task,
+                subscriptions,
+                link,
+                reply,
+            } => {
+                let _ = reply.send(register_remote(
+                    state,
+                    name,
+                    loop_type,
+                    task,
+                    subscriptions,
+                    link,
+                ));
             }
             CoordMsg::SetStatus { name, status } => {
                 if let Some(e) = state.loops.get_mut(&name) {
+                    if let Some(up) = &state.upstream {
+                        up.tell(Told::SetStatus {
+                            name,
+                            status: status.clone(),
+                        });
+                    }
                     e.status = status;
+                }
+            }
+            CoordMsg::SetRemoteStatus { name, status } => {
+                if let Some(e) = state.loops.get_mut(&name)
+                    && matches!(e.place, Place::Remote(_))
+                {
+                    e.status = status;
+                }
+            }
+            CoordMsg::DropRemote {
+                name,
+                reason,
+                reply,
+            } => {
+                let dropped = state.drop_remote(&name, reason);
+                if let Some(reply) = reply {
+                    let _ = reply.send(dropped);
+                }
+            }
+            CoordMsg::Forget { name, actor } => {
+                let same = state.loops.get(&name).is_some_and(
+                    |e| matches!(&e.place, Place::Local { actor: a, .. } if a.get_id() == actor),
+                );
+                if same {
+                    state.loops.remove(&name);
                 }
             }
             CoordMsg::Query {
@@ -364,7 +586,42 @@ impl Actor for Coordinator {
                 question,
                 timeout,
                 reply,
-            } => handle_query(state, from, target, question, timeout, reply),
+            } => match &state.upstream {
+                // A host routes nothing: the head checks, records and routes the query.
+                Some(up) => {
+                    let _ = reply.send(Ok(RoutedQuery::upstream(
+                        up.upstream.clone(),
+                        from,
+                        target,
+                        question,
+                        timeout,
+                    )));
+                }
+                None => handle_query(state, from, target, question, timeout, reply),
+            },
+            CoordMsg::AnswerLocal {
+                name,
+                from,
+                question,
+                timeout,
+                reply,
+            } => {
+                let _ = reply.send(answer_local(state, name, from, question, timeout));
+            }
+            CoordMsg::DeliverLocal { name, item, reply } => {
+                let delivered = match state.loops.get(&name) {
+                    Some(Entry {
+                        place: Place::Local { inbox, .. },
+                        status,
+                        ..
+                    }) if status == "running" => {
+                        inbox.push(item);
+                        true
+                    }
+                    _ => false,
+                };
+                let _ = reply.send(delivered);
+            }
             CoordMsg::Share {
                 from,
                 targets,
@@ -372,7 +629,28 @@ impl Actor for Coordinator {
                 data,
                 reply,
             } => {
-                let _ = reply.send(handle_share(state, &from, &targets, &data_type, data));
+                if let Some(up) = &state.upstream {
+                    let up = up.upstream.clone();
+                    tokio::spawn(async move {
+                        let shared =
+                            bounded("a share_data", up.share(&from, &targets, &data_type, data));
+                        let _ = reply.send(shared.await);
+                    });
+                    return Ok(());
+                }
+                match handle_share(state, &from, &targets, &data_type, data) {
+                    Ok(Shared::Done(deliveries)) => {
+                        let _ = reply.send(Ok(deliveries));
+                    }
+                    Ok(Shared::Pending(pending)) => {
+                        tokio::spawn(async move {
+                            let _ = reply.send(Ok(pending.settle().await));
+                        });
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             CoordMsg::Alert {
                 from,
@@ -382,10 +660,48 @@ impl Actor for Coordinator {
                 about,
                 reply,
             } => {
-                let result =
-                    handle_alert(state, &from, &event_type, &message, data, about.as_deref());
-                if let Some(reply) = reply {
-                    let _ = reply.send(result);
+                if let Some(up) = &state.upstream {
+                    match reply {
+                        // A loop's alert: the loop waits for it, concurrently with others.
+                        Some(reply) => {
+                            let up = up.upstream.clone();
+                            tokio::spawn(async move {
+                                let sent = bounded(
+                                    "a broadcast_alert",
+                                    up.alert(&from, &event_type, &message, data, about.as_deref()),
+                                );
+                                let _ = reply.send(sent.await);
+                            });
+                        }
+                        // A system alert about a loop's start or end: in order with the
+                        // loop's registration and status.
+                        None => up.tell(Told::SystemAlert {
+                            event_type,
+                            message,
+                            about,
+                        }),
+                    }
+                    return Ok(());
+                }
+                match handle_alert(state, &from, &event_type, &message, data, about.as_deref()) {
+                    Ok(Alerted::Done(reached)) => {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Ok(reached));
+                        }
+                    }
+                    Ok(Alerted::Pending(pending)) => {
+                        tokio::spawn(async move {
+                            let reached = pending.settle().await;
+                            if let Some(reply) = reply {
+                                let _ = reply.send(Ok(reached));
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
                 }
             }
             CoordMsg::Notify {
@@ -393,13 +709,30 @@ impl Actor for Coordinator {
                 event_type,
                 message,
                 reply,
-            } => {
-                let delivered = handle_notify(state, &to, &event_type, &message);
-                if let Some(reply) = reply {
-                    let _ = reply.send(delivered);
+            } => match handle_notify(state, &to, &event_type, &message) {
+                Notified::Done(delivered) => {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(delivered);
+                    }
                 }
-            }
+                Notified::Pending(pending) => {
+                    tokio::spawn(async move {
+                        let delivered = pending.settle().await > 0;
+                        if let Some(reply) = reply {
+                            let _ = reply.send(delivered);
+                        }
+                    });
+                }
+            },
             CoordMsg::List { from, reply } => {
+                if let Some(up) = &state.upstream {
+                    let up = up.upstream.clone();
+                    tokio::spawn(async move {
+                        let listed = bounded("a list_loops", up.list_loops(&from));
+                        let _ = reply.send(listed.await);
+                    });
+                    return Ok(());
+                }
                 let list = state
                     .loops
                     .iter()
@@ -411,8 +744,14 @@ impl Actor for Coordinator {
                         task: e.task.lines().next().unwrap_or("").to_string(),
                     })
                     .collect();
-                let _ = reply.send(list);
+                let _ = reply.send(Ok(list));
             }
+            CoordMsg::Flush(reply) => match &state.upstream {
+                Some(up) => up.tell(Told::Flush(reply)),
+                None => {
+                    let _ = reply.send(());
+                }
+            },
         }
         Ok(())
     }
@@ -433,13 +772,61 @@ impl Actor for Coordinator {
         let name = state
             .loops
             .iter()
-            .find(|(_, e)| e.actor.get_id() == id)
+            .find(|(_, e)| matches!(&e.place, Place::Local { actor, .. } if actor.get_id() == id))
             .map(|(n, _)| n.clone());
         if let Some(name) = name {
-            state.unregister(&name, crashed);
+            let leaving = if crashed {
+                Leaving::Crashed
+            } else {
+                Leaving::Ended
+            };
+            state.leave(&name, leaving);
         }
         Ok(())
     }
+}
+
+/// Adds remote loop `name` (see [`CoordMsg::RegisterRemote`]).
+fn register_remote(
+    state: &mut CoordState,
+    name: String,
+    loop_type: String,
+    task: String,
+    subscriptions: Option<Vec<String>>,
+    link: Arc<dyn RemoteLoop>,
+) -> Result<(), String> {
+    if state.upstream.is_some() {
+        return Err(format!(
+            "loop '{name}' cannot be registered here: this runtime is a host's, which routes nothing itself"
+        ));
+    }
+    if let Some(Entry {
+        place: Place::Local { .. },
+        ..
+    }) = state.loops.get(&name)
+    {
+        return Err(format!(
+            "a loop named '{name}' is already running on the head"
+        ));
+    }
+    state.gone.remove(&name);
+    let target = Arc::new(RemoteTarget {
+        name: name.clone(),
+        link,
+        left: OnceLock::new(),
+    });
+    state.loops.insert(
+        name,
+        Entry {
+            place: Place::Remote(Deliveries::start(target)),
+            answering: Vec::new(),
+            loop_type,
+            task,
+            status: "running".to_string(),
+            subscriptions: subscriptions.map(|s| s.into_iter().collect()),
+        },
+    );
+    Ok(())
 }
 
 /// Refuses or accepts one query. An accepted query goes back to the asker as a
@@ -484,170 +871,65 @@ fn handle_query(
     let (cancel_tx, cancelled) = oneshot::channel();
     entry.answering.retain(|c| !c.is_closed());
     entry.answering.push(cancel_tx);
-    let routed = RoutedQuery {
-        answerer: entry.answerer.clone(),
-        question,
-        deadline: tokio::time::Instant::now() + timeout,
-        cancelled,
-        record: QueryRecord {
-            id,
-            from,
-            target,
-            timeout,
-            events: state.events.clone(),
-            done: false,
-        },
+    let record = QueryRecord {
+        id,
+        from,
+        target,
+        timeout,
+        events: state.events.clone(),
+        done: false,
+    };
+    let routed = match &entry.place {
+        Place::Local { answerer, .. } => {
+            RoutedQuery::local(answerer.clone(), question, timeout, cancelled, record)
+        }
+        Place::Remote(deliveries) => {
+            let target = deliveries.target().clone();
+            RoutedQuery::remote(target, question, timeout, cancelled, record)
+        }
     };
     // An asker that is gone drops the query unrun; its record says so.
     let _ = reply.send(Ok(routed));
 }
 
-/// An accepted query: the target loop's [`Answerer`] and what the answer is held to (the
-/// asker's deadline, the target staying in the run).
-///
-/// The asker runs it in its own task ([`RoutedQuery::run`]): it waits for the answer anyway,
-/// and running the answer there spares a task and two task switches per query. The answer
-/// is still the target's (its task, progress, worktree and transcript); it ends at the
-/// asker's deadline, or at once when the target leaves the run (the coordinator drops the
-/// cancel handle). Its outcome is recorded as an event exactly once.
-pub struct RoutedQuery {
-    answerer: Arc<Answerer>,
-    question: String,
-    deadline: tokio::time::Instant,
-    cancelled: oneshot::Receiver<()>,
-    record: QueryRecord,
-}
-
-impl RoutedQuery {
-    /// Runs the answer and returns it, or why there is none.
-    pub async fn run(self) -> Result<String, ToolError> {
-        let RoutedQuery {
-            answerer,
-            question,
-            deadline,
-            cancelled,
-            mut record,
-        } = self;
-        // Outside the answer's future, which a timeout or the target's end drops.
-        let spent = Mutex::new(Spend::default());
-        let outcome = {
-            // Boxed on its own: `Coordination::query` boxes its future on every query, and
-            // with the answer inside it that box grew past the allocator's small sizes, whose
-            // allocation then merged freed memory first (glibc's malloc_consolidate: about a
-            // tenth of a `query_loop` call, bench query).
-            let mut answering = Box::pin(answerer.answer_counting(&record.from, &question, &spent));
-            // An answer that needs no waiting (a local or scripted model) is taken without
-            // arming a timer: on the multi-threaded runtime arming one wakes the thread parked
-            // on the timer driver, which cost more than the rest of the query (query bench).
-            // Polling once first changes nothing else: `timeout_at` polls the answer first too.
-            match answering.as_mut().now_or_never() {
-                Some(r) => answered(&record.target, r),
-                // Boxed: the timer and the select are only needed here, and inline they made
-                // every query's future (moved a few times per query) larger.
-                None => {
-                    Box::pin(wait_for_answer(
-                        answering,
-                        deadline,
-                        cancelled,
-                        &record.target,
-                        record.timeout,
-                    ))
-                    .await
-                }
-            }
-        };
-        let spent = *lock(&spent);
-        record.record(&outcome, (!spent.is_empty()).then_some(spent));
-        outcome.map_err(|message| ToolError::Unavailable { message })
-    }
-}
-
-/// An answer of loop `target`, or why there is none, as the asker is told.
-fn answered(target: &str, answer: Result<String, AnswerError>) -> Result<String, String> {
-    answer.map_err(|why| format!("loop '{target}' could not answer: {why}"))
-}
-
-/// Waits for an answer that was not ready at once: until the asker's `deadline` (`timeout`
-/// after it asked), or until `target` leaves the run (`cancelled`).
-async fn wait_for_answer<F>(
-    answering: Pin<Box<F>>,
-    deadline: tokio::time::Instant,
-    cancelled: oneshot::Receiver<()>,
-    target: &str,
-    timeout: Duration,
-) -> Result<String, String>
-where
-    F: Future<Output = Result<String, AnswerError>>,
-{
-    tokio::select! {
-        r = tokio::time::timeout_at(deadline, answering) => match r {
-            Ok(r) => answered(target, r),
-            Err(_) => Err(format!(
-                "no reply from loop '{target}' within {} ms; ask again later with a larger timeout_ms, or continue without the answer",
-                timeout.as_millis()
-            )),
-        },
-        _ = cancelled => Err(stopped_before_answering(target)),
-    }
-}
-
-/// Records the outcome of one accepted query as an event, once; a query dropped before its
-/// outcome (the asker stopped waiting: its iteration or loop ended) is recorded as such.
-struct QueryRecord {
-    id: u64,
+/// The answer of local loop `name` to `from`, asked from elsewhere (see
+/// [`CoordMsg::AnswerLocal`]): run as a local query's, cancelled as one when the loop leaves,
+/// and recorded by the head, not here.
+fn answer_local(
+    state: &mut CoordState,
+    name: String,
     from: String,
-    target: String,
+    question: String,
     timeout: Duration,
-    events: Arc<EventLog>,
-    done: bool,
-}
-
-impl QueryRecord {
-    fn record(&mut self, outcome: &Result<String, String>, spend: Option<Spend>) {
-        if std::mem::replace(&mut self.done, true) {
-            return;
-        }
-        // Recorded once: the names are handed to the event, not copied.
-        let (id, from, to) = (
-            self.id,
-            std::mem::take(&mut self.from),
-            std::mem::take(&mut self.target),
-        );
-        self.events.record(match outcome {
-            Ok(answer) => EventKind::QueryAnswered {
-                id,
-                from,
-                to,
-                reply: answer.clone(),
-                spend,
-            },
-            Err(error) => EventKind::QueryFailed {
-                id,
-                from,
-                to,
-                error: error.clone(),
-                spend,
-            },
+) -> Result<RoutedQuery, ToolError> {
+    let Some(Entry {
+        place: Place::Local { answerer, .. },
+        answering,
+        ..
+    }) = state.loops.get_mut(&name)
+    else {
+        return Err(ToolError::Unavailable {
+            message: format!(
+                "loop '{name}' is not running on this host any more; continue without the answer"
+            ),
         });
-    }
-}
-
-impl Drop for QueryRecord {
-    fn drop(&mut self) {
-        if !self.done {
-            let message = format!(
-                "loop '{}' stopped waiting before the answer came (its iteration or the loop ended)",
-                self.from
-            );
-            // What the answer spent is in the answering loop's transcript.
-            self.record(&Err(message), None);
-        }
-    }
-}
-
-/// The one message for a query whose target went away.
-fn stopped_before_answering(target: &str) -> String {
-    format!("loop '{target}' stopped before answering your query; continue without the answer")
+    };
+    let (cancel_tx, cancelled) = oneshot::channel();
+    answering.retain(|c| !c.is_closed());
+    answering.push(cancel_tx);
+    // Done from the start: the head records the query.
+    let record = QueryRecord {
+        id: 0,
+        from,
+        target: name,
+        timeout,
+        events: state.events.clone(),
+        done: true,
+    };
+    let answerer = answerer.clone();
+    Ok(RoutedQuery::local(
+        answerer, question, timeout, cancelled, record,
+    ))
 }
 
 fn handle_share(
@@ -656,7 +938,7 @@ fn handle_share(
     targets: &[String],
     data_type: &str,
     data: Value,
-) -> Result<Vec<Delivery>, ToolError> {
+) -> Result<Shared, ToolError> {
     let refused = state
         .take_token(from)
         .and_then(|()| state.check_payload(&data));
@@ -673,6 +955,8 @@ fn handle_share(
         return Err(err);
     }
     let mut deliveries = Vec::with_capacity(targets.len());
+    // Remote deliveries under way (none for local targets: no allocation).
+    let mut waiting = Vec::new();
     for to in targets {
         let error = match state.unreachable(from, to) {
             Some(why) => Some(why),
@@ -682,12 +966,26 @@ fn handle_share(
                     e.status
                 )),
                 Some(e) => {
-                    e.inbox.push(Arc::new(InboxItem::Share {
+                    let item = Arc::new(InboxItem::Share {
                         from: from.to_string(),
                         data_type: data_type.to_string(),
                         data: data.clone(),
-                    }));
-                    None
+                    });
+                    match &e.place {
+                        Place::Local { inbox, .. } => {
+                            inbox.push(item);
+                            None
+                        }
+                        Place::Remote(queue) => {
+                            // Recorded once its outcome is known.
+                            waiting.push((deliveries.len(), queue.send(item)));
+                            deliveries.push(Delivery {
+                                target: to.clone(),
+                                error: None,
+                            });
+                            continue;
+                        }
+                    }
                 }
                 None => Some(format!("unknown loop '{to}'")),
             },
@@ -704,7 +1002,17 @@ fn handle_share(
             error,
         });
     }
-    Ok(deliveries)
+    if waiting.is_empty() {
+        return Ok(Shared::Done(deliveries));
+    }
+    Ok(Shared::Pending(PendingShare {
+        deliveries,
+        waiting,
+        from: from.to_string(),
+        data_type: data_type.to_string(),
+        data,
+        events: state.events.clone(),
+    }))
 }
 
 fn handle_alert(
@@ -714,7 +1022,7 @@ fn handle_alert(
     message: &str,
     data: Option<Value>,
     about: Option<&str>,
-) -> Result<usize, ToolError> {
+) -> Result<Alerted, ToolError> {
     let refused = state.take_token(from).and_then(|()| match &data {
         Some(d) => state.check_payload(d),
         None => Ok(()),
@@ -731,6 +1039,7 @@ fn handle_alert(
         return Err(err);
     }
     let mut recipients = Vec::new();
+    let mut waiting = Vec::new();
     let item = Arc::new(InboxItem::Alert {
         from: from.to_string(),
         event_type: event_type.to_string(),
@@ -743,8 +1052,25 @@ fn handle_alert(
         if name == from || Some(name.as_str()) == about || entry.status != "running" || !listens {
             continue;
         }
-        entry.inbox.push(item.clone());
-        recipients.push(name.clone());
+        match &entry.place {
+            Place::Local { inbox, .. } => {
+                inbox.push(item.clone());
+                recipients.push(name.clone());
+            }
+            Place::Remote(queue) => waiting.push((name.clone(), queue.send(item.clone()))),
+        }
+    }
+    if !waiting.is_empty() {
+        return Ok(Alerted::Pending(PendingAlert {
+            recipients,
+            waiting,
+            from: from.to_string(),
+            event_type: event_type.to_string(),
+            message: message.to_string(),
+            data,
+            notice: false,
+            events: state.events.clone(),
+        }));
     }
     state.events.record(EventKind::Alert {
         from: from.to_string(),
@@ -754,23 +1080,40 @@ fn handle_alert(
         recipients: recipients.clone(),
         error: None,
     });
-    Ok(recipients.len())
+    Ok(Alerted::Done(recipients.len()))
 }
 
 /// Puts a system alert into the inbox of `to` when it is running; records it as an `alert`
 /// event either way (so a resumed run shows it again if its model had not seen it).
-fn handle_notify(state: &mut CoordState, to: &str, event_type: &str, message: &str) -> bool {
+fn handle_notify(state: &mut CoordState, to: &str, event_type: &str, message: &str) -> Notified {
+    let item = || {
+        Arc::new(InboxItem::Alert {
+            from: SYSTEM_SENDER.to_string(),
+            event_type: event_type.to_string(),
+            message: message.to_string(),
+            data: None,
+            about: None,
+        })
+    };
     let error = match state.loops.get(to) {
-        Some(entry) if entry.status == "running" => {
-            entry.inbox.push(Arc::new(InboxItem::Alert {
-                from: SYSTEM_SENDER.to_string(),
-                event_type: event_type.to_string(),
-                message: message.to_string(),
-                data: None,
-                about: None,
-            }));
-            None
-        }
+        Some(entry) if entry.status == "running" => match &entry.place {
+            Place::Local { inbox, .. } => {
+                inbox.push(item());
+                None
+            }
+            Place::Remote(queue) => {
+                return Notified::Pending(PendingAlert {
+                    recipients: Vec::new(),
+                    waiting: vec![(to.to_string(), queue.send(item()))],
+                    from: SYSTEM_SENDER.to_string(),
+                    event_type: event_type.to_string(),
+                    message: message.to_string(),
+                    data: None,
+                    notice: true,
+                    events: state.events.clone(),
+                });
+            }
+        },
         Some(entry) => Some(format!(
             "loop '{to}' has {} and no longer reads its inbox",
             entry.status
@@ -793,7 +1136,7 @@ fn handle_notify(state: &mut CoordState, to: &str, event_type: &str, message: &s
         },
         error: error.clone(),
     });
-    error.is_none()
+    Notified::Done(error.is_none())
 }
 
 /// Sends system alerts addressed to one loop each (see [`CoordMsg::Notify`]).
@@ -856,7 +1199,7 @@ fn coordinator_gone() -> ToolError {
     }
 }
 
-async fn ask<T: Send + 'static>(
+pub(crate) async fn ask<T: Send + 'static>(
     coordinator: &ActorRef<CoordMsg>,
     build: impl FnOnce(RpcReplyPort<T>) -> CoordMsg,
 ) -> Result<T, ToolError> {
@@ -927,7 +1270,7 @@ impl Coordination for CoordinatorPort {
             from: from.to_string(),
             reply,
         })
-        .await
+        .await?
     }
 }
 

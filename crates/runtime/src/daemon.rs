@@ -29,13 +29,17 @@ use tokio::sync::{mpsc, watch};
 use crate::coordinator::{
     CoordMsg, Coordinator, CoordinatorArgs, CoordinatorLimits, CoordinatorPort,
 };
+use crate::coordinator_handle::CoordinatorHandle;
 use crate::loop_actor::{LoopActor, LoopSpec, LoopStart};
 use crate::messages::LoopMsg;
+use crate::remote_loop::RemoteLoop;
 use crate::tool_lanes::{LaneSizes, LanesError, ToolLanes};
+use crate::upstream::Upstream;
 use crate::watcher::{Watcher, WatcherMsg};
 use td_base::sync::lock;
 use td_engine::LoopEnd;
 use td_protocol::events::{EventKind, EventLog};
+use td_protocol::inbox::InboxItem;
 use td_toolkit::context::ToolContext;
 use td_toolkit::error::ToolError;
 
@@ -319,7 +323,7 @@ async fn restart(
 }
 
 /// Settings of a runtime.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RuntimeConfig {
     /// Workers per tool lane.
     pub lanes: LaneSizes,
@@ -327,6 +331,10 @@ pub struct RuntimeConfig {
     pub limits: CoordinatorLimits,
     /// Whether to watch worktrees for outside changes.
     pub watch_files: bool,
+    /// A worker host's runtime: the head's coordinator, where all its loops' coordination
+    /// goes (the head routes, limits and records it; this runtime routes nothing itself).
+    /// `None` on the head and on a single machine.
+    pub upstream: Option<Arc<dyn Upstream>>,
 }
 
 impl Default for RuntimeConfig {
@@ -335,7 +343,19 @@ impl Default for RuntimeConfig {
             lanes: LaneSizes::default(),
             limits: CoordinatorLimits::default(),
             watch_files: true,
+            upstream: None,
         }
+    }
+}
+
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("lanes", &self.lanes)
+            .field("limits", &self.limits)
+            .field("watch_files", &self.watch_files)
+            .field("upstream", &self.upstream.is_some())
+            .finish()
     }
 }
 
@@ -373,6 +393,7 @@ impl Runtime {
             CoordinatorArgs {
                 limits: config.limits,
                 events: events.clone(),
+                upstream: config.upstream,
             },
             cell.clone(),
         )
@@ -452,18 +473,53 @@ impl Runtime {
     }
 
     /// Returns once the coordinator has handled every message sent to it before this call
-    /// (e.g. the system alerts of loops that just ended).
+    /// (e.g. the system alerts of loops that just ended); on a host, once the head was told
+    /// everything the coordinator queued for it before.
     pub async fn flush(&self) {
-        let _ = self
-            .coordinator
-            .call(
-                |reply| CoordMsg::List {
-                    from: String::new(),
-                    reply,
-                },
-                None,
-            )
-            .await;
+        let _ = self.coordinator.call(CoordMsg::Flush, None).await;
+    }
+
+    /// A cloneable handle on this runtime's coordinator for what crosses processes (the
+    /// methods below, for a host agent that runs beside the runtime's owner).
+    pub fn handle(&self) -> CoordinatorHandle {
+        CoordinatorHandle::new(self.coordinator.clone())
+    }
+
+    /// Head side: see [`CoordinatorHandle::register_remote`].
+    pub async fn register_remote(
+        &self,
+        name: &str,
+        loop_type: &str,
+        task: &str,
+        subscriptions: Option<Vec<String>>,
+        link: Arc<dyn RemoteLoop>,
+    ) -> Result<(), RuntimeError> {
+        self.handle()
+            .register_remote(name, loop_type, task, subscriptions, link)
+            .await
+    }
+
+    /// Head side: see [`CoordinatorHandle::drop_remote`].
+    pub async fn drop_remote(&self, name: &str, reason: &str) -> bool {
+        self.handle().drop_remote(name, reason).await
+    }
+
+    /// Host side: see [`CoordinatorHandle::deliver_local`].
+    pub async fn deliver_local(&self, name: &str, item: Arc<InboxItem>) -> bool {
+        self.handle().deliver_local(name, item).await
+    }
+
+    /// Host side: see [`CoordinatorHandle::answer_local`].
+    pub async fn answer_local(
+        &self,
+        name: &str,
+        from: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<String, ToolError> {
+        self.handle()
+            .answer_local(name, from, question, timeout)
+            .await
     }
 
     /// The worktree roots of the loops the file watcher serves now (empty when watching is

@@ -190,7 +190,11 @@ impl Actor for LoopActor {
                 None,
             )
             .await
-            .map_err(|e| format!("loop {name}: cannot register with the coordinator: {e}"))?;
+            .map_err(|e| format!("loop {name}: cannot register with the coordinator: {e}"))?
+            .success_or(format!(
+                "loop {name}: the coordinator stopped before registering it"
+            ))?
+            .map_err(|why| format!("loop {name}: cannot register: {why}"))?;
         // A restarted loop was announced when it first started (its restart is an event of
         // the daemon's).
         if !restarted {

@@ -40,7 +40,8 @@ pub struct Delivery {
 /// The coordination tools run in the calling loop's task, not in a worker lane, and the
 /// registry arms no watchdog for them: an implementation must bound every call itself.
 /// `query` returns within the `timeout` it is given; the others never wait on another
-/// loop (the runtime's coordinator answers them from its own state at once).
+/// loop's work (the runtime's coordinator answers them from its own state at once, or, for a
+/// loop on another host, once its host confirmed or refused the delivery, within a bound).
 #[async_trait]
 pub trait Coordination: Send + Sync {
     /// Asks `target` a question and waits up to `timeout` for its reply.
