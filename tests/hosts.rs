@@ -740,27 +740,49 @@ fn loops_run_on_two_hosts_and_their_work_records_and_hosts_come_back_to_the_head
     let root_dir = tempfile::tempdir().unwrap();
     let outside = root_dir.path().canonicalize().unwrap().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
+    // Each loop asks another on another machine once all run (the delays), a shares with
+    // c and b with c; the answers come from the scripts' `answers`.
     let script = r#"
 a:
   turns:
     - calls:
         - write_file: {path: "a.txt", content: "from the head\n"}
+    - delay_ms: 1500
+      calls:
+        - query_loop: {target_exec_id: b, question: "What did you write?"}
+    - calls:
+        - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-A"}
     - calls:
         - complete_task: {summary: "a done"}
+  answers:
+    - reply: "ANSWER-OF-A"
 b:
   turns:
     - calls:
         - write_file: {path: "b.txt", content: "from h1\n"}
+    - delay_ms: 1500
+      calls:
+        - query_loop: {target_exec_id: c, question: "What runs on h2?"}
     - calls:
-        - query_loop: {target_exec_id: a, question: "Which port?"}
+        - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-B"}
     - calls:
         - complete_task: {summary: "b done"}
+  answers:
+    - reply: "ANSWER-OF-B"
 c:
   turns:
     - calls:
         - run_command: {command: "echo from-h2 > c.txt; cat SECRETFILE > leak.txt 2>&1; env > env.txt; (echo x > OUTSIDE/escaped) 2> escape.txt; echo $? >> escape.txt"}
+    - delay_ms: 1500
+      calls:
+        - query_loop: {target_exec_id: a, question: "Which port?"}
+    - delay_ms: 1000
+      calls:
+        - read_file: {path: "c.txt"}
     - calls:
         - complete_task: {summary: "c done"}
+  answers:
+    - reply: "ANSWER-OF-C"
 "#;
     let run = head_run(
         script,
@@ -845,12 +867,56 @@ c:
         assert!(receipts.contains("\"chain\":"), "{name}: {receipts}");
         assert!(dir.join("RECEIPT.json").exists(), "{name}");
     }
-    // A query across hosts is refused, saying so, in this build.
+    // Queries crossed hosts both ways, answered by loops on the other machine; the shares
+    // reached c on h2 (and its model saw them).
+    let events = run.events();
+    for (from, to, reply) in [
+        ("a", "b", "ANSWER-OF-B"),
+        ("b", "c", "ANSWER-OF-C"),
+        ("c", "a", "ANSWER-OF-A"),
+    ] {
+        assert!(
+            events.iter().any(|e| e["event"] == "query_answered"
+                && e["from"] == from
+                && e["to"] == to
+                && e["reply"] == reply),
+            "no answer {from} -> {to}: {events:?}"
+        );
+    }
+    for from in ["a", "b"] {
+        assert!(
+            events.iter().any(|e| e["event"] == "shared"
+                && e["from"] == from
+                && e["to"] == "c"
+                && e["error"].is_null()),
+            "no share {from} -> c: {events:?}"
+        );
+    }
     let transcript =
-        std::fs::read_to_string(run.run.run_dir.join("loops/b/transcript.jsonl")).unwrap();
+        std::fs::read_to_string(run.run.run_dir.join("loops/c/transcript.jsonl")).unwrap();
     assert!(
-        transcript.contains("query_loop across hosts is not available in this build"),
+        transcript.contains("NOTE-FROM-A") && transcript.contains("NOTE-FROM-B"),
         "{transcript}"
+    );
+    // An answer made on a host is charged once, to the loop that asked: what the answering
+    // loop's transcript says it spent for others is what the asker's record was charged.
+    let tokens = |name: &str, what: &str| {
+        let v = &s["loops"][name][what];
+        v["input_tokens"].as_u64().unwrap_or(0) + v["output_tokens"].as_u64().unwrap_or(0)
+    };
+    for (asker, answerer) in [("a", "b"), ("b", "c"), ("c", "a")] {
+        let charged = tokens(asker, "spent_on_answers");
+        assert!(charged > 0, "{asker}: {s}");
+        assert_eq!(charged, tokens(answerer, "answers_for_others"), "{s}");
+    }
+    // Each answer was recorded once, on the head.
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["event"] == "query_answered")
+            .count(),
+        3,
+        "{events:?}"
     );
     // `status` shows each loop's host.
     let status = run.status();
@@ -1133,6 +1199,16 @@ p:
         - run_command: {{command: "sleep 600 # {marker}"}}
     - calls:
         - complete_task: {{summary: "p done"}}
+  answers:
+    - delay_ms: 100000
+      reply: "too late"
+asker:
+  turns:
+    - delay_ms: 2000
+      calls:
+        - query_loop: {{target_exec_id: p, question: "Slow?", timeout_ms: 120000}}
+    - calls:
+        - complete_task: {{summary: "asked"}}
 q:
   turns:
     - calls:
@@ -1143,8 +1219,8 @@ q:
     );
     let run = head_run(
         &script,
-        "  - {name: p, type: ralph, task: \"Go.\"}\n  - {name: q, type: ralph, task: \"Go.\"}\n",
-        "  placement:\n    - {loops: [p], hosts: [h1]}\n    - {loops: [q], hosts: [h2]}\n",
+        "  - {name: p, type: ralph, task: \"Go.\"}\n  - {name: q, type: ralph, task: \"Go.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+        "  placement:\n    - {loops: [p], hosts: [h1]}\n    - {loops: [q], hosts: [h2]}\n    - {loops: [asker], hosts: [head]}\n",
     );
     let mut head = run.start_head(&net, "head");
     let mut h1 = run.start_host(
@@ -1177,6 +1253,12 @@ q:
     wait_until("both loops to run their command", WAIT, || {
         running("p") && running("q")
     });
+    // A loop of the head waits for p's answer.
+    wait_until("asker's question to wait on p", WAIT, || {
+        run.events()
+            .iter()
+            .any(|e| e["event"] == "query_asked" && e["from"] == "asker" && e["to"] == "p")
+    });
 
     // h1 dies: its loop is stopped at once, with the reason.
     let killed = Instant::now();
@@ -1194,6 +1276,17 @@ q:
         "{s}"
     );
     assert_eq!(s["loops"]["q"]["status"], "running", "{s}");
+    // The question waiting on p failed at once, saying why, long before its 120 s.
+    wait_until("the waiting question to fail", LOST_BOUND, || {
+        run.events().iter().any(|e| {
+            e["event"] == "query_failed"
+                && e["from"] == "asker"
+                && e["error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("host h1 was lost")
+        })
+    });
 
     // Ctrl-C twice: the loop on h2 is stopped at once (its command killed there).
     // SAFETY: plain signals to our own child.

@@ -446,6 +446,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 transcript: progress.clone(),
                 repo: repo.clone(),
                 dir: run_dir.join("hosts"),
+                coordinator: rt.coordinator.clone(),
             });
             (Some(remote), Some(ends))
         }

@@ -126,7 +126,12 @@ impl Actor for Agent {
                 msg.answer(Ok(()));
                 let _ = self.notes.send(Note::Bye(reason));
             }
-            Ok(request @ (ToHost::StartLoop(_) | ToHost::StopLoop { .. })) => {
+            Ok(
+                request @ (ToHost::StartLoop(_)
+                | ToHost::StopLoop { .. }
+                | ToHost::Deliver { .. }
+                | ToHost::Answer { .. }),
+            ) => {
                 match &self.requests {
                     // A receiver gone drops the request, whose reply then says so.
                     Some(tx) => {

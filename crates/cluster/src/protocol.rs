@@ -129,6 +129,15 @@ pub enum FromHost {
         /// The bytes, hex.
         data: String,
     },
+    /// What the host's runtime tells or asks the head's coordinator about the loop
+    /// (answered as [`CoordRequest`] says): the head routes, limits and records every
+    /// query, share and alert, also between two loops of one host.
+    Coord {
+        /// The loop it is about (the asker, the sender, or the loop a system alert is about).
+        loop_name: String,
+        /// What.
+        request: CoordRequest,
+    },
     /// The loop ended (answered `()`), after its last records and its branch's chunks.
     Ended {
         /// The loop.
@@ -140,6 +149,61 @@ pub enum FromHost {
         /// Why the host could not send its work, when it could not.
         problem: Option<String>,
     },
+}
+
+/// A host's runtime to the head's coordinator (`td_runtime::upstream::Upstream`), for one
+/// of the host's loops.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CoordRequest {
+    /// The loop joins the run's coordination (answered `()`).
+    Register {
+        /// Its type.
+        loop_type: String,
+        /// Its task.
+        task: String,
+        /// The alert types it hears.
+        subscriptions: Option<Vec<String>>,
+    },
+    /// Its status changed (answered `()`).
+    SetStatus {
+        /// The new status.
+        status: String,
+    },
+    /// It asks `target` (answered with the answer's text).
+    Query {
+        /// The loop asked.
+        target: String,
+        /// The question.
+        question: String,
+        /// The asker's timeout, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// It shares `data` (answered with each target's delivery).
+    Share {
+        /// The loops it shares with.
+        targets: Vec<String>,
+        /// What kind of data.
+        data_type: String,
+        /// The data.
+        data: Value,
+    },
+    /// It alerts, or (`system`) the host's runtime announces its start or end (answered
+    /// with how many loops the alert reached).
+    Alert {
+        /// Whether the host's runtime sends it about the loop (not the loop itself).
+        system: bool,
+        /// The alert's type.
+        event_type: String,
+        /// Its message.
+        message: String,
+        /// Its data.
+        data: Option<Value>,
+    },
+    /// The run's other loops (answered with their list).
+    List,
+    /// The loop left the run (answered `()`).
+    Unregister,
 }
 
 /// The head's answer to [`FromHost::Complete`].
@@ -294,6 +358,26 @@ pub enum ToHost {
     },
     /// Run a loop (asked; answered once the loop runs, or with why it cannot).
     StartLoop(Box<StartLoop>),
+    /// Put a share or alert the head routed into a loop's inbox (asked; answered `true`
+    /// once it is there).
+    Deliver {
+        /// The loop.
+        loop_name: String,
+        /// The item (`td_protocol::inbox::InboxItem`).
+        item: Value,
+    },
+    /// A loop's answer to another loop's question (asked; answered with the answer, or with
+    /// why there is none).
+    Answer {
+        /// The loop asked.
+        loop_name: String,
+        /// The asking loop.
+        from: String,
+        /// The question.
+        question: String,
+        /// The asker's time left, in milliseconds.
+        timeout_ms: u64,
+    },
     /// Stop a loop (asked): after its call in flight, or at once (`now`: its calls in
     /// flight cancelled).
     StopLoop {

@@ -14,8 +14,9 @@
 //! - its end: the host commits the loop's work, bundles its branch and sends it back in
 //!   chunks with the loop's end ([`FromHost::Ended`]).
 //!
-//! Queries, shares and alerts across hosts are not in this build: a loop here that asks
-//! another loop gets an error that says so.
+//! - coordination: the host's runtime routes nothing itself; its loops' queries, shares,
+//!   alerts and listings go to the head ([`HeadUpstream`]), which reaches the loops here
+//!   through [`ToHost::Deliver`] and [`ToHost::Answer`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,8 +29,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use td_base::sync::lock;
 use td_cluster::protocol::{
-    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, FromHost, HostLimits, StartLoop, ToHost,
-    WirePricing,
+    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, HostLimits,
+    StartLoop, ToHost, WirePricing,
 };
 use td_cluster::{HeadLink, HeadRequest};
 use td_engine::LoopEnd;
@@ -39,9 +40,14 @@ use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
 use td_llm::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use td_protocol::events::{Event, EventLog};
+use td_runtime::coordinator::{CoordinatorPort, SYSTEM_SENDER};
+use td_runtime::coordinator_handle::CoordinatorHandle;
 use td_runtime::daemon::{Runtime, RuntimeConfig};
 use td_runtime::loop_actor::LoopSpec;
+use td_runtime::upstream::{QUERY_GRACE, UPSTREAM_TIMEOUT, Upstream};
 use td_toolkit::context::LoopCommands;
+use td_toolkit::coordination::{Delivery, LoopInfo};
+use td_toolkit::error::ToolError;
 use td_toolkit::receipts::ReceiptLog;
 
 /// The largest base bundle a host takes from the head.
@@ -97,6 +103,7 @@ pub struct HostLoops {
 #[derive(Clone)]
 struct RuntimeParts {
     coordinator: ractor::ActorRef<td_runtime::coordinator::CoordMsg>,
+    handle: CoordinatorHandle,
     lanes: td_runtime::tool_lanes::ToolLanes,
     events: Arc<EventLog>,
 }
@@ -110,7 +117,11 @@ impl HostLoops {
         secret_file: Option<PathBuf>,
     ) -> Result<(Arc<HostLoops>, tokio::task::JoinHandle<()>), String> {
         let events = Arc::new(EventLog::new());
-        let mut rt = Runtime::start(RuntimeConfig::default(), events.clone())
+        let config = RuntimeConfig {
+            upstream: Some(Arc::new(HeadUpstream { link: link.clone() })),
+            ..RuntimeConfig::default()
+        };
+        let mut rt = Runtime::start(config, events.clone())
             .await
             .map_err(|e| format!("cannot start the host's runtime: {e}"))?;
         // A host's loops do not wait for peers: the head released the run's loops already.
@@ -128,6 +139,7 @@ impl HostLoops {
         });
         let _ = loops.runtime.set(RuntimeParts {
             coordinator: rt.coordinator.clone(),
+            handle: rt.handle(),
             lanes: rt.lanes.clone(),
             events: events.clone(),
         });
@@ -190,6 +202,45 @@ impl HostLoops {
                 } else {
                     reply.send(Err::<(), _>(format!("no loop {loop_name} runs here")));
                 }
+            }
+            ToHost::Deliver { loop_name, item } => {
+                let Some(handle) = self.runtime.get().map(|p| p.handle.clone()) else {
+                    return reply.send(Ok(false));
+                };
+                let item: td_protocol::inbox::InboxItem = match serde_json::from_value(item) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        return reply.send(Err::<bool, _>(format!(
+                            "the item for loop {loop_name} cannot be read: {e}"
+                        )));
+                    }
+                };
+                tokio::spawn(async move {
+                    let there = handle.deliver_local(&loop_name, Arc::new(item)).await;
+                    reply.send(Ok::<bool, String>(there));
+                });
+            }
+            ToHost::Answer {
+                loop_name,
+                from,
+                question,
+                timeout_ms,
+            } => {
+                let Some(handle) = self.runtime.get().map(|p| p.handle.clone()) else {
+                    return reply
+                        .send(Err::<String, _>("the host's runtime is not running".into()));
+                };
+                tokio::spawn(async move {
+                    let answer = handle
+                        .answer_local(
+                            &loop_name,
+                            &from,
+                            &question,
+                            Duration::from_millis(timeout_ms),
+                        )
+                        .await;
+                    reply.send(answer.map_err(|e| e.to_string()));
+                });
             }
             other => reply.send(Err::<(), _>(format!("not a loop request: {other:?}"))),
         }
@@ -367,7 +418,7 @@ impl HostLoops {
         let sandbox = Arc::new(self.sandbox(&start.sandbox)?);
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
             .map_err(|e| e.to_string())?
-            .with_coordination(Arc::new(NoCrossHost))
+            .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
             .with_catalog(Arc::new(td_toolkit::catalog::Catalog::default()))
             .with_sandbox_settings(sandbox)
             .with_commands(LoopCommands {
@@ -774,55 +825,123 @@ impl TranscriptSink for Streamer {
     }
 }
 
-/// The coordination port of a host's loops in this build: every query, share, alert and
-/// list is refused with an error that says why (the coordinator that routes across hosts
-/// is not part of this build).
-struct NoCrossHost;
+/// The head's coordinator, as this host's runtime sees it: every call is a
+/// [`FromHost::Coord`] request about one of this host's loops.
+struct HeadUpstream {
+    link: HeadLink,
+}
 
-const NO_CROSS_HOST: &str = "query_loop across hosts is not available in this build: this loop runs on a worker host, and queries, shares and alerts reach no other loop from here; finish the task with what the worktree holds";
-
-fn no_cross_host() -> td_toolkit::error::ToolError {
-    td_toolkit::error::ToolError::Unavailable {
-        message: NO_CROSS_HOST.to_string(),
+impl HeadUpstream {
+    async fn ask<T: serde::de::DeserializeOwned>(
+        &self,
+        loop_name: &str,
+        request: CoordRequest,
+        timeout: Duration,
+    ) -> Result<T, ToolError> {
+        self.link
+            .ask(
+                FromHost::Coord {
+                    loop_name: loop_name.to_string(),
+                    request,
+                },
+                timeout,
+            )
+            .await
+            .map_err(|e| match e {
+                // The head's own words (an unknown loop, a rate limit...), as a local loop
+                // gets them.
+                td_cluster::wire::AskError::Refused(message) => ToolError::Unavailable { message },
+                other => ToolError::Unavailable {
+                    message: format!(
+                        "the head did not answer ({other}); it is not known whether this went through: try again later"
+                    ),
+                },
+            })
     }
 }
 
 #[async_trait]
-impl td_toolkit::coordination::Coordination for NoCrossHost {
+impl Upstream for HeadUpstream {
+    async fn register(
+        &self,
+        name: &str,
+        loop_type: &str,
+        task: &str,
+        subscriptions: Option<&[String]>,
+    ) -> Result<(), ToolError> {
+        let request = CoordRequest::Register {
+            loop_type: loop_type.to_string(),
+            task: task.to_string(),
+            subscriptions: subscriptions.map(<[String]>::to_vec),
+        };
+        self.ask(name, request, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn set_status(&self, name: &str, status: &str) -> Result<(), ToolError> {
+        let request = CoordRequest::SetStatus {
+            status: status.to_string(),
+        };
+        self.ask(name, request, UPSTREAM_TIMEOUT).await
+    }
+
     async fn query(
         &self,
-        _from: &str,
-        _target: &str,
-        _question: &str,
-        _timeout: Duration,
-    ) -> Result<String, td_toolkit::error::ToolError> {
-        Err(no_cross_host())
+        from: &str,
+        target: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<String, ToolError> {
+        let request = CoordRequest::Query {
+            target: target.to_string(),
+            question: question.to_string(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        self.ask(from, request, timeout.saturating_add(QUERY_GRACE))
+            .await
     }
 
     async fn share(
         &self,
-        _from: &str,
-        _targets: &[String],
-        _data_type: &str,
-        _data: Value,
-    ) -> Result<Vec<td_toolkit::coordination::Delivery>, td_toolkit::error::ToolError> {
-        Err(no_cross_host())
+        from: &str,
+        targets: &[String],
+        data_type: &str,
+        data: Value,
+    ) -> Result<Vec<Delivery>, ToolError> {
+        let request = CoordRequest::Share {
+            targets: targets.to_vec(),
+            data_type: data_type.to_string(),
+            data,
+        };
+        self.ask(from, request, UPSTREAM_TIMEOUT).await
     }
 
     async fn alert(
         &self,
-        _from: &str,
-        _event_type: &str,
-        _message: &str,
-        _data: Option<Value>,
-    ) -> Result<usize, td_toolkit::error::ToolError> {
-        Err(no_cross_host())
+        from: &str,
+        event_type: &str,
+        message: &str,
+        data: Option<Value>,
+        about: Option<&str>,
+    ) -> Result<usize, ToolError> {
+        let (loop_name, system) = match (from, about) {
+            (SYSTEM_SENDER, Some(about)) => (about, true),
+            _ => (from, false),
+        };
+        let request = CoordRequest::Alert {
+            system,
+            event_type: event_type.to_string(),
+            message: message.to_string(),
+            data,
+        };
+        self.ask(loop_name, request, UPSTREAM_TIMEOUT).await
     }
 
-    async fn list_loops(
-        &self,
-        _from: &str,
-    ) -> Result<Vec<td_toolkit::coordination::LoopInfo>, td_toolkit::error::ToolError> {
-        Err(no_cross_host())
+    async fn list_loops(&self, from: &str) -> Result<Vec<LoopInfo>, ToolError> {
+        self.ask(from, CoordRequest::List, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn unregister(&self, name: &str) -> Result<(), ToolError> {
+        self.ask(name, CoordRequest::Unregister, UPSTREAM_TIMEOUT)
+            .await
     }
 }

@@ -13,6 +13,11 @@
 //!   (chained here with the run's key, which never leaves the head), each checked to be this
 //!   loop's, appended to the same files a local loop's go to; batches are numbered so that a
 //!   retried batch is not appended twice;
+//! - coordination: the host's runtime forwards its loops' registrations, queries, shares,
+//!   alerts and listings ([`FromHost::Coord`]); the head's coordinator knows each such loop
+//!   as a remote loop ([`HostLink`]: deliveries and questions go back as
+//!   [`ToHost::Deliver`] and [`ToHost::Answer`]) and routes, limits and records everything
+//!   as for its own loops; a lost host's loops leave it at once with the reason;
 //! - its end: the branch bundle, taken into a ref of its own (`take_branch`: one head,
 //!   descending from the base, nothing else), then the loop's head worktree is moved to it,
 //!   so that `finish_loop` and the merge queue go on as for a local loop. A bundle that is
@@ -30,7 +35,7 @@ use tokio::sync::mpsc;
 
 use td_base::sync::lock;
 use td_cluster::protocol::{
-    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, FromHost, StartLoop, ToHost,
+    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, StartLoop, ToHost,
 };
 use td_cluster::{HostAsker, HostRequest};
 use td_engine::LoopEnd;
@@ -39,7 +44,14 @@ use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_git::worktree::{Repo, Worktree};
 use td_llm::{LlmClient, LlmError, LlmRequest, Message, Purpose};
 use td_protocol::events::{EventKind, EventLog};
+use td_protocol::inbox::InboxItem;
 use td_protocol::tool_definition::ToolDefinition;
+use td_runtime::coordinator::{CoordMsg, CoordinatorPort, SYSTEM_SENDER};
+use td_runtime::coordinator_handle::CoordinatorHandle;
+use td_runtime::remote_loop::{REMOTE_DELIVERY_TIMEOUT, RemoteLoop};
+use td_runtime::upstream::QUERY_GRACE;
+use td_toolkit::coordination::Coordination;
+use td_toolkit::error::ToolError;
 use td_toolkit::receipts::Receipt;
 
 use crate::run::record::RunRecord;
@@ -82,6 +94,65 @@ pub struct HeadSide {
     pub repo: Repo,
     /// Where bundles are kept while they travel (in the run directory).
     pub dir: PathBuf,
+    /// The run's coordinator.
+    pub coordinator: ractor::ActorRef<CoordMsg>,
+}
+
+/// The longest a host's loop may wait for an answer (its own timeout is shorter).
+const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A loop on a host, as the head's coordinator reaches it.
+struct HostLink {
+    asker: HostAsker,
+    host: String,
+    name: String,
+}
+
+#[async_trait::async_trait]
+impl RemoteLoop for HostLink {
+    async fn deliver(&self, item: Arc<InboxItem>) -> bool {
+        let Ok(item) = serde_json::to_value(&*item) else {
+            return false;
+        };
+        let request = ToHost::Deliver {
+            loop_name: self.name.clone(),
+            item,
+        };
+        self.asker
+            .ask::<bool>(&self.host, &request, REMOTE_DELIVERY_TIMEOUT)
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn answer(
+        &self,
+        from: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<String, ToolError> {
+        let request = ToHost::Answer {
+            loop_name: self.name.clone(),
+            from: from.to_string(),
+            question: question.to_string(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        let asked = self
+            .asker
+            .ask::<String>(&self.host, &request, timeout.saturating_add(QUERY_GRACE))
+            .await;
+        asked.map_err(|e| ToolError::Unavailable {
+            message: match e {
+                // The loop's own words (it ended, it timed out...).
+                td_cluster::wire::AskError::Refused(why) => why,
+                // The session to its host closed under the question: the host is lost.
+                td_cluster::wire::AskError::Gone(why) => format!(
+                    "loop {}'s host {} was lost or cut off while it answered ({why}); ask again later or ask another loop",
+                    self.name, self.host
+                ),
+                other => format!("loop {} on host {}: {other}", self.name, self.host),
+            },
+        })
+    }
 }
 
 /// One loop on a host.
@@ -283,6 +354,19 @@ impl RemoteLoops {
     /// runs them again from their last commit on the head, which is their base: what they
     /// did on the lost host is lost with it).
     pub fn host_lost(&self, host: &str, reason: &str) {
+        // Its loops leave the coordinator at once: questions waiting on them fail with why.
+        let handle = CoordinatorHandle::new(self.side.coordinator.clone());
+        let gone: Vec<String> = lock(&self.loops)
+            .iter()
+            .filter(|(_, e)| e.host == host)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let why = format!("its host {host} was lost: {reason}");
+        tokio::spawn(async move {
+            for name in gone {
+                handle.drop_remote(&name, &why).await;
+            }
+        });
         let mut loops = lock(&self.loops);
         for (name, entry) in loops.iter_mut() {
             if entry.host != host || entry.done {
@@ -322,11 +406,14 @@ impl RemoteLoops {
             | FromHost::Complete { loop_name, .. }
             | FromHost::Records { loop_name, .. }
             | FromHost::BranchChunk { loop_name, .. }
+            | FromHost::Coord { loop_name, .. }
             | FromHost::Ended { loop_name, .. } => loop_name.clone(),
         };
+        // What the host's runtime says about a loop may come after its end (its leaving).
+        let late_ok = matches!(request, FromHost::Coord { .. });
         let known = lock(&self.loops)
             .get(&name)
-            .filter(|e| e.host == host && !e.done)
+            .filter(|e| e.host == host && (!e.done || late_ok))
             .map(|e| (e.base.clone(), e.tools.clone()));
         let Some((base, tools)) = known else {
             reply.send(Err::<(), _>(format!(
@@ -367,6 +454,7 @@ impl RemoteLoops {
             FromHost::BranchChunk { offset, data, .. } => {
                 reply.send(self.branch_chunk(&name, offset, &data));
             }
+            FromHost::Coord { request, .. } => self.coord(&host, &name, request, reply).await,
             FromHost::Ended {
                 end,
                 branch,
@@ -376,6 +464,10 @@ impl RemoteLoops {
                 // Answered first: what the head does with the loop's end is the head's.
                 reply.send(Ok::<(), String>(()));
                 let end = self.take_end(&name, &base, end, branch, problem).await;
+                // Its actor on the host is gone: questions to it get the ended-loop error.
+                CoordinatorHandle::new(self.side.coordinator.clone())
+                    .unregister_remote(&name)
+                    .await;
                 let mut loops = lock(&self.loops);
                 if let Some(entry) = loops.get_mut(&name)
                     && !entry.done
@@ -383,6 +475,79 @@ impl RemoteLoops {
                     entry.done = true;
                     let _ = self.ends.send(RemoteEnd { name, end });
                 }
+            }
+        }
+    }
+
+    /// What the host's runtime tells or asks the coordinator about its loop `name`.
+    async fn coord(
+        &self,
+        host: &str,
+        name: &str,
+        request: CoordRequest,
+        reply: td_cluster::wire::Reply,
+    ) {
+        let handle = CoordinatorHandle::new(self.side.coordinator.clone());
+        let port = CoordinatorPort::new(self.side.coordinator.clone());
+        let text = |e: ToolError| e.to_string();
+        match request {
+            CoordRequest::Register {
+                loop_type,
+                task,
+                subscriptions,
+            } => {
+                let asker = match self.asker() {
+                    Ok(a) => a.clone(),
+                    Err(e) => return reply.send(Err::<(), _>(e)),
+                };
+                let link = Arc::new(HostLink {
+                    asker,
+                    host: host.to_string(),
+                    name: name.to_string(),
+                });
+                let done = handle
+                    .register_remote(name, &loop_type, &task, subscriptions, link)
+                    .await;
+                reply.send(done.map_err(|e| e.to_string()));
+            }
+            CoordRequest::SetStatus { status } => {
+                handle.set_remote_status(name, &status);
+                reply.send(Ok(()));
+            }
+            CoordRequest::Query {
+                target,
+                question,
+                timeout_ms,
+            } => {
+                let timeout = Duration::from_millis(timeout_ms).min(MAX_QUERY_TIMEOUT);
+                let answer = port.query(name, &target, &question, timeout).await;
+                reply.send(answer.map_err(text));
+            }
+            CoordRequest::Share {
+                targets,
+                data_type,
+                data,
+            } => {
+                let delivered = port.share(name, &targets, &data_type, data).await;
+                reply.send(delivered.map_err(text));
+            }
+            CoordRequest::Alert {
+                system,
+                event_type,
+                message,
+                data,
+            } => {
+                let (from, about) = match system {
+                    true => (SYSTEM_SENDER, Some(name)),
+                    false => (name, None),
+                };
+                let reached = handle.alert(from, &event_type, &message, data, about).await;
+                reply.send(reached.map_err(text));
+            }
+            CoordRequest::List => reply.send(port.list_loops(name).await.map_err(text)),
+            CoordRequest::Unregister => {
+                handle.unregister_remote(name).await;
+                reply.send(Ok(()));
             }
         }
     }
@@ -409,14 +574,22 @@ impl RemoteLoops {
                 wire.loop_name
             ));
         }
-        // Only a loop's own iterations: an answer to another loop's question would be
-        // charged to that loop, and no question reaches a host's loop in this build.
-        if wire.purpose != Purpose::Iteration {
-            return failed("only a loop's own iterations call the model from a host".into());
-        }
-        if let Some(why) = lock(&self.loops).get(name).and_then(|e| e.over.clone()) {
-            return CompleteAnswer::OverBudget { reason: why };
-        }
+        // An iteration's call is charged to the loop, an answer's to the loop that asked
+        // (as the head charges its own loops' answers).
+        let payer = match &wire.purpose {
+            Purpose::Iteration => {
+                if let Some(why) = lock(&self.loops).get(name).and_then(|e| e.over.clone()) {
+                    return CompleteAnswer::OverBudget { reason: why };
+                }
+                name.to_string()
+            }
+            Purpose::QueryAnswer { from, .. } => {
+                if from == name {
+                    return failed(format!("loop {name} cannot answer its own question"));
+                }
+                from.clone()
+            }
+        };
         let request = LlmRequest {
             loop_name: name.to_string(),
             purpose: wire.purpose,
@@ -424,7 +597,7 @@ impl RemoteLoops {
             messages: wire.messages,
             tools,
         };
-        let account = self.side.budgets.account(name);
+        let account = self.side.budgets.account(&payer);
         let hold = match account.reserve(&request) {
             Ok(h) => h,
             Err(why) => return CompleteAnswer::OverBudget { reason: why },
@@ -510,9 +683,10 @@ impl RemoteLoops {
                 charged_to: Some(other),
                 ..
             } = &entry
+                && other == name
             {
                 return Err(format!(
-                    "loop {name}'s transcript charges loop {other}, which a host's loop cannot"
+                    "loop {name}'s transcript charges its own answer to itself"
                 ));
             }
             entries.push(entry);
