@@ -968,12 +968,17 @@ c:
     assert!(!env.contains("API_KEY") && !env.contains(SECRET), "{env}");
 }
 
+/// The tests that join as a host from this process take turns: ractor's process groups and
+/// node ids are global to a process, so two hosts in it would find each other's heads.
+static IN_PROCESS_HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A hostile host (this test, joined through td_cluster with the secret) sends branches
 /// that `take_branch` must refuse: a bundle with an extra ref, and one of unrelated
 /// history. Each loop fails with the reason, and the head's repository is unchanged.
 #[test]
 fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
     use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -1026,7 +1031,10 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
         let running = tokio::spawn(session.run(std::future::pending()));
         let scratch = root.join("evil-work");
         for _ in 0..2 {
-            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            let request = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("the head went: {}", summary(&run.run_dir)));
             let ToHost::StartLoop(start) = request.request else {
                 panic!("not a start: {:?}", request.request);
             };
@@ -1457,6 +1465,7 @@ fn the_run_budget_holds_for_a_loop_on_a_host() {
 #[test]
 fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
     use td_cluster::protocol::ToHost;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
