@@ -43,6 +43,9 @@ struct HeadRun {
 
 const SECRET: &str = "the-hosts-secret-of-this-test-0123456789";
 
+/// A model key in a host's own environment (tests/hosts.rs: its loops' commands must not see it).
+const HOST_KEY: &str = "sk-host-key-of-this-test-0123456789";
+
 impl HeadRun {
     fn new(listen: &str, extra: &str) -> HeadRun {
         let run = FlaggedRun::new(
@@ -806,13 +809,30 @@ c:
         &run.secret_file,
         &[],
     );
-    let mut h2 = run.start_host(
-        &net,
+    // h2's own environment holds a model key (its machine's, say): its loop's commands do
+    // not get it.
+    let (join2, secret, workdir2) = (
+        format!("{head_ip2}:7070"),
+        run.secret_file.display().to_string(),
+        run.root().join("host-h2").display().to_string(),
+    );
+    let mut h2 = net.spawn(
         "h2",
-        &format!("{head_ip2}:7070"),
-        "h2",
-        &run.secret_file,
-        &[],
+        &run.root(),
+        "env",
+        &[
+            &format!("OPENAI_API_KEY={HOST_KEY}"),
+            bin(),
+            "host",
+            "--join",
+            &join2,
+            "--name",
+            "h2",
+            "--secret-file",
+            &secret,
+            "--workdir",
+            &workdir2,
+        ],
     );
     assert_eq!(
         head.wait_exit(WAIT),
@@ -965,7 +985,10 @@ c:
     );
     let env = show(&run, &format!("{into}:env.txt")).unwrap_or_default();
     assert!(env.contains("PATH="), "{env}");
-    assert!(!env.contains("API_KEY") && !env.contains(SECRET), "{env}");
+    assert!(
+        !env.contains(HOST_KEY) && !env.contains("OPENAI_API_KEY") && !env.contains(SECRET),
+        "{env}"
+    );
 }
 
 /// The tests that join as a host from this process take turns: ractor's process groups and
