@@ -61,6 +61,15 @@ struct RemoteQuery {
     record: QueryRecord,
 }
 
+/// The instant `timeout` from now, or a year from now when the clock cannot hold it: a
+/// deadline comes from a model's input or another process's request, and `Instant + Duration`
+/// panics past the clock's range (inside the coordinator's actor, which would end it).
+fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout.min(FAR)).unwrap_or(now)
+}
+
 impl RoutedQuery {
     /// A query the coordinator accepted for local loop `answerer`: the asker waits up to
     /// `timeout`, unless `cancelled` first (the target left the run).
@@ -74,7 +83,7 @@ impl RoutedQuery {
         RoutedQuery(Routed::Local(Accepted {
             answerer,
             question,
-            deadline: tokio::time::Instant::now() + timeout,
+            deadline: deadline_after(timeout),
             cancelled,
             record,
         }))
@@ -91,7 +100,7 @@ impl RoutedQuery {
         RoutedQuery(Routed::Remote(Box::new(RemoteQuery {
             target,
             question,
-            deadline: tokio::time::Instant::now() + timeout,
+            deadline: deadline_after(timeout),
             cancelled,
             record,
         })))

@@ -754,3 +754,24 @@ async fn a_host_loop_whose_actor_ends_leaves_the_heads_run() {
     assert!(!p.host.deliver_local("h1", item).await);
     p.shutdown().await;
 }
+
+/// A head (or a loop) that asks with a deadline past what the clock can hold: the answer is
+/// given, the coordinator does not panic on the deadline's arithmetic, and it answers the
+/// next question too (review of issue 18: `ToHost::Answer { timeout_ms: u64::MAX }`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_with_a_deadline_past_the_clocks_end_is_answered() {
+    let p = pair(&["a"], &["h1"], &[]).await;
+    let answer = p
+        .host
+        .answer_local("h1", "a", "forever?", Duration::MAX)
+        .await;
+    assert_eq!(answer.unwrap(), "h1 answers a: forever?");
+    let local = p
+        .port("a")
+        .query("a", "h1", "and now?", Duration::MAX)
+        .await;
+    assert_eq!(local.unwrap(), "h1 answers a: and now?");
+    let again = p.port("h1").query("h1", "a", "still there?", ASK).await;
+    assert_eq!(again.unwrap(), "a answers h1: still there?");
+    p.shutdown().await;
+}
