@@ -43,6 +43,9 @@ struct HeadRun {
 
 const SECRET: &str = "the-hosts-secret-of-this-test-0123456789";
 
+/// A model key in a host's own environment (tests/hosts.rs: its loops' commands must not see it).
+const HOST_KEY: &str = "sk-host-key-of-this-test-0123456789";
+
 impl HeadRun {
     fn new(listen: &str, extra: &str) -> HeadRun {
         let run = FlaggedRun::new(
@@ -184,10 +187,9 @@ fn two_hosts_join_status_shows_them_and_the_run_end_sends_them_home() {
         "  slots: 3\n  placement:\n    - {loops: [w], hosts: [b1, head]}\n",
     );
     let mut head = run.start_head(&net, "head");
-    // Placement is checked and shown, and said not to be applied yet.
+    // Placement is shown.
     assert!(
-        head.stderr()
-            .contains("placement (checked, not applied yet): loops w on b1, head"),
+        head.stderr().contains("placement: loops w on b1, head"),
         "{}",
         head.stderr()
     );
@@ -622,4 +624,951 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
         assert_eq!(code, 2, "{all:?}: {err}");
         assert!(err.contains(says), "{all:?}: {err}");
     }
+}
+
+#[test]
+fn a_loop_placed_on_a_host_that_never_joins_waits_and_ctrl_c_ends_the_run() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - complete_task: {summary: "w done"}
+x:
+  turns:
+    - calls:
+        - complete_task: {summary: "x done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Go.\"}\n  - {name: x, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [x], hosts: [h1]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut child = run
+        .command(&[])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // w runs on the head and completes; x waits for h1, and says so.
+    wait_until("x to wait for h1 and w to complete", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["x"]["reason"] == "waiting for host h1"
+            && s["loops"]["w"]["status"] == "completed"
+    });
+    // The run does not end while x waits.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended with x waiting"
+    );
+    let out = std::process::Command::new(bin())
+        .args(["status", "--dir"])
+        .arg(&run.run_dir)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains("pending x: waiting for host h1"),
+        "{status}"
+    );
+
+    // Ctrl-C ends it cleanly: x never started, and says what it was waiting for.
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(started.elapsed() < WAIT, "the run did not end after Ctrl-C");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert_eq!(code, Some(130), "{err}");
+    let s = summary(&run.run_dir);
+    assert_eq!(s["status"], "stopped", "{s}");
+    assert_eq!(s["loops"]["x"]["status"], "stopped", "{s}");
+    assert_eq!(
+        s["loops"]["x"]["reason"],
+        "never started: the run was interrupted (it was waiting for host h1)",
+        "{s}"
+    );
+    assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
+}
+
+/// A run of `script` and `loops` with a `hosts:` section on 0.0.0.0:7070 (`extra` added).
+fn head_run(script: &str, loops: &str, extra: &str) -> HeadRun {
+    let run = FlaggedRun::new(script, loops);
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 0.0.0.0:7070\n  secret-file: {}\n  lost-after-ms: {}\n{extra}",
+        secret_file.display(),
+        LOST_AFTER.as_millis()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    HeadRun { run, secret_file }
+}
+
+/// `git show REV:PATH` in the run's repository.
+fn show(run: &HeadRun, rev_path: &str) -> Option<String> {
+    let repo = run.run.config.parent().unwrap();
+    let out = std::process::Command::new("git")
+        .args(["show", rev_path])
+        .current_dir(repo)
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn loops_run_on_two_hosts_and_their_work_records_and_hosts_come_back_to_the_head() {
+    let mut net = Net::new("loops_run_on_two_hosts");
+    let (head_ip, _, _) = net.host("h1");
+    let (head_ip2, _, _) = net.host("h2");
+    let root_dir = tempfile::tempdir().unwrap();
+    let outside = root_dir.path().canonicalize().unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    // Each loop asks another on another machine once all run (the delays), a shares with
+    // c and b with c; the answers come from the scripts' `answers`.
+    let script = r#"
+a:
+  turns:
+    - calls:
+        - write_file: {path: "a.txt", content: "from the head\n"}
+    - delay_ms: 1500
+      calls:
+        - query_loop: {target_exec_id: b, question: "What did you write?"}
+    - calls:
+        - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-A"}
+    - calls:
+        - complete_task: {summary: "a done"}
+  answers:
+    - reply: "ANSWER-OF-A"
+b:
+  turns:
+    - calls:
+        - write_file: {path: "b.txt", content: "from h1\n"}
+    - delay_ms: 1500
+      calls:
+        - query_loop: {target_exec_id: c, question: "What runs on h2?"}
+    - calls:
+        - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-B"}
+    - calls:
+        - complete_task: {summary: "b done"}
+  answers:
+    - reply: "ANSWER-OF-B"
+c:
+  turns:
+    - calls:
+        - run_command: {command: "echo from-h2 > c.txt; cat SECRETFILE > leak.txt 2>&1; env > env.txt; (echo x > OUTSIDE/escaped) 2> escape.txt; echo $? >> escape.txt"}
+    - delay_ms: 1500
+      calls:
+        - query_loop: {target_exec_id: a, question: "Which port?"}
+    - delay_ms: 1000
+      calls:
+        - read_file: {path: "c.txt"}
+    - calls:
+        - complete_task: {summary: "c done"}
+  answers:
+    - reply: "ANSWER-OF-C"
+"#;
+    let run = head_run(
+        script,
+        "  - {name: a, type: ralph, task: \"Go.\"}\n  - {name: b, type: ralph, task: \"Go.\"}\n  - {name: c, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [a], hosts: [head]}\n    - {loops: [b], hosts: [h1]}\n    - {loops: [c], hosts: [h2]}\n",
+    );
+    let script_file = run.run.config.with_file_name("script.yml");
+    let text = std::fs::read_to_string(&script_file).unwrap();
+    std::fs::write(
+        &script_file,
+        text.replace("SECRETFILE", &run.secret_file.display().to_string())
+            .replace("OUTSIDE", &outside.display().to_string()),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    // h2's own environment holds a model key (its machine's, say): its loop's commands do
+    // not get it.
+    let (join2, secret, workdir2) = (
+        format!("{head_ip2}:7070"),
+        run.secret_file.display().to_string(),
+        run.root().join("host-h2").display().to_string(),
+    );
+    let mut h2 = net.spawn(
+        "h2",
+        &run.root(),
+        "env",
+        &[
+            &format!("OPENAI_API_KEY={HOST_KEY}"),
+            bin(),
+            "host",
+            "--join",
+            &join2,
+            "--name",
+            "h2",
+            "--secret-file",
+            &secret,
+            "--workdir",
+            &workdir2,
+        ],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(0),
+        "{}\n--- h1:\n{}\n--- h2:\n{}",
+        head.stderr(),
+        h1.stderr(),
+        h2.stderr()
+    );
+    for (name, host) in [("h1", &mut h1), ("h2", &mut h2)] {
+        assert_eq!(
+            host.wait_exit(Duration::from_secs(10)),
+            Some(0),
+            "{name}: {}",
+            host.stderr()
+        );
+    }
+    let s = summary(&run.run.run_dir);
+    for (name, host) in [("a", None), ("b", Some("h1")), ("c", Some("h2"))] {
+        let l = &s["loops"][name];
+        assert_eq!(l["status"], "completed", "{name}: {s}");
+        assert_eq!(l["host"].as_str(), host, "{name}: {s}");
+        assert_eq!(l["merge"]["merged"], true, "{name}: {s}");
+    }
+    // The remote loops' commits are on the head's integration branch.
+    let into = s["loops"]["b"]["merge"]["into"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        show(&run, &format!("{into}:b.txt")).as_deref(),
+        Some("from h1\n")
+    );
+    assert_eq!(
+        show(&run, &format!("{into}:c.txt")).as_deref(),
+        Some("from-h2\n")
+    );
+    assert_eq!(
+        show(&run, &format!("{into}:a.txt")).as_deref(),
+        Some("from the head\n")
+    );
+    // The record holds their transcripts and receipts, chained with the run's key.
+    for name in ["b", "c"] {
+        let dir = run.run.run_dir.join("loops").join(name);
+        let transcript = std::fs::read_to_string(dir.join("transcript.jsonl")).unwrap();
+        assert!(
+            transcript.contains("\"entry\":\"response\""),
+            "{name}: {transcript}"
+        );
+        let receipts = std::fs::read_to_string(dir.join("receipts.jsonl")).unwrap();
+        assert!(receipts.lines().count() >= 2, "{name}: {receipts}");
+        assert!(receipts.contains("\"chain\":"), "{name}: {receipts}");
+        assert!(dir.join("RECEIPT.json").exists(), "{name}");
+    }
+    // Queries crossed hosts both ways, answered by loops on the other machine; the shares
+    // reached c on h2 (and its model saw them).
+    let events = run.events();
+    for (from, to, reply) in [
+        ("a", "b", "ANSWER-OF-B"),
+        ("b", "c", "ANSWER-OF-C"),
+        ("c", "a", "ANSWER-OF-A"),
+    ] {
+        assert!(
+            events.iter().any(|e| e["event"] == "query_answered"
+                && e["from"] == from
+                && e["to"] == to
+                && e["reply"] == reply),
+            "no answer {from} -> {to}: {events:?}"
+        );
+    }
+    for from in ["a", "b"] {
+        assert!(
+            events.iter().any(|e| e["event"] == "shared"
+                && e["from"] == from
+                && e["to"] == "c"
+                && e["error"].is_null()),
+            "no share {from} -> c: {events:?}"
+        );
+    }
+    let transcript =
+        std::fs::read_to_string(run.run.run_dir.join("loops/c/transcript.jsonl")).unwrap();
+    assert!(
+        transcript.contains("NOTE-FROM-A") && transcript.contains("NOTE-FROM-B"),
+        "{transcript}"
+    );
+    // An answer made on a host is charged once, to the loop that asked: what the answering
+    // loop's transcript says it spent for others is what the asker's record was charged.
+    let tokens = |name: &str, what: &str| {
+        let v = &s["loops"][name][what];
+        v["input_tokens"].as_u64().unwrap_or(0) + v["output_tokens"].as_u64().unwrap_or(0)
+    };
+    for (asker, answerer) in [("a", "b"), ("b", "c"), ("c", "a")] {
+        let charged = tokens(asker, "spent_on_answers");
+        assert!(charged > 0, "{asker}: {s}");
+        assert_eq!(charged, tokens(answerer, "answers_for_others"), "{s}");
+    }
+    // Each answer was recorded once, on the head.
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["event"] == "query_answered")
+            .count(),
+        3,
+        "{events:?}"
+    );
+    // `status` shows each loop's host.
+    let status = run.status();
+    let row = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row of {name}: {status}"))
+            .to_string()
+    };
+    assert!(row("b").ends_with(" h1"), "{status}");
+    assert!(row("c").ends_with(" h2"), "{status}");
+    assert!(row("a").ends_with(" head"), "{status}");
+    // Every event the hosts sent was one the head takes from them.
+    assert!(
+        !head.stderr().contains("which only the head records"),
+        "{}",
+        head.stderr()
+    );
+    // Events of the remote loops are in the one event log, numbered in order.
+    let events = run.events();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "loop_started" && e["loop_name"] == "c"),
+        "{events:?}"
+    );
+
+    // On h2 the command was confined: the hosts' secret file read empty, a file outside its
+    // worktree could not be written, and its environment held no key.
+    let leak = show(&run, &format!("{into}:leak.txt")).unwrap_or_default();
+    if common::fully_confined() {
+        assert_eq!(leak, "", "the command read the secret file: {leak}");
+    }
+    assert!(!leak.contains(SECRET));
+    assert!(
+        !outside.join("escaped").exists(),
+        "a command on h2 wrote outside its worktree"
+    );
+    let escape = show(&run, &format!("{into}:escape.txt")).unwrap_or_default();
+    assert!(
+        !escape.trim_end().ends_with("\n0") && escape.trim() != "0",
+        "{escape}"
+    );
+    let env = show(&run, &format!("{into}:env.txt")).unwrap_or_default();
+    assert!(env.contains("PATH="), "{env}");
+    assert!(
+        !env.contains(HOST_KEY) && !env.contains("OPENAI_API_KEY") && !env.contains(SECRET),
+        "{env}"
+    );
+}
+
+/// The tests that join as a host from this process take turns: ractor's process groups and
+/// node ids are global to a process, so two hosts in it would find each other's heads.
+static IN_PROCESS_HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A hostile host (this test, joined through td_cluster with the secret) sends branches
+/// that `take_branch` must refuse: a bundle with an extra ref, and one of unrelated
+/// history. Each loop fails with the reason, and the head's repository is unchanged.
+#[test]
+fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
+    use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "extra:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\nunrelated:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: extra, type: ralph, task: \"Go.\"}\n  - {name: unrelated, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [extra, unrelated], hosts: [evil]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let mut head = std::process::Command::new(bin())
+        .args(["run", "-c"])
+        .arg(&run.config)
+        .arg("--run-dir")
+        .arg(&run.run_dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("both loops to wait for evil", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["extra"]["reason"] == "waiting for host evil"
+            && s["loops"]["unrelated"]["reason"] == "waiting for host evil"
+    });
+    let refs_before = common::git(&repo, &["for-each-ref"]);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tips = rt.block_on(async {
+        let mut tips = Vec::new();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(2),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let scratch = root.join("evil-work");
+        for _ in 0..2 {
+            let request = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("the head went: {}", summary(&run.run_dir)));
+            let ToHost::StartLoop(start) = request.request else {
+                panic!("not a start: {:?}", request.request);
+            };
+            request.reply.send(Ok(()));
+            // The loop's "work", made where the host can reach the head's commits (a real
+            // host would have them from the base bundle).
+            let work = scratch.join(&start.loop_name);
+            common::git(&root, &["clone", "-q", &repo.display().to_string(), &work.display().to_string()]);
+            common::git(&work, &["checkout", "-q", "-b", "work", &start.base_commit]);
+            let bundle = work.join("branch.bundle");
+            let bundle_arg = bundle.display().to_string();
+            if start.loop_name == "extra" {
+                std::fs::write(work.join("f.txt"), "work\n").unwrap();
+                common::git(&work, &["add", "f.txt"]);
+                common::git(&work, &["commit", "-q", "-m", "work"]);
+                // A second ref rides along.
+                common::git(&work, &["branch", "sneaky"]);
+                common::git(&work, &["bundle", "create", "-q", &bundle_arg, &format!("{}..work", start.base_commit), "sneaky"]);
+            } else {
+                // History that does not descend from the base.
+                common::git(&work, &["checkout", "-q", "--orphan", "other"]);
+                std::fs::write(work.join("g.txt"), "other\n").unwrap();
+                common::git(&work, &["add", "-A"]);
+                common::git(&work, &["commit", "-q", "-m", "other"]);
+                common::git(&work, &["bundle", "create", "-q", &bundle_arg, "other"]);
+            }
+            if start.loop_name == "extra" {
+                // Records that are not the host's to give: an event only the head records
+                // is left out; another loop's event or receipt refuses the batch.
+                let records = |batch: u64, events: Vec<serde_json::Value>, receipts: Vec<serde_json::Value>| {
+                    FromHost::Records {
+                        loop_name: "extra".into(),
+                        batch,
+                        events,
+                        transcript: Vec::new(),
+                        receipts,
+                    }
+                };
+                let () = link
+                    .ask(
+                        records(1, vec![serde_json::json!({"event": "loop_blocked", "loop_name": "extra", "reason": "FORGED"})], vec![]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap();
+                let err = link
+                    .ask::<()>(
+                        records(2, vec![serde_json::json!({"event": "progress_noted", "loop_name": "unrelated", "iteration": 1, "note": "x"})], vec![]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("is not its own"), "{err}");
+                let err = link
+                    .ask::<()>(
+                        records(2, vec![], vec![serde_json::json!({"exec_id": "unrelated"})]),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("receipt"), "{err}");
+            }
+            let tip = common::git(&work, &["rev-parse", "HEAD"]).trim().to_string();
+            tips.push((start.loop_name.clone(), start.base_commit.clone(), tip.clone()));
+            let bytes = std::fs::read(&bundle).unwrap();
+            let () = link
+                .ask(
+                    FromHost::BranchChunk {
+                        loop_name: start.loop_name.clone(),
+                        offset: 0,
+                        data: hex::encode(&bytes),
+                    },
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+            let () = link
+                .ask(
+                    FromHost::Ended {
+                        loop_name: start.loop_name.clone(),
+                        end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                        branch: Some(BranchBundle {
+                            tip,
+                            bytes: bytes.len() as u64,
+                        }),
+                        problem: None,
+                    },
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+        tips
+    });
+
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = head.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(started.elapsed() < WAIT, "the run did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let s = summary(&run.run_dir);
+    assert_eq!(code, Some(1), "{s}");
+    for name in ["extra", "unrelated"] {
+        let l = &s["loops"][name];
+        assert_eq!(l["status"], "failed", "{name}: {s}");
+        let reason = l["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("its host's branch was refused"),
+            "{name}: {reason}"
+        );
+        assert_eq!(l["host"], "evil", "{s}");
+    }
+    // The forged event was left out, and said.
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = head.stderr.take().unwrap().read_to_string(&mut err);
+    assert!(
+        err.contains("`loop_blocked` event, which only the head records"),
+        "{err}"
+    );
+    assert!(!run.events().iter().any(|e| e["reason"] == "FORGED"));
+    // Nothing of either bundle is in the repository: no ref moved or appeared.
+    let refs_after = common::git(&repo, &["for-each-ref"]);
+    let without_run = |refs: &str| -> Vec<String> {
+        refs.lines()
+            .filter(|l| !l.contains("refs/heads/taskdaemon/"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(without_run(&refs_before), without_run(&refs_after));
+    assert!(
+        !refs_after.contains("sneaky") && !refs_after.contains("refs/taskdaemon/hosts"),
+        "{refs_after}"
+    );
+    let run_id = s["run_id"].as_str().unwrap();
+    for (name, base, tip) in tips {
+        // Its branch stays at its base, and the refused commits are not in the repository.
+        let branch = common::git(
+            &repo,
+            &["rev-parse", &format!("taskdaemon/{run_id}/{name}")],
+        );
+        assert_eq!(branch.trim(), base, "{name}");
+        let has = std::process::Command::new("git")
+            .args(["cat-file", "-e", &tip])
+            .current_dir(&repo)
+            .status()
+            .unwrap();
+        assert!(
+            !has.success(),
+            "{name}: the refused commit {tip} is in the repository"
+        );
+    }
+}
+
+#[test]
+fn a_lost_hosts_loop_is_interrupted_and_ctrl_c_stops_a_loop_on_a_host() {
+    let mut net = Net::new("a_lost_hosts_loop_is_interrupted");
+    let (head_ip, _, _) = net.host("h1");
+    let (head_ip2, _, _) = net.host("h2");
+    let marker = format!("td-hosts-stop-{}", std::process::id());
+    let script = format!(
+        r#"
+p:
+  turns:
+    - calls:
+        - run_command: {{command: "sleep 600 # {marker}"}}
+    - calls:
+        - complete_task: {{summary: "p done"}}
+  answers:
+    - delay_ms: 100000
+      reply: "too late"
+asker:
+  turns:
+    - delay_ms: 2000
+      calls:
+        - query_loop: {{target_exec_id: p, question: "Slow?", timeout_ms: 120000}}
+    - calls:
+        - complete_task: {{summary: "asked"}}
+q:
+  turns:
+    - calls:
+        - run_command: {{command: "sleep 600 # {marker}"}}
+    - calls:
+        - complete_task: {{summary: "q done"}}
+"#
+    );
+    let run = head_run(
+        &script,
+        "  - {name: p, type: ralph, task: \"Go.\"}\n  - {name: q, type: ralph, task: \"Go.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+        "  placement:\n    - {loops: [p], hosts: [h1]}\n    - {loops: [q], hosts: [h2]}\n    - {loops: [asker], hosts: [head]}\n",
+    );
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    let mut h2 = run.start_host(
+        &net,
+        "h2",
+        &format!("{head_ip2}:7070"),
+        "h2",
+        &run.secret_file,
+        &[],
+    );
+    let running = |name: &str| {
+        std::fs::read_to_string(
+            run.run
+                .run_dir
+                .join("loops")
+                .join(name)
+                .join("transcript.jsonl"),
+        )
+        .unwrap_or_default()
+        .contains("run_command")
+    };
+    wait_until("both loops to run their command", WAIT, || {
+        running("p") && running("q")
+    });
+    // A loop of the head waits for p's answer.
+    wait_until("asker's question to wait on p", WAIT, || {
+        run.events()
+            .iter()
+            .any(|e| e["event"] == "query_asked" && e["from"] == "asker" && e["to"] == "p")
+    });
+
+    // h1 dies: its loop is stopped at once, with the reason.
+    let killed = Instant::now();
+    h1.kill();
+    wait_until("p to be interrupted", WAIT, || {
+        summary(&run.run.run_dir)["loops"]["p"]["status"] == "stopped"
+    });
+    let took = killed.elapsed();
+    eprintln!("measured: a lost host's loop marked stopped after {took:?}");
+    assert!(took < LOST_BOUND, "{took:?}");
+    let s = summary(&run.run.run_dir);
+    let reason = s["loops"]["p"]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.starts_with("interrupted: its host h1 was lost (its connection closed)"),
+        "{s}"
+    );
+    assert_eq!(s["loops"]["q"]["status"], "running", "{s}");
+    // The question waiting on p failed at once, saying why, long before its 120 s.
+    wait_until("the waiting question to fail", LOST_BOUND, || {
+        run.events().iter().any(|e| {
+            e["event"] == "query_failed"
+                && e["from"] == "asker"
+                && e["error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("host h1 was lost")
+        })
+    });
+
+    // Ctrl-C twice: the loop on h2 is stopped at once (its command killed there).
+    // SAFETY: plain signals to our own child.
+    unsafe { libc::kill(head.child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(head.child.id() as i32, libc::SIGINT) };
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(130),
+        "{}\n--- h2:\n{}",
+        head.stderr(),
+        h2.stderr()
+    );
+    let s = summary(&run.run.run_dir);
+    assert_eq!(s["loops"]["q"]["status"], "stopped", "{s}");
+    assert_eq!(s["loops"]["q"]["host"], "h2", "{s}");
+    assert_eq!(s["status"], "stopped", "{s}");
+    assert_eq!(
+        h2.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h2.stderr()
+    );
+    // No command of either host is left behind on h2's side; h1's died with its host or is
+    // cleaned up here.
+    wait_until("h2's command to be gone", Duration::from_secs(10), || {
+        common::pids_with(&marker).len() <= 1
+    });
+    for pid in common::pids_with(&marker) {
+        // SAFETY: a test-owned process, found by its unique marker.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+#[test]
+fn a_hosts_slots_bound_its_loops_and_a_freed_slot_takes_the_next() {
+    let mut net = Net::new("a_hosts_slots_bound_its_loops");
+    let (head_ip, _, _) = net.host("h1");
+    let script = r#"
+d1:
+  turns:
+    - calls:
+        - write_file: {path: "d1.txt", content: "1\n"}
+    - calls:
+        - complete_task: {summary: "d1 done"}
+d2:
+  turns:
+    - calls:
+        - write_file: {path: "d2.txt", content: "2\n"}
+    - calls:
+        - complete_task: {summary: "d2 done"}
+"#;
+    let run = head_run(
+        script,
+        "  - {name: d1, type: ralph, task: \"Go.\"}\n  - {name: d2, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [d1, d2], hosts: [h1]}\n",
+    );
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &["--slots", "1"],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(0),
+        "{}\n--- h1:\n{}",
+        head.stderr(),
+        h1.stderr()
+    );
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
+    );
+    let events = run.events();
+    let seq = |kind: &str, name: &str| {
+        events
+            .iter()
+            .find(|e| e["event"] == kind && e["loop_name"] == name)
+            .and_then(|e| e["seq"].as_u64())
+            .unwrap_or_else(|| panic!("no {kind} of {name}: {events:?}"))
+    };
+    // One at a time: the second started after the first completed.
+    let (first, second) = if seq("loop_started", "d1") < seq("loop_started", "d2") {
+        ("d1", "d2")
+    } else {
+        ("d2", "d1")
+    };
+    assert!(
+        seq("loop_completed", first) < seq("loop_started", second),
+        "{events:?}"
+    );
+    let s = summary(&run.run.run_dir);
+    for name in ["d1", "d2"] {
+        assert_eq!(s["loops"][name]["status"], "completed", "{s}");
+        assert_eq!(s["loops"][name]["host"], "h1", "{s}");
+    }
+}
+
+#[test]
+fn the_run_budget_holds_for_a_loop_on_a_host() {
+    let mut net = Net::new("the_run_budget_holds_on_a_host");
+    let (head_ip, _, _) = net.host("h1");
+    // Each turn costs $0.0101 at the prices below: twelve do not fit in $0.10.
+    let mut script = String::from("far:\n  turns:\n");
+    for i in 0..12 {
+        script.push_str(&format!(
+            "    - calls:\n        - write_file: {{path: f{i}.txt, content: \"{i}\\n\"}}\n      usage: {{input_tokens: 100, output_tokens: 100}}\n"
+        ));
+    }
+    script.push_str("    - calls:\n        - complete_task: {summary: done}\n      usage: {input_tokens: 100, output_tokens: 100}\n");
+    let run = head_run(
+        &script,
+        "  - {name: far, type: mini, task: \"Write the files.\"}\n",
+        "  placement:\n    - {loops: [far], hosts: [h1]}\n",
+    );
+    let config = std::fs::read_to_string(&run.run.config).unwrap();
+    std::fs::write(
+        &run.run.config,
+        format!(
+            "loop-types:\n  mini: {{extends: ralph, tools: [write_file, complete_task], max-turns: 40}}\nprices:\n  scripted: {{input: 100, output: 1, cache-read: 10, cache-write: 125}}\nbudget: {{usd: 0.1}}\n{config}"
+        ),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(1),
+        "{}\n--- h1:\n{}",
+        head.stderr(),
+        h1.stderr()
+    );
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
+    );
+    let s = summary(&run.run.run_dir);
+    let far = &s["loops"]["far"];
+    // Paused by the run's budget, checked on the head for the host's calls; never passed.
+    assert_eq!(far["status"], "paused", "{s}");
+    assert!(
+        far["reason"].as_str().unwrap_or("").contains("budget"),
+        "{s}"
+    );
+    let spent = far["charged"]["cost_nano_usd"].as_u64().unwrap();
+    assert!(spent > 0 && spent <= 100_000_000, "{far}");
+    assert_eq!(spent % 10_100_000, 0, "whole turns: {far}");
+    assert_eq!(far["host"], "h1", "{s}");
+}
+
+/// A host that answers its heartbeats but never ends its loop (this test, joined through
+/// td_cluster) cannot keep a run that was stopped at once from ending.
+#[test]
+fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
+    use td_cluster::protocol::ToHost;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "stuck:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: stuck, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [stuck], hosts: [mute]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("stuck to wait for mute", WAIT, || {
+        summary(&run.run_dir)["loops"]["stuck"]["reason"] == "waiting for host mute"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stopped_at = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "mute".into(),
+            slots: Some(1),
+            workdir: root.join("mute").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        // Ctrl-C twice: the loop is to stop at once; this host says yes and does nothing.
+        // SAFETY: plain signals to our own child.
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        let mut stopped_at = None;
+        while let Ok(Some(request)) = tokio::time::timeout(WAIT, rx.recv()).await {
+            if matches!(request.request, ToHost::StopLoop { now: true, .. }) {
+                stopped_at = Some(Instant::now());
+            }
+            request.reply.send(Ok(()));
+            if stopped_at.is_some() {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+        stopped_at.expect("no StopLoop now came")
+    });
+    let code = loop {
+        if let Some(s) = head.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(stopped_at.elapsed() < WAIT, "the run did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = stopped_at.elapsed();
+    eprintln!("measured: a run stopped at once ended {took:?} after its stop reached a mute host");
+    assert_eq!(code, Some(130));
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["stuck"]["status"], "stopped", "{s}");
+    assert!(
+        s["loops"]["stuck"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("its host mute did not stop it within 15 s"),
+        "{s}"
+    );
 }

@@ -234,6 +234,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
         reason: "",
         branch: null,
         worktree: null,
+        host: null, // the worker host it runs on; null: the head
         stopping: false,
         v: 0, // bumped when the row must be redrawn
       };
@@ -295,6 +296,11 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       if (typeof max === "number" && max > 0) l.maxIter = max;
       if (s.branch) l.branch = str(s.branch);
       if (s.worktree) l.worktree = str(s.worktree);
+      const host = typeof s.host === "string" && s.host ? s.host : null;
+      if (host !== l.host) {
+        l.host = host;
+        if (S.detail && S.detail.name === l.name) dirty.detailMeta = true;
+      }
       touch(l);
     }
   }
@@ -682,7 +688,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     if (S.statusFilter && l.status !== S.statusFilter) return false;
     if (!S.filter) return true;
     const f = S.filter;
-    return l.name.toLowerCase().includes(f) || l.type.toLowerCase().includes(f) || l.status.includes(f) || (l.tool || "").toLowerCase().includes(f);
+    return l.name.toLowerCase().includes(f) || l.type.toLowerCase().includes(f) || l.status.includes(f) || (l.tool || "").toLowerCase().includes(f) || (l.host || "").toLowerCase().includes(f);
   }
 
   function computeOrder() {
@@ -774,7 +780,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
     if (tr.dataset.status !== l.status) tr.dataset.status = l.status;
     setText(c.status.lastChild, l.stopping && !FINAL.has(l.status) ? "stopping" : l.status);
     setText(c.name, l.name);
-    c.name.title = l.name + (l.type ? " (" + l.type + ")" : "") + (l.reason ? ": " + l.reason : "");
+    c.name.title = l.name + (l.type ? " (" + l.type + ")" : "") + (l.host ? " on host " + l.host : "") + (l.reason ? ": " + l.reason : "");
     setText(c.iteration, l.iteration ? l.iteration + (l.maxIter ? "/" + l.maxIter : "") : l.maxIter ? "0/" + l.maxIter : "");
     const since = l.tool && l.toolSince !== null ? " · " + fmtDuration(now - l.toolSince) : "";
     setText(c.tool, l.tool ? l.tool + since : "");
@@ -1457,6 +1463,7 @@ window.addEventListener("unhandledrejection", (e) => window.tdErrors.push("unhan
       ["cost", fmtCostLong(l.spend)],
       ["elapsed", fmtDuration(elapsed(l, Date.now()))],
       ["depends on", l.dependsOn.join(", ")],
+      ["host", l.host || ""],
       ["branch", l.branch || str(info.branch)],
       ["base", str(info.base)],
       ["worktree", l.worktree || str(info.worktree)],

@@ -7,7 +7,7 @@
 //!   secret-file: hosts.secret       # chmod 600, at least 16 bytes; or secret-env: NAME
 //!   slots: 2                        # loops a host runs at once when it does not say (--slots)
 //!   lost-after-ms: 10000            # a host silent this long is lost; also the time to join
-//!   placement:                      # which loops may run where (checked, not applied yet)
+//!   placement:                      # which loops may run where (see `run::hosts::placement`)
 //!     - {loops: [api], hosts: [builder-1]}
 //!     - {types: [code], hosts: [builder-1, builder-2, head]}
 //! ```
@@ -196,6 +196,23 @@ impl HostsConfig {
                 }
             }
         }
+        // A loop whose worktree is shared or is the repository itself works in the head's
+        // checkout: it runs on the head, and a rule that leaves the head out cannot hold.
+        for (i, def) in loops.iter().enumerate() {
+            let local = !matches!(def.worktree, None | Some(super::WorktreeMode::Own));
+            if local
+                && let Some(hosts) = self.hosts_for(def)
+                && !hosts.iter().any(|h| h == HEAD_NAME)
+            {
+                problem(
+                    "placement",
+                    format!(
+                        "loop `{}` (loops[{i}]) works in a shared worktree or the repository itself, which only the head has; add `{HEAD_NAME}` to its hosts or give it its own worktree",
+                        def.name
+                    ),
+                );
+            }
+        }
         problems
     }
 
@@ -217,6 +234,20 @@ impl HostsConfig {
             lost_after: Duration::from_millis(self.lost_after_ms),
             default_slots: self.slots,
         })
+    }
+
+    /// The hosts loop `def` may run on (`head` among them for the head), from the first rule
+    /// that names it, else the first that names its type; `None`: no rule names it.
+    pub fn hosts_for(&self, def: &LoopDef) -> Option<&[String]> {
+        self.placement
+            .iter()
+            .find(|r| r.loops.contains(&def.name))
+            .or_else(|| {
+                self.placement
+                    .iter()
+                    .find(|r| r.types.contains(&def.loop_type))
+            })
+            .map(|r| r.hosts.as_slice())
     }
 
     /// The placement rules in words, a line each (what `run` shows when it starts).
@@ -314,6 +345,25 @@ mod tests {
         let err = parse("hosts:\n  listen: 0.0.0.0:7070\n  secret-env: S\n  lost-after: 5\n")
             .unwrap_err();
         assert!(err.contains("did you mean `lost-after-ms`"), "{err}");
+    }
+
+    #[test]
+    fn a_loop_takes_its_own_rule_before_its_types() {
+        let c = parse(
+            "hosts:\n  listen: 0.0.0.0:7070\n  secret-env: S\n  placement:\n    - {types: [code], hosts: [b2]}\n    - {loops: [api], hosts: [b1, head]}\n",
+        )
+        .unwrap();
+        let h = c.hosts.as_ref().unwrap();
+        let api = &c.loops[0];
+        let web = &c.loops[1];
+        assert_eq!(h.hosts_for(api).unwrap(), ["b1", "head"]);
+        assert_eq!(h.hosts_for(web), None);
+        let err = Config::parse(
+            "hosts:\n  listen: 0.0.0.0:7070\n  secret-env: S\n  placement:\n    - {loops: [api], hosts: [b1]}\nloops:\n  - {name: api, type: code, task: t, worktree: repo}\n",
+            "t.yml",
+        )
+        .unwrap_err();
+        assert!(err.contains("which only the head has"), "{err}");
     }
 
     #[test]

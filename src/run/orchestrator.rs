@@ -16,6 +16,9 @@ use crate::run::compiler_cache::CompilerCaches;
 use crate::run::conflict_watch::ConflictWatch;
 use crate::run::control::{Command, ControlRequest, ControlSocket};
 use crate::run::handover;
+use crate::run::hosts::HeadHosts;
+use crate::run::hosts::placement::{self, Free, Site};
+use crate::run::hosts::remote::{self, HeadSide, Placed, RemoteLoops};
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
 use crate::run::owner;
 use crate::run::progress::{ProgressDisplay, ProgressMode};
@@ -84,6 +87,31 @@ impl RunReport {
             1
         }
     }
+}
+
+/// Returns once a host joined, was lost or left; never without hosts.
+async fn hosts_changed(hosts: &Option<HeadHosts>) {
+    match hosts {
+        Some(h) => h.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Notes that loop `name` waits (`why`), once per reason: in its record and the progress
+/// display (`status` shows it).
+fn note_waiting(
+    name: &str,
+    why: String,
+    waiting: &mut BTreeMap<String, String>,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+) {
+    if waiting.get(name) == Some(&why) {
+        return;
+    }
+    let _ = record.update_loop(name, |s| s.reason = Some(why.clone()));
+    progress.set_status(name, "pending", &why);
+    waiting.insert(name.to_string(), why);
 }
 
 /// Where one loop works.
@@ -406,11 +434,36 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     )
     .await
     .map_err(|e| e.to_string())?;
-    // The head listens for hosts while the run goes (`run/hosts`).
+    // The head listens for hosts while the run goes (`run/hosts`), and serves the loops it
+    // places on them (`run/hosts/remote`).
+    let (remote, mut remote_ends) = match &hosts {
+        Some(_) => {
+            let (remote, ends) = RemoteLoops::new(HeadSide {
+                llm: llm.clone(),
+                budgets: budgets.clone(),
+                events: events.clone(),
+                record: record.clone(),
+                transcript: progress.clone(),
+                repo: repo.clone(),
+                dir: run_dir.join("hosts"),
+                coordinator: rt.coordinator.clone(),
+            });
+            (Some(remote), Some(ends))
+        }
+        None => (None, None),
+    };
+    let sandbox_policy = match &hosts {
+        Some(_) => remote::sandbox_policy(&options.config)?,
+        None => serde_json::Value::Null,
+    };
     let hosts = match hosts {
         Some(prepared) => Some(
             prepared
-                .start(&events, restored.as_ref().map(|(_, r)| &r.summary.hosts))
+                .start(
+                    &events,
+                    restored.as_ref().map(|(_, r)| &r.summary.hosts),
+                    remote.clone(),
+                )
                 .await?,
         ),
         None => None,
@@ -445,6 +498,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     }
     let mut places: BTreeMap<String, Place> = BTreeMap::new();
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
+    // Loops ready to start that wait for a host or a slot, and why (as `status` shows it).
+    let mut waiting: BTreeMap<String, String> = BTreeMap::new();
     let mut released = false;
     let mut stops_sent = false;
     // After the first stop signal, a second one (of either kind) stops the loops at once
@@ -552,17 +607,37 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             // are stopped too (below), as the user asked.
             block_orphans(&loops, &mut status, &record, &progress, &events);
         }
-        let running = status
-            .values()
-            .filter(|s| **s == LoopStatus::Running)
-            .count();
-        let mut free = config.concurrency.max_loops.saturating_sub(running);
+        // The free slots: the head's (`max-loops` less the loops running on it), and each
+        // joined host's (its slots less the loops running there).
+        // Loops running on a host, by name: the host's.
+        let on_hosts = remote.as_ref().map(|r| r.running()).unwrap_or_default();
+        let mut free = Free {
+            head: config.concurrency.max_loops.saturating_sub(
+                status
+                    .iter()
+                    .filter(|(n, s)| **s == LoopStatus::Running && !on_hosts.contains_key(*n))
+                    .count(),
+            ),
+            hosts: BTreeMap::new(),
+        };
+        let joined = match &hosts {
+            Some(h) if !halted => h.joined().await,
+            _ => BTreeMap::new(),
+        };
+        for (host, slots) in &joined {
+            let busy = on_hosts.values().filter(|h| *h == host).count();
+            free.hosts
+                .insert(host.clone(), (*slots as usize).saturating_sub(busy));
+        }
         for def in &loops {
             if interrupted.is_none() {
                 // A signal while the previous loop's worktree was being made.
                 interrupted = signals.arrived();
             }
-            if free == 0 || interrupted.is_some() || record.unwritable().is_some() {
+            if interrupted.is_some() || record.unwritable().is_some() {
+                break;
+            }
+            if hosts.is_none() && free.head == 0 {
                 break;
             }
             if status[&def.name] != LoopStatus::Pending
@@ -576,6 +651,22 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             {
                 continue;
             }
+            // Where it runs (`run/hosts/placement`), or why it waits.
+            let chosen = match &config.hosts {
+                None => Ok(Site::Head),
+                Some(h) => {
+                    let head_only = !matches!(def.worktree, None | Some(WorktreeMode::Own));
+                    placement::choose(h.hosts_for(def), head_only, &free, &joined)
+                }
+            };
+            let site = match chosen {
+                Ok(site) => site,
+                Err(why) => {
+                    note_waiting(&def.name, why, &mut waiting, &record, &progress);
+                    continue;
+                }
+            };
+            waiting.remove(&def.name);
             let resume = resume_state.get(&def.name);
             // A new branch starts where its dependencies' work is (see `handover`).
             let base = def.base.clone().unwrap_or_else(|| default_base.clone());
@@ -604,33 +695,57 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     }
                 }
             };
-            let started = start_loop(
-                def,
-                resume,
-                start_at.as_deref(),
-                &types[&def.loop_type],
-                &config,
-                &names,
-                &repo,
-                &run_id,
-                &run_dir,
-                &default_base,
-                &mut shared,
-                &rt,
-                &llm,
-                &catalog,
-                &sandbox,
-                &web_access,
-                &events,
-                &progress,
-                &record,
-                &budgets,
-                compiler_caches.as_deref(),
-            )
-            .await;
+            let started = match (&site, &remote) {
+                (Site::Host(host), Some(remote)) => start_remote(
+                    def,
+                    resume,
+                    start_at.as_deref(),
+                    &types[&def.loop_type],
+                    &config,
+                    &names,
+                    &repo,
+                    &run_id,
+                    &run_dir,
+                    &default_base,
+                    &mut shared,
+                    &record,
+                    &budgets,
+                    host,
+                    remote,
+                    &sandbox_policy,
+                )
+                .await
+                .map(|place| (None, place)),
+                _ => start_loop(
+                    def,
+                    resume,
+                    start_at.as_deref(),
+                    &types[&def.loop_type],
+                    &config,
+                    &names,
+                    &repo,
+                    &run_id,
+                    &run_dir,
+                    &default_base,
+                    &mut shared,
+                    &rt,
+                    &llm,
+                    &catalog,
+                    &sandbox,
+                    &web_access,
+                    &events,
+                    &progress,
+                    &record,
+                    &budgets,
+                    compiler_caches.as_deref(),
+                )
+                .await
+                .map(|(spec, place)| (Some(spec), place)),
+            };
             match started {
                 Ok((spec, place)) => {
                     let _ = record.update_loop(&def.name, |s| {
+                        s.host = site.host().map(str::to_string);
                         s.branch = place.worktree.as_ref().map(|w| w.branch().to_string());
                         s.worktree = Some(place.dir.display().to_string());
                         s.started_at = Some(now_rfc3339());
@@ -641,9 +756,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     });
                     conflicts.watch(&def.name, &place.dir);
                     places.insert(def.name.clone(), place);
-                    rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
+                    if let Some(spec) = spec {
+                        rt.spawn_loop(spec).await.map_err(|e| e.to_string())?;
+                    }
                     status.insert(def.name.clone(), LoopStatus::Running);
-                    free -= 1;
+                    free.take(&site);
                 }
                 Err(why) => {
                     status.insert(def.name.clone(), LoopStatus::Failed);
@@ -663,7 +780,12 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             // Before the release, so that loops started just now stop before they begin.
             for (name, s) in &status {
                 if *s == LoopStatus::Running {
-                    let _ = rt.stop_loop(name);
+                    match &remote {
+                        Some(r) if r.is_remote(name) => r.stop(name, false),
+                        _ => {
+                            let _ = rt.stop_loop(name);
+                        }
+                    }
                 }
             }
             stops_sent = true;
@@ -673,11 +795,19 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             released = true;
         }
         let any_running = status.values().any(|s| *s == LoopStatus::Running);
-        if !any_running && !queue.busy() {
+        // A loop that waited and was stopped or blocked meanwhile waits no more.
+        waiting.retain(|n, _| status.get(n) == Some(&LoopStatus::Pending));
+        // Loops waiting for a host keep the run going until one comes (or a stop).
+        let halted = interrupted.is_some() || record.unwritable().is_some();
+        if !any_running && !queue.busy() && (waiting.is_empty() || halted) {
             break;
         }
+        let any_local = status.iter().any(|(n, s)| {
+            *s == LoopStatus::Running && !remote.as_ref().is_some_and(|r| r.is_remote(n))
+        });
         let ended = tokio::select! {
-            e = rt.next_end(Duration::from_secs(3600)), if any_running => e,
+            e = rt.next_end(Duration::from_secs(3600)), if any_local => e,
+            e = next_remote_end(&mut remote_ends) => Some((e.name, e.end)),
             outcome = queue.next(), if queue.busy() => {
                 let Some(outcome) = outcome else { continue };
                 let members = outcome.members().to_vec();
@@ -712,13 +842,14 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 }
                 continue;
             }
+            () = hosts_changed(&hosts), if !waiting.is_empty() => continue,
             signal = signals.next(), if !forced => {
                 if interrupted.is_none() {
                     // The stops are sent at the top of the loop.
                     interrupted = Some(signal);
                 } else {
                     forced = true;
-                    stop_at_once(&mut queue, &rt, &status);
+                    stop_at_once(&mut queue, &rt, &remote, &status);
                 }
                 continue;
             }
@@ -726,7 +857,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 let ControlRequest { command, by, reply } = request;
                 let answer = match command {
                     Command::StopLoop(name) => stop_loop_asked(
-                        &name, &by, &rt, &mut status, &record, &progress, &events,
+                        &name, &by, &rt, &remote, &mut status, &record, &progress, &events,
                     ),
                     Command::StopRun => {
                         events.record(EventKind::StopRequested { loop_name: None, by });
@@ -736,7 +867,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                             interrupted = Some(StopSignal::Terminate);
                         } else if !forced {
                             forced = true;
-                            stop_at_once(&mut queue, &rt, &status);
+                            stop_at_once(&mut queue, &rt, &remote, &status);
                         }
                         Ok(())
                     }
@@ -804,11 +935,19 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             } else {
                 "never started"
             };
+            // What it was waiting for is no longer what it is.
+            let why = match waiting.get(name) {
+                Some(waited) => format!("{why} (it was {waited})"),
+                None => why.to_string(),
+            };
             let _ = record.update_loop(name, |l| {
                 l.status = st;
-                l.reason.get_or_insert_with(|| why.to_string());
+                if waiting.contains_key(name) {
+                    l.reason = None;
+                }
+                l.reason.get_or_insert_with(|| why.clone());
             });
-            progress.set_status(name, st.as_str(), why);
+            progress.set_status(name, st.as_str(), &why);
         }
     }
     // Nothing more can be stopped: the socket and its key go.
@@ -978,12 +1117,35 @@ fn hiding(
 
 /// The second stop of a run (a signal, or the dashboard's run stop): the merge queue's job
 /// is dropped and every running loop stops at once, its call in flight killed.
-fn stop_at_once(queue: &mut MergeQueue, rt: &Runtime, status: &BTreeMap<String, LoopStatus>) {
+fn stop_at_once(
+    queue: &mut MergeQueue,
+    rt: &Runtime,
+    remote: &Option<Arc<RemoteLoops>>,
+    status: &BTreeMap<String, LoopStatus>,
+) {
     queue.abort();
     for (name, s) in status {
         if *s == LoopStatus::Running {
-            let _ = rt.kill_loop(name);
+            match remote {
+                Some(r) if r.is_remote(name) => r.stop(name, true),
+                _ => {
+                    let _ = rt.kill_loop(name);
+                }
+            }
         }
+    }
+}
+
+/// The next end of a loop on a host; never, when the run has no hosts.
+async fn next_remote_end(
+    ends: &mut Option<tokio::sync::mpsc::UnboundedReceiver<remote::RemoteEnd>>,
+) -> remote::RemoteEnd {
+    match ends {
+        Some(rx) => match rx.recv().await {
+            Some(end) => end,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -1003,10 +1165,12 @@ async fn next_control(
 /// Acts on a stop of loop `name` asked through the control socket, after recording the
 /// request: a running loop stops now (its call in flight cancelled), a loop that has not
 /// started never will (and its dependents are blocked). An ended or unknown loop is refused.
+#[allow(clippy::too_many_arguments)]
 fn stop_loop_asked(
     name: &str,
     by: &str,
     rt: &Runtime,
+    remote: &Option<Arc<RemoteLoops>>,
     status: &mut BTreeMap<String, LoopStatus>,
     record: &RunRecord,
     progress: &ProgressDisplay,
@@ -1022,7 +1186,13 @@ fn stop_loop_asked(
     match current {
         LoopStatus::Running => {
             events.record(stop_event());
-            rt.stop_loop_now(name).map_err(|e| e.to_string())
+            match remote {
+                Some(r) if r.is_remote(name) => {
+                    r.stop(name, true);
+                    Ok(())
+                }
+                _ => rt.stop_loop_now(name).map_err(|e| e.to_string()),
+            }
         }
         LoopStatus::Pending => {
             events.record(stop_event());
@@ -1413,19 +1583,7 @@ async fn start_loop(
     let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
-    // What a resumed loop spent before counts against its budget: its charges, its
-    // finished iterations, the time they took.
-    let carried = match resume {
-        Some(r) => {
-            let entry = record.loop_summary(&def.name);
-            Carried {
-                spend: entry.as_ref().map(|e| e.charged).unwrap_or_default(),
-                iterations: u64::from(r.next_iteration.saturating_sub(1)),
-                wall: Duration::from_millis(entry.map_or(0, |e| e.wall_ms)),
-            }
-        }
-        None => Carried::default(),
-    };
+    let carried = carried_of(resume, record, &def.name);
     budgets.open_loop(&def.name, config.loop_limits(def, loop_type), carried);
     let spec = LoopSpec {
         config: EngineConfig {
@@ -1459,6 +1617,136 @@ async fn start_loop(
         budgets: budgets.clone(),
     };
     Ok((spec, place))
+}
+
+/// What a resumed loop spent before counts against its budget: its charges, its finished
+/// iterations, the time they took.
+fn carried_of(
+    resume: Option<&crate::run::resume::LoopResume>,
+    record: &RunRecord,
+    name: &str,
+) -> Carried {
+    match resume {
+        Some(r) => {
+            let entry = record.loop_summary(name);
+            Carried {
+                spend: entry.as_ref().map(|e| e.charged).unwrap_or_default(),
+                iterations: u64::from(r.next_iteration.saturating_sub(1)),
+                wall: Duration::from_millis(entry.map_or(0, |e| e.wall_ms)),
+            }
+        }
+        None => Carried::default(),
+    }
+}
+
+/// Makes a loop's place on the head (its worktree and branch stay the record of its work)
+/// and starts it on `host` (`run/hosts/remote`): its engine settings, tools, commands,
+/// limits and resume state go there, never a secret of the head's.
+#[allow(clippy::too_many_arguments)]
+async fn start_remote(
+    def: &LoopDef,
+    resume: Option<&crate::run::resume::LoopResume>,
+    start_at: Option<&str>,
+    loop_type: &LoopType,
+    config: &Config,
+    names: &[String],
+    repo: &Repo,
+    run_id: &str,
+    run_dir: &Path,
+    default_base: &str,
+    shared: &mut BTreeMap<String, Arc<Worktree>>,
+    record: &Arc<RunRecord>,
+    budgets: &Arc<Budgets>,
+    host: &str,
+    remote: &Arc<RemoteLoops>,
+    sandbox_policy: &serde_json::Value,
+) -> Result<Place, String> {
+    let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
+    // Its build state is made on the host: nothing is seeded on the head.
+    let mut place = make_place(
+        def,
+        start_at.unwrap_or(&base),
+        repo,
+        run_id,
+        run_dir,
+        shared,
+        &[],
+    )
+    .await?;
+    place.base = base;
+    let worktree = place
+        .worktree
+        .clone()
+        .ok_or_else(|| format!("loop {} has no worktree of its own to send", def.name))?;
+    let base_commit = worktree
+        .head_commit()
+        .await
+        .map_err(|e| format!("cannot read the commit of {}: {e}", def.name))?;
+    let tools = td_tools::tool_set(&loop_type.tools).map_err(|e| e.to_string())?;
+    let receipts = record.receipts_for(&def.name)?;
+    receipts.set_tool_set(tools.names());
+    let limits = config.loop_limits(def, loop_type);
+    let carried = carried_of(resume, record, &def.name);
+    budgets.open_loop(&def.name, limits, carried);
+    let pricing = budgets.pricing();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let start = td_cluster::protocol::StartLoop {
+        loop_name: def.name.clone(),
+        loop_type: loop_type.name.clone(),
+        task: def.task.clone(),
+        max_iterations: loop_type.max_iterations,
+        max_turns: loop_type.max_turns,
+        iteration_timeout_ms: loop_type.iteration_timeout.map(ms),
+        success_code: loop_type.success_code,
+        system_template: loop_type.system_prompt.clone(),
+        iteration_template: loop_type.iteration_prompt.clone(),
+        peers: names.iter().filter(|n| **n != def.name).cloned().collect(),
+        first_iteration: resume.map_or(1, |r| r.next_iteration),
+        tools: loop_type.tools.clone(),
+        build: loop_type.build.clone(),
+        test: loop_type.test.clone(),
+        validate: def
+            .validation
+            .clone()
+            .or_else(|| loop_type.validation.clone()),
+        subscriptions: loop_type.subscriptions.clone(),
+        initial_inbox: resume
+            .map(|r| {
+                r.unseen_inbox
+                    .iter()
+                    .filter_map(|i| serde_json::to_value(i).ok())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        initial_progress: resume.map(|r| r.progress.clone()).unwrap_or_default(),
+        announced: resume.is_some_and(|r| r.announced),
+        limits: td_cluster::protocol::HostLimits {
+            iterations: limits.iterations,
+            wall_ms: limits.wall.map(ms),
+            carried_iterations: carried.iterations,
+            carried_wall_ms: ms(carried.wall),
+            soft_percent: limits.soft_percent,
+        },
+        pricing: td_cluster::protocol::WirePricing {
+            model: pricing.model.clone(),
+            price: pricing
+                .price
+                .map(|p| [p.input, p.output, p.cache_read, p.cache_write]),
+            max_output_tokens: pricing.max_output_tokens,
+        },
+        base_commit,
+        branch: worktree.branch().to_string(),
+        sandbox: sandbox_policy.clone(),
+    };
+    remote
+        .start(Placed {
+            host: host.to_string(),
+            start,
+            worktree,
+            tools: tools.shared_definitions(),
+        })
+        .await?;
+    Ok(place)
 }
 
 /// Commits a loop's work (its integration is the merge queue's) and returns its final

@@ -180,6 +180,8 @@ impl ProgressDisplay {
                     let r = row(rows, loop_name);
                     r.status = "running".into();
                     r.started = Some(Instant::now());
+                    // A loop that waited for a host was shown pending with a time of its own.
+                    r.ended = None;
                     plain = Some(format!("{loop_name}: started"));
                 }
                 EventKind::IterationStarted {

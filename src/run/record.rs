@@ -279,8 +279,11 @@ pub struct LoopSummary {
     pub validation: Option<ValidationSummary>,
     /// Its git branch.
     pub branch: Option<String>,
-    /// Its worktree directory.
+    /// Its worktree directory (on the head; a loop on a host works in a worktree there).
     pub worktree: Option<String>,
+    /// The worker host it (last) ran on; `None`: the head.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// When it (last) started (RFC 3339).
     pub started_at: Option<String>,
     /// When it ended (RFC 3339).

@@ -292,7 +292,10 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
         out.push_str("no loops recorded yet\n");
         return out;
     }
-    let header = [
+    // A run with worker hosts shows where each loop runs (`head` for the head).
+    let with_hosts =
+        !summary.hosts.hosts.is_empty() || summary.loops.values().any(|l| l.host.is_some());
+    let mut header = vec![
         "LOOP",
         "TYPE",
         "STATUS",
@@ -304,11 +307,14 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
         "TOKENS",
         "COST",
     ];
-    let rows: Vec<[String; 10]> = summary
+    if with_hosts {
+        header.push("HOST");
+    }
+    let rows: Vec<Vec<String>> = summary
         .loops
         .values()
         .map(|l| {
-            [
+            let mut row = vec![
                 l.name.clone(),
                 dash(&l.loop_type),
                 loop_status(summary, l).to_string(),
@@ -319,10 +325,18 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
                 duration_cell(l, now),
                 tokens_cell(&l.charged),
                 cost_cell(l),
-            ]
+            ];
+            if with_hosts {
+                row.push(match (&l.host, l.status) {
+                    (Some(h), _) => h.clone(),
+                    (None, LoopStatus::Pending) => "-".to_string(),
+                    (None, _) => td_cluster::protocol::HEAD_NAME.to_string(),
+                });
+            }
+            row
         })
         .collect();
-    let mut widths = header.map(|h| h.chars().count());
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -330,7 +344,7 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
     }
     let mut line = |cells: &[String]| {
         let mut text = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+        for (i, (cell, w)) in cells.iter().zip(widths.iter().copied()).enumerate() {
             // ITER, ARTIFACTS and TOKENS are numbers: right-aligned; the last column carries
             // no padding.
             if i == 3 || i == 6 || i == 8 {
@@ -344,7 +358,7 @@ pub fn render_status(summary: &RunSummary, now: &str) -> String {
         out.push_str(text.trim_end());
         out.push('\n');
     };
-    line(&header.map(str::to_string));
+    line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
     for row in &rows {
         line(row);
     }

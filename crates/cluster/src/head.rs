@@ -28,11 +28,35 @@ use serde::{Deserialize, Serialize};
 use crate::host::AgentMsg;
 use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
 use crate::protocol::{
-    HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead, ToHost,
-    valid_host_name,
+    FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead,
+    ToHost, valid_host_name,
 };
 use crate::secret::ClusterSecret;
-use crate::wire::{self, WireMsg};
+use crate::wire::{self, AskError, Reply, WireMsg};
+
+/// A joined host's request about one of its loops, for the run to answer.
+#[derive(Debug)]
+pub struct HostRequest {
+    /// The host that asked (its token checked).
+    pub host: String,
+    /// What it asks.
+    pub request: FromHost,
+    /// Where the answer goes.
+    pub reply: Reply,
+}
+
+/// Where the registry hands host requests about loops.
+pub type RequestSink = Arc<dyn Fn(HostRequest) + Send + Sync>;
+
+/// A random token (32 hex digits) that proves a host's later requests are its own.
+fn new_token() -> String {
+    let mut bytes = [0u8; 16];
+    // Without randomness the node-unique name generator's fallback is as good as it gets.
+    if getrandom::fill(&mut bytes).is_err() {
+        return node::unique_node_name("t");
+    }
+    hex::encode(bytes)
+}
 
 /// The most slots a host may offer.
 pub const MAX_SLOTS: u32 = 4096;
@@ -153,6 +177,8 @@ pub enum RegistryMsg {
     },
     /// The hosts, in name order.
     Hosts(RpcReplyPort<Vec<HostInfo>>),
+    /// The agent of a joined host.
+    Agent(String, RpcReplyPort<Option<ActorRef<AgentMsg>>>),
     /// The run ends: tell every joined host, and record them as left.
     Shutdown {
         /// Why, in words.
@@ -195,6 +221,25 @@ impl Head {
         options: HeadOptions,
         on_event: impl Fn(HostEvent) + Send + Sync + 'static,
     ) -> Result<Head, NodeError> {
+        Head::start_with(
+            options,
+            on_event,
+            Arc::new(|request: HostRequest| {
+                request
+                    .reply
+                    .send(Err::<(), _>("this head runs no loops on hosts".to_string()))
+            }),
+        )
+        .await
+    }
+
+    /// [`Head::start`], with `on_request` getting every request of a joined host about its
+    /// loops (from inside the registry: it must not block; the reply may come later).
+    pub async fn start_with(
+        options: HeadOptions,
+        on_event: impl Fn(HostEvent) + Send + Sync + 'static,
+        on_request: RequestSink,
+    ) -> Result<Head, NodeError> {
         let listen = options.listen;
         let (registry, _) = Actor::spawn(
             None,
@@ -202,6 +247,7 @@ impl Head {
                 lost_after: options.lost_after,
                 default_slots: options.default_slots,
                 sink: Arc::new(on_event),
+                requests: on_request,
             },
             (),
         )
@@ -243,6 +289,13 @@ impl Head {
         ractor::call_t!(self.registry, RegistryMsg::Hosts, 5_000).unwrap_or_default()
     }
 
+    /// A handle that asks joined hosts (cheap to clone, usable after the head moved).
+    pub fn asker(&self) -> HostAsker {
+        HostAsker {
+            registry: self.registry.clone(),
+        }
+    }
+
     /// Tells every joined host that the run ended (`reason`), records them as left, waits up
     /// to `grace` for their connections to close (the hosts close them, so that their side
     /// and not the head's port keeps the closed connections' TIME_WAIT), then stops.
@@ -277,6 +330,28 @@ impl Head {
     }
 }
 
+/// Asks joined hosts: what the run sends to the hosts its loops run on.
+#[derive(Debug, Clone)]
+pub struct HostAsker {
+    registry: ActorRef<RegistryMsg>,
+}
+
+impl HostAsker {
+    /// Asks host `host` `request` and waits at most `timeout`: an answer or an explicit
+    /// error, never a hang (a host lost meanwhile fails the question at once).
+    pub async fn ask<Resp: serde::de::DeserializeOwned>(
+        &self,
+        host: &str,
+        request: &ToHost,
+        timeout: Duration,
+    ) -> Result<Resp, AskError> {
+        let agent = ractor::call_t!(self.registry, RegistryMsg::Agent, 5_000, host.to_string())
+            .map_err(|e| AskError::Gone(format!("the head's registry: {e}")))?
+            .ok_or_else(|| AskError::Gone(format!("host {host} is not joined")))?;
+        wire::ask(&agent, AgentMsg::Wire, request, timeout).await
+    }
+}
+
 impl Drop for Head {
     fn drop(&mut self) {
         // A head dropped without `shutdown` (an error path) still stops listening.
@@ -289,6 +364,7 @@ struct Registry {
     lost_after: Duration,
     default_slots: u32,
     sink: Arc<dyn Fn(HostEvent) + Send + Sync>,
+    requests: RequestSink,
 }
 
 /// A connection, from its opening to its close.
@@ -309,6 +385,8 @@ struct HostEntry {
     session: ActorId,
     session_ref: ActorRef<ractor_cluster::NodeSessionMessage>,
     agent: ActorRef<AgentMsg>,
+    /// What its loop requests must carry.
+    token: String,
     last_answer: Instant,
     pinging: bool,
 }
@@ -472,6 +550,26 @@ impl Registry {
                 }
                 msg.answer(Ok(()));
             }
+            ToHead::Loop {
+                host,
+                token,
+                request,
+            } => {
+                let known = state.hosts.get(&host).is_some_and(|h| {
+                    h.info.state == HostState::Joined && constant_time_eq(&h.token, &token)
+                });
+                if !known {
+                    msg.answer(Err::<(), _>(format!(
+                        "host {host} is not joined with this token; it must join again"
+                    )));
+                    return;
+                }
+                (self.requests)(HostRequest {
+                    host,
+                    request,
+                    reply: Reply::new(msg),
+                });
+            }
         }
     }
 
@@ -581,6 +679,7 @@ impl Registry {
             workdir: workdir.clone(),
             state: HostState::Joined,
         };
+        let token = new_token();
         state.hosts.insert(
             name.to_string(),
             HostEntry {
@@ -588,6 +687,7 @@ impl Registry {
                 session: session_id,
                 session_ref: session.info.session.clone(),
                 agent: agent.into(),
+                token: token.clone(),
                 last_answer: Instant::now(),
                 pinging: false,
             },
@@ -600,6 +700,7 @@ impl Registry {
             version,
         });
         Ok(Joined {
+            token,
             slots,
             lost_after_ms: u64::try_from(self.lost_after.as_millis()).unwrap_or(u64::MAX),
         })
@@ -652,6 +753,15 @@ impl Registry {
             );
         }
     }
+}
+
+/// Whether two tokens are equal, in a time that does not tell how much of them matched.
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 impl Actor for Registry {
@@ -721,6 +831,14 @@ impl Actor for Registry {
             }
             RegistryMsg::Hosts(reply) => {
                 let _ = reply.send(state.hosts.values().map(|h| h.info.clone()).collect());
+            }
+            RegistryMsg::Agent(name, reply) => {
+                let agent = state
+                    .hosts
+                    .get(&name)
+                    .filter(|h| h.info.state == HostState::Joined)
+                    .map(|h| h.agent.clone());
+                let _ = reply.send(agent);
             }
             RegistryMsg::Shutdown { reason, reply } => {
                 for (name, host) in state.hosts.iter_mut() {

@@ -13,9 +13,44 @@ use tokio::sync::mpsc;
 
 use crate::head::RegistryMsg;
 use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
-use crate::protocol::{HEAD_GROUP, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead, ToHost};
+use crate::protocol::{FromHost, HEAD_GROUP, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead, ToHost};
 use crate::secret::ClusterSecret;
-use crate::wire::{self, AskError, WireMsg};
+use crate::wire::{self, AskError, Reply, WireMsg};
+
+/// A request of the head about this host's loops ([`ToHost::StartLoop`],
+/// [`ToHost::StopLoop`]), for the host to answer.
+#[derive(Debug)]
+pub struct HeadRequest {
+    /// What the head asks.
+    pub request: ToHost,
+    /// Where the answer goes.
+    pub reply: Reply,
+}
+
+/// Asks the head about this host's loops (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct HeadLink {
+    head: ActorRef<RegistryMsg>,
+    name: String,
+    token: String,
+}
+
+impl HeadLink {
+    /// Asks the head `request` and waits at most `timeout`: an answer or an explicit error,
+    /// never a hang (a lost head fails the question at once).
+    pub async fn ask<Resp: serde::de::DeserializeOwned>(
+        &self,
+        request: FromHost,
+        timeout: Duration,
+    ) -> Result<Resp, AskError> {
+        let request = ToHead::Loop {
+            host: self.name.clone(),
+            token: self.token.clone(),
+            request,
+        };
+        wire::ask(&self.head, RegistryMsg::Wire, &request, timeout).await
+    }
+}
 
 /// The shortest and longest heartbeat limit a host accepts from a head.
 const LOST_AFTER_RANGE: (Duration, Duration) =
@@ -53,6 +88,7 @@ enum Note {
 
 struct Agent {
     notes: mpsc::UnboundedSender<Note>,
+    requests: Option<mpsc::UnboundedSender<HeadRequest>>,
 }
 
 impl Actor for Agent {
@@ -90,6 +126,23 @@ impl Actor for Agent {
                 msg.answer(Ok(()));
                 let _ = self.notes.send(Note::Bye(reason));
             }
+            Ok(
+                request @ (ToHost::StartLoop(_)
+                | ToHost::StopLoop { .. }
+                | ToHost::Deliver { .. }
+                | ToHost::Answer { .. }),
+            ) => {
+                match &self.requests {
+                    // A receiver gone drops the request, whose reply then says so.
+                    Some(tx) => {
+                        let _ = tx.send(HeadRequest {
+                            request,
+                            reply: Reply::new(msg),
+                        });
+                    }
+                    None => msg.answer(Err::<(), _>("this host runs no loops".to_string())),
+                }
+            }
             Err(e) => msg.answer(Err::<(), _>(e)),
         }
         Ok(())
@@ -111,6 +164,8 @@ pub struct HostOptions {
     pub secret: ClusterSecret,
     /// How long connecting, the handshake and the join may take, each.
     pub timeout: Duration,
+    /// Where the head's requests about loops go (`None`: they are refused).
+    pub requests: Option<mpsc::UnboundedSender<HeadRequest>>,
 }
 
 /// Why a host did not join.
@@ -243,9 +298,16 @@ async fn head_registry(node_id: u64) -> Option<ActorRef<RegistryMsg>> {
 pub async fn join(options: HostOptions) -> Result<HostSession, JoinError> {
     let head = options.head.clone();
     let (notes_tx, notes) = mpsc::unbounded_channel();
-    let (agent, _) = Actor::spawn(None, Agent { notes: notes_tx }, ())
-        .await
-        .map_err(|e| NodeError::Start(e.to_string()))?;
+    let (agent, _) = Actor::spawn(
+        None,
+        Agent {
+            notes: notes_tx,
+            requests: options.requests.clone(),
+        },
+        (),
+    )
+    .await
+    .map_err(|e| NodeError::Start(e.to_string()))?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let host_part = format!("host-{}", options.name);
     let node = match node::start(
@@ -346,6 +408,15 @@ pub async fn join(options: HostOptions) -> Result<HostSession, JoinError> {
 }
 
 impl HostSession {
+    /// What asks the head about this host's loops.
+    pub fn link(&self) -> HeadLink {
+        HeadLink {
+            head: self.head.clone(),
+            name: self.name.clone(),
+            token: self.joined.token.clone(),
+        }
+    }
+
     /// Stays joined until the head says the run ended, the head is lost, or `stop`
     /// completes (then the head is told that this host leaves); the node stops either way.
     pub async fn run(mut self, stop: impl std::future::Future<Output = String>) -> HostEnd {

@@ -15,6 +15,6 @@ pub mod protocol;
 pub mod secret;
 pub mod wire;
 
-pub use head::{Head, HeadOptions, HostEvent, HostInfo, HostState};
-pub use host::{HostEnd, HostOptions, HostSession, JoinError};
+pub use head::{Head, HeadOptions, HostAsker, HostEvent, HostInfo, HostRequest, HostState};
+pub use host::{HeadLink, HeadRequest, HostEnd, HostOptions, HostSession, JoinError};
 pub use secret::{ClusterSecret, SecretError};

@@ -8,9 +8,14 @@
 //! ([`ToHost::Bye`]).
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// The version of these messages; a host and a head of different versions do not join.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
+
+/// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
+/// well below [`crate::wire::MAX_BODY_BYTES`]).
+pub const CHUNK_BYTES: usize = 1024 * 1024;
 
 /// The process-group scope of the actors that take messages from other nodes.
 pub const SCOPE: &str = "taskdaemon";
@@ -28,7 +33,7 @@ pub const HEAD_NAME: &str = "head";
 pub const MAX_NAME_LEN: usize = 63;
 
 /// Requests to the head's registry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToHead {
     /// A host asks to join (asked; the answer is [`Joined`] or a refusal).
@@ -55,11 +60,284 @@ pub enum ToHead {
         /// Why, in words.
         reason: String,
     },
+    /// A joined host's request about one of its loops (asked). `token` is the one the head
+    /// gave it in [`Joined`]: every host proved the same shared secret, and the token is
+    /// what keeps one host from speaking for another's loops.
+    Loop {
+        /// The host's name.
+        host: String,
+        /// Its token from [`Joined`].
+        token: String,
+        /// What it asks.
+        request: FromHost,
+    },
+}
+
+/// What a host asks the head about one of its loops (inside [`ToHead::Loop`]). The loop's
+/// own types (model requests, events, transcript entries, receipts) travel as JSON values:
+/// this crate knows nothing of them, the head reads each one itself and refuses what does
+/// not read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FromHost {
+    /// The host names the commits its mirror has (`have`); the head bundles the loop's base
+    /// commit without what they reach and answers the bundle's size, `None` when the host
+    /// has the base already (then no chunk is fetched).
+    PrepareBase {
+        /// The loop.
+        loop_name: String,
+        /// Commits the host's mirror has.
+        have: Vec<String>,
+    },
+    /// A chunk of the bundle of the loop's base commit, from `offset` (answered with a
+    /// [`Chunk`]).
+    BaseChunk {
+        /// The loop.
+        loop_name: String,
+        /// Where the chunk starts.
+        offset: u64,
+    },
+    /// One model call of the loop (answered with a [`CompleteAnswer`]): the host has no
+    /// keys; the head calls its own model client and charges the loop's budget.
+    Complete {
+        /// The loop.
+        loop_name: String,
+        /// The request (`td_llm::LlmRequest`).
+        request: Value,
+    },
+    /// What the loop recorded since the last batch (answered `()`): the head appends them to
+    /// the run's record. `batch` counts from 1; a batch the head has (a retry whose answer
+    /// was lost) is answered without being appended twice.
+    Records {
+        /// The loop.
+        loop_name: String,
+        /// Its number.
+        batch: u64,
+        /// Events (`td_protocol::events::EventKind`), in order.
+        events: Vec<Value>,
+        /// Transcript entries (`td_engine::transcript::TranscriptEntry`), in order.
+        transcript: Vec<Value>,
+        /// Receipts (`td_toolkit::receipts::Receipt`), in order.
+        receipts: Vec<Value>,
+    },
+    /// A chunk of the bundle of the loop's branch, at `offset` (answered `()`).
+    BranchChunk {
+        /// The loop.
+        loop_name: String,
+        /// Where the chunk goes.
+        offset: u64,
+        /// The bytes, hex.
+        data: String,
+    },
+    /// What the host's runtime tells or asks the head's coordinator about the loop
+    /// (answered as [`CoordRequest`] says): the head routes, limits and records every
+    /// query, share and alert, also between two loops of one host.
+    Coord {
+        /// The loop it is about (the asker, the sender, or the loop a system alert is about).
+        loop_name: String,
+        /// What.
+        request: CoordRequest,
+    },
+    /// The loop ended (answered `()`), after its last records and its branch's chunks.
+    Ended {
+        /// The loop.
+        loop_name: String,
+        /// How (`td_engine::LoopEnd`).
+        end: Value,
+        /// Its branch's bundle, when the host made one: its tip and size.
+        branch: Option<BranchBundle>,
+        /// Why the host could not send its work, when it could not.
+        problem: Option<String>,
+    },
+}
+
+/// A host's runtime to the head's coordinator (`td_runtime::upstream::Upstream`), for one
+/// of the host's loops.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CoordRequest {
+    /// The loop joins the run's coordination (answered `()`).
+    Register {
+        /// Its type.
+        loop_type: String,
+        /// Its task.
+        task: String,
+        /// The alert types it hears.
+        subscriptions: Option<Vec<String>>,
+    },
+    /// Its status changed (answered `()`).
+    SetStatus {
+        /// The new status.
+        status: String,
+    },
+    /// It asks `target` (answered with the answer's text).
+    Query {
+        /// The loop asked.
+        target: String,
+        /// The question.
+        question: String,
+        /// The asker's timeout, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// It shares `data` (answered with each target's delivery).
+    Share {
+        /// The loops it shares with.
+        targets: Vec<String>,
+        /// What kind of data.
+        data_type: String,
+        /// The data.
+        data: Value,
+    },
+    /// It alerts, or (`system`) the host's runtime announces its start or end (answered
+    /// with how many loops the alert reached).
+    Alert {
+        /// Whether the host's runtime sends it about the loop (not the loop itself).
+        system: bool,
+        /// The alert's type.
+        event_type: String,
+        /// Its message.
+        message: String,
+        /// Its data.
+        data: Option<Value>,
+    },
+    /// The run's other loops (answered with their list).
+    List,
+    /// The loop left the run (answered `()`).
+    Unregister,
+}
+
+/// The head's answer to [`FromHost::Complete`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CompleteAnswer {
+    /// The model's response (`td_llm::LlmResponse`).
+    Response {
+        /// The response.
+        response: Value,
+    },
+    /// The loop's budget or the run's has no room for the call: the loop pauses.
+    OverBudget {
+        /// Which limit, and what to do.
+        reason: String,
+    },
+    /// The model call failed (after the head's client retried).
+    Failed {
+        /// `transport`, `api`, `bad_reply` or `script`.
+        kind: String,
+        /// The HTTP status of an `api` error.
+        status: Option<u16>,
+        /// What it said.
+        message: String,
+    },
+}
+
+/// A loop's branch as a host sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchBundle {
+    /// The commit its branch ends at.
+    pub tip: String,
+    /// The bundle's size in bytes (all of it was sent in chunks).
+    pub bytes: u64,
+}
+
+/// A piece of a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// The bytes, hex.
+    pub data: String,
+    /// The whole file's size.
+    pub total: u64,
+}
+
+/// How a loop runs on a host: everything its engine, tools and budget need, and where its
+/// work starts. Never the head's secrets, keys or paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartLoop {
+    /// The loop's name.
+    pub loop_name: String,
+    /// Its type.
+    pub loop_type: String,
+    /// Its task.
+    pub task: String,
+    /// Iterations before it fails.
+    pub max_iterations: u32,
+    /// Model turns per iteration.
+    pub max_turns: u32,
+    /// The limit of one iteration's model turns, in milliseconds.
+    pub iteration_timeout_ms: Option<u64>,
+    /// The validation exit code that means success.
+    pub success_code: i32,
+    /// The system prompt template.
+    pub system_template: String,
+    /// The iteration prompt template.
+    pub iteration_template: String,
+    /// The run's other loops.
+    pub peers: Vec<String>,
+    /// The first iteration to run (above 1 when resumed).
+    pub first_iteration: u32,
+    /// The tools its model sees.
+    pub tools: Vec<String>,
+    /// Its `build` command.
+    pub build: Option<String>,
+    /// Its `test` command.
+    pub test: Option<String>,
+    /// Its validation command.
+    pub validate: Option<String>,
+    /// Alert types it hears (`None`: every loop's).
+    pub subscriptions: Option<Vec<String>>,
+    /// Inbox items it had not seen (`td_protocol::inbox::InboxItem`; a resumed loop).
+    pub initial_inbox: Vec<Value>,
+    /// Its progress notes (a resumed loop).
+    pub initial_progress: Vec<String>,
+    /// Whether an earlier process announced it.
+    pub announced: bool,
+    /// Its limits the host checks: iterations and wall time (money and tokens are checked
+    /// by the head at each model call, with the run's).
+    pub limits: HostLimits,
+    /// How the head prices calls, so that what the host records as spent is what the head
+    /// charges.
+    pub pricing: WirePricing,
+    /// The commit its work starts from.
+    pub base_commit: String,
+    /// The branch its worktree is on (the head's name for it).
+    pub branch: String,
+    /// The run's command confinement, without paths of the head's machine: `mode`, `read`,
+    /// `unix-sockets` and `env` of `sandbox:` (the form taskdaemon.yml uses).
+    pub sandbox: Value,
+}
+
+/// A loop's limits that its host checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLimits {
+    /// Iterations it may start.
+    pub iterations: Option<u64>,
+    /// Wall time of its iterations, in milliseconds.
+    pub wall_ms: Option<u64>,
+    /// Iterations it started before (a resumed loop).
+    pub carried_iterations: u64,
+    /// Wall time it took before, in milliseconds.
+    pub carried_wall_ms: u64,
+    /// Percent of a limit past which the model is told what is left.
+    pub soft_percent: u8,
+}
+
+/// How calls are priced, as the head prices them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WirePricing {
+    /// The model's name.
+    pub model: String,
+    /// Its price per token in nano-dollars: input, output, cache read, cache write
+    /// (`None`: unknown).
+    pub price: Option<[u64; 4]>,
+    /// The output limit of one call.
+    pub max_output_tokens: u64,
 }
 
 /// The head's answer to a [`ToHead::Join`] it accepted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Joined {
+    /// What the host puts in each [`ToHead::Loop`]: proof that it is this host.
+    pub token: String,
     /// The slots the host runs with.
     pub slots: u32,
     /// How long either side waits for the other's heartbeat before taking it for lost, in
@@ -68,7 +346,7 @@ pub struct Joined {
 }
 
 /// Requests to a host's agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToHost {
     /// The head's heartbeat (asked; the answer is `()`).
@@ -77,6 +355,36 @@ pub enum ToHost {
     Bye {
         /// Why, in words.
         reason: String,
+    },
+    /// Run a loop (asked; answered once the loop runs, or with why it cannot).
+    StartLoop(Box<StartLoop>),
+    /// Put a share or alert the head routed into a loop's inbox (asked; answered `true`
+    /// once it is there).
+    Deliver {
+        /// The loop.
+        loop_name: String,
+        /// The item (`td_protocol::inbox::InboxItem`).
+        item: Value,
+    },
+    /// A loop's answer to another loop's question (asked; answered with the answer, or with
+    /// why there is none).
+    Answer {
+        /// The loop asked.
+        loop_name: String,
+        /// The asking loop.
+        from: String,
+        /// The question.
+        question: String,
+        /// The asker's time left, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// Stop a loop (asked): after its call in flight, or at once (`now`: its calls in
+    /// flight cancelled).
+    StopLoop {
+        /// The loop.
+        loop_name: String,
+        /// Whether at once.
+        now: bool,
     },
 }
 
@@ -121,7 +429,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"join","protocol":1,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
+            r#"{"type":"join","protocol":2,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
         );
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), join);
         assert_eq!(

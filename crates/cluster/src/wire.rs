@@ -93,6 +93,36 @@ impl WireMsg {
     }
 }
 
+/// The answer port of a request handed on to whoever answers it (`head::HostRequest`,
+/// `host::HeadRequest`): answered once (dropping it unanswered answers
+/// the host "no answer", so that it never waits out its timeout for nothing).
+#[derive(Debug)]
+pub struct Reply(Option<WireMsg>);
+
+impl Reply {
+    /// The port of `msg` (which may be a tell: then answers go nowhere).
+    pub fn new(msg: WireMsg) -> Reply {
+        Reply(Some(msg))
+    }
+
+    /// Answers `Ok` with a value, or `Err` with a reason the host shows.
+    pub fn send<T: Serialize>(mut self, answer: Result<T, String>) {
+        if let Some(msg) = self.0.take() {
+            msg.answer(answer);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(msg) = self.0.take() {
+            msg.answer(Err::<(), _>(
+                "the request was dropped unanswered (its receiver is ending)".to_string(),
+            ));
+        }
+    }
+}
+
 /// Why a question to another node got no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AskError {

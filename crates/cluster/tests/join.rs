@@ -50,6 +50,7 @@ fn host(head: &Head, name: &str, secret_text: &str) -> HostOptions {
         workdir: "/w".into(),
         secret: secret(secret_text),
         timeout: Duration::from_secs(5),
+        requests: None,
     }
 }
 
@@ -211,4 +212,138 @@ async fn connections_past_the_waiting_limit_are_closed_at_once() {
         .unwrap();
     drop(session);
     head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _serial = SERIAL.lock().await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    // The head answers a host's model call with the loop's name, and keeps the request.
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let head = Head::start_with(
+        HeadOptions {
+            listen: free_addr(),
+            secret: secret("the-head-secret-0123456789"),
+            lost_after: Duration::from_secs(5),
+            default_slots: 3,
+        },
+        move |e| sink.lock().unwrap().push(e),
+        Arc::new(move |r: td_cluster::HostRequest| {
+            seen.lock()
+                .unwrap()
+                .push((r.host.clone(), r.request.clone()));
+            match r.request {
+                FromHost::Complete { loop_name, .. } => r.reply.send(Ok(loop_name)),
+                _ => r.reply.send(Err::<(), _>("not this".to_string())),
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut options = host(&head, "h1", "the-head-secret-0123456789");
+    options.requests = Some(tx);
+    let session = td_cluster::host::join(options).await.unwrap();
+    assert_eq!(session.joined.token.len(), 32);
+    let link = session.link();
+    let running = tokio::spawn(session.run(std::future::pending()));
+
+    let answer: String = link
+        .ask(
+            FromHost::Complete {
+                loop_name: "a".into(),
+                request: serde_json::json!({}),
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer, "a");
+    assert_eq!(asked.lock().unwrap()[0].0, "h1");
+
+    // Another token (a host speaking for h1) is refused before the run sees it.
+    let forged = serde_json::json!({
+        "type": "loop", "host": "h1", "token": "0".repeat(32),
+        "request": {"type": "complete", "loop_name": "a", "request": {}}
+    });
+    let registry = ractor::pg::get_scoped_members(
+        &td_cluster::protocol::SCOPE.to_string(),
+        &td_cluster::protocol::HEAD_GROUP.to_string(),
+    );
+    let registry: ractor::ActorRef<td_cluster::head::RegistryMsg> = registry[0].clone().into();
+    let err = td_cluster::wire::ask::<_, _, String>(
+        &registry,
+        td_cluster::head::RegistryMsg::Wire,
+        &forged,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("is not joined with this token"),
+        "{err}"
+    );
+    assert_eq!(asked.lock().unwrap().len(), 1);
+
+    // The head's request reaches the host's receiver, and its answer comes back.
+    let asker = head.asker();
+    let stop = tokio::spawn(async move {
+        asker
+            .ask::<()>(
+                "h1",
+                &ToHost::StopLoop {
+                    loop_name: "a".into(),
+                    now: true,
+                },
+                Duration::from_secs(5),
+            )
+            .await
+    });
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        got.request,
+        ToHost::StopLoop {
+            loop_name: "a".into(),
+            now: true
+        }
+    );
+    got.reply.send(Ok(()));
+    stop.await.unwrap().unwrap();
+    // A request the host drops unanswered is answered for it, not waited out.
+    let asker = head.asker();
+    let dropped = tokio::spawn(async move {
+        asker
+            .ask::<()>(
+                "h1",
+                &ToHost::StopLoop {
+                    loop_name: "b".into(),
+                    now: false,
+                },
+                Duration::from_secs(30),
+            )
+            .await
+    });
+    drop(rx.recv().await.unwrap());
+    let err = tokio::time::timeout(Duration::from_secs(5), dropped)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains("dropped unanswered"), "{err}");
+    // An unknown host is an error at once.
+    let err = head
+        .asker()
+        .ask::<()>("h9", &ToHost::Ping, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("host h9 is not joined"), "{err}");
+
+    head.shutdown("done", Duration::from_secs(2)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
 }

@@ -187,6 +187,9 @@ impl Turns<'_> {
             };
             let response = match response {
                 Ok(r) => r,
+                // A client whose budgets are checked elsewhere (a worker host's, by the
+                // head) refused the call: a pause, as at the check above.
+                Err(LlmError::OverBudget(why)) => return TurnsEnd::OverBudget(why),
                 Err(e) => {
                     self.transcript.record(
                         self.loop_name,
@@ -654,5 +657,60 @@ mod tests {
         );
         assert_eq!(lock(&spent).tokens(), 110, "what it spent is still counted");
         assert_eq!(budgets.run_spent().tokens(), 110);
+    }
+
+    /// Refuses every call as over a budget kept elsewhere (a worker host's head).
+    struct Refusing;
+
+    #[async_trait]
+    impl LlmClient for Refusing {
+        async fn complete(&self, _: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            Err(LlmError::OverBudget(
+                "the run has used 900 of its 1000 budgeted tokens".into(),
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_says_over_budget_pauses_the_turns_rather_than_failing_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = CallPath::new(
+            Arc::new(ToolContext::new(dir.path(), "b").unwrap()),
+            Arc::new(ToolSet::from_tools(Vec::new()).unwrap()),
+            Arc::new(InCallerTask),
+            None,
+        );
+        let budgets = Budgets::unlimited();
+        let account = budgets.account("b");
+        let spent = Mutex::new(Spend::default());
+        let transcript = crate::transcript::MemoryTranscripts::new();
+        let turns = Turns {
+            loop_name: "b",
+            iteration: 1,
+            max_turns: 4,
+            llm: &Refusing,
+            transcript: &transcript,
+            calls: &calls,
+            stop: None,
+            model_calls: None,
+            events: None,
+            charge: Charge {
+                account: &account,
+                charged_to: None,
+                spent: &spent,
+            },
+        };
+        let end = turns.run(&mut request(), &mut Notices(0)).await;
+        assert!(
+            matches!(&end, TurnsEnd::OverBudget(why) if why.contains("900 of its 1000")),
+            "{end:?}"
+        );
+        // Nothing held stays reserved, and no model error is recorded.
+        assert!(
+            !transcript
+                .of("b")
+                .iter()
+                .any(|e| matches!(e, TranscriptEntry::ModelError { .. }))
+        );
     }
 }

@@ -341,7 +341,8 @@ fn cause(error: &LlmError) -> String {
         LlmError::Transport(m)
         | LlmError::Api { message: m, .. }
         | LlmError::BadReply(m)
-        | LlmError::Script(m) => m,
+        | LlmError::Script(m)
+        | LlmError::OverBudget(m) => m,
     };
     td_base::secrets::redact(text).into_owned()
 }

@@ -244,6 +244,11 @@ pub enum LlmError {
     /// A scripted provider has nothing for this request.
     #[error("script: {0}")]
     Script(String),
+    /// The budget the call is charged to has no room for it, as a model client that
+    /// checks budgets elsewhere says (a worker host's, whose calls the head makes and
+    /// charges): the loop pauses as at its own budget check.
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// A model provider.

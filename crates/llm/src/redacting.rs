@@ -61,6 +61,7 @@ pub fn redact_error(error: LlmError) -> LlmError {
         },
         LlmError::BadReply(m) => LlmError::BadReply(redact_owned(m)),
         LlmError::Script(m) => LlmError::Script(redact_owned(m)),
+        LlmError::OverBudget(m) => LlmError::OverBudget(redact_owned(m)),
     }
 }
 

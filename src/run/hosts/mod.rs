@@ -5,19 +5,23 @@
 //! `status` show them: [`summary`]), and tells the hosts when the run ends. A worker host is
 //! `taskdaemon host --join` ([`worker`]).
 //!
-//! Loops still run on the head only: hosts join, authenticate and stay known, and placement
-//! rules are checked, but no loop is sent to a host yet.
+//! Where each loop runs is decided by [`placement`] when it is ready to start.
 
+pub mod host_loops;
+pub mod placement;
+pub mod remote;
 pub mod summary;
 pub mod worker;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use td_cluster::{Head, HeadOptions, HostEvent};
+use td_cluster::{Head, HeadOptions, HostEvent, HostState};
 use td_protocol::events::{EventKind, EventLog};
+use tokio::sync::Notify;
 
 use crate::config::hosts::HostsConfig;
 use summary::{HostStatus, HostsSummary};
@@ -37,6 +41,8 @@ pub struct Prepared {
 #[derive(Debug)]
 pub struct HeadHosts {
     head: Head,
+    /// Woken when a host joins, is lost or leaves: loops waiting for a host look again.
+    changed: Arc<Notify>,
 }
 
 /// Reads the hosts' secret of `config` (`base_dir`: the config file's directory) and checks
@@ -65,6 +71,7 @@ impl Prepared {
         self,
         events: &Arc<EventLog>,
         earlier: Option<&HostsSummary>,
+        remote: Option<Arc<remote::RemoteLoops>>,
     ) -> Result<HeadHosts, String> {
         for host in earlier.into_iter().flat_map(|h| h.hosts.values()) {
             if host.status == HostStatus::Joined {
@@ -77,17 +84,45 @@ impl Prepared {
         }
         let log = events.clone();
         let listen = self.options.listen;
-        let head = Head::start(self.options, move |event| log.record(event_kind(event)))
-            .await
-            .map_err(|e| format!("hosts: {e}"))?;
+        let changed = Arc::new(Notify::new());
+        let wake = changed.clone();
+        let lost = remote.clone();
+        let serve = remote.clone();
+        let refuse = |request: td_cluster::HostRequest| {
+            request
+                .reply
+                .send(Err::<(), _>("this run runs no loops on hosts".to_string()))
+        };
+        let head = Head::start_with(
+            self.options,
+            move |event| {
+                // Its loops end first (marked interrupted), then the host is recorded lost.
+                if let (HostEvent::Lost { name, reason, .. }, Some(lost)) = (&event, &lost) {
+                    lost.host_lost(name, reason);
+                }
+                log.record(event_kind(event));
+                wake.notify_one();
+            },
+            Arc::new(move |request| match &serve {
+                Some(serve) => {
+                    tokio::spawn(serve.clone().handle(request));
+                }
+                None => refuse(request),
+            }),
+        )
+        .await
+        .map_err(|e| format!("hosts: {e}"))?;
+        if let Some(remote) = &remote {
+            remote.set_asker(head.asker());
+        }
         eprintln!(
-            "taskdaemon: hosts join at {listen} (taskdaemon host --join THIS-MACHINE:{} --secret-file FILE); loops run on the head only for now",
+            "taskdaemon: hosts join at {listen} (taskdaemon host --join THIS-MACHINE:{} --secret-file FILE)",
             listen.port()
         );
         for rule in &self.placement {
-            eprintln!("taskdaemon: placement (checked, not applied yet): {rule}");
+            eprintln!("taskdaemon: placement: {rule}");
         }
-        Ok(HeadHosts { head })
+        Ok(HeadHosts { head, changed })
     }
 }
 
@@ -95,6 +130,22 @@ impl HeadHosts {
     /// Where hosts connect.
     pub fn listen(&self) -> SocketAddr {
         self.head.listen()
+    }
+
+    /// The joined hosts and their slots.
+    pub async fn joined(&self) -> BTreeMap<String, u32> {
+        self.head
+            .hosts()
+            .await
+            .into_iter()
+            .filter(|h| h.state == HostState::Joined)
+            .map(|h| (h.name, h.slots))
+            .collect()
+    }
+
+    /// Returns once a host joined, was lost or left since the last call.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// Tells every joined host that the run ended (`reason`) and stops listening; each is
@@ -172,7 +223,7 @@ mod tests {
             options,
             placement: Vec::new(),
         }
-        .start(&events, Some(&earlier))
+        .start(&events, Some(&earlier), None)
         .await
         .unwrap();
         let recorded = events.events();

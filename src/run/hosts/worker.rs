@@ -1,8 +1,8 @@
 //! `taskdaemon host --join HEAD:PORT`: a worker host. It takes its work directory (one host
 //! process per directory), joins the head with the shared secret, and stays until the run
 //! ends (exit 0), the head is lost or refuses it (exit 1), or it is stopped (Ctrl-C or
-//! SIGTERM: it tells the head it leaves, exit 130 or 143). Loops do not run on hosts yet: a
-//! joined host waits.
+//! SIGTERM: it tells the head it leaves, exit 130 or 143). While joined it runs the loops
+//! the head sends it ([`super::host_loops`]).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
@@ -150,6 +150,8 @@ pub async fn run(options: WorkerOptions) -> u8 {
         }
     };
     td_base::secrets::register("hosts secret", secret.expose());
+    // Keys this machine's environment holds are redacted too (and kept from commands).
+    td_base::secrets::register_environment(&[]);
     let workdir = options
         .workdir
         .clone()
@@ -163,6 +165,7 @@ pub async fn run(options: WorkerOptions) -> u8 {
     };
     let workdir = std::fs::canonicalize(&workdir).unwrap_or(workdir);
     let mut signals = StopSignals::install();
+    let (requests_tx, mut requests) = tokio::sync::mpsc::unbounded_channel();
     let joining = td_cluster::host::join(HostOptions {
         head: options.join.clone(),
         name: name.clone(),
@@ -170,6 +173,7 @@ pub async fn run(options: WorkerOptions) -> u8 {
         workdir: workdir.display().to_string(),
         secret,
         timeout: options.timeout,
+        requests: Some(requests_tx),
     });
     let session = tokio::select! {
         joined = joining => match joined {
@@ -188,11 +192,35 @@ pub async fn run(options: WorkerOptions) -> u8 {
         }
     };
     say(&format!(
-        "joined the head at {} as {name} ({} slots; work directory {}); loops do not run on hosts yet: waiting until the run ends",
+        "joined the head at {} as {name} ({} slots; work directory {}); running the loops it sends until the run ends",
         session.head_addr,
         session.joined.slots,
         workdir.display()
     ));
+    let secret_file = options
+        .secret_file
+        .as_ref()
+        .map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()));
+    let (loops, driver) = match super::host_loops::HostLoops::start(
+        &workdir,
+        session.link(),
+        session.joined.slots,
+        secret_file,
+    )
+    .await
+    {
+        Ok(started) => started,
+        Err(e) => {
+            say(&e);
+            return EXIT_FAILED;
+        }
+    };
+    let serve = loops.clone();
+    let serving = tokio::spawn(async move {
+        while let Some(request) = requests.recv().await {
+            serve.handle(request);
+        }
+    });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
     let mut signal_seen = None;
     let end = {
@@ -211,6 +239,11 @@ pub async fn run(options: WorkerOptions) -> u8 {
             }
         }
     };
+    // The session is over: no request comes any more, and the loops' runtime stops (a
+    // loop still running is stopped with it; the head marked it already).
+    serving.abort();
+    loops.shutdown();
+    let _ = tokio::time::timeout(Duration::from_secs(10), driver).await;
     match end {
         HostEnd::RunEnded(reason) => {
             say(&format!(

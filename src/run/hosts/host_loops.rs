@@ -1,0 +1,947 @@
+//! A worker host's loops: the head sends a loop ([`ToHost::StartLoop`]); the host fetches
+//! its base commit into a mirror under its work directory, checks a worktree out of it,
+//! and runs the loop in a runtime of its own (its tool lanes, file watcher and tool context
+//! are this host's, so tools cost what they cost on one machine). What differs from a loop
+//! on the head:
+//! - the model: the host has no keys; each model call goes to the head ([`RemoteLlm`]),
+//!   which calls its own client and charges the loop's budget and the run's;
+//! - records: the loop's events, transcript entries and receipts stream to the head
+//!   ([`Streamer`]), which appends them to the run's record; a batch that cannot be
+//!   delivered after a few tries makes the loop's record unwritable, so the loop stops
+//!   before its next call with the reason (nothing is done that is not recorded);
+//! - confinement: the run's `sandbox:` policy applies, with this host's paths: its work
+//!   directory protected (the mirror, other loops' worktrees) and its secret file hidden;
+//! - its end: the host commits the loop's work, bundles its branch and sends it back in
+//!   chunks with the loop's end ([`FromHost::Ended`]).
+//!
+//! - coordination: the host's runtime routes nothing itself; its loops' queries, shares,
+//!   alerts and listings go to the head ([`HeadUpstream`]), which reaches the loops here
+//!   through [`ToHost::Deliver`] and [`ToHost::Answer`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use td_base::sync::lock;
+use td_cluster::protocol::{
+    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, HostLimits,
+    StartLoop, ToHost, WirePricing,
+};
+use td_cluster::{HeadLink, HeadRequest};
+use td_engine::LoopEnd;
+use td_engine::budget::{Budgets, Carried, Limits, Pricing};
+use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_git::transfer::Mirror;
+use td_git::worktree::Worktree;
+use td_llm::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use td_protocol::events::{Event, EventLog};
+use td_runtime::coordinator::{CoordinatorPort, SYSTEM_SENDER};
+use td_runtime::coordinator_handle::CoordinatorHandle;
+use td_runtime::daemon::{Runtime, RuntimeConfig};
+use td_runtime::loop_actor::LoopSpec;
+use td_runtime::upstream::{QUERY_GRACE, UPSTREAM_TIMEOUT, Upstream};
+use td_toolkit::context::LoopCommands;
+use td_toolkit::coordination::{Delivery, LoopInfo};
+use td_toolkit::error::ToolError;
+use td_toolkit::receipts::ReceiptLog;
+
+/// The largest base bundle a host takes from the head.
+pub const MAX_BASE_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+/// How long one model call through the head may take (the head's client has its own,
+/// shorter, limits; this one only keeps a host from waiting forever).
+const MODEL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// How long one request of records, chunks or an end may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many times a request that failed is sent again before its loop is marked.
+const TRIES: u32 = 4;
+
+/// The most items and bytes of one batch of records.
+const BATCH_ITEMS: usize = 512;
+const BATCH_BYTES: usize = 1024 * 1024;
+
+/// A name that is safe as one path component.
+fn plain(name: &str) -> bool {
+    td_cluster::protocol::valid_host_name(name)
+}
+
+/// What the driver of the host's runtime is told.
+enum Command {
+    Spawn(Box<LoopSpec>),
+    Stop { name: String, now: bool },
+    Shutdown,
+}
+
+/// A loop this host runs.
+struct Running {
+    start: StartLoop,
+    worktree: Option<Worktree>,
+    streamer: Streamer,
+}
+
+/// The loops of this host.
+pub struct HostLoops {
+    workdir: PathBuf,
+    link: HeadLink,
+    slots: usize,
+    /// The host's secret file, hidden from commands.
+    secret_file: Option<PathBuf>,
+    loops: Mutex<BTreeMap<String, Running>>,
+    commands: mpsc::UnboundedSender<Command>,
+    mirror: tokio::sync::Mutex<Option<Mirror>>,
+    runtime: OnceLock<RuntimeParts>,
+}
+
+/// What loop specs take from the host's runtime.
+#[derive(Clone)]
+struct RuntimeParts {
+    coordinator: ractor::ActorRef<td_runtime::coordinator::CoordMsg>,
+    handle: CoordinatorHandle,
+    lanes: td_runtime::tool_lanes::ToolLanes,
+    events: Arc<EventLog>,
+}
+
+impl HostLoops {
+    /// Starts the host's runtime; the returned task drives it until the host ends.
+    pub async fn start(
+        workdir: &Path,
+        link: HeadLink,
+        slots: u32,
+        secret_file: Option<PathBuf>,
+    ) -> Result<(Arc<HostLoops>, tokio::task::JoinHandle<()>), String> {
+        let events = Arc::new(EventLog::new());
+        let config = RuntimeConfig {
+            upstream: Some(Arc::new(HeadUpstream { link: link.clone() })),
+            ..RuntimeConfig::default()
+        };
+        let mut rt = Runtime::start(config, events.clone())
+            .await
+            .map_err(|e| format!("cannot start the host's runtime: {e}"))?;
+        // A host's loops do not wait for peers: the head released the run's loops already.
+        rt.release().await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let loops = Arc::new(HostLoops {
+            workdir: workdir.to_path_buf(),
+            link,
+            slots: slots as usize,
+            secret_file,
+            loops: Mutex::new(BTreeMap::new()),
+            commands: tx,
+            mirror: tokio::sync::Mutex::new(None),
+            runtime: OnceLock::new(),
+        });
+        let _ = loops.runtime.set(RuntimeParts {
+            coordinator: rt.coordinator.clone(),
+            handle: rt.handle(),
+            lanes: rt.lanes.clone(),
+            events: events.clone(),
+        });
+        // Every event of a loop goes to its streamer.
+        let weak = Arc::downgrade(&loops);
+        events.subscribe(move |event: &Event| {
+            if let Some(loops) = weak.upgrade() {
+                loops.on_event(event);
+            }
+        });
+        let me = loops.clone();
+        let driver = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    command = rx.recv() => match command {
+                        Some(Command::Spawn(spec)) => {
+                            let name = spec.config.name.clone();
+                            if let Err(e) = rt.spawn_loop(*spec).await {
+                                me.clone().finish(name, LoopEnd::Failed {
+                                    iterations: 0,
+                                    reason: format!("it did not start on its host: {e}"),
+                                });
+                            }
+                        }
+                        Some(Command::Stop { name, now }) => {
+                            let _ = if now { rt.stop_loop_now(&name) } else { rt.stop_loop(&name) };
+                        }
+                        Some(Command::Shutdown) | None => break,
+                    },
+                    ended = rt.next_end(Duration::from_secs(3600)) => {
+                        if let Some((name, end)) = ended {
+                            let _ = rt.retire_loop(&name);
+                            me.clone().finish(name, end);
+                        }
+                    }
+                }
+            }
+            rt.shutdown().await;
+        });
+        Ok((loops, driver))
+    }
+
+    /// Stops the runtime and every loop still in it (the host's session ended).
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+
+    /// Answers a request of the head.
+    pub fn handle(self: &Arc<Self>, request: HeadRequest) {
+        let HeadRequest { request, reply } = request;
+        match request {
+            ToHost::StartLoop(start) => reply.send(self.clone().accept(*start)),
+            ToHost::StopLoop { loop_name, now } => {
+                if lock(&self.loops).contains_key(&loop_name) {
+                    let _ = self.commands.send(Command::Stop {
+                        name: loop_name,
+                        now,
+                    });
+                    reply.send(Ok(()));
+                } else {
+                    reply.send(Err::<(), _>(format!("no loop {loop_name} runs here")));
+                }
+            }
+            ToHost::Deliver { loop_name, item } => {
+                let Some(handle) = self.runtime.get().map(|p| p.handle.clone()) else {
+                    return reply.send(Ok(false));
+                };
+                let item: td_protocol::inbox::InboxItem = match serde_json::from_value(item) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        return reply.send(Err::<bool, _>(format!(
+                            "the item for loop {loop_name} cannot be read: {e}"
+                        )));
+                    }
+                };
+                tokio::spawn(async move {
+                    let there = handle.deliver_local(&loop_name, Arc::new(item)).await;
+                    reply.send(Ok::<bool, String>(there));
+                });
+            }
+            ToHost::Answer {
+                loop_name,
+                from,
+                question,
+                timeout_ms,
+            } => {
+                let Some(handle) = self.runtime.get().map(|p| p.handle.clone()) else {
+                    return reply
+                        .send(Err::<String, _>("the host's runtime is not running".into()));
+                };
+                tokio::spawn(async move {
+                    let answer = handle
+                        .answer_local(
+                            &loop_name,
+                            &from,
+                            &question,
+                            Duration::from_millis(timeout_ms),
+                        )
+                        .await;
+                    reply.send(answer.map_err(|e| e.to_string()));
+                });
+            }
+            other => reply.send(Err::<(), _>(format!("not a loop request: {other:?}"))),
+        }
+    }
+
+    /// Takes loop `start` (its setup goes on in a task of its own).
+    fn accept(self: Arc<Self>, start: StartLoop) -> Result<(), String> {
+        if !plain(&start.loop_name) {
+            return Err(format!(
+                "{:?} is not a loop name this host takes",
+                start.loop_name
+            ));
+        }
+        {
+            let mut loops = lock(&self.loops);
+            if loops.contains_key(&start.loop_name) {
+                return Err(format!("loop {} runs here already", start.loop_name));
+            }
+            if loops.len() >= self.slots {
+                return Err(format!("all {} slots of this host are busy", self.slots));
+            }
+            let streamer = Streamer::start(self.link.clone(), start.loop_name.clone());
+            loops.insert(
+                start.loop_name.clone(),
+                Running {
+                    start: start.clone(),
+                    worktree: None,
+                    streamer,
+                },
+            );
+        }
+        tokio::spawn(async move {
+            let name = start.loop_name.clone();
+            if let Err(why) = self.set_up(start).await {
+                self.finish(
+                    name,
+                    LoopEnd::Failed {
+                        iterations: 0,
+                        reason: format!("its host could not set it up: {why}"),
+                    },
+                );
+            }
+        });
+        Ok(())
+    }
+
+    fn on_event(&self, event: &Event) {
+        let Ok(value) = serde_json::to_value(&event.kind) else {
+            return;
+        };
+        let Some(name) = value.get("loop_name").and_then(Value::as_str) else {
+            return;
+        };
+        if let Some(running) = lock(&self.loops).get(name) {
+            running.streamer.send(Item::Event(value.clone()));
+        }
+    }
+
+    /// The mirror, opened once.
+    async fn mirror(&self) -> Result<Mirror, String> {
+        let mut slot = self.mirror.lock().await;
+        if let Some(m) = slot.as_ref() {
+            return Ok(m.clone());
+        }
+        let m = Mirror::open(&self.workdir.join("mirror"))
+            .await
+            .map_err(|e| e.to_string())?;
+        *slot = Some(m.clone());
+        Ok(m)
+    }
+
+    /// Fetches the loop's base, makes its worktree, and starts it.
+    async fn set_up(self: &Arc<Self>, start: StartLoop) -> Result<(), String> {
+        let name = start.loop_name.clone();
+        let mirror = self.mirror().await?;
+        if !mirror.has(&start.base_commit).await.unwrap_or(false) {
+            let have = mirror.commits().await.map_err(|e| e.to_string())?;
+            let bytes: Option<u64> = ask_again(&self.link, || FromHost::PrepareBase {
+                loop_name: name.clone(),
+                have: have.clone(),
+            })
+            .await?;
+            if let Some(bytes) = bytes {
+                if bytes > MAX_BASE_BYTES {
+                    return Err(format!(
+                        "its base bundle has {bytes} bytes, over the {MAX_BASE_BYTES} a host takes"
+                    ));
+                }
+                let file = self
+                    .workdir
+                    .join("bundles")
+                    .join(format!("{name}.base.bundle"));
+                self.fetch_base(&name, &file, bytes).await?;
+                let received = mirror
+                    .receive(&file, &start.base_commit, MAX_BASE_BYTES)
+                    .await
+                    .map_err(|e| e.to_string());
+                let _ = std::fs::remove_file(&file);
+                received?;
+            }
+        }
+        let dir = self
+            .workdir
+            .join("worktrees")
+            .join(start.branch.replace('/', "+"));
+        if dir.exists() {
+            // A loop of this name and branch ran here before and its worktree was left (the
+            // host stopped with it): it starts again from the head's commit, which is the
+            // loop's truth.
+            if let Ok(stale) = mirror
+                .add_worktree(&dir, &start.branch, &start.base_commit)
+                .await
+            {
+                let _ = mirror.remove_worktree(&stale, false).await;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let worktree = mirror
+            .add_worktree(&dir, &start.branch, &start.base_commit)
+            .await
+            .map_err(|e| e.to_string())?;
+        let spec = self.spec(&start, &worktree)?;
+        if let Some(running) = lock(&self.loops).get_mut(&name) {
+            running.worktree = Some(worktree);
+        }
+        self.commands
+            .send(Command::Spawn(Box::new(spec)))
+            .map_err(|_| "the host's runtime stopped".to_string())
+    }
+
+    /// Fetches the base bundle of loop `name` (`bytes` long) into `file`, a chunk at a time.
+    async fn fetch_base(&self, name: &str, file: &Path, bytes: u64) -> Result<(), String> {
+        use std::io::Write;
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
+        }
+        let mut out = std::fs::File::create(file)
+            .map_err(|e| format!("cannot make {}: {e}", file.display()))?;
+        let mut offset = 0u64;
+        while offset < bytes {
+            let chunk: Chunk = ask_again(&self.link, || FromHost::BaseChunk {
+                loop_name: name.to_string(),
+                offset,
+            })
+            .await?;
+            let data = hex::decode(&chunk.data)
+                .map_err(|e| format!("a chunk of the base is not hex: {e}"))?;
+            if chunk.total != bytes || data.is_empty() || data.len() > CHUNK_BYTES {
+                return Err(format!(
+                    "the head sent a chunk of {} bytes of a {}-byte bundle, at {offset} of {bytes}",
+                    data.len(),
+                    chunk.total
+                ));
+            }
+            out.write_all(&data)
+                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+            offset = offset.saturating_add(data.len() as u64);
+        }
+        out.sync_all()
+            .map_err(|e| format!("cannot write {}: {e}", file.display()))
+    }
+
+    /// The loop's spec, on this host.
+    fn spec(&self, start: &StartLoop, worktree: &Worktree) -> Result<LoopSpec, String> {
+        let parts = self
+            .runtime
+            .get()
+            .ok_or_else(|| "the host's runtime is not running".to_string())?;
+        let name = &start.loop_name;
+        let streamer = lock(&self.loops)
+            .get(name)
+            .map(|r| r.streamer.clone())
+            .ok_or_else(|| format!("loop {name} was dropped"))?;
+        let sandbox = Arc::new(self.sandbox(&start.sandbox)?);
+        let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
+            .map_err(|e| e.to_string())?
+            .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
+            .with_catalog(Arc::new(td_toolkit::catalog::Catalog::default()))
+            .with_sandbox_settings(sandbox)
+            .with_commands(LoopCommands {
+                build: start.build.clone(),
+                test: start.test.clone(),
+                validate: start.validate.clone(),
+            });
+        let tools = td_tools::tool_set(&start.tools).map_err(|e| e.to_string())?;
+        let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
+        let receipts_path = self
+            .workdir
+            .join("records")
+            .join(start.branch.replace('/', "+"))
+            .join("receipts.jsonl");
+        let _ = std::fs::remove_file(&receipts_path);
+        let receipts = ReceiptLog::open(&receipts_path)
+            .map_err(|e| format!("cannot open {}: {e}", receipts_path.display()))?;
+        receipts.set_tool_set(tools.names());
+        let stream = streamer.clone();
+        receipts.observe(Box::new(move |receipt| {
+            if let Ok(value) = serde_json::to_value(receipt) {
+                stream.send(Item::Receipt(value));
+            }
+        }));
+        let budgets = host_budgets(name, &start.limits, &start.pricing);
+        let mut initial_inbox = Vec::with_capacity(start.initial_inbox.len());
+        for item in &start.initial_inbox {
+            initial_inbox.push(
+                serde_json::from_value(item.clone())
+                    .map_err(|e| format!("an inbox item cannot be read: {e}"))?,
+            );
+        }
+        Ok(LoopSpec {
+            config: td_engine::EngineConfig {
+                name: name.clone(),
+                loop_type: start.loop_type.clone(),
+                task: start.task.clone(),
+                max_iterations: start.max_iterations,
+                max_turns: start.max_turns,
+                iteration_timeout: start.iteration_timeout_ms.map(Duration::from_millis),
+                success_code: start.success_code,
+                system_template: start.system_template.clone(),
+                iteration_template: start.iteration_template.clone(),
+                peers: start.peers.clone(),
+                first_iteration: start.first_iteration,
+            },
+            ctx: Arc::new(ctx),
+            tools: Arc::new(tools),
+            validation_tools: Arc::new(validation_tools),
+            llm: Arc::new(RemoteLlm {
+                link: self.link.clone(),
+            }),
+            runner: Arc::new(parts.lanes.clone()),
+            coordinator: parts.coordinator.clone(),
+            events: parts.events.clone(),
+            transcript: Arc::new(streamer),
+            receipts: Some(Arc::new(receipts)),
+            subscriptions: start.subscriptions.clone(),
+            ended: None,
+            gate: None,
+            initial_inbox,
+            initial_progress: start.initial_progress.clone(),
+            announced: start.announced,
+            budgets,
+        })
+    }
+
+    /// The run's confinement policy with this host's paths.
+    fn sandbox(&self, policy: &Value) -> Result<td_confine::SandboxSettings, String> {
+        let settings: td_confine::SandboxSettings = serde_json::from_value(policy.clone())
+            .map_err(|e| format!("the run's sandbox settings cannot be read: {e}"))?;
+        // The mirror, the bundles and the other loops' worktrees are the host's, not the
+        // loop's (its own worktree inside stays its own).
+        let mut settings = settings.protecting(&self.workdir);
+        if let Some(file) = &self.secret_file {
+            let real = file.canonicalize().unwrap_or_else(|_| file.clone());
+            if let Err(why) = td_confine::hide_from_commands(&mut settings, &real) {
+                eprintln!(
+                    "taskdaemon host: warning: the hosts' secret file {why}; a loop's command could read it"
+                );
+            }
+        }
+        Ok(settings)
+    }
+
+    /// Loop `name` ended with `end`: its last records go, then its branch, then its end.
+    fn finish(self: Arc<Self>, name: String, end: LoopEnd) {
+        tokio::spawn(async move {
+            let Some((start, worktree, streamer)) = lock(&self.loops)
+                .get_mut(&name)
+                .map(|r| (r.start.clone(), r.worktree.take(), r.streamer.clone()))
+            else {
+                return;
+            };
+            let mut problem = streamer.flush().await.err();
+            let mut branch = None;
+            if let (None, Some(worktree)) = (&problem, &worktree) {
+                match self.send_branch(&start, worktree, &end).await {
+                    Ok(b) => branch = b,
+                    Err(why) => problem = Some(why),
+                }
+            }
+            // Its slot is free from here on: the head may send the next loop (or this one
+            // again, handed back by its merge queue) as soon as it has this end.
+            lock(&self.loops).remove(&name);
+            let end_value = serde_json::to_value(&end).unwrap_or(Value::Null);
+            let sent: Result<(), String> = ask_again(&self.link, || FromHost::Ended {
+                loop_name: name.clone(),
+                end: end_value.clone(),
+                branch: branch.clone(),
+                problem: problem.clone(),
+            })
+            .await;
+            if let Err(why) = sent {
+                // The head is lost or refuses: the host's heartbeat watch ends the host.
+                eprintln!(
+                    "taskdaemon host: loop {name}: its end could not reach the head: {}",
+                    td_base::secrets::redact(&why)
+                );
+            }
+            // The head has its commits (or refused them): the worktree and its branch go.
+            if let (Some(worktree), Ok(mirror)) = (worktree, self.mirror().await) {
+                let _ = mirror.remove_worktree(&worktree, false).await;
+            }
+        });
+    }
+
+    /// Commits the loop's work and sends its branch; `None` when it committed nothing.
+    async fn send_branch(
+        &self,
+        start: &StartLoop,
+        worktree: &Worktree,
+        end: &LoopEnd,
+    ) -> Result<Option<BranchBundle>, String> {
+        let name = &start.loop_name;
+        let message = match end {
+            LoopEnd::Completed { summary, .. } => format!(
+                "taskdaemon: {name} completed\n\n{}",
+                summary.as_deref().unwrap_or("")
+            ),
+            other => format!("taskdaemon: {name} {} (work in progress)", other.status()),
+        };
+        worktree
+            .commit_all(&message)
+            .await
+            .map_err(|e| format!("could not commit its work: {e}"))?;
+        let mirror = self.mirror().await?;
+        let file = self
+            .workdir
+            .join("bundles")
+            .join(format!("{name}.branch.bundle"));
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
+        }
+        let Some(info) = mirror
+            .bundle_branch(worktree, &start.base_commit, &file)
+            .await
+            .map_err(|e| format!("could not bundle its branch: {e}"))?
+        else {
+            return Ok(None);
+        };
+        let bytes = std::fs::read(&file).map_err(|e| format!("cannot read its bundle: {e}"))?;
+        let _ = std::fs::remove_file(&file);
+        let mut offset = 0usize;
+        for piece in bytes.chunks(CHUNK_BYTES) {
+            let data = hex::encode(piece);
+            let () = ask_again(&self.link, || FromHost::BranchChunk {
+                loop_name: name.clone(),
+                offset: offset as u64,
+                data: data.clone(),
+            })
+            .await?;
+            offset = offset.saturating_add(piece.len());
+        }
+        Ok(Some(BranchBundle {
+            tip: info.tip,
+            bytes: info.bytes,
+        }))
+    }
+}
+
+/// The budgets a host keeps for its loop: the loop's iterations and wall time (its money
+/// and tokens, and every run limit, are the head's to check at each model call), with the
+/// head's prices so that what the transcript says was spent is what the head charged.
+fn host_budgets(name: &str, limits: &HostLimits, pricing: &WirePricing) -> Arc<Budgets> {
+    let budgets = Budgets::new(
+        Limits::default(),
+        Pricing {
+            model: pricing.model.clone(),
+            price: pricing
+                .price
+                .map(
+                    |[input, output, cache_read, cache_write]| td_llm::prices::Price {
+                        input,
+                        output,
+                        cache_read,
+                        cache_write,
+                    },
+                ),
+            max_output_tokens: pricing.max_output_tokens,
+        },
+        Carried::default(),
+    );
+    budgets.open_loop(
+        name,
+        Limits {
+            iterations: limits.iterations,
+            wall: limits.wall_ms.map(Duration::from_millis),
+            soft_percent: limits.soft_percent,
+            ..Limits::default()
+        },
+        Carried {
+            iterations: limits.carried_iterations,
+            wall: Duration::from_millis(limits.carried_wall_ms),
+            ..Carried::default()
+        },
+    );
+    budgets
+}
+
+/// Asks the head `make()` up to [`TRIES`] times (a lost answer, a busy head); the last
+/// error when every try failed.
+async fn ask_again<T: serde::de::DeserializeOwned>(
+    link: &HeadLink,
+    make: impl Fn() -> FromHost,
+) -> Result<T, String> {
+    let mut last = String::new();
+    for attempt in 1..=TRIES {
+        match link.ask(make(), REQUEST_TIMEOUT).await {
+            Ok(answer) => return Ok(answer),
+            Err(e) => last = e.to_string(),
+        }
+        if attempt < TRIES {
+            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+        }
+    }
+    Err(last)
+}
+
+/// A model client that asks the head.
+struct RemoteLlm {
+    link: HeadLink,
+}
+
+#[async_trait]
+impl LlmClient for RemoteLlm {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let body = serde_json::to_value(request)
+            .map_err(|e| LlmError::Transport(format!("cannot write the request: {e}")))?;
+        let answer: CompleteAnswer = self
+            .link
+            .ask(
+                FromHost::Complete {
+                    loop_name: request.loop_name.clone(),
+                    request: body,
+                },
+                MODEL_TIMEOUT,
+            )
+            .await
+            .map_err(|e| LlmError::Transport(format!("the head: {e}")))?;
+        match answer {
+            CompleteAnswer::Response { response } => serde_json::from_value(response)
+                .map_err(|e| LlmError::BadReply(format!("the head's response: {e}"))),
+            CompleteAnswer::OverBudget { reason } => Err(LlmError::OverBudget(reason)),
+            CompleteAnswer::Failed {
+                kind,
+                status,
+                message,
+            } => Err(match (kind.as_str(), status) {
+                ("api", Some(status)) => LlmError::Api { status, message },
+                ("bad_reply", _) => LlmError::BadReply(message),
+                ("script", _) => LlmError::Script(message),
+                _ => LlmError::Transport(message),
+            }),
+        }
+    }
+}
+
+/// What a loop records, on its way to the head.
+enum Item {
+    Event(Value),
+    Transcript(Value),
+    Receipt(Value),
+    Flush(oneshot::Sender<Result<(), String>>),
+}
+
+/// Sends one loop's records to the head in numbered batches, in order; once a batch could
+/// not be delivered, the loop's record is unwritable (see the module doc).
+#[derive(Clone)]
+struct Streamer {
+    tx: mpsc::UnboundedSender<Item>,
+    failed: Arc<OnceLock<String>>,
+}
+
+impl Streamer {
+    fn start(link: HeadLink, name: String) -> Streamer {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
+        let failed: Arc<OnceLock<String>> = Arc::new(OnceLock::new());
+        let fail = failed.clone();
+        tokio::spawn(async move {
+            let mut batch = 0u64;
+            let mut next: Option<Item> = None;
+            loop {
+                let first = match next.take() {
+                    Some(item) => item,
+                    None => match rx.recv().await {
+                        Some(item) => item,
+                        None => return,
+                    },
+                };
+                let (mut events, mut transcript, mut receipts) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                let mut flushes = Vec::new();
+                let mut bytes = 0usize;
+                let mut take = |item: Item, bytes: &mut usize| match item {
+                    Item::Event(v) => {
+                        *bytes += v.to_string().len();
+                        events.push(v);
+                    }
+                    Item::Transcript(v) => {
+                        *bytes += v.to_string().len();
+                        transcript.push(v);
+                    }
+                    Item::Receipt(v) => {
+                        *bytes += v.to_string().len();
+                        receipts.push(v);
+                    }
+                    Item::Flush(done) => flushes.push(done),
+                };
+                take(first, &mut bytes);
+                let mut count = 1usize;
+                while count < BATCH_ITEMS && bytes < BATCH_BYTES {
+                    match rx.try_recv() {
+                        Ok(item) => {
+                            take(item, &mut bytes);
+                            count += 1;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let result = if let Some(why) = fail.get() {
+                    Err(why.clone())
+                } else if events.is_empty() && transcript.is_empty() && receipts.is_empty() {
+                    Ok(())
+                } else {
+                    batch = batch.saturating_add(1);
+                    let sent: Result<(), String> = ask_again(&link, || FromHost::Records {
+                        loop_name: name.clone(),
+                        batch,
+                        events: events.clone(),
+                        transcript: transcript.clone(),
+                        receipts: receipts.clone(),
+                    })
+                    .await;
+                    sent.map_err(|e| {
+                        let why = format!("its records could not reach the head: {e}");
+                        let _ = fail.set(why.clone());
+                        why
+                    })
+                };
+                for done in flushes {
+                    let _ = done.send(result.clone());
+                }
+                next = None;
+            }
+        });
+        Streamer { tx, failed }
+    }
+
+    fn send(&self, item: Item) {
+        if self.failed.get().is_none() {
+            let _ = self.tx.send(item);
+        }
+    }
+
+    /// Waits until everything sent so far reached the head; why not, when it did not.
+    async fn flush(&self) -> Result<(), String> {
+        if let Some(why) = self.failed.get() {
+            return Err(why.clone());
+        }
+        let (done, wait) = oneshot::channel();
+        self.tx
+            .send(Item::Flush(done))
+            .map_err(|_| "its records' stream stopped".to_string())?;
+        wait.await
+            .unwrap_or_else(|_| Err("its records' stream stopped".to_string()))
+    }
+}
+
+impl TranscriptSink for Streamer {
+    fn record(&self, _loop_name: &str, entry: TranscriptEntry) {
+        if let Ok(value) = serde_json::to_value(&entry) {
+            self.send(Item::Transcript(value));
+        }
+    }
+
+    fn unwritable(&self) -> Option<String> {
+        self.failed.get().cloned()
+    }
+
+    fn write_failed(&self, what: String) {
+        let _ = self.failed.set(what);
+    }
+}
+
+/// The head's coordinator, as this host's runtime sees it: every call is a
+/// [`FromHost::Coord`] request about one of this host's loops.
+struct HeadUpstream {
+    link: HeadLink,
+}
+
+impl HeadUpstream {
+    async fn ask<T: serde::de::DeserializeOwned>(
+        &self,
+        loop_name: &str,
+        request: CoordRequest,
+        timeout: Duration,
+    ) -> Result<T, ToolError> {
+        self.link
+            .ask(
+                FromHost::Coord {
+                    loop_name: loop_name.to_string(),
+                    request,
+                },
+                timeout,
+            )
+            .await
+            .map_err(|e| match e {
+                // The head's own words (an unknown loop, a rate limit...), as a local loop
+                // gets them.
+                td_cluster::wire::AskError::Refused(message) => ToolError::Unavailable { message },
+                other => ToolError::Unavailable {
+                    message: format!(
+                        "the head did not answer ({other}); it is not known whether this went through: try again later"
+                    ),
+                },
+            })
+    }
+}
+
+#[async_trait]
+impl Upstream for HeadUpstream {
+    async fn register(
+        &self,
+        name: &str,
+        loop_type: &str,
+        task: &str,
+        subscriptions: Option<&[String]>,
+    ) -> Result<(), ToolError> {
+        let request = CoordRequest::Register {
+            loop_type: loop_type.to_string(),
+            task: task.to_string(),
+            subscriptions: subscriptions.map(<[String]>::to_vec),
+        };
+        self.ask(name, request, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn set_status(&self, name: &str, status: &str) -> Result<(), ToolError> {
+        let request = CoordRequest::SetStatus {
+            status: status.to_string(),
+        };
+        self.ask(name, request, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn query(
+        &self,
+        from: &str,
+        target: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<String, ToolError> {
+        let request = CoordRequest::Query {
+            target: target.to_string(),
+            question: question.to_string(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        self.ask(from, request, timeout.saturating_add(QUERY_GRACE))
+            .await
+    }
+
+    async fn share(
+        &self,
+        from: &str,
+        targets: &[String],
+        data_type: &str,
+        data: Value,
+    ) -> Result<Vec<Delivery>, ToolError> {
+        let request = CoordRequest::Share {
+            targets: targets.to_vec(),
+            data_type: data_type.to_string(),
+            data,
+        };
+        self.ask(from, request, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn alert(
+        &self,
+        from: &str,
+        event_type: &str,
+        message: &str,
+        data: Option<Value>,
+        about: Option<&str>,
+    ) -> Result<usize, ToolError> {
+        let (loop_name, system) = match (from, about) {
+            (SYSTEM_SENDER, Some(about)) => (about, true),
+            _ => (from, false),
+        };
+        let request = CoordRequest::Alert {
+            system,
+            event_type: event_type.to_string(),
+            message: message.to_string(),
+            data,
+        };
+        self.ask(loop_name, request, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn list_loops(&self, from: &str) -> Result<Vec<LoopInfo>, ToolError> {
+        self.ask(from, CoordRequest::List, UPSTREAM_TIMEOUT).await
+    }
+
+    async fn unregister(&self, name: &str) -> Result<(), ToolError> {
+        self.ask(name, CoordRequest::Unregister, UPSTREAM_TIMEOUT)
+            .await
+    }
+}

@@ -1,0 +1,960 @@
+//! The head's side of the loops that run on worker hosts: it starts each one on its host
+//! ([`ToHost::StartLoop`]), answers what the host asks about it, and hands its end to the
+//! run as a local loop's end is handed over.
+//!
+//! What a host asks ([`FromHost`]), and what the head does:
+//! - the base commit: a bundle of it without what the host's mirror has
+//!   (`td_git::transfer::bundle_commits`), fetched in chunks below the frame cap;
+//! - model calls: the host has no keys; the head calls its own client, with the loop's
+//!   tools as the head knows them (a host cannot add tools), after reserving the call in the
+//!   loop's account (its budget and the run's) exactly as a local call is, and settles it
+//!   with the usage; a call that does not fit is answered `OverBudget` (the loop pauses);
+//! - records: events (re-numbered into the run's event log), transcript entries and receipts
+//!   (chained here with the run's key, which never leaves the head), each checked to be this
+//!   loop's, appended to the same files a local loop's go to; batches are numbered so that a
+//!   retried batch is not appended twice;
+//! - coordination: the host's runtime forwards its loops' registrations, queries, shares,
+//!   alerts and listings ([`FromHost::Coord`]); the head's coordinator knows each such loop
+//!   as a remote loop ([`HostLink`]: deliveries and questions go back as
+//!   [`ToHost::Deliver`] and [`ToHost::Answer`]) and routes, limits and records everything
+//!   as for its own loops; a lost host's loops leave it at once with the reason;
+//! - its end: the branch bundle, taken into a ref of its own (`take_branch`: one head,
+//!   descending from the base, nothing else), then the loop's head worktree is moved to it,
+//!   so that `finish_loop` and the merge queue go on as for a local loop. A bundle that is
+//!   refused leaves the repository as it was and the loop failed with the reason.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use td_base::sync::lock;
+use td_cluster::protocol::{
+    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, StartLoop, ToHost,
+};
+use td_cluster::{HostAsker, HostRequest};
+use td_engine::LoopEnd;
+use td_engine::budget::Budgets;
+use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_git::worktree::{Repo, Worktree};
+use td_llm::{LlmClient, LlmError, LlmRequest, Message, Purpose};
+use td_protocol::events::{EventKind, EventLog};
+use td_protocol::inbox::InboxItem;
+use td_protocol::tool_definition::ToolDefinition;
+use td_runtime::coordinator::{CoordMsg, CoordinatorPort, SYSTEM_SENDER};
+use td_runtime::coordinator_handle::CoordinatorHandle;
+use td_runtime::remote_loop::{REMOTE_DELIVERY_TIMEOUT, RemoteLoop};
+use td_runtime::upstream::QUERY_GRACE;
+use td_toolkit::coordination::Coordination;
+use td_toolkit::error::ToolError;
+use td_toolkit::receipts::Receipt;
+
+use crate::run::record::RunRecord;
+
+/// The largest branch bundle a host may send back for one loop.
+pub const MAX_BRANCH_BYTES: u64 = 512 * 1024 * 1024;
+
+/// How long a host may take to accept a loop (its checks, not its setup).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a stop request may take to reach a host's loop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a loop stopped at once (a second Ctrl-C) may take to end on its host before the
+/// head takes it for stopped without its host's word (and without its last work).
+const STOP_NOW_GRACE: Duration = Duration::from_secs(15);
+
+/// A remote loop's end, for the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteEnd {
+    /// The loop.
+    pub name: String,
+    /// How it ended (failed with the reason when its work could not be taken).
+    pub end: LoopEnd,
+}
+
+/// What the head needs to serve its hosts' loops.
+pub struct HeadSide {
+    /// The run's model client.
+    pub llm: Arc<dyn LlmClient>,
+    /// The run's budgets.
+    pub budgets: Arc<Budgets>,
+    /// The run's events.
+    pub events: Arc<EventLog>,
+    /// The run's record (receipts).
+    pub record: Arc<RunRecord>,
+    /// Where transcripts go (the progress display, which writes the record's).
+    pub transcript: Arc<dyn TranscriptSink>,
+    /// The run's repository.
+    pub repo: Repo,
+    /// Where bundles are kept while they travel (in the run directory).
+    pub dir: PathBuf,
+    /// The run's coordinator.
+    pub coordinator: ractor::ActorRef<CoordMsg>,
+}
+
+/// The longest a host's loop may wait for an answer (its own timeout is shorter).
+const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A loop on a host, as the head's coordinator reaches it.
+struct HostLink {
+    asker: HostAsker,
+    host: String,
+    name: String,
+}
+
+#[async_trait::async_trait]
+impl RemoteLoop for HostLink {
+    async fn deliver(&self, item: Arc<InboxItem>) -> bool {
+        let Ok(item) = serde_json::to_value(&*item) else {
+            return false;
+        };
+        let request = ToHost::Deliver {
+            loop_name: self.name.clone(),
+            item,
+        };
+        self.asker
+            .ask::<bool>(&self.host, &request, REMOTE_DELIVERY_TIMEOUT)
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn answer(
+        &self,
+        from: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<String, ToolError> {
+        let request = ToHost::Answer {
+            loop_name: self.name.clone(),
+            from: from.to_string(),
+            question: question.to_string(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        let asked = self
+            .asker
+            .ask::<String>(&self.host, &request, timeout.saturating_add(QUERY_GRACE))
+            .await;
+        asked.map_err(|e| ToolError::Unavailable {
+            message: match e {
+                // The loop's own words (it ended, it timed out...).
+                td_cluster::wire::AskError::Refused(why) => why,
+                // The session to its host closed under the question: the host is lost.
+                td_cluster::wire::AskError::Gone(why) => format!(
+                    "loop {}'s host {} was lost or cut off while it answered ({why}); ask again later or ask another loop",
+                    self.name, self.host
+                ),
+                other => format!("loop {} on host {}: {other}", self.name, self.host),
+            },
+        })
+    }
+}
+
+/// One loop on a host.
+struct Entry {
+    host: String,
+    base: String,
+    worktree: Arc<Worktree>,
+    tools: Arc<[ToolDefinition]>,
+    /// The last batch of records appended.
+    batch: u64,
+    /// Iterations it started (from its events).
+    iterations: u32,
+    /// Bytes of its branch bundle received so far.
+    branch_bytes: u64,
+    /// A run limit its iterations passed: its next model call is refused with it.
+    over: Option<String>,
+    /// Why its records can no longer be appended: every later batch is refused with it
+    /// (the host then stops the loop), so that no batch is taken twice or half.
+    broken: Option<String>,
+    /// Its end was handed to the run (or its host was lost).
+    done: bool,
+}
+
+/// The loops running on hosts.
+pub struct RemoteLoops {
+    side: HeadSide,
+    loops: Mutex<BTreeMap<String, Entry>>,
+    ends: mpsc::UnboundedSender<RemoteEnd>,
+    asker: OnceLock<HostAsker>,
+}
+
+/// How the head starts a loop on a host.
+pub struct Placed {
+    /// The host.
+    pub host: String,
+    /// What the host is sent.
+    pub start: StartLoop,
+    /// The loop's worktree on the head (its branch is the loop's record of its work).
+    pub worktree: Arc<Worktree>,
+    /// The tools its model sees, as the head defines them.
+    pub tools: Arc<[ToolDefinition]>,
+}
+
+/// The events a loop's engine and runtime record on a host, the only ones the head takes
+/// from one: what the head decides about a loop (blocked, merged, handed back, stopped by a
+/// request, its worktree seeded) and the coordinator's events are the head's to record.
+const HOST_EVENTS: &[&str] = &[
+    "loop_started",
+    "iteration_started",
+    "iteration_ended",
+    "loop_completed",
+    "loop_failed",
+    "loop_paused",
+    "loop_stopped",
+    "loop_restarted",
+    "loop_unregistered",
+    "progress_noted",
+    "inbox_shown",
+    "inbox_unread",
+    "model_retried",
+    "heavy_queued",
+    "heavy_started",
+    "heavy_ended",
+    "file_changed",
+];
+
+/// A model request as a host sends it; the tools are the head's (see the module doc).
+#[derive(Deserialize)]
+struct WireRequest {
+    loop_name: String,
+    purpose: Purpose,
+    system: String,
+    messages: Vec<Message>,
+}
+
+impl RemoteLoops {
+    /// The head's side, and where remote loops' ends come out.
+    pub fn new(side: HeadSide) -> (Arc<RemoteLoops>, mpsc::UnboundedReceiver<RemoteEnd>) {
+        let (ends, rx) = mpsc::unbounded_channel();
+        (
+            Arc::new(RemoteLoops {
+                side,
+                loops: Mutex::new(BTreeMap::new()),
+                ends,
+                asker: OnceLock::new(),
+            }),
+            rx,
+        )
+    }
+
+    /// Gives the handle that asks hosts (once the head listens).
+    pub fn set_asker(&self, asker: HostAsker) {
+        let _ = self.asker.set(asker);
+    }
+
+    fn asker(&self) -> Result<&HostAsker, String> {
+        self.asker
+            .get()
+            .ok_or_else(|| "the head does not listen for hosts".to_string())
+    }
+
+    /// The loops running on each host.
+    pub fn running(&self) -> BTreeMap<String, String> {
+        lock(&self.loops)
+            .iter()
+            .filter(|(_, e)| !e.done)
+            .map(|(n, e)| (n.clone(), e.host.clone()))
+            .collect()
+    }
+
+    /// Starts `placed` on its host; an error when the host refuses or does not answer (the
+    /// loop did not start there).
+    pub async fn start(&self, placed: Placed) -> Result<(), String> {
+        let name = placed.start.loop_name.clone();
+        let host = placed.host.clone();
+        lock(&self.loops).insert(
+            name.clone(),
+            Entry {
+                host: host.clone(),
+                base: placed.start.base_commit.clone(),
+                worktree: placed.worktree,
+                tools: placed.tools,
+                batch: 0,
+                iterations: placed.start.first_iteration.saturating_sub(1),
+                branch_bytes: 0,
+                over: None,
+                broken: None,
+                done: false,
+            },
+        );
+        let _ = std::fs::remove_file(self.branch_file(&name));
+        let asked = self
+            .asker()?
+            .ask::<()>(
+                &host,
+                &ToHost::StartLoop(Box::new(placed.start)),
+                START_TIMEOUT,
+            )
+            .await;
+        if let Err(e) = asked {
+            lock(&self.loops).remove(&name);
+            return Err(format!("host {host} did not start it: {e}"));
+        }
+        Ok(())
+    }
+
+    /// Asks the host of loop `name` to stop it (at once: `now`); a host that does not
+    /// answer is lost soon, and its loops with it. A loop stopped at once that has not ended
+    /// within [`STOP_NOW_GRACE`] is taken for stopped, so that a host that answers its
+    /// heartbeats but not for its loop cannot keep the run from ending.
+    pub fn stop(self: &Arc<Self>, name: &str, now: bool) {
+        let Some(host) = lock(&self.loops)
+            .get(name)
+            .filter(|e| !e.done)
+            .map(|e| e.host.clone())
+        else {
+            return;
+        };
+        let Ok(asker) = self.asker().cloned() else {
+            return;
+        };
+        let request = ToHost::StopLoop {
+            loop_name: name.to_string(),
+            now,
+        };
+        let me = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let _ = asker.ask::<()>(&host, &request, STOP_TIMEOUT).await;
+            if !now {
+                return;
+            }
+            tokio::time::sleep(STOP_NOW_GRACE).await;
+            let mut loops = lock(&me.loops);
+            if let Some(entry) = loops.get_mut(&name)
+                && !entry.done
+            {
+                entry.done = true;
+                let _ = me.ends.send(RemoteEnd {
+                    name,
+                    end: LoopEnd::Stopped {
+                        iterations: entry.iterations,
+                        reason: Some(format!(
+                            "its host {host} did not stop it within {} s of the stop; what it did since its last records is not in the run",
+                            STOP_NOW_GRACE.as_secs()
+                        )),
+                    },
+                });
+            }
+        });
+    }
+
+    /// Whether loop `name` runs on a host.
+    pub fn is_remote(&self, name: &str) -> bool {
+        lock(&self.loops).get(name).is_some_and(|e| !e.done)
+    }
+
+    /// Host `host` was lost: its loops end now, stopped, with the reason (a resumed run
+    /// runs them again from their last commit on the head, which is their base: what they
+    /// did on the lost host is lost with it).
+    pub fn host_lost(&self, host: &str, reason: &str) {
+        // Its loops leave the coordinator at once: questions waiting on them fail with why.
+        let handle = CoordinatorHandle::new(self.side.coordinator.clone());
+        let gone: Vec<String> = lock(&self.loops)
+            .iter()
+            .filter(|(_, e)| e.host == host)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let why = format!("its host {host} was lost: {reason}");
+        tokio::spawn(async move {
+            for name in gone {
+                handle.drop_remote(&name, &why).await;
+            }
+        });
+        let mut loops = lock(&self.loops);
+        for (name, entry) in loops.iter_mut() {
+            if entry.host != host || entry.done {
+                continue;
+            }
+            entry.done = true;
+            let _ = self.ends.send(RemoteEnd {
+                name: name.clone(),
+                end: LoopEnd::Stopped {
+                    iterations: entry.iterations,
+                    reason: Some(format!(
+                        "interrupted: its host {host} was lost ({reason}); `run --resume` runs it again"
+                    )),
+                },
+            });
+        }
+    }
+
+    fn base_file(&self, name: &str) -> PathBuf {
+        self.side.dir.join(format!("{name}.base.bundle"))
+    }
+
+    fn branch_file(&self, name: &str) -> PathBuf {
+        self.side.dir.join(format!("{name}.branch.bundle"))
+    }
+
+    /// Answers one request of a host.
+    pub async fn handle(self: Arc<Self>, request: HostRequest) {
+        let HostRequest {
+            host,
+            request,
+            reply,
+        } = request;
+        let name = match &request {
+            FromHost::PrepareBase { loop_name, .. }
+            | FromHost::BaseChunk { loop_name, .. }
+            | FromHost::Complete { loop_name, .. }
+            | FromHost::Records { loop_name, .. }
+            | FromHost::BranchChunk { loop_name, .. }
+            | FromHost::Coord { loop_name, .. }
+            | FromHost::Ended { loop_name, .. } => loop_name.clone(),
+        };
+        // What the host's runtime says about a loop may come after its end (its leaving).
+        let late_ok = matches!(request, FromHost::Coord { .. });
+        let known = lock(&self.loops)
+            .get(&name)
+            .filter(|e| e.host == host && (!e.done || late_ok))
+            .map(|e| (e.base.clone(), e.tools.clone()));
+        let Some((base, tools)) = known else {
+            reply.send(Err::<(), _>(format!(
+                "loop {name} does not run on host {host} (any more)"
+            )));
+            return;
+        };
+        match request {
+            FromHost::PrepareBase { have, .. } => {
+                let file = self.base_file(&name);
+                if let Err(e) = std::fs::create_dir_all(&self.side.dir) {
+                    reply.send(Err::<(), _>(format!(
+                        "cannot make {}: {e}",
+                        self.side.dir.display()
+                    )));
+                    return;
+                }
+                let made =
+                    td_git::transfer::bundle_commits(&self.side.repo, &base, &have, &file).await;
+                reply.send(
+                    made.map(|info| info.map(|i| i.bytes))
+                        .map_err(|e| e.to_string()),
+                );
+            }
+            FromHost::BaseChunk { offset, .. } => {
+                reply.send(read_chunk(&self.base_file(&name), offset));
+            }
+            FromHost::Complete { request, .. } => {
+                reply.send(Ok::<_, String>(self.complete(&name, tools, request).await));
+            }
+            FromHost::Records {
+                batch,
+                events,
+                transcript,
+                receipts,
+                ..
+            } => reply.send(self.records(&name, batch, events, transcript, receipts)),
+            FromHost::BranchChunk { offset, data, .. } => {
+                reply.send(self.branch_chunk(&name, offset, &data));
+            }
+            FromHost::Coord { request, .. } => self.coord(&host, &name, request, reply).await,
+            FromHost::Ended {
+                end,
+                branch,
+                problem,
+                ..
+            } => {
+                // Answered first: what the head does with the loop's end is the head's.
+                reply.send(Ok::<(), String>(()));
+                let end = self.take_end(&name, &base, end, branch, problem).await;
+                // Its actor on the host is gone: questions to it get the ended-loop error.
+                CoordinatorHandle::new(self.side.coordinator.clone())
+                    .unregister_remote(&name)
+                    .await;
+                let mut loops = lock(&self.loops);
+                if let Some(entry) = loops.get_mut(&name)
+                    && !entry.done
+                {
+                    entry.done = true;
+                    let _ = self.ends.send(RemoteEnd { name, end });
+                }
+            }
+        }
+    }
+
+    /// What the host's runtime tells or asks the coordinator about its loop `name`.
+    async fn coord(
+        &self,
+        host: &str,
+        name: &str,
+        request: CoordRequest,
+        reply: td_cluster::wire::Reply,
+    ) {
+        let handle = CoordinatorHandle::new(self.side.coordinator.clone());
+        let port = CoordinatorPort::new(self.side.coordinator.clone());
+        let text = |e: ToolError| e.to_string();
+        match request {
+            CoordRequest::Register {
+                loop_type,
+                task,
+                subscriptions,
+            } => {
+                let asker = match self.asker() {
+                    Ok(a) => a.clone(),
+                    Err(e) => return reply.send(Err::<(), _>(e)),
+                };
+                let link = Arc::new(HostLink {
+                    asker,
+                    host: host.to_string(),
+                    name: name.to_string(),
+                });
+                let done = handle
+                    .register_remote(name, &loop_type, &task, subscriptions, link)
+                    .await;
+                reply.send(done.map_err(|e| e.to_string()));
+            }
+            CoordRequest::SetStatus { status } => {
+                handle.set_remote_status(name, &status);
+                reply.send(Ok(()));
+            }
+            CoordRequest::Query {
+                target,
+                question,
+                timeout_ms,
+            } => {
+                let timeout = Duration::from_millis(timeout_ms).min(MAX_QUERY_TIMEOUT);
+                let answer = port.query(name, &target, &question, timeout).await;
+                reply.send(answer.map_err(text));
+            }
+            CoordRequest::Share {
+                targets,
+                data_type,
+                data,
+            } => {
+                let delivered = port.share(name, &targets, &data_type, data).await;
+                reply.send(delivered.map_err(text));
+            }
+            CoordRequest::Alert {
+                system,
+                event_type,
+                message,
+                data,
+            } => {
+                let (from, about) = match system {
+                    true => (SYSTEM_SENDER, Some(name)),
+                    false => (name, None),
+                };
+                let reached = handle.alert(from, &event_type, &message, data, about).await;
+                reply.send(reached.map_err(text));
+            }
+            CoordRequest::List => reply.send(port.list_loops(name).await.map_err(text)),
+            CoordRequest::Unregister => {
+                handle.unregister_remote(name).await;
+                reply.send(Ok(()));
+            }
+        }
+    }
+
+    /// One model call of loop `name`, charged as a local one is.
+    async fn complete(
+        &self,
+        name: &str,
+        tools: Arc<[ToolDefinition]>,
+        request: Value,
+    ) -> CompleteAnswer {
+        let failed = |message: String| CompleteAnswer::Failed {
+            kind: "bad_request".into(),
+            status: None,
+            message,
+        };
+        let wire: WireRequest = match serde_json::from_value(request) {
+            Ok(w) => w,
+            Err(e) => return failed(format!("the head cannot read this model request: {e}")),
+        };
+        if wire.loop_name != name {
+            return failed(format!(
+                "a model request of loop {} came as loop {name}'s",
+                wire.loop_name
+            ));
+        }
+        // An iteration's call is charged to the loop, an answer's to the loop that asked
+        // (as the head charges its own loops' answers).
+        let payer = match &wire.purpose {
+            Purpose::Iteration => {
+                if let Some(why) = lock(&self.loops).get(name).and_then(|e| e.over.clone()) {
+                    return CompleteAnswer::OverBudget { reason: why };
+                }
+                name.to_string()
+            }
+            Purpose::QueryAnswer { from, .. } => {
+                if from == name {
+                    return failed(format!("loop {name} cannot answer its own question"));
+                }
+                from.clone()
+            }
+        };
+        let request = LlmRequest {
+            loop_name: name.to_string(),
+            purpose: wire.purpose,
+            system: wire.system,
+            messages: wire.messages,
+            tools,
+        };
+        let account = self.side.budgets.account(&payer);
+        let hold = match account.reserve(&request) {
+            Ok(h) => h,
+            Err(why) => return CompleteAnswer::OverBudget { reason: why },
+        };
+        match self.side.llm.complete(&request).await {
+            Ok(response) => {
+                hold.settle(&response.usage);
+                match serde_json::to_value(&response) {
+                    Ok(response) => CompleteAnswer::Response { response },
+                    Err(e) => failed(format!("cannot write the response: {e}")),
+                }
+            }
+            Err(e) => {
+                let (kind, status, message) = match e {
+                    LlmError::Transport(m) => ("transport", None, m),
+                    LlmError::Api { status, message } => ("api", Some(status), message),
+                    LlmError::BadReply(m) => ("bad_reply", None, m),
+                    LlmError::Script(m) => ("script", None, m),
+                    LlmError::OverBudget(m) => return CompleteAnswer::OverBudget { reason: m },
+                };
+                CompleteAnswer::Failed {
+                    kind: kind.to_string(),
+                    status,
+                    message,
+                }
+            }
+        }
+    }
+
+    /// Appends one batch of loop `name`'s records, all of it or none (a batch that does not
+    /// read is refused whole, and the host marks its loop with the reason).
+    fn records(
+        &self,
+        name: &str,
+        batch: u64,
+        events: Vec<Value>,
+        transcript: Vec<Value>,
+        receipts: Vec<Value>,
+    ) -> Result<(), String> {
+        {
+            let loops = lock(&self.loops);
+            if let Some(why) = loops.get(name).and_then(|e| e.broken.clone()) {
+                return Err(why);
+            }
+            let last = loops.get(name).map_or(0, |e| e.batch);
+            if batch <= last {
+                // A retry of a batch whose answer was lost: appended already.
+                return Ok(());
+            }
+            if Some(batch) != last.checked_add(1) {
+                return Err(format!(
+                    "records batch {batch} of loop {name} came after batch {last}"
+                ));
+            }
+        }
+        let mut kinds = Vec::with_capacity(events.len());
+        for event in events {
+            if event.get("loop_name").and_then(Value::as_str) != Some(name) {
+                return Err(format!(
+                    "an event in loop {name}'s records is not its own: {}",
+                    td_base::text::head_tail(&event.to_string(), 200)
+                ));
+            }
+            let kind = event.get("event").and_then(Value::as_str).unwrap_or("");
+            if !HOST_EVENTS.contains(&kind) {
+                // Not the host's to say; left out, and said (not silently).
+                eprintln!(
+                    "taskdaemon: loop {name}: its host sent a `{}` event, which only the head records; left out",
+                    td_base::text::head_tail(kind, 60)
+                );
+                continue;
+            }
+            kinds.push(
+                serde_json::from_value::<EventKind>(event)
+                    .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?,
+            );
+        }
+        let mut entries = Vec::with_capacity(transcript.len());
+        for entry in transcript {
+            let entry = serde_json::from_value::<TranscriptEntry>(entry)
+                .map_err(|e| format!("a transcript entry of loop {name} cannot be read: {e}"))?;
+            if let TranscriptEntry::Spent {
+                charged_to: Some(other),
+                ..
+            } = &entry
+                && other == name
+            {
+                return Err(format!(
+                    "loop {name}'s transcript charges its own answer to itself"
+                ));
+            }
+            entries.push(entry);
+        }
+        let mut taken = Vec::with_capacity(receipts.len());
+        for receipt in receipts {
+            let mut receipt = serde_json::from_value::<Receipt>(receipt)
+                .map_err(|e| format!("a receipt of loop {name} cannot be read: {e}"))?;
+            if receipt.exec_id != name {
+                return Err(format!(
+                    "a receipt in loop {name}'s records is loop {}'s",
+                    receipt.exec_id
+                ));
+            }
+            // Chained again here, under the run's key.
+            receipt.seq = None;
+            receipt.chain = None;
+            taken.push(receipt);
+        }
+        let log = if taken.is_empty() {
+            None
+        } else {
+            Some(self.side.record.receipts_for(name)?)
+        };
+        for kind in kinds {
+            if matches!(kind, EventKind::IterationStarted { .. }) {
+                self.iteration_started(name);
+            }
+            self.side.events.record(kind);
+        }
+        for entry in entries {
+            self.side.transcript.record(name, entry);
+        }
+        // From here on the batch is taken, whatever fails: a retry must not append it again.
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.batch = batch;
+        }
+        if let Some(log) = log {
+            for receipt in &taken {
+                if let Err(e) = log.append(receipt) {
+                    let why = format!("the head cannot append to loop {name}'s receipts: {e}");
+                    self.side.record.note_failure(why.clone());
+                    if let Some(entry) = lock(&self.loops).get_mut(name) {
+                        entry.broken = Some(why.clone());
+                    }
+                    return Err(why);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a new iteration of loop `name` in its account and the run's, as a local
+    /// loop's start does; past a limit, its next model call is refused with it.
+    fn iteration_started(&self, name: &str) {
+        let counted = self.side.budgets.account(name).start_iteration();
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.iterations = entry.iterations.saturating_add(1);
+            if let Err(why) = counted {
+                entry.over.get_or_insert(why);
+            }
+        }
+    }
+
+    /// Appends a chunk of loop `name`'s branch bundle; chunks come in order, and the whole
+    /// stays within [`MAX_BRANCH_BYTES`].
+    fn branch_chunk(&self, name: &str, offset: u64, data: &str) -> Result<(), String> {
+        let bytes =
+            hex::decode(data).map_err(|e| format!("a chunk of the branch is not hex: {e}"))?;
+        let mut loops = lock(&self.loops);
+        let entry = loops
+            .get_mut(name)
+            .ok_or_else(|| format!("no loop {name}"))?;
+        if offset < entry.branch_bytes
+            && offset.saturating_add(bytes.len() as u64) <= entry.branch_bytes
+        {
+            // A retry of a chunk written already.
+            return Ok(());
+        }
+        if offset != entry.branch_bytes {
+            return Err(format!(
+                "a chunk of loop {name}'s branch at {offset} came after {} bytes",
+                entry.branch_bytes
+            ));
+        }
+        let total = offset
+            .checked_add(bytes.len() as u64)
+            .filter(|t| *t <= MAX_BRANCH_BYTES)
+            .ok_or_else(|| {
+                format!("loop {name}'s branch is larger than the {MAX_BRANCH_BYTES} bytes taken")
+            })?;
+        std::fs::create_dir_all(&self.side.dir)
+            .map_err(|e| format!("cannot make {}: {e}", self.side.dir.display()))?;
+        let path = self.branch_file(name);
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        file.write_all(&bytes)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        entry.branch_bytes = total;
+        Ok(())
+    }
+
+    /// The end of loop `name` as the run takes it: its branch taken into the repository and
+    /// its worktree moved there, or failed with why that could not be.
+    async fn take_end(
+        &self,
+        name: &str,
+        base: &str,
+        end: Value,
+        branch: Option<BranchBundle>,
+        problem: Option<String>,
+    ) -> LoopEnd {
+        let iterations = lock(&self.loops).get(name).map_or(0, |e| e.iterations);
+        let fail = |reason: String| LoopEnd::Failed { iterations, reason };
+        let end: LoopEnd = match serde_json::from_value(end) {
+            Ok(e) => e,
+            Err(e) => return fail(format!("its host sent an end that cannot be read: {e}")),
+        };
+        if let Some(problem) = problem {
+            return fail(format!("its host could not send its work back: {problem}"));
+        }
+        let Some(branch) = branch else {
+            // Nothing committed: its worktree on the head is at its base already.
+            return end;
+        };
+        let received = lock(&self.loops).get(name).map_or(0, |e| e.branch_bytes);
+        if received != branch.bytes {
+            return fail(format!(
+                "its host said its branch has {} bytes and sent {received}",
+                branch.bytes
+            ));
+        }
+        let file = self.branch_file(name);
+        let into = format!("refs/taskdaemon/hosts/{name}");
+        let taken =
+            td_git::transfer::take_branch(&self.side.repo, &file, base, &into, MAX_BRANCH_BYTES)
+                .await;
+        let _ = std::fs::remove_file(&file);
+        let tip = match taken {
+            Ok(tip) => tip,
+            Err(e) => return fail(format!("its host's branch was refused: {e}")),
+        };
+        if tip != branch.tip {
+            return fail(format!(
+                "its host said its branch ends at {} and sent {tip}",
+                branch.tip
+            ));
+        }
+        let Some(worktree) = lock(&self.loops).get(name).map(|e| e.worktree.clone()) else {
+            return fail("it is no longer known".to_string());
+        };
+        if let Err(why) = fast_forward(worktree.path(), &tip).await {
+            return fail(format!(
+                "its worktree on the head cannot take its work: {why}"
+            ));
+        }
+        end
+    }
+}
+
+/// Moves the worktree at `dir` (on its loop's branch, at the base) to `tip`, which descends
+/// from it: `git merge --ff-only`, hardened as every git command of the daemon is.
+async fn fast_forward(dir: &Path, tip: &str) -> Result<(), String> {
+    let mut command = tokio::process::Command::from(td_git::daemon_git::command(dir));
+    command
+        .args(["merge", "--ff-only", "--no-edit", tip])
+        .stdin(std::process::Stdio::null());
+    let out = command
+        .output()
+        .await
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// A chunk of the file at `path` from `offset`.
+fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
+    let mut file =
+        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let total = file
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .len();
+    if offset > total {
+        return Err(format!(
+            "offset {offset} is past the bundle's {total} bytes"
+        ));
+    }
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut buf = Vec::with_capacity(CHUNK_BYTES);
+    file.take(CHUNK_BYTES as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(Chunk {
+        data: hex::encode(buf),
+        total,
+    })
+}
+
+/// The run's command confinement as a host applies it: `mode`, `read`, `unix-sockets` and
+/// `env` of the config's `sandbox:` (its form in taskdaemon.yml, the shorthand string
+/// too). Its paths (`writable`, `readable`, `hide`) name the head's machine and stay here;
+/// a host protects its own work directory and hides its own secret file.
+pub fn sandbox_policy(config: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let doc: Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    Ok(policy_of(doc.get("sandbox")))
+}
+
+fn policy_of(sandbox: Option<&Value>) -> Value {
+    match sandbox {
+        Some(Value::String(mode)) => Value::String(mode.clone()),
+        Some(Value::Object(map)) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| matches!(k.as_str(), "mode" | "read" | "unix-sockets" | "env"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        _ => Value::Object(serde_json::Map::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_gets_the_sandbox_policy_without_the_heads_paths() {
+        let full = serde_json::json!({
+            "mode": "required", "read": "strict", "unix-sockets": "refuse",
+            "env": {"pass": ["LANG"]}, "writable": ["/home/me/.cargo"], "hide": ["/home/me/.aws"],
+            "readable": ["/opt"]
+        });
+        let policy = policy_of(Some(&full));
+        assert_eq!(
+            policy,
+            serde_json::json!({
+                "mode": "required", "read": "strict", "unix-sockets": "refuse",
+                "env": {"pass": ["LANG"]}
+            })
+        );
+        let settings: td_confine::SandboxSettings = serde_json::from_value(policy).unwrap();
+        assert!(settings.writable.is_empty() && settings.hide.is_empty());
+        assert_eq!(settings.mode, td_confine::SandboxMode::Required);
+        let short: td_confine::SandboxSettings =
+            serde_json::from_value(policy_of(Some(&Value::String("required".into())))).unwrap();
+        assert_eq!(short.mode, td_confine::SandboxMode::Required);
+        let none: td_confine::SandboxSettings = serde_json::from_value(policy_of(None)).unwrap();
+        assert_eq!(none, td_confine::SandboxSettings::default());
+    }
+
+    #[test]
+    fn a_chunk_is_read_from_its_offset_and_past_the_end_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b");
+        std::fs::write(&path, b"abcdef").unwrap();
+        let chunk = read_chunk(&path, 2).unwrap();
+        assert_eq!(hex::decode(chunk.data).unwrap(), b"cdef");
+        assert_eq!(chunk.total, 6);
+        assert!(read_chunk(&path, 7).is_err());
+        assert_eq!(read_chunk(&path, 6).unwrap().data, "");
+    }
+}
