@@ -18,6 +18,8 @@
 //!   alerts and listings go to the head ([`HeadUpstream`]), which reaches the loops here
 //!   through [`ToHost::Deliver`] and [`ToHost::Answer`].
 
+mod guard;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -191,7 +193,10 @@ impl HostLoops {
     pub fn handle(self: &Arc<Self>, request: HeadRequest) {
         let HeadRequest { request, reply } = request;
         match request {
-            ToHost::StartLoop(start) => reply.send(self.clone().accept(*start)),
+            ToHost::StartLoop(start) => {
+                let me = self.clone();
+                tokio::spawn(async move { reply.send(me.accept(*start).await) });
+            }
             ToHost::StopLoop { loop_name, now } => {
                 if lock(&self.loops).contains_key(&loop_name) {
                     let _ = self.commands.send(Command::Stop {
@@ -247,13 +252,8 @@ impl HostLoops {
     }
 
     /// Takes loop `start` (its setup goes on in a task of its own).
-    fn accept(self: Arc<Self>, start: StartLoop) -> Result<(), String> {
-        if !plain(&start.loop_name) {
-            return Err(format!(
-                "{:?} is not a loop name this host takes",
-                start.loop_name
-            ));
-        }
+    async fn accept(self: Arc<Self>, start: StartLoop) -> Result<(), String> {
+        guard::check_start(&start).await?;
         {
             let mut loops = lock(&self.loops);
             if loops.contains_key(&start.loop_name) {
@@ -342,11 +342,9 @@ impl HostLoops {
                 received?;
             }
         }
-        let dir = self
-            .workdir
-            .join("worktrees")
-            .join(start.branch.replace('/', "+"));
-        if dir.exists() {
+        let dirs = guard::loop_dirs(&self.workdir, &start)?;
+        let dir = dirs.worktree;
+        if dir.symlink_metadata().is_ok() {
             // A loop of this name and branch ran here before and its worktree was left (the
             // host stopped with it): it starts again from the head's commit, which is the
             // loop's truth.
@@ -356,7 +354,7 @@ impl HostLoops {
             {
                 let _ = mirror.remove_worktree(&stale, false).await;
             }
-            let _ = std::fs::remove_dir_all(&dir);
+            guard::remove_left(&self.workdir.join("worktrees"), &dir)?;
         }
         let worktree = mirror
             .add_worktree(&dir, &start.branch, &start.base_commit)
@@ -428,10 +426,8 @@ impl HostLoops {
             });
         let tools = td_tools::tool_set(&start.tools).map_err(|e| e.to_string())?;
         let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
-        let receipts_path = self
-            .workdir
-            .join("records")
-            .join(start.branch.replace('/', "+"))
+        let receipts_path = guard::loop_dirs(&self.workdir, start)?
+            .records
             .join("receipts.jsonl");
         let _ = std::fs::remove_file(&receipts_path);
         let receipts = ReceiptLog::open(&receipts_path)

@@ -1,0 +1,289 @@
+//! What a host checks of the head's requests before it acts on them: a host trusts its head
+//! with the loop's work, not with its own machine. Every name that becomes a path here is
+//! checked, and every path a loop's files go to is one directory beneath the host's work
+//! directory, named after the loop.
+
+use std::path::{Path, PathBuf};
+
+use td_cluster::protocol::StartLoop;
+
+/// Where one loop's files go on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LoopDirs {
+    /// Its worktree.
+    pub worktree: PathBuf,
+    /// Its own records (its receipt log).
+    pub records: PathBuf,
+}
+
+/// The longest branch name a host takes from the head.
+const MAX_BRANCH_LEN: usize = 255;
+
+/// Refuses a `StartLoop` whose names this host does not take: a loop name that is not one
+/// plain path component, a branch git refuses (or that has an empty, `.` or `..` part, or
+/// would read as an option), a base that is not a commit id.
+pub(super) async fn check_start(start: &StartLoop) -> Result<(), String> {
+    if !super::plain(&start.loop_name) {
+        return Err(format!(
+            "{:?} is not a loop name this host takes ({})",
+            start.loop_name,
+            td_cluster::protocol::HOST_NAME_RULE
+        ));
+    }
+    check_branch(&start.branch).await?;
+    let id = &start.base_commit;
+    if !matches!(id.len(), 40 | 64) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "the base {id:?} of loop {} is not a commit id",
+            start.loop_name
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `branch` unless `git check-ref-format --branch` takes it as it is and it has no
+/// part git would resolve or this host would take for a path step.
+async fn check_branch(branch: &str) -> Result<(), String> {
+    let refuse = |why: &str| {
+        Err(format!(
+            "the branch {branch:?} the head gave this loop is refused: {why}; a loop's branch is letters, digits, '-', '_', '.' and '/' between non-empty parts"
+        ))
+    };
+    if branch.is_empty() || branch.len() > MAX_BRANCH_LEN {
+        return refuse("it is empty or longer than 255 bytes");
+    }
+    if branch.starts_with('-') {
+        return refuse("git would read it as an option");
+    }
+    if branch.chars().any(char::is_control) {
+        return refuse("it holds a control character");
+    }
+    if branch
+        .split('/')
+        .any(|part| part.is_empty() || part.starts_with('.') || part == "@")
+    {
+        return refuse(
+            "it has an empty part, one starting with '.' ('.', '..') or '@' (git's HEAD)",
+        );
+    }
+    let mut command = tokio::process::Command::from(td_git::daemon_git::command(Path::new("/")));
+    command
+        .args(["check-ref-format", "--branch", branch])
+        .stdin(std::process::Stdio::null());
+    let out = command
+        .output()
+        .await
+        .map_err(|e| format!("cannot run git to check the branch {branch:?}: {e}"))?;
+    // `--branch` expands `@{-1}`-like names; only the literal name is acceptable.
+    let said = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && said.strip_suffix('\n').unwrap_or(&said) == branch {
+        return Ok(());
+    }
+    refuse("git does not take it as a branch name (`git check-ref-format --branch`)")
+}
+
+/// The directories of loop `start` under `workdir`: named after the loop (checked to be one
+/// plain path component), never after anything else the head sends.
+pub(super) fn loop_dirs(workdir: &Path, start: &StartLoop) -> Result<LoopDirs, String> {
+    let name = &start.loop_name;
+    if !super::plain(name) {
+        return Err(format!("{name:?} is not a loop name this host takes"));
+    }
+    Ok(LoopDirs {
+        worktree: workdir.join("worktrees").join(name),
+        records: workdir.join("records").join(name),
+    })
+}
+
+/// Removes what a loop left at `dir` (a worktree of an earlier start of the same loop):
+/// only a directory directly beneath `root` whose name is a plain loop name; a symbolic link
+/// there is removed, not followed. Nothing there is fine.
+pub(super) fn remove_left(root: &Path, dir: &Path) -> Result<(), String> {
+    let named = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(super::plain);
+    if dir.parent() != Some(root) || !named {
+        return Err(format!(
+            "{} is not a loop's directory beneath {}; it is left alone",
+            dir.display(),
+            root.display()
+        ));
+    }
+    let meta = match dir.symlink_metadata() {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot look at {}: {e}", dir.display())),
+    };
+    let removed = if meta.is_dir() {
+        std::fs::remove_dir_all(dir)
+    } else {
+        std::fs::remove_file(dir)
+    };
+    removed.map_err(|e| format!("cannot remove what was left at {}: {e}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use td_cluster::protocol::{HostLimits, WirePricing};
+
+    fn start(loop_name: &str, branch: &str) -> StartLoop {
+        StartLoop {
+            loop_name: loop_name.to_string(),
+            loop_type: "code".into(),
+            task: "t".into(),
+            max_iterations: 1,
+            max_turns: 1,
+            iteration_timeout_ms: None,
+            success_code: 0,
+            system_template: String::new(),
+            iteration_template: String::new(),
+            peers: Vec::new(),
+            first_iteration: 1,
+            tools: Vec::new(),
+            build: None,
+            test: None,
+            validate: None,
+            subscriptions: None,
+            initial_inbox: Vec::new(),
+            initial_progress: Vec::new(),
+            announced: false,
+            limits: HostLimits::default(),
+            pricing: WirePricing::default(),
+            base_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            branch: branch.to_string(),
+            sandbox: serde_json::json!({}),
+        }
+    }
+
+    /// Branches a hostile head might send: what git refuses, what climbs out of a
+    /// directory, what git would take for an option.
+    const BAD_BRANCHES: &[&str] = &[
+        "",
+        ".",
+        "..",
+        "../..",
+        "../mirror",
+        "a/../../mirror",
+        "a/./b",
+        "/abs",
+        "a//b",
+        "a..b",
+        "a b",
+        "a~1",
+        "a^",
+        "a:b",
+        "a?b",
+        "a*b",
+        "a[b",
+        "a\\b",
+        "x.lock",
+        "x.",
+        "@",
+        "@{-1}",
+        "-d",
+        "--force",
+        "a\0b",
+        "a\nb",
+        "ok/",
+        ".hidden",
+    ];
+
+    #[tokio::test]
+    async fn a_branch_git_refuses_or_that_climbs_out_is_refused() {
+        for bad in BAD_BRANCHES {
+            let err = check_start(&start("api", bad))
+                .await
+                .expect_err(&format!("branch {bad:?} was taken"));
+            assert!(err.contains("branch"), "{bad:?}: {err}");
+        }
+        for good in ["taskdaemon/api", "feature/x-1", "a.b_c"] {
+            check_start(&start("api", good))
+                .await
+                .unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_loop_name_is_refused() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "-x",
+            ".x",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            assert!(
+                check_start(&start(bad, "taskdaemon/ok")).await.is_err(),
+                "{bad:?} was taken"
+            );
+        }
+    }
+
+    #[test]
+    fn a_loops_directories_are_named_after_the_loop_whatever_its_branch() {
+        let workdir = Path::new("/w");
+        for branch in BAD_BRANCHES.iter().chain(&["taskdaemon/api", "x"]) {
+            let dirs = loop_dirs(workdir, &start("api", branch)).expect("the loop's dirs");
+            assert_eq!(dirs.worktree, Path::new("/w/worktrees/api"), "{branch:?}");
+            assert_eq!(dirs.records, Path::new("/w/records/api"), "{branch:?}");
+        }
+        assert!(loop_dirs(workdir, &start("..", "x")).is_err());
+    }
+
+    #[test]
+    fn removing_what_a_loop_left_cannot_reach_the_mirror_or_another_loop() {
+        let tmp = tempfile::tempdir().expect("a temp dir");
+        let workdir = tmp.path();
+        let root = workdir.join("worktrees");
+        std::fs::create_dir_all(workdir.join("mirror/refs")).expect("mkdir");
+        std::fs::create_dir_all(root.join("other")).expect("mkdir");
+        std::fs::write(root.join("other/work.rs"), "x").expect("write");
+        std::fs::create_dir_all(root.join("api/src")).expect("mkdir");
+        // A hostile branch decides nothing about the directory.
+        for branch in BAD_BRANCHES {
+            if let Ok(dirs) = loop_dirs(workdir, &start("api", branch)) {
+                let _ = remove_left(&root, &dirs.worktree);
+            }
+            assert!(
+                workdir.join("mirror/refs").is_dir(),
+                "{branch:?} reached the mirror"
+            );
+            assert!(
+                root.join("other/work.rs").is_file(),
+                "{branch:?} reached another loop"
+            );
+        }
+        std::fs::create_dir_all(root.join("api/src")).expect("mkdir");
+        // Only a directory directly beneath the root, never the root or above it.
+        for outside in [
+            workdir.to_path_buf(),
+            root.clone(),
+            root.join(".."),
+            root.join("api/.."),
+            workdir.join("mirror"),
+            root.join("api/src"),
+        ] {
+            assert!(
+                remove_left(&root, &outside).is_err(),
+                "{}",
+                outside.display()
+            );
+        }
+        assert!(workdir.join("mirror/refs").is_dir());
+        assert!(root.join("other/work.rs").is_file());
+        assert!(root.join("api/src").is_dir());
+        // A symbolic link there goes, not what it points at.
+        std::os::unix::fs::symlink(workdir.join("mirror"), root.join("linked")).expect("link");
+        remove_left(&root, &root.join("linked")).expect("the link removed");
+        assert!(!root.join("linked").exists() && workdir.join("mirror/refs").is_dir());
+        remove_left(&root, &root.join("api")).expect("its own dir removed");
+        assert!(!root.join("api").exists());
+        remove_left(&root, &root.join("gone")).expect("a missing dir is fine");
+    }
+}
