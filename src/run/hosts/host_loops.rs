@@ -69,6 +69,17 @@ const TRIES: u32 = 4;
 const BATCH_ITEMS: usize = 512;
 const BATCH_BYTES: usize = 1024 * 1024;
 
+pub use guard::HostFloor;
+
+/// This host's own floor under the head's sandbox policy, set once by `taskdaemon host`
+/// before it joins (a process runs one host).
+static FLOOR: OnceLock<HostFloor> = OnceLock::new();
+
+/// Sets this host's floor under the head's sandbox policy (the first call wins).
+pub fn set_floor(floor: HostFloor) {
+    let _ = FLOOR.set(floor);
+}
+
 /// A name that is safe as one path component.
 fn plain(name: &str) -> bool {
     td_cluster::protocol::valid_host_name(name)
@@ -413,7 +424,7 @@ impl HostLoops {
             .get(name)
             .map(|r| r.streamer.clone())
             .ok_or_else(|| format!("loop {name} was dropped"))?;
-        let sandbox = Arc::new(self.sandbox(&start.sandbox)?);
+        let sandbox = Arc::new(self.sandbox(name, &start.sandbox)?);
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
             .map_err(|e| e.to_string())?
             .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
@@ -482,10 +493,18 @@ impl HostLoops {
         })
     }
 
-    /// The run's confinement policy with this host's paths.
-    fn sandbox(&self, policy: &Value) -> Result<td_confine::SandboxSettings, String> {
-        let settings: td_confine::SandboxSettings = serde_json::from_value(policy.clone())
-            .map_err(|e| format!("the run's sandbox settings cannot be read: {e}"))?;
+    /// The run's confinement policy as this host takes it ([`guard::host_policy`]), with
+    /// this host's paths; refused when it requires what this machine lacks.
+    fn sandbox(&self, name: &str, policy: &Value) -> Result<td_confine::SandboxSettings, String> {
+        let floor = FLOOR.get().cloned().unwrap_or_default();
+        let (settings, dropped) = guard::host_policy(policy, &floor)?;
+        for what in dropped {
+            eprintln!("taskdaemon host: loop {name}: the head's {what} is left out");
+        }
+        td_base::secrets::register_environment(&settings.env.secret);
+        td_confine::SandboxReport::of(&settings)
+            .check_required()
+            .map_err(|e| format!("{e}"))?;
         // The mirror, the bundles and the other loops' worktrees are the host's, not the
         // loop's (its own worktree inside stays its own).
         let mut settings = settings.protecting(&self.workdir);

@@ -5,7 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+use td_base::secrets::{is_secret_name, is_secret_value};
 use td_cluster::protocol::StartLoop;
+use td_confine::{SandboxMode, SandboxSettings};
 
 /// Where one loop's files go on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +124,84 @@ pub(super) fn remove_left(root: &Path, dir: &Path) -> Result<(), String> {
         std::fs::remove_file(dir)
     };
     removed.map_err(|e| format!("cannot remove what was left at {}: {e}", dir.display()))
+}
+
+/// What this host holds commands to, whatever the head's policy says: `taskdaemon host
+/// --sandbox-floor`, the host's own secret variable (`--secret-env`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFloor {
+    /// The least confinement mode this host runs commands under.
+    pub mode: SandboxMode,
+    /// The variable that holds this host's shared secret, when it came from one.
+    pub secret_env: Option<String>,
+}
+
+/// The head's `sandbox:` policy as this host applies it: only its `mode`, `read`,
+/// `unix-sockets` and `env` (paths name the head's machine; this host allows a loop to
+/// write only its worktree and hides its own files), `mode` never below the host's floor,
+/// and `env.pass` never passing a variable that is secret here: one whose name looks
+/// secret, the host's secret variable, one the head's own `env.secret` names, or one whose
+/// value this host's redaction knows. The host's secret variable is always withheld.
+/// Returns the settings and a sentence for each thing of the head's left out.
+pub(super) fn host_policy(
+    policy: &Value,
+    floor: &HostFloor,
+) -> Result<(SandboxSettings, Vec<String>), String> {
+    let mut dropped = Vec::new();
+    let kept = match policy {
+        Value::String(_) | Value::Null => policy.clone(),
+        Value::Object(map) => {
+            let mut kept = serde_json::Map::new();
+            for (key, value) in map {
+                if matches!(key.as_str(), "mode" | "read" | "unix-sockets" | "env") {
+                    kept.insert(key.clone(), value.clone());
+                } else {
+                    dropped.push(format!(
+                        "sandbox.{key} (a host takes no paths of the head's; commands write only beneath their worktree here)"
+                    ));
+                }
+            }
+            Value::Object(kept)
+        }
+        other => {
+            return Err(format!(
+                "the run's sandbox settings are not a mode or a map: {other}"
+            ));
+        }
+    };
+    let mut settings: SandboxSettings = if kept.is_null() {
+        SandboxSettings::default()
+    } else {
+        serde_json::from_value(kept)
+            .map_err(|e| format!("the run's sandbox settings cannot be read: {e}"))?
+    };
+    if settings.mode == SandboxMode::BestEffort && floor.mode == SandboxMode::Required {
+        settings.mode = SandboxMode::Required;
+        dropped.push(
+            "sandbox.mode best-effort (this host requires every protection: --sandbox-floor required)"
+                .to_string(),
+        );
+    }
+    let env = &mut settings.env;
+    let head_secret = env.secret.clone();
+    env.pass.retain(|name| {
+        let secret = is_secret_name(name)
+            || floor.secret_env.as_deref() == Some(name.as_str())
+            || head_secret.contains(name)
+            || std::env::var(name).is_ok_and(|value| is_secret_value(&value));
+        if secret {
+            dropped.push(format!(
+                "sandbox.env.pass {name} (a secret on this host; its commands never get it)"
+            ));
+        }
+        !secret
+    });
+    if let Some(name) = &floor.secret_env
+        && !env.secret.contains(name)
+    {
+        env.secret.push(name.clone());
+    }
+    Ok((settings, dropped))
 }
 
 #[cfg(test)]
@@ -285,5 +366,99 @@ mod tests {
         remove_left(&root, &root.join("api")).expect("its own dir removed");
         assert!(!root.join("api").exists());
         remove_left(&root, &root.join("gone")).expect("a missing dir is fine");
+    }
+
+    fn floor(mode: SandboxMode, secret_env: Option<&str>) -> HostFloor {
+        HostFloor {
+            mode,
+            secret_env: secret_env.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn the_heads_paths_never_reach_the_hosts_policy() {
+        let hostile = serde_json::json!({
+            "mode": "required", "writable": ["/", "/root"], "readable": ["/root/.ssh"],
+            "hide": ["/usr/bin", "/etc"], "read": "strict"
+        });
+        let (settings, dropped) =
+            host_policy(&hostile, &HostFloor::default()).expect("the policy read");
+        assert!(settings.writable.is_empty(), "{:?}", settings.writable);
+        assert!(settings.readable.is_empty(), "{:?}", settings.readable);
+        assert!(settings.hide.is_empty(), "{:?}", settings.hide);
+        assert_eq!(settings.mode, SandboxMode::Required);
+        assert_eq!(settings.read, td_confine::ReadScope::Strict);
+        for key in ["writable", "readable", "hide"] {
+            assert!(
+                dropped.iter().any(|d| d.contains(key)),
+                "{key}: {dropped:?}"
+            );
+        }
+        // Keys the config file never has (what the daemon sets itself) are not taken either.
+        let (settings, _) = host_policy(
+            &serde_json::json!({"protected": [], "secret_files": [], "mode": "best-effort"}),
+            &HostFloor::default(),
+        )
+        .expect("unknown keys left out");
+        assert_eq!(settings, SandboxSettings::default());
+        assert!(host_policy(&serde_json::json!(7), &HostFloor::default()).is_err());
+        assert!(host_policy(&serde_json::json!("wide-open"), &HostFloor::default()).is_err());
+    }
+
+    #[test]
+    fn env_pass_never_passes_a_secret_of_the_host_and_its_secret_variable_is_withheld() {
+        const COOKIE: &str = "TD_GUARDTEST_HOSTS_COOKIE";
+        const COPY: &str = "TD_GUARDTEST_INNOCENT_COPY";
+        // SAFETY: these names are read by this test only.
+        unsafe {
+            std::env::set_var(COOKIE, "guard-test-hosts-secret-0123456789");
+            std::env::set_var(COPY, "x guard-test-hosts-secret-0123456789 y");
+            std::env::set_var("TD_GUARDTEST_PLAIN", "plain");
+            std::env::set_var("TD_GUARDTEST_SERVICE_TOKEN", "t-guard-test-987654321");
+        }
+        // What `taskdaemon host` registers before it joins.
+        td_base::secrets::register("hosts secret", "guard-test-hosts-secret-0123456789");
+        let hostile = serde_json::json!({"env": {
+            "pass": [COOKIE, COPY, "TD_GUARDTEST_SERVICE_TOKEN", "OPENAI_API_KEY",
+                     "TD_GUARDTEST_NAMED", "TD_GUARDTEST_PLAIN"],
+            "secret": ["TD_GUARDTEST_NAMED"]
+        }});
+        let (settings, dropped) =
+            host_policy(&hostile, &floor(SandboxMode::BestEffort, Some(COOKIE)))
+                .expect("the policy read");
+        assert_eq!(settings.env.pass, vec!["TD_GUARDTEST_PLAIN".to_string()]);
+        assert!(settings.env.secret.contains(&COOKIE.to_string()));
+        assert_eq!(dropped.len(), 5, "{dropped:?}");
+        let env = td_confine::environment::command_environment(&settings.env, &[]);
+        let names: Vec<String> = env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        for secret in [COOKIE, COPY, "TD_GUARDTEST_SERVICE_TOKEN"] {
+            assert!(
+                !names.contains(&secret.to_string()),
+                "{secret} reached commands"
+            );
+        }
+        assert!(names.contains(&"TD_GUARDTEST_PLAIN".to_string()));
+    }
+
+    #[test]
+    fn the_head_cannot_lower_the_hosts_floor() {
+        let required = floor(SandboxMode::Required, None);
+        for lower in [
+            serde_json::json!("best-effort"),
+            serde_json::json!({"mode": "best-effort"}),
+            serde_json::json!({}),
+            Value::Null,
+        ] {
+            let (settings, _) = host_policy(&lower, &required).expect("the policy read");
+            assert_eq!(settings.mode, SandboxMode::Required, "{lower}");
+        }
+        // A head that asks for more than the floor gets it.
+        let (settings, dropped) =
+            host_policy(&serde_json::json!("required"), &HostFloor::default()).expect("read");
+        assert_eq!(settings.mode, SandboxMode::Required);
+        assert!(dropped.is_empty(), "{dropped:?}");
     }
 }
