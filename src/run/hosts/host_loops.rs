@@ -9,8 +9,12 @@
 //!   ([`Streamer`]), which appends them to the run's record; a batch that cannot be
 //!   delivered after a few tries makes the loop's record unwritable, so the loop stops
 //!   before its next call with the reason (nothing is done that is not recorded);
-//! - confinement: the run's `sandbox:` policy applies, with this host's paths: its work
-//!   directory protected (the mirror, other loops' worktrees) and its secret file hidden;
+//! - confinement: the run's `sandbox:` policy applies as this host takes it
+//!   ([`guard::host_policy`]: no paths of the head's, no host secret passed, never below
+//!   `--sandbox-floor`), with this host's paths: its work directory protected (the mirror,
+//!   other loops' worktrees) and its secret file hidden;
+//! - trust: every name the head sends that becomes a path is checked first, and a loop's
+//!   directories are named after its loop name ([`guard`]);
 //! - its end: the host commits the loop's work, bundles its branch and sends it back in
 //!   chunks with the loop's end ([`FromHost::Ended`]).
 //!
@@ -110,6 +114,9 @@ pub struct HostLoops {
     commands: mpsc::UnboundedSender<Command>,
     mirror: tokio::sync::Mutex<Option<Mirror>>,
     runtime: OnceLock<RuntimeParts>,
+    /// Held by a loop's end until its worktree and branch are gone, and by a start of the
+    /// same loop while it makes its worktree ([`guard::LoopLocks`]).
+    locks: guard::LoopLocks,
 }
 
 /// What loop specs take from the host's runtime.
@@ -149,6 +156,7 @@ impl HostLoops {
             commands: tx,
             mirror: tokio::sync::Mutex::new(None),
             runtime: OnceLock::new(),
+            locks: guard::LoopLocks::default(),
         });
         let _ = loops.runtime.set(RuntimeParts {
             coordinator: rt.coordinator.clone(),
@@ -353,24 +361,10 @@ impl HostLoops {
                 received?;
             }
         }
-        let dirs = guard::loop_dirs(&self.workdir, &start)?;
-        let dir = dirs.worktree;
-        if dir.symlink_metadata().is_ok() {
-            // A loop of this name and branch ran here before and its worktree was left (the
-            // host stopped with it): it starts again from the head's commit, which is the
-            // loop's truth.
-            if let Ok(stale) = mirror
-                .add_worktree(&dir, &start.branch, &start.base_commit)
-                .await
-            {
-                let _ = mirror.remove_worktree(&stale, false).await;
-            }
-            guard::remove_left(&self.workdir.join("worktrees"), &dir)?;
-        }
-        let worktree = mirror
-            .add_worktree(&dir, &start.branch, &start.base_commit)
-            .await
-            .map_err(|e| e.to_string())?;
+        // Not while an earlier start of this loop is still being cleaned up.
+        let held = self.locks.hold(&name).await;
+        let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;
+        drop(held);
         let spec = self.spec(&start, &worktree)?;
         if let Some(running) = lock(&self.loops).get_mut(&name) {
             running.worktree = Some(worktree);
@@ -522,6 +516,9 @@ impl HostLoops {
     /// Loop `name` ended with `end`: its last records go, then its branch, then its end.
     fn finish(self: Arc<Self>, name: String, end: LoopEnd) {
         tokio::spawn(async move {
+            // Held until its worktree and branch are gone: the head may hand this loop back
+            // as soon as it has the end, and that start waits for this lock.
+            let _cleaning = self.locks.hold(&name).await;
             let Some((start, worktree, streamer)) = lock(&self.loops)
                 .get_mut(&name)
                 .map(|r| (r.start.clone(), r.worktree.take(), r.streamer.clone()))

@@ -3,12 +3,16 @@
 //! checked, and every path a loop's files go to is one directory beneath the host's work
 //! directory, named after the loop.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use td_base::secrets::{is_secret_name, is_secret_value};
 use td_cluster::protocol::StartLoop;
 use td_confine::{SandboxMode, SandboxSettings};
+use td_git::transfer::Mirror;
+use td_git::worktree::Worktree;
 
 /// Where one loop's files go on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,9 +208,54 @@ pub(super) fn host_policy(
     Ok((settings, dropped))
 }
 
+/// One lock per loop name. A loop's end holds it from before its slot is freed until its
+/// worktree and branch are removed from the mirror, and a start of the same loop holds it
+/// while it makes its worktree: the head may hand a loop back as soon as it has its end,
+/// and without the lock that end's cleanup could remove the new start's worktree and
+/// branch (same directory, same branch). A lock is kept per loop name the host ran (a
+/// run's loops are few; the host's process ends with the run).
+#[derive(Default)]
+pub(super) struct LoopLocks(Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl LoopLocks {
+    /// Waits for loop `name`'s lock.
+    pub(super) async fn hold(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = td_base::sync::lock(&self.0)
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+}
+
+/// Makes loop `start`'s worktree in `mirror` under `workdir`, at its base on its branch,
+/// removing what an earlier start of the same loop left there first (it starts again from
+/// the head's commit, which is the loop's truth).
+pub(super) async fn make_worktree(
+    mirror: &Mirror,
+    workdir: &Path,
+    start: &StartLoop,
+) -> Result<Worktree, String> {
+    let dir = loop_dirs(workdir, start)?.worktree;
+    if dir.symlink_metadata().is_ok() {
+        if let Ok(stale) = mirror
+            .add_worktree(&dir, &start.branch, &start.base_commit)
+            .await
+        {
+            let _ = mirror.remove_worktree(&stale, false).await;
+        }
+        remove_left(&workdir.join("worktrees"), &dir)?;
+    }
+    mirror
+        .add_worktree(&dir, &start.branch, &start.base_commit)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use td_cluster::protocol::{HostLimits, WirePricing};
 
     fn start(loop_name: &str, branch: &str) -> StartLoop {
@@ -460,5 +509,92 @@ mod tests {
             host_policy(&serde_json::json!("required"), &HostFloor::default()).expect("read");
         assert_eq!(settings.mode, SandboxMode::Required);
         assert!(dropped.is_empty(), "{dropped:?}");
+    }
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[tokio::test]
+    async fn an_ended_loops_cleanup_never_removes_the_worktree_of_its_next_start() {
+        let tmp = tempfile::tempdir().expect("a temp dir");
+        let repo_dir = tmp.path().join("repo");
+        std::fs::create_dir_all(&repo_dir).expect("mkdir");
+        git(&repo_dir, &["init", "-q"]);
+        std::fs::write(repo_dir.join("README"), "hello\n").expect("write");
+        git(&repo_dir, &["add", "README"]);
+        git(&repo_dir, &["commit", "-q", "-m", "base"]);
+        let tip = git(&repo_dir, &["rev-parse", "HEAD"]);
+        let repo = td_git::worktree::Repo::open(&repo_dir)
+            .await
+            .expect("the repo");
+        let bundle = tmp.path().join("base.bundle");
+        td_git::transfer::bundle_commits(&repo, &tip, &[], &bundle)
+            .await
+            .expect("bundled");
+        let workdir = tmp.path().join("host");
+        let mirror = Mirror::open(&workdir.join("mirror")).await.expect("mirror");
+        mirror
+            .receive(&bundle, &tip, 1 << 30)
+            .await
+            .expect("received");
+        let mut start = start("api", "taskdaemon/api");
+        start.base_commit = tip;
+        let locks = Arc::new(LoopLocks::default());
+        let first = make_worktree(&mirror, &workdir, &start)
+            .await
+            .expect("the first worktree");
+        // The loop ends: its end holds the loop's lock from before its slot is freed...
+        let ending = locks.hold("api").await;
+        // ...and the head hands the loop back at once: its next start makes its worktree...
+        let next = tokio::spawn({
+            let (locks, mirror, workdir, start) = (
+                locks.clone(),
+                mirror.clone(),
+                workdir.clone(),
+                start.clone(),
+            );
+            async move {
+                let _held = locks.hold("api").await;
+                make_worktree(&mirror, &workdir, &start).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // ...while the end removes the first worktree and its branch.
+        mirror
+            .remove_worktree(&first, false)
+            .await
+            .expect("the end's cleanup");
+        drop(ending);
+        let next = next.await.expect("joined").expect("the next worktree");
+        assert!(
+            next.path().join("README").is_file(),
+            "the next start's worktree was removed by the end before it"
+        );
+        let branch = git(
+            &workdir.join("mirror"),
+            &["rev-parse", "--verify", "refs/heads/taskdaemon/api"],
+        );
+        assert_eq!(branch, start.base_commit);
     }
 }
