@@ -10,11 +10,11 @@
 //!   delivered after a few tries makes the loop's record unwritable, so the loop stops
 //!   before its next call with the reason (nothing is done that is not recorded);
 //! - confinement: the run's `sandbox:` policy applies as this host takes it
-//!   ([`guard::host_policy`]: no paths of the head's, no host secret passed, never below
+//!   (`guard::host_policy`: no paths of the head's, no host secret passed, never below
 //!   `--sandbox-floor`), with this host's paths: its work directory protected (the mirror,
 //!   other loops' worktrees) and its secret file hidden;
 //! - trust: every name the head sends that becomes a path is checked first, and a loop's
-//!   directories are named after its loop name ([`guard`]);
+//!   directories are named after its loop name (`guard`);
 //! - its end: the host commits the loop's work, bundles its branch and sends it back in
 //!   chunks with the loop's end ([`FromHost::Ended`]).
 //!
