@@ -244,6 +244,11 @@ struct HostArgs {
     /// How long connecting, the handshake and joining may each take, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     timeout_ms: u64,
+    /// The least confinement this host runs loops' commands under, whatever the head's
+    /// `sandbox.mode` says: `required` refuses to run a loop's commands on a machine that
+    /// lacks a protection, even when the head asks for `best-effort`.
+    #[arg(long, value_name = "MODE", default_value = "best-effort", value_parser = ["best-effort", "required"])]
+    sandbox_floor: String,
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -667,6 +672,16 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         }
         Command::Run(args) => run_command(args).await,
         Command::Host(args) => {
+            taskdaemon::run::hosts::host_loops::set_floor(
+                taskdaemon::run::hosts::host_loops::HostFloor {
+                    mode: if args.sandbox_floor == "required" {
+                        td_confine::SandboxMode::Required
+                    } else {
+                        td_confine::SandboxMode::BestEffort
+                    },
+                    secret_env: args.secret_env.clone(),
+                },
+            );
             let code = taskdaemon::run::hosts::worker::run(
                 taskdaemon::run::hosts::worker::WorkerOptions {
                     join: args.join,

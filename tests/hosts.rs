@@ -1572,3 +1572,101 @@ fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
         "{s}"
     );
 }
+
+/// A host does not take the head's word for what is secret on it: the head's `sandbox:`
+/// passes the host's secret variable and a model key of the host's machine (`env.pass`),
+/// and the host (`--secret-env`, `--sandbox-floor required`) withholds both from its loop's
+/// command all the same.
+#[test]
+fn a_host_withholds_its_secrets_whatever_the_heads_sandbox_passes() {
+    let mut net = Net::new("a_host_withholds_its_secrets");
+    let (head_ip, _, _) = net.host("h1");
+    let script = r#"
+c:
+  turns:
+    - calls:
+        - run_command: {command: "env > env.txt"}
+    - calls:
+        - complete_task: {summary: "c done"}
+"#;
+    let run = head_run(
+        script,
+        "  - {name: c, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [c], hosts: [h1]}\n",
+    );
+    let config = std::fs::read_to_string(&run.run.config).unwrap();
+    std::fs::write(
+        &run.run.config,
+        config.replacen(
+            "sandbox: {",
+            "sandbox: {env: {pass: [TD_HOSTS_COOKIE, OPENAI_API_KEY, TD_INNOCENT]}, ",
+            1,
+        ),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let (join, workdir) = (
+        format!("{head_ip}:7070"),
+        run.root().join("host-h1").display().to_string(),
+    );
+    let mut h1 = net.spawn(
+        "h1",
+        &run.root(),
+        "env",
+        &[
+            &format!("TD_HOSTS_COOKIE={SECRET}"),
+            &format!("OPENAI_API_KEY={HOST_KEY}"),
+            "TD_INNOCENT=plain-value",
+            bin(),
+            "host",
+            "--join",
+            &join,
+            "--name",
+            "h1",
+            "--secret-env",
+            "TD_HOSTS_COOKIE",
+            "--sandbox-floor",
+            "required",
+            "--workdir",
+            &workdir,
+        ],
+    );
+    let code = head.wait_exit(WAIT);
+    let s = summary(&run.run.run_dir);
+    let c = &s["loops"]["c"];
+    assert_eq!(c["host"], "h1", "{s}");
+    if !common::fully_confined() {
+        // The host's floor: this machine cannot confine fully, so the loop does not run.
+        assert_eq!(c["status"], "failed", "{s}\n{}", h1.stderr());
+        assert!(
+            c["reason"].as_str().unwrap_or("").contains("required"),
+            "{s}"
+        );
+        return;
+    }
+    assert_eq!(code, Some(0), "{}\n--- h1:\n{}", head.stderr(), h1.stderr());
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
+    );
+    assert_eq!(c["status"], "completed", "{s}");
+    let into = c["merge"]["into"].as_str().unwrap().to_string();
+    let env = show(&run, &format!("{into}:env.txt")).unwrap_or_default();
+    assert!(env.contains("TD_INNOCENT=plain-value"), "{env}");
+    assert!(
+        !env.contains(SECRET) && !env.contains("TD_HOSTS_COOKIE"),
+        "the host's secret variable reached its loop's command: {env}"
+    );
+    assert!(
+        !env.contains(HOST_KEY) && !env.contains("OPENAI_API_KEY"),
+        "the host's model key reached its loop's command: {env}"
+    );
+    // What the host left out of the head's policy, it said.
+    assert!(
+        h1.stderr().contains("sandbox.env.pass TD_HOSTS_COOKIE"),
+        "{}",
+        h1.stderr()
+    );
+}

@@ -9,14 +9,20 @@
 //!   ([`Streamer`]), which appends them to the run's record; a batch that cannot be
 //!   delivered after a few tries makes the loop's record unwritable, so the loop stops
 //!   before its next call with the reason (nothing is done that is not recorded);
-//! - confinement: the run's `sandbox:` policy applies, with this host's paths: its work
-//!   directory protected (the mirror, other loops' worktrees) and its secret file hidden;
+//! - confinement: the run's `sandbox:` policy applies as this host takes it
+//!   (`guard::host_policy`: no paths of the head's, no host secret passed, never below
+//!   `--sandbox-floor`), with this host's paths: its work directory protected (the mirror,
+//!   other loops' worktrees) and its secret file hidden;
+//! - trust: every name the head sends that becomes a path is checked first, and a loop's
+//!   directories are named after its loop name (`guard`);
 //! - its end: the host commits the loop's work, bundles its branch and sends it back in
 //!   chunks with the loop's end ([`FromHost::Ended`]).
 //!
 //! - coordination: the host's runtime routes nothing itself; its loops' queries, shares,
 //!   alerts and listings go to the head ([`HeadUpstream`]), which reaches the loops here
 //!   through [`ToHost::Deliver`] and [`ToHost::Answer`].
+
+mod guard;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +73,17 @@ const TRIES: u32 = 4;
 const BATCH_ITEMS: usize = 512;
 const BATCH_BYTES: usize = 1024 * 1024;
 
+pub use guard::HostFloor;
+
+/// This host's own floor under the head's sandbox policy, set once by `taskdaemon host`
+/// before it joins (a process runs one host).
+static FLOOR: OnceLock<HostFloor> = OnceLock::new();
+
+/// Sets this host's floor under the head's sandbox policy (the first call wins).
+pub fn set_floor(floor: HostFloor) {
+    let _ = FLOOR.set(floor);
+}
+
 /// A name that is safe as one path component.
 fn plain(name: &str) -> bool {
     td_cluster::protocol::valid_host_name(name)
@@ -97,6 +114,9 @@ pub struct HostLoops {
     commands: mpsc::UnboundedSender<Command>,
     mirror: tokio::sync::Mutex<Option<Mirror>>,
     runtime: OnceLock<RuntimeParts>,
+    /// Held by a loop's end until its worktree and branch are gone, and by a start of the
+    /// same loop while it makes its worktree ([`guard::LoopLocks`]).
+    locks: guard::LoopLocks,
 }
 
 /// What loop specs take from the host's runtime.
@@ -136,6 +156,7 @@ impl HostLoops {
             commands: tx,
             mirror: tokio::sync::Mutex::new(None),
             runtime: OnceLock::new(),
+            locks: guard::LoopLocks::default(),
         });
         let _ = loops.runtime.set(RuntimeParts {
             coordinator: rt.coordinator.clone(),
@@ -191,7 +212,10 @@ impl HostLoops {
     pub fn handle(self: &Arc<Self>, request: HeadRequest) {
         let HeadRequest { request, reply } = request;
         match request {
-            ToHost::StartLoop(start) => reply.send(self.clone().accept(*start)),
+            ToHost::StartLoop(start) => {
+                let me = self.clone();
+                tokio::spawn(async move { reply.send(me.accept(*start).await) });
+            }
             ToHost::StopLoop { loop_name, now } => {
                 if lock(&self.loops).contains_key(&loop_name) {
                     let _ = self.commands.send(Command::Stop {
@@ -247,13 +271,8 @@ impl HostLoops {
     }
 
     /// Takes loop `start` (its setup goes on in a task of its own).
-    fn accept(self: Arc<Self>, start: StartLoop) -> Result<(), String> {
-        if !plain(&start.loop_name) {
-            return Err(format!(
-                "{:?} is not a loop name this host takes",
-                start.loop_name
-            ));
-        }
+    async fn accept(self: Arc<Self>, start: StartLoop) -> Result<(), String> {
+        guard::check_start(&start).await?;
         {
             let mut loops = lock(&self.loops);
             if loops.contains_key(&start.loop_name) {
@@ -342,26 +361,10 @@ impl HostLoops {
                 received?;
             }
         }
-        let dir = self
-            .workdir
-            .join("worktrees")
-            .join(start.branch.replace('/', "+"));
-        if dir.exists() {
-            // A loop of this name and branch ran here before and its worktree was left (the
-            // host stopped with it): it starts again from the head's commit, which is the
-            // loop's truth.
-            if let Ok(stale) = mirror
-                .add_worktree(&dir, &start.branch, &start.base_commit)
-                .await
-            {
-                let _ = mirror.remove_worktree(&stale, false).await;
-            }
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        let worktree = mirror
-            .add_worktree(&dir, &start.branch, &start.base_commit)
-            .await
-            .map_err(|e| e.to_string())?;
+        // Not while an earlier start of this loop is still being cleaned up.
+        let held = self.locks.hold(&name).await;
+        let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;
+        drop(held);
         let spec = self.spec(&start, &worktree)?;
         if let Some(running) = lock(&self.loops).get_mut(&name) {
             running.worktree = Some(worktree);
@@ -415,7 +418,7 @@ impl HostLoops {
             .get(name)
             .map(|r| r.streamer.clone())
             .ok_or_else(|| format!("loop {name} was dropped"))?;
-        let sandbox = Arc::new(self.sandbox(&start.sandbox)?);
+        let sandbox = Arc::new(self.sandbox(name, &start.sandbox)?);
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
             .map_err(|e| e.to_string())?
             .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
@@ -428,10 +431,8 @@ impl HostLoops {
             });
         let tools = td_tools::tool_set(&start.tools).map_err(|e| e.to_string())?;
         let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
-        let receipts_path = self
-            .workdir
-            .join("records")
-            .join(start.branch.replace('/', "+"))
+        let receipts_path = guard::loop_dirs(&self.workdir, start)?
+            .records
             .join("receipts.jsonl");
         let _ = std::fs::remove_file(&receipts_path);
         let receipts = ReceiptLog::open(&receipts_path)
@@ -486,10 +487,18 @@ impl HostLoops {
         })
     }
 
-    /// The run's confinement policy with this host's paths.
-    fn sandbox(&self, policy: &Value) -> Result<td_confine::SandboxSettings, String> {
-        let settings: td_confine::SandboxSettings = serde_json::from_value(policy.clone())
-            .map_err(|e| format!("the run's sandbox settings cannot be read: {e}"))?;
+    /// The run's confinement policy as this host takes it ([`guard::host_policy`]), with
+    /// this host's paths; refused when it requires what this machine lacks.
+    fn sandbox(&self, name: &str, policy: &Value) -> Result<td_confine::SandboxSettings, String> {
+        let floor = FLOOR.get().cloned().unwrap_or_default();
+        let (settings, dropped) = guard::host_policy(policy, &floor)?;
+        for what in dropped {
+            eprintln!("taskdaemon host: loop {name}: the head's {what} is left out");
+        }
+        td_base::secrets::register_environment(&settings.env.secret);
+        td_confine::SandboxReport::of(&settings)
+            .check_required()
+            .map_err(|e| format!("{e}"))?;
         // The mirror, the bundles and the other loops' worktrees are the host's, not the
         // loop's (its own worktree inside stays its own).
         let mut settings = settings.protecting(&self.workdir);
@@ -507,6 +516,9 @@ impl HostLoops {
     /// Loop `name` ended with `end`: its last records go, then its branch, then its end.
     fn finish(self: Arc<Self>, name: String, end: LoopEnd) {
         tokio::spawn(async move {
+            // Held until its worktree and branch are gone: the head may hand this loop back
+            // as soon as it has the end, and that start waits for this lock.
+            let _cleaning = self.locks.hold(&name).await;
             let Some((start, worktree, streamer)) = lock(&self.loops)
                 .get_mut(&name)
                 .map(|r| (r.start.clone(), r.worktree.take(), r.streamer.clone()))
