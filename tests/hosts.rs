@@ -1483,6 +1483,189 @@ fn the_run_budget_holds_for_a_loop_on_a_host() {
     assert_eq!(far["host"], "h1", "{s}");
 }
 
+/// The head at 127.0.0.1:`port` of `run` (its stderr in `<root>/head.err`), and the host
+/// binary `name` joined to it (its stderr in `<root>/NAME.err`).
+fn local_head_and_host(
+    run: &FlaggedRun,
+    port: u16,
+    name: &str,
+) -> (std::process::Child, std::process::Child) {
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the head to listen", WAIT, || {
+        std::fs::read_to_string(root.join("head.err"))
+            .unwrap_or_default()
+            .contains("taskdaemon: hosts join at")
+    });
+    let host = std::process::Command::new(bin())
+        .args([
+            "host",
+            "--join",
+            &format!("127.0.0.1:{port}"),
+            "--name",
+            name,
+        ])
+        .arg("--secret-file")
+        .arg(root.join("secret"))
+        .arg("--workdir")
+        .arg(root.join(format!("host-{name}")))
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(root.join(format!("{name}.err"))).unwrap())
+        .spawn()
+        .unwrap();
+    (head, host)
+}
+
+/// Waits at most `limit` for `child` to exit; its code, `None` when it did not.
+fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// A run on 127.0.0.1 whose loop `w`, placed on host h1, waits for `{flags}/release`.
+fn local_run(port: u16) -> FlaggedRun {
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/release ]; do sleep 0.05; done"}
+    - calls:
+        - complete_task: {summary: "w done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Wait.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  lost-after-ms: {}\n  placement:\n    - {{loops: [w], hosts: [h1]}}\n",
+        secret_file.display(),
+        LOST_AFTER.as_millis()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    run
+}
+
+/// Review #1: a host cannot make another leave (its Leave carries the host's token), and a
+/// host that leaves while its loop runs (its user's Ctrl-C) has that loop interrupted with
+/// the reason, as a lost host's: the run does not wait for it forever.
+#[test]
+fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = local_run(port);
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let (mut head, mut h1) = local_head_and_host(&run, port, "h1");
+    let logs = || {
+        format!(
+            "--- head:\n{}\n--- h1:\n{}",
+            std::fs::read_to_string(root.join("head.err")).unwrap_or_default(),
+            std::fs::read_to_string(root.join("h1.err")).unwrap_or_default()
+        )
+    };
+    let started = Instant::now();
+    // Its command runs on h1 (confined there: it cannot write the test's flags).
+    let running = || {
+        std::fs::read_to_string(run.run_dir.join("loops/w/transcript.jsonl"))
+            .unwrap_or_default()
+            .contains("run_command")
+    };
+    while !running() {
+        assert!(started.elapsed() < WAIT, "w did not run on h1\n{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Another host that proved the secret asks the head to let h1 go.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let forged = rt.block_on(async {
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: None,
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let without = link
+            .ask_head::<_, ()>(
+                &serde_json::json!({"type": "leave", "name": "h1", "reason": "FORGED"}),
+                Duration::from_secs(10),
+            )
+            .await;
+        let with_its_own = link
+            .ask_head::<_, ()>(
+                &serde_json::json!({"type": "leave", "name": "h1", "token": session.joined.token, "reason": "FORGED"}),
+                Duration::from_secs(10),
+            )
+            .await;
+        (without, with_its_own)
+    });
+    drop(rt);
+    assert!(forged.0.is_err(), "a Leave without a token was taken");
+    let refused = forged
+        .1
+        .expect_err("a Leave with another host's token was taken");
+    assert!(
+        refused.to_string().contains("not joined with this token"),
+        "{refused}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !run.events().iter().any(|e| e["reason"] == "FORGED"),
+        "{:?}",
+        run.events()
+    );
+    let s = summary(&run.run_dir);
+    assert_eq!(s["hosts"]["hosts"]["h1"]["status"], "joined", "{s}");
+    assert_eq!(s["loops"]["w"]["status"], "running", "{s}");
+
+    // h1's user stops it: it leaves, and its loop is interrupted, saying so.
+    let left_at = Instant::now();
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(h1.id() as i32, libc::SIGINT) };
+    let code = exit_within(&mut head, Duration::from_secs(20));
+    let _ = std::fs::write(run.flag("release"), "");
+    if code.is_none() {
+        let _ = head.kill();
+        let _ = head.wait();
+    }
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    let s = summary(&run.run_dir);
+    assert!(
+        code.is_some(),
+        "the run did not end after h1 left: {s}\n{}",
+        logs()
+    );
+    eprintln!(
+        "measured: the run ended {:?} after its host left",
+        left_at.elapsed()
+    );
+    assert_eq!(s["loops"]["w"]["status"], "stopped", "{s}");
+    let reason = s["loops"]["w"]["reason"].as_str().unwrap_or("");
+    assert!(reason.starts_with("interrupted: its host h1 left"), "{s}");
+    assert_eq!(s["hosts"]["hosts"]["h1"]["status"], "left", "{s}");
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

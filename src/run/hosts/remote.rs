@@ -350,10 +350,10 @@ impl RemoteLoops {
         lock(&self.loops).get(name).is_some_and(|e| !e.done)
     }
 
-    /// Host `host` was lost: its loops end now, stopped, with the reason (a resumed run
-    /// runs them again from their last commit on the head, which is their base: what they
-    /// did on the lost host is lost with it).
-    pub fn host_lost(&self, host: &str, reason: &str) {
+    /// Host `host` is gone (`how`: "was lost", "left"): its loops end now, stopped, with
+    /// the reason (a resumed run runs them again from their last commit on the head, which is
+    /// their base: what they did on the host is lost with it).
+    pub fn host_gone(&self, host: &str, how: &str, reason: &str) {
         // Its loops leave the coordinator at once: questions waiting on them fail with why.
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let gone: Vec<String> = lock(&self.loops)
@@ -361,7 +361,7 @@ impl RemoteLoops {
             .filter(|(_, e)| e.host == host)
             .map(|(n, _)| n.clone())
             .collect();
-        let why = format!("its host {host} was lost: {reason}");
+        let why = format!("its host {host} {how}: {reason}");
         tokio::spawn(async move {
             for name in gone {
                 handle.drop_remote(&name, &why).await;
@@ -378,7 +378,7 @@ impl RemoteLoops {
                 end: LoopEnd::Stopped {
                     iterations: entry.iterations,
                     reason: Some(format!(
-                        "interrupted: its host {host} was lost ({reason}); `run --resume` runs it again"
+                        "interrupted: its host {host} {how} ({reason}); `run --resume` runs it again"
                     )),
                 },
             });
