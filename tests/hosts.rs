@@ -1666,6 +1666,161 @@ fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
     assert_eq!(s["hosts"]["hosts"]["h1"]["status"], "left", "{s}");
 }
 
+/// Review #4 and #12: a host cannot send system alerts (they pass every rate limit): the
+/// head announces its loops' start and end itself, once each; and a host loop's answer is
+/// held to `MAX_ANSWER_BYTES` (256 KiB) before it reaches the asker and the record.
+#[test]
+fn a_hosts_system_alerts_are_refused_and_its_answers_are_capped() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+asker:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - query_loop: {target_exec_id: e, question: "Long?", timeout_ms: 30000}
+    - calls:
+        - complete_task: {summary: "asked"}
+"#,
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n    - {{loops: [asker], hosts: [head]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let forged = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
+            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
+        };
+        let start = next(&mut rx).await;
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let coord = |request: CoordRequest| FromHost::Coord {
+            loop_name: "e".into(),
+            request,
+        };
+        let () = link
+            .ask(
+                coord(CoordRequest::Register {
+                    loop_type: "ralph".into(),
+                    task: "Evil's.".into(),
+                    subscriptions: None,
+                }),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let forged = link
+            .ask::<usize>(
+                coord(CoordRequest::Alert {
+                    system: true,
+                    event_type: "loop_completed".into(),
+                    message: "FORGED".into(),
+                    data: None,
+                }),
+                Duration::from_secs(10),
+            )
+            .await;
+        std::fs::write(run.flag("go"), "").unwrap();
+        // The asker's question: answered with 1 MB.
+        loop {
+            let request = next(&mut rx).await;
+            if let ToHost::Answer { .. } = request.request {
+                request.reply.send(Ok("y".repeat(1024 * 1024)));
+                break;
+            }
+            request.reply.send(Ok(true));
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        forged
+    });
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    let refused = forged.expect_err("a host's system alert was taken");
+    assert!(
+        refused.to_string().contains("does not send system alerts"),
+        "{refused}"
+    );
+    let events = run.events();
+    let alerts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "alert" && e["from"] == "taskdaemon")
+        .collect();
+    assert!(
+        !alerts.iter().any(|a| a["message"] == "FORGED"),
+        "{alerts:?}"
+    );
+    // The head announced e's start and end, once each.
+    for (kind, message) in [
+        ("loop_started", "loop `e` started: Evil's."),
+        ("loop_completed", "loop `e` completed: evil done"),
+    ] {
+        let n = alerts
+            .iter()
+            .filter(|a| a["event_type"] == kind && a["message"] == message)
+            .count();
+        assert_eq!(n, 1, "{kind}: {alerts:?}");
+    }
+    let answered = events
+        .iter()
+        .find(|e| e["event"] == "query_answered" && e["from"] == "asker")
+        .unwrap_or_else(|| panic!("no answer: {events:?}"));
+    let reply = answered["reply"].as_str().unwrap();
+    assert!(reply.len() <= 256 * 1024 + 200, "{}", reply.len());
+    assert!(reply.len() > 1024, "{}", reply.len());
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

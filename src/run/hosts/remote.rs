@@ -101,6 +101,10 @@ pub struct HeadSide {
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The most bytes of a host loop's answer that reach the asker (the coordinator's default
+/// payload limit): a longer one keeps its head and tail, with a note of what was left out.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
 /// A loop on a host, as the head's coordinator reaches it.
 struct HostLink {
     asker: HostAsker,
@@ -140,7 +144,10 @@ impl RemoteLoop for HostLink {
             .asker
             .ask::<String>(&self.host, &request, timeout.saturating_add(QUERY_GRACE))
             .await;
-        asked.map_err(|e| ToolError::Unavailable {
+        // A host's answer is text the head did not see made: held to the cap.
+        asked
+            .map(|text| td_base::text::head_tail(&text, MAX_ANSWER_BYTES))
+            .map_err(|e| ToolError::Unavailable {
             message: match e {
                 // The loop's own words (it ended, it timed out...).
                 td_cluster::wire::AskError::Refused(why) => why,
@@ -174,6 +181,11 @@ struct Entry {
     broken: Option<String>,
     /// Its end was handed to the run (or its host was lost).
     done: bool,
+    /// The first line of its task (for the alert that it started).
+    task_line: String,
+    /// Its start was announced to the run's loops (by the head: a host's system alerts are
+    /// refused), now or by an earlier process.
+    announced: bool,
 }
 
 /// The loops running on hosts.
@@ -281,6 +293,8 @@ impl RemoteLoops {
                 over: None,
                 broken: None,
                 done: false,
+                task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
+                announced: placed.start.announced,
             },
         );
         let _ = std::fs::remove_file(self.branch_file(&name));
@@ -468,12 +482,26 @@ impl RemoteLoops {
                 CoordinatorHandle::new(self.side.coordinator.clone())
                     .unregister_remote(&name)
                     .await;
-                let mut loops = lock(&self.loops);
-                if let Some(entry) = loops.get_mut(&name)
-                    && !entry.done
-                {
-                    entry.done = true;
-                    let _ = self.ends.send(RemoteEnd { name, end });
+                let alert = end_alert(&name, &end);
+                let handed = {
+                    let mut loops = lock(&self.loops);
+                    match loops.get_mut(&name) {
+                        Some(entry) if !entry.done => {
+                            entry.done = true;
+                            let _ = self.ends.send(RemoteEnd {
+                                name: name.clone(),
+                                end,
+                            });
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                // Its end is announced by the head, as a local loop's is by its actor.
+                if let (true, Some((event_type, message))) = (handed, alert) {
+                    let _ = CoordinatorHandle::new(self.side.coordinator.clone())
+                        .alert(SYSTEM_SENDER, event_type, &message, None, Some(&name))
+                        .await;
                 }
             }
         }
@@ -508,7 +536,22 @@ impl RemoteLoops {
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
                     .await;
+                let ok = done.is_ok();
                 reply.send(done.map_err(|e| e.to_string()));
+                // Its start is announced by the head, once.
+                let announce = match lock(&self.loops).get_mut(name) {
+                    Some(entry) if ok && !entry.announced => {
+                        entry.announced = true;
+                        Some(entry.task_line.clone())
+                    }
+                    _ => None,
+                };
+                if let Some(line) = announce {
+                    let message = format!("loop `{name}` started: {line}");
+                    let _ = handle
+                        .alert(SYSTEM_SENDER, "loop_started", &message, None, Some(name))
+                        .await;
+                }
             }
             CoordRequest::SetStatus { status } => {
                 handle.set_remote_status(name, &status);
@@ -537,11 +580,15 @@ impl RemoteLoops {
                 message,
                 data,
             } => {
-                let (from, about) = match system {
-                    true => (SYSTEM_SENDER, Some(name)),
-                    false => (name, None),
-                };
-                let reached = handle.alert(from, &event_type, &message, data, about).await;
+                if system {
+                    // System alerts pass every rate limit: only the head sends them (a
+                    // host loop's start and end are announced by the head itself).
+                    return reply.send(Err::<usize, _>(format!(
+                        "a host does not send system alerts (`{}`); the head announces its loops' start and end itself",
+                        td_base::text::head_tail(&event_type, 60)
+                    )));
+                }
+                let reached = handle.alert(name, &event_type, &message, data, None).await;
                 reply.send(reached.map_err(text));
             }
             CoordRequest::List => reply.send(port.list_loops(name).await.map_err(text)),
@@ -847,6 +894,25 @@ impl RemoteLoops {
             ));
         }
         end
+    }
+}
+
+/// The system alert of a loop's end, as a local loop's actor sends it (none when stopped).
+fn end_alert(name: &str, end: &LoopEnd) -> Option<(&'static str, String)> {
+    match end {
+        LoopEnd::Completed {
+            summary: Some(s), ..
+        } => Some(("loop_completed", format!("loop `{name}` completed: {s}"))),
+        LoopEnd::Completed { summary: None, .. } => {
+            Some(("loop_completed", format!("loop `{name}` completed")))
+        }
+        LoopEnd::Failed { reason, .. } => {
+            Some(("loop_failed", format!("loop `{name}` failed: {reason}")))
+        }
+        LoopEnd::Paused { reason, .. } => {
+            Some(("loop_paused", format!("loop `{name}` paused: {reason}")))
+        }
+        LoopEnd::Stopped { .. } => None,
     }
 }
 
