@@ -1821,6 +1821,160 @@ asker:
     assert!(reply.len() > 1024, "{}", reply.len());
 }
 
+/// Review #2: a host names the asker of an answer's model call (`purpose: query_answer`),
+/// so the head charges the asker only while it has that question outstanding to that loop;
+/// otherwise the call is the loop's own, within its limits (here a 100-token budget that no
+/// call fits, so the call is refused), whoever it names: the asker, or a loop unknown and so
+/// without limits.
+#[test]
+fn a_hosts_answer_calls_are_charged_to_the_asker_only_while_it_asks() {
+    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+  answers:
+    - reply: "an answer"
+asker:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - query_loop: {target_exec_id: e, question: "Q?", timeout_ms: 30000}
+    - calls:
+        - complete_task: {summary: "asked"}
+"#,
+        "  - {name: e, type: ralph, task: \"Evil's.\", budget: {tokens: 100}}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n    - {{loops: [asker], hosts: [head]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
+            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
+        };
+        let start = next(&mut rx).await;
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let answer_call = |from: &str| FromHost::Complete {
+            loop_name: "e".into(),
+            request: serde_json::json!({
+                "loop_name": "e",
+                "purpose": {"kind": "query_answer", "from": from, "question": "Q?"},
+                "system": "s",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Q?"}]}],
+            }),
+        };
+        let mut answers = Vec::new();
+        // No question outstanding: the calls are e's own, and do not fit its budget.
+        for from in ["asker", "nobody"] {
+            let a: CompleteAnswer = link
+                .ask(answer_call(from), Duration::from_secs(10))
+                .await
+                .unwrap();
+            answers.push((from.to_string(), a));
+        }
+        std::fs::write(run.flag("go"), "").unwrap();
+        // While the asker's question is outstanding, its answer's call is the asker's.
+        loop {
+            let request = next(&mut rx).await;
+            if let ToHost::Answer { .. } = request.request {
+                let a: CompleteAnswer = link
+                    .ask(answer_call("asker"), Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                answers.push(("asker, asked".to_string(), a));
+                request.reply.send(Ok("an answer".to_string()));
+                break;
+            }
+            request.reply.send(Ok(true));
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        answers
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    for (from, answer) in &answers[..2] {
+        match answer {
+            CompleteAnswer::OverBudget { reason } => {
+                assert!(
+                    reason.contains("loop `e` has used 0 of its 100 budgeted tokens"),
+                    "{from}: {reason}"
+                )
+            }
+            other => {
+                panic!("{from}: an answer's call charged to {from} without a question: {other:?}")
+            }
+        }
+    }
+    assert!(
+        matches!(answers[2].1, CompleteAnswer::Response { .. }),
+        "{answers:?}"
+    );
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

@@ -105,11 +105,46 @@ const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// payload limit): a longer one keeps its head and tail, with a note of what was left out.
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
+/// The questions the head has put to loops on hosts and not yet had answered: (the loop
+/// asked, the asking loop, the question) and how many such are outstanding. Only while one
+/// is, a model call of the loop for that answer is charged to the asker.
+type Outstanding = Arc<Mutex<BTreeMap<(String, String, String), usize>>>;
+
+/// One question outstanding in [`Outstanding`], for as long as this lives (an answer, an
+/// error, or the asker's future dropped).
+struct Asking {
+    outstanding: Outstanding,
+    key: (String, String, String),
+}
+
+impl Asking {
+    fn new(outstanding: &Outstanding, key: (String, String, String)) -> Asking {
+        *lock(outstanding).entry(key.clone()).or_insert(0) += 1;
+        Asking {
+            outstanding: outstanding.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        let mut map = lock(&self.outstanding);
+        if let Some(n) = map.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// A loop on a host, as the head's coordinator reaches it.
 struct HostLink {
     asker: HostAsker,
     host: String,
     name: String,
+    outstanding: Outstanding,
 }
 
 #[async_trait::async_trait]
@@ -134,6 +169,10 @@ impl RemoteLoop for HostLink {
         question: &str,
         timeout: Duration,
     ) -> Result<String, ToolError> {
+        let _asking = Asking::new(
+            &self.outstanding,
+            (self.name.clone(), from.to_string(), question.to_string()),
+        );
         let request = ToHost::Answer {
             loop_name: self.name.clone(),
             from: from.to_string(),
@@ -194,6 +233,8 @@ pub struct RemoteLoops {
     loops: Mutex<BTreeMap<String, Entry>>,
     ends: mpsc::UnboundedSender<RemoteEnd>,
     asker: OnceLock<HostAsker>,
+    /// The questions put to these loops and not yet answered.
+    outstanding: Outstanding,
 }
 
 /// How the head starts a loop on a host.
@@ -250,6 +291,7 @@ impl RemoteLoops {
                 loops: Mutex::new(BTreeMap::new()),
                 ends,
                 asker: OnceLock::new(),
+                outstanding: Arc::new(Mutex::new(BTreeMap::new())),
             }),
             rx,
         )
@@ -532,6 +574,7 @@ impl RemoteLoops {
                     asker,
                     host: host.to_string(),
                     name: name.to_string(),
+                    outstanding: self.outstanding.clone(),
                 });
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
@@ -622,19 +665,28 @@ impl RemoteLoops {
             ));
         }
         // An iteration's call is charged to the loop, an answer's to the loop that asked
-        // (as the head charges its own loops' answers).
-        let payer = match &wire.purpose {
-            Purpose::Iteration => {
+        // (as the head charges its own loops' answers), but only while the head has that
+        // question outstanding to this loop: the host names the asker, and otherwise could
+        // charge any loop, or one unknown and so without limits.
+        let asked = match &wire.purpose {
+            Purpose::Iteration => None,
+            Purpose::QueryAnswer { from, question } => {
+                if from == name {
+                    return failed(format!("loop {name} cannot answer its own question"));
+                }
+                let key = (name.to_string(), from.clone(), question.clone());
+                lock(&self.outstanding)
+                    .contains_key(&key)
+                    .then(|| from.clone())
+            }
+        };
+        let payer = match asked {
+            Some(from) => from,
+            None => {
                 if let Some(why) = lock(&self.loops).get(name).and_then(|e| e.over.clone()) {
                     return CompleteAnswer::OverBudget { reason: why };
                 }
                 name.to_string()
-            }
-            Purpose::QueryAnswer { from, .. } => {
-                if from == name {
-                    return failed(format!("loop {name} cannot answer its own question"));
-                }
-                from.clone()
             }
         };
         let request = LlmRequest {
