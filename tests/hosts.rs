@@ -1975,6 +1975,156 @@ asker:
     );
 }
 
+/// Review #3: what a host loop's calls spent is what the head settled: `spent` entries a
+/// host sends (read back for the record's spend, the askers' charges and a resume's
+/// carry-over) are left out, and the head writes the loop's own as it settles each call.
+#[test]
+fn a_hosts_spent_entries_are_left_out_and_the_head_writes_its_own() {
+    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+      usage: {input_tokens: 7, output_tokens: 5}
+asker:
+  turns:
+    - calls:
+        - complete_task: {summary: "done"}
+"#,
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n    - {{loops: [asker], hosts: [head]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answer = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // A million tokens e never spent, charged to the asker, and a call of its own.
+        let forged = serde_json::json!({"entry": "spent", "iteration": 1, "turn": 1,
+            "charged_to": "asker", "spend": {"input_tokens": 1_000_000, "model_calls": 1, "unpriced_calls": 1}});
+        let own = serde_json::json!({"entry": "spent", "iteration": 1, "turn": 1,
+            "spend": {"input_tokens": 2_000_000, "model_calls": 1, "unpriced_calls": 1}});
+        let () = link
+            .ask(
+                FromHost::Records {
+                    loop_name: "e".into(),
+                    batch: 1,
+                    events: vec![serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1})],
+                    transcript: vec![forged, own],
+                    receipts: vec![],
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let answer: CompleteAnswer = link
+            .ask(
+                FromHost::Complete {
+                    loop_name: "e".into(),
+                    request: serde_json::json!({
+                        "loop_name": "e",
+                        "purpose": {"kind": "iteration"},
+                        "system": "s",
+                        "messages": [{"role": "user", "content": [{"type": "text", "text": "Go."}]}],
+                    }),
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        answer
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    let s = summary(&run.run_dir);
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    assert!(
+        matches!(answer, CompleteAnswer::Response { .. }),
+        "{answer:?}"
+    );
+    // e spent its one call, as the head settled it; the asker was charged only its own.
+    let e = &s["loops"]["e"]["spend"];
+    assert_eq!(e["model_calls"], 1, "{s}");
+    assert_eq!(e["input_tokens"], 7, "{s}");
+    assert_eq!(e["output_tokens"], 5, "{s}");
+    let asker = &s["loops"]["asker"];
+    assert_eq!(asker["charged"], asker["spend"], "{s}");
+    let transcript = std::fs::read_to_string(run.run_dir.join("loops/e/transcript.jsonl")).unwrap();
+    let spent: Vec<Value> = transcript
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["entry"] == "spent")
+        .collect();
+    assert_eq!(spent.len(), 1, "{spent:?}");
+    assert_eq!(spent[0]["iteration"], 1, "{spent:?}");
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

@@ -222,6 +222,10 @@ struct Entry {
     done: bool,
     /// The first line of its task (for the alert that it started).
     task_line: String,
+    /// Model calls of its current iteration the head settled.
+    calls: u32,
+    /// Model calls of its answers the head settled.
+    answer_calls: u32,
     /// Its start was announced to the run's loops (by the head: a host's system alerts are
     /// refused), now or by an earlier process.
     announced: bool,
@@ -335,6 +339,8 @@ impl RemoteLoops {
                 over: None,
                 broken: None,
                 done: false,
+                calls: 0,
+                answer_calls: 0,
                 task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
                 announced: placed.start.announced,
             },
@@ -680,6 +686,8 @@ impl RemoteLoops {
                     .then(|| from.clone())
             }
         };
+        // Whom an answer's call is charged to, for the transcript (`None`: the loop itself).
+        let answering = asked.clone();
         let payer = match asked {
             Some(from) => from,
             None => {
@@ -703,7 +711,8 @@ impl RemoteLoops {
         };
         match self.side.llm.complete(&request).await {
             Ok(response) => {
-                hold.settle(&response.usage);
+                let spend = hold.settle(&response.usage);
+                self.spent(name, answering, spend);
                 match serde_json::to_value(&response) {
                     Ok(response) => CompleteAnswer::Response { response },
                     Err(e) => failed(format!("cannot write the response: {e}")),
@@ -778,15 +787,11 @@ impl RemoteLoops {
         for entry in transcript {
             let entry = serde_json::from_value::<TranscriptEntry>(entry)
                 .map_err(|e| format!("a transcript entry of loop {name} cannot be read: {e}"))?;
-            if let TranscriptEntry::Spent {
-                charged_to: Some(other),
-                ..
-            } = &entry
-                && other == name
-            {
-                return Err(format!(
-                    "loop {name}'s transcript charges its own answer to itself"
-                ));
+            // What a call spent is what the head settled, and it writes that itself (the
+            // record's spend, the askers' charges and a resume's carry-over are read from
+            // these): a host's own word on it is left out.
+            if matches!(entry, TranscriptEntry::Spent { .. }) {
+                continue;
             }
             entries.push(entry);
         }
@@ -838,12 +843,43 @@ impl RemoteLoops {
         Ok(())
     }
 
+    /// Writes in loop `name`'s transcript what one of its model calls spent, as the head
+    /// settled it: an iteration's call (numbered by the iterations and calls the head has
+    /// seen of it: its records may come a little behind its calls), or (`charged_to`) an
+    /// answer's, charged to the asker, numbered as a local answer's (iteration 0).
+    fn spent(&self, name: &str, charged_to: Option<String>, spend: td_protocol::spend::Spend) {
+        let (iteration, turn) = {
+            let mut loops = lock(&self.loops);
+            match (loops.get_mut(name), &charged_to) {
+                (Some(entry), None) => {
+                    entry.calls = entry.calls.saturating_add(1);
+                    (entry.iterations.max(1), entry.calls)
+                }
+                (Some(entry), Some(_)) => {
+                    entry.answer_calls = entry.answer_calls.saturating_add(1);
+                    (0, entry.answer_calls)
+                }
+                (None, _) => (0, 0),
+            }
+        };
+        self.side.transcript.record(
+            name,
+            TranscriptEntry::Spent {
+                iteration,
+                turn,
+                charged_to,
+                spend,
+            },
+        );
+    }
+
     /// Counts a new iteration of loop `name` in its account and the run's, as a local
     /// loop's start does; past a limit, its next model call is refused with it.
     fn iteration_started(&self, name: &str) {
         let counted = self.side.budgets.account(name).start_iteration();
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.iterations = entry.iterations.saturating_add(1);
+            entry.calls = 0;
             if let Err(why) = counted {
                 entry.over.get_or_insert(why);
             }
