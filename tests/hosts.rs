@@ -2125,6 +2125,116 @@ asker:
     assert_eq!(spent[0]["iteration"], 1, "{spent:?}");
 }
 
+/// Review #8: a records batch is claimed before any work, so that the same batch sent twice
+/// at once (a retry racing its first send) is appended once.
+#[test]
+fn a_records_batch_sent_twice_at_once_is_appended_once() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    const BATCHES: u64 = 30;
+    const NOTES: usize = 200;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        for batch in 1..=BATCHES {
+            let events = (0..NOTES)
+                .map(|i| serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": format!("b{batch}n{i}")}))
+                .collect::<Vec<_>>();
+            let records = FromHost::Records {
+                loop_name: "e".into(),
+                batch,
+                events,
+                transcript: vec![],
+                receipts: vec![],
+            };
+            let (a, b) = tokio::join!(
+                link.ask::<()>(records.clone(), Duration::from_secs(10)),
+                link.ask::<()>(records, Duration::from_secs(10)),
+            );
+            // At least one took it; the other took it too, or was told to send it again.
+            assert!(a.is_ok() || b.is_ok(), "{a:?} {b:?}");
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+    });
+    let code = exit_within(&mut head, WAIT);
+    assert_eq!(code, Some(0));
+    let notes = run
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "progress_noted" && e["loop_name"] == "e")
+        .count();
+    assert_eq!(notes, BATCHES as usize * NOTES);
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

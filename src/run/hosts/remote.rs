@@ -222,6 +222,10 @@ struct Entry {
     done: bool,
     /// The first line of its task (for the alert that it started).
     task_line: String,
+    /// A records batch of it is being taken (claimed before any work).
+    taking: bool,
+    /// Its end is being taken (claimed before any work): a second `Ended` is not.
+    ending: bool,
     /// Model calls of its current iteration the head settled.
     calls: u32,
     /// Model calls of its answers the head settled.
@@ -339,6 +343,8 @@ impl RemoteLoops {
                 over: None,
                 broken: None,
                 done: false,
+                taking: false,
+                ending: false,
                 calls: 0,
                 answer_calls: 0,
                 task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
@@ -523,8 +529,16 @@ impl RemoteLoops {
                 problem,
                 ..
             } => {
+                // Claimed before any work: a second Ended (sent again, or at once) does not
+                // take the branch again.
+                let first = lock(&self.loops)
+                    .get_mut(&name)
+                    .is_some_and(|e| !std::mem::replace(&mut e.ending, true));
                 // Answered first: what the head does with the loop's end is the head's.
                 reply.send(Ok::<(), String>(()));
+                if !first {
+                    return;
+                }
                 let end = self.take_end(&name, &base, end, branch, problem).await;
                 // Its actor on the host is gone: questions to it get the ended-loop error.
                 CoordinatorHandle::new(self.side.coordinator.clone())
@@ -745,12 +759,22 @@ impl RemoteLoops {
         transcript: Vec<Value>,
         receipts: Vec<Value>,
     ) -> Result<(), String> {
+        // Claimed under the lock before any work: the same batch sent again meanwhile (a
+        // retry racing its first send) is not appended twice.
         {
-            let loops = lock(&self.loops);
-            if let Some(why) = loops.get(name).and_then(|e| e.broken.clone()) {
+            let mut loops = lock(&self.loops);
+            let entry = loops
+                .get_mut(name)
+                .ok_or_else(|| format!("no loop {name}"))?;
+            if let Some(why) = entry.broken.clone() {
                 return Err(why);
             }
-            let last = loops.get(name).map_or(0, |e| e.batch);
+            if entry.taking {
+                return Err(format!(
+                    "a records batch of loop {name} is being taken; send batch {batch} again once it is answered"
+                ));
+            }
+            let last = entry.batch;
             if batch <= last {
                 // A retry of a batch whose answer was lost: appended already.
                 return Ok(());
@@ -760,7 +784,24 @@ impl RemoteLoops {
                     "records batch {batch} of loop {name} came after batch {last}"
                 ));
             }
+            entry.taking = true;
         }
+        let taken = self.take_records(name, batch, events, transcript, receipts);
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.taking = false;
+        }
+        taken
+    }
+
+    /// [`RemoteLoops::records`] once the batch is claimed.
+    fn take_records(
+        &self,
+        name: &str,
+        batch: u64,
+        events: Vec<Value>,
+        transcript: Vec<Value>,
+        receipts: Vec<Value>,
+    ) -> Result<(), String> {
         let mut kinds = Vec::with_capacity(events.len());
         for event in events {
             if event.get("loop_name").and_then(Value::as_str) != Some(name) {
@@ -895,6 +936,12 @@ impl RemoteLoops {
         let entry = loops
             .get_mut(name)
             .ok_or_else(|| format!("no loop {name}"))?;
+        if entry.ending {
+            // Its bundle is being taken as it is.
+            return Err(format!(
+                "loop {name} ended; its branch is taken as it was sent"
+            ));
+        }
         if offset < entry.branch_bytes
             && offset.saturating_add(bytes.len() as u64) <= entry.branch_bytes
         {
