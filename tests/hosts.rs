@@ -2235,6 +2235,98 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
     assert_eq!(notes, BATCHES as usize * NOTES);
 }
 
+/// Review #10: a loop taken for stopped after the stop grace (its host said yes to the stop
+/// and did nothing) leaves the coordinator with the reason, as a lost host's loop does: a
+/// question to it fails at once instead of waiting on a host that does not answer for it.
+#[test]
+fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "stuck:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: stuck, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [stuck], hosts: [mute]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("stuck to wait for mute", WAIT, || {
+        summary(&run.run_dir)["loops"]["stuck"]["reason"] == "waiting for host mute"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "mute".into(),
+            slots: Some(1),
+            workdir: root.join("mute").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "stuck".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Go.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // SAFETY: plain signals to our own child.
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        while let Ok(Some(request)) = tokio::time::timeout(WAIT, rx.recv()).await {
+            let now = matches!(request.request, ToHost::StopLoop { now: true, .. });
+            request.reply.send(Ok(()));
+            if now {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+    });
+    assert_eq!(exit_within(&mut head, WAIT), Some(130));
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["stuck"]["status"], "stopped", "{s}");
+    let events = run.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "loop_unregistered" && e["loop_name"] == "stuck"),
+        "{events:?}"
+    );
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

@@ -394,21 +394,35 @@ impl RemoteLoops {
                 return;
             }
             tokio::time::sleep(STOP_NOW_GRACE).await;
-            let mut loops = lock(&me.loops);
-            if let Some(entry) = loops.get_mut(&name)
-                && !entry.done
-            {
-                entry.done = true;
-                let _ = me.ends.send(RemoteEnd {
-                    name,
-                    end: LoopEnd::Stopped {
-                        iterations: entry.iterations,
-                        reason: Some(format!(
-                            "its host {host} did not stop it within {} s of the stop; what it did since its last records is not in the run",
-                            STOP_NOW_GRACE.as_secs()
-                        )),
-                    },
-                });
+            let why = format!(
+                "its host {host} did not stop it within {} s of the stop",
+                STOP_NOW_GRACE.as_secs()
+            );
+            let taken = {
+                let mut loops = lock(&me.loops);
+                match loops.get_mut(&name) {
+                    Some(entry) if !entry.done => {
+                        entry.done = true;
+                        let _ = me.ends.send(RemoteEnd {
+                            name: name.clone(),
+                            end: LoopEnd::Stopped {
+                                iterations: entry.iterations,
+                                reason: Some(format!(
+                                    "{why}; what it did since its last records is not in the run"
+                                )),
+                            },
+                        });
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if taken {
+                // It leaves the coordinator as a lost host's loop does: questions waiting on
+                // it fail now, with why.
+                CoordinatorHandle::new(me.side.coordinator.clone())
+                    .drop_remote(&name, &why)
+                    .await;
             }
         });
     }
