@@ -215,16 +215,24 @@ fn two_hosts_join_status_shows_them_and_the_run_end_sends_them_home() {
 
     let status = run.status();
     let row = host_row(&status, "b1");
-    // The head's default slots for a host that offers none; its own for the other; each
-    // from its own link's address.
+    // The head's default slots for a host that offers none; for the other, which offered
+    // more (5), the head's too: they are the most a host may offer (review #9b). Each from
+    // its own link's address.
     assert!(
         row.contains(&format!("{b1_ip}:")) && row.contains(" 3 ") && row.contains("joined"),
         "{status}"
     );
     let row = host_row(&status, "b2");
     assert!(
-        row.contains(&format!("{b2_ip}:")) && row.contains(" 5 ") && row.contains("joined"),
+        row.contains(&format!("{b2_ip}:")) && row.contains(" 3 ") && row.contains("joined"),
         "{status}"
+    );
+    assert!(
+        b2.stderr().contains(&format!(
+            "joined the head at {head_ip2}:7070 as b2 (3 slots"
+        )),
+        "{}",
+        b2.stderr()
     );
     assert!(
         b1.stderr()

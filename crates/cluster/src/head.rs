@@ -82,7 +82,7 @@ pub struct HeadOptions {
     pub secret: ClusterSecret,
     /// How long a host may stay silent before it is lost, and a connection may take to join.
     pub lost_after: Duration,
-    /// The slots of a host that offers none.
+    /// The slots of a host that offers none, and the most a host may offer.
     pub default_slots: u32,
 }
 
@@ -697,7 +697,9 @@ impl Registry {
             return Err(format!("the head refused this host: {reason}"));
         };
         session.host = Some(name.to_string());
-        let slots = slots.unwrap_or(self.default_slots);
+        // The head's slots are the most a host may offer: a host does not choose how many
+        // loops it is sent (it would attract every loop waiting for a place).
+        let slots = slots.map_or(self.default_slots, |n| n.min(self.default_slots));
         let info = HostInfo {
             name: name.to_string(),
             address: session.info.peer_addr.clone(),

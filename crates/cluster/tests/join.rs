@@ -139,6 +139,26 @@ async fn a_second_host_of_the_same_name_is_refused_and_the_first_stays() {
     head.shutdown("done", Duration::from_secs(1)).await;
 }
 
+/// Review #9b: a host does not choose how many loops it is sent: the head's `slots` is the
+/// most it may offer (more, and it joins with the head's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_offering_more_slots_than_the_head_allows_gets_the_heads() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let mut options = host(&head, "h1", "the-head-secret-0123456789");
+    options.slots = Some(4096);
+    let session = td_cluster::host::join(options).await.unwrap();
+    assert_eq!(session.joined.slots, 3);
+    assert_eq!(head.hosts().await[0].slots, 3);
+    wait_for(
+        &events,
+        |e| matches!(e, HostEvent::Joined { name, slots: 3, .. } if name == "h1"),
+    )
+    .await;
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
 /// Review #1: a host that leaves or is lost while its loops have not ended frees its name
 /// only once they have: a new process joining under it would be taken for theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
