@@ -2335,6 +2335,115 @@ fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
     );
 }
 
+/// Review #9b: the run's main loop does not wait for a host to accept a loop: a host that
+/// does not answer a StartLoop (for up to its 30 s) does not hold the loops placed after it
+/// (here the host's next loop: its start came only after the first's 30 s); a start the
+/// host refuses fails its loop with why, and the run goes on.
+#[test]
+fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "a:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\nc:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: a, type: ralph, task: \"Go.\"}\n  - {name: c, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [a, c], hosts: [slow]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("a and c to wait for slow", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["a"]["reason"] == "waiting for host slow"
+            && s["loops"]["c"]["reason"] == "waiting for host slow"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (waited, refused) = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "slow".into(),
+            slots: Some(2),
+            workdir: root.join("slow").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let first = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(first.request, ToHost::StartLoop(_)));
+        // Not answered yet: the second loop's start comes meanwhile.
+        let asked = Instant::now();
+        let second = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        let waited = asked.elapsed();
+        let second = second.ok().flatten();
+        first.reply.send(Ok(()));
+        // The second is refused: its loop fails with why, and the first goes on.
+        let mut refused = None;
+        if let Some(second) = second {
+            let ToHost::StartLoop(start) = &second.request else {
+                panic!("not a start: {:?}", second.request);
+            };
+            refused = Some(start.loop_name.clone());
+            second.reply.send(Err::<(), _>("no room here".to_string()));
+        }
+        for name in ["a", "c"] {
+            if refused.as_deref() == Some(name) {
+                continue;
+            }
+            let ended: Result<(), _> = link
+                .ask(
+                    FromHost::Ended {
+                        loop_name: name.into(),
+                        end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                        branch: None,
+                        problem: None,
+                    },
+                    Duration::from_secs(40),
+                )
+                .await;
+            let _ = ended;
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+        (waited, refused)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    eprintln!("measured: the second loop's start came {waited:?} after the first's");
+    assert!(waited < Duration::from_secs(5), "{waited:?}: {s}");
+    let refused = refused.unwrap();
+    let accepted = if refused == "a" { "c" } else { "a" };
+    assert_eq!(code, Some(1), "{s}");
+    assert_eq!(s["loops"][accepted]["status"], "completed", "{s}");
+    assert_eq!(s["loops"][accepted]["host"], "slow", "{s}");
+    assert_eq!(s["loops"][&refused]["status"], "failed", "{s}");
+    assert!(
+        s["loops"][&refused]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("host slow did not start it: no room here"),
+        "{s}"
+    );
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

@@ -325,11 +325,13 @@ impl RemoteLoops {
             .collect()
     }
 
-    /// Starts `placed` on its host; an error when the host refuses or does not answer (the
-    /// loop did not start there).
-    pub async fn start(&self, placed: Placed) -> Result<(), String> {
+    /// Starts `placed` on its host, without waiting for the host to accept it (a host that
+    /// does not answer must not hold the run's other loops for [`START_TIMEOUT`]): a host
+    /// that refuses it or does not answer ends it, failed with why, as its host's end would.
+    pub fn start(self: &Arc<Self>, placed: Placed) -> Result<(), String> {
         let name = placed.start.loop_name.clone();
         let host = placed.host.clone();
+        let asker = self.asker()?.clone();
         lock(&self.loops).insert(
             name.clone(),
             Entry {
@@ -352,18 +354,31 @@ impl RemoteLoops {
             },
         );
         let _ = std::fs::remove_file(self.branch_file(&name));
-        let asked = self
-            .asker()?
-            .ask::<()>(
-                &host,
-                &ToHost::StartLoop(Box::new(placed.start)),
-                START_TIMEOUT,
-            )
-            .await;
-        if let Err(e) = asked {
-            lock(&self.loops).remove(&name);
-            return Err(format!("host {host} did not start it: {e}"));
-        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let asked = asker
+                .ask::<()>(
+                    &host,
+                    &ToHost::StartLoop(Box::new(placed.start)),
+                    START_TIMEOUT,
+                )
+                .await;
+            if let Err(e) = asked {
+                let mut loops = lock(&me.loops);
+                if let Some(entry) = loops.get_mut(&name)
+                    && !entry.done
+                {
+                    entry.done = true;
+                    let _ = me.ends.send(RemoteEnd {
+                        name,
+                        end: LoopEnd::Failed {
+                            iterations: entry.iterations,
+                            reason: format!("host {host} did not start it: {e}"),
+                        },
+                    });
+                }
+            }
+        });
         Ok(())
     }
 
