@@ -2444,6 +2444,111 @@ fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
     );
 }
 
+/// Review #9c: a host lost right after it sent a loop's end (its branch whole, its Ended
+/// answered) does not make that loop interrupted: the head has its end and takes it.
+#[test]
+fn a_host_lost_after_sending_its_loops_end_leaves_that_end_whole() {
+    use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [gone]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for gone", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host gone"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tip = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "gone".into(),
+            slots: Some(1),
+            workdir: root.join("gone").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let request = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let ToHost::StartLoop(start) = request.request else {
+            panic!("not a start: {:?}", request.request);
+        };
+        request.reply.send(Ok(()));
+        let work = root.join("gone-work");
+        common::git(&root, &["clone", "-q", &repo.display().to_string(), &work.display().to_string()]);
+        common::git(&work, &["checkout", "-q", "-b", "work", &start.base_commit]);
+        std::fs::write(work.join("f.txt"), "work\n").unwrap();
+        common::git(&work, &["add", "f.txt"]);
+        common::git(&work, &["commit", "-q", "-m", "work"]);
+        let bundle = work.join("branch.bundle");
+        common::git(&work, &["bundle", "create", "-q", &bundle.display().to_string(), &format!("{}..work", start.base_commit)]);
+        let tip = common::git(&work, &["rev-parse", "HEAD"]).trim().to_string();
+        let bytes = std::fs::read(&bundle).unwrap();
+        let () = link
+            .ask(
+                FromHost::BranchChunk {
+                    loop_name: "e".into(),
+                    offset: 0,
+                    data: hex::encode(&bytes),
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                    branch: Some(BranchBundle {
+                        tip: tip.clone(),
+                        bytes: bytes.len() as u64,
+                    }),
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // Lost at once: its session goes while the head takes the branch.
+        running.abort();
+        tip
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}");
+    assert_eq!(code, Some(0), "{s}");
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    assert_eq!(branch.trim(), tip);
+}
+
 /// A host that answers its heartbeats but never ends its loop (this test, joined through
 /// td_cluster) cannot keep a run that was stopped at once from ending.
 #[test]

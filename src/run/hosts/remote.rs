@@ -466,7 +466,9 @@ impl RemoteLoops {
         });
         let mut loops = lock(&self.loops);
         for (name, entry) in loops.iter_mut() {
-            if entry.host != host || entry.done {
+            // A loop whose end the head has (its Ended claimed, its branch whole) is taken
+            // as it ended: its work is here, whatever became of its host since.
+            if entry.host != host || entry.done || entry.ending {
                 continue;
             }
             entry.done = true;
