@@ -215,16 +215,24 @@ fn two_hosts_join_status_shows_them_and_the_run_end_sends_them_home() {
 
     let status = run.status();
     let row = host_row(&status, "b1");
-    // The head's default slots for a host that offers none; its own for the other; each
-    // from its own link's address.
+    // The head's default slots for a host that offers none; for the other, which offered
+    // more (5), the head's too: they are the most a host may offer (review #9b). Each from
+    // its own link's address.
     assert!(
         row.contains(&format!("{b1_ip}:")) && row.contains(" 3 ") && row.contains("joined"),
         "{status}"
     );
     let row = host_row(&status, "b2");
     assert!(
-        row.contains(&format!("{b2_ip}:")) && row.contains(" 5 ") && row.contains("joined"),
+        row.contains(&format!("{b2_ip}:")) && row.contains(" 3 ") && row.contains("joined"),
         "{status}"
+    );
+    assert!(
+        b2.stderr().contains(&format!(
+            "joined the head at {head_ip2}:7070 as b2 (3 slots"
+        )),
+        "{}",
+        b2.stderr()
     );
     assert!(
         b1.stderr()
@@ -1481,6 +1489,1064 @@ fn the_run_budget_holds_for_a_loop_on_a_host() {
     assert!(spent > 0 && spent <= 100_000_000, "{far}");
     assert_eq!(spent % 10_100_000, 0, "whole turns: {far}");
     assert_eq!(far["host"], "h1", "{s}");
+}
+
+/// The head at 127.0.0.1:`port` of `run` (its stderr in `<root>/head.err`), and the host
+/// binary `name` joined to it (its stderr in `<root>/NAME.err`).
+fn local_head_and_host(
+    run: &FlaggedRun,
+    port: u16,
+    name: &str,
+) -> (std::process::Child, std::process::Child) {
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the head to listen", WAIT, || {
+        std::fs::read_to_string(root.join("head.err"))
+            .unwrap_or_default()
+            .contains("taskdaemon: hosts join at")
+    });
+    let host = std::process::Command::new(bin())
+        .args([
+            "host",
+            "--join",
+            &format!("127.0.0.1:{port}"),
+            "--name",
+            name,
+        ])
+        .arg("--secret-file")
+        .arg(root.join("secret"))
+        .arg("--workdir")
+        .arg(root.join(format!("host-{name}")))
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(root.join(format!("{name}.err"))).unwrap())
+        .spawn()
+        .unwrap();
+    (head, host)
+}
+
+/// Waits at most `limit` for `child` to exit; its code, `None` when it did not.
+fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// A run on 127.0.0.1 whose loop `w`, placed on host h1, waits for `{flags}/release`.
+fn local_run(port: u16) -> FlaggedRun {
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/release ]; do sleep 0.05; done"}
+    - calls:
+        - complete_task: {summary: "w done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Wait.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  lost-after-ms: {}\n  placement:\n    - {{loops: [w], hosts: [h1]}}\n",
+        secret_file.display(),
+        LOST_AFTER.as_millis()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    run
+}
+
+/// Review #1: a host cannot make another leave (its Leave carries the host's token), and a
+/// host that leaves while its loop runs (its user's Ctrl-C) has that loop interrupted with
+/// the reason, as a lost host's: the run does not wait for it forever.
+#[test]
+fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = local_run(port);
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let (mut head, mut h1) = local_head_and_host(&run, port, "h1");
+    let logs = || {
+        format!(
+            "--- head:\n{}\n--- h1:\n{}",
+            std::fs::read_to_string(root.join("head.err")).unwrap_or_default(),
+            std::fs::read_to_string(root.join("h1.err")).unwrap_or_default()
+        )
+    };
+    let started = Instant::now();
+    // Its command runs on h1 (confined there: it cannot write the test's flags).
+    let running = || {
+        std::fs::read_to_string(run.run_dir.join("loops/w/transcript.jsonl"))
+            .unwrap_or_default()
+            .contains("run_command")
+    };
+    while !running() {
+        assert!(started.elapsed() < WAIT, "w did not run on h1\n{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Another host that proved the secret asks the head to let h1 go.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let forged = rt.block_on(async {
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: None,
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let without = link
+            .ask_head::<_, ()>(
+                &serde_json::json!({"type": "leave", "name": "h1", "reason": "FORGED"}),
+                Duration::from_secs(10),
+            )
+            .await;
+        let with_its_own = link
+            .ask_head::<_, ()>(
+                &serde_json::json!({"type": "leave", "name": "h1", "token": session.joined.token, "reason": "FORGED"}),
+                Duration::from_secs(10),
+            )
+            .await;
+        (without, with_its_own)
+    });
+    drop(rt);
+    assert!(forged.0.is_err(), "a Leave without a token was taken");
+    let refused = forged
+        .1
+        .expect_err("a Leave with another host's token was taken");
+    assert!(
+        refused.to_string().contains("not joined with this token"),
+        "{refused}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !run.events().iter().any(|e| e["reason"] == "FORGED"),
+        "{:?}",
+        run.events()
+    );
+    let s = summary(&run.run_dir);
+    assert_eq!(s["hosts"]["hosts"]["h1"]["status"], "joined", "{s}");
+    assert_eq!(s["loops"]["w"]["status"], "running", "{s}");
+
+    // h1's user stops it: it leaves, and its loop is interrupted, saying so.
+    let left_at = Instant::now();
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(h1.id() as i32, libc::SIGINT) };
+    let code = exit_within(&mut head, Duration::from_secs(20));
+    let _ = std::fs::write(run.flag("release"), "");
+    if code.is_none() {
+        let _ = head.kill();
+        let _ = head.wait();
+    }
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    let s = summary(&run.run_dir);
+    assert!(
+        code.is_some(),
+        "the run did not end after h1 left: {s}\n{}",
+        logs()
+    );
+    eprintln!(
+        "measured: the run ended {:?} after its host left",
+        left_at.elapsed()
+    );
+    assert_eq!(s["loops"]["w"]["status"], "stopped", "{s}");
+    let reason = s["loops"]["w"]["reason"].as_str().unwrap_or("");
+    assert!(reason.starts_with("interrupted: its host h1 left"), "{s}");
+    assert_eq!(s["hosts"]["hosts"]["h1"]["status"], "left", "{s}");
+}
+
+/// Review #4 and #12: a host cannot send system alerts (they pass every rate limit): the
+/// head announces its loops' start and end itself, once each; and a host loop's answer is
+/// held to `MAX_ANSWER_BYTES` (256 KiB) before it reaches the asker and the record.
+#[test]
+fn a_hosts_system_alerts_are_refused_and_its_answers_are_capped() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+asker:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - query_loop: {target_exec_id: e, question: "Long?", timeout_ms: 30000}
+    - calls:
+        - complete_task: {summary: "asked"}
+"#,
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n    - {{loops: [asker], hosts: [head]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let forged = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
+            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
+        };
+        let start = next(&mut rx).await;
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let coord = |request: CoordRequest| FromHost::Coord {
+            loop_name: "e".into(),
+            request,
+        };
+        let () = link
+            .ask(
+                coord(CoordRequest::Register {
+                    loop_type: "ralph".into(),
+                    task: "Evil's.".into(),
+                    subscriptions: None,
+                }),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let forged = link
+            .ask::<usize>(
+                coord(CoordRequest::Alert {
+                    system: true,
+                    event_type: "loop_completed".into(),
+                    message: "FORGED".into(),
+                    data: None,
+                }),
+                Duration::from_secs(10),
+            )
+            .await;
+        std::fs::write(run.flag("go"), "").unwrap();
+        // The asker's question: answered with 1 MB.
+        loop {
+            let request = next(&mut rx).await;
+            if let ToHost::Answer { .. } = request.request {
+                request.reply.send(Ok("y".repeat(1024 * 1024)));
+                break;
+            }
+            request.reply.send(Ok(true));
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        forged
+    });
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    let refused = forged.expect_err("a host's system alert was taken");
+    assert!(
+        refused.to_string().contains("does not send system alerts"),
+        "{refused}"
+    );
+    let events = run.events();
+    let alerts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "alert" && e["from"] == "taskdaemon")
+        .collect();
+    assert!(
+        !alerts.iter().any(|a| a["message"] == "FORGED"),
+        "{alerts:?}"
+    );
+    // The head announced e's start and end, once each.
+    for (kind, message) in [
+        ("loop_started", "loop `e` started: Evil's."),
+        ("loop_completed", "loop `e` completed: evil done"),
+    ] {
+        let n = alerts
+            .iter()
+            .filter(|a| a["event_type"] == kind && a["message"] == message)
+            .count();
+        assert_eq!(n, 1, "{kind}: {alerts:?}");
+    }
+    let answered = events
+        .iter()
+        .find(|e| e["event"] == "query_answered" && e["from"] == "asker")
+        .unwrap_or_else(|| panic!("no answer: {events:?}"));
+    let reply = answered["reply"].as_str().unwrap();
+    assert!(reply.len() <= 256 * 1024 + 200, "{}", reply.len());
+    assert!(reply.len() > 1024, "{}", reply.len());
+}
+
+/// Review #2: a host names the asker of an answer's model call (`purpose: query_answer`),
+/// so the head charges the asker only while it has that question outstanding to that loop;
+/// otherwise the call is the loop's own, within its limits (here a 100-token budget that no
+/// call fits, so the call is refused), whoever it names: the asker, or a loop unknown and so
+/// without limits.
+#[test]
+fn a_hosts_answer_calls_are_charged_to_the_asker_only_while_it_asks() {
+    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+  answers:
+    - reply: "an answer"
+asker:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - query_loop: {target_exec_id: e, question: "Q?", timeout_ms: 30000}
+    - calls:
+        - complete_task: {summary: "asked"}
+"#,
+        "  - {name: e, type: ralph, task: \"Evil's.\", budget: {tokens: 100}}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n    - {{loops: [asker], hosts: [head]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
+            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
+        };
+        let start = next(&mut rx).await;
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let answer_call = |from: &str| FromHost::Complete {
+            loop_name: "e".into(),
+            request: serde_json::json!({
+                "loop_name": "e",
+                "purpose": {"kind": "query_answer", "from": from, "question": "Q?"},
+                "system": "s",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Q?"}]}],
+            }),
+        };
+        let mut answers = Vec::new();
+        // No question outstanding: the calls are e's own, and do not fit its budget.
+        for from in ["asker", "nobody"] {
+            let a: CompleteAnswer = link
+                .ask(answer_call(from), Duration::from_secs(10))
+                .await
+                .unwrap();
+            answers.push((from.to_string(), a));
+        }
+        std::fs::write(run.flag("go"), "").unwrap();
+        // While the asker's question is outstanding, its answer's call is the asker's.
+        loop {
+            let request = next(&mut rx).await;
+            if let ToHost::Answer { .. } = request.request {
+                let a: CompleteAnswer = link
+                    .ask(answer_call("asker"), Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                answers.push(("asker, asked".to_string(), a));
+                request.reply.send(Ok("an answer".to_string()));
+                break;
+            }
+            request.reply.send(Ok(true));
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        answers
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    for (from, answer) in &answers[..2] {
+        match answer {
+            CompleteAnswer::OverBudget { reason } => {
+                assert!(
+                    reason.contains("loop `e` has used 0 of its 100 budgeted tokens"),
+                    "{from}: {reason}"
+                )
+            }
+            other => {
+                panic!("{from}: an answer's call charged to {from} without a question: {other:?}")
+            }
+        }
+    }
+    assert!(
+        matches!(answers[2].1, CompleteAnswer::Response { .. }),
+        "{answers:?}"
+    );
+}
+
+/// Review #3: what a host loop's calls spent is what the head settled: `spent` entries a
+/// host sends (read back for the record's spend, the askers' charges and a resume's
+/// carry-over) are left out, and the head writes the loop's own as it settles each call.
+#[test]
+fn a_hosts_spent_entries_are_left_out_and_the_head_writes_its_own() {
+    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+      usage: {input_tokens: 7, output_tokens: 5}
+asker:
+  turns:
+    - calls:
+        - complete_task: {summary: "done"}
+"#,
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n    - {{loops: [asker], hosts: [head]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answer = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // A million tokens e never spent, charged to the asker, and a call of its own.
+        let forged = serde_json::json!({"entry": "spent", "iteration": 1, "turn": 1,
+            "charged_to": "asker", "spend": {"input_tokens": 1_000_000, "model_calls": 1, "unpriced_calls": 1}});
+        let own = serde_json::json!({"entry": "spent", "iteration": 1, "turn": 1,
+            "spend": {"input_tokens": 2_000_000, "model_calls": 1, "unpriced_calls": 1}});
+        let () = link
+            .ask(
+                FromHost::Records {
+                    loop_name: "e".into(),
+                    batch: 1,
+                    events: vec![serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1})],
+                    transcript: vec![forged, own],
+                    receipts: vec![],
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let answer: CompleteAnswer = link
+            .ask(
+                FromHost::Complete {
+                    loop_name: "e".into(),
+                    request: serde_json::json!({
+                        "loop_name": "e",
+                        "purpose": {"kind": "iteration"},
+                        "system": "s",
+                        "messages": [{"role": "user", "content": [{"type": "text", "text": "Go."}]}],
+                    }),
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        answer
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    let s = summary(&run.run_dir);
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    assert!(
+        matches!(answer, CompleteAnswer::Response { .. }),
+        "{answer:?}"
+    );
+    // e spent its one call, as the head settled it; the asker was charged only its own.
+    let e = &s["loops"]["e"]["spend"];
+    assert_eq!(e["model_calls"], 1, "{s}");
+    assert_eq!(e["input_tokens"], 7, "{s}");
+    assert_eq!(e["output_tokens"], 5, "{s}");
+    let asker = &s["loops"]["asker"];
+    assert_eq!(asker["charged"], asker["spend"], "{s}");
+    let transcript = std::fs::read_to_string(run.run_dir.join("loops/e/transcript.jsonl")).unwrap();
+    let spent: Vec<Value> = transcript
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["entry"] == "spent")
+        .collect();
+    assert_eq!(spent.len(), 1, "{spent:?}");
+    assert_eq!(spent[0]["iteration"], 1, "{spent:?}");
+}
+
+/// Review #8: a records batch is claimed before any work, so that the same batch sent twice
+/// at once (a retry racing its first send) is appended once.
+#[test]
+fn a_records_batch_sent_twice_at_once_is_appended_once() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    const BATCHES: u64 = 30;
+    const NOTES: usize = 200;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "evil".into(),
+            slots: Some(1),
+            workdir: root.join("evil").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        for batch in 1..=BATCHES {
+            let events = (0..NOTES)
+                .map(|i| serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": format!("b{batch}n{i}")}))
+                .collect::<Vec<_>>();
+            let records = FromHost::Records {
+                loop_name: "e".into(),
+                batch,
+                events,
+                transcript: vec![],
+                receipts: vec![],
+            };
+            let (a, b) = tokio::join!(
+                link.ask::<()>(records.clone(), Duration::from_secs(10)),
+                link.ask::<()>(records, Duration::from_secs(10)),
+            );
+            // At least one took it; the other took it too, or was told to send it again.
+            assert!(a.is_ok() || b.is_ok(), "{a:?} {b:?}");
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+    });
+    let code = exit_within(&mut head, WAIT);
+    assert_eq!(code, Some(0));
+    let notes = run
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "progress_noted" && e["loop_name"] == "e")
+        .count();
+    assert_eq!(notes, BATCHES as usize * NOTES);
+}
+
+/// Review #10: a loop taken for stopped after the stop grace (its host said yes to the stop
+/// and did nothing) leaves the coordinator with the reason, as a lost host's loop does: a
+/// question to it fails at once instead of waiting on a host that does not answer for it.
+#[test]
+fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "stuck:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: stuck, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [stuck], hosts: [mute]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("stuck to wait for mute", WAIT, || {
+        summary(&run.run_dir)["loops"]["stuck"]["reason"] == "waiting for host mute"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "mute".into(),
+            slots: Some(1),
+            workdir: root.join("mute").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "stuck".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Go.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // SAFETY: plain signals to our own child.
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        while let Ok(Some(request)) = tokio::time::timeout(WAIT, rx.recv()).await {
+            let now = matches!(request.request, ToHost::StopLoop { now: true, .. });
+            request.reply.send(Ok(()));
+            if now {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+    });
+    assert_eq!(exit_within(&mut head, WAIT), Some(130));
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["stuck"]["status"], "stopped", "{s}");
+    let events = run.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "loop_unregistered" && e["loop_name"] == "stuck"),
+        "{events:?}"
+    );
+}
+
+/// Review #9b: the run's main loop does not wait for a host to accept a loop: a host that
+/// does not answer a StartLoop (for up to its 30 s) does not hold the loops placed after it
+/// (here the host's next loop: its start came only after the first's 30 s); a start the
+/// host refuses fails its loop with why, and the run goes on.
+#[test]
+fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "a:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\nc:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: a, type: ralph, task: \"Go.\"}\n  - {name: c, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [a, c], hosts: [slow]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("a and c to wait for slow", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["a"]["reason"] == "waiting for host slow"
+            && s["loops"]["c"]["reason"] == "waiting for host slow"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (waited, refused) = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "slow".into(),
+            slots: Some(2),
+            workdir: root.join("slow").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let first = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(first.request, ToHost::StartLoop(_)));
+        // Not answered yet: the second loop's start comes meanwhile.
+        let asked = Instant::now();
+        let second = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        let waited = asked.elapsed();
+        let second = second.ok().flatten();
+        first.reply.send(Ok(()));
+        // The second is refused: its loop fails with why, and the first goes on.
+        let mut refused = None;
+        if let Some(second) = second {
+            let ToHost::StartLoop(start) = &second.request else {
+                panic!("not a start: {:?}", second.request);
+            };
+            refused = Some(start.loop_name.clone());
+            second.reply.send(Err::<(), _>("no room here".to_string()));
+        }
+        for name in ["a", "c"] {
+            if refused.as_deref() == Some(name) {
+                continue;
+            }
+            let ended: Result<(), _> = link
+                .ask(
+                    FromHost::Ended {
+                        loop_name: name.into(),
+                        end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                        branch: None,
+                        problem: None,
+                    },
+                    Duration::from_secs(40),
+                )
+                .await;
+            let _ = ended;
+        }
+        let _ = tokio::time::timeout(WAIT, running).await;
+        (waited, refused)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    eprintln!("measured: the second loop's start came {waited:?} after the first's");
+    assert!(waited < Duration::from_secs(5), "{waited:?}: {s}");
+    let refused = refused.unwrap();
+    let accepted = if refused == "a" { "c" } else { "a" };
+    assert_eq!(code, Some(1), "{s}");
+    assert_eq!(s["loops"][accepted]["status"], "completed", "{s}");
+    assert_eq!(s["loops"][accepted]["host"], "slow", "{s}");
+    assert_eq!(s["loops"][&refused]["status"], "failed", "{s}");
+    assert!(
+        s["loops"][&refused]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("host slow did not start it: no room here"),
+        "{s}"
+    );
+}
+
+/// Review #9c: a host lost right after it sent a loop's end (its branch whole, its Ended
+/// answered) does not make that loop interrupted: the head has its end and takes it.
+#[test]
+fn a_host_lost_after_sending_its_loops_end_leaves_that_end_whole() {
+    use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [gone]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let mut head = run
+        .command(&[])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for gone", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host gone"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tip = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(td_cluster::HostOptions {
+            head: format!("127.0.0.1:{port}"),
+            name: "gone".into(),
+            slots: Some(1),
+            workdir: root.join("gone").display().to_string(),
+            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+            timeout: Duration::from_secs(10),
+            requests: Some(tx),
+        })
+        .await
+        .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let request = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let ToHost::StartLoop(start) = request.request else {
+            panic!("not a start: {:?}", request.request);
+        };
+        request.reply.send(Ok(()));
+        let work = root.join("gone-work");
+        common::git(&root, &["clone", "-q", &repo.display().to_string(), &work.display().to_string()]);
+        common::git(&work, &["checkout", "-q", "-b", "work", &start.base_commit]);
+        std::fs::write(work.join("f.txt"), "work\n").unwrap();
+        common::git(&work, &["add", "f.txt"]);
+        common::git(&work, &["commit", "-q", "-m", "work"]);
+        let bundle = work.join("branch.bundle");
+        common::git(&work, &["bundle", "create", "-q", &bundle.display().to_string(), &format!("{}..work", start.base_commit)]);
+        let tip = common::git(&work, &["rev-parse", "HEAD"]).trim().to_string();
+        let bytes = std::fs::read(&bundle).unwrap();
+        let () = link
+            .ask(
+                FromHost::BranchChunk {
+                    loop_name: "e".into(),
+                    offset: 0,
+                    data: hex::encode(&bytes),
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                    branch: Some(BranchBundle {
+                        tip: tip.clone(),
+                        bytes: bytes.len() as u64,
+                    }),
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // Lost at once: its session goes while the head takes the branch.
+        running.abort();
+        tip
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}");
+    assert_eq!(code, Some(0), "{s}");
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    assert_eq!(branch.trim(), tip);
 }
 
 /// A host that answers its heartbeats but never ends its loop (this test, joined through

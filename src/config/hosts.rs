@@ -5,7 +5,7 @@
 //! hosts:
 //!   listen: 0.0.0.0:7070            # where hosts connect (a fixed port)
 //!   secret-file: hosts.secret       # chmod 600, at least 16 bytes; or secret-env: NAME
-//!   slots: 2                        # loops a host runs at once when it does not say (--slots)
+//!   slots: 2                        # loops a host runs at once: the most it may offer (--slots)
 //!   lost-after-ms: 10000            # a host silent this long is lost; also the time to join
 //!   placement:                      # which loops may run where (see `run::hosts::placement`)
 //!     - {loops: [api], hosts: [builder-1]}
@@ -51,7 +51,7 @@ pub struct HostsConfig {
     /// Never allowed: a secret written in the config (kept only to say so).
     #[serde(default)]
     secret: Option<serde::de::IgnoredAny>,
-    /// Loops a host runs at once when it does not say.
+    /// Loops a host runs at once when it does not say (`--slots`), and the most it may offer.
     #[serde(default = "default_slots")]
     pub slots: u32,
     /// How long a host may stay silent before it is lost, in milliseconds; also how long a

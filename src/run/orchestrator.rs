@@ -1738,14 +1738,12 @@ async fn start_remote(
         branch: worktree.branch().to_string(),
         sandbox: sandbox_policy.clone(),
     };
-    remote
-        .start(Placed {
-            host: host.to_string(),
-            start,
-            worktree,
-            tools: tools.shared_definitions(),
-        })
-        .await?;
+    remote.start(Placed {
+        host: host.to_string(),
+        start,
+        worktree,
+        tools: tools.shared_definitions(),
+    })?;
     Ok(place)
 }
 

@@ -48,6 +48,10 @@ pub struct HostRequest {
 /// Where the registry hands host requests about loops.
 pub type RequestSink = Arc<dyn Fn(HostRequest) + Send + Sync>;
 
+/// Why host name `name` may not join now (loops of an earlier host of that name have not
+/// ended: a new process under the name would be taken for theirs), or `None`.
+pub type BusyCheck = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// A random token (32 hex digits) that proves a host's later requests are its own.
 fn new_token() -> String {
     let mut bytes = [0u8; 16];
@@ -78,7 +82,7 @@ pub struct HeadOptions {
     pub secret: ClusterSecret,
     /// How long a host may stay silent before it is lost, and a connection may take to join.
     pub lost_after: Duration,
-    /// The slots of a host that offers none.
+    /// The slots of a host that offers none, and the most a host may offer.
     pub default_slots: u32,
 }
 
@@ -229,16 +233,19 @@ impl Head {
                     .reply
                     .send(Err::<(), _>("this head runs no loops on hosts".to_string()))
             }),
+            Arc::new(|_: &str| None),
         )
         .await
     }
 
     /// [`Head::start`], with `on_request` getting every request of a joined host about its
-    /// loops (from inside the registry: it must not block; the reply may come later).
+    /// loops (from inside the registry: it must not block; the reply may come later), and
+    /// `busy` saying why a host name may not join now.
     pub async fn start_with(
         options: HeadOptions,
         on_event: impl Fn(HostEvent) + Send + Sync + 'static,
         on_request: RequestSink,
+        busy: BusyCheck,
     ) -> Result<Head, NodeError> {
         let listen = options.listen;
         let (registry, _) = Actor::spawn(
@@ -248,6 +255,7 @@ impl Head {
                 default_slots: options.default_slots,
                 sink: Arc::new(on_event),
                 requests: on_request,
+                busy,
             },
             (),
         )
@@ -365,6 +373,7 @@ struct Registry {
     default_slots: u32,
     sink: Arc<dyn Fn(HostEvent) + Send + Sync>,
     requests: RequestSink,
+    busy: BusyCheck,
 }
 
 /// A connection, from its opening to its close.
@@ -541,14 +550,26 @@ impl Registry {
                 let answer = self.join(state, protocol, &name, &node, slots, workdir, version);
                 msg.answer(answer);
             }
-            ToHead::Leave { name, reason } => {
-                if let Some(host) = state.hosts.get_mut(&name)
-                    && host.info.state == HostState::Joined
-                {
-                    host.info.state = HostState::Left;
-                    self.emit(HostEvent::Left { name, reason });
-                }
-                msg.answer(Ok(()));
+            ToHead::Leave {
+                name,
+                token,
+                reason,
+            } => {
+                // Only the host itself: every host proved the same secret, the token is its own.
+                let answer = match state.hosts.get_mut(&name) {
+                    Some(host)
+                        if host.info.state == HostState::Joined
+                            && constant_time_eq(&host.token, &token) =>
+                    {
+                        host.info.state = HostState::Left;
+                        self.emit(HostEvent::Left { name, reason });
+                        Ok(())
+                    }
+                    _ => Err(format!(
+                        "host {name} is not joined with this token; only the host itself can leave"
+                    )),
+                };
+                msg.answer(answer);
             }
             ToHead::Loop {
                 host,
@@ -622,6 +643,11 @@ impl Registry {
                     h.info.address
                 ));
             }
+            if let Some(why) = (self.busy)(name) {
+                return Some(format!(
+                    "the host {name} that was here before has loops that have not ended ({why}); join again once they have, or under another --name"
+                ));
+            }
             if session_id.is_none() {
                 return Some(format!(
                     "no authenticated connection of node {node} is known here; join again"
@@ -671,7 +697,9 @@ impl Registry {
             return Err(format!("the head refused this host: {reason}"));
         };
         session.host = Some(name.to_string());
-        let slots = slots.unwrap_or(self.default_slots);
+        // The head's slots are the most a host may offer: a host does not choose how many
+        // loops it is sent (it would attract every loop waiting for a place).
+        let slots = slots.map_or(self.default_slots, |n| n.min(self.default_slots));
         let info = HostInfo {
             name: name.to_string(),
             address: session.info.peer_addr.clone(),

@@ -50,6 +50,17 @@ impl HeadLink {
         };
         wire::ask(&self.head, RegistryMsg::Wire, &request, timeout).await
     }
+
+    /// Sends `request` to the head's registry as it is, not wrapped in this host's name and
+    /// token: whatever a host that proved the secret can send (tests of the head's checks
+    /// play a hostile host with it).
+    pub async fn ask_head<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, AskError> {
+        wire::ask(&self.head, RegistryMsg::Wire, request, timeout).await
+    }
 }
 
 /// The shortest and longest heartbeat limit a host accepts from a head.
@@ -455,7 +466,11 @@ impl HostSession {
                     let _ = wire::ask::<RegistryMsg, ToHead, ()>(
                         &self.head,
                         RegistryMsg::Wire,
-                        &ToHead::Leave { name: self.name.clone(), reason },
+                        &ToHead::Leave {
+                            name: self.name.clone(),
+                            token: self.joined.token.clone(),
+                            reason,
+                        },
                         Duration::from_secs(2),
                     )
                     .await;

@@ -15,6 +15,8 @@ pub mod protocol;
 pub mod secret;
 pub mod wire;
 
-pub use head::{Head, HeadOptions, HostAsker, HostEvent, HostInfo, HostRequest, HostState};
+pub use head::{
+    BusyCheck, Head, HeadOptions, HostAsker, HostEvent, HostInfo, HostRequest, HostState,
+};
 pub use host::{HeadLink, HeadRequest, HostEnd, HostOptions, HostSession, JoinError};
 pub use secret::{ClusterSecret, SecretError};

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The version of these messages; a host and a head of different versions do not join.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -53,10 +53,12 @@ pub enum ToHead {
         version: String,
     },
     /// A joined host leaves (its user stopped it); asked, so that it is recorded before the
-    /// session closes.
+    /// session closes. Its loops still running are interrupted, as a lost host's are.
     Leave {
         /// The host's name.
         name: String,
+        /// Its token from [`Joined`]: only the host itself can make it leave.
+        token: String,
         /// Why, in words.
         reason: String,
     },
@@ -429,7 +431,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"join","protocol":2,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
+            r#"{"type":"join","protocol":3,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
         );
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), join);
         assert_eq!(

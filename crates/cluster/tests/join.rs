@@ -139,6 +139,74 @@ async fn a_second_host_of_the_same_name_is_refused_and_the_first_stays() {
     head.shutdown("done", Duration::from_secs(1)).await;
 }
 
+/// Review #9b: a host does not choose how many loops it is sent: the head's `slots` is the
+/// most it may offer (more, and it joins with the head's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_offering_more_slots_than_the_head_allows_gets_the_heads() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let mut options = host(&head, "h1", "the-head-secret-0123456789");
+    options.slots = Some(4096);
+    let session = td_cluster::host::join(options).await.unwrap();
+    assert_eq!(session.joined.slots, 3);
+    assert_eq!(head.hosts().await[0].slots, 3);
+    wait_for(
+        &events,
+        |e| matches!(e, HostEvent::Joined { name, slots: 3, .. } if name == "h1"),
+    )
+    .await;
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+/// Review #1: a host that leaves or is lost while its loops have not ended frees its name
+/// only once they have: a new process joining under it would be taken for theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_under_the_name_of_a_host_whose_loops_run_is_refused() {
+    let _serial = SERIAL.lock().await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let busy = Arc::new(Mutex::new(true));
+    let busy_now = busy.clone();
+    let head = Head::start_with(
+        HeadOptions {
+            listen: free_addr(),
+            secret: secret("the-head-secret-0123456789"),
+            lost_after: Duration::from_secs(5),
+            default_slots: 3,
+        },
+        move |e| sink.lock().unwrap().push(e),
+        Arc::new(|r: td_cluster::HostRequest| r.reply.send(Err::<(), _>("no".to_string()))),
+        Arc::new(move |name: &str| {
+            (name == "h1" && *busy_now.lock().unwrap()).then(|| "its loops w".to_string())
+        }),
+    )
+    .await
+    .unwrap();
+    let err = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("has loops that have not ended (its loops w)"),
+        "{err}"
+    );
+    wait_for(
+        &events,
+        |e| matches!(e, HostEvent::Refused { name: Some(n), reason, .. } if n == "h1" && reason.contains("have not ended")),
+    )
+    .await;
+    assert!(head.hosts().await.is_empty());
+    // Once they ended, the name is free again.
+    *busy.lock().unwrap() = false;
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    assert_eq!(head.hosts().await[0].state, HostState::Joined);
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_end_of_the_run_is_told_to_the_host() {
     let _serial = SERIAL.lock().await;
@@ -240,6 +308,7 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
                 _ => r.reply.send(Err::<(), _>("not this".to_string())),
             }
         }),
+        Arc::new(|_: &str| None),
     )
     .await
     .unwrap();

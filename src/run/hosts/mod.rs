@@ -88,6 +88,7 @@ impl Prepared {
         let wake = changed.clone();
         let lost = remote.clone();
         let serve = remote.clone();
+        let running = remote.clone();
         let refuse = |request: td_cluster::HostRequest| {
             request
                 .reply
@@ -96,9 +97,16 @@ impl Prepared {
         let head = Head::start_with(
             self.options,
             move |event| {
-                // Its loops end first (marked interrupted), then the host is recorded lost.
-                if let (HostEvent::Lost { name, reason, .. }, Some(lost)) = (&event, &lost) {
-                    lost.host_lost(name, reason);
+                // Its loops end first (marked interrupted), then the host is recorded lost or
+                // left: a host that leaves with loops running takes them with it.
+                match (&event, &lost) {
+                    (HostEvent::Lost { name, reason, .. }, Some(lost)) => {
+                        lost.host_gone(name, "was lost", reason)
+                    }
+                    (HostEvent::Left { name, reason }, Some(lost)) => {
+                        lost.host_gone(name, "left", reason)
+                    }
+                    _ => {}
                 }
                 log.record(event_kind(event));
                 wake.notify_one();
@@ -108,6 +116,16 @@ impl Prepared {
                     tokio::spawn(serve.clone().handle(request));
                 }
                 None => refuse(request),
+            }),
+            Arc::new(move |host: &str| {
+                let loops: Vec<String> = running
+                    .as_ref()?
+                    .running()
+                    .into_iter()
+                    .filter(|(_, on)| on == host)
+                    .map(|(name, _)| name)
+                    .collect();
+                (!loops.is_empty()).then(|| format!("its loops {}", loops.join(", ")))
             }),
         )
         .await

@@ -101,11 +101,50 @@ pub struct HeadSide {
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The most bytes of a host loop's answer that reach the asker (the coordinator's default
+/// payload limit): a longer one keeps its head and tail, with a note of what was left out.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+/// The questions the head has put to loops on hosts and not yet had answered: (the loop
+/// asked, the asking loop, the question) and how many such are outstanding. Only while one
+/// is, a model call of the loop for that answer is charged to the asker.
+type Outstanding = Arc<Mutex<BTreeMap<(String, String, String), usize>>>;
+
+/// One question outstanding in [`Outstanding`], for as long as this lives (an answer, an
+/// error, or the asker's future dropped).
+struct Asking {
+    outstanding: Outstanding,
+    key: (String, String, String),
+}
+
+impl Asking {
+    fn new(outstanding: &Outstanding, key: (String, String, String)) -> Asking {
+        *lock(outstanding).entry(key.clone()).or_insert(0) += 1;
+        Asking {
+            outstanding: outstanding.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        let mut map = lock(&self.outstanding);
+        if let Some(n) = map.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// A loop on a host, as the head's coordinator reaches it.
 struct HostLink {
     asker: HostAsker,
     host: String,
     name: String,
+    outstanding: Outstanding,
 }
 
 #[async_trait::async_trait]
@@ -130,6 +169,10 @@ impl RemoteLoop for HostLink {
         question: &str,
         timeout: Duration,
     ) -> Result<String, ToolError> {
+        let _asking = Asking::new(
+            &self.outstanding,
+            (self.name.clone(), from.to_string(), question.to_string()),
+        );
         let request = ToHost::Answer {
             loop_name: self.name.clone(),
             from: from.to_string(),
@@ -140,7 +183,10 @@ impl RemoteLoop for HostLink {
             .asker
             .ask::<String>(&self.host, &request, timeout.saturating_add(QUERY_GRACE))
             .await;
-        asked.map_err(|e| ToolError::Unavailable {
+        // A host's answer is text the head did not see made: held to the cap.
+        asked
+            .map(|text| td_base::text::head_tail(&text, MAX_ANSWER_BYTES))
+            .map_err(|e| ToolError::Unavailable {
             message: match e {
                 // The loop's own words (it ended, it timed out...).
                 td_cluster::wire::AskError::Refused(why) => why,
@@ -174,6 +220,19 @@ struct Entry {
     broken: Option<String>,
     /// Its end was handed to the run (or its host was lost).
     done: bool,
+    /// The first line of its task (for the alert that it started).
+    task_line: String,
+    /// A records batch of it is being taken (claimed before any work).
+    taking: bool,
+    /// Its end is being taken (claimed before any work): a second `Ended` is not.
+    ending: bool,
+    /// Model calls of its current iteration the head settled.
+    calls: u32,
+    /// Model calls of its answers the head settled.
+    answer_calls: u32,
+    /// Its start was announced to the run's loops (by the head: a host's system alerts are
+    /// refused), now or by an earlier process.
+    announced: bool,
 }
 
 /// The loops running on hosts.
@@ -182,6 +241,8 @@ pub struct RemoteLoops {
     loops: Mutex<BTreeMap<String, Entry>>,
     ends: mpsc::UnboundedSender<RemoteEnd>,
     asker: OnceLock<HostAsker>,
+    /// The questions put to these loops and not yet answered.
+    outstanding: Outstanding,
 }
 
 /// How the head starts a loop on a host.
@@ -238,6 +299,7 @@ impl RemoteLoops {
                 loops: Mutex::new(BTreeMap::new()),
                 ends,
                 asker: OnceLock::new(),
+                outstanding: Arc::new(Mutex::new(BTreeMap::new())),
             }),
             rx,
         )
@@ -263,11 +325,13 @@ impl RemoteLoops {
             .collect()
     }
 
-    /// Starts `placed` on its host; an error when the host refuses or does not answer (the
-    /// loop did not start there).
-    pub async fn start(&self, placed: Placed) -> Result<(), String> {
+    /// Starts `placed` on its host, without waiting for the host to accept it (a host that
+    /// does not answer must not hold the run's other loops for [`START_TIMEOUT`]): a host
+    /// that refuses it or does not answer ends it, failed with why, as its host's end would.
+    pub fn start(self: &Arc<Self>, placed: Placed) -> Result<(), String> {
         let name = placed.start.loop_name.clone();
         let host = placed.host.clone();
+        let asker = self.asker()?.clone();
         lock(&self.loops).insert(
             name.clone(),
             Entry {
@@ -281,21 +345,40 @@ impl RemoteLoops {
                 over: None,
                 broken: None,
                 done: false,
+                taking: false,
+                ending: false,
+                calls: 0,
+                answer_calls: 0,
+                task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
+                announced: placed.start.announced,
             },
         );
         let _ = std::fs::remove_file(self.branch_file(&name));
-        let asked = self
-            .asker()?
-            .ask::<()>(
-                &host,
-                &ToHost::StartLoop(Box::new(placed.start)),
-                START_TIMEOUT,
-            )
-            .await;
-        if let Err(e) = asked {
-            lock(&self.loops).remove(&name);
-            return Err(format!("host {host} did not start it: {e}"));
-        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let asked = asker
+                .ask::<()>(
+                    &host,
+                    &ToHost::StartLoop(Box::new(placed.start)),
+                    START_TIMEOUT,
+                )
+                .await;
+            if let Err(e) = asked {
+                let mut loops = lock(&me.loops);
+                if let Some(entry) = loops.get_mut(&name)
+                    && !entry.done
+                {
+                    entry.done = true;
+                    let _ = me.ends.send(RemoteEnd {
+                        name,
+                        end: LoopEnd::Failed {
+                            iterations: entry.iterations,
+                            reason: format!("host {host} did not start it: {e}"),
+                        },
+                    });
+                }
+            }
+        });
         Ok(())
     }
 
@@ -326,21 +409,35 @@ impl RemoteLoops {
                 return;
             }
             tokio::time::sleep(STOP_NOW_GRACE).await;
-            let mut loops = lock(&me.loops);
-            if let Some(entry) = loops.get_mut(&name)
-                && !entry.done
-            {
-                entry.done = true;
-                let _ = me.ends.send(RemoteEnd {
-                    name,
-                    end: LoopEnd::Stopped {
-                        iterations: entry.iterations,
-                        reason: Some(format!(
-                            "its host {host} did not stop it within {} s of the stop; what it did since its last records is not in the run",
-                            STOP_NOW_GRACE.as_secs()
-                        )),
-                    },
-                });
+            let why = format!(
+                "its host {host} did not stop it within {} s of the stop",
+                STOP_NOW_GRACE.as_secs()
+            );
+            let taken = {
+                let mut loops = lock(&me.loops);
+                match loops.get_mut(&name) {
+                    Some(entry) if !entry.done => {
+                        entry.done = true;
+                        let _ = me.ends.send(RemoteEnd {
+                            name: name.clone(),
+                            end: LoopEnd::Stopped {
+                                iterations: entry.iterations,
+                                reason: Some(format!(
+                                    "{why}; what it did since its last records is not in the run"
+                                )),
+                            },
+                        });
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if taken {
+                // It leaves the coordinator as a lost host's loop does: questions waiting on
+                // it fail now, with why.
+                CoordinatorHandle::new(me.side.coordinator.clone())
+                    .drop_remote(&name, &why)
+                    .await;
             }
         });
     }
@@ -350,10 +447,10 @@ impl RemoteLoops {
         lock(&self.loops).get(name).is_some_and(|e| !e.done)
     }
 
-    /// Host `host` was lost: its loops end now, stopped, with the reason (a resumed run
-    /// runs them again from their last commit on the head, which is their base: what they
-    /// did on the lost host is lost with it).
-    pub fn host_lost(&self, host: &str, reason: &str) {
+    /// Host `host` is gone (`how`: "was lost", "left"): its loops end now, stopped, with
+    /// the reason (a resumed run runs them again from their last commit on the head, which is
+    /// their base: what they did on the host is lost with it).
+    pub fn host_gone(&self, host: &str, how: &str, reason: &str) {
         // Its loops leave the coordinator at once: questions waiting on them fail with why.
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let gone: Vec<String> = lock(&self.loops)
@@ -361,7 +458,7 @@ impl RemoteLoops {
             .filter(|(_, e)| e.host == host)
             .map(|(n, _)| n.clone())
             .collect();
-        let why = format!("its host {host} was lost: {reason}");
+        let why = format!("its host {host} {how}: {reason}");
         tokio::spawn(async move {
             for name in gone {
                 handle.drop_remote(&name, &why).await;
@@ -369,7 +466,9 @@ impl RemoteLoops {
         });
         let mut loops = lock(&self.loops);
         for (name, entry) in loops.iter_mut() {
-            if entry.host != host || entry.done {
+            // A loop whose end the head has (its Ended claimed, its branch whole) is taken
+            // as it ended: its work is here, whatever became of its host since.
+            if entry.host != host || entry.done || entry.ending {
                 continue;
             }
             entry.done = true;
@@ -378,7 +477,7 @@ impl RemoteLoops {
                 end: LoopEnd::Stopped {
                     iterations: entry.iterations,
                     reason: Some(format!(
-                        "interrupted: its host {host} was lost ({reason}); `run --resume` runs it again"
+                        "interrupted: its host {host} {how} ({reason}); `run --resume` runs it again"
                     )),
                 },
             });
@@ -461,19 +560,41 @@ impl RemoteLoops {
                 problem,
                 ..
             } => {
+                // Claimed before any work: a second Ended (sent again, or at once) does not
+                // take the branch again.
+                let first = lock(&self.loops)
+                    .get_mut(&name)
+                    .is_some_and(|e| !std::mem::replace(&mut e.ending, true));
                 // Answered first: what the head does with the loop's end is the head's.
                 reply.send(Ok::<(), String>(()));
+                if !first {
+                    return;
+                }
                 let end = self.take_end(&name, &base, end, branch, problem).await;
                 // Its actor on the host is gone: questions to it get the ended-loop error.
                 CoordinatorHandle::new(self.side.coordinator.clone())
                     .unregister_remote(&name)
                     .await;
-                let mut loops = lock(&self.loops);
-                if let Some(entry) = loops.get_mut(&name)
-                    && !entry.done
-                {
-                    entry.done = true;
-                    let _ = self.ends.send(RemoteEnd { name, end });
+                let alert = end_alert(&name, &end);
+                let handed = {
+                    let mut loops = lock(&self.loops);
+                    match loops.get_mut(&name) {
+                        Some(entry) if !entry.done => {
+                            entry.done = true;
+                            let _ = self.ends.send(RemoteEnd {
+                                name: name.clone(),
+                                end,
+                            });
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                // Its end is announced by the head, as a local loop's is by its actor.
+                if let (true, Some((event_type, message))) = (handed, alert) {
+                    let _ = CoordinatorHandle::new(self.side.coordinator.clone())
+                        .alert(SYSTEM_SENDER, event_type, &message, None, Some(&name))
+                        .await;
                 }
             }
         }
@@ -504,11 +625,27 @@ impl RemoteLoops {
                     asker,
                     host: host.to_string(),
                     name: name.to_string(),
+                    outstanding: self.outstanding.clone(),
                 });
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
                     .await;
+                let ok = done.is_ok();
                 reply.send(done.map_err(|e| e.to_string()));
+                // Its start is announced by the head, once.
+                let announce = match lock(&self.loops).get_mut(name) {
+                    Some(entry) if ok && !entry.announced => {
+                        entry.announced = true;
+                        Some(entry.task_line.clone())
+                    }
+                    _ => None,
+                };
+                if let Some(line) = announce {
+                    let message = format!("loop `{name}` started: {line}");
+                    let _ = handle
+                        .alert(SYSTEM_SENDER, "loop_started", &message, None, Some(name))
+                        .await;
+                }
             }
             CoordRequest::SetStatus { status } => {
                 handle.set_remote_status(name, &status);
@@ -537,11 +674,15 @@ impl RemoteLoops {
                 message,
                 data,
             } => {
-                let (from, about) = match system {
-                    true => (SYSTEM_SENDER, Some(name)),
-                    false => (name, None),
-                };
-                let reached = handle.alert(from, &event_type, &message, data, about).await;
+                if system {
+                    // System alerts pass every rate limit: only the head sends them (a
+                    // host loop's start and end are announced by the head itself).
+                    return reply.send(Err::<usize, _>(format!(
+                        "a host does not send system alerts (`{}`); the head announces its loops' start and end itself",
+                        td_base::text::head_tail(&event_type, 60)
+                    )));
+                }
+                let reached = handle.alert(name, &event_type, &message, data, None).await;
                 reply.send(reached.map_err(text));
             }
             CoordRequest::List => reply.send(port.list_loops(name).await.map_err(text)),
@@ -575,19 +716,30 @@ impl RemoteLoops {
             ));
         }
         // An iteration's call is charged to the loop, an answer's to the loop that asked
-        // (as the head charges its own loops' answers).
-        let payer = match &wire.purpose {
-            Purpose::Iteration => {
+        // (as the head charges its own loops' answers), but only while the head has that
+        // question outstanding to this loop: the host names the asker, and otherwise could
+        // charge any loop, or one unknown and so without limits.
+        let asked = match &wire.purpose {
+            Purpose::Iteration => None,
+            Purpose::QueryAnswer { from, question } => {
+                if from == name {
+                    return failed(format!("loop {name} cannot answer its own question"));
+                }
+                let key = (name.to_string(), from.clone(), question.clone());
+                lock(&self.outstanding)
+                    .contains_key(&key)
+                    .then(|| from.clone())
+            }
+        };
+        // Whom an answer's call is charged to, for the transcript (`None`: the loop itself).
+        let answering = asked.clone();
+        let payer = match asked {
+            Some(from) => from,
+            None => {
                 if let Some(why) = lock(&self.loops).get(name).and_then(|e| e.over.clone()) {
                     return CompleteAnswer::OverBudget { reason: why };
                 }
                 name.to_string()
-            }
-            Purpose::QueryAnswer { from, .. } => {
-                if from == name {
-                    return failed(format!("loop {name} cannot answer its own question"));
-                }
-                from.clone()
             }
         };
         let request = LlmRequest {
@@ -604,7 +756,8 @@ impl RemoteLoops {
         };
         match self.side.llm.complete(&request).await {
             Ok(response) => {
-                hold.settle(&response.usage);
+                let spend = hold.settle(&response.usage);
+                self.spent(name, answering, spend);
                 match serde_json::to_value(&response) {
                     Ok(response) => CompleteAnswer::Response { response },
                     Err(e) => failed(format!("cannot write the response: {e}")),
@@ -637,12 +790,22 @@ impl RemoteLoops {
         transcript: Vec<Value>,
         receipts: Vec<Value>,
     ) -> Result<(), String> {
+        // Claimed under the lock before any work: the same batch sent again meanwhile (a
+        // retry racing its first send) is not appended twice.
         {
-            let loops = lock(&self.loops);
-            if let Some(why) = loops.get(name).and_then(|e| e.broken.clone()) {
+            let mut loops = lock(&self.loops);
+            let entry = loops
+                .get_mut(name)
+                .ok_or_else(|| format!("no loop {name}"))?;
+            if let Some(why) = entry.broken.clone() {
                 return Err(why);
             }
-            let last = loops.get(name).map_or(0, |e| e.batch);
+            if entry.taking {
+                return Err(format!(
+                    "a records batch of loop {name} is being taken; send batch {batch} again once it is answered"
+                ));
+            }
+            let last = entry.batch;
             if batch <= last {
                 // A retry of a batch whose answer was lost: appended already.
                 return Ok(());
@@ -652,7 +815,24 @@ impl RemoteLoops {
                     "records batch {batch} of loop {name} came after batch {last}"
                 ));
             }
+            entry.taking = true;
         }
+        let taken = self.take_records(name, batch, events, transcript, receipts);
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.taking = false;
+        }
+        taken
+    }
+
+    /// [`RemoteLoops::records`] once the batch is claimed.
+    fn take_records(
+        &self,
+        name: &str,
+        batch: u64,
+        events: Vec<Value>,
+        transcript: Vec<Value>,
+        receipts: Vec<Value>,
+    ) -> Result<(), String> {
         let mut kinds = Vec::with_capacity(events.len());
         for event in events {
             if event.get("loop_name").and_then(Value::as_str) != Some(name) {
@@ -679,15 +859,11 @@ impl RemoteLoops {
         for entry in transcript {
             let entry = serde_json::from_value::<TranscriptEntry>(entry)
                 .map_err(|e| format!("a transcript entry of loop {name} cannot be read: {e}"))?;
-            if let TranscriptEntry::Spent {
-                charged_to: Some(other),
-                ..
-            } = &entry
-                && other == name
-            {
-                return Err(format!(
-                    "loop {name}'s transcript charges its own answer to itself"
-                ));
+            // What a call spent is what the head settled, and it writes that itself (the
+            // record's spend, the askers' charges and a resume's carry-over are read from
+            // these): a host's own word on it is left out.
+            if matches!(entry, TranscriptEntry::Spent { .. }) {
+                continue;
             }
             entries.push(entry);
         }
@@ -739,12 +915,43 @@ impl RemoteLoops {
         Ok(())
     }
 
+    /// Writes in loop `name`'s transcript what one of its model calls spent, as the head
+    /// settled it: an iteration's call (numbered by the iterations and calls the head has
+    /// seen of it: its records may come a little behind its calls), or (`charged_to`) an
+    /// answer's, charged to the asker, numbered as a local answer's (iteration 0).
+    fn spent(&self, name: &str, charged_to: Option<String>, spend: td_protocol::spend::Spend) {
+        let (iteration, turn) = {
+            let mut loops = lock(&self.loops);
+            match (loops.get_mut(name), &charged_to) {
+                (Some(entry), None) => {
+                    entry.calls = entry.calls.saturating_add(1);
+                    (entry.iterations.max(1), entry.calls)
+                }
+                (Some(entry), Some(_)) => {
+                    entry.answer_calls = entry.answer_calls.saturating_add(1);
+                    (0, entry.answer_calls)
+                }
+                (None, _) => (0, 0),
+            }
+        };
+        self.side.transcript.record(
+            name,
+            TranscriptEntry::Spent {
+                iteration,
+                turn,
+                charged_to,
+                spend,
+            },
+        );
+    }
+
     /// Counts a new iteration of loop `name` in its account and the run's, as a local
     /// loop's start does; past a limit, its next model call is refused with it.
     fn iteration_started(&self, name: &str) {
         let counted = self.side.budgets.account(name).start_iteration();
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.iterations = entry.iterations.saturating_add(1);
+            entry.calls = 0;
             if let Err(why) = counted {
                 entry.over.get_or_insert(why);
             }
@@ -760,6 +967,12 @@ impl RemoteLoops {
         let entry = loops
             .get_mut(name)
             .ok_or_else(|| format!("no loop {name}"))?;
+        if entry.ending {
+            // Its bundle is being taken as it is.
+            return Err(format!(
+                "loop {name} ended; its branch is taken as it was sent"
+            ));
+        }
         if offset < entry.branch_bytes
             && offset.saturating_add(bytes.len() as u64) <= entry.branch_bytes
         {
@@ -847,6 +1060,25 @@ impl RemoteLoops {
             ));
         }
         end
+    }
+}
+
+/// The system alert of a loop's end, as a local loop's actor sends it (none when stopped).
+fn end_alert(name: &str, end: &LoopEnd) -> Option<(&'static str, String)> {
+    match end {
+        LoopEnd::Completed {
+            summary: Some(s), ..
+        } => Some(("loop_completed", format!("loop `{name}` completed: {s}"))),
+        LoopEnd::Completed { summary: None, .. } => {
+            Some(("loop_completed", format!("loop `{name}` completed")))
+        }
+        LoopEnd::Failed { reason, .. } => {
+            Some(("loop_failed", format!("loop `{name}` failed: {reason}")))
+        }
+        LoopEnd::Paused { reason, .. } => {
+            Some(("loop_paused", format!("loop `{name}` paused: {reason}")))
+        }
+        LoopEnd::Stopped { .. } => None,
     }
 }
 
