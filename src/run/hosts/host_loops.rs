@@ -935,17 +935,18 @@ impl Upstream for HeadUpstream {
         data: Option<Value>,
         about: Option<&str>,
     ) -> Result<usize, ToolError> {
-        let (loop_name, system) = match (from, about) {
-            (SYSTEM_SENDER, Some(about)) => (about, true),
-            _ => (from, false),
-        };
+        if from == SYSTEM_SENDER && about.is_some() {
+            // The head announces its hosts' loops' start and end itself and refuses a
+            // host's system alert: not sent (it cost a refused request and a warning each).
+            return Ok(0);
+        }
         let request = CoordRequest::Alert {
-            system,
+            system: false,
             event_type: event_type.to_string(),
             message: message.to_string(),
             data,
         };
-        self.ask(loop_name, request, UPSTREAM_TIMEOUT).await
+        self.ask(from, request, UPSTREAM_TIMEOUT).await
     }
 
     async fn list_loops(&self, from: &str) -> Result<Vec<LoopInfo>, ToolError> {
