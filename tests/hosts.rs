@@ -43,6 +43,26 @@ struct HeadRun {
 
 const SECRET: &str = "the-hosts-secret-of-this-test-0123456789";
 
+/// How a test joins the head as a hand-made host (the hostile ones speak the protocol
+/// themselves): named `name`, offering `slots`, its requests to `requests` (or none taken).
+fn hand_made_host(
+    port: u16,
+    root: &std::path::Path,
+    name: &str,
+    slots: u32,
+    requests: Option<tokio::sync::mpsc::UnboundedSender<td_cluster::HeadRequest>>,
+) -> td_cluster::HostOptions {
+    td_cluster::HostOptions {
+        head: format!("127.0.0.1:{port}"),
+        name: name.into(),
+        slots: Some(slots),
+        workdir: root.join(name).display().to_string(),
+        secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
+        timeout: Duration::from_secs(10),
+        requests,
+    }
+}
+
 /// A model key in a host's own environment (tests/hosts.rs: its loops' commands must not see it).
 const HOST_KEY: &str = "sk-host-key-of-this-test-0123456789";
 
@@ -1047,15 +1067,7 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
     let tips = rt.block_on(async {
         let mut tips = Vec::new();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "evil".into(),
-            slots: Some(2),
-            workdir: root.join("evil").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 2, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -1601,15 +1613,7 @@ fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
     // Another host that proved the secret asks the head to let h1 go.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let forged = rt.block_on(async {
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "evil".into(),
-            slots: Some(1),
-            workdir: root.join("evil").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: None,
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, None))
         .await
         .unwrap();
         let link = session.link();
@@ -1721,15 +1725,7 @@ asker:
     let rt = tokio::runtime::Runtime::new().unwrap();
     let forged = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "evil".into(),
-            slots: Some(1),
-            workdir: root.join("evil").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -1880,15 +1876,7 @@ asker:
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answers = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "evil".into(),
-            slots: Some(1),
-            workdir: root.join("evil").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -2027,15 +2015,7 @@ asker:
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answer = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "evil".into(),
-            slots: Some(1),
-            workdir: root.join("evil").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -2168,15 +2148,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "evil".into(),
-            slots: Some(1),
-            workdir: root.join("evil").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -2277,17 +2249,9 @@ fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "mute".into(),
-            slots: Some(1),
-            workdir: root.join("mute").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
-        .await
-        .unwrap();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "mute", 1, Some(tx)))
+            .await
+            .unwrap();
         let link = session.link();
         let running = tokio::spawn(session.run(std::future::pending()));
         let start = tokio::time::timeout(WAIT, rx.recv())
@@ -2372,15 +2336,7 @@ fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (waited, refused) = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "slow".into(),
-            slots: Some(2),
-            workdir: root.join("slow").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "slow", 2, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -2478,15 +2434,7 @@ fn a_host_lost_after_sending_its_loops_end_leaves_that_end_whole() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let tip = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "gone".into(),
-            slots: Some(1),
-            workdir: root.join("gone").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
+        let session = td_cluster::host::join(hand_made_host(port, &root, "gone", 1, Some(tx)))
         .await
         .unwrap();
         let link = session.link();
@@ -2582,17 +2530,9 @@ fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let stopped_at = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(td_cluster::HostOptions {
-            head: format!("127.0.0.1:{port}"),
-            name: "mute".into(),
-            slots: Some(1),
-            workdir: root.join("mute").display().to_string(),
-            secret: td_cluster::ClusterSecret::checked(SECRET, "test".into()).unwrap(),
-            timeout: Duration::from_secs(10),
-            requests: Some(tx),
-        })
-        .await
-        .unwrap();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "mute", 1, Some(tx)))
+            .await
+            .unwrap();
         let running = tokio::spawn(session.run(std::future::pending()));
         let start = tokio::time::timeout(WAIT, rx.recv())
             .await
