@@ -12,12 +12,11 @@
 //! Made when read, the receipt is the one the call would have had made at its end: the input
 //! and output were redacted when the call ended and the hashes cover that text; `time` is
 //! when the call started, the wall clock now less the monotonic time since the start (the
-//! same reading unless the wall clock was set in between); the id is a UUID v7 drawn when
+//! same reading unless the wall clock was set in between); the id is a UUID v7 made when
 //! the receipt is made ([`super::receipt_id`]), so ids still sort in the order receipts are
-//! written. An output
-//! larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to hash it later the
-//! receipt keeps a copy, which for a small output costs a fraction of the hash, and for a
-//! large one would hold its memory.
+//! written. An output larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to
+//! hash it later the receipt keeps a copy, which for a small output costs a fraction of the
+//! hash, and for a large one would hold its memory.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
