@@ -132,8 +132,10 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         DraftOutput::Kept(output) => hash_output(&output, d.is_error),
         DraftOutput::Hashed(hash) => hash,
     };
-    // One reading of the wall clock for the id and the date (clock reads are not cheap on a
-    // virtual machine).
+    // The monotonic clock first, then the wall clock: the date made of the two is then never
+    // before the call's start. One reading of the wall clock for the id and the date (clock
+    // reads are not cheap on a virtual machine).
+    let since_start = d.started.elapsed();
     let now = SystemTime::now();
     Receipt {
         id: receipt_id(now),
@@ -149,17 +151,12 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         output_capped: d.output_capped,
         latency_ms: d.latency_ms,
         side_effects: d.side_effects,
-        time: td_base::time::timestamp_at(wall_time_of(d.started, now)),
+        time: td_base::time::timestamp_at(now.checked_sub(since_start).unwrap_or(now)),
         commit: d.commit,
         schema_valid: d.schema_valid,
         seq: None,
         chain: None,
     }
-}
-
-/// When `started` was on the wall clock: `now`, less the time since.
-fn wall_time_of(started: Instant, now: SystemTime) -> SystemTime {
-    now.checked_sub(started.elapsed()).unwrap_or(now)
 }
 
 impl std::ops::Deref for CallReceipt {
@@ -250,10 +247,11 @@ mod tests {
     fn made_once_when_first_read_with_the_start_time_and_the_hashes() {
         let complete = test_receipt(7);
         let ago = Duration::from_secs(5);
+        // Read before the start: the start's date is not before it.
+        let earliest = date_ago(ago);
         let started = Instant::now().checked_sub(ago).unwrap();
         let receipt = CallReceipt::new(draft(7, started, "", false));
         assert!(!receipt.is_made());
-        let earliest = date_ago(ago);
         assert_eq!(receipt.input, json!({"command": "echo 7"}), "read through");
         let latest = date_ago(ago);
         assert!(receipt.is_made());
@@ -276,7 +274,6 @@ mod tests {
         assert_eq!(*receipt, expected);
         assert_eq!(*receipt.clone(), expected);
         assert_eq!(receipt.into_receipt(), expected);
-        let earliest = date_ago(ago);
         let unread = CallReceipt::new(draft(7, started, "", false)).into_receipt();
         assert_eq!(unread.input_hash, expected.input_hash);
         assert_eq!(unread.output_hash, expected.output_hash);
