@@ -30,7 +30,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -1229,14 +1228,21 @@ fn coordinator_gone() -> ToolError {
     }
 }
 
+/// Sends the coordinator the request `build` makes and waits for its reply.
+///
+/// What `ActorRef::call` does without a timeout (a oneshot reply port, a send, a wait),
+/// written out: `call`'s future nests three more (`call`, `internal_call`, its async block),
+/// each built on the stack and copied into its parent, and a query paid those copies twice
+/// (bench `query`, `tool`).
 pub(crate) async fn ask<T: Send + 'static>(
     coordinator: &ActorRef<CoordMsg>,
     build: impl FnOnce(RpcReplyPort<T>) -> CoordMsg,
 ) -> Result<T, ToolError> {
-    match coordinator.call(build, None).await {
-        Ok(CallResult::Success(v)) => Ok(v),
-        _ => Err(coordinator_gone()),
-    }
+    let (reply, replied) = oneshot::channel();
+    coordinator
+        .cast(build(RpcReplyPort::from(reply)))
+        .map_err(|_| coordinator_gone())?;
+    replied.await.map_err(|_| coordinator_gone())
 }
 
 #[async_trait]

@@ -11,16 +11,15 @@
 //!
 //! Made when read, the receipt is the one the call would have had made at its end: the input
 //! and output were redacted when the call ended and the hashes cover that text; `time` is
-//! when the call started, the wall clock now less the monotonic time since the start (the
-//! same reading unless the wall clock was set in between); the id is a UUID v7 made when
-//! the receipt is made ([`super::receipt_id`]), so ids still sort in the order receipts are
-//! written. An output larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to
+//! when the call started (`td_base::time::wall_time_of` its monotonic start); the id is a
+//! UUID v7 of that date and a process-wide counter ([`super::receipt_id`]), so ids still
+//! sort in the order receipts are made. An output larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to
 //! hash it later the receipt keeps a copy, which for a small output costs a fraction of the
 //! hash, and for a large one would hold its memory.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use serde_json::Value;
 
@@ -132,13 +131,11 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         DraftOutput::Kept(output) => hash_output(&output, d.is_error),
         DraftOutput::Hashed(hash) => hash,
     };
-    // The monotonic clock first, then the wall clock: the date made of the two is then never
-    // before the call's start. One reading of the wall clock for the id and the date (clock
-    // reads are not cheap on a virtual machine).
-    let since_start = d.started.elapsed();
-    let now = SystemTime::now();
+    // One date for the id and `time`: when the call started, from the thread's pairing of
+    // the two clocks (no clock read, in the common case).
+    let started = td_base::time::wall_time_of(d.started);
     Receipt {
-        id: receipt_id(now),
+        id: receipt_id(started),
         call_id: d.call_id,
         exec_id: d.exec_id.to_string(),
         tool: d.tool.into_owned(),
@@ -151,7 +148,7 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         output_capped: d.output_capped,
         latency_ms: d.latency_ms,
         side_effects: d.side_effects,
-        time: td_base::time::timestamp_at(now.checked_sub(since_start).unwrap_or(now)),
+        time: td_base::time::timestamp_at(started),
         commit: d.commit,
         schema_valid: d.schema_valid,
         seq: None,
@@ -210,7 +207,7 @@ fn empty() -> Receipt {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
     use serde_json::json;
 
