@@ -10,9 +10,10 @@
 //! `loop_moved` says from where to where, why, and with which iteration; there is no
 //! second `loop_started`.
 //!
-//! A loop lost [`MAX_MOVES`] times ends interrupted (a host that dies with whatever it runs
-//! should not take the run's time forever), and so does one lost after the run was asked
-//! to stop or while its record cannot be written: `run --resume` goes on with those.
+//! A loop moved [`MAX_MOVES`] times already that loses its host again ends interrupted (a
+//! loop that takes down whatever host runs it should not take the run's time forever), and
+//! so does one lost after the run was asked to stop or while its record cannot be written:
+//! `run --resume` goes on with those.
 
 use std::collections::BTreeMap;
 use std::path::Path;
