@@ -2785,13 +2785,15 @@ fn lines_with(file: &Path, text: &str) -> usize {
         .count()
 }
 
-/// Loop m runs on h1 (its rule: h1 or h2), finishes iteration 1 there (m1.txt written, a
-/// share S1 shown), and is cut off in iteration 2 with a share S2 in its inbox on h1 that
-/// its model has not seen. Its host is cut (`cut`): m moves to h2 and finishes there,
-/// from the commit of its iteration 1 and with its notes, S2 shown once, S1 not again,
-/// and nothing of its record lost or duplicated.
-fn a_cut_off_hosts_loop_finishes_elsewhere(cut: Cut) {
-    let mut net = Net::new(&format!("a_cut_off_hosts_loop_{cut:?}"));
+/// Loop m runs on h1 (its rule: h1 or `to`), finishes iteration 1 there (m1.txt written,
+/// a share S1 shown), and is cut off in iteration 2 with a share S2 in its inbox on h1 that
+/// its model has not seen. Its host is cut (`cut`): m moves to `to` (the host h2, or the
+/// head: then the head has one slot, which s holds until it ends) and finishes there, from
+/// the commit of its iteration 1 and with its notes, S2 shown once, S1 not again, and
+/// nothing of its record lost or duplicated.
+fn a_cut_off_hosts_loop_finishes_elsewhere(cut: Cut, to: &str) {
+    let to_head = to == "head";
+    let mut net = Net::new(&format!("a_cut_off_hosts_loop_{cut:?}_{to}"));
     let (head_ip, _, h1_if) = net.host("h1");
     let (head_ip2, _, _) = net.host("h2");
     let script = r#"
@@ -2821,11 +2823,19 @@ s:
     - calls:
         - complete_task: {summary: "s done"}
 "#;
+    // s first: it takes the head's slot before m is placed.
     let run = head_run(
         script,
-        "  - {name: m, type: ralph, task: \"Go.\", validation: 'test -e m2.txt'}\n  - {name: s, type: ralph, task: \"Send.\"}\n",
-        "  placement:\n    - {loops: [m], hosts: [h1, h2]}\n    - {loops: [s], hosts: [head]}\n",
+        "  - {name: s, type: ralph, task: \"Send.\"}\n  - {name: m, type: ralph, task: \"Go.\", validation: 'test -e m2.txt'}\n",
+        &format!(
+            "  placement:\n    - {{loops: [m], hosts: [h1, {to}]}}\n    - {{loops: [s], hosts: [head]}}\n"
+        ),
     );
+    if to_head {
+        let mut config = std::fs::read_to_string(&run.run.config).unwrap();
+        config.push_str("concurrency: {max-loops: 1}\n");
+        std::fs::write(&run.run.config, config).unwrap();
+    }
     let transcript = run.run.run_dir.join("loops/m/transcript.jsonl");
     let mut head = run.start_head(&net, "head");
     let mut h1 = run.start_host(
@@ -2849,15 +2859,19 @@ s:
         lines_with(&transcript, "M-WAIT-1") > 0
     });
     assert_eq!(summary(&run.run.run_dir)["loops"]["m"]["host"], "h1");
-    let mut h2 = run.start_host(
-        &net,
-        "h2",
-        &format!("{head_ip2}:7070"),
-        "h2",
-        &run.secret_file,
-        &[],
-    );
-    wait_until("h2 to join", WAIT, || joined(&run, "h2"));
+    let mut h2 = (!to_head).then(|| {
+        run.start_host(
+            &net,
+            "h2",
+            &format!("{head_ip2}:7070"),
+            "h2",
+            &run.secret_file,
+            &[],
+        )
+    });
+    if !to_head {
+        wait_until("h2 to join", WAIT, || joined(&run, "h2"));
+    }
     // S1 goes to m on h1 and is shown in its iteration 1, which then fails its validation:
     // its note, and its work as a commit, reach the head.
     std::fs::write(run.run.flag("go"), "").unwrap();
@@ -2868,7 +2882,7 @@ s:
         run.run.count("progress_noted", "m"),
         1,
         "{}",
-        logs(&head, &h1, Some(&h2))
+        logs(&head, &h1, h2.as_ref())
     );
     // S2 reaches m's inbox on h1 while its model waits on its command: never shown there.
     std::fs::write(run.run.flag("s2-go"), "").unwrap();
@@ -2881,7 +2895,7 @@ s:
             && e["data"] == "S2-NOTE"
             && e["error"].is_null()),
         "{}",
-        logs(&head, &h1, Some(&h2))
+        logs(&head, &h1, h2.as_ref())
     );
 
     let cut_at = Instant::now();
@@ -2908,14 +2922,16 @@ s:
         head.wait_exit(WAIT),
         Some(0),
         "{}",
-        logs(&head, &h1, Some(&h2))
+        logs(&head, &h1, h2.as_ref())
     );
-    assert_eq!(
-        h2.wait_exit(Duration::from_secs(10)),
-        Some(0),
-        "{}",
-        h2.stderr()
-    );
+    if let Some(h2) = &mut h2 {
+        assert_eq!(
+            h2.wait_exit(Duration::from_secs(10)),
+            Some(0),
+            "{}",
+            h2.stderr()
+        );
+    }
     if cut == Cut::LinkDown {
         // Cut off, it took the head for lost by itself and left.
         assert_eq!(h1.wait_exit(LOST_BOUND), Some(1), "{}", h1.stderr());
@@ -2924,7 +2940,12 @@ s:
     let s = summary(&run.run.run_dir);
     let m = &s["loops"]["m"];
     assert_eq!(m["status"], "completed", "{s}");
-    assert_eq!(m["host"], "h2", "{s}");
+    let host = if to_head {
+        Value::Null
+    } else {
+        Value::from(to)
+    };
+    assert_eq!(m["host"], host, "{s}");
     assert_eq!(m["iterations"], 2, "{s}");
     assert_eq!(m["merge"]["merged"], true, "{s}");
     assert_eq!(s["loops"]["s"]["status"], "completed", "{s}");
@@ -2933,7 +2954,7 @@ s:
     assert_eq!(moved.len(), 1, "{moved:?}");
     assert_eq!(moved[0]["loop_name"], "m");
     assert_eq!(moved[0]["from_host"], "h1");
-    assert_eq!(moved[0]["to_host"], "h2");
+    assert_eq!(moved[0]["to_host"], to);
     assert_eq!(moved[0]["iteration"], 2);
     assert_eq!(moved[0]["moves"], 1);
     assert!(
@@ -2977,7 +2998,7 @@ s:
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     // Each share shown exactly once: S1 in iteration 1 on h1, S2 (delivered to h1, never
-    // shown there) after the move, on h2.
+    // shown there) after the move.
     let shown: u64 = of("inbox_shown")
         .iter()
         .map(|e| e["items"].as_u64().unwrap())
@@ -3038,12 +3059,17 @@ s:
 
 #[test]
 fn a_killed_hosts_loop_finishes_on_another_host_with_nothing_lost_or_duplicated() {
-    a_cut_off_hosts_loop_finishes_elsewhere(Cut::Kill);
+    a_cut_off_hosts_loop_finishes_elsewhere(Cut::Kill, "h2");
 }
 
 #[test]
 fn a_cut_off_hosts_loop_finishes_on_another_host_and_nothing_lands_when_its_link_is_back() {
-    a_cut_off_hosts_loop_finishes_elsewhere(Cut::LinkDown);
+    a_cut_off_hosts_loop_finishes_elsewhere(Cut::LinkDown, "h2");
+}
+
+#[test]
+fn a_killed_hosts_loop_finishes_on_the_head_when_its_rule_allows_the_head() {
+    a_cut_off_hosts_loop_finishes_elsewhere(Cut::Kill, "head");
 }
 
 /// Loop `name`'s receipts in `run_dir` verify with the run's key, up to its sealed session
