@@ -773,8 +773,8 @@ fn loops_run_on_three_hosts_and_their_work_records_and_hosts_come_back_to_the_he
     let outside = root_dir.path().canonicalize().unwrap().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     // Three worker hosts, a loop on each (the head runs none): each loop asks another on
-    // another machine once all run (the delays), a shares with c and b with c; the answers
-    // come from the scripts' `answers`.
+    // another machine once all run, and is still there when it is asked (the delays), a
+    // shares with c and b with c; the answers come from the scripts' `answers`.
     let script = r#"
 a:
   turns:
@@ -783,7 +783,8 @@ a:
     - delay_ms: 1500
       calls:
         - query_loop: {target_exec_id: b, question: "What did you write?"}
-    - calls:
+    - delay_ms: 1000
+      calls:
         - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-A"}
     - calls:
         - complete_task: {summary: "a done"}
@@ -796,7 +797,8 @@ b:
     - delay_ms: 1500
       calls:
         - query_loop: {target_exec_id: c, question: "What runs on h2?"}
-    - calls:
+    - delay_ms: 1000
+      calls:
         - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-B"}
     - calls:
         - complete_task: {summary: "b done"}
@@ -809,7 +811,7 @@ c:
     - delay_ms: 1500
       calls:
         - query_loop: {target_exec_id: a, question: "Which port?"}
-    - delay_ms: 1000
+    - delay_ms: 2500
       calls:
         - read_file: {path: "c.txt"}
     - calls:

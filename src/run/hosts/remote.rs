@@ -123,6 +123,10 @@ pub struct HeadSide {
     pub coordinator: ractor::ActorRef<CoordMsg>,
 }
 
+/// The longest a lost host's loops wait, before they are handed to the run, for a records
+/// batch of theirs claimed before the loss to be appended.
+const RECORDS_SETTLE: Duration = Duration::from_secs(5);
+
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -497,7 +501,7 @@ impl RemoteLoops {
     /// once (questions waiting on them fail with why) and come out as ends with
     /// [`RemoteEnd::lost`] set, after any checkpoint being taken: the run moves them
     /// elsewhere from the work and records the head holds, or ends them interrupted.
-    pub fn host_gone(&self, host: &str, how: &str, reason: &str) {
+    pub fn host_gone(self: &Arc<Self>, host: &str, how: &str, reason: &str) {
         let why = format!("its host {host} {how}: {reason}");
         let mut gone = Vec::new();
         {
@@ -530,6 +534,7 @@ impl RemoteLoops {
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let ends = self.ends.clone();
         let taking = self.taking_branch.clone();
+        let me = self.clone();
         let left = format!(
             "{why}; it goes on elsewhere when the run can move it: ask it again once it runs"
         );
@@ -539,10 +544,30 @@ impl RemoteLoops {
             }
             // A checkpoint being taken lands first: the move starts from it.
             drop(taking.lock().await);
+            // And a records batch claimed before the loss: the move reads the record back,
+            // and nothing of the earlier placement is written after it.
+            let names: Vec<String> = gone.iter().map(|e| e.name.clone()).collect();
+            me.records_settled(&names).await;
             for end in gone {
                 let _ = ends.send(end);
             }
         });
+    }
+
+    /// Waits until no records batch of `names` is being taken (a batch is appended in one
+    /// go, without awaiting: this is short), at most [`RECORDS_SETTLE`].
+    async fn records_settled(&self, names: &[String]) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < RECORDS_SETTLE {
+            let busy = {
+                let loops = lock(&self.loops);
+                names.iter().any(|n| loops.get(n).is_some_and(|e| e.taking))
+            };
+            if !busy {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn base_file(&self, name: &str) -> PathBuf {
