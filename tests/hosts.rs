@@ -764,24 +764,27 @@ fn show(run: &HeadRun, rev_path: &str) -> Option<String> {
 }
 
 #[test]
-fn loops_run_on_two_hosts_and_their_work_records_and_hosts_come_back_to_the_head() {
-    let mut net = Net::new("loops_run_on_two_hosts");
+fn loops_run_on_three_hosts_and_their_work_records_and_hosts_come_back_to_the_head() {
+    let mut net = Net::new("loops_run_on_three_hosts");
     let (head_ip, _, _) = net.host("h1");
     let (head_ip2, _, _) = net.host("h2");
+    let (head_ip3, _, _) = net.host("h3");
     let root_dir = tempfile::tempdir().unwrap();
     let outside = root_dir.path().canonicalize().unwrap().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
-    // Each loop asks another on another machine once all run (the delays), a shares with
-    // c and b with c; the answers come from the scripts' `answers`.
+    // Three worker hosts, a loop on each (the head runs none): each loop asks another on
+    // another machine once all run, and is still there when it is asked (the delays), a
+    // shares with c and b with c; the answers come from the scripts' `answers`.
     let script = r#"
 a:
   turns:
     - calls:
-        - write_file: {path: "a.txt", content: "from the head\n"}
+        - write_file: {path: "a.txt", content: "from h3\n"}
     - delay_ms: 1500
       calls:
         - query_loop: {target_exec_id: b, question: "What did you write?"}
-    - calls:
+    - delay_ms: 1000
+      calls:
         - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-A"}
     - calls:
         - complete_task: {summary: "a done"}
@@ -794,7 +797,8 @@ b:
     - delay_ms: 1500
       calls:
         - query_loop: {target_exec_id: c, question: "What runs on h2?"}
-    - calls:
+    - delay_ms: 1000
+      calls:
         - share_data: {target_exec_ids: [c], data_type: note, data: "NOTE-FROM-B"}
     - calls:
         - complete_task: {summary: "b done"}
@@ -807,7 +811,7 @@ c:
     - delay_ms: 1500
       calls:
         - query_loop: {target_exec_id: a, question: "Which port?"}
-    - delay_ms: 1000
+    - delay_ms: 2500
       calls:
         - read_file: {path: "c.txt"}
     - calls:
@@ -818,7 +822,7 @@ c:
     let run = head_run(
         script,
         "  - {name: a, type: ralph, task: \"Go.\"}\n  - {name: b, type: ralph, task: \"Go.\"}\n  - {name: c, type: ralph, task: \"Go.\"}\n",
-        "  placement:\n    - {loops: [a], hosts: [head]}\n    - {loops: [b], hosts: [h1]}\n    - {loops: [c], hosts: [h2]}\n",
+        "  placement:\n    - {loops: [a], hosts: [h3]}\n    - {loops: [b], hosts: [h1]}\n    - {loops: [c], hosts: [h2]}\n",
     );
     let script_file = run.run.config.with_file_name("script.yml");
     let text = std::fs::read_to_string(&script_file).unwrap();
@@ -862,15 +866,24 @@ c:
             &workdir2,
         ],
     );
+    let mut h3 = run.start_host(
+        &net,
+        "h3",
+        &format!("{head_ip3}:7070"),
+        "h3",
+        &run.secret_file,
+        &[],
+    );
     assert_eq!(
         head.wait_exit(WAIT),
         Some(0),
-        "{}\n--- h1:\n{}\n--- h2:\n{}",
+        "{}\n--- h1:\n{}\n--- h2:\n{}\n--- h3:\n{}",
         head.stderr(),
         h1.stderr(),
-        h2.stderr()
+        h2.stderr(),
+        h3.stderr()
     );
-    for (name, host) in [("h1", &mut h1), ("h2", &mut h2)] {
+    for (name, host) in [("h1", &mut h1), ("h2", &mut h2), ("h3", &mut h3)] {
         assert_eq!(
             host.wait_exit(Duration::from_secs(10)),
             Some(0),
@@ -879,7 +892,7 @@ c:
         );
     }
     let s = summary(&run.run.run_dir);
-    for (name, host) in [("a", None), ("b", Some("h1")), ("c", Some("h2"))] {
+    for (name, host) in [("a", Some("h3")), ("b", Some("h1")), ("c", Some("h2"))] {
         let l = &s["loops"][name];
         assert_eq!(l["status"], "completed", "{name}: {s}");
         assert_eq!(l["host"].as_str(), host, "{name}: {s}");
@@ -900,10 +913,10 @@ c:
     );
     assert_eq!(
         show(&run, &format!("{into}:a.txt")).as_deref(),
-        Some("from the head\n")
+        Some("from h3\n")
     );
     // The record holds their transcripts and receipts, chained with the run's key.
-    for name in ["b", "c"] {
+    for name in ["a", "b", "c"] {
         let dir = run.run.run_dir.join("loops").join(name);
         let transcript = std::fs::read_to_string(dir.join("transcript.jsonl")).unwrap();
         assert!(
@@ -914,6 +927,7 @@ c:
         assert!(receipts.lines().count() >= 2, "{name}: {receipts}");
         assert!(receipts.contains("\"chain\":"), "{name}: {receipts}");
         assert!(dir.join("RECEIPT.json").exists(), "{name}");
+        assert_chain_verifies(&run.run.run_dir, name);
     }
     // Queries crossed hosts both ways, answered by loops on the other machine; the shares
     // reached c on h2 (and its model saw them).
@@ -977,7 +991,7 @@ c:
     };
     assert!(row("b").ends_with(" h1"), "{status}");
     assert!(row("c").ends_with(" h2"), "{status}");
-    assert!(row("a").ends_with(" head"), "{status}");
+    assert!(row("a").ends_with(" h3"), "{status}");
     // Every event the hosts sent was one the head takes from them.
     assert!(
         !head.stderr().contains("which only the head records"),
@@ -1082,6 +1096,8 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
                 panic!("not a start: {:?}", request.request);
             };
             request.reply.send(Ok(()));
+            // Its requests speak for this placement of it.
+            let link = link.for_attempt(start.attempt);
             // The loop's "work", made where the host can reach the head's commits (a real
             // host would have them from the base bundle).
             let work = scratch.join(&start.loop_name);
@@ -1259,6 +1275,8 @@ asker:
       calls:
         - query_loop: {{target_exec_id: p, question: "Slow?", timeout_ms: 120000}}
     - calls:
+        - query_loop: {{target_exec_id: p, question: "Back?", timeout_ms: 120000}}
+    - calls:
         - complete_task: {{summary: "asked"}}
 q:
   turns:
@@ -1311,33 +1329,58 @@ q:
             .any(|e| e["event"] == "query_asked" && e["from"] == "asker" && e["to"] == "p")
     });
 
-    // h1 dies: its loop is stopped at once, with the reason.
+    // h1 dies: its loop is taken back at once, with the reason; its rule names only h1, so
+    // it waits for h1 to join again.
     let killed = Instant::now();
     h1.kill();
-    wait_until("p to be interrupted", WAIT, || {
-        summary(&run.run.run_dir)["loops"]["p"]["status"] == "stopped"
+    wait_until("p to wait for h1 again", WAIT, || {
+        let s = summary(&run.run.run_dir);
+        s["loops"]["p"]["status"] == "pending"
+            && s["loops"]["p"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("waiting for host h1")
     });
     let took = killed.elapsed();
-    eprintln!("measured: a lost host's loop marked stopped after {took:?}");
+    eprintln!("measured: a lost host's loop taken back after {took:?}");
     assert!(took < LOST_BOUND, "{took:?}");
     let s = summary(&run.run.run_dir);
     let reason = s["loops"]["p"]["reason"].as_str().unwrap_or("");
     assert!(
-        reason.starts_with("interrupted: its host h1 was lost (its connection closed)"),
+        reason.contains("(moving: its host h1 was lost: its connection closed)"),
         "{s}"
     );
     assert_eq!(s["loops"]["q"]["status"], "running", "{s}");
-    // The question waiting on p failed at once, saying why, long before its 120 s.
+    // The question waiting on p failed at once, saying why, long before its 120 s; the one
+    // asked while p waits to start again fails at once too, saying it may ask again.
+    let failed = |what: &str| {
+        run.events()
+            .iter()
+            .filter(|e| {
+                e["event"] == "query_failed"
+                    && e["from"] == "asker"
+                    && e["error"].as_str().unwrap_or("").contains(what)
+            })
+            .count()
+    };
     wait_until("the waiting question to fail", LOST_BOUND, || {
-        run.events().iter().any(|e| {
-            e["event"] == "query_failed"
-                && e["from"] == "asker"
-                && e["error"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains("host h1 was lost")
-        })
+        failed("host h1 was lost") > 0
     });
+    let asked = Instant::now();
+    while failed("ask it again once it runs") < 1 {
+        assert!(
+            asked.elapsed() < LOST_BOUND,
+            "the question to the moving loop did not fail: {:?}",
+            run.events()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        killed.elapsed() < LOST_BOUND * 2,
+        "{:?}: {:?}",
+        killed.elapsed(),
+        run.events()
+    );
 
     // Ctrl-C twice: the loop on h2 is stopped at once (its command killed there).
     // SAFETY: plain signals to our own child.
@@ -1355,6 +1398,15 @@ q:
     assert_eq!(s["loops"]["q"]["status"], "stopped", "{s}");
     assert_eq!(s["loops"]["q"]["host"], "h2", "{s}");
     assert_eq!(s["status"], "stopped", "{s}");
+    // p never ran again: interrupted, saying where it was and why.
+    assert_eq!(s["loops"]["p"]["status"], "stopped", "{s}");
+    let reason = s["loops"]["p"]["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.starts_with("interrupted: its host h1 was lost: its connection closed")
+            && reason.contains("waiting to start again elsewhere"),
+        "{s}"
+    );
+    assert_eq!(run.run.count("loop_moved", "p"), 0);
     assert_eq!(
         h2.wait_exit(Duration::from_secs(10)),
         Some(0),
@@ -1650,10 +1702,22 @@ fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
     assert_eq!(s["hosts"]["hosts"]["h1"]["status"], "joined", "{s}");
     assert_eq!(s["loops"]["w"]["status"], "running", "{s}");
 
-    // h1's user stops it: it leaves, and its loop is interrupted, saying so.
+    // h1's user stops it: it leaves, and its loop is taken back at once, saying so; its
+    // rule names only h1, so it waits for h1 to join again, and Ctrl-C ends the run.
     let left_at = Instant::now();
     // SAFETY: a plain signal to our own child.
     unsafe { libc::kill(h1.id() as i32, libc::SIGINT) };
+    while !summary(&run.run_dir)["loops"]["w"]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .contains("(moving: its host h1 left")
+    {
+        assert!(left_at.elapsed() < WAIT, "w was not taken back\n{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(summary(&run.run_dir)["loops"]["w"]["status"], "pending");
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
     let code = exit_within(&mut head, Duration::from_secs(20));
     let _ = std::fs::write(run.flag("release"), "");
     if code.is_none() {
@@ -1734,7 +1798,11 @@ asker:
             tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
         };
         let start = next(&mut rx).await;
-        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        // Its requests speak for this placement of it.
+        let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
         let coord = |request: CoordRequest| FromHost::Coord {
             loop_name: "e".into(),
@@ -1885,7 +1953,11 @@ asker:
             tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
         };
         let start = next(&mut rx).await;
-        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        // Its requests speak for this placement of it.
+        let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
         let () = link
             .ask(
@@ -2024,7 +2096,11 @@ asker:
             .await
             .unwrap()
             .unwrap();
-        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        // Its requests speak for this placement of it.
+        let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
         let () = link
             .ask(
@@ -2157,7 +2233,11 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
             .await
             .unwrap()
             .unwrap();
-        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        // Its requests speak for this placement of it.
+        let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
         let () = link
             .ask(
@@ -2258,7 +2338,11 @@ fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
             .await
             .unwrap()
             .unwrap();
-        assert!(matches!(start.request, ToHost::StartLoop(_)));
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        // Its requests speak for this placement of it.
+        let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
         let () = link
             .ask(
@@ -2345,7 +2429,11 @@ fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
             .await
             .unwrap()
             .unwrap();
-        assert!(matches!(first.request, ToHost::StartLoop(_)));
+        let ToHost::StartLoop(first_start) = &first.request else {
+            panic!("not a start: {:?}", first.request);
+        };
+        let mut attempts = std::collections::BTreeMap::new();
+        attempts.insert(first_start.loop_name.clone(), first_start.attempt);
         // Not answered yet: the second loop's start comes meanwhile.
         let asked = Instant::now();
         let second = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
@@ -2359,6 +2447,7 @@ fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
                 panic!("not a start: {:?}", second.request);
             };
             refused = Some(start.loop_name.clone());
+            attempts.insert(start.loop_name.clone(), start.attempt);
             second.reply.send(Err::<(), _>("no room here".to_string()));
         }
         for name in ["a", "c"] {
@@ -2366,6 +2455,7 @@ fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
                 continue;
             }
             let ended: Result<(), _> = link
+                .for_attempt(attempts.get(name).copied().unwrap_or(0))
                 .ask(
                     FromHost::Ended {
                         loop_name: name.into(),
@@ -2447,6 +2537,7 @@ fn a_host_lost_after_sending_its_loops_end_leaves_that_end_whole() {
             panic!("not a start: {:?}", request.request);
         };
         request.reply.send(Ok(()));
+        let link = link.for_attempt(start.attempt);
         let work = root.join("gone-work");
         common::git(&root, &["clone", "-q", &repo.display().to_string(), &work.display().to_string()]);
         common::git(&work, &["checkout", "-q", "-b", "work", &start.base_commit]);
@@ -2674,5 +2765,555 @@ c:
         h1.stderr().contains("sandbox.env.pass TD_HOSTS_COOKIE"),
         "{}",
         h1.stderr()
+    );
+}
+
+/// How a test cuts a host off.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cut {
+    /// SIGKILL: the connection closes.
+    Kill,
+    /// Its link set down: nothing closes, only heartbeats tell; set up again once its loop
+    /// moved.
+    LinkDown,
+}
+
+/// Lines of `file` that hold `text`.
+fn lines_with(file: &Path, text: &str) -> usize {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(text))
+        .count()
+}
+
+/// Loop m runs on h1 (its rule: h1 or `to`), finishes iteration 1 there (m1.txt written,
+/// a share S1 shown), and is cut off in iteration 2 with a share S2 in its inbox on h1 that
+/// its model has not seen. Its host is cut (`cut`): m moves to `to` (the host h2, or the
+/// head: then the head has one slot, which s holds until it ends) and finishes there, from
+/// the commit of its iteration 1 and with its notes, S2 shown once, S1 not again, and
+/// nothing of its record lost or duplicated.
+fn a_cut_off_hosts_loop_finishes_elsewhere(cut: Cut, to: &str) {
+    let to_head = to == "head";
+    let mut net = Net::new(&format!("a_cut_off_hosts_loop_{cut:?}_{to}"));
+    let (head_ip, _, h1_if) = net.host("h1");
+    let (head_ip2, _, _) = net.host("h2");
+    let script = r#"
+m:
+  turns:
+    - calls:
+        - write_file: {path: "m1.txt", content: "iteration one on h1\n"}
+        - run_command: {command: "echo M-WAIT-1; until [ -e {f}/s1-sent ]; do sleep 0.05; done"}
+    - say: "first part done"
+    - calls:
+        - run_command: {command: "echo M-WAIT-2; until [ -e {f}/release ]; do sleep 0.05; done"}
+    - calls:
+        - write_file: {path: "m2.txt", content: "iteration two\n"}
+    - say: "second part done"
+s:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - share_data: {target_exec_ids: [m], data_type: note, data: "S1-NOTE"}
+    - calls:
+        - run_command: {command: "touch {f}/s1-sent; until [ -e {f}/s2-go ]; do sleep 0.05; done"}
+    - calls:
+        - share_data: {target_exec_ids: [m], data_type: note, data: "S2-NOTE"}
+    - calls:
+        - run_command: {command: "touch {f}/s2-sent"}
+    - calls:
+        - complete_task: {summary: "s done"}
+"#;
+    // s first: it takes the head's slot before m is placed.
+    let run = head_run(
+        script,
+        "  - {name: s, type: ralph, task: \"Send.\"}\n  - {name: m, type: ralph, task: \"Go.\", validation: 'test -e m2.txt'}\n",
+        &format!(
+            "  placement:\n    - {{loops: [m], hosts: [h1, {to}]}}\n    - {{loops: [s], hosts: [head]}}\n"
+        ),
+    );
+    if to_head {
+        let mut config = std::fs::read_to_string(&run.run.config).unwrap();
+        config.push_str("concurrency: {max-loops: 1}\n");
+        std::fs::write(&run.run.config, config).unwrap();
+    }
+    let transcript = run.run.run_dir.join("loops/m/transcript.jsonl");
+    let mut head = run.start_head(&net, "head");
+    let mut h1 = run.start_host(
+        &net,
+        "h1",
+        &format!("{head_ip}:7070"),
+        "h1",
+        &run.secret_file,
+        &[],
+    );
+    let logs = |head: &Proc, h1: &Proc, h2: Option<&Proc>| {
+        format!(
+            "--- head:\n{}\n--- h1:\n{}\n--- h2:\n{}\n--- events:\n{:?}",
+            head.stderr(),
+            h1.stderr(),
+            h2.map(Proc::stderr).unwrap_or_default(),
+            run.events()
+        )
+    };
+    wait_until("m to run its first command on h1", WAIT, || {
+        lines_with(&transcript, "M-WAIT-1") > 0
+    });
+    assert_eq!(summary(&run.run.run_dir)["loops"]["m"]["host"], "h1");
+    let mut h2 = (!to_head).then(|| {
+        run.start_host(
+            &net,
+            "h2",
+            &format!("{head_ip2}:7070"),
+            "h2",
+            &run.secret_file,
+            &[],
+        )
+    });
+    if !to_head {
+        wait_until("h2 to join", WAIT, || joined(&run, "h2"));
+    }
+    // S1 goes to m on h1 and is shown in its iteration 1, which then fails its validation:
+    // its note, and its work as a commit, reach the head.
+    std::fs::write(run.run.flag("go"), "").unwrap();
+    wait_until("m's iteration 2 to wait", WAIT, || {
+        lines_with(&transcript, "M-WAIT-2") > 0
+    });
+    assert_eq!(
+        run.run.count("progress_noted", "m"),
+        1,
+        "{}",
+        logs(&head, &h1, h2.as_ref())
+    );
+    // S2 reaches m's inbox on h1 while its model waits on its command: never shown there.
+    std::fs::write(run.run.flag("s2-go"), "").unwrap();
+    wait_until("S2 to be delivered on h1", WAIT, || {
+        run.run.flag("s2-sent").exists()
+    });
+    assert!(
+        run.events().iter().any(|e| e["event"] == "shared"
+            && e["to"] == "m"
+            && e["data"] == "S2-NOTE"
+            && e["error"].is_null()),
+        "{}",
+        logs(&head, &h1, h2.as_ref())
+    );
+
+    let cut_at = Instant::now();
+    match cut {
+        Cut::Kill => h1.kill(),
+        Cut::LinkDown => net.set_link("h1", &h1_if, false),
+    }
+    wait_until("h1 to be lost", WAIT, || {
+        !run.host_events("host_lost").is_empty()
+    });
+    let lost_after = cut_at.elapsed();
+    wait_until("m to move", WAIT, || run.run.count("loop_moved", "m") > 0);
+    let moved_after = cut_at.elapsed();
+    eprintln!(
+        "measured ({cut:?}): h1 recorded lost after {lost_after:?}, m moved after {moved_after:?}"
+    );
+    assert!(lost_after < LOST_BOUND, "{lost_after:?}");
+    if cut == Cut::LinkDown {
+        // Its link comes back after its loop moved: nothing of it may land any more.
+        net.set_link("h1", &h1_if, true);
+    }
+    std::fs::write(run.run.flag("release"), "").unwrap();
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(0),
+        "{}",
+        logs(&head, &h1, h2.as_ref())
+    );
+    if let Some(h2) = &mut h2 {
+        assert_eq!(
+            h2.wait_exit(Duration::from_secs(10)),
+            Some(0),
+            "{}",
+            h2.stderr()
+        );
+    }
+    if cut == Cut::LinkDown {
+        // Cut off, it took the head for lost by itself and left.
+        assert_eq!(h1.wait_exit(LOST_BOUND), Some(1), "{}", h1.stderr());
+    }
+
+    let s = summary(&run.run.run_dir);
+    let m = &s["loops"]["m"];
+    assert_eq!(m["status"], "completed", "{s}");
+    let host = if to_head {
+        Value::Null
+    } else {
+        Value::from(to)
+    };
+    assert_eq!(m["host"], host, "{s}");
+    assert_eq!(m["iterations"], 2, "{s}");
+    assert_eq!(m["merge"]["merged"], true, "{s}");
+    assert_eq!(s["loops"]["s"]["status"], "completed", "{s}");
+    // The move, once: from h1 to h2, with iteration 2, saying why.
+    let moved: Vec<Value> = run.host_events("loop_moved");
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0]["loop_name"], "m");
+    assert_eq!(moved[0]["from_host"], "h1");
+    assert_eq!(moved[0]["to_host"], to);
+    assert_eq!(moved[0]["iteration"], 2);
+    assert_eq!(moved[0]["moves"], 1);
+    assert!(
+        moved[0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its host h1 was lost"),
+        "{moved:?}"
+    );
+    // Its work of iteration 1 (made on h1, which is gone) and of iteration 2 (on h2) are
+    // both in what merged.
+    let into = m["merge"]["into"].as_str().unwrap().to_string();
+    assert_eq!(
+        show(&run, &format!("{into}:m1.txt")).as_deref(),
+        Some("iteration one on h1\n")
+    );
+    assert_eq!(
+        show(&run, &format!("{into}:m2.txt")).as_deref(),
+        Some("iteration two\n")
+    );
+    // Nothing of the record is lost or duplicated: one start (no second loop_started),
+    // iteration 1 and its note once, iteration 2 once per placement (the first cut short,
+    // as a resume runs it again), one completion.
+    let events = run.events();
+    let of = |kind: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["event"] == kind && e["loop_name"] == "m")
+            .collect()
+    };
+    assert_eq!(of("loop_started").len(), 1, "{events:?}");
+    assert_eq!(of("loop_completed").len(), 1, "{events:?}");
+    let notes = of("progress_noted");
+    assert_eq!(notes.len(), 1, "{events:?}");
+    assert_eq!(notes[0]["iteration"], 1);
+    let started: Vec<u64> = of("iteration_started")
+        .iter()
+        .map(|e| e["iteration"].as_u64().unwrap())
+        .collect();
+    assert_eq!(started, vec![1, 2, 2], "{events:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    // Each share shown exactly once: S1 in iteration 1 on h1, S2 (delivered to h1, never
+    // shown there) after the move.
+    let shown: u64 = of("inbox_shown")
+        .iter()
+        .map(|e| e["items"].as_u64().unwrap())
+        .sum();
+    assert_eq!(shown, 2, "{events:?}");
+    assert_eq!(
+        lines_with(&transcript, "S1-NOTE"),
+        1,
+        "{}",
+        std::fs::read_to_string(&transcript).unwrap()
+    );
+    assert_eq!(
+        lines_with(&transcript, "S2-NOTE"),
+        1,
+        "{}",
+        std::fs::read_to_string(&transcript).unwrap()
+    );
+    // Its transcript holds iteration 1's two model turns once, and iteration 2's first turn
+    // of the attempt cut short on h1 besides the three of its run on h2.
+    let responses = |iteration: u64| {
+        std::fs::read_to_string(&transcript)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["entry"] == "response" && e["iteration"] == iteration)
+            .count()
+    };
+    assert_eq!(responses(1), 2);
+    assert_eq!(responses(2), 1 + 3);
+    // Receipts: iteration 1's write once, the chain whole (the session receipt checks it).
+    let receipts = run.run.run_dir.join("loops/m/receipts.jsonl");
+    assert_eq!(
+        lines_with(&receipts, "\"tool\":\"write_file\""),
+        2,
+        "m1.txt once, m2.txt once"
+    );
+    assert_chain_verifies(&run.run.run_dir, "m");
+    // The checkpoint of iteration 1 is a commit of the loop's branch, once.
+    let branch = m["branch"].as_str().unwrap().to_string();
+    let log = common::git(
+        run.run.config.parent().unwrap(),
+        &["log", "--format=%s", &branch],
+    );
+    assert_eq!(
+        log.lines().filter(|l| l.contains("m iteration 1")).count(),
+        1,
+        "{log}"
+    );
+    // What the checkpoint cost: the head takes it between iteration 1's end and its note.
+    let time = |e: &Value| e["time"].as_str().unwrap().to_string();
+    let ended = of("iteration_ended");
+    eprintln!(
+        "measured ({cut:?}): iteration 1 ended at {}, its note (after its checkpoint) at {}",
+        time(ended[0]),
+        time(notes[0])
+    );
+}
+
+#[test]
+fn a_killed_hosts_loop_finishes_on_another_host_with_nothing_lost_or_duplicated() {
+    a_cut_off_hosts_loop_finishes_elsewhere(Cut::Kill, "h2");
+}
+
+#[test]
+fn a_cut_off_hosts_loop_finishes_on_another_host_and_nothing_lands_when_its_link_is_back() {
+    a_cut_off_hosts_loop_finishes_elsewhere(Cut::LinkDown, "h2");
+}
+
+#[test]
+fn a_killed_hosts_loop_finishes_on_the_head_when_its_rule_allows_the_head() {
+    a_cut_off_hosts_loop_finishes_elsewhere(Cut::Kill, "head");
+}
+
+/// Loop `name`'s receipts in `run_dir` verify with the run's key, up to its sealed session
+/// receipt (`td_toolkit::receipts::check`, what `replay verify` checks before it runs).
+fn assert_chain_verifies(run_dir: &Path, name: &str) {
+    use td_toolkit::receipts::{chain::ChainKey, check, session};
+    let dir = run_dir.join("loops").join(name);
+    let key = ChainKey::load(&run_dir.join("receipt-chain.key")).unwrap();
+    let log = check::read_entries(&dir.join("receipts.jsonl")).unwrap();
+    assert!(log.bad_lines.is_empty(), "{:?}", log.bad_lines);
+    let sealed = session::read_session(&dir.join("RECEIPT.json"), Some(&key)).unwrap();
+    let checked = check::check(&log.entries, Some(&key), Some(&sealed));
+    assert_eq!(
+        checked.state,
+        check::ChainState::Verified,
+        "{:?}",
+        checked.findings
+    );
+    assert!(checked.receipts > 0);
+}
+
+/// Review #6: every request of a host about a loop carries the attempt id of that loop's
+/// placement, and the head refuses one of an earlier placement before doing anything: a
+/// host cut off (here: it left) whose loop was taken back, and that joined again under the
+/// same name (a valid token) and got the loop again, cannot write into its record, charge
+/// its budget, register, ask or end as it with what it had of the earlier placement. The
+/// loop, whose rule names only that host, waited for it to join again.
+#[test]
+fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
+    use td_cluster::protocol::{BranchBundle, CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - say: \"unused: e runs on the hand-made host\"\n",
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (first, second, refusals) = rt.block_on(async {
+        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| loop {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            match request.request {
+                ToHost::StartLoop(start) => {
+                    request.reply.send(Ok(()));
+                    break start;
+                }
+                // Deliveries of the run's alerts: taken.
+                _ => request.reply.send(Ok(true)),
+            }
+        };
+        let register = || FromHost::Coord {
+            loop_name: "e".into(),
+            request: CoordRequest::Register {
+                loop_type: "ralph".into(),
+                task: "Evil's.".into(),
+                subscriptions: None,
+            },
+        };
+        // The first placement: taken, registered, then the host leaves (its user's Ctrl-C).
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(session.run(async move {
+            let _ = stopped.await;
+            "its user stopped it".to_string()
+        }));
+        let first = next(&mut rx).await;
+        let () = link
+            .for_attempt(first.attempt)
+            .ask(register(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(WAIT, running).await.unwrap();
+        let waiting = Instant::now();
+        loop {
+            let s = summary(&run.run_dir);
+            let reason = s["loops"]["e"]["reason"].as_str().unwrap_or("").to_string();
+            if s["loops"]["e"]["status"] == "pending"
+                && reason.starts_with("waiting for host evil (moving: its host evil left")
+            {
+                break;
+            }
+            assert!(waiting.elapsed() < WAIT, "e was not taken back: {s}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The host joins again under its name, and gets its loop again: a new placement.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let second = next(&mut rx).await;
+        // Everything it could say for the earlier placement is refused.
+        let stale = link.for_attempt(first.attempt);
+        let forged = vec![
+            FromHost::Records {
+                loop_name: "e".into(),
+                batch: 1,
+                events: vec![serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": "STALE-NOTE"})],
+                transcript: Vec::new(),
+                receipts: Vec::new(),
+            },
+            register(),
+            FromHost::Coord {
+                loop_name: "e".into(),
+                request: CoordRequest::Alert {
+                    system: false,
+                    event_type: "note".into(),
+                    message: "STALE-ALERT".into(),
+                    data: None,
+                },
+            },
+            FromHost::Complete {
+                loop_name: "e".into(),
+                request: serde_json::json!({"loop_name": "e", "purpose": {"type": "iteration"}, "system": "s", "messages": []}),
+            },
+            FromHost::BranchChunk {
+                loop_name: "e".into(),
+                offset: 0,
+                data: hex::encode(b"not a bundle"),
+            },
+            FromHost::Checkpoint {
+                loop_name: "e".into(),
+                iteration: 1,
+                branch: BranchBundle {
+                    tip: "0".repeat(40),
+                    bytes: 12,
+                },
+            },
+            FromHost::Coord {
+                loop_name: "e".into(),
+                request: CoordRequest::Unregister,
+            },
+            FromHost::Ended {
+                loop_name: "e".into(),
+                end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "STALE-END"}),
+                branch: None,
+                problem: None,
+            },
+        ];
+        let mut refusals = Vec::new();
+        for request in forged {
+            let answer = stale
+                .ask::<serde_json::Value>(request.clone(), Duration::from_secs(10))
+                .await;
+            refusals.push((format!("{request:?}"), answer.map_err(|e| e.to_string())));
+        }
+        // The current placement is heard: it registers and ends.
+        let current = link.for_attempt(second.attempt);
+        let () = current
+            .ask(register(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let () = current
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let served = tokio::spawn(async move {
+            while let Some(request) = rx.recv().await {
+                request.reply.send(Ok(true));
+            }
+        });
+        let _ = tokio::time::timeout(WAIT, running).await;
+        served.abort();
+        (first, second, refusals)
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    assert_ne!(first.attempt, second.attempt);
+    for (request, answer) in &refusals {
+        let why = answer.as_ref().expect_err(&format!("taken: {request}"));
+        assert!(
+            why.contains(&format!(
+                "loop e does not run on host evil as attempt {}",
+                first.attempt
+            )),
+            "{request}: {why}"
+        );
+    }
+    assert_eq!(refusals.len(), 8);
+    // Nothing of the earlier placement landed: no note, alert or end of it, no model call
+    // charged; the loop ended as its current placement said.
+    let events = std::fs::read_to_string(run.run_dir.join("events.jsonl")).unwrap();
+    for stale in ["STALE-NOTE", "STALE-ALERT", "STALE-END"] {
+        assert!(!events.contains(stale), "{stale}: {events}");
+    }
+    let e = &s["loops"]["e"];
+    assert_eq!(e["status"], "completed", "{s}");
+    assert_eq!(e["summary"], "evil done", "{s}");
+    assert_eq!(e["host"], "evil", "{s}");
+    assert!(
+        e["charged"]["input_tokens"].as_u64().unwrap_or(0) == 0,
+        "{s}"
+    );
+    // It moved once, from evil back to evil, when evil joined again.
+    let moved: Vec<Value> = run
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "loop_moved")
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0]["from_host"], "evil");
+    assert_eq!(moved[0]["to_host"], "evil");
+    assert!(
+        moved[0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its host evil left: its user stopped it"),
+        "{moved:?}"
     );
 }

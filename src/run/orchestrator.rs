@@ -500,6 +500,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let mut shared: BTreeMap<String, Arc<Worktree>> = BTreeMap::new();
     // Loops ready to start that wait for a host or a slot, and why (as `status` shows it).
     let mut waiting: BTreeMap<String, String> = BTreeMap::new();
+    // Loops taken back from lost hosts, to start again elsewhere (`run/hosts/moves`).
+    let mut moves = crate::run::hosts::moves::Moves::default();
     let mut released = false;
     let mut stops_sent = false;
     // After the first stop signal, a second one (of either kind) stops the loops at once
@@ -662,6 +664,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             let site = match chosen {
                 Ok(site) => site,
                 Err(why) => {
+                    // A loop taken back from a lost host says so while it waits.
+                    let why = match moves.moving(&def.name) {
+                        Some(lost) => format!("{why} (moving: {})", lost.reason),
+                        None => why,
+                    };
                     note_waiting(&def.name, why, &mut waiting, &record, &progress);
                     continue;
                 }
@@ -744,6 +751,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             };
             match started {
                 Ok((spec, place)) => {
+                    let to = site.host().unwrap_or(td_cluster::protocol::HEAD_NAME);
+                    let iteration = resume.map_or(1, |r| r.next_iteration);
+                    if let Some(moved) = moves.started(&def.name, to, iteration) {
+                        events.record(moved);
+                    }
                     let _ = record.update_loop(&def.name, |s| {
                         s.host = site.host().map(str::to_string);
                         s.branch = place.worktree.as_ref().map(|w| w.branch().to_string());
@@ -807,7 +819,29 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         });
         let ended = tokio::select! {
             e = rt.next_end(Duration::from_secs(3600)), if any_local => e,
-            e = next_remote_end(&mut remote_ends) => Some((e.name, e.end)),
+            e = next_remote_end(&mut remote_ends) => match &e.lost {
+                // Its host was lost: it starts again elsewhere when it can (at the top of
+                // the loop, placed as a pending loop is), or ends interrupted.
+                Some(lost) => {
+                    let stopping = interrupted.is_some() || record.unwritable().is_some();
+                    match moves.take_back(&e.name, lost, &run_dir, stopping) {
+                        Ok(resume) => {
+                            conflicts.forget(&e.name);
+                            take_back(&e.name, resume, &lost.reason, &llm, &mut resume_state, &mut status, &record, &progress);
+                            continue;
+                        }
+                        Err(why) => {
+                            // Interrupted, saying why it was not moved.
+                            let mut end = e.end.clone();
+                            if let LoopEnd::Stopped { reason, .. } = &mut end {
+                                *reason = Some(why);
+                            }
+                            Some((e.name, end))
+                        }
+                    }
+                }
+                None => Some((e.name, e.end)),
+            },
             outcome = queue.next(), if queue.busy() => {
                 let Some(outcome) = outcome else { continue };
                 let members = outcome.members().to_vec();
@@ -936,9 +970,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 "never started"
             };
             // What it was waiting for is no longer what it is.
-            let why = match waiting.get(name) {
-                Some(waited) => format!("{why} (it was {waited})"),
-                None => why.to_string(),
+            let why = match (moves.never_restarted(name), waiting.get(name)) {
+                (Some(moving), Some(waited)) => format!("{moving} (it was {waited})"),
+                (Some(moving), None) => moving,
+                (None, Some(waited)) => format!("{why} (it was {waited})"),
+                (None, None) => why.to_string(),
             };
             let _ = record.update_loop(name, |l| {
                 l.status = st;
@@ -1517,6 +1553,34 @@ fn restart_handed_back(
     status.insert(name.to_string(), LoopStatus::Pending);
 }
 
+/// Loop `name`, taken back from its lost host (`why`), waits to start again with `resume`
+/// (`run/hosts/moves`): pending, with its model script (a scripted run) rewound to the end
+/// of its last finished iteration, as `run --resume` would.
+#[allow(clippy::too_many_arguments)]
+fn take_back(
+    name: &str,
+    resume: crate::run::resume::LoopResume,
+    why: &str,
+    llm: &Arc<dyn td_llm::LlmClient>,
+    resume_state: &mut BTreeMap<String, crate::run::resume::LoopResume>,
+    status: &mut BTreeMap<String, LoopStatus>,
+    record: &RunRecord,
+    progress: &ProgressDisplay,
+) {
+    llm.resume(name, resume.responses);
+    let why = format!(
+        "{why}; it goes on elsewhere with iteration {}",
+        resume.next_iteration
+    );
+    resume_state.insert(name.to_string(), resume);
+    status.insert(name.to_string(), LoopStatus::Pending);
+    let _ = record.update_loop(name, |s| {
+        s.status = LoopStatus::Pending;
+        s.reason = Some(why.clone());
+    });
+    progress.set_status(name, "pending", &why);
+}
+
 /// Prepares a loop's place, context, tools and engine settings.
 #[allow(clippy::too_many_arguments)]
 async fn start_loop(
@@ -1691,6 +1755,8 @@ async fn start_remote(
     let pricing = budgets.pricing();
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let start = td_cluster::protocol::StartLoop {
+        // Given by `RemoteLoops::start`, fresh for each placement.
+        attempt: 0,
         loop_name: def.name.clone(),
         loop_type: loop_type.name.clone(),
         task: def.task.clone(),

@@ -956,6 +956,17 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             s.duration_ms = None;
             s.merge = Some(MergeSummary::not_merged(into, reason, *attempt));
         }
+        EventKind::LoopMoved {
+            loop_name, to_host, ..
+        } => {
+            // It runs again, elsewhere (its host is also what a rebuilt summary shows).
+            let s = summary.loop_entry(loop_name);
+            s.status = LoopStatus::Running;
+            s.reason = None;
+            s.ended_at = None;
+            s.duration_ms = None;
+            s.host = (to_host != td_cluster::protocol::HEAD_NAME).then(|| to_host.clone());
+        }
         EventKind::HeavyEnded {
             loop_name,
             tool,

@@ -39,6 +39,8 @@ use crate::wire::{self, AskError, Reply, WireMsg};
 pub struct HostRequest {
     /// The host that asked (its token checked).
     pub host: String,
+    /// The placement of the loop it asks about, as the host says (the run checks it).
+    pub attempt: u64,
     /// What it asks.
     pub request: FromHost,
     /// Where the answer goes.
@@ -574,6 +576,7 @@ impl Registry {
             ToHead::Loop {
                 host,
                 token,
+                attempt,
                 request,
             } => {
                 let known = state.hosts.get(&host).is_some_and(|h| {
@@ -587,6 +590,7 @@ impl Registry {
                 }
                 (self.requests)(HostRequest {
                     host,
+                    attempt,
                     request,
                     reply: Reply::new(msg),
                 });

@@ -33,9 +33,24 @@ pub struct HeadLink {
     head: ActorRef<RegistryMsg>,
     name: String,
     token: String,
+    /// The placement of the loop this link asks about (0: none yet).
+    attempt: u64,
 }
 
 impl HeadLink {
+    /// This link, asking about the loop placed here as `attempt` ([`ToHead::Loop`]).
+    pub fn for_attempt(&self, attempt: u64) -> HeadLink {
+        HeadLink {
+            attempt,
+            ..self.clone()
+        }
+    }
+
+    /// The placement this link asks about.
+    pub fn attempt(&self) -> u64 {
+        self.attempt
+    }
+
     /// Asks the head `request` and waits at most `timeout`: an answer or an explicit error,
     /// never a hang (a lost head fails the question at once).
     pub async fn ask<Resp: serde::de::DeserializeOwned>(
@@ -46,6 +61,7 @@ impl HeadLink {
         let request = ToHead::Loop {
             host: self.name.clone(),
             token: self.token.clone(),
+            attempt: self.attempt,
             request,
         };
         wire::ask(&self.head, RegistryMsg::Wire, &request, timeout).await
@@ -425,6 +441,7 @@ impl HostSession {
             head: self.head.clone(),
             name: self.name.clone(),
             token: self.joined.token.clone(),
+            attempt: 0,
         }
     }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The version of these messages; a host and a head of different versions do not join.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -70,6 +70,11 @@ pub enum ToHead {
         host: String,
         /// Its token from [`Joined`].
         token: String,
+        /// The placement of the loop the request is about ([`StartLoop::attempt`]): the
+        /// head refuses a request whose attempt is not the loop's current one (a host cut
+        /// off while its loop moved elsewhere must not write into the moved loop's record,
+        /// charge its budget or answer as it).
+        attempt: u64,
         /// What it asks.
         request: FromHost,
     },
@@ -139,6 +144,19 @@ pub enum FromHost {
         loop_name: String,
         /// What.
         request: CoordRequest,
+    },
+    /// The loop's work at the end of a failed iteration (answered `()`), sent before that
+    /// iteration's progress note and before the loop's next model call: the bundle of the
+    /// commits since the last tip the head took ([`FromHost::BranchChunk`]s first), so that
+    /// the head holds every finished iteration's commit and can resume the loop elsewhere
+    /// from it when its host is lost.
+    Checkpoint {
+        /// The loop.
+        loop_name: String,
+        /// The iteration whose work it is.
+        iteration: u32,
+        /// The bundle: its tip and size.
+        branch: BranchBundle,
     },
     /// The loop ended (answered `()`), after its last records and its branch's chunks.
     Ended {
@@ -257,6 +275,9 @@ pub struct Chunk {
 pub struct StartLoop {
     /// The loop's name.
     pub loop_name: String,
+    /// This placement of the loop, fresh for each start (a loop moved from a lost host
+    /// gets a new one): every request about it carries it ([`ToHead::Loop`]).
+    pub attempt: u64,
     /// Its type.
     pub loop_type: String,
     /// Its task.
@@ -299,7 +320,9 @@ pub struct StartLoop {
     /// How the head prices calls, so that what the host records as spent is what the head
     /// charges.
     pub pricing: WirePricing,
-    /// The commit its work starts from.
+    /// The commit its work starts from (for a resumed or moved loop, the last commit of its
+    /// branch the head holds). Its branch's bundles are made from the last tip the head
+    /// took, at first this one.
     pub base_commit: String,
     /// The branch its worktree is on (the head's name for it).
     pub branch: String,
@@ -431,7 +454,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"join","protocol":3,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
+            r#"{"type":"join","protocol":4,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
         );
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), join);
         assert_eq!(

@@ -304,7 +304,10 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
                 .unwrap()
                 .push((r.host.clone(), r.request.clone()));
             match r.request {
-                FromHost::Complete { loop_name, .. } => r.reply.send(Ok(loop_name)),
+                // The placement the host named comes with the request.
+                FromHost::Complete { loop_name, .. } => {
+                    r.reply.send(Ok(format!("{loop_name}@{}", r.attempt)))
+                }
                 _ => r.reply.send(Err::<(), _>("not this".to_string())),
             }
         }),
@@ -321,6 +324,7 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
     let running = tokio::spawn(session.run(std::future::pending()));
 
     let answer: String = link
+        .for_attempt(7)
         .ask(
             FromHost::Complete {
                 loop_name: "a".into(),
@@ -330,12 +334,12 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
         )
         .await
         .unwrap();
-    assert_eq!(answer, "a");
+    assert_eq!(answer, "a@7");
     assert_eq!(asked.lock().unwrap()[0].0, "h1");
 
     // Another token (a host speaking for h1) is refused before the run sees it.
     let forged = serde_json::json!({
-        "type": "loop", "host": "h1", "token": "0".repeat(32),
+        "type": "loop", "host": "h1", "token": "0".repeat(32), "attempt": 7,
         "request": {"type": "complete", "loop_name": "a", "request": {}}
     });
     let registry = ractor::pg::get_scoped_members(

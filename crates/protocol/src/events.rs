@@ -159,6 +159,24 @@ pub enum EventKind {
         /// The panic's message.
         reason: String,
     },
+    /// A loop whose worker host was lost (or left) while it ran started again on another
+    /// placement, from the last commit of its branch the head held and the iteration after
+    /// the last one the head recorded as finished (its notes, counters and spend carried
+    /// forward, as `run --resume` would): no second `loop_started`.
+    LoopMoved {
+        /// Loop name.
+        loop_name: String,
+        /// The host it was lost with.
+        from_host: String,
+        /// Where it runs now (a host's name, or `head`).
+        to_host: String,
+        /// Why it moved (its host was lost or left, and why).
+        reason: String,
+        /// The iteration it goes on with.
+        iteration: u32,
+        /// Its moves in this run so far, this one included (from 1).
+        moves: u32,
+    },
     /// The loop's actor is gone and was unregistered.
     LoopUnregistered {
         /// Loop name.

@@ -446,15 +446,20 @@ impl CoordState {
         let Place::Remote(deliveries) = &entry.place else {
             return false;
         };
-        let leaving = match reason {
+        let leaving = match &reason {
             Some(reason) => {
                 // Set before the entry goes: what waits on the loop reads it when woken.
-                let _ = deliveries.target().left.set(reason);
+                let _ = deliveries.target().left.set(reason.clone());
                 Leaving::Lost
             }
             None => Leaving::Ended,
         };
         self.unregister(name, leaving);
+        if let Some(reason) = reason {
+            // What is asked of it later reads why too (it may be moving to another host).
+            self.gone
+                .insert(name.to_string(), format!("interrupted: {reason}"));
+        }
         true
     }
 }

@@ -593,11 +593,14 @@ async fn a_lost_host_fails_what_waits_on_its_loops_at_once() {
         "{why}"
     );
 
-    // Later messages get the usual error for a loop that left.
+    // Later messages get the error of a loop that left, with why (it may be moving to
+    // another host: the asker learns it can ask again).
     let again = port.query("a", "h1", "still there?", ASK).await;
     let again = again.unwrap_err().to_string();
     assert!(
-        again.contains("loop 'h1' has stopped (interrupted)"),
+        again.contains(
+            "loop 'h1' has stopped (interrupted: its host hostA was lost (no heartbeat for 3 s))"
+        ),
         "{again}"
     );
     assert!(port.list_loops("a").await.unwrap().is_empty());

@@ -15,14 +15,24 @@
 //!   other loops' worktrees) and its secret file hidden;
 //! - trust: every name the head sends that becomes a path is checked first, and a loop's
 //!   directories are named after its loop name (`guard`);
-//! - its end: the host commits the loop's work, bundles its branch and sends it back in
-//!   chunks with the loop's end ([`FromHost::Ended`]).
+//! - its work as it goes: after each failed iteration (at its progress note) the host
+//!   commits the worktree and sends the commits since the last tip the head took
+//!   ([`FromHost::Checkpoint`], [`Checkpoints`]) before that note and before the loop's next
+//!   model call, so that the head holds every finished iteration's work and can resume the
+//!   loop elsewhere if this host is lost;
+//! - its end: the host commits the loop's work, bundles its branch from the last tip the
+//!   head took and sends it back in chunks with the loop's end ([`FromHost::Ended`]);
+//! - its placement: every request about a loop carries the attempt id of its
+//!   [`StartLoop`] (the head refuses an attempt that is no longer the loop's).
 //!
 //! - coordination: the host's runtime routes nothing itself; its loops' queries, shares,
 //!   alerts and listings go to the head ([`HeadUpstream`]), which reaches the loops here
 //!   through [`ToHost::Deliver`] and [`ToHost::Answer`].
 
+mod checkpoint;
 mod guard;
+
+use checkpoint::{Checkpoints, send_bundle};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,8 +54,8 @@ use td_engine::budget::{Budgets, Carried, Limits, Pricing};
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
-use td_llm::{LlmClient, LlmError, LlmRequest, LlmResponse};
-use td_protocol::events::{Event, EventLog};
+use td_llm::{LlmClient, LlmError, LlmRequest, LlmResponse, Purpose};
+use td_protocol::events::{Event, EventKind, EventLog};
 use td_runtime::coordinator::{CoordinatorPort, SYSTEM_SENDER};
 use td_runtime::coordinator_handle::CoordinatorHandle;
 use td_runtime::daemon::{Runtime, RuntimeConfig};
@@ -101,7 +111,15 @@ struct Running {
     start: StartLoop,
     worktree: Option<Worktree>,
     streamer: Streamer,
+    /// The head, asked about this placement of the loop.
+    link: HeadLink,
+    /// Its work as the head holds it.
+    checkpoints: Arc<Checkpoints>,
 }
+
+/// The attempt id of each loop placed here (the last placement of each name), for the
+/// requests this host's runtime makes about its loops ([`HeadUpstream`]).
+type Attempts = Arc<Mutex<BTreeMap<String, u64>>>;
 
 /// The loops of this host.
 pub struct HostLoops {
@@ -117,6 +135,8 @@ pub struct HostLoops {
     /// Held by a loop's end until its worktree and branch are gone, and by a start of the
     /// same loop while it makes its worktree ([`guard::LoopLocks`]).
     locks: guard::LoopLocks,
+    /// The attempt of each loop placed here.
+    attempts: Attempts,
 }
 
 /// What loop specs take from the host's runtime.
@@ -137,8 +157,12 @@ impl HostLoops {
         secret_file: Option<PathBuf>,
     ) -> Result<(Arc<HostLoops>, tokio::task::JoinHandle<()>), String> {
         let events = Arc::new(EventLog::new());
+        let attempts: Attempts = Arc::new(Mutex::new(BTreeMap::new()));
         let config = RuntimeConfig {
-            upstream: Some(Arc::new(HeadUpstream { link: link.clone() })),
+            upstream: Some(Arc::new(HeadUpstream {
+                link: link.clone(),
+                attempts: attempts.clone(),
+            })),
             ..RuntimeConfig::default()
         };
         let mut rt = Runtime::start(config, events.clone())
@@ -157,6 +181,7 @@ impl HostLoops {
             mirror: tokio::sync::Mutex::new(None),
             runtime: OnceLock::new(),
             locks: guard::LoopLocks::default(),
+            attempts,
         });
         let _ = loops.runtime.set(RuntimeParts {
             coordinator: rt.coordinator.clone(),
@@ -281,13 +306,23 @@ impl HostLoops {
             if loops.len() >= self.slots {
                 return Err(format!("all {} slots of this host are busy", self.slots));
             }
-            let streamer = Streamer::start(self.link.clone(), start.loop_name.clone());
+            let link = self.link.for_attempt(start.attempt);
+            let checkpoints = Arc::new(Checkpoints::new(&start.base_commit));
+            let streamer = Streamer::start(
+                link.clone(),
+                start.loop_name.clone(),
+                checkpoints.clone(),
+                self.workdir.join("bundles"),
+            );
+            lock(&self.attempts).insert(start.loop_name.clone(), start.attempt);
             loops.insert(
                 start.loop_name.clone(),
                 Running {
                     start: start.clone(),
                     worktree: None,
                     streamer,
+                    link,
+                    checkpoints,
                 },
             );
         }
@@ -314,6 +349,13 @@ impl HostLoops {
             return;
         };
         if let Some(running) = lock(&self.loops).get(name) {
+            // A failed iteration's work goes to the head before its note does (and before the
+            // loop's next model call, which waits for it): the head never holds a note
+            // whose work it does not hold.
+            if let EventKind::ProgressNoted { iteration, .. } = &event.kind {
+                running.checkpoints.ask(*iteration);
+                running.streamer.send(Item::Checkpoint(*iteration));
+            }
             running.streamer.send(Item::Event(value.clone()));
         }
     }
@@ -334,10 +376,11 @@ impl HostLoops {
     /// Fetches the loop's base, makes its worktree, and starts it.
     async fn set_up(self: &Arc<Self>, start: StartLoop) -> Result<(), String> {
         let name = start.loop_name.clone();
+        let link = self.link.for_attempt(start.attempt);
         let mirror = self.mirror().await?;
         if !mirror.has(&start.base_commit).await.unwrap_or(false) {
             let have = mirror.commits().await.map_err(|e| e.to_string())?;
-            let bytes: Option<u64> = ask_again(&self.link, || FromHost::PrepareBase {
+            let bytes: Option<u64> = ask_again(&link, || FromHost::PrepareBase {
                 loop_name: name.clone(),
                 have: have.clone(),
             })
@@ -352,7 +395,7 @@ impl HostLoops {
                     .workdir
                     .join("bundles")
                     .join(format!("{name}.base.bundle"));
-                self.fetch_base(&name, &file, bytes).await?;
+                self.fetch_base(&link, &name, &file, bytes).await?;
                 let received = mirror
                     .receive(&file, &start.base_commit, MAX_BASE_BYTES)
                     .await
@@ -367,6 +410,9 @@ impl HostLoops {
         drop(held);
         let spec = self.spec(&start, &worktree)?;
         if let Some(running) = lock(&self.loops).get_mut(&name) {
+            running
+                .checkpoints
+                .set_place(worktree.clone(), mirror.clone());
             running.worktree = Some(worktree);
         }
         self.commands
@@ -375,7 +421,13 @@ impl HostLoops {
     }
 
     /// Fetches the base bundle of loop `name` (`bytes` long) into `file`, a chunk at a time.
-    async fn fetch_base(&self, name: &str, file: &Path, bytes: u64) -> Result<(), String> {
+    async fn fetch_base(
+        &self,
+        link: &HeadLink,
+        name: &str,
+        file: &Path,
+        bytes: u64,
+    ) -> Result<(), String> {
         use std::io::Write;
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)
@@ -385,7 +437,7 @@ impl HostLoops {
             .map_err(|e| format!("cannot make {}: {e}", file.display()))?;
         let mut offset = 0u64;
         while offset < bytes {
-            let chunk: Chunk = ask_again(&self.link, || FromHost::BaseChunk {
+            let chunk: Chunk = ask_again(link, || FromHost::BaseChunk {
                 loop_name: name.to_string(),
                 offset,
             })
@@ -414,9 +466,9 @@ impl HostLoops {
             .get()
             .ok_or_else(|| "the host's runtime is not running".to_string())?;
         let name = &start.loop_name;
-        let streamer = lock(&self.loops)
+        let (streamer, link, checkpoints) = lock(&self.loops)
             .get(name)
-            .map(|r| r.streamer.clone())
+            .map(|r| (r.streamer.clone(), r.link.clone(), r.checkpoints.clone()))
             .ok_or_else(|| format!("loop {name} was dropped"))?;
         let sandbox = Arc::new(self.sandbox(name, &start.sandbox)?);
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
@@ -469,9 +521,7 @@ impl HostLoops {
             ctx: Arc::new(ctx),
             tools: Arc::new(tools),
             validation_tools: Arc::new(validation_tools),
-            llm: Arc::new(RemoteLlm {
-                link: self.link.clone(),
-            }),
+            llm: Arc::new(RemoteLlm { link, checkpoints }),
             runner: Arc::new(parts.lanes.clone()),
             coordinator: parts.coordinator.clone(),
             events: parts.events.clone(),
@@ -519,16 +569,25 @@ impl HostLoops {
             // Held until its worktree and branch are gone: the head may hand this loop back
             // as soon as it has the end, and that start waits for this lock.
             let _cleaning = self.locks.hold(&name).await;
-            let Some((start, worktree, streamer)) = lock(&self.loops)
-                .get_mut(&name)
-                .map(|r| (r.start.clone(), r.worktree.take(), r.streamer.clone()))
+            let Some((start, worktree, streamer, link, checkpoints)) =
+                lock(&self.loops).get_mut(&name).map(|r| {
+                    (
+                        r.start.clone(),
+                        r.worktree.take(),
+                        r.streamer.clone(),
+                        r.link.clone(),
+                        r.checkpoints.clone(),
+                    )
+                })
             else {
                 return;
             };
+            // Its records, and the checkpoints among them, reach the head first.
             let mut problem = streamer.flush().await.err();
             let mut branch = None;
             if let (None, Some(worktree)) = (&problem, &worktree) {
-                match self.send_branch(&start, worktree, &end).await {
+                let base = checkpoints.taken();
+                match self.send_branch(&link, &start, &base, worktree, &end).await {
                     Ok(b) => branch = b,
                     Err(why) => problem = Some(why),
                 }
@@ -537,7 +596,7 @@ impl HostLoops {
             // again, handed back by its merge queue) as soon as it has this end.
             lock(&self.loops).remove(&name);
             let end_value = serde_json::to_value(&end).unwrap_or(Value::Null);
-            let sent: Result<(), String> = ask_again(&self.link, || FromHost::Ended {
+            let sent: Result<(), String> = ask_again(&link, || FromHost::Ended {
                 loop_name: name.clone(),
                 end: end_value.clone(),
                 branch: branch.clone(),
@@ -558,10 +617,13 @@ impl HostLoops {
         });
     }
 
-    /// Commits the loop's work and sends its branch; `None` when it committed nothing.
+    /// Commits the loop's work and sends its branch from `base` (the last tip the head
+    /// took); `None` when it committed nothing since.
     async fn send_branch(
         &self,
+        link: &HeadLink,
         start: &StartLoop,
+        base: &str,
         worktree: &Worktree,
         end: &LoopEnd,
     ) -> Result<Option<BranchBundle>, String> {
@@ -582,34 +644,7 @@ impl HostLoops {
             .workdir
             .join("bundles")
             .join(format!("{name}.branch.bundle"));
-        if let Some(parent) = file.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
-        }
-        let Some(info) = mirror
-            .bundle_branch(worktree, &start.base_commit, &file)
-            .await
-            .map_err(|e| format!("could not bundle its branch: {e}"))?
-        else {
-            return Ok(None);
-        };
-        let bytes = std::fs::read(&file).map_err(|e| format!("cannot read its bundle: {e}"))?;
-        let _ = std::fs::remove_file(&file);
-        let mut offset = 0usize;
-        for piece in bytes.chunks(CHUNK_BYTES) {
-            let data = hex::encode(piece);
-            let () = ask_again(&self.link, || FromHost::BranchChunk {
-                loop_name: name.clone(),
-                offset: offset as u64,
-                data: data.clone(),
-            })
-            .await?;
-            offset = offset.saturating_add(piece.len());
-        }
-        Ok(Some(BranchBundle {
-            tip: info.tip,
-            bytes: info.bytes,
-        }))
+        send_bundle(link, name, &mirror, worktree, base, &file).await
     }
 }
 
@@ -671,14 +706,21 @@ async fn ask_again<T: serde::de::DeserializeOwned>(
     Err(last)
 }
 
-/// A model client that asks the head.
+/// A model client that asks the head, for one loop placed here.
 struct RemoteLlm {
     link: HeadLink,
+    /// An iteration's call waits for the checkpoints asked before it.
+    checkpoints: Arc<Checkpoints>,
 }
 
 #[async_trait]
 impl LlmClient for RemoteLlm {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        if matches!(request.purpose, Purpose::Iteration) {
+            // The last iteration's work is at the head before this one's first call: a move
+            // resumes from exactly it (see `checkpoint`). Failing here stops the loop.
+            self.checkpoints.wait().await.map_err(LlmError::Transport)?;
+        }
         let body = serde_json::to_value(request)
             .map_err(|e| LlmError::Transport(format!("cannot write the request: {e}")))?;
         let answer: CompleteAnswer = self
@@ -716,6 +758,8 @@ enum Item {
     Transcript(Value),
     Receipt(Value),
     Flush(oneshot::Sender<Result<(), String>>),
+    /// Iteration N's work, sent after the records before it and before those after it.
+    Checkpoint(u32),
 }
 
 /// Sends one loop's records to the head in numbered batches, in order; once a batch could
@@ -727,7 +771,12 @@ struct Streamer {
 }
 
 impl Streamer {
-    fn start(link: HeadLink, name: String) -> Streamer {
+    fn start(
+        link: HeadLink,
+        name: String,
+        checkpoints: Arc<Checkpoints>,
+        bundles: PathBuf,
+    ) -> Streamer {
         let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
         let failed: Arc<OnceLock<String>> = Arc::new(OnceLock::new());
         let fail = failed.clone();
@@ -746,27 +795,32 @@ impl Streamer {
                     (Vec::new(), Vec::new(), Vec::new());
                 let mut flushes = Vec::new();
                 let mut bytes = 0usize;
-                let mut take = |item: Item, bytes: &mut usize| match item {
-                    Item::Event(v) => {
-                        *bytes += v.to_string().len();
-                        events.push(v);
+                // A checkpoint ends the batch: what comes after it goes after it.
+                let mut take = |item: Item, bytes: &mut usize| -> Option<u32> {
+                    match item {
+                        Item::Event(v) => {
+                            *bytes += v.to_string().len();
+                            events.push(v);
+                        }
+                        Item::Transcript(v) => {
+                            *bytes += v.to_string().len();
+                            transcript.push(v);
+                        }
+                        Item::Receipt(v) => {
+                            *bytes += v.to_string().len();
+                            receipts.push(v);
+                        }
+                        Item::Flush(done) => flushes.push(done),
+                        Item::Checkpoint(n) => return Some(n),
                     }
-                    Item::Transcript(v) => {
-                        *bytes += v.to_string().len();
-                        transcript.push(v);
-                    }
-                    Item::Receipt(v) => {
-                        *bytes += v.to_string().len();
-                        receipts.push(v);
-                    }
-                    Item::Flush(done) => flushes.push(done),
+                    None
                 };
-                take(first, &mut bytes);
+                let mut checkpoint = take(first, &mut bytes);
                 let mut count = 1usize;
-                while count < BATCH_ITEMS && bytes < BATCH_BYTES {
+                while count < BATCH_ITEMS && bytes < BATCH_BYTES && checkpoint.is_none() {
                     match rx.try_recv() {
                         Ok(item) => {
-                            take(item, &mut bytes);
+                            checkpoint = take(item, &mut bytes);
                             count += 1;
                         }
                         Err(_) => break,
@@ -791,6 +845,26 @@ impl Streamer {
                         let _ = fail.set(why.clone());
                         why
                     })
+                };
+                let result = match (result, checkpoint) {
+                    (Ok(()), Some(n)) => {
+                        let made = checkpoints.make(&link, &name, n, &bundles).await;
+                        made.map_err(|e| {
+                            let why = format!(
+                                "the work of its iteration {n} could not reach the head: {e}"
+                            );
+                            let _ = fail.set(why.clone());
+                            why
+                        })
+                    }
+                    (result, Some(n)) => {
+                        // The records before it did not go: neither does it, and the loop's
+                        // next call learns why.
+                        checkpoints
+                            .make_failed(n, result.as_ref().err().cloned().unwrap_or_default());
+                        result
+                    }
+                    (result, None) => result,
                 };
                 for done in flushes {
                     let _ = done.send(result.clone());
@@ -838,9 +912,11 @@ impl TranscriptSink for Streamer {
 }
 
 /// The head's coordinator, as this host's runtime sees it: every call is a
-/// [`FromHost::Coord`] request about one of this host's loops.
+/// [`FromHost::Coord`] request about one of this host's loops, with its placement's
+/// attempt.
 struct HeadUpstream {
     link: HeadLink,
+    attempts: Attempts,
 }
 
 impl HeadUpstream {
@@ -850,7 +926,9 @@ impl HeadUpstream {
         request: CoordRequest,
         timeout: Duration,
     ) -> Result<T, ToolError> {
+        let attempt = lock(&self.attempts).get(loop_name).copied().unwrap_or(0);
         self.link
+            .for_attempt(attempt)
             .ask(
                 FromHost::Coord {
                     loop_name: loop_name.to_string(),

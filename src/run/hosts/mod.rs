@@ -8,6 +8,7 @@
 //! Where each loop runs is decided by [`placement`] when it is ready to start.
 
 pub mod host_loops;
+pub mod moves;
 pub mod placement;
 pub mod remote;
 pub mod summary;

@@ -18,14 +18,26 @@
 //!   as a remote loop ([`HostLink`]: deliveries and questions go back as
 //!   [`ToHost::Deliver`] and [`ToHost::Answer`]) and routes, limits and records everything
 //!   as for its own loops; a lost host's loops leave it at once with the reason;
-//! - its end: the branch bundle, taken into a ref of its own (`take_branch`: one head,
-//!   descending from the base, nothing else), then the loop's head worktree is moved to it,
-//!   so that `finish_loop` and the merge queue go on as for a local loop. A bundle that is
-//!   refused leaves the repository as it was and the loop failed with the reason.
+//! - its work after each failed iteration ([`FromHost::Checkpoint`]): the commits since the
+//!   last tip the head took, taken as its end's are and the loop's head worktree moved
+//!   there, so that the head always holds the work of the iterations it recorded finished;
+//! - its end: the branch bundle (from the last tip the head took), taken into a ref of its
+//!   own (`take_branch`: one head, descending from that tip, nothing else), then the loop's
+//!   head worktree is moved to it, so that `finish_loop` and the merge queue go on as for a
+//!   local loop. A bundle that is refused leaves the repository as it was and the loop
+//!   failed with the reason.
+//!
+//! Every request carries the attempt id of the loop's placement ([`StartLoop::attempt`]):
+//! one that is not the loop's current placement is refused before anything is done, so a
+//! host cut off while its loop moved elsewhere (or joined again since) cannot write into
+//! the moved loop's record, charge its budget, or answer and register as it. When a host
+//! is lost or leaves, its loops come out as [`RemoteEnd`]s with [`RemoteEnd::lost`] set:
+//! the run moves them elsewhere (`run/hosts/moves.rs`) or ends them interrupted.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -74,8 +86,21 @@ const STOP_NOW_GRACE: Duration = Duration::from_secs(15);
 pub struct RemoteEnd {
     /// The loop.
     pub name: String,
-    /// How it ended (failed with the reason when its work could not be taken).
+    /// How it ended (failed with the reason when its work could not be taken; stopped,
+    /// interrupted, when its host was lost).
     pub end: LoopEnd,
+    /// Set when it did not end but its host was lost or left: the run may start it again
+    /// elsewhere from the work and records the head holds (else `end` stands).
+    pub lost: Option<Lost>,
+}
+
+/// A loop taken back from its host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lost {
+    /// The host.
+    pub host: String,
+    /// Why, in words ("its host h1 was lost: no answer to the head's heartbeat...").
+    pub reason: String,
 }
 
 /// What the head needs to serve its hosts' loops.
@@ -97,6 +122,10 @@ pub struct HeadSide {
     /// The run's coordinator.
     pub coordinator: ractor::ActorRef<CoordMsg>,
 }
+
+/// The longest a lost host's loops wait, before they are handed to the run, for a records
+/// batch of theirs claimed before the loss to be appended.
+const RECORDS_SETTLE: Duration = Duration::from_secs(5);
 
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -204,6 +233,10 @@ impl RemoteLoop for HostLink {
 /// One loop on a host.
 struct Entry {
     host: String,
+    /// Its placement: requests of another attempt are refused.
+    attempt: u64,
+    /// The last commit of its branch the head holds (its base, then each checkpoint's tip):
+    /// the host's next bundle is made from it.
     base: String,
     worktree: Arc<Worktree>,
     tools: Arc<[ToolDefinition]>,
@@ -243,6 +276,11 @@ pub struct RemoteLoops {
     asker: OnceLock<HostAsker>,
     /// The questions put to these loops and not yet answered.
     outstanding: Outstanding,
+    /// The last attempt id given to a placement.
+    attempts: AtomicU64,
+    /// Held while a checkpoint is taken into the repository: a lost host's loops are
+    /// handed to the run only after it, so that a move starts from the commit taken.
+    taking_branch: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// How the head starts a loop on a host.
@@ -300,6 +338,8 @@ impl RemoteLoops {
                 ends,
                 asker: OnceLock::new(),
                 outstanding: Arc::new(Mutex::new(BTreeMap::new())),
+                attempts: AtomicU64::new(0),
+                taking_branch: Arc::new(tokio::sync::Mutex::new(())),
             }),
             rx,
         )
@@ -328,14 +368,21 @@ impl RemoteLoops {
     /// Starts `placed` on its host, without waiting for the host to accept it (a host that
     /// does not answer must not hold the run's other loops for [`START_TIMEOUT`]): a host
     /// that refuses it or does not answer ends it, failed with why, as its host's end would.
-    pub fn start(self: &Arc<Self>, placed: Placed) -> Result<(), String> {
+    pub fn start(self: &Arc<Self>, mut placed: Placed) -> Result<(), String> {
         let name = placed.start.loop_name.clone();
         let host = placed.host.clone();
         let asker = self.asker()?.clone();
+        // A fresh attempt for each placement: what an earlier one sends is refused.
+        let attempt = self
+            .attempts
+            .fetch_add(1, Ordering::SeqCst)
+            .saturating_add(1);
+        placed.start.attempt = attempt;
         lock(&self.loops).insert(
             name.clone(),
             Entry {
                 host: host.clone(),
+                attempt,
                 base: placed.start.base_commit.clone(),
                 worktree: placed.worktree,
                 tools: placed.tools,
@@ -367,6 +414,7 @@ impl RemoteLoops {
                 let mut loops = lock(&me.loops);
                 if let Some(entry) = loops.get_mut(&name)
                     && !entry.done
+                    && entry.attempt == attempt
                 {
                     entry.done = true;
                     let _ = me.ends.send(RemoteEnd {
@@ -375,6 +423,7 @@ impl RemoteLoops {
                             iterations: entry.iterations,
                             reason: format!("host {host} did not start it: {e}"),
                         },
+                        lost: None,
                     });
                 }
             }
@@ -426,6 +475,7 @@ impl RemoteLoops {
                                     "{why}; what it did since its last records is not in the run"
                                 )),
                             },
+                            lost: None,
                         });
                         true
                     }
@@ -447,40 +497,76 @@ impl RemoteLoops {
         lock(&self.loops).get(name).is_some_and(|e| !e.done)
     }
 
-    /// Host `host` is gone (`how`: "was lost", "left"): its loops end now, stopped, with
-    /// the reason (a resumed run runs them again from their last commit on the head, which is
-    /// their base: what they did on the host is lost with it).
-    pub fn host_gone(&self, host: &str, how: &str, reason: &str) {
-        // Its loops leave the coordinator at once: questions waiting on them fail with why.
-        let handle = CoordinatorHandle::new(self.side.coordinator.clone());
-        let gone: Vec<String> = lock(&self.loops)
-            .iter()
-            .filter(|(_, e)| e.host == host)
-            .map(|(n, _)| n.clone())
-            .collect();
+    /// Host `host` is gone (`how`: "was lost", "left"): its loops leave the coordinator at
+    /// once (questions waiting on them fail with why) and come out as ends with
+    /// [`RemoteEnd::lost`] set, after any checkpoint being taken: the run moves them
+    /// elsewhere from the work and records the head holds, or ends them interrupted.
+    pub fn host_gone(self: &Arc<Self>, host: &str, how: &str, reason: &str) {
         let why = format!("its host {host} {how}: {reason}");
+        let mut gone = Vec::new();
+        {
+            let mut loops = lock(&self.loops);
+            for (name, entry) in loops.iter_mut() {
+                // A loop whose end the head has (its Ended claimed, its branch whole) is
+                // taken as it ended: its work is here, whatever became of its host since.
+                if entry.host != host || entry.done || entry.ending {
+                    continue;
+                }
+                entry.done = true;
+                gone.push(RemoteEnd {
+                    name: name.clone(),
+                    end: LoopEnd::Stopped {
+                        iterations: entry.iterations,
+                        reason: Some(format!(
+                            "interrupted: its host {host} {how} ({reason}); `run --resume` runs it again"
+                        )),
+                    },
+                    lost: Some(Lost {
+                        host: host.to_string(),
+                        reason: why.clone(),
+                    }),
+                });
+            }
+        }
+        if gone.is_empty() {
+            return;
+        }
+        let handle = CoordinatorHandle::new(self.side.coordinator.clone());
+        let ends = self.ends.clone();
+        let taking = self.taking_branch.clone();
+        let me = self.clone();
+        let left = format!(
+            "{why}; it goes on elsewhere when the run can move it: ask it again once it runs"
+        );
         tokio::spawn(async move {
-            for name in gone {
-                handle.drop_remote(&name, &why).await;
+            for end in &gone {
+                handle.drop_remote(&end.name, &left).await;
+            }
+            // A checkpoint being taken lands first: the move starts from it.
+            drop(taking.lock().await);
+            // And a records batch claimed before the loss: the move reads the record back,
+            // and nothing of the earlier placement is written after it.
+            let names: Vec<String> = gone.iter().map(|e| e.name.clone()).collect();
+            me.records_settled(&names).await;
+            for end in gone {
+                let _ = ends.send(end);
             }
         });
-        let mut loops = lock(&self.loops);
-        for (name, entry) in loops.iter_mut() {
-            // A loop whose end the head has (its Ended claimed, its branch whole) is taken
-            // as it ended: its work is here, whatever became of its host since.
-            if entry.host != host || entry.done || entry.ending {
-                continue;
+    }
+
+    /// Waits until no records batch of `names` is being taken (a batch is appended in one
+    /// go, without awaiting: this is short), at most [`RECORDS_SETTLE`].
+    async fn records_settled(&self, names: &[String]) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < RECORDS_SETTLE {
+            let busy = {
+                let loops = lock(&self.loops);
+                names.iter().any(|n| loops.get(n).is_some_and(|e| e.taking))
+            };
+            if !busy {
+                return;
             }
-            entry.done = true;
-            let _ = self.ends.send(RemoteEnd {
-                name: name.clone(),
-                end: LoopEnd::Stopped {
-                    iterations: entry.iterations,
-                    reason: Some(format!(
-                        "interrupted: its host {host} {how} ({reason}); `run --resume` runs it again"
-                    )),
-                },
-            });
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -496,6 +582,7 @@ impl RemoteLoops {
     pub async fn handle(self: Arc<Self>, request: HostRequest) {
         let HostRequest {
             host,
+            attempt,
             request,
             reply,
         } = request;
@@ -505,18 +592,28 @@ impl RemoteLoops {
             | FromHost::Complete { loop_name, .. }
             | FromHost::Records { loop_name, .. }
             | FromHost::BranchChunk { loop_name, .. }
+            | FromHost::Checkpoint { loop_name, .. }
             | FromHost::Coord { loop_name, .. }
             | FromHost::Ended { loop_name, .. } => loop_name.clone(),
         };
-        // What the host's runtime says about a loop may come after its end (its leaving).
-        let late_ok = matches!(request, FromHost::Coord { .. });
+        // What the host's runtime says about a loop's leaving may come after its end; nothing
+        // else does (review #6: an ended loop's host cannot ask, share or register as it).
+        let late_ok = matches!(
+            request,
+            FromHost::Coord {
+                request: CoordRequest::Unregister | CoordRequest::SetStatus { .. },
+                ..
+            }
+        );
+        // Only the loop's current placement speaks for it: a host cut off while its loop
+        // moved (or joined again since) is refused before anything is done.
         let known = lock(&self.loops)
             .get(&name)
-            .filter(|e| e.host == host && (!e.done || late_ok))
+            .filter(|e| e.host == host && e.attempt == attempt && (!e.done || late_ok))
             .map(|e| (e.base.clone(), e.tools.clone()));
         let Some((base, tools)) = known else {
             reply.send(Err::<(), _>(format!(
-                "loop {name} does not run on host {host} (any more)"
+                "loop {name} does not run on host {host} as attempt {attempt} (any more)"
             )));
             return;
         };
@@ -553,6 +650,14 @@ impl RemoteLoops {
             FromHost::BranchChunk { offset, data, .. } => {
                 reply.send(self.branch_chunk(&name, offset, &data));
             }
+            FromHost::Checkpoint {
+                iteration, branch, ..
+            } => {
+                let taken = self
+                    .checkpoint(&name, attempt, &base, iteration, branch)
+                    .await;
+                reply.send(taken);
+            }
             FromHost::Coord { request, .. } => self.coord(&host, &name, request, reply).await,
             FromHost::Ended {
                 end,
@@ -584,6 +689,7 @@ impl RemoteLoops {
                             let _ = self.ends.send(RemoteEnd {
                                 name: name.clone(),
                                 end,
+                                lost: None,
                             });
                             true
                         }
@@ -1002,6 +1108,71 @@ impl RemoteLoops {
         file.write_all(&bytes)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         entry.branch_bytes = total;
+        Ok(())
+    }
+
+    /// Takes iteration `iteration`'s work of loop `name` (placement `attempt`): the bundle
+    /// its host sent in chunks, from `base` (the last tip the head took), into the loop's
+    /// ref, and its head worktree moved there; from then on its next bundle is made from
+    /// this tip. A retry of a checkpoint taken already is answered without taking it again.
+    async fn checkpoint(
+        &self,
+        name: &str,
+        attempt: u64,
+        base: &str,
+        iteration: u32,
+        branch: BranchBundle,
+    ) -> Result<(), String> {
+        if branch.tip == base {
+            // Taken already (its answer was lost), or nothing new.
+            return Ok(());
+        }
+        let _taking = self.taking_branch.lock().await;
+        // Its host may have been lost meanwhile: a loop handed to the run for a move starts
+        // from what the head held then, and nothing of this attempt lands after.
+        let (received, worktree) = {
+            let loops = lock(&self.loops);
+            let Some(entry) = loops
+                .get(name)
+                .filter(|e| e.attempt == attempt && !e.done && !e.ending)
+            else {
+                return Err(format!("loop {name} no longer runs as attempt {attempt}"));
+            };
+            (entry.branch_bytes, entry.worktree.clone())
+        };
+        let file = self.branch_file(name);
+        let reset = |me: &Self| {
+            let _ = std::fs::remove_file(&file);
+            if let Some(entry) = lock(&me.loops).get_mut(name) {
+                entry.branch_bytes = 0;
+            }
+        };
+        if received != branch.bytes {
+            reset(self);
+            return Err(format!(
+                "its host said the work of iteration {iteration} has {} bytes and sent {received}; send it again",
+                branch.bytes
+            ));
+        }
+        let into = format!("refs/taskdaemon/hosts/{name}");
+        let taken =
+            td_git::transfer::take_branch(&self.side.repo, &file, base, &into, MAX_BRANCH_BYTES)
+                .await;
+        reset(self);
+        let tip =
+            taken.map_err(|e| format!("the work of iteration {iteration} was refused: {e}"))?;
+        if tip != branch.tip {
+            return Err(format!(
+                "its host said the work of iteration {iteration} ends at {} and sent {tip}",
+                branch.tip
+            ));
+        }
+        fast_forward(worktree.path(), &tip).await.map_err(|why| {
+            format!("its worktree on the head cannot take the work of iteration {iteration}: {why}")
+        })?;
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.base = tip;
+        }
         Ok(())
     }
 

@@ -260,6 +260,7 @@ mod tests {
 
     fn start(loop_name: &str, branch: &str) -> StartLoop {
         StartLoop {
+            attempt: 1,
             loop_name: loop_name.to_string(),
             loop_type: "code".into(),
             task: "t".into(),

@@ -1,0 +1,233 @@
+//! A host loop's work as the head holds it. A host may vanish at any moment (SIGKILL, a cut
+//! link) and its worktree with it, so the head must hold each finished iteration's work,
+//! not only the loop's end: after each failed iteration (at its progress note) the host
+//! commits the loop's worktree and sends the commits since the last tip the head took, as
+//! an incremental branch bundle ([`FromHost::Checkpoint`]). The head takes it as it takes a
+//! loop's end (`take_branch`, from the last tip it took) and moves its worktree of the loop
+//! there. A loop moved elsewhere then starts from exactly that commit.
+//!
+//! Order is what makes the resume point exact. The checkpoint goes in the loop's records
+//! stream before its progress note (the head never holds a note whose work it does not
+//! hold), and the loop's next iteration's model call waits for it ([`Checkpoints::wait`]):
+//! between a progress note and that call the engine writes nothing in the worktree, so
+//! the commit is the iteration's end, not a mix with the next one.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use td_base::sync::lock;
+use td_cluster::HeadLink;
+use td_cluster::protocol::{BranchBundle, CHUNK_BYTES, FromHost};
+use td_git::transfer::Mirror;
+use td_git::worktree::Worktree;
+
+use super::ask_again;
+
+/// The longest a model call waits for the checkpoint before it (a checkpoint is a commit,
+/// a bundle and one request per MiB; each request has its own timeout and tries).
+const WAIT_LIMIT: Duration = Duration::from_secs(15 * 60);
+
+/// One loop's checkpoints: the last tip of its branch the head took, and the iterations
+/// whose work was asked for and sent.
+pub(super) struct Checkpoints {
+    /// Its worktree and the mirror it is in, once set up.
+    place: OnceLock<(Worktree, Mirror)>,
+    /// The last tip of its branch the head took (at first the base it was sent).
+    taken: Mutex<String>,
+    /// The last iteration whose checkpoint was asked for.
+    asked: AtomicU32,
+    /// The last iteration whose checkpoint is done (sent, or failed: then `failed`).
+    done: watch::Sender<u32>,
+    /// Why a checkpoint could not reach the head: the loop makes no more model calls.
+    failed: OnceLock<String>,
+}
+
+impl Checkpoints {
+    /// A loop whose branch the head holds up to `base`.
+    pub(super) fn new(base: &str) -> Checkpoints {
+        Checkpoints {
+            place: OnceLock::new(),
+            taken: Mutex::new(base.to_string()),
+            asked: AtomicU32::new(0),
+            done: watch::Sender::new(0),
+            failed: OnceLock::new(),
+        }
+    }
+
+    /// Its worktree, once made.
+    pub(super) fn set_place(&self, worktree: Worktree, mirror: Mirror) {
+        let _ = self.place.set((worktree, mirror));
+    }
+
+    /// The last tip of its branch the head took.
+    pub(super) fn taken(&self) -> String {
+        lock(&self.taken).clone()
+    }
+
+    /// Iteration `n`'s checkpoint is asked for (called where its progress note is recorded,
+    /// before the engine goes on): the next model call waits for it.
+    pub(super) fn ask(&self, n: u32) {
+        self.asked.fetch_max(n, Ordering::SeqCst);
+    }
+
+    /// Waits until every checkpoint asked for is done; why the loop cannot go on when one
+    /// failed.
+    pub(super) async fn wait(&self) -> Result<(), String> {
+        let asked = self.asked.load(Ordering::SeqCst);
+        let mut done = self.done.subscribe();
+        let waited = tokio::time::timeout(WAIT_LIMIT, done.wait_for(|d| *d >= asked)).await;
+        if let Some(why) = self.failed.get() {
+            return Err(why.clone());
+        }
+        match waited {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(format!(
+                "the work of its iteration {asked} did not reach the head within {} s",
+                WAIT_LIMIT.as_secs()
+            )),
+        }
+    }
+
+    /// Commits iteration `n`'s work and sends what the head does not hold yet; marks it
+    /// done whatever happens (a failure is kept, and returned).
+    pub(super) async fn make(
+        &self,
+        link: &HeadLink,
+        name: &str,
+        n: u32,
+        bundles: &Path,
+    ) -> Result<(), String> {
+        let made = self.send(link, name, n, bundles).await;
+        if let Err(why) = &made {
+            let _ = self.failed.set(format!(
+                "the work of its iteration {n} could not reach the head ({why}); it stops so that nothing is done that the head cannot resume from"
+            ));
+        }
+        self.done.send_modify(|d| *d = (*d).max(n));
+        made
+    }
+
+    /// Iteration `n`'s checkpoint was not sent because its records were not (`why`).
+    pub(super) fn make_failed(&self, n: u32, why: String) {
+        let _ = self.failed.set(why);
+        self.done.send_modify(|d| *d = (*d).max(n));
+    }
+
+    async fn send(
+        &self,
+        link: &HeadLink,
+        name: &str,
+        n: u32,
+        bundles: &Path,
+    ) -> Result<(), String> {
+        // Not set up yet (its setup failed): there is no work.
+        let Some((worktree, mirror)) = self.place.get() else {
+            return Ok(());
+        };
+        worktree
+            .commit_all(&format!(
+                "taskdaemon: {name} iteration {n} (work in progress)"
+            ))
+            .await
+            .map_err(|e| format!("could not commit its work: {e}"))?;
+        let base = self.taken();
+        let file = bundles.join(format!("{name}.checkpoint.bundle"));
+        let Some(branch) = send_bundle(link, name, mirror, worktree, &base, &file).await? else {
+            // Nothing new since the last tip the head took.
+            return Ok(());
+        };
+        let () = ask_again(link, || FromHost::Checkpoint {
+            loop_name: name.to_string(),
+            iteration: n,
+            branch: branch.clone(),
+        })
+        .await?;
+        *lock(&self.taken) = branch.tip;
+        Ok(())
+    }
+}
+
+/// Bundles the commits of `worktree`'s branch since `base` into `file` and sends it to the
+/// head in chunks ([`FromHost::BranchChunk`], from offset 0); `None`, sending nothing, when
+/// the branch is still at `base`.
+pub(super) async fn send_bundle(
+    link: &HeadLink,
+    name: &str,
+    mirror: &Mirror,
+    worktree: &Worktree,
+    base: &str,
+    file: &Path,
+) -> Result<Option<BranchBundle>, String> {
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
+    }
+    let Some(info) = mirror
+        .bundle_branch(worktree, base, file)
+        .await
+        .map_err(|e| format!("could not bundle its branch: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read its bundle: {e}"));
+    let _ = std::fs::remove_file(file);
+    let bytes = bytes?;
+    let mut offset = 0usize;
+    for piece in bytes.chunks(CHUNK_BYTES) {
+        let data = hex::encode(piece);
+        let () = ask_again(link, || FromHost::BranchChunk {
+            loop_name: name.to_string(),
+            offset: offset as u64,
+            data: data.clone(),
+        })
+        .await?;
+        offset = offset.saturating_add(piece.len());
+    }
+    Ok(Some(BranchBundle {
+        tip: info.tip,
+        bytes: info.bytes,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_model_call_waits_for_the_checkpoint_asked_before_it() {
+        let cp = std::sync::Arc::new(Checkpoints::new("base"));
+        // Nothing asked: no wait.
+        cp.wait().await.unwrap();
+        cp.ask(2);
+        let waiter = {
+            let cp = cp.clone();
+            tokio::spawn(async move { cp.wait().await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the call went on before the checkpoint"
+        );
+        cp.done.send_modify(|d| *d = 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiter.is_finished(),
+            "an older checkpoint released the call"
+        );
+        cp.done.send_modify(|d| *d = 2);
+        assert_eq!(waiter.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_failed_checkpoint_stops_the_next_call_with_why() {
+        let cp = Checkpoints::new("base");
+        cp.ask(1);
+        let _ = cp.failed.set("the head refused it".into());
+        cp.done.send_modify(|d| *d = 1);
+        assert_eq!(cp.wait().await, Err("the head refused it".to_string()));
+    }
+}
