@@ -60,6 +60,7 @@ fn one_loop(record: &RunRecord, events: &EventLog, name: &str, receipt: &Receipt
         events.record(EventKind::LoopStarted {
             loop_name: name.into(),
             loop_type: "ralph".into(),
+            host: None,
         })
     });
     for iteration in 1..=ITERATIONS {

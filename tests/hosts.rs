@@ -1002,12 +1002,16 @@ c:
     let events = run.events();
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
-    assert!(
-        events
-            .iter()
-            .any(|e| e["event"] == "loop_started" && e["loop_name"] == "c"),
-        "{events:?}"
-    );
+    // Each start names the loop's host, in the head's words (a summary rebuilt from the
+    // events alone shows it).
+    for (name, host) in [("a", "h3"), ("b", "h1"), ("c", "h2")] {
+        assert!(
+            events.iter().any(|e| e["event"] == "loop_started"
+                && e["loop_name"] == name
+                && e["host"] == host),
+            "{name} on {host}: {events:?}"
+        );
+    }
 
     // On h2 the command was confined: the hosts' secret file read empty, a file outside its
     // worktree could not be written, and its environment held no key.

@@ -124,6 +124,7 @@ fn events_are_appended_and_keep_the_summary_in_step() {
     log.record(EventKind::LoopStarted {
         loop_name: api(),
         loop_type: "code".into(),
+        host: None,
     });
     log.record(EventKind::IterationEnded {
         loop_name: api(),
@@ -181,6 +182,7 @@ fn events_are_appended_and_keep_the_summary_in_step() {
         log.record(EventKind::LoopStarted {
             loop_name: name.into(),
             loop_type: "ralph".into(),
+            host: None,
         });
         log.record(kind);
     }
@@ -453,6 +455,7 @@ fn a_torn_last_line_is_reported_by_every_reader_and_closed_on_resume() {
         log.record(EventKind::LoopStarted {
             loop_name: "api".into(),
             loop_type: "code".into(),
+            host: None,
         });
         record.record(
             "api",

@@ -601,6 +601,7 @@ mod tests {
             EventKind::LoopStarted {
                 loop_name: "api".into(),
                 loop_type: "code".into(),
+                host: None,
             },
         ));
         p.on_event(&event(

@@ -867,10 +867,12 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
         EventKind::LoopStarted {
             loop_name,
             loop_type,
+            host,
         } => {
             let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Running;
             s.loop_type = loop_type.clone();
+            s.host = host.clone();
             s.started_at = Some(time.to_string());
             s.ended_at = None;
             s.duration_ms = None;
@@ -1208,6 +1210,43 @@ mod tests {
             duration_between("2025-01-01T00:00:01Z", "2025-01-01T00:00:00Z"),
             Some(0)
         );
+    }
+
+    #[test]
+    fn a_rebuilt_summary_shows_where_each_loop_started_and_moved() {
+        let mut summary = RunSummary::default();
+        let event = |seq, kind| Event {
+            seq,
+            time: "2025-01-01T00:00:00Z".into(),
+            kind,
+        };
+        let started = |name: &str, host: Option<&str>| EventKind::LoopStarted {
+            loop_name: name.into(),
+            loop_type: "code".into(),
+            host: host.map(str::to_string),
+        };
+        assert!(apply_event(&mut summary, &event(1, started("local", None))));
+        assert!(apply_event(
+            &mut summary,
+            &event(2, started("remote", Some("h1")))
+        ));
+        assert_eq!(summary.loops["local"].host, None);
+        assert_eq!(summary.loops["remote"].host.as_deref(), Some("h1"));
+        let moved = |to: &str| EventKind::LoopMoved {
+            loop_name: "remote".into(),
+            from_host: "h1".into(),
+            to_host: to.into(),
+            reason: "its host h1 was lost".into(),
+            iteration: 2,
+            moves: 1,
+        };
+        assert!(apply_event(&mut summary, &event(3, moved("h2"))));
+        assert_eq!(summary.loops["remote"].host.as_deref(), Some("h2"));
+        assert!(apply_event(
+            &mut summary,
+            &event(4, moved(td_cluster::protocol::HEAD_NAME))
+        ));
+        assert_eq!(summary.loops["remote"].host, None);
     }
 
     #[test]

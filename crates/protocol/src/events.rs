@@ -42,6 +42,10 @@ pub enum EventKind {
         loop_name: String,
         /// Loop type.
         loop_type: String,
+        /// The worker host it runs on, written by the head when it takes the host's record
+        /// (absent: it runs on the head); a summary rebuilt from events alone shows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
     },
     /// An iteration began.
     IterationStarted {
@@ -620,6 +624,22 @@ mod tests {
         let started = r#"{"seq":4,"time":"t","event":"heavy_started","loop_name":"a","tool":"validate","waited_ms":7}"#;
         let event: Event = serde_json::from_str(started).unwrap();
         assert_eq!(serde_json::to_string(&event).unwrap(), started);
+    }
+
+    #[test]
+    fn a_loop_started_names_its_host_only_when_it_runs_on_one() {
+        let on_head =
+            r#"{"seq":1,"time":"t","event":"loop_started","loop_name":"a","loop_type":"code"}"#;
+        let event: Event = serde_json::from_str(on_head).unwrap();
+        assert!(matches!(
+            &event.kind,
+            EventKind::LoopStarted { host: None, .. }
+        ));
+        assert_eq!(serde_json::to_string(&event).unwrap(), on_head);
+        let on_host = r#"{"seq":2,"time":"t","event":"loop_started","loop_name":"b","loop_type":"code","host":"h1"}"#;
+        let event: Event = serde_json::from_str(on_host).unwrap();
+        assert!(matches!(&event.kind, EventKind::LoopStarted { host: Some(h), .. } if h == "h1"));
+        assert_eq!(serde_json::to_string(&event).unwrap(), on_host);
     }
 
     #[test]

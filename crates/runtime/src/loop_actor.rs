@@ -201,6 +201,7 @@ impl Actor for LoopActor {
             spec.events.record(EventKind::LoopStarted {
                 loop_name: name.clone(),
                 loop_type: spec.config.loop_type.clone(),
+                host: None,
             });
             system_alert(
                 &spec.coordinator,

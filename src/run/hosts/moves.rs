@@ -133,6 +133,7 @@ mod tests {
             EventKind::LoopStarted {
                 loop_name: "m".into(),
                 loop_type: "ralph".into(),
+                host: None,
             },
             EventKind::ProgressNoted {
                 loop_name: "m".into(),

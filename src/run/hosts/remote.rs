@@ -898,7 +898,7 @@ impl RemoteLoops {
     ) -> Result<(), String> {
         // Claimed under the lock before any work: the same batch sent again meanwhile (a
         // retry racing its first send) is not appended twice.
-        {
+        let host = {
             let mut loops = lock(&self.loops);
             let entry = loops
                 .get_mut(name)
@@ -922,8 +922,9 @@ impl RemoteLoops {
                 ));
             }
             entry.taking = true;
-        }
-        let taken = self.take_records(name, batch, events, transcript, receipts);
+            entry.host.clone()
+        };
+        let taken = self.take_records(&host, name, batch, events, transcript, receipts);
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.taking = false;
         }
@@ -933,6 +934,7 @@ impl RemoteLoops {
     /// [`RemoteLoops::records`] once the batch is claimed.
     fn take_records(
         &self,
+        host: &str,
         name: &str,
         batch: u64,
         events: Vec<Value>,
@@ -993,9 +995,12 @@ impl RemoteLoops {
         } else {
             Some(self.side.record.receipts_for(name)?)
         };
-        for kind in kinds {
-            if matches!(kind, EventKind::IterationStarted { .. }) {
-                self.iteration_started(name);
+        for mut kind in kinds {
+            match &mut kind {
+                EventKind::IterationStarted { .. } => self.iteration_started(name),
+                // Where it runs is the head's to say (a rebuilt summary reads it here).
+                EventKind::LoopStarted { host: said, .. } => *said = Some(host.to_string()),
+                _ => {}
             }
             self.side.events.record(kind);
         }
