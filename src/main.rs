@@ -249,6 +249,16 @@ struct HostArgs {
     /// lacks a protection, even when the head asks for `best-effort`.
     #[arg(long, value_name = "MODE", default_value = "best-effort", value_parser = ["best-effort", "required"])]
     sandbox_floor: String,
+    /// The most of this machine's files loops' commands may read: `strict` holds them to the
+    /// system and toolchain paths and their worktree, whatever the head's `sandbox.read`
+    /// says; `all` lets the head's `read` decide (this host's work directory and secret file
+    /// stay hidden either way).
+    #[arg(long, value_name = "SCOPE", default_value = "all", value_parser = ["all", "strict"])]
+    sandbox_read: String,
+    /// Honour a head's `sandbox.unix-sockets: host`: without it no loop's command reaches
+    /// this machine's Unix sockets (its Docker socket, its agents), whatever the head asks.
+    #[arg(long)]
+    allow_unix_sockets: bool,
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -680,6 +690,12 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                         td_confine::SandboxMode::BestEffort
                     },
                     secret_env: args.secret_env.clone(),
+                    read: if args.sandbox_read == "strict" {
+                        td_confine::ReadScope::Strict
+                    } else {
+                        td_confine::ReadScope::All
+                    },
+                    allow_unix_sockets: args.allow_unix_sockets,
                 },
             );
             let code = taskdaemon::run::hosts::worker::run(

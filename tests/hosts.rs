@@ -3321,3 +3321,106 @@ fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
         "{moved:?}"
     );
 }
+
+/// A host keeps its machine from what the head asks: the head's `sandbox:` opens the hosts'
+/// Unix sockets (`unix-sockets: host`) and all their files (`read: all`), and each host's
+/// owner decides. h1 (no options) keeps its sockets; h2 (`--allow-unix-sockets`) opens them;
+/// h3 (`--sandbox-read strict`) keeps its files outside the toolchain paths and the worktree.
+#[test]
+fn a_hosts_sockets_and_files_are_opened_to_the_heads_loops_only_as_the_host_allows() {
+    if !common::fully_confined() {
+        // Without Landlock and seccomp nothing refuses either, on a host or not.
+        return;
+    }
+    let mut net = Net::new("a_hosts_sockets_and_files");
+    let (head_ip, _, _) = net.host("h1");
+    let (head_ip2, _, _) = net.host("h2");
+    let (head_ip3, _, _) = net.host("h3");
+    let root_dir = tempfile::tempdir().unwrap();
+    let outside = root_dir.path().canonicalize().unwrap();
+    let socket = outside.join("host-service.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::fs::write(outside.join("host-file.txt"), "HOST-FILE\n").unwrap();
+    // Each loop's probe writes its own file (the three merge into one branch).
+    let probe = |name: &str| {
+        format!(
+            "python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(sys.argv[1])\" {socket} && echo unix-reached > {name}.txt || echo unix-refused > {name}.txt; cat {file} >> {name}.txt 2>/dev/null || echo read-refused >> {name}.txt",
+            socket = socket.display(),
+            file = outside.join("host-file.txt").display()
+        )
+    };
+    let mut script = String::new();
+    for name in ["c1", "c2", "c3"] {
+        let probe = probe(name);
+        script.push_str(&format!(
+            "{name}:\n  turns:\n    - calls:\n        - run_command: {{command: '{probe}'}}\n    - calls:\n        - complete_task: {{summary: \"{name} done\"}}\n"
+        ));
+    }
+    let run = head_run(
+        &script,
+        "  - {name: c1, type: ralph, task: \"Go.\"}\n  - {name: c2, type: ralph, task: \"Go.\"}\n  - {name: c3, type: ralph, task: \"Go.\"}\n",
+        "  placement:\n    - {loops: [c1], hosts: [h1]}\n    - {loops: [c2], hosts: [h2]}\n    - {loops: [c3], hosts: [h3]}\n",
+    );
+    let config = std::fs::read_to_string(&run.run.config).unwrap();
+    std::fs::write(
+        &run.run.config,
+        config.replacen("sandbox: {", "sandbox: {unix-sockets: host, read: all, ", 1),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let mut hosts = [
+        ("h1", head_ip, &[][..]),
+        ("h2", head_ip2, &["--allow-unix-sockets"][..]),
+        ("h3", head_ip3, &["--sandbox-read", "strict"][..]),
+    ]
+    .map(|(name, ip, extra)| {
+        (
+            name,
+            run.start_host(
+                &net,
+                name,
+                &format!("{ip}:7070"),
+                name,
+                &run.secret_file,
+                extra,
+            ),
+        )
+    });
+    let code = head.wait_exit(WAIT);
+    let stderrs: Vec<String> = hosts
+        .iter_mut()
+        .map(|(name, host)| format!("--- {name}:\n{}", host.stderr()))
+        .collect();
+    assert_eq!(code, Some(0), "{}\n{}", head.stderr(), stderrs.join("\n"));
+    let s = summary(&run.run.run_dir);
+    let probe_of = |name: &str| {
+        let l = &s["loops"][name];
+        assert_eq!(l["status"], "completed", "{name}: {s}");
+        let into = l["merge"]["into"].as_str().unwrap().to_string();
+        show(&run, &format!("{into}:{name}.txt")).unwrap_or_default()
+    };
+    // h1 kept its socket from the head's `unix-sockets: host` and let the head's `read: all`
+    // read its file; h2 opened its socket; h3 kept its file.
+    assert_eq!(probe_of("c1"), "unix-refused\nHOST-FILE\n", "{s}");
+    assert_eq!(probe_of("c2"), "unix-reached\nHOST-FILE\n", "{s}");
+    assert_eq!(probe_of("c3"), "unix-refused\nread-refused\n", "{s}");
+    // Each host said what of the head's policy it left out, and why.
+    let [(_, h1), (_, h2), (_, h3)] = &mut hosts;
+    assert!(
+        h1.stderr().contains("--allow-unix-sockets"),
+        "{}",
+        h1.stderr()
+    );
+    assert!(
+        !h2.stderr().contains("sandbox.unix-sockets"),
+        "{}",
+        h2.stderr()
+    );
+    assert!(
+        h3.stderr().contains("--sandbox-read strict"),
+        "{}",
+        h3.stderr()
+    );
+    drop(listener);
+}

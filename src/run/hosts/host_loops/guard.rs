@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use td_base::secrets::{is_secret_name, is_secret_value};
 use td_cluster::protocol::StartLoop;
-use td_confine::{SandboxMode, SandboxSettings};
+use td_confine::{ReadScope, SandboxMode, SandboxSettings, UnixSockets};
 use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
 
@@ -131,13 +131,20 @@ pub(super) fn remove_left(root: &Path, dir: &Path) -> Result<(), String> {
 }
 
 /// What this host holds commands to, whatever the head's policy says: `taskdaemon host
-/// --sandbox-floor`, the host's own secret variable (`--secret-env`).
+/// --sandbox-floor`, `--sandbox-read`, `--allow-unix-sockets`, the host's own secret
+/// variable (`--secret-env`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostFloor {
     /// The least confinement mode this host runs commands under.
     pub mode: SandboxMode,
     /// The variable that holds this host's shared secret, when it came from one.
     pub secret_env: Option<String>,
+    /// The most of this host's files commands may read: `Strict` holds every loop to the
+    /// system and toolchain paths and its worktree, whatever the head's `read` says.
+    pub read: ReadScope,
+    /// Whether a head's `unix-sockets: host` is honoured: off, no loop's command reaches
+    /// this host's Unix sockets (its Docker socket, its agents), whatever the head asks.
+    pub allow_unix_sockets: bool,
 }
 
 /// The head's `sandbox:` policy as this host applies it: only its `mode`, `read`,
@@ -179,6 +186,22 @@ pub(super) fn host_policy(
         serde_json::from_value(kept)
             .map_err(|e| format!("the run's sandbox settings cannot be read: {e}"))?
     };
+    if settings.unix_sockets == UnixSockets::Host && !floor.allow_unix_sockets {
+        settings.unix_sockets = UnixSockets::Refuse;
+        dropped.push(
+            "sandbox.unix-sockets host (this host keeps its Unix sockets from loops' commands; \
+             its owner opens them with taskdaemon host --allow-unix-sockets)"
+                .to_string(),
+        );
+    }
+    if settings.read == ReadScope::All && floor.read == ReadScope::Strict {
+        settings.read = ReadScope::Strict;
+        dropped.push(
+            "sandbox.read all (this host lets commands read only system and toolchain paths \
+             and their worktree: taskdaemon host --sandbox-read strict)"
+                .to_string(),
+        );
+    }
     if settings.mode == SandboxMode::BestEffort && floor.mode == SandboxMode::Required {
         settings.mode = SandboxMode::Required;
         dropped.push(
@@ -422,7 +445,46 @@ mod tests {
         HostFloor {
             mode,
             secret_env: secret_env.map(str::to_string),
+            ..HostFloor::default()
         }
+    }
+
+    #[test]
+    fn the_hosts_unix_sockets_and_files_are_opened_only_when_the_host_allows_it() {
+        let asks = serde_json::json!({"unix-sockets": "host", "read": "all"});
+        // By default a host keeps its Unix sockets (its Docker socket, its agents) from the
+        // head's loops, and lets them read what the head's `read` says.
+        let (settings, dropped) = host_policy(&asks, &HostFloor::default()).expect("read");
+        assert_eq!(settings.unix_sockets, td_confine::UnixSockets::Refuse);
+        assert_eq!(settings.read, td_confine::ReadScope::All);
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert!(dropped[0].contains("--allow-unix-sockets"), "{dropped:?}");
+        // A host that reads strictly holds the head to it, whatever it asks (`all` is also
+        // what a head that says nothing gets).
+        let strict = HostFloor {
+            read: td_confine::ReadScope::Strict,
+            ..HostFloor::default()
+        };
+        for policy in [asks.clone(), serde_json::json!({}), Value::Null] {
+            let (settings, _) = host_policy(&policy, &strict).expect("read");
+            assert_eq!(settings.read, td_confine::ReadScope::Strict, "{policy}");
+        }
+        let (_, dropped) = host_policy(&asks, &strict).expect("read");
+        assert!(
+            dropped.iter().any(|d| d.contains("--sandbox-read strict")),
+            "{dropped:?}"
+        );
+        // One that opens its sockets lets a head that asks have them, and no head that
+        // does not.
+        let open = HostFloor {
+            allow_unix_sockets: true,
+            ..HostFloor::default()
+        };
+        let (settings, dropped) = host_policy(&asks, &open).expect("read");
+        assert_eq!(settings.unix_sockets, td_confine::UnixSockets::Host);
+        assert!(dropped.is_empty(), "{dropped:?}");
+        let (settings, _) = host_policy(&serde_json::json!({}), &open).expect("read");
+        assert_eq!(settings.unix_sockets, td_confine::UnixSockets::Refuse);
     }
 
     #[test]
