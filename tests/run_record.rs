@@ -76,6 +76,7 @@ fn receipt(exec_id: &str, tool: &str) -> Receipt {
         output_bytes: 1,
         output_capped: false,
         latency_ms: 3,
+        latency_us: None,
         side_effects: vec![],
         time: "2025-01-01T00:00:00.000Z".into(),
         commit: None,

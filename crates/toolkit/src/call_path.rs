@@ -320,6 +320,7 @@ mod tests {
                     time: saved.time.clone(),
                     call_id: saved.call_id.clone(),
                     latency_ms: saved.latency_ms,
+                    latency_us: saved.latency_us,
                     ..unsaved
                 },
                 saved

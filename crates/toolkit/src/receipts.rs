@@ -77,6 +77,10 @@ pub struct Receipt {
     pub output_capped: bool,
     /// Wall time of the call.
     pub latency_ms: u64,
+    /// Wall time of the call in microseconds (`latency_ms` reads 0 for the many calls that
+    /// take less than a millisecond); `None` in receipts written before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<u64>,
     /// Files written and commands run.
     pub side_effects: Vec<SideEffect>,
     /// When the call started (RFC 3339, UTC).
@@ -599,6 +603,7 @@ pub(crate) fn test_receipt(n: usize) -> Receipt {
         output_bytes: 0,
         output_capped: false,
         latency_ms: 1,
+        latency_us: Some(1_200),
         side_effects: vec![SideEffect::CommandRun {
             command: format!("echo {n}"),
             exit_code: Some(0),

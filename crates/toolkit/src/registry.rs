@@ -440,7 +440,8 @@ impl ToolSet {
             tool,
         } = checked;
         secrets::redact_value(&mut input);
-        let latency_ms = latency.as_millis() as u64;
+        let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        let latency_ms = latency_us / 1000;
         let (full, is_error, mut effects, error_kind) = match result {
             Ok(out) => (out.content, out.is_error, out.effects, None),
             Err(e) => (e.to_string(), true, Vec::new(), Some(e.kind().to_string())),
@@ -474,6 +475,7 @@ impl ToolSet {
             output_bytes,
             output_capped,
             latency_ms,
+            latency_us,
             side_effects: effects,
             commit: ctx.worktree_commit(),
             schema_valid,
@@ -765,6 +767,26 @@ mod tests {
         let out = set.call(&c, None, "list_loops", json!({"ms": 6_000})).await;
         assert_eq!(out.content, "woke");
         assert!(!out.is_error);
+    }
+
+    /// A sub-millisecond call reads 0 in `latency_ms`: the receipt gives the wall time in
+    /// µs too (the cross-host query bench reads it), consistent with the milliseconds.
+    #[tokio::test]
+    async fn a_receipt_gives_its_latency_in_microseconds_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = ToolSet::from_tools(vec![Arc::new(sleepy("grep"))]).unwrap();
+        let c = ctx(dir.path());
+        let started = std::time::Instant::now();
+        let out = set.call(&c, None, "grep", json!({"ms": 3})).await;
+        let wall = started.elapsed();
+        let us = out.receipt.latency_us.expect("latency in µs");
+        assert!(us >= 3_000, "{us} µs for a 3 ms sleep");
+        assert!(u128::from(us) <= wall.as_micros(), "{us} µs in {wall:?}");
+        assert_eq!(out.receipt.latency_ms, us / 1000);
+        // A quick call: 0 ms, but not 0 µs of nothing.
+        let out = set.call(&c, None, "grep", json!({"ms": 0})).await;
+        assert_eq!(out.receipt.latency_ms, 0);
+        assert!(out.receipt.latency_us.is_some());
     }
 
     #[test]

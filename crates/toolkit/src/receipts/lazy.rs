@@ -67,6 +67,8 @@ pub(crate) struct CallDraft {
     pub output_capped: bool,
     /// As [`Receipt::latency_ms`].
     pub latency_ms: u64,
+    /// As [`Receipt::latency_us`].
+    pub latency_us: u64,
     /// As [`Receipt::side_effects`].
     pub side_effects: Vec<SideEffect>,
     /// As [`Receipt::commit`].
@@ -147,6 +149,7 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         output_bytes: d.output_bytes,
         output_capped: d.output_capped,
         latency_ms: d.latency_ms,
+        latency_us: Some(d.latency_us),
         side_effects: d.side_effects,
         time: td_base::time::timestamp_at(started),
         commit: d.commit,
@@ -196,6 +199,7 @@ fn empty() -> Receipt {
         output_bytes: 0,
         output_capped: false,
         latency_ms: 0,
+        latency_us: None,
         side_effects: Vec::new(),
         time: String::new(),
         commit: None,
@@ -228,6 +232,7 @@ mod tests {
             output_bytes: r.output_bytes,
             output_capped: r.output_capped,
             latency_ms: r.latency_ms,
+            latency_us: r.latency_us.unwrap_or_default(),
             side_effects: r.side_effects,
             commit: r.commit,
             schema_valid: r.schema_valid,
