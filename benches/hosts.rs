@@ -1,0 +1,982 @@
+//! `cargo bench --bench hosts`: worker hosts (issue 18), through the real binaries on
+//! 127.0.0.1 — a head (`taskdaemon run` with a `hosts:` section) and hosts (`taskdaemon host
+//! --join`), each a process of its own, on the scripted provider.
+//!
+//! Two parts (`BENCH_ONLY=query` or `BENCH_ONLY=loops` runs one):
+//!
+//! - **query**: a loop `asker` on host h1 calls `query_loop` N times (one model turn holding
+//!   N calls, which the engine makes one after the other) to a loop `answerer` on host h2.
+//!   Each query goes h1 → head (coordinator) → h2, where the answer's model call goes to the
+//!   head and back (hosts have no model keys), and the answer h2 → head → h1. The round trip
+//!   of each is the asker's receipt's `latency_us` (the whole `query_loop` call as the loop
+//!   makes it: schema check, route, receipt). Baseline, same bench run, alternating rounds:
+//!   three processes of this bench (`BENCH_HOSTS_ROLE`), ractor_cluster nodes as our head and
+//!   hosts make them (`td_cluster::node::start`: the same transport, frame limit and
+//!   isolated mode), h1 and h2 connected to the head only, a tiny actor on each: h1 calls the
+//!   head's relay, which calls h2's answerer, which calls the head's "model" and answers;
+//!   the same route with the question's and the answer's bytes, raw (no JSON, no
+//!   coordinator, no record). Also measured: the route without the model hop (h1 → head →
+//!   h2 → head → h1), the floor of any relay through the head.
+//! - **loops**: N scripted loops (default 200; `--loops 1000` for the figure of the issue),
+//!   each in its own worktree writing, reading and completing, spread over 4 hosts (a
+//!   placement rule keeps them off the head; 8 slots each), against the same loops on the
+//!   head alone (`max-loops` 32, the 4 hosts' slots together), and on the head with one host
+//!   of 32 slots. Wall time is the head's process from start to exit (hosts are started as
+//!   soon as it listens); CPU (utime+stime, and that of its waited children: git) of the
+//!   head and of the hosts from `/proc`.
+//!
+//! Options (after `--`): `--queries N` (default 400), `--loops N` (default 200), `--hosts N`
+//! (default 4). `BENCH_ROUNDS` rounds of each part (default 3 for query, 1 for loops).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Report;
+use common::actors::Dist;
+use serde_json::Value;
+
+/// Longest one run may take (a guard against a hang, not an expectation).
+const GUARD: Duration = Duration::from_secs(1800);
+/// The query bench's target: p50 round trip against the raw same-route call.
+const QUERY_TARGET: f64 = 2.0;
+/// The shared secret of the bench's head and hosts (and of the baseline's nodes).
+const SECRET: &str = "the-hosts-bench-secret-0123456789abcdef";
+/// Sizes of the question and of the answer, ours and the baseline's.
+const QUESTION_BYTES: usize = 64;
+const ANSWER_BYTES: usize = 64;
+/// Where a child of this bench learns it is a baseline node.
+const ROLE_ENV: &str = "BENCH_HOSTS_ROLE";
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE_ENV) {
+        echo::node_main(&role);
+        return;
+    }
+    common::actors::print_machine("hosts");
+    let arg = |name: &str, default: usize| -> usize {
+        let args: Vec<String> = std::env::args().collect();
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let mut report = Report::new("hosts");
+    if common::selected("query") {
+        query_bench(&mut report, arg("--queries", 400), common::rounds(3));
+    }
+    if common::selected("loops") {
+        loops_bench(
+            &mut report,
+            arg("--loops", 200),
+            arg("--hosts", 4),
+            common::rounds(1),
+        );
+    }
+    report.finish();
+}
+
+fn question() -> String {
+    "q".repeat(QUESTION_BYTES)
+}
+
+fn answer() -> String {
+    "a".repeat(ANSWER_BYTES)
+}
+
+// ---------------------------------------------------------------------------------------
+// The scripted runs: a project, a head and its hosts.
+
+/// A temp dir with the user's repository (`user/`), the config and script (`cfg/`), the
+/// secret, flags, the run directory and the hosts' work directories.
+struct Setup {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Setup {
+    fn new(config: &str, script: &str) -> Setup {
+        let setup = Setup {
+            dir: tempfile::tempdir().expect("tempdir"),
+            port: free_port(),
+        };
+        for d in ["user", "cfg", "home", "flags"] {
+            std::fs::create_dir_all(setup.path(d)).expect("dir");
+        }
+        std::fs::write(setup.path("user/README.md"), "bench\n").expect("README");
+        for args in [
+            &["init", "-q", "-b", "main"][..],
+            &["add", "-A"],
+            &[
+                "-c",
+                "user.name=b",
+                "-c",
+                "user.email=b@b",
+                "commit",
+                "-qm",
+                "init",
+            ],
+        ] {
+            let ok = setup
+                .command("git")
+                .args(args)
+                .current_dir(setup.path("user"))
+                .status()
+                .expect("git runs")
+                .success();
+            assert!(ok, "git {args:?} failed");
+        }
+        let secret = setup.path("cfg/hosts.secret");
+        std::fs::write(&secret, format!("{SECRET}\n")).expect("secret");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod secret");
+        }
+        let flags = setup.path("flags").display().to_string();
+        let config = config
+            .replace("{port}", &setup.port.to_string())
+            .replace("{f}", &flags);
+        std::fs::write(setup.path("cfg/taskdaemon.yml"), config).expect("config");
+        std::fs::write(setup.path("cfg/script.yml"), script.replace("{f}", &flags))
+            .expect("script");
+        setup
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// A command isolated from the machine's git config and home.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("HOME", self.path("home"))
+            .env("XDG_CONFIG_HOME", self.path("home"))
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .current_dir(self.dir.path());
+        cmd
+    }
+
+    /// `taskdaemon run`, its stderr into `head.err`.
+    fn head(&self) -> Child {
+        let err = std::fs::File::create(self.path("head.err")).expect("head.err");
+        self.command(env!("CARGO_BIN_EXE_taskdaemon"))
+            .arg("run")
+            .arg("-c")
+            .arg(self.path("cfg/taskdaemon.yml"))
+            .arg("--run-dir")
+            .arg(self.path("run"))
+            .stderr(err)
+            .spawn()
+            .expect("start the head")
+    }
+
+    /// Waits until the head listens (or fails, saying why).
+    fn wait_listening(&self, head: &mut Child) {
+        let start = Instant::now();
+        loop {
+            let err = std::fs::read_to_string(self.path("head.err")).unwrap_or_default();
+            if err.contains("taskdaemon: hosts join at") {
+                return;
+            }
+            if let Ok(Some(status)) = head.try_wait() {
+                panic!("the head exited ({status}) before it listened:\n{err}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the head does not listen:\n{err}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `taskdaemon host --join 127.0.0.1:PORT --name NAME --slots SLOTS`, its stderr into
+    /// `NAME.err`.
+    fn host(&self, name: &str, slots: usize) -> Child {
+        let err = std::fs::File::create(self.path(&format!("{name}.err"))).expect("host err");
+        self.command(env!("CARGO_BIN_EXE_taskdaemon"))
+            .args(["host", "--join", &format!("127.0.0.1:{}", self.port)])
+            .args(["--name", name, "--slots", &slots.to_string()])
+            .arg("--secret-file")
+            .arg(self.path("cfg/hosts.secret"))
+            .arg("--workdir")
+            .arg(self.path(&format!("host-{name}")))
+            .stderr(err)
+            .spawn()
+            .expect("start a host")
+    }
+
+    fn stderr_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{name}.err"))).unwrap_or_default()
+    }
+
+    fn events(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("run/events.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn flag(&self, name: &str) {
+        std::fs::write(self.path(&format!("flags/{name}")), "").expect("flag");
+    }
+}
+
+/// A port nobody listens on now (the head's `hosts.listen` is a fixed port).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits until `what` holds, polling; panics after `limit` with `context()`.
+fn until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool, context: impl Fn() -> String) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < limit,
+            "waited {limit:?} for {what}:\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// CPU time (utime + stime, and cutime + cstime: the children it waited for) of `pid` in ms.
+fn cpu_ms(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // SAFETY: sysconf only reads a system value.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ms = |i: usize| f.get(i).copied().unwrap_or(0.0) * 1000.0 / tick;
+    // utime, stime, cutime, cstime are fields 14..=17 (1-based), 12..=15 here.
+    Some((ms(11) + ms(12), ms(13) + ms(14)))
+}
+
+/// Waits for `child` to exit (within [`GUARD`]) while sampling the CPU of `watched` (the
+/// last sample before each exits); returns the exit code and the samples.
+fn wait_sampling(child: &mut Child, watched: &[u32]) -> (i32, Vec<(f64, f64)>) {
+    let start = Instant::now();
+    let mut last = vec![(0.0, 0.0); watched.len()];
+    loop {
+        for (i, pid) in watched.iter().enumerate() {
+            if let Some(s) = cpu_ms(*pid) {
+                last[i] = s;
+            }
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            return (status.code().unwrap_or(-1), last);
+        }
+        assert!(
+            start.elapsed() < GUARD,
+            "the run did not end within {GUARD:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a host to exit after the run's end (it is told); kills it after 30 s.
+fn reap(name: &str, mut host: Child, setup: &Setup) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(status)) = host.try_wait() {
+            if !status.success() {
+                eprintln!(
+                    "# host {name} exited with {status}:\n{}",
+                    setup.stderr_of(name)
+                );
+            }
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("# host {name} did not exit within 30 s of the run's end: killed");
+    let _ = host.kill();
+    let _ = host.wait();
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 1: a query_loop round trip between loops on two hosts.
+
+fn query_scenario(n: usize) -> (String, String) {
+    let config = "repo: ../user\n\
+         llm: {provider: scripted, script: script.yml}\n\
+         conflict-warnings: off\n\
+         limits: {burst: 1000000, per-second: 1000000}\n\
+         loop-types:\n  bench: {extends: ralph, subscriptions: [], max-iterations: 1, max-turns: 5}\n\
+         loops:\n  - {name: asker, type: bench, task: Ask.}\n  - {name: answerer, type: bench, task: Answer.}\n\
+         hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: hosts.secret\n  slots: 2\n  placement:\n    - {loops: [asker], hosts: [h1]}\n    - {loops: [answerer], hosts: [h2]}\n"
+        .to_string();
+    let q = question();
+    let mut script = String::from(
+        "asker:\n  turns:\n    - calls:\n        - run_command: {command: \"until [ -e {f}/go ]; do sleep 0.01; done\"}\n    - calls:\n",
+    );
+    for _ in 0..n {
+        script.push_str(&format!(
+            "        - query_loop: {{target_exec_id: answerer, question: \"{q}\"}}\n"
+        ));
+    }
+    script.push_str("    - calls:\n        - complete_task: {summary: asked}\n");
+    script.push_str(&format!(
+        "answerer:\n  turns:\n    - calls:\n        - run_command: {{command: \"until [ -e {{f}}/done ]; do sleep 0.01; done\"}}\n    - calls:\n        - complete_task: {{summary: answered}}\n  answers:\n    - reply: \"{}\"\n",
+        answer()
+    ));
+    (config, script)
+}
+
+/// One run of ours: the round trips (µs) of the asker's `n` queries, from its receipts.
+fn our_queries(n: usize) -> Vec<Duration> {
+    let (config, script) = query_scenario(n);
+    let setup = Setup::new(&config, &script);
+    let mut head = setup.head();
+    setup.wait_listening(&mut head);
+    let h1 = setup.host("h1", 2);
+    let h2 = setup.host("h2", 2);
+    let context = || {
+        format!(
+            "head:\n{}\nh1:\n{}\nh2:\n{}",
+            setup.stderr_of("head"),
+            setup.stderr_of("h1"),
+            setup.stderr_of("h2")
+        )
+    };
+    // Both loops running (registered with the head's coordinator) before the first query.
+    let started = |name: &str| {
+        setup
+            .events()
+            .iter()
+            .any(|e| e["event"] == "iteration_started" && e["loop_name"] == name)
+    };
+    until(
+        "both loops to start on their hosts",
+        Duration::from_secs(120),
+        || started("asker") && started("answerer"),
+        context,
+    );
+    setup.flag("go");
+    until(
+        "the asker to complete",
+        GUARD,
+        || {
+            setup
+                .events()
+                .iter()
+                .any(|e| e["event"] == "loop_completed" && e["loop_name"] == "asker")
+        },
+        context,
+    );
+    setup.flag("done");
+    let (code, _) = wait_sampling(&mut head, &[]);
+    assert_eq!(code, 0, "the run failed:\n{}", context());
+    reap("h1", h1, &setup);
+    reap("h2", h2, &setup);
+    // Every query answered, once, on the head's record.
+    let answered = setup
+        .events()
+        .iter()
+        .filter(|e| e["event"] == "query_answered" && e["from"] == "asker")
+        .count();
+    assert_eq!(answered, n, "queries answered");
+    let receipts =
+        std::fs::read_to_string(setup.path("run/loops/asker/receipts.jsonl")).expect("receipts");
+    let samples: Vec<Duration> = receipts
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["tool"] == "query_loop")
+        .map(|r| {
+            assert_eq!(r["is_error"], false, "a query failed: {r}");
+            let us = r["latency_us"].as_u64().expect("latency_us in the receipt");
+            Duration::from_micros(us)
+        })
+        .collect();
+    assert_eq!(samples.len(), n, "query_loop receipts");
+    samples
+}
+
+fn query_bench(report: &mut Report, n: usize, rounds: usize) {
+    println!(
+        "# query: {n} queries per round, {rounds} rounds; question {QUESTION_BYTES} B, answer {ANSWER_BYTES} B"
+    );
+    let mut baseline = echo::Cluster::start();
+    let (mut ours, mut raw, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    let mut round_ratios = Vec::new();
+    for round in 0..rounds {
+        let run_ours = |all: &mut Vec<Duration>| {
+            let s = our_queries(n);
+            let p50 = Dist::new(&s).p50();
+            all.extend(s);
+            p50
+        };
+        let mut run_raw = |all: &mut Vec<Duration>, all_direct: &mut Vec<Duration>| {
+            let s = baseline.calls(n, true);
+            let p50 = Dist::new(&s).p50();
+            all.extend(s);
+            all_direct.extend(baseline.calls(n, false));
+            p50
+        };
+        let (a, b) = if round % 2 == 0 {
+            let a = run_ours(&mut ours);
+            (a, run_raw(&mut raw, &mut direct))
+        } else {
+            let b = run_raw(&mut raw, &mut direct);
+            (run_ours(&mut ours), b)
+        };
+        println!(
+            "# round {round}: ours p50 {a:.0} µs, raw same route p50 {b:.0} µs, ratio {:.2}",
+            a / b
+        );
+        round_ratios.push(a / b);
+    }
+    baseline.stop();
+    let (ours, raw, direct) = (Dist::new(&ours), Dist::new(&raw), Dist::new(&direct));
+    round_ratios.sort_by(f64::total_cmp);
+    let median_ratio = round_ratios[round_ratios.len() / 2];
+    println!("# median of the rounds' p50 ratios: {median_ratio:.2}");
+    report.row(
+        "query h1->h2 p50 vs raw same route (us)",
+        "us",
+        ours.p50(),
+        Some(raw.p50()),
+        &format!("p50 ratio <= {QUERY_TARGET}"),
+        Some(ours.p50() / raw.p50() <= QUERY_TARGET),
+    );
+    report.row(
+        "query h1->h2 p99 vs raw same route (us)",
+        "us",
+        ours.p99(),
+        Some(raw.p99()),
+        "(reported)",
+        None,
+    );
+    report.row(
+        "query h1->h2 p50 vs raw without model hop",
+        "us",
+        ours.p50(),
+        Some(direct.p50()),
+        "(reported)",
+        None,
+    );
+    report.row(
+        "query h1->h2 p99 vs raw without model hop",
+        "us",
+        ours.p99(),
+        Some(direct.p99()),
+        "(reported)",
+        None,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 2: many scripted loops over several hosts against one machine.
+
+/// Where the loops run.
+#[derive(Clone, Copy, Debug)]
+enum Spread {
+    /// The head alone (no `hosts:` section), `max-loops` = every host's slots together.
+    HeadOnly,
+    /// The head and one host with all the slots; a placement rule keeps loops off the head.
+    OneHost,
+    /// The head and `hosts` hosts; loops only on hosts.
+    Hosts(usize),
+}
+
+/// Slots per host of the spread run; the other runs get the same total.
+const SLOTS_PER_HOST: usize = 8;
+
+fn loop_name(i: usize) -> String {
+    format!("l{i:04}")
+}
+
+fn loops_scenario(n: usize, spread: Spread, total_slots: usize) -> (String, String) {
+    let mut config = format!(
+        "repo: ../user\n\
+         llm: {{provider: scripted, script: script.yml}}\n\
+         conflict-warnings: off\n\
+         concurrency: {{max-loops: {total_slots}, max-model-calls: 64}}\n\
+         loop-types:\n  bench: {{extends: ralph, subscriptions: [], max-iterations: 1}}\n"
+    );
+    let hosts: Vec<String> = match spread {
+        Spread::HeadOnly => Vec::new(),
+        Spread::OneHost => vec!["h1".into()],
+        Spread::Hosts(k) => (1..=k).map(|i| format!("h{i}")).collect(),
+    };
+    if !hosts.is_empty() {
+        let slots = total_slots / hosts.len();
+        config.push_str(&format!(
+            "hosts:\n  listen: 127.0.0.1:{{port}}\n  secret-file: hosts.secret\n  slots: {slots}\n  lost-after-ms: 30000\n  placement:\n    - {{types: [bench], hosts: [{}]}}\n",
+            hosts.join(", ")
+        ));
+    }
+    config.push_str("loops:\n");
+    let mut script = String::new();
+    for i in 0..n {
+        let me = loop_name(i);
+        config.push_str(&format!("  - {{name: {me}, type: bench, task: Write.}}\n"));
+        script.push_str(&format!(
+            "{me}:\n  turns:\n    - calls:\n        - write_file: {{path: notes/{me}.txt, content: \"alpha\\nbeta\\n\"}}\n        - read_file: {{path: notes/{me}.txt}}\n    - calls:\n        - complete_task: {{summary: done}}\n"
+        ));
+    }
+    (config, script)
+}
+
+/// What one run of the loops gave.
+struct LoopsRun {
+    wall: Duration,
+    /// Head CPU (own, waited children) in ms.
+    head_cpu: (f64, f64),
+    /// Every host's CPU (own + children) together, in ms.
+    hosts_cpu: f64,
+}
+
+/// One run of `n` loops spread as `spread` says, with `total` slots in all.
+fn run_loops(n: usize, spread: Spread, total: usize) -> LoopsRun {
+    let hosts = match spread {
+        Spread::HeadOnly => 0,
+        Spread::OneHost => 1,
+        Spread::Hosts(k) => k,
+    };
+    let (config, script) = loops_scenario(n, spread, total);
+    let setup = Setup::new(&config, &script);
+    let started = Instant::now();
+    let mut head = setup.head();
+    let mut children = Vec::new();
+    if hosts > 0 {
+        setup.wait_listening(&mut head);
+        for i in 1..=hosts {
+            let name = format!("h{i}");
+            let child = setup.host(&name, total / hosts);
+            children.push((name, child));
+        }
+    }
+    let mut pids = vec![head.id()];
+    pids.extend(children.iter().map(|(_, c)| c.id()));
+    let (code, cpu) = wait_sampling(&mut head, &pids);
+    let wall = started.elapsed();
+    assert_eq!(
+        code,
+        0,
+        "the run failed ({spread:?}):\n{}",
+        setup.stderr_of("head")
+    );
+    // The hosts are told the run ended; their last samples stand for their CPU.
+    let hosts_cpu = cpu.iter().skip(1).map(|(own, kids)| own + kids).sum();
+    for (name, child) in children {
+        reap(&name, child, &setup);
+    }
+    let events = setup.events();
+    let completed = events
+        .iter()
+        .filter(|e| e["event"] == "loop_completed")
+        .count();
+    assert_eq!(completed, n, "loops completed ({spread:?})");
+    LoopsRun {
+        wall,
+        head_cpu: cpu[0],
+        hosts_cpu,
+    }
+}
+
+fn loops_bench(report: &mut Report, n: usize, hosts: usize, rounds: usize) {
+    println!(
+        "# loops: {n} scripted loops; {hosts} hosts of {SLOTS_PER_HOST} slots vs the head alone (max-loops {}) and one host of {}; {rounds} round(s)",
+        hosts * SLOTS_PER_HOST,
+        hosts * SLOTS_PER_HOST
+    );
+    let spreads = [Spread::HeadOnly, Spread::OneHost, Spread::Hosts(hosts)];
+    let mut results: Vec<Vec<LoopsRun>> = spreads.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for k in 0..spreads.len() {
+            // The order rotates every round, so that a slow spell hits each.
+            let i = (k + round) % spreads.len();
+            let r = run_loops(n, spreads[i], hosts * SLOTS_PER_HOST);
+            println!(
+                "# round {round} {:?}: wall {:.2} s, head cpu {:.2} s (+{:.2} s children), hosts cpu {:.2} s",
+                spreads[i],
+                r.wall.as_secs_f64(),
+                r.head_cpu.0 / 1000.0,
+                r.head_cpu.1 / 1000.0,
+                r.hosts_cpu / 1000.0
+            );
+            results[i].push(r);
+        }
+    }
+    let median = |runs: &[LoopsRun], f: &dyn Fn(&LoopsRun) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let wall = |r: &LoopsRun| r.wall.as_secs_f64();
+    let head_only = median(&results[0], &wall);
+    let one_host = median(&results[1], &wall);
+    let spread = median(&results[2], &wall);
+    report.row(
+        &format!("{n} loops over {hosts} hosts vs head alone (s)"),
+        "s",
+        spread,
+        Some(head_only),
+        "(reported: 2 cores)",
+        None,
+    );
+    report.row(
+        &format!("{n} loops on 1 host vs head alone (s)"),
+        "s",
+        one_host,
+        Some(head_only),
+        "(reported)",
+        None,
+    );
+    for (i, what) in ["head alone", "1 host", &format!("{hosts} hosts")]
+        .iter()
+        .enumerate()
+    {
+        let own = median(&results[i], &|r| r.head_cpu.0);
+        let kids = median(&results[i], &|r| r.head_cpu.1);
+        let on_hosts = median(&results[i], &|r| r.hosts_cpu);
+        report.row(
+            &format!("{what}: head cpu per loop (ms; +git)"),
+            "ms",
+            own / n as f64,
+            None,
+            &format!("(reported; git children {:.2} ms/loop)", kids / n as f64),
+            None,
+        );
+        if i > 0 {
+            report.row(
+                &format!("{what}: hosts cpu per loop (ms)"),
+                "ms",
+                on_hosts / n as f64,
+                None,
+                "(reported)",
+                None,
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The baseline: raw ractor_cluster calls between three processes of this bench.
+
+mod echo {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use ractor::message::{BoxedDowncastErr, SerializedMessage};
+    use ractor::rpc::CallResult;
+    use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+    use td_cluster::node::{self, NodeOptions};
+    use td_cluster::secret::ClusterSecret;
+
+    use super::{ANSWER_BYTES, ROLE_ENV, SECRET};
+
+    const SCOPE: &str = "bench";
+    const RELAY: &str = "bench-relay";
+    const ANSWERER: &str = "bench-answerer";
+    const MODEL: &str = "bench-model";
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// A call's bytes and where its answer goes: sent as ractor_cluster sends any
+    /// serializable message, with no encoding of ours.
+    struct Hop {
+        body: Vec<u8>,
+        reply: Option<RpcReplyPort<Vec<u8>>>,
+    }
+
+    impl ractor::Message for Hop {
+        fn serializable() -> bool {
+            true
+        }
+
+        fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
+            Ok(match self.reply {
+                Some(reply) => SerializedMessage::Call {
+                    variant: String::new(),
+                    args: self.body,
+                    reply,
+                    metadata: None,
+                },
+                None => SerializedMessage::Cast {
+                    variant: String::new(),
+                    args: self.body,
+                    metadata: None,
+                },
+            })
+        }
+
+        fn deserialize(message: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
+            match message {
+                SerializedMessage::Call { args, reply, .. } => Ok(Hop {
+                    body: args,
+                    reply: Some(reply),
+                }),
+                SerializedMessage::Cast { args, .. } => Ok(Hop {
+                    body: args,
+                    reply: None,
+                }),
+                SerializedMessage::CallReply(..) => Err(BoxedDowncastErr),
+            }
+        }
+    }
+
+    /// The member of `group` (on another node, or this one), waiting for the session to
+    /// make it known.
+    async fn member(group: &str) -> ActorRef<Hop> {
+        let start = Instant::now();
+        loop {
+            if let Some(cell) =
+                ractor::pg::get_scoped_members(&SCOPE.to_string(), &group.to_string())
+                    .into_iter()
+                    .next()
+            {
+                return cell.into();
+            }
+            assert!(start.elapsed() < TIMEOUT, "no member of {group}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn call(to: &ActorRef<Hop>, body: Vec<u8>) -> Vec<u8> {
+        match to
+            .call(
+                move |port| Hop {
+                    body,
+                    reply: Some(port),
+                },
+                Some(TIMEOUT),
+            )
+            .await
+        {
+            Ok(CallResult::Success(bytes)) => bytes,
+            other => panic!("a baseline call failed: {other:?}"),
+        }
+    }
+
+    /// What an actor of the route does with a call.
+    #[derive(Clone, Copy)]
+    enum Role {
+        /// On the head: hands the question to h2's answerer, and its answer back.
+        Relay,
+        /// On h2: asks the head's model (a body starting with `M`) or not, and answers.
+        Answerer,
+        /// On the head: answers the answer's bytes.
+        Model,
+    }
+
+    struct Hopper(Role, &'static str);
+
+    impl Actor for Hopper {
+        type Msg = Hop;
+        type State = Option<ActorRef<Hop>>;
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            myself: ActorRef<Hop>,
+            (): (),
+        ) -> Result<Self::State, ActorProcessingErr> {
+            ractor::pg::join_scoped(
+                SCOPE.to_string(),
+                self.1.to_string(),
+                vec![myself.get_cell()],
+            );
+            Ok(None)
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<Hop>,
+            hop: Hop,
+            next: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            let answer = match self.0 {
+                Role::Model => vec![b'a'; ANSWER_BYTES],
+                Role::Relay => {
+                    if next.is_none() {
+                        *next = Some(member(ANSWERER).await);
+                    }
+                    let to = next.as_ref().ok_or("no answerer")?;
+                    call(to, hop.body).await
+                }
+                Role::Answerer => {
+                    if hop.body.first() == Some(&b'M') {
+                        if next.is_none() {
+                            *next = Some(member(MODEL).await);
+                        }
+                        let to = next.as_ref().ok_or("no model")?;
+                        call(to, hop.body).await
+                    } else {
+                        vec![b'a'; ANSWER_BYTES]
+                    }
+                }
+            };
+            if let Some(port) = hop.reply {
+                let _ = port.send(answer);
+            }
+            Ok(())
+        }
+    }
+
+    /// A baseline node (`BENCH_HOSTS_ROLE` = `head:PORT`, `h1:PORT` or `h2:PORT`). h1 reads
+    /// `N M|D` lines on stdin and answers each with the µs of its N calls on one line.
+    pub fn node_main(role: &str) {
+        let (name, port) = role.split_once(':').expect("ROLE:PORT");
+        let port: u16 = port.parse().expect("a port");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        rt.block_on(async move {
+            let listen = match name {
+                "head" => format!("127.0.0.1:{port}").parse().expect("address"),
+                _ => node::loopback_any_port(),
+            };
+            let node = node::start(
+                NodeOptions {
+                    name: node::unique_node_name(name),
+                    host_part: name.to_string(),
+                    listen,
+                    secret: ClusterSecret::checked(SECRET, "bench".into()).expect("secret"),
+                },
+                |_| {},
+            )
+            .await
+            .expect("node");
+            let spawn = |role, group| async move {
+                Actor::spawn(None, Hopper(role, group), ())
+                    .await
+                    .expect("actor")
+                    .0
+            };
+            match name {
+                "head" => {
+                    let _relay = spawn(Role::Relay, RELAY).await;
+                    let _model = spawn(Role::Model, MODEL).await;
+                    println!("ready");
+                    // Until the bench closes stdin.
+                    let _ = tokio::task::spawn_blocking(|| {
+                        let mut line = String::new();
+                        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
+                    })
+                    .await;
+                }
+                "h2" => {
+                    let _answerer = spawn(Role::Answerer, ANSWERER).await;
+                    ractor_cluster::client_connect(&node.server, format!("127.0.0.1:{port}"))
+                        .await
+                        .expect("connect");
+                    println!("ready");
+                    let _ = tokio::task::spawn_blocking(|| {
+                        let mut line = String::new();
+                        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
+                    })
+                    .await;
+                }
+                _ => {
+                    ractor_cluster::client_connect(&node.server, format!("127.0.0.1:{port}"))
+                        .await
+                        .expect("connect");
+                    let relay = member(RELAY).await;
+                    println!("ready");
+                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+                    std::thread::spawn(move || {
+                        for line in std::io::stdin().lines() {
+                            let Ok(line) = line else { break };
+                            if tx.send(line).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    while let Some(line) = rx.recv().await {
+                        let mut words = line.split_whitespace();
+                        let n: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+                        let mode = words.next().unwrap_or("M").as_bytes()[0];
+                        let mut question = vec![b'q'; super::QUESTION_BYTES];
+                        question[0] = mode;
+                        let mut out = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            let start = Instant::now();
+                            let answer = call(&relay, question.clone()).await;
+                            out.push(start.elapsed().as_micros().to_string());
+                            assert_eq!(answer.len(), ANSWER_BYTES);
+                        }
+                        println!("{}", out.join(" "));
+                    }
+                }
+            }
+        });
+    }
+
+    /// The three baseline processes.
+    pub struct Cluster {
+        nodes: Vec<Child>,
+        h1_in: ChildStdin,
+        h1_out: BufReader<ChildStdout>,
+    }
+
+    fn spawn(role: &str, port: u16) -> (Child, ChildStdin, BufReader<ChildStdout>) {
+        let mut child = Command::new(std::env::current_exe().expect("this bench"))
+            .env(ROLE_ENV, format!("{role}:{port}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("a baseline node");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("ready line");
+        assert_eq!(line.trim(), "ready", "baseline node {role}");
+        (child, stdin, stdout)
+    }
+
+    impl Cluster {
+        pub fn start() -> Cluster {
+            let port = super::free_port();
+            let head = spawn("head", port);
+            let h2 = spawn("h2", port);
+            let h1 = spawn("h1", port);
+            let mut cluster = Cluster {
+                nodes: Vec::new(),
+                h1_in: h1.1,
+                h1_out: h1.2,
+            };
+            // The others' stdin kept open (closing it ends them).
+            std::mem::forget(head.1);
+            std::mem::forget(h2.1);
+            cluster.nodes = vec![head.0, h2.0, h1.0];
+            // Warm up both routes.
+            let _ = cluster.calls(200, true);
+            let _ = cluster.calls(200, false);
+            cluster
+        }
+
+        /// `n` calls from h1, through the head's model (`via_model`) or not.
+        pub fn calls(&mut self, n: usize, via_model: bool) -> Vec<Duration> {
+            writeln!(self.h1_in, "{n} {}", if via_model { "M" } else { "D" }).expect("ask h1");
+            self.h1_in.flush().expect("flush");
+            let mut line = String::new();
+            self.h1_out.read_line(&mut line).expect("h1's answer");
+            line.split_whitespace()
+                .map(|us| Duration::from_micros(us.parse().expect("µs")))
+                .collect()
+        }
+
+        pub fn stop(mut self) {
+            for child in &mut self.nodes {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
