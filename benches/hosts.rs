@@ -321,7 +321,7 @@ fn query_scenario(n: usize) -> (String, String) {
         .to_string();
     let q = question();
     let mut script = String::from(
-        "asker:\n  turns:\n    - calls:\n        - run_command: {command: \"until [ -e {f}/go ]; do sleep 0.01; done\"}\n    - calls:\n",
+        "asker:\n  turns:\n    - calls:\n        - run_command: {command: \"until [ -e {f}/go ]; do sleep 0.2; done\"}\n    - calls:\n",
     );
     for _ in 0..n {
         script.push_str(&format!(
@@ -330,7 +330,7 @@ fn query_scenario(n: usize) -> (String, String) {
     }
     script.push_str("    - calls:\n        - complete_task: {summary: asked}\n");
     script.push_str(&format!(
-        "answerer:\n  turns:\n    - calls:\n        - run_command: {{command: \"until [ -e {{f}}/done ]; do sleep 0.01; done\"}}\n    - calls:\n        - complete_task: {{summary: answered}}\n  answers:\n    - reply: \"{}\"\n",
+        "answerer:\n  turns:\n    - calls:\n        - run_command: {{command: \"until [ -e {{f}}/done ]; do sleep 0.5; done\"}}\n    - calls:\n        - complete_task: {{summary: answered}}\n  answers:\n    - reply: \"{}\"\n",
         answer()
     ));
     (config, script)
@@ -365,6 +365,9 @@ fn our_queries(n: usize) -> Vec<Duration> {
         || started("asker") && started("answerer"),
         context,
     );
+    let pids = [head.id(), h1.id(), h2.id()];
+    let cpu = || pids.map(|p| cpu_ms(p).map_or(0.0, |(own, _)| own));
+    let before = cpu();
     setup.flag("go");
     until(
         "the asker to complete",
@@ -376,6 +379,13 @@ fn our_queries(n: usize) -> Vec<Duration> {
                 .any(|e| e["event"] == "loop_completed" && e["loop_name"] == "asker")
         },
         context,
+    );
+    let after = cpu();
+    println!(
+        "# ours, CPU per query (µs): head {:.0}, h1 {:.0}, h2 {:.0}",
+        (after[0] - before[0]) * 1000.0 / n as f64,
+        (after[1] - before[1]) * 1000.0 / n as f64,
+        (after[2] - before[2]) * 1000.0 / n as f64
     );
     setup.flag("done");
     let (code, _) = wait_sampling(&mut head, &[]);
@@ -956,13 +966,34 @@ mod echo {
             std::mem::forget(h2.1);
             cluster.nodes = vec![head.0, h2.0, h1.0];
             // Warm up both routes.
-            let _ = cluster.calls(200, true);
-            let _ = cluster.calls(200, false);
+            let _ = cluster.ask(200, true);
+            let _ = cluster.ask(200, false);
             cluster
         }
 
         /// `n` calls from h1, through the head's model (`via_model`) or not.
         pub fn calls(&mut self, n: usize, via_model: bool) -> Vec<Duration> {
+            let pids: Vec<u32> = self.nodes.iter().map(Child::id).collect();
+            let cpu = || -> Vec<f64> {
+                pids.iter()
+                    .map(|p| super::cpu_ms(*p).map_or(0.0, |(own, _)| own))
+                    .collect()
+            };
+            let before = cpu();
+            let samples = self.ask(n, via_model);
+            let after = cpu();
+            if via_model && n >= 100 {
+                println!(
+                    "# raw, CPU per call (µs): head {:.0}, h2 {:.0}, h1 {:.0}",
+                    (after[0] - before[0]) * 1000.0 / n as f64,
+                    (after[1] - before[1]) * 1000.0 / n as f64,
+                    (after[2] - before[2]) * 1000.0 / n as f64
+                );
+            }
+            samples
+        }
+
+        fn ask(&mut self, n: usize, via_model: bool) -> Vec<Duration> {
             writeln!(self.h1_in, "{n} {}", if via_model { "M" } else { "D" }).expect("ask h1");
             self.h1_in.flush().expect("flush");
             let mut line = String::new();

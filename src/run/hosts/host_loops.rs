@@ -82,6 +82,11 @@ const TRIES: u32 = 4;
 /// The most items and bytes of one batch of records.
 const BATCH_ITEMS: usize = 512;
 const BATCH_BYTES: usize = 1024 * 1024;
+/// How long a batch waits for more records after its first (a flush sends at once): a
+/// loop's records come a few at a time (a query's receipt, an answer's transcript), and a
+/// batch each cost the head a request each (benches/hosts.rs: a query stream's batches
+/// were most of the head's work per query).
+const BATCH_LINGER: Duration = Duration::from_millis(10);
 
 pub use guard::HostFloor;
 
@@ -815,16 +820,26 @@ impl Streamer {
                     }
                     None
                 };
+                let mut flushing = matches!(first, Item::Flush(_));
                 let mut checkpoint = take(first, &mut bytes);
                 let mut count = 1usize;
+                let linger = tokio::time::sleep(BATCH_LINGER);
+                tokio::pin!(linger);
                 while count < BATCH_ITEMS && bytes < BATCH_BYTES && checkpoint.is_none() {
-                    match rx.try_recv() {
-                        Ok(item) => {
-                            checkpoint = take(item, &mut bytes);
-                            count += 1;
-                        }
-                        Err(_) => break,
-                    }
+                    let item = match rx.try_recv() {
+                        Ok(item) => item,
+                        Err(_) if flushing => break,
+                        Err(_) => tokio::select! {
+                            item = rx.recv() => match item {
+                                Some(item) => item,
+                                None => break,
+                            },
+                            () = &mut linger => break,
+                        },
+                    };
+                    flushing |= matches!(item, Item::Flush(_));
+                    checkpoint = take(item, &mut bytes);
+                    count += 1;
                 }
                 let result = if let Some(why) = fail.get() {
                     Err(why.clone())

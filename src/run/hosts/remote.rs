@@ -646,7 +646,18 @@ impl RemoteLoops {
                 transcript,
                 receipts,
                 ..
-            } => reply.send(self.records(&name, batch, events, transcript, receipts)),
+            } => {
+                // Appending syncs each receipt (fdatasync: 0.1 to several ms): not on the
+                // runtime's workers, which carry the other hosts' requests meanwhile (a
+                // query's hops waited behind it: benches/hosts.rs).
+                let this = Arc::clone(&self);
+                let taken = tokio::task::spawn_blocking(move || {
+                    this.records(&name, batch, events, transcript, receipts)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("the head's records task failed: {e}")));
+                reply.send(taken)
+            }
             FromHost::BranchChunk { offset, data, .. } => {
                 reply.send(self.branch_chunk(&name, offset, &data));
             }
