@@ -21,12 +21,17 @@
 //!   each in its own worktree writing, reading and completing, spread over 4 hosts (a
 //!   placement rule keeps them off the head; 8 slots each), against the same loops on the
 //!   head alone (`max-loops` 32, the 4 hosts' slots together), and on the head with one host
-//!   of 32 slots. Wall time is the head's process from start to exit (hosts are started as
-//!   soon as it listens); CPU (utime+stime, and that of its waited children: git) of the
-//!   head and of the hosts from `/proc`.
+//!   of 32 slots. Two times from the head's start (hosts are started as soon as it
+//!   listens): until every loop has ended (`loop_completed` in the record), and until the
+//!   head exits (the merge queue done); CPU (utime+stime, and that of its waited children:
+//!   git) of the head and of the hosts from `/proc`, sampled until the loops ended (or the
+//!   end, when the run is not stopped there).
 //!
 //! Options (after `--`): `--queries N` (default 400), `--loops N` (default 200), `--hosts N`
-//! (default 4). `BENCH_ROUNDS` rounds of each part (default 3 for query, 1 for loops).
+//! (default 4), `--stop-at-end` (stop each loops run like Ctrl-C once its loops have ended:
+//! the merge queue's tail is the same on every spread and, at 1,000 loops, most of the
+//! time), `--no-one-host`. `BENCH_ROUNDS` rounds of each part (default 3 for query, 1 for
+//! loops).
 
 mod common;
 
@@ -69,11 +74,16 @@ fn main() {
         query_bench(&mut report, arg("--queries", 400), common::rounds(3));
     }
     if common::selected("loops") {
+        let flag = |name: &str| std::env::args().any(|a| a == name);
         loops_bench(
             &mut report,
-            arg("--loops", 200),
-            arg("--hosts", 4),
-            common::rounds(1),
+            &LoopsOptions {
+                loops: arg("--loops", 200),
+                hosts: arg("--hosts", 4),
+                rounds: common::rounds(1),
+                stop_at_end: flag("--stop-at-end"),
+                no_one_host: flag("--no-one-host"),
+            },
         );
     }
     report.finish();
@@ -543,15 +553,20 @@ fn loops_scenario(n: usize, spread: Spread, total_slots: usize) -> (String, Stri
 
 /// What one run of the loops gave.
 struct LoopsRun {
-    wall: Duration,
+    /// From the head's start until every loop has ended.
+    ended: Duration,
+    /// From the head's start until it exited (the merge queue done); `None` when stopped
+    /// at the loops' end.
+    wall: Option<Duration>,
     /// Head CPU (own, waited children) in ms.
     head_cpu: (f64, f64),
     /// Every host's CPU (own + children) together, in ms.
     hosts_cpu: f64,
 }
 
-/// One run of `n` loops spread as `spread` says, with `total` slots in all.
-fn run_loops(n: usize, spread: Spread, total: usize) -> LoopsRun {
+/// One run of `n` loops spread as `spread` says, with `total` slots in all; the head
+/// stopped once every loop has ended when `stop_at_end`.
+fn run_loops(n: usize, spread: Spread, total: usize, stop_at_end: bool) -> LoopsRun {
     let hosts = match spread {
         Spread::HeadOnly => 0,
         Spread::OneHost => 1,
@@ -572,14 +587,56 @@ fn run_loops(n: usize, spread: Spread, total: usize) -> LoopsRun {
     }
     let mut pids = vec![head.id()];
     pids.extend(children.iter().map(|(_, c)| c.id()));
-    let (code, cpu) = wait_sampling(&mut head, &pids);
-    let wall = started.elapsed();
-    assert_eq!(
-        code,
-        0,
-        "the run failed ({spread:?}):\n{}",
-        setup.stderr_of("head")
-    );
+    // Until every loop has ended (the merge queue may still be at work).
+    let ends = |setup: &Setup| {
+        setup
+            .events()
+            .iter()
+            .filter(|e| e["event"] == "loop_completed" || e["event"] == "loop_failed")
+            .count()
+    };
+    let mut sampled = vec![(0.0, 0.0); pids.len()];
+    let mut ended = None;
+    while ended.is_none() {
+        if let Ok(Some(status)) = head.try_wait() {
+            panic!(
+                "the run ended ({status}) before its loops ({spread:?}):\n{}",
+                setup.stderr_of("head")
+            );
+        }
+        for (i, pid) in pids.iter().enumerate() {
+            if let Some(s) = cpu_ms(*pid) {
+                sampled[i] = s;
+            }
+        }
+        if ends(&setup) >= n {
+            ended = Some(started.elapsed());
+        }
+        assert!(
+            started.elapsed() < GUARD,
+            "the loops did not end within {GUARD:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ended = ended.unwrap_or_default();
+    let (wall, cpu) = if stop_at_end {
+        // The merge queue's tail is the same on every spread and grows with the loops
+        // (see BENCHMARKS.md): stopped like Ctrl-C once every loop has ended.
+        // SAFETY: kill only sends a signal to our own child.
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        let (code, _) = wait_sampling(&mut head, &[]);
+        assert!(code == 0 || code == 130, "the head exited with {code}");
+        (None, sampled)
+    } else {
+        let (code, cpu) = wait_sampling(&mut head, &pids);
+        assert_eq!(
+            code,
+            0,
+            "the run failed ({spread:?}):\n{}",
+            setup.stderr_of("head")
+        );
+        (Some(started.elapsed()), cpu)
+    };
     // The hosts are told the run ended; their last samples stand for their CPU.
     let hosts_cpu = cpu.iter().skip(1).map(|(own, kids)| own + kids).sum();
     for (name, child) in children {
@@ -592,29 +649,59 @@ fn run_loops(n: usize, spread: Spread, total: usize) -> LoopsRun {
         .count();
     assert_eq!(completed, n, "loops completed ({spread:?})");
     LoopsRun {
+        ended,
         wall,
         head_cpu: cpu[0],
         hosts_cpu,
     }
 }
 
-fn loops_bench(report: &mut Report, n: usize, hosts: usize, rounds: usize) {
+/// How the loops part runs (its options).
+struct LoopsOptions {
+    loops: usize,
+    hosts: usize,
+    rounds: usize,
+    /// Stop each run once its loops have ended (`--stop-at-end`).
+    stop_at_end: bool,
+    /// Leave out the run on one host (`--no-one-host`).
+    no_one_host: bool,
+}
+
+fn loops_bench(report: &mut Report, o: &LoopsOptions) {
+    let (n, hosts) = (o.loops, o.hosts);
     println!(
-        "# loops: {n} scripted loops; {hosts} hosts of {SLOTS_PER_HOST} slots vs the head alone (max-loops {}) and one host of {}; {rounds} round(s)",
+        "# loops: {n} scripted loops; {hosts} hosts of {SLOTS_PER_HOST} slots vs the head alone (max-loops {}){}; {} round(s){}",
         hosts * SLOTS_PER_HOST,
-        hosts * SLOTS_PER_HOST
+        if o.no_one_host {
+            String::new()
+        } else {
+            format!(" and one host of {}", hosts * SLOTS_PER_HOST)
+        },
+        o.rounds,
+        if o.stop_at_end {
+            "; each run stopped once its loops ended"
+        } else {
+            ""
+        }
     );
-    let spreads = [Spread::HeadOnly, Spread::OneHost, Spread::Hosts(hosts)];
+    let mut spreads = vec![Spread::HeadOnly, Spread::Hosts(hosts)];
+    if !o.no_one_host {
+        spreads.push(Spread::OneHost);
+    }
     let mut results: Vec<Vec<LoopsRun>> = spreads.iter().map(|_| Vec::new()).collect();
-    for round in 0..rounds {
+    for round in 0..o.rounds {
         for k in 0..spreads.len() {
             // The order rotates every round, so that a slow spell hits each.
             let i = (k + round) % spreads.len();
-            let r = run_loops(n, spreads[i], hosts * SLOTS_PER_HOST);
+            let r = run_loops(n, spreads[i], hosts * SLOTS_PER_HOST, o.stop_at_end);
             println!(
-                "# round {round} {:?}: wall {:.2} s, head cpu {:.2} s (+{:.2} s children), hosts cpu {:.2} s",
+                "# round {round} {:?}: loops ended after {:.2} s, head exited after {}, head cpu {:.2} s (+{:.2} s children), hosts cpu {:.2} s",
                 spreads[i],
-                r.wall.as_secs_f64(),
+                r.ended.as_secs_f64(),
+                r.wall.map_or("(stopped)".to_string(), |w| format!(
+                    "{:.2} s",
+                    w.as_secs_f64()
+                )),
                 r.head_cpu.0 / 1000.0,
                 r.head_cpu.1 / 1000.0,
                 r.hosts_cpu / 1000.0
@@ -627,39 +714,46 @@ fn loops_bench(report: &mut Report, n: usize, hosts: usize, rounds: usize) {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let wall = |r: &LoopsRun| r.wall.as_secs_f64();
-    let head_only = median(&results[0], &wall);
-    let one_host = median(&results[1], &wall);
-    let spread = median(&results[2], &wall);
-    report.row(
-        &format!("{n} loops over {hosts} hosts vs head alone (s)"),
-        "s",
-        spread,
-        Some(head_only),
-        "(reported: 2 cores)",
-        None,
-    );
-    report.row(
-        &format!("{n} loops on 1 host vs head alone (s)"),
-        "s",
-        one_host,
-        Some(head_only),
-        "(reported)",
-        None,
-    );
-    for (i, what) in ["head alone", "1 host", &format!("{hosts} hosts")]
+    let ended = |r: &LoopsRun| r.ended.as_secs_f64();
+    let wall = |r: &LoopsRun| r.wall.map_or(f64::NAN, |w| w.as_secs_f64());
+    let names: Vec<String> = spreads
         .iter()
-        .enumerate()
-    {
+        .map(|s| match s {
+            Spread::HeadOnly => "head alone".to_string(),
+            Spread::OneHost => "1 host".to_string(),
+            Spread::Hosts(k) => format!("{k} hosts"),
+        })
+        .collect();
+    for i in 1..spreads.len() {
+        report.row(
+            &format!("{n} loops ended: {} vs head alone (s)", names[i]),
+            "s",
+            median(&results[i], &ended),
+            Some(median(&results[0], &ended)),
+            "(reported: 2 cores)",
+            None,
+        );
+        if !o.stop_at_end {
+            report.row(
+                &format!("{n} loops, run's end: {} vs head alone (s)", names[i]),
+                "s",
+                median(&results[i], &wall),
+                Some(median(&results[0], &wall)),
+                "(reported: 2 cores)",
+                None,
+            );
+        }
+    }
+    for (i, what) in names.iter().enumerate() {
         let own = median(&results[i], &|r| r.head_cpu.0);
         let kids = median(&results[i], &|r| r.head_cpu.1);
         let on_hosts = median(&results[i], &|r| r.hosts_cpu);
         report.row(
-            &format!("{what}: head cpu per loop (ms; +git)"),
+            &format!("{what}: head cpu per loop (ms)"),
             "ms",
             own / n as f64,
             None,
-            &format!("(reported; git children {:.2} ms/loop)", kids / n as f64),
+            &format!("(reported; its git {:.2} ms/loop)", kids / n as f64),
             None,
         );
         if i > 0 {
