@@ -120,6 +120,13 @@ fn the_readmes_two_host_walkthrough_runs_as_written() {
         "README and examples/two-hosts/taskdaemon.yml differ"
     );
 
+    // The secret and the run's record stay out of git in the checkout.
+    let ignored =
+        std::fs::read_to_string(checkout().join("examples/two-hosts/.gitignore")).unwrap();
+    for name in ["hosts.secret", ".taskdaemon/"] {
+        assert!(ignored.lines().any(|l| l == name), "{ignored}");
+    }
+
     let net = Net::new("walkthrough");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().canonicalize().unwrap();
