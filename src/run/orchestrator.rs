@@ -17,6 +17,7 @@ use crate::run::conflict_watch::ConflictWatch;
 use crate::run::control::{Command, ControlRequest, ControlSocket};
 use crate::run::handover;
 use crate::run::hosts::HeadHosts;
+use crate::run::hosts::moves::Back;
 use crate::run::hosts::placement::{self, Free, Site};
 use crate::run::hosts::remote::{self, HeadSide, Placed, RemoteLoops};
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
@@ -502,6 +503,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let mut waiting: BTreeMap<String, String> = BTreeMap::new();
     // Loops taken back from lost hosts, to start again elsewhere (`run/hosts/moves`).
     let mut moves = crate::run::hosts::moves::Moves::default();
+    // The loops a user asked to stop, and who: one whose host is lost before it ends is
+    // stopped, not moved.
+    let mut stops_asked: BTreeMap<String, String> = BTreeMap::new();
     let mut released = false;
     let mut stops_sent = false;
     // After the first stop signal, a second one (of either kind) stops the loops at once
@@ -824,12 +828,31 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 // the loop, placed as a pending loop is), or ends interrupted.
                 Some(lost) => {
                     let stopping = interrupted.is_some() || record.unwritable().is_some();
-                    match moves.take_back(&e.name, lost, &run_dir, stopping) {
-                        Ok(resume) => {
+                    let iterations = match &e.end {
+                        LoopEnd::Completed { iterations, .. }
+                        | LoopEnd::Failed { iterations, .. }
+                        | LoopEnd::Paused { iterations, .. }
+                        | LoopEnd::Stopped { iterations, .. } => *iterations,
+                    };
+                    let back = match stops_asked.get(&e.name) {
+                        // A user asked it to stop: stopped, not moved.
+                        Some(by) => Ok(Back::Ended(LoopEnd::Stopped {
+                            iterations,
+                            reason: Some(format!(
+                                "stopped by the {by}; {} before it ended, so it was not moved (what it did after its last records is not in the run)",
+                                lost.reason
+                            )),
+                        })),
+                        None => moves.take_back(&e.name, lost, iterations, &run_dir, stopping),
+                    };
+                    match back {
+                        Ok(Back::Moved(resume)) => {
                             conflicts.forget(&e.name);
                             take_back(&e.name, resume, &lost.reason, &llm, &mut resume_state, &mut status, &record, &progress);
                             continue;
                         }
+                        // Its end and its work are on the head (or it was asked to stop).
+                        Ok(Back::Ended(end)) => Some((e.name, end)),
                         Err(why) => {
                             // Interrupted, saying why it was not moved.
                             let mut end = e.end.clone();

@@ -37,7 +37,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -101,6 +101,9 @@ pub struct Lost {
     pub host: String,
     /// Why, in words ("its host h1 was lost: no answer to the head's heartbeat...").
     pub reason: String,
+    /// Whether the head announced its start to the run's loops (it is not announced again
+    /// where it goes on).
+    pub announced: bool,
 }
 
 /// What the head needs to serve its hosts' loops.
@@ -174,6 +177,8 @@ struct HostLink {
     host: String,
     name: String,
     outstanding: Outstanding,
+    /// Items its host took ([`Entry::delivered`]).
+    delivered: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
@@ -186,10 +191,15 @@ impl RemoteLoop for HostLink {
             loop_name: self.name.clone(),
             item,
         };
-        self.asker
+        let taken = self
+            .asker
             .ask::<bool>(&self.host, &request, REMOTE_DELIVERY_TIMEOUT)
             .await
-            .unwrap_or(false)
+            .unwrap_or(false);
+        if taken {
+            self.delivered.fetch_add(1, Ordering::SeqCst);
+        }
+        taken
     }
 
     async fn answer(
@@ -246,6 +256,18 @@ struct Entry {
     iterations: u32,
     /// Bytes of its branch bundle received so far.
     branch_bytes: u64,
+    /// Bytes of all its bundles (checkpoints and end) received from this placement: held
+    /// to [`MAX_BRANCH_BYTES`] in all, so that a host cannot fill the head's repository.
+    sent_bytes: u64,
+    /// The last iteration whose checkpoint was taken: a host sends one per iteration, in
+    /// order, for an iteration the head saw start.
+    checkpointed: u32,
+    /// Inbox items delivered to it in this placement (its first inbox included): what its
+    /// `inbox_shown` events may say it showed at most.
+    delivered: Arc<AtomicUsize>,
+    /// Model calls its host asked of the head in this placement: what its
+    /// `iteration_ended` events may say an iteration made at most.
+    requests: u32,
     /// A run limit its iterations passed: its next model call is refused with it.
     over: Option<String>,
     /// Why its records can no longer be appended: every later batch is refused with it
@@ -389,6 +411,10 @@ impl RemoteLoops {
                 batch: 0,
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
+                sent_bytes: 0,
+                checkpointed: placed.start.first_iteration.saturating_sub(1),
+                delivered: Arc::new(AtomicUsize::new(placed.start.initial_inbox.len())),
+                requests: 0,
                 over: None,
                 broken: None,
                 done: false,
@@ -524,6 +550,7 @@ impl RemoteLoops {
                     lost: Some(Lost {
                         host: host.to_string(),
                         reason: why.clone(),
+                        announced: entry.announced,
                     }),
                 });
             }
@@ -727,11 +754,16 @@ impl RemoteLoops {
                     Ok(a) => a.clone(),
                     Err(e) => return reply.send(Err::<(), _>(e)),
                 };
+                let Some(delivered) = lock(&self.loops).get(name).map(|e| e.delivered.clone())
+                else {
+                    return reply.send(Err::<(), _>(format!("no loop {name}")));
+                };
                 let link = Arc::new(HostLink {
                     asker,
                     host: host.to_string(),
                     name: name.to_string(),
                     outstanding: self.outstanding.clone(),
+                    delivered,
                 });
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
@@ -815,6 +847,9 @@ impl RemoteLoops {
             Ok(w) => w,
             Err(e) => return failed(format!("the head cannot read this model request: {e}")),
         };
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.requests = entry.requests.saturating_add(1);
+        }
         if wire.loop_name != name {
             return failed(format!(
                 "a model request of loop {} came as loop {name}'s",
@@ -939,6 +974,12 @@ impl RemoteLoops {
         transcript: Vec<Value>,
         receipts: Vec<Value>,
     ) -> Result<(), String> {
+        let known = lock(&self.loops).get(name).map(|e| Known {
+            iterations: e.iterations,
+            delivered: e.delivered.load(Ordering::SeqCst),
+            requests: e.requests,
+        });
+        let known = known.ok_or_else(|| format!("no loop {name}"))?;
         let mut kinds = Vec::with_capacity(events.len());
         for event in events {
             if event.get("loop_name").and_then(Value::as_str) != Some(name) {
@@ -961,6 +1002,7 @@ impl RemoteLoops {
                     .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?,
             );
         }
+        known.check(name, &kinds)?;
         let mut entries = Vec::with_capacity(transcript.len());
         for entry in transcript {
             let entry = serde_json::from_value::<TranscriptEntry>(entry)
@@ -1231,6 +1273,93 @@ impl RemoteLoops {
             ));
         }
         end
+    }
+}
+
+/// What the head knows of a loop's placement when a records batch of it comes: a host's
+/// event numbers are checked against it before anything of the batch is recorded, so that
+/// no number in the record is one a resume or a move could not go on from
+/// (`run/resume.rs`), nor one that hides items from the loop when it moves.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// Iterations the head saw start (from its `iteration_started` events).
+    iterations: u32,
+    /// Inbox items delivered to it.
+    delivered: usize,
+    /// Model calls its host asked of the head.
+    requests: u32,
+}
+
+impl Known {
+    /// Whether `kinds`, in order, can follow what the head knows; why not, by field.
+    fn check(mut self, name: &str, kinds: &[EventKind]) -> Result<(), String> {
+        let refuse = |event: &str, field: &str, value: String, bound: String| {
+            Err(format!(
+                "loop {name}'s `{event}` has field `{field}` {value}, past {bound}; the batch is refused"
+            ))
+        };
+        // The highest iteration number started so far (never going down).
+        let mut last = self.iterations;
+        for kind in kinds {
+            match kind {
+                EventKind::IterationStarted { iteration, .. } => {
+                    let next = self.iterations.saturating_add(1);
+                    if *iteration > next || *iteration < last {
+                        return refuse(
+                            "iteration_started",
+                            "iteration",
+                            iteration.to_string(),
+                            format!(
+                                "the next iteration the head expects ({last} to {next}: it saw {} start)",
+                                self.iterations
+                            ),
+                        );
+                    }
+                    last = *iteration;
+                    self.iterations = next;
+                }
+                EventKind::IterationEnded {
+                    iteration,
+                    model_calls,
+                    ..
+                } => {
+                    if *iteration > last {
+                        return refuse(
+                            "iteration_ended",
+                            "iteration",
+                            iteration.to_string(),
+                            format!("the iterations started ({last})"),
+                        );
+                    }
+                    if model_calls.is_some_and(|c| c > self.requests) {
+                        return refuse(
+                            "iteration_ended",
+                            "model_calls",
+                            format!("{model_calls:?}"),
+                            format!("the model calls its host asked ({})", self.requests),
+                        );
+                    }
+                }
+                EventKind::ProgressNoted { iteration, .. } if *iteration > last => {
+                    return refuse(
+                        "progress_noted",
+                        "iteration",
+                        iteration.to_string(),
+                        format!("the iterations started ({last})"),
+                    );
+                }
+                EventKind::InboxShown { items, .. } if *items > self.delivered => {
+                    return refuse(
+                        "inbox_shown",
+                        "items",
+                        items.to_string(),
+                        format!("the items delivered to it ({})", self.delivered),
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
