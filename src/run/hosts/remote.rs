@@ -673,7 +673,7 @@ impl RemoteLoops {
                 transcript,
                 receipts,
                 ..
-            } => reply.send(self.records(&name, batch, events, transcript, receipts)),
+            } => reply.send(self.records(&name, attempt, batch, events, transcript, receipts)),
             FromHost::BranchChunk { offset, data, .. } => {
                 reply.send(self.branch_chunk(&name, offset, &data));
             }
@@ -694,9 +694,11 @@ impl RemoteLoops {
             } => {
                 // Claimed before any work: a second Ended (sent again, or at once) does not
                 // take the branch again.
-                let first = lock(&self.loops)
-                    .get_mut(&name)
-                    .is_some_and(|e| !std::mem::replace(&mut e.ending, true));
+                // Checked again under the lock: its host may have been lost since the first
+                // check, and the loop handed to the run to move.
+                let first = lock(&self.loops).get_mut(&name).is_some_and(|e| {
+                    !e.done && e.attempt == attempt && !std::mem::replace(&mut e.ending, true)
+                });
                 // Answered first: what the head does with the loop's end is the head's.
                 reply.send(Ok::<(), String>(()));
                 if !first {
@@ -926,6 +928,7 @@ impl RemoteLoops {
     fn records(
         &self,
         name: &str,
+        attempt: u64,
         batch: u64,
         events: Vec<Value>,
         transcript: Vec<Value>,
@@ -938,6 +941,13 @@ impl RemoteLoops {
             let entry = loops
                 .get_mut(name)
                 .ok_or_else(|| format!("no loop {name}"))?;
+            // Checked again under the lock: its host may have been lost since the request's
+            // first check, and the loop handed to the run, which reads its record back.
+            if entry.done || entry.attempt != attempt {
+                return Err(format!(
+                    "loop {name} no longer runs as attempt {attempt}: batch {batch} is not taken"
+                ));
+            }
             if let Some(why) = entry.broken.clone() {
                 return Err(why);
             }
