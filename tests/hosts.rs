@@ -3647,3 +3647,58 @@ fn a_hosts_impossible_event_numbers_are_refused_and_its_loop_still_moves() {
     assert!(!events.contains(&u32::MAX.to_string()), "{events}");
     assert_eq!(run.count("loop_moved", "e"), 1);
 }
+
+/// Review (move/attempt) #4: a loop on a host that the user stopped (`taskdaemon stop`, the
+/// dashboard) whose host is lost before it ends is stopped, not moved and run again.
+#[test]
+fn a_stopped_loop_whose_host_is_lost_before_it_ends_is_stopped_not_moved() {
+    use std::io::{BufRead, Write};
+    use td_cluster::protocol::ToHost;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, _repo, mut head) = hand_made_run(port, "held");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "held", 1, Some(tx)))
+            .await
+            .unwrap();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let _start = next_start(&mut rx).await;
+        wait_until("e to run", WAIT, || {
+            summary(&run.run_dir)["loops"]["e"]["status"] == "running"
+        });
+        // The user stops it through the run's control socket.
+        let key = std::fs::read_to_string(run.run_dir.join("control.key")).unwrap();
+        let mut socket =
+            std::os::unix::net::UnixStream::connect(run.run_dir.join("control.sock")).unwrap();
+        let line = serde_json::json!({"key": key.trim(), "op": "stop_loop", "loop": "e", "by": "dashboard"});
+        socket.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        std::io::BufReader::new(&socket).read_line(&mut answer).unwrap();
+        assert!(answer.contains("\"ok\":true"), "{answer}");
+        // Its host is asked to stop it, and is lost before it ends.
+        loop {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            let stop = matches!(request.request, ToHost::StopLoop { .. });
+            request.reply.send(Ok(()));
+            if stop {
+                break;
+            }
+        }
+        running.abort();
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    if code.is_none() {
+        let _ = head.kill();
+    }
+    let s = summary(&run.run_dir);
+    let e = &s["loops"]["e"];
+    assert_eq!(e["status"], "stopped", "{s}");
+    let reason = e["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("stopped by the dashboard"), "{s}");
+    assert!(reason.contains("its host held"), "{s}");
+    assert!(code.is_some(), "the run did not end: {s}");
+    assert_eq!(run.count("loop_moved", "e"), 0);
+}

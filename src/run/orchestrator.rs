@@ -915,6 +915,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 let answer = match command {
                     Command::StopLoop(name) => stop_loop_asked(
                         &name, &by, &rt, &remote, &mut status, &record, &progress, &events,
+                        &mut stops_asked,
                     ),
                     Command::StopRun => {
                         events.record(EventKind::StopRequested { loop_name: None, by });
@@ -936,6 +937,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let Some((name, end)) = ended else {
             continue;
         };
+        // A stop asked of it is done with (a loop run again later is stopped again if asked).
+        stops_asked.remove(&name);
         conflicts.forget(&name);
         let final_status = finish_loop(&name, &end, &places, &record, &progress).await;
         // Its plans, specs and phases into the record (the worktree goes at the run's end).
@@ -1234,6 +1237,7 @@ fn stop_loop_asked(
     record: &RunRecord,
     progress: &ProgressDisplay,
     events: &EventLog,
+    stops_asked: &mut BTreeMap<String, String>,
 ) -> Result<(), String> {
     let Some(current) = status.get(name).copied() else {
         return Err(format!("no loop `{name}` in this run"));
@@ -1247,6 +1251,7 @@ fn stop_loop_asked(
             events.record(stop_event());
             match remote {
                 Some(r) if r.is_remote(name) => {
+                    stops_asked.insert(name.to_string(), by.to_string());
                     r.stop(name, true);
                     Ok(())
                 }
