@@ -3702,3 +3702,126 @@ fn a_stopped_loop_whose_host_is_lost_before_it_ends_is_stopped_not_moved() {
     assert!(code.is_some(), "the run did not end: {s}");
     assert_eq!(run.count("loop_moved", "e"), 0);
 }
+
+/// Review (move/attempt) #5: a host's checkpoints are bounded: one per iteration the head
+/// saw start, in order; one for an iteration not started, or for one checkpointed already,
+/// is refused with why and nothing is taken into the head's repository.
+#[test]
+fn a_hosts_checkpoints_are_one_per_started_iteration() {
+    use td_cluster::protocol::{BranchBundle, FromHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, repo, mut head) = hand_made_run(port, "many");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (early, taken, again, tip) = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "many", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        let link = link.for_attempt(start.attempt);
+        let ask = async |request: FromHost| {
+            link.ask::<Value>(request, Duration::from_secs(10))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let (tip, bytes) = work_bundle(&root, &repo, &start.base_commit, "many-work", "one\n");
+        let checkpoint = async |iteration: u32| -> Result<Value, String> {
+            ask(FromHost::BranchChunk {
+                loop_name: "e".into(),
+                offset: 0,
+                data: hex::encode(&bytes),
+            })
+            .await?;
+            ask(FromHost::Checkpoint {
+                loop_name: "e".into(),
+                iteration,
+                branch: BranchBundle {
+                    tip: tip.clone(),
+                    bytes: bytes.len() as u64,
+                },
+            })
+            .await
+        };
+        // No iteration started yet.
+        let early = checkpoint(1).await;
+        ask(FromHost::Records {
+            loop_name: "e".into(),
+            batch: 1,
+            events: vec![iteration_started(1)],
+            transcript: Vec::new(),
+            receipts: Vec::new(),
+        })
+        .await
+        .unwrap();
+        let taken = checkpoint(1).await;
+        // Iteration 1 again, with a bundle on top of the first.
+        let work = root.join("many-work");
+        std::fs::write(work.join("g.txt"), "two\n").unwrap();
+        common::git(&work, &["add", "g.txt"]);
+        common::git(&work, &["commit", "-q", "-m", "more"]);
+        let bundle = work.join("more.bundle");
+        common::git(
+            &work,
+            &[
+                "bundle",
+                "create",
+                "-q",
+                &bundle.display().to_string(),
+                &format!("{tip}..work"),
+            ],
+        );
+        let more = std::fs::read(&bundle).unwrap();
+        let more_tip = common::git(&work, &["rev-parse", "HEAD"])
+            .trim()
+            .to_string();
+        let chunk = ask(FromHost::BranchChunk {
+            loop_name: "e".into(),
+            offset: 0,
+            data: hex::encode(&more),
+        })
+        .await;
+        let again = match chunk {
+            Ok(_) => {
+                ask(FromHost::Checkpoint {
+                    loop_name: "e".into(),
+                    iteration: 1,
+                    branch: BranchBundle {
+                        tip: more_tip,
+                        bytes: more.len() as u64,
+                    },
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        ask(FromHost::Ended {
+            loop_name: "e".into(),
+            end: serde_json::json!({"status": "failed", "iterations": 1, "reason": "enough"}),
+            branch: None,
+            problem: None,
+        })
+        .await
+        .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
+        (early, taken, again, tip)
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    if code.is_none() {
+        let _ = head.kill();
+    }
+    let s = summary(&run.run_dir);
+    let why = early.expect_err("a checkpoint before any iteration started was taken");
+    assert!(why.contains("for iteration 1 is refused"), "{why}");
+    assert!(taken.is_ok(), "{taken:?}");
+    let why = again.expect_err("a second checkpoint of iteration 1 was taken");
+    assert!(why.contains("after iteration 1 (checkpointed)"), "{why}");
+    // The head's worktree of the loop is at the one checkpoint taken.
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    assert_eq!(branch.trim(), tip, "{s}");
+    assert_eq!(s["loops"]["e"]["status"], "failed", "{s}");
+}

@@ -300,9 +300,10 @@ pub struct RemoteLoops {
     outstanding: Outstanding,
     /// The last attempt id given to a placement.
     attempts: AtomicU64,
-    /// Held while a checkpoint is taken into the repository: a lost host's loops are
-    /// handed to the run only after it, so that a move starts from the commit taken.
-    taking_branch: Arc<tokio::sync::Mutex<()>>,
+    /// Per loop, held while a checkpoint of it is taken into the repository: a lost host's
+    /// loops are handed to the run only after theirs, so that a move starts from the commit
+    /// taken (a loop's lock holds up only its own move, not other hosts' loops).
+    taking_branch: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// How the head starts a loop on a host.
@@ -361,7 +362,7 @@ impl RemoteLoops {
                 asker: OnceLock::new(),
                 outstanding: Arc::new(Mutex::new(BTreeMap::new())),
                 attempts: AtomicU64::new(0),
-                taking_branch: Arc::new(tokio::sync::Mutex::new(())),
+                taking_branch: Mutex::new(BTreeMap::new()),
             }),
             rx,
         )
@@ -560,7 +561,7 @@ impl RemoteLoops {
         }
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let ends = self.ends.clone();
-        let taking = self.taking_branch.clone();
+        let taking: Vec<_> = gone.iter().map(|e| self.branch_lock(&e.name)).collect();
         let me = self.clone();
         let left = format!(
             "{why}; it goes on elsewhere when the run can move it: ask it again once it runs"
@@ -569,8 +570,10 @@ impl RemoteLoops {
             for end in &gone {
                 handle.drop_remote(&end.name, &left).await;
             }
-            // A checkpoint being taken lands first: the move starts from it.
-            drop(taking.lock().await);
+            // A checkpoint of theirs being taken lands first: the move starts from it.
+            for lock in taking {
+                drop(lock.lock_owned().await);
+            }
             // And a records batch claimed before the loss: the move reads the record back,
             // and nothing of the earlier placement is written after it.
             let names: Vec<String> = gone.iter().map(|e| e.name.clone()).collect();
@@ -595,6 +598,14 @@ impl RemoteLoops {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// The lock held while a checkpoint of loop `name` is taken.
+    fn branch_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.taking_branch)
+            .entry(name.to_string())
+            .or_default()
+            .clone()
     }
 
     fn base_file(&self, name: &str) -> PathBuf {
@@ -1149,6 +1160,16 @@ impl RemoteLoops {
             .ok_or_else(|| {
                 format!("loop {name}'s branch is larger than the {MAX_BRANCH_BYTES} bytes taken")
             })?;
+        // All its bundles of this placement together (checkpoints and end) stay within it.
+        let sent = entry
+            .sent_bytes
+            .checked_add(bytes.len() as u64)
+            .filter(|t| *t <= MAX_BRANCH_BYTES)
+            .ok_or_else(|| {
+                format!(
+                    "loop {name}'s checkpoints and branch are larger than the {MAX_BRANCH_BYTES} bytes a placement may send in all"
+                )
+            })?;
         std::fs::create_dir_all(&self.side.dir)
             .map_err(|e| format!("cannot make {}: {e}", self.side.dir.display()))?;
         let path = self.branch_file(name);
@@ -1160,6 +1181,7 @@ impl RemoteLoops {
         file.write_all(&bytes)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         entry.branch_bytes = total;
+        entry.sent_bytes = sent;
         Ok(())
     }
 
@@ -1179,10 +1201,17 @@ impl RemoteLoops {
             // Taken already (its answer was lost), or nothing new.
             return Ok(());
         }
-        let _taking = self.taking_branch.lock().await;
+        let _taking = self.branch_lock(name).lock_owned().await;
         // Its host may have been lost meanwhile: a loop handed to the run for a move starts
         // from what the head held then, and nothing of this attempt lands after.
-        let (received, worktree) = {
+        let file = self.branch_file(name);
+        let reset = |me: &Self| {
+            let _ = std::fs::remove_file(&file);
+            if let Some(entry) = lock(&me.loops).get_mut(name) {
+                entry.branch_bytes = 0;
+            }
+        };
+        let known = {
             let loops = lock(&self.loops);
             let Some(entry) = loops
                 .get(name)
@@ -1190,13 +1219,22 @@ impl RemoteLoops {
             else {
                 return Err(format!("loop {name} no longer runs as attempt {attempt}"));
             };
-            (entry.branch_bytes, entry.worktree.clone())
+            // One checkpoint per iteration, in order, of an iteration the head saw start:
+            // a host cannot fill the head's repository with checkpoints at will.
+            if iteration <= entry.checkpointed || iteration > entry.iterations {
+                Err(format!(
+                    "a checkpoint of loop {name} for iteration {iteration} is refused: the head takes one per iteration it saw start, after iteration {} (checkpointed) and up to iteration {} (started)",
+                    entry.checkpointed, entry.iterations
+                ))
+            } else {
+                Ok((entry.branch_bytes, entry.worktree.clone()))
+            }
         };
-        let file = self.branch_file(name);
-        let reset = |me: &Self| {
-            let _ = std::fs::remove_file(&file);
-            if let Some(entry) = lock(&me.loops).get_mut(name) {
-                entry.branch_bytes = 0;
+        let (received, worktree) = match known {
+            Ok(k) => k,
+            Err(why) => {
+                reset(self);
+                return Err(why);
             }
         };
         if received != branch.bytes {
@@ -1224,6 +1262,7 @@ impl RemoteLoops {
         })?;
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.base = tip;
+            entry.checkpointed = iteration;
         }
         Ok(())
     }
