@@ -3825,3 +3825,115 @@ fn a_hosts_checkpoints_are_one_per_started_iteration() {
     assert_eq!(branch.trim(), tip, "{s}");
     assert_eq!(s["loops"]["e"]["status"], "failed", "{s}");
 }
+
+/// Review (move/attempt) #8: a loop moved from a lost host that its next host refuses to
+/// start is moved again (within the move bound) instead of failing, and its `loop_moved`
+/// is recorded once a host accepted it.
+#[test]
+fn a_moved_loop_refused_at_its_next_start_is_moved_again() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, _repo, mut head) = hand_made_run(port, "fickle");
+    // The first session's runtime goes with it: its host is lost.
+    let first = tokio::runtime::Runtime::new().unwrap();
+    first.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "fickle", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        // Its acceptance reached the head before this request's answer came.
+        let () = link
+            .for_attempt(start.attempt)
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: td_cluster::protocol::CoordRequest::SetStatus {
+                        status: "working".into(),
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    });
+    drop(first);
+    wait_until("e to be taken back", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["e"]["status"] == "pending"
+            && s["loops"]["e"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("waiting for host fickle (moving")
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let moved_before_acceptance = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "fickle", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        // Its first start here is refused.
+        loop {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            if matches!(request.request, ToHost::StartLoop(_)) {
+                request
+                    .reply
+                    .send(Err::<(), _>("this host refuses it".to_string()));
+                break;
+            }
+            request.reply.send(Ok(true));
+        }
+        let moved_before_acceptance = run.count("loop_moved", "e");
+        // It comes again, and is accepted and ends.
+        let second = next_start(&mut rx).await;
+        let () = link
+            .for_attempt(second.attempt)
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let served = tokio::spawn(async move {
+            while let Some(request) = rx.recv().await {
+                request.reply.send(Ok(true));
+            }
+        });
+        let _ = tokio::time::timeout(WAIT, running).await;
+        served.abort();
+        moved_before_acceptance
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}");
+    assert_eq!(code, Some(0), "{s}");
+    assert_eq!(
+        moved_before_acceptance, 0,
+        "loop_moved recorded before a host took it"
+    );
+    let moved: Vec<Value> = run
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "loop_moved")
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0]["moves"], 2, "{moved:?}");
+    assert!(
+        moved[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("host fickle did not start it"),
+        "{moved:?}"
+    );
+}

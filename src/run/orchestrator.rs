@@ -706,6 +706,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     }
                 }
             };
+            // A loop taken back from a lost host says where it went: on the head once it
+            // starts, on a host once the host accepts it (`RemoteLoops::start`).
+            let to = site.host().unwrap_or(td_cluster::protocol::HEAD_NAME);
+            let iteration = resume.map_or(1, |r| r.next_iteration);
+            let mut moved = moves.started(&def.name, to, iteration);
             let started = match (&site, &remote) {
                 (Site::Host(host), Some(remote)) => start_remote(
                     def,
@@ -724,6 +729,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     host,
                     remote,
                     &sandbox_policy,
+                    moved.take(),
                 )
                 .await
                 .map(|place| (None, place)),
@@ -755,9 +761,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             };
             match started {
                 Ok((spec, place)) => {
-                    let to = site.host().unwrap_or(td_cluster::protocol::HEAD_NAME);
-                    let iteration = resume.map_or(1, |r| r.next_iteration);
-                    if let Some(moved) = moves.started(&def.name, to, iteration) {
+                    if let Some(moved) = moved {
                         events.record(moved);
                     }
                     let _ = record.update_loop(&def.name, |s| {
@@ -1752,6 +1756,7 @@ async fn start_remote(
     host: &str,
     remote: &Arc<RemoteLoops>,
     sandbox_policy: &serde_json::Value,
+    moved: Option<EventKind>,
 ) -> Result<Place, String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
     // Its build state is made on the host: nothing is seeded on the head.
@@ -1837,6 +1842,7 @@ async fn start_remote(
         start,
         worktree,
         tools: tools.shared_definitions(),
+        moved,
     })?;
     Ok(place)
 }

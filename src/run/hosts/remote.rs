@@ -316,6 +316,10 @@ pub struct Placed {
     pub worktree: Arc<Worktree>,
     /// The tools its model sees, as the head defines them.
     pub tools: Arc<[ToolDefinition]>,
+    /// For a loop taken back from a lost host, its `loop_moved` event: recorded when the
+    /// host accepts it; a host that refuses it (or does not answer) is then taken as a loss
+    /// of it, and the run moves it again (within `moves::MAX_MOVES`) instead of failing it.
+    pub moved: Option<EventKind>,
 }
 
 /// The events a loop's engine and runtime record on a host, the only ones the head takes
@@ -429,6 +433,7 @@ impl RemoteLoops {
         );
         let _ = std::fs::remove_file(self.branch_file(&name));
         let me = self.clone();
+        let moved = placed.moved;
         tokio::spawn(async move {
             let asked = asker
                 .ask::<()>(
@@ -437,22 +442,44 @@ impl RemoteLoops {
                     START_TIMEOUT,
                 )
                 .await;
-            if let Err(e) = asked {
-                let mut loops = lock(&me.loops);
-                if let Some(entry) = loops.get_mut(&name)
-                    && !entry.done
-                    && entry.attempt == attempt
-                {
-                    entry.done = true;
-                    let _ = me.ends.send(RemoteEnd {
-                        name,
-                        end: LoopEnd::Failed {
-                            iterations: entry.iterations,
-                            reason: format!("host {host} did not start it: {e}"),
-                        },
-                        lost: None,
-                    });
+            let e = match asked {
+                Ok(()) => {
+                    if let Some(event) = moved {
+                        me.side.events.record(event);
+                    }
+                    return;
                 }
+                Err(e) => e,
+            };
+            let mut loops = lock(&me.loops);
+            if let Some(entry) = loops.get_mut(&name)
+                && !entry.done
+                && entry.attempt == attempt
+            {
+                entry.done = true;
+                let why = format!("host {host} did not start it: {e}");
+                // A moved loop goes on elsewhere as after a loss; a new one fails.
+                let (end, lost) = match moved {
+                    Some(_) => (
+                        LoopEnd::Stopped {
+                            iterations: entry.iterations,
+                            reason: Some(format!("interrupted: {why}")),
+                        },
+                        Some(Lost {
+                            host: host.clone(),
+                            reason: why,
+                            announced: entry.announced,
+                        }),
+                    ),
+                    None => (
+                        LoopEnd::Failed {
+                            iterations: entry.iterations,
+                            reason: why,
+                        },
+                        None,
+                    ),
+                };
+                let _ = me.ends.send(RemoteEnd { name, end, lost });
             }
         });
         Ok(())
