@@ -847,7 +847,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                                 lost.reason
                             )),
                         })),
-                        None => moves.take_back(&e.name, lost, iterations, &run_dir, stopping),
+                        None => moves.take_back(&e.name, lost, iterations, &run_dir, stopping).await,
                     };
                     match back {
                         Ok(Back::Moved(resume)) => {

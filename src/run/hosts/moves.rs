@@ -59,8 +59,9 @@ impl Moves {
     /// Takes loop `name` back from its lost host, after `iterations` iterations: what it
     /// starts again with, read from the record in `run_dir`, or the end recorded for it; or
     /// why it ends interrupted instead (`stopping`: the run was asked to stop or cannot
-    /// write its record).
-    pub fn take_back(
+    /// write its record). The record is read on a blocking thread: it may be long, and the
+    /// run's loop (control requests, other ends) must not wait on it.
+    pub async fn take_back(
         &mut self,
         name: &str,
         lost: &Lost,
@@ -85,7 +86,10 @@ impl Moves {
         }
         // Its events, transcript and receipts up to the last batch the head took are in the
         // record: what a resumed run would go on with.
-        let restored = crate::run::resume::restore(run_dir)
+        let dir = run_dir.to_path_buf();
+        let restored = tokio::task::spawn_blocking(move || crate::run::resume::restore(&dir))
+            .await
+            .unwrap_or_else(|e| Err(format!("reading it back stopped: {e}")))
             .map_err(|e| interrupted(&format!("its record cannot be read back: {e}")))?;
         let mut resume = restored
             .loops
@@ -216,13 +220,17 @@ mod tests {
         std::fs::write(dir.join(EVENTS_FILE), text).unwrap();
     }
 
-    #[test]
-    fn a_lost_loop_goes_on_after_its_last_finished_iteration_and_is_moved_at_most_three_times() {
+    #[tokio::test]
+    async fn a_lost_loop_goes_on_after_its_last_finished_iteration_and_is_moved_at_most_three_times()
+     {
         let dir = tempfile::tempdir().unwrap();
         record(dir.path(), false);
         let mut moves = Moves::default();
         for n in 1..=MAX_MOVES {
-            let Back::Moved(resume) = moves.take_back("m", &lost(), 3, dir.path(), false).unwrap()
+            let Back::Moved(resume) = moves
+                .take_back("m", &lost(), 3, dir.path(), false)
+                .await
+                .unwrap()
             else {
                 panic!("not moved");
             };
@@ -235,6 +243,7 @@ mod tests {
             };
             let Back::Moved(r) = Moves::default()
                 .take_back("m", &unannounced, 3, dir.path(), false)
+                .await
                 .unwrap()
             else {
                 panic!("not moved");
@@ -257,6 +266,7 @@ mod tests {
         }
         let why = moves
             .take_back("m", &lost(), 3, dir.path(), false)
+            .await
             .unwrap_err();
         assert!(why.contains("moved 3 times already"), "{why}");
         assert!(
@@ -265,20 +275,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_loop_lost_while_the_run_stops_or_after_its_recorded_end_is_not_moved() {
+    #[tokio::test]
+    async fn a_loop_lost_while_the_run_stops_or_after_its_recorded_end_is_not_moved() {
         let dir = tempfile::tempdir().unwrap();
         record(dir.path(), false);
         let mut moves = Moves::default();
         let why = moves
             .take_back("m", &lost(), 3, dir.path(), true)
+            .await
             .unwrap_err();
         assert!(why.contains("the run was stopping"), "{why}");
         assert_eq!(moves.never_restarted("m"), None);
         let ended = tempfile::tempdir().unwrap();
         record(ended.path(), true);
         // Its end is recorded (and its work sent before it): it ends so, not moved.
-        let back = moves.take_back("m", &lost(), 3, ended.path(), false);
+        let back = moves.take_back("m", &lost(), 3, ended.path(), false).await;
         assert_eq!(
             back,
             Ok(Back::Ended(LoopEnd::Completed {
@@ -305,15 +316,19 @@ mod tests {
             .unwrap()
         ));
         std::fs::write(damaged.path().join(EVENTS_FILE), text).unwrap();
-        let Ok(Back::Ended(LoopEnd::Failed { iterations, reason })) =
-            moves.take_back("m", &lost(), 3, damaged.path(), false)
+        let Ok(Back::Ended(LoopEnd::Failed { iterations, reason })) = moves
+            .take_back("m", &lost(), 3, damaged.path(), false)
+            .await
         else {
             panic!("a damaged loop was not ended failed");
         };
         assert_eq!(iterations, 3);
         assert!(reason.contains("field `iteration`"), "{reason}");
         // Taken back and never started: the run's end says so.
-        moves.take_back("m", &lost(), 3, dir.path(), false).unwrap();
+        moves
+            .take_back("m", &lost(), 3, dir.path(), false)
+            .await
+            .unwrap();
         assert!(
             moves
                 .never_restarted("m")
