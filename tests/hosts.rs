@@ -3367,6 +3367,10 @@ async fn next_start(
         match request.request {
             ToHost::StartLoop(start) => {
                 request.reply.send(Ok(()));
+                // A host's answers to the head's requests are not ordered with its own
+                // requests (nor with its session's end): give this one time to reach the
+                // head before the test's host does more, or goes.
+                tokio::time::sleep(Duration::from_millis(300)).await;
                 return *start;
             }
             ToHost::StopLoop { .. } => request.reply.send(Ok(())),
@@ -3884,6 +3888,7 @@ fn a_moved_loop_refused_at_its_next_start_is_moved_again() {
                 request
                     .reply
                     .send(Err::<(), _>("this host refuses it".to_string()));
+                tokio::time::sleep(Duration::from_millis(300)).await;
                 break;
             }
             request.reply.send(Ok(true));
