@@ -2258,8 +2258,11 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
             .await
             .unwrap();
         for batch in 1..=BATCHES {
-            let events = (0..NOTES)
-                .map(|i| serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": format!("b{batch}n{i}")}))
+            // Its iteration started first: the head takes notes of iterations it saw start.
+            let started = (batch == 1).then(|| serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1}));
+            let events = started
+                .into_iter()
+                .chain((0..NOTES).map(|i| serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": format!("b{batch}n{i}")})))
                 .collect::<Vec<_>>();
             let records = FromHost::Records {
                 loop_name: "e".into(),
@@ -3423,4 +3426,626 @@ fn a_hosts_sockets_and_files_are_opened_to_the_heads_loops_only_as_the_host_allo
         h3.stderr()
     );
     drop(listener);
+}
+
+/// A run whose loop `e` is placed only on the hand-made host `host` (127.0.0.1:`port`),
+/// its head started and `e` waiting for that host; the run's root and repository.
+fn hand_made_run(port: u16, host: &str) -> (FlaggedRun, PathBuf, PathBuf, std::process::Child) {
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - say: \"unused: e runs on the hand-made host\"\n",
+        "  - {name: e, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [{host}]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for its host", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == format!("waiting for host {host}")
+    });
+    (run, root, repo, head)
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The next StartLoop the hand-made host is sent (accepted); the run's alerts delivered
+/// meanwhile are taken.
+async fn next_start(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>,
+) -> td_cluster::protocol::StartLoop {
+    use td_cluster::protocol::ToHost;
+    loop {
+        let request = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        match request.request {
+            ToHost::StartLoop(start) => {
+                request.reply.send(Ok(()));
+                // A host's answers to the head's requests are not ordered with its own
+                // requests (nor with its session's end): give this one time to reach the
+                // head before the test's host does more, or goes.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                return *start;
+            }
+            ToHost::StopLoop { .. } => request.reply.send(Ok(())),
+            _ => request.reply.send(Ok(true)),
+        }
+    }
+}
+
+/// A commit on `base` in a clone of `repo` under `root` (`name`), and the bundle of it
+/// from `base`: (tip, bundle bytes).
+fn work_bundle(root: &Path, repo: &Path, base: &str, name: &str, text: &str) -> (String, Vec<u8>) {
+    let work = root.join(name);
+    common::git(
+        root,
+        &[
+            "clone",
+            "-q",
+            &repo.display().to_string(),
+            &work.display().to_string(),
+        ],
+    );
+    common::git(&work, &["checkout", "-q", "-b", "work", base]);
+    std::fs::write(work.join("f.txt"), text).unwrap();
+    common::git(&work, &["add", "f.txt"]);
+    common::git(&work, &["commit", "-q", "-m", "work"]);
+    let bundle = work.join("branch.bundle");
+    common::git(
+        &work,
+        &[
+            "bundle",
+            "create",
+            "-q",
+            &bundle.display().to_string(),
+            &format!("{base}..work"),
+        ],
+    );
+    let tip = common::git(&work, &["rev-parse", "HEAD"])
+        .trim()
+        .to_string();
+    (tip, std::fs::read(&bundle).unwrap())
+}
+
+fn event_value(kind: td_protocol::events::EventKind) -> Value {
+    serde_json::to_value(kind).unwrap()
+}
+
+fn iteration_started(n: u32) -> Value {
+    event_value(td_protocol::events::EventKind::IterationStarted {
+        loop_name: "e".into(),
+        iteration: n,
+    })
+}
+
+/// Review (move/attempt) #1: a host that sends its loop's last work (a checkpoint before
+/// the end's events), then the end's events, and is lost before its `Ended`: the head
+/// holds the end and its work, so the loop ends as it did (completed, its branch at the
+/// work) instead of interrupted with its work left at an earlier commit.
+#[test]
+fn a_loop_whose_host_is_lost_after_its_recorded_end_ends_as_recorded_with_its_work() {
+    use td_cluster::protocol::{BranchBundle, FromHost};
+    use td_protocol::events::EventKind;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, repo, mut head) = hand_made_run(port, "gone");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tip = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "gone", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        let link = link.for_attempt(start.attempt);
+        let ask =
+            async |request: FromHost| link.ask::<Value>(request, Duration::from_secs(10)).await;
+        ask(FromHost::Records {
+            loop_name: "e".into(),
+            batch: 1,
+            events: vec![iteration_started(1)],
+            transcript: Vec::new(),
+            receipts: Vec::new(),
+        })
+        .await
+        .unwrap();
+        let (tip, bytes) = work_bundle(&root, &repo, &start.base_commit, "gone-work", "done\n");
+        ask(FromHost::BranchChunk {
+            loop_name: "e".into(),
+            offset: 0,
+            data: hex::encode(&bytes),
+        })
+        .await
+        .unwrap();
+        ask(FromHost::Checkpoint {
+            loop_name: "e".into(),
+            iteration: 1,
+            branch: BranchBundle {
+                tip: tip.clone(),
+                bytes: bytes.len() as u64,
+            },
+        })
+        .await
+        .unwrap();
+        ask(FromHost::Records {
+            loop_name: "e".into(),
+            batch: 2,
+            events: vec![
+                event_value(EventKind::IterationEnded {
+                    loop_name: "e".into(),
+                    iteration: 1,
+                    ended_by: "complete_task".into(),
+                    validation_exit: None,
+                    validation_passed: Some(true),
+                    model_calls: Some(0),
+                    spend: None,
+                    wall_ms: None,
+                }),
+                event_value(EventKind::LoopCompleted {
+                    loop_name: "e".into(),
+                    iterations: 1,
+                    summary: Some("done".into()),
+                }),
+            ],
+            transcript: Vec::new(),
+            receipts: Vec::new(),
+        })
+        .await
+        .unwrap();
+        // Lost before its Ended.
+        running.abort();
+        tip
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}\n{err}");
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    assert_eq!(branch.trim(), tip);
+    // Its work was merged, not an earlier commit of it.
+    assert_eq!(s["loops"]["e"]["merge"]["merged"], true, "{s}");
+    let into = s["loops"]["e"]["merge"]["into"].as_str().unwrap();
+    assert_eq!(
+        common::git(&repo, &["show", &format!("{into}:f.txt")]),
+        "done\n"
+    );
+    assert_eq!(run.count("loop_moved", "e"), 0);
+}
+
+/// Review (move/attempt) #2: a host's event numbers are checked as they arrive (an
+/// iteration past the ones the head saw start, more inbox items shown than were
+/// delivered): such a batch is refused with why, nothing of it is recorded, and the loop
+/// can still be moved when its host is lost (its record reads back).
+#[test]
+fn a_hosts_impossible_event_numbers_are_refused_and_its_loop_still_moves() {
+    use td_cluster::protocol::FromHost;
+    use td_protocol::events::EventKind;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, _repo, mut head) = hand_made_run(port, "bad");
+    // The first session's runtime goes with it (its tasks too): its host is lost.
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let refusals = first.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "bad", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        let link = link.for_attempt(start.attempt);
+        let records = |events: Vec<Value>| FromHost::Records {
+            loop_name: "e".into(),
+            batch: 1,
+            events,
+            transcript: Vec::new(),
+            receipts: Vec::new(),
+        };
+        let noted = |iteration: u32| {
+            event_value(EventKind::ProgressNoted {
+                loop_name: "e".into(),
+                iteration,
+                note: "HOSTILE".into(),
+            })
+        };
+        let shown = |items: usize| {
+            event_value(EventKind::InboxShown {
+                loop_name: "e".into(),
+                items,
+            })
+        };
+        let mut refusals = Vec::new();
+        for events in [
+            vec![iteration_started(1), noted(u32::MAX)],
+            vec![iteration_started(u32::MAX)],
+            vec![iteration_started(1), shown(usize::MAX)],
+            vec![iteration_started(1), shown(usize::MAX)],
+        ] {
+            let answer = link
+                .ask::<Value>(records(events), Duration::from_secs(10))
+                .await;
+            refusals.push(answer.map_err(|e| e.to_string()));
+        }
+        // A batch that makes sense is taken.
+        link.ask::<Value>(records(vec![iteration_started(1)]), Duration::from_secs(10))
+            .await
+            .unwrap();
+        running.abort();
+        refusals
+    });
+    drop(first);
+    // Lost: its loop is taken back and waits for its host again.
+    let waiting = Instant::now();
+    loop {
+        let s = summary(&run.run_dir);
+        let reason = s["loops"]["e"]["reason"].as_str().unwrap_or("").to_string();
+        if s["loops"]["e"]["status"] == "pending"
+            && reason.starts_with("waiting for host bad (moving: its host bad")
+        {
+            break;
+        }
+        if waiting.elapsed() > WAIT {
+            let _ = head.kill();
+            panic!("e was not taken back: {refusals:?} {s}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let second = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "bad", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let second = next_start(&mut rx).await;
+        let () = link
+            .for_attempt(second.attempt)
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let served = tokio::spawn(async move {
+            while let Some(request) = rx.recv().await {
+                request.reply.send(Ok(true));
+            }
+        });
+        let _ = tokio::time::timeout(WAIT, running).await;
+        served.abort();
+        second
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    for (answer, field) in refusals
+        .iter()
+        .zip(["iteration", "iteration", "items", "items"])
+    {
+        let why = answer.as_ref().expect_err("an impossible batch was taken");
+        assert!(why.contains(&format!("field `{field}`")), "{why}");
+    }
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}\n{err}");
+    assert_eq!(code, Some(0), "{s}\n{err}");
+    // It goes on with iteration 1 (never finished), and nothing hostile was recorded.
+    assert_eq!(second.first_iteration, 1);
+    let events = std::fs::read_to_string(run.run_dir.join("events.jsonl")).unwrap();
+    assert!(!events.contains("HOSTILE"), "{events}");
+    assert!(!events.contains(&u32::MAX.to_string()), "{events}");
+    assert_eq!(run.count("loop_moved", "e"), 1);
+}
+
+/// Review (move/attempt) #4: a loop on a host that the user stopped (`taskdaemon stop`, the
+/// dashboard) whose host is lost before it ends is stopped, not moved and run again.
+#[test]
+fn a_stopped_loop_whose_host_is_lost_before_it_ends_is_stopped_not_moved() {
+    use std::io::{BufRead, Write};
+    use td_cluster::protocol::ToHost;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, _repo, mut head) = hand_made_run(port, "held");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "held", 1, Some(tx)))
+            .await
+            .unwrap();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let _start = next_start(&mut rx).await;
+        wait_until("e to run", WAIT, || {
+            summary(&run.run_dir)["loops"]["e"]["status"] == "running"
+        });
+        // The user stops it through the run's control socket.
+        let key = std::fs::read_to_string(run.run_dir.join("control.key")).unwrap();
+        let mut socket =
+            std::os::unix::net::UnixStream::connect(run.run_dir.join("control.sock")).unwrap();
+        let line = serde_json::json!({"key": key.trim(), "op": "stop_loop", "loop": "e", "by": "dashboard"});
+        socket.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        std::io::BufReader::new(&socket).read_line(&mut answer).unwrap();
+        assert!(answer.contains("\"ok\":true"), "{answer}");
+        // Its host is asked to stop it, and is lost before it ends.
+        loop {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            let stop = matches!(request.request, ToHost::StopLoop { .. });
+            request.reply.send(Ok(()));
+            if stop {
+                break;
+            }
+        }
+        running.abort();
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    if code.is_none() {
+        let _ = head.kill();
+    }
+    let s = summary(&run.run_dir);
+    let e = &s["loops"]["e"];
+    assert_eq!(e["status"], "stopped", "{s}");
+    let reason = e["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("stopped by the dashboard"), "{s}");
+    assert!(reason.contains("its host held"), "{s}");
+    assert!(code.is_some(), "the run did not end: {s}");
+    assert_eq!(run.count("loop_moved", "e"), 0);
+}
+
+/// Review (move/attempt) #5: a host's checkpoints are bounded: one per iteration the head
+/// saw start, in order; one for an iteration not started, or for one checkpointed already,
+/// is refused with why and nothing is taken into the head's repository.
+#[test]
+fn a_hosts_checkpoints_are_one_per_started_iteration() {
+    use td_cluster::protocol::{BranchBundle, FromHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, repo, mut head) = hand_made_run(port, "many");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (early, taken, again, tip) = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "many", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        let link = link.for_attempt(start.attempt);
+        let ask = async |request: FromHost| {
+            link.ask::<Value>(request, Duration::from_secs(10))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let (tip, bytes) = work_bundle(&root, &repo, &start.base_commit, "many-work", "one\n");
+        let checkpoint = async |iteration: u32| -> Result<Value, String> {
+            ask(FromHost::BranchChunk {
+                loop_name: "e".into(),
+                offset: 0,
+                data: hex::encode(&bytes),
+            })
+            .await?;
+            ask(FromHost::Checkpoint {
+                loop_name: "e".into(),
+                iteration,
+                branch: BranchBundle {
+                    tip: tip.clone(),
+                    bytes: bytes.len() as u64,
+                },
+            })
+            .await
+        };
+        // No iteration started yet.
+        let early = checkpoint(1).await;
+        ask(FromHost::Records {
+            loop_name: "e".into(),
+            batch: 1,
+            events: vec![iteration_started(1)],
+            transcript: Vec::new(),
+            receipts: Vec::new(),
+        })
+        .await
+        .unwrap();
+        let taken = checkpoint(1).await;
+        // Iteration 1 again, with a bundle on top of the first.
+        let work = root.join("many-work");
+        std::fs::write(work.join("g.txt"), "two\n").unwrap();
+        common::git(&work, &["add", "g.txt"]);
+        common::git(&work, &["commit", "-q", "-m", "more"]);
+        let bundle = work.join("more.bundle");
+        common::git(
+            &work,
+            &[
+                "bundle",
+                "create",
+                "-q",
+                &bundle.display().to_string(),
+                &format!("{tip}..work"),
+            ],
+        );
+        let more = std::fs::read(&bundle).unwrap();
+        let more_tip = common::git(&work, &["rev-parse", "HEAD"])
+            .trim()
+            .to_string();
+        let chunk = ask(FromHost::BranchChunk {
+            loop_name: "e".into(),
+            offset: 0,
+            data: hex::encode(&more),
+        })
+        .await;
+        let again = match chunk {
+            Ok(_) => {
+                ask(FromHost::Checkpoint {
+                    loop_name: "e".into(),
+                    iteration: 1,
+                    branch: BranchBundle {
+                        tip: more_tip,
+                        bytes: more.len() as u64,
+                    },
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        ask(FromHost::Ended {
+            loop_name: "e".into(),
+            end: serde_json::json!({"status": "failed", "iterations": 1, "reason": "enough"}),
+            branch: None,
+            problem: None,
+        })
+        .await
+        .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
+        (early, taken, again, tip)
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    if code.is_none() {
+        let _ = head.kill();
+    }
+    let s = summary(&run.run_dir);
+    let why = early.expect_err("a checkpoint before any iteration started was taken");
+    assert!(why.contains("for iteration 1 is refused"), "{why}");
+    assert!(taken.is_ok(), "{taken:?}");
+    let why = again.expect_err("a second checkpoint of iteration 1 was taken");
+    assert!(why.contains("after iteration 1 (checkpointed)"), "{why}");
+    // The head's worktree of the loop is at the one checkpoint taken.
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    assert_eq!(branch.trim(), tip, "{s}");
+    assert_eq!(s["loops"]["e"]["status"], "failed", "{s}");
+}
+
+/// Review (move/attempt) #8: a loop moved from a lost host that its next host refuses to
+/// start is moved again (within the move bound) instead of failing, and its `loop_moved`
+/// is recorded once a host accepted it.
+#[test]
+fn a_moved_loop_refused_at_its_next_start_is_moved_again() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, _repo, mut head) = hand_made_run(port, "fickle");
+    // The first session's runtime goes with it: its host is lost.
+    let first = tokio::runtime::Runtime::new().unwrap();
+    first.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "fickle", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        // Its acceptance reached the head before this request's answer came.
+        let () = link
+            .for_attempt(start.attempt)
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: td_cluster::protocol::CoordRequest::SetStatus {
+                        status: "working".into(),
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    });
+    drop(first);
+    wait_until("e to be taken back", WAIT, || {
+        let s = summary(&run.run_dir);
+        s["loops"]["e"]["status"] == "pending"
+            && s["loops"]["e"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("waiting for host fickle (moving")
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let moved_before_acceptance = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "fickle", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        // Its first start here is refused.
+        loop {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            if matches!(request.request, ToHost::StartLoop(_)) {
+                request
+                    .reply
+                    .send(Err::<(), _>("this host refuses it".to_string()));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                break;
+            }
+            request.reply.send(Ok(true));
+        }
+        let moved_before_acceptance = run.count("loop_moved", "e");
+        // It comes again, and is accepted and ends.
+        let second = next_start(&mut rx).await;
+        let () = link
+            .for_attempt(second.attempt)
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let served = tokio::spawn(async move {
+            while let Some(request) = rx.recv().await {
+                request.reply.send(Ok(true));
+            }
+        });
+        let _ = tokio::time::timeout(WAIT, running).await;
+        served.abort();
+        moved_before_acceptance
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}");
+    assert_eq!(code, Some(0), "{s}");
+    assert_eq!(
+        moved_before_acceptance, 0,
+        "loop_moved recorded before a host took it"
+    );
+    let moved: Vec<Value> = run
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "loop_moved")
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0]["moves"], 2, "{moved:?}");
+    assert!(
+        moved[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("host fickle did not start it"),
+        "{moved:?}"
+    );
 }

@@ -484,36 +484,18 @@ fn numbers_a_record_cannot_go_on_from_are_refused_with_file_line_and_field() {
     let events_path = p.run_dir.join("events.jsonl");
     let clean = std::fs::read(&events_path).unwrap();
     let time = "2026-01-01T00:00:00.000Z";
-    let cases = [
-        (
-            format!(
-                r#"{{"seq":{},"time":"{time}","event":"loop_stopped","loop_name":"second"}}"#,
-                u64::MAX
-            ),
-            "seq",
+    // An event number past any a run may reach refuses the whole record (a loop's number
+    // fails that loop alone: `a_loops_numbers_that_cannot_go_on_fail_that_loop_alone`).
+    let cases = [(
+        format!(
+            r#"{{"seq":{},"time":"{time}","event":"loop_stopped","loop_name":"second"}}"#,
+            u64::MAX
         ),
-        (
-            format!(
-                r#"{{"seq":90,"time":"{time}","event":"progress_noted","loop_name":"second","iteration":{},"note":"validation failed"}}"#,
-                u32::MAX
-            ),
-            "iteration",
-        ),
-        (
-            format!(
-                r#"{{"seq":91,"time":"{time}","event":"inbox_shown","loop_name":"second","items":{}}}"#,
-                u64::MAX
-            ),
-            "items",
-        ),
-    ];
+        "seq",
+    )];
     for (line, field) in &cases {
         std::fs::write(&events_path, &clean).unwrap();
-        let mut number = append_event(&p.run_dir, line);
-        if *field == "items" {
-            // One such count is possible; two do not add up.
-            number = append_event(&p.run_dir, &line.replace("\"seq\":91", "\"seq\":92"));
-        }
+        let number = append_event(&p.run_dir, line);
         let before = std::fs::read(&events_path).unwrap();
         let out = p.resume(&run_id);
         let stderr = text(&out.stderr);
@@ -547,6 +529,57 @@ fn numbers_a_record_cannot_go_on_from_are_refused_with_file_line_and_field() {
     std::fs::write(&events_path, &clean).unwrap();
     let out = p.resume(&run_id);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// A loop's number a run could not go on from (an iteration with no next one, inbox counts
+/// past any count: a damaged line, or what a hostile host sent) fails that loop alone, with
+/// the file, line and field; the run resumes, and its other loops are as they were.
+#[test]
+fn a_loops_numbers_that_cannot_go_on_fail_that_loop_alone() {
+    let time = "2026-01-01T00:00:00.000Z";
+    let cases = [
+        (
+            format!(
+                r#"{{"seq":90,"time":"{time}","event":"progress_noted","loop_name":"second","iteration":{},"note":"validation failed"}}"#,
+                u32::MAX
+            ),
+            "iteration",
+        ),
+        (
+            format!(
+                r#"{{"seq":91,"time":"{time}","event":"inbox_shown","loop_name":"second","items":{}}}"#,
+                u64::MAX
+            ),
+            "items",
+        ),
+    ];
+    for (line, field) in &cases {
+        let p = Project::pair();
+        let run_id = p.killed_pair_run();
+        let mut number = append_event(&p.run_dir, line);
+        if *field == "items" {
+            // One such count is possible; two do not add up.
+            number = append_event(&p.run_dir, &line.replace("\"seq\":91", "\"seq\":92"));
+        }
+        let out = p.resume(&run_id);
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_ne!(
+            out.status.code(),
+            Some(2),
+            "{field}: refused whole: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("events.jsonl line {number}"))
+                && stderr.contains(&format!("`{field}`")),
+            "the message names the file, the line and the field: {stderr}"
+        );
+        let s = summary(&p.run_dir);
+        assert_eq!(s["loops"]["second"]["status"], "failed", "{field}: {s}");
+        let reason = s["loops"]["second"]["reason"].as_str().unwrap_or("");
+        assert!(reason.contains(&format!("`{field}`")), "{field}: {s}");
+        assert_eq!(s["loops"]["first"]["status"], "completed", "{field}: {s}");
+    }
 }
 
 #[test]

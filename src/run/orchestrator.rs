@@ -17,6 +17,7 @@ use crate::run::conflict_watch::ConflictWatch;
 use crate::run::control::{Command, ControlRequest, ControlSocket};
 use crate::run::handover;
 use crate::run::hosts::HeadHosts;
+use crate::run::hosts::moves::Back;
 use crate::run::hosts::placement::{self, Free, Site};
 use crate::run::hosts::remote::{self, HeadSide, Placed, RemoteLoops};
 use crate::run::merge_queue::{self, After, Ledger, MergeQueue, Validator};
@@ -502,6 +503,9 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     let mut waiting: BTreeMap<String, String> = BTreeMap::new();
     // Loops taken back from lost hosts, to start again elsewhere (`run/hosts/moves`).
     let mut moves = crate::run::hosts::moves::Moves::default();
+    // The loops a user asked to stop, and who: one whose host is lost before it ends is
+    // stopped, not moved.
+    let mut stops_asked: BTreeMap<String, String> = BTreeMap::new();
     let mut released = false;
     let mut stops_sent = false;
     // After the first stop signal, a second one (of either kind) stops the loops at once
@@ -702,6 +706,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     }
                 }
             };
+            // A loop taken back from a lost host says where it went: on the head once it
+            // starts, on a host once the host accepts it (`RemoteLoops::start`).
+            let to = site.host().unwrap_or(td_cluster::protocol::HEAD_NAME);
+            let iteration = resume.map_or(1, |r| r.next_iteration);
+            let mut moved = moves.started(&def.name, to, iteration);
             let started = match (&site, &remote) {
                 (Site::Host(host), Some(remote)) => start_remote(
                     def,
@@ -720,6 +729,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     host,
                     remote,
                     &sandbox_policy,
+                    moved.take(),
                 )
                 .await
                 .map(|place| (None, place)),
@@ -751,9 +761,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             };
             match started {
                 Ok((spec, place)) => {
-                    let to = site.host().unwrap_or(td_cluster::protocol::HEAD_NAME);
-                    let iteration = resume.map_or(1, |r| r.next_iteration);
-                    if let Some(moved) = moves.started(&def.name, to, iteration) {
+                    if let Some(moved) = moved {
                         events.record(moved);
                     }
                     let _ = record.update_loop(&def.name, |s| {
@@ -824,12 +832,31 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 // the loop, placed as a pending loop is), or ends interrupted.
                 Some(lost) => {
                     let stopping = interrupted.is_some() || record.unwritable().is_some();
-                    match moves.take_back(&e.name, lost, &run_dir, stopping) {
-                        Ok(resume) => {
+                    let iterations = match &e.end {
+                        LoopEnd::Completed { iterations, .. }
+                        | LoopEnd::Failed { iterations, .. }
+                        | LoopEnd::Paused { iterations, .. }
+                        | LoopEnd::Stopped { iterations, .. } => *iterations,
+                    };
+                    let back = match stops_asked.get(&e.name) {
+                        // A user asked it to stop: stopped, not moved.
+                        Some(by) => Ok(Back::Ended(LoopEnd::Stopped {
+                            iterations,
+                            reason: Some(format!(
+                                "stopped by the {by}; {} before it ended, so it was not moved (what it did after its last records is not in the run)",
+                                lost.reason
+                            )),
+                        })),
+                        None => moves.take_back(&e.name, lost, iterations, &run_dir, stopping).await,
+                    };
+                    match back {
+                        Ok(Back::Moved(resume)) => {
                             conflicts.forget(&e.name);
                             take_back(&e.name, resume, &lost.reason, &llm, &mut resume_state, &mut status, &record, &progress);
                             continue;
                         }
+                        // Its end and its work are on the head (or it was asked to stop).
+                        Ok(Back::Ended(end)) => Some((e.name, end)),
                         Err(why) => {
                             // Interrupted, saying why it was not moved.
                             let mut end = e.end.clone();
@@ -892,6 +919,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 let answer = match command {
                     Command::StopLoop(name) => stop_loop_asked(
                         &name, &by, &rt, &remote, &mut status, &record, &progress, &events,
+                        &mut stops_asked,
                     ),
                     Command::StopRun => {
                         events.record(EventKind::StopRequested { loop_name: None, by });
@@ -913,6 +941,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let Some((name, end)) = ended else {
             continue;
         };
+        // A stop asked of it is done with (a loop run again later is stopped again if asked).
+        stops_asked.remove(&name);
         conflicts.forget(&name);
         let final_status = finish_loop(&name, &end, &places, &record, &progress).await;
         // Its plans, specs and phases into the record (the worktree goes at the run's end).
@@ -1211,6 +1241,7 @@ fn stop_loop_asked(
     record: &RunRecord,
     progress: &ProgressDisplay,
     events: &EventLog,
+    stops_asked: &mut BTreeMap<String, String>,
 ) -> Result<(), String> {
     let Some(current) = status.get(name).copied() else {
         return Err(format!("no loop `{name}` in this run"));
@@ -1224,6 +1255,7 @@ fn stop_loop_asked(
             events.record(stop_event());
             match remote {
                 Some(r) if r.is_remote(name) => {
+                    stops_asked.insert(name.to_string(), by.to_string());
                     r.stop(name, true);
                     Ok(())
                 }
@@ -1724,6 +1756,7 @@ async fn start_remote(
     host: &str,
     remote: &Arc<RemoteLoops>,
     sandbox_policy: &serde_json::Value,
+    moved: Option<EventKind>,
 ) -> Result<Place, String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
     // Its build state is made on the host: nothing is seeded on the head.
@@ -1809,6 +1842,7 @@ async fn start_remote(
         start,
         worktree,
         tools: tools.shared_definitions(),
+        moved,
     })?;
     Ok(place)
 }

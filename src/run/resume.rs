@@ -17,9 +17,11 @@
 //! is the sum of the finished iterations' `model_calls`), and the inbox items it showed are
 //! shown again.
 //!
-//! Numbers read from the record are checked before anything is computed from them: a value
-//! a run could not go on from (an event number past [`MAX_SEQ`], an iteration with no next
-//! one, counts that do not add up) refuses the record with the file, line and field.
+//! Numbers read from the record are checked before anything is computed from them: an event
+//! number past [`MAX_SEQ`] refuses the record with the file, line and field; a loop's number
+//! it could not go on from (an iteration with no next one, counts that do not add up) fails
+//! that loop alone, with the file, line and field ([`LoopResume::damaged`]): one loop's bad
+//! line (a hostile host's, say) does not keep the run's other loops from resuming or moving.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -49,6 +51,13 @@ pub struct LoopResume {
     pub responses: usize,
     /// Whether its `loop_started` is in the record: it goes on without being announced again.
     pub announced: bool,
+    /// Why its events cannot be continued (a number no run could go on from: a damaged
+    /// record, or what a hostile host sent before the head checked it): it ends failed with
+    /// this, and the run's other loops go on.
+    pub damaged: Option<String>,
+    /// The words of its recorded end, when it has one: its completion summary or why it
+    /// failed (a loop whose host was lost right after sending its end ends with them).
+    pub ended_with: Option<String>,
 }
 
 /// The state of a run to resume.
@@ -88,6 +97,8 @@ struct Seen {
     started: bool,
     /// Its last end was followed by a hand back of the merge queue: it goes on.
     handed_back: bool,
+    /// The summary of its last completion, or why it last failed.
+    ended_with: Option<String>,
 }
 
 impl Default for Seen {
@@ -103,6 +114,7 @@ impl Default for Seen {
             model_calls: Some(0),
             started: false,
             handed_back: false,
+            ended_with: None,
         }
     }
 }
@@ -135,18 +147,34 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     let mut last_seq = 0u64;
     let mut refused: Option<String> = None;
+    // The first line of each loop whose numbers cannot go on, and why.
+    let mut damaged: BTreeMap<String, String> = BTreeMap::new();
     for_each_jsonl::<Event>(&run_dir.join(EVENTS_FILE), |line, event| {
         if refused.is_some() {
             return;
         }
         match event {
             Ok(event) => {
-                if let Err(why) = take_event(&mut seen, &mut last_seq, &event) {
-                    refused = Some(format!(
-                        "{} line {line}: {why}; this record cannot be continued (a damaged or \
-                         edited file?): restore the line or start a new run",
-                        run_dir.join(EVENTS_FILE).display()
-                    ));
+                let Err(why) = take_event(&mut seen, &mut last_seq, &event) else {
+                    return;
+                };
+                let place = format!("{} line {line}", run_dir.join(EVENTS_FILE).display());
+                match numbered_loop(&event.kind) {
+                    Some(name) if event.seq <= MAX_SEQ => {
+                        damaged.entry(name.to_string()).or_insert_with(|| {
+                            format!(
+                                "{place}: {why}; loop {name} cannot be continued from this record \
+                                 (a damaged or edited file, or a number its host should not have \
+                                 sent): it ends failed; restore the line to run it again"
+                            )
+                        });
+                    }
+                    _ => {
+                        refused = Some(format!(
+                            "{place}: {why}; this record cannot be continued (a damaged or \
+                             edited file?): restore the line or start a new run"
+                        ));
+                    }
                 }
             }
             Err(why) => warnings.push(format!("{EVENTS_FILE} line {line}: {why} (skipped)")),
@@ -163,11 +191,17 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
         }
         let events = seen.remove(&name).unwrap_or_default();
         let announced = events.started;
+        let ended_with = events.ended_with.clone();
         let entry = summary
             .loops
             .entry(name.clone())
             .or_insert_with(|| LoopSummary::pending(&name, ""));
-        let finished = if events.handed_back {
+        let broken = damaged.remove(&name);
+        let finished = if let Some(why) = &broken {
+            warnings.push(why.clone());
+            entry.reason = Some(why.clone());
+            Some(LoopStatus::Failed)
+        } else if events.handed_back {
             None
         } else {
             finished(entry, events.ended)
@@ -190,6 +224,8 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
                 unseen_inbox,
                 responses,
                 announced,
+                damaged: broken,
+                ended_with,
             },
         );
     }
@@ -220,6 +256,17 @@ fn finished(summary: &LoopSummary, events: Option<LoopStatus>) -> Option<LoopSta
         }
         (_, Some(e)) => Some(e),
         (s, None) => s,
+    }
+}
+
+/// The loop whose numbers `kind` carries (the events [`take_event`] may refuse for one
+/// loop): a refusal of it fails that loop only.
+fn numbered_loop(kind: &EventKind) -> Option<&str> {
+    match kind {
+        EventKind::IterationEnded { loop_name, .. }
+        | EventKind::ProgressNoted { loop_name, .. }
+        | EventKind::InboxShown { loop_name, .. } => Some(loop_name),
+        _ => None,
     }
 }
 
@@ -278,10 +325,13 @@ fn take_event(
             l.finish(*iteration, calls)?;
             l.progress.push(note.clone());
         }
-        EventKind::LoopCompleted { loop_name, .. } => {
+        EventKind::LoopCompleted {
+            loop_name, summary, ..
+        } => {
             let l = of(seen, loop_name);
             l.ended = Some(LoopStatus::Completed);
             l.handed_back = false;
+            l.ended_with = summary.clone();
         }
         EventKind::MergeHandedBack { loop_name, .. } => {
             // Its work went back to it: it runs its next iteration, whatever a summary
@@ -290,8 +340,10 @@ fn take_event(
             l.ended = None;
             l.handed_back = true;
         }
-        EventKind::LoopFailed { loop_name, .. } => {
-            of(seen, loop_name).ended = Some(LoopStatus::Failed);
+        EventKind::LoopFailed { loop_name, reason } => {
+            let l = of(seen, loop_name);
+            l.ended = Some(LoopStatus::Failed);
+            l.ended_with = Some(reason.clone());
         }
         EventKind::LoopBlocked { loop_name, .. } => {
             let l = of(seen, loop_name);
@@ -583,6 +635,54 @@ mod tests {
             (a.ended, a.handed_back),
             (Some(LoopStatus::Completed), false)
         );
+    }
+
+    /// A loop whose events cannot be continued (a hostile host's numbers in an older
+    /// record) fails alone, with why: the run and its other loops read back.
+    #[test]
+    fn a_loop_whose_numbers_cannot_go_on_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = |kind: EventKind| -> EventKind {
+            let mut v = serde_json::to_value(kind).unwrap();
+            v["loop_name"] = "b".into();
+            serde_json::from_value(v).unwrap()
+        };
+        let lines: Vec<String> = [
+            noted(1),
+            other(noted(1)),
+            noted(u32::MAX),
+            shown(usize::MAX),
+            shown(usize::MAX),
+            other(noted(2)),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| serde_json::to_string(&event(i as u64 + 1, k)).unwrap())
+        .collect();
+        std::fs::write(dir.path().join(EVENTS_FILE), lines.join("\n") + "\n").unwrap();
+        let restored = restore(dir.path()).unwrap();
+        let b = &restored.loops["b"];
+        assert_eq!((b.finished, b.next_iteration), (None, 3));
+        assert_eq!(b.damaged, None);
+        let a = &restored.loops["a"];
+        assert_eq!(a.finished, Some(LoopStatus::Failed));
+        let why = a.damaged.clone().unwrap();
+        assert!(
+            why.contains("line 3") && why.contains("field `iteration`"),
+            "{why}"
+        );
+        assert_eq!(restored.summary.loops["a"].status, LoopStatus::Failed);
+        assert_eq!(
+            restored.summary.loops["a"].reason.as_deref(),
+            Some(why.as_str())
+        );
+        assert!(
+            restored
+                .warnings
+                .iter()
+                .any(|w| w.contains("field `iteration`"))
+        );
+        assert_eq!(restored.last_seq, 6);
     }
 
     #[test]

@@ -20,8 +20,11 @@
 //!   ([`FromHost::Checkpoint`], [`Checkpoints`]) before that note and before the loop's next
 //!   model call, so that the head holds every finished iteration's work and can resume the
 //!   loop elsewhere if this host is lost;
-//! - its end: the host commits the loop's work, bundles its branch from the last tip the
-//!   head took and sends it back in chunks with the loop's end ([`FromHost::Ended`]);
+//! - its end: its last work goes as a checkpoint before the events that end it (a passing
+//!   iteration's `iteration_ended`, a `loop_failed`), so that a host lost before its
+//!   `Ended` leaves the head with the end and its work; then the host commits what is left,
+//!   bundles its branch from the last tip the head took and sends it back in chunks with
+//!   the loop's end ([`FromHost::Ended`]);
 //! - its placement: every request about a loop carries the attempt id of its
 //!   [`StartLoop`] (the head refuses an attempt that is no longer the loop's).
 //!
@@ -55,7 +58,7 @@ use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
 use td_llm::{LlmClient, LlmError, LlmRequest, LlmResponse, Purpose};
-use td_protocol::events::{Event, EventKind, EventLog};
+use td_protocol::events::{Event, EventLog};
 use td_runtime::coordinator::{CoordinatorPort, SYSTEM_SENDER};
 use td_runtime::coordinator_handle::CoordinatorHandle;
 use td_runtime::daemon::{Runtime, RuntimeConfig};
@@ -355,11 +358,11 @@ impl HostLoops {
         };
         if let Some(running) = lock(&self.loops).get(name) {
             // A failed iteration's work goes to the head before its note does (and before the
-            // loop's next model call, which waits for it): the head never holds a note
-            // whose work it does not hold.
-            if let EventKind::ProgressNoted { iteration, .. } = &event.kind {
-                running.checkpoints.ask(*iteration);
-                running.streamer.send(Item::Checkpoint(*iteration));
+            // loop's next model call, which waits for it), and the loop's last work before
+            // the events that end it: the head never holds a note or an end whose work it
+            // does not hold (a host lost before its `Ended` leaves an end the head can take).
+            if let Some(n) = running.checkpoints.before(&event.kind) {
+                running.streamer.send(Item::Checkpoint(n));
             }
             running.streamer.send(Item::Event(value.clone()));
         }

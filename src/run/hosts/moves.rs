@@ -14,11 +14,21 @@
 //! loop that takes down whatever host runs it should not take the run's time forever), and
 //! so does one lost after the run was asked to stop or while its record cannot be written:
 //! `run --resume` goes on with those.
+//!
+//! A loop whose end is in the record already (its host was lost after sending its last
+//! records and before its `Ended`) is not moved: it ends as recorded ([`Back::Ended`]).
+//! Its work is on the head too: a host sends its loop's last work as a checkpoint before
+//! the events that end the loop (`host_loops/checkpoint.rs`), and the head takes a
+//! checkpoint before it takes the records after it, so the head never holds an end whose
+//! work it does not hold. A loop whose events cannot be read back ends failed with why.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use td_engine::LoopEnd;
 use td_protocol::events::EventKind;
+
+use crate::run::record::LoopStatus;
 
 use crate::run::hosts::remote::Lost;
 use crate::run::resume::LoopResume;
@@ -26,6 +36,15 @@ use crate::run::resume::LoopResume;
 /// How many times one loop may be moved from a lost host in a run; lost once more, it ends
 /// interrupted.
 pub const MAX_MOVES: u32 = 3;
+
+/// What becomes of a loop taken back from its lost host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Back {
+    /// It starts again elsewhere with this.
+    Moved(LoopResume),
+    /// Its end is in the record (with its work on the head): it ends so.
+    Ended(LoopEnd),
+}
 
 /// The loops of a run taken back from lost hosts.
 #[derive(Debug, Default)]
@@ -37,16 +56,19 @@ pub struct Moves {
 }
 
 impl Moves {
-    /// Takes loop `name` back from its lost host: what it starts again with, read from the
-    /// record in `run_dir`; or why it ends interrupted instead (`stopping`: the run was
-    /// asked to stop or cannot write its record).
-    pub fn take_back(
+    /// Takes loop `name` back from its lost host, after `iterations` iterations: what it
+    /// starts again with, read from the record in `run_dir`, or the end recorded for it; or
+    /// why it ends interrupted instead (`stopping`: the run was asked to stop or cannot
+    /// write its record). The record is read on a blocking thread: it may be long, and the
+    /// run's loop (control requests, other ends) must not wait on it.
+    pub async fn take_back(
         &mut self,
         name: &str,
         lost: &Lost,
+        iterations: u32,
         run_dir: &Path,
         stopping: bool,
-    ) -> Result<LoopResume, String> {
+    ) -> Result<Back, String> {
         let interrupted = |more: &str| {
             format!(
                 "interrupted: {} ({more}); `run --resume` runs it again from its last commit",
@@ -64,22 +86,47 @@ impl Moves {
         }
         // Its events, transcript and receipts up to the last batch the head took are in the
         // record: what a resumed run would go on with.
-        let restored = crate::run::resume::restore(run_dir)
+        let dir = run_dir.to_path_buf();
+        let restored = tokio::task::spawn_blocking(move || crate::run::resume::restore(&dir))
+            .await
+            .unwrap_or_else(|e| Err(format!("reading it back stopped: {e}")))
             .map_err(|e| interrupted(&format!("its record cannot be read back: {e}")))?;
         let mut resume = restored
             .loops
             .get(name)
             .cloned()
             .ok_or_else(|| interrupted("it is not in the record"))?;
-        if resume.finished.is_some() {
-            // Its end is in the record (its host was lost right after sending it): not run
-            // again, and not moved.
-            return Err(interrupted("its end is in the record already"));
+        if let Some(why) = resume.damaged.clone() {
+            return Ok(Back::Ended(LoopEnd::Failed {
+                iterations,
+                reason: why,
+            }));
         }
-        resume.announced = true;
+        match resume.finished {
+            // Its end is in the record (its host was lost right after sending it), and its
+            // work is on the head (sent before that end): it ends as recorded.
+            Some(LoopStatus::Completed) => {
+                return Ok(Back::Ended(LoopEnd::Completed {
+                    iterations,
+                    summary: resume.ended_with,
+                }));
+            }
+            Some(LoopStatus::Failed) => {
+                return Ok(Back::Ended(LoopEnd::Failed {
+                    iterations,
+                    reason: resume
+                        .ended_with
+                        .unwrap_or_else(|| format!("it failed on its host ({})", lost.reason)),
+                }));
+            }
+            Some(_) => return Err(interrupted("its end is in the record already")),
+            None => {}
+        }
+        // Announced when the head said so (a host's own alerts are refused).
+        resume.announced = lost.announced;
         self.count.insert(name.to_string(), moves.saturating_add(1));
         self.waiting.insert(name.to_string(), lost.clone());
-        Ok(resume)
+        Ok(Back::Moved(resume))
     }
 
     /// Loop `name` started at `to` (a host, or `head`) with `iteration`: the `loop_moved`
@@ -123,6 +170,7 @@ mod tests {
         Lost {
             host: "h1".into(),
             reason: "its host h1 was lost: its connection closed".into(),
+            announced: true,
         }
     }
 
@@ -154,7 +202,7 @@ mod tests {
             events.push(EventKind::LoopCompleted {
                 loop_name: "m".into(),
                 iterations: 3,
-                summary: None,
+                summary: Some("m done".into()),
             });
         }
         let text: String = events
@@ -173,16 +221,35 @@ mod tests {
         std::fs::write(dir.join(EVENTS_FILE), text).unwrap();
     }
 
-    #[test]
-    fn a_lost_loop_goes_on_after_its_last_finished_iteration_and_is_moved_at_most_three_times() {
+    #[tokio::test]
+    async fn a_lost_loop_goes_on_after_its_last_finished_iteration_and_is_moved_at_most_three_times()
+     {
         let dir = tempfile::tempdir().unwrap();
         record(dir.path(), false);
         let mut moves = Moves::default();
         for n in 1..=MAX_MOVES {
-            let resume = moves.take_back("m", &lost(), dir.path(), false).unwrap();
+            let Back::Moved(resume) = moves
+                .take_back("m", &lost(), 3, dir.path(), false)
+                .await
+                .unwrap()
+            else {
+                panic!("not moved");
+            };
             assert_eq!(resume.next_iteration, 3);
             assert_eq!(resume.progress, vec!["one".to_string(), "two".to_string()]);
             assert!(resume.announced && resume.finished.is_none());
+            let unannounced = Lost {
+                announced: false,
+                ..lost()
+            };
+            let Back::Moved(r) = Moves::default()
+                .take_back("m", &unannounced, 3, dir.path(), false)
+                .await
+                .unwrap()
+            else {
+                panic!("not moved");
+            };
+            assert!(!r.announced, "the head never announced it");
             let event = moves.started("m", "h2", 3).unwrap();
             assert_eq!(
                 event,
@@ -199,7 +266,8 @@ mod tests {
             assert_eq!(moves.started("m", "h2", 3), None);
         }
         let why = moves
-            .take_back("m", &lost(), dir.path(), false)
+            .take_back("m", &lost(), 3, dir.path(), false)
+            .await
             .unwrap_err();
         assert!(why.contains("moved 3 times already"), "{why}");
         assert!(
@@ -208,22 +276,60 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_loop_lost_while_the_run_stops_or_after_its_end_is_not_moved() {
+    #[tokio::test]
+    async fn a_loop_lost_while_the_run_stops_or_after_its_recorded_end_is_not_moved() {
         let dir = tempfile::tempdir().unwrap();
         record(dir.path(), false);
         let mut moves = Moves::default();
-        let why = moves.take_back("m", &lost(), dir.path(), true).unwrap_err();
+        let why = moves
+            .take_back("m", &lost(), 3, dir.path(), true)
+            .await
+            .unwrap_err();
         assert!(why.contains("the run was stopping"), "{why}");
         assert_eq!(moves.never_restarted("m"), None);
         let ended = tempfile::tempdir().unwrap();
         record(ended.path(), true);
-        let why = moves
-            .take_back("m", &lost(), ended.path(), false)
-            .unwrap_err();
-        assert!(why.contains("its end is in the record"), "{why}");
+        // Its end is recorded (and its work sent before it): it ends so, not moved.
+        let back = moves.take_back("m", &lost(), 3, ended.path(), false).await;
+        assert_eq!(
+            back,
+            Ok(Back::Ended(LoopEnd::Completed {
+                iterations: 3,
+                summary: Some("m done".into())
+            }))
+        );
+        assert_eq!(moves.never_restarted("m"), None);
+        // Its events cannot be read back (a number no run goes on from): it fails alone.
+        let damaged = tempfile::tempdir().unwrap();
+        record(damaged.path(), false);
+        let mut text = std::fs::read_to_string(damaged.path().join(EVENTS_FILE)).unwrap();
+        text.push_str(&format!(
+            "{}\n",
+            serde_json::to_string(&Event {
+                seq: 9,
+                time: "2026-01-01T00:00:00.000Z".into(),
+                kind: EventKind::ProgressNoted {
+                    loop_name: "m".into(),
+                    iteration: u32::MAX,
+                    note: "x".into(),
+                },
+            })
+            .unwrap()
+        ));
+        std::fs::write(damaged.path().join(EVENTS_FILE), text).unwrap();
+        let Ok(Back::Ended(LoopEnd::Failed { iterations, reason })) = moves
+            .take_back("m", &lost(), 3, damaged.path(), false)
+            .await
+        else {
+            panic!("a damaged loop was not ended failed");
+        };
+        assert_eq!(iterations, 3);
+        assert!(reason.contains("field `iteration`"), "{reason}");
         // Taken back and never started: the run's end says so.
-        moves.take_back("m", &lost(), dir.path(), false).unwrap();
+        moves
+            .take_back("m", &lost(), 3, dir.path(), false)
+            .await
+            .unwrap();
         assert!(
             moves
                 .never_restarted("m")

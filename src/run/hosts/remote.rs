@@ -37,7 +37,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -101,6 +101,9 @@ pub struct Lost {
     pub host: String,
     /// Why, in words ("its host h1 was lost: no answer to the head's heartbeat...").
     pub reason: String,
+    /// Whether the head announced its start to the run's loops (it is not announced again
+    /// where it goes on).
+    pub announced: bool,
 }
 
 /// What the head needs to serve its hosts' loops.
@@ -174,6 +177,8 @@ struct HostLink {
     host: String,
     name: String,
     outstanding: Outstanding,
+    /// Items its host took ([`Entry::delivered`]).
+    delivered: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
@@ -186,10 +191,15 @@ impl RemoteLoop for HostLink {
             loop_name: self.name.clone(),
             item,
         };
-        self.asker
+        let taken = self
+            .asker
             .ask::<bool>(&self.host, &request, REMOTE_DELIVERY_TIMEOUT)
             .await
-            .unwrap_or(false)
+            .unwrap_or(false);
+        if taken {
+            self.delivered.fetch_add(1, Ordering::SeqCst);
+        }
+        taken
     }
 
     async fn answer(
@@ -246,6 +256,18 @@ struct Entry {
     iterations: u32,
     /// Bytes of its branch bundle received so far.
     branch_bytes: u64,
+    /// Bytes of all its bundles (checkpoints and end) received from this placement: held
+    /// to [`MAX_BRANCH_BYTES`] in all, so that a host cannot fill the head's repository.
+    sent_bytes: u64,
+    /// The last iteration whose checkpoint was taken: a host sends one per iteration, in
+    /// order, for an iteration the head saw start.
+    checkpointed: u32,
+    /// Inbox items delivered to it in this placement (its first inbox included): what its
+    /// `inbox_shown` events may say it showed at most.
+    delivered: Arc<AtomicUsize>,
+    /// Model calls its host asked of the head in this placement: what its
+    /// `iteration_ended` events may say an iteration made at most.
+    requests: u32,
     /// A run limit its iterations passed: its next model call is refused with it.
     over: Option<String>,
     /// Why its records can no longer be appended: every later batch is refused with it
@@ -278,9 +300,10 @@ pub struct RemoteLoops {
     outstanding: Outstanding,
     /// The last attempt id given to a placement.
     attempts: AtomicU64,
-    /// Held while a checkpoint is taken into the repository: a lost host's loops are
-    /// handed to the run only after it, so that a move starts from the commit taken.
-    taking_branch: Arc<tokio::sync::Mutex<()>>,
+    /// Per loop, held while a checkpoint of it is taken into the repository: a lost host's
+    /// loops are handed to the run only after theirs, so that a move starts from the commit
+    /// taken (a loop's lock holds up only its own move, not other hosts' loops).
+    taking_branch: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// How the head starts a loop on a host.
@@ -293,6 +316,10 @@ pub struct Placed {
     pub worktree: Arc<Worktree>,
     /// The tools its model sees, as the head defines them.
     pub tools: Arc<[ToolDefinition]>,
+    /// For a loop taken back from a lost host, its `loop_moved` event: recorded when the
+    /// host accepts it; a host that refuses it (or does not answer) is then taken as a loss
+    /// of it, and the run moves it again (within `moves::MAX_MOVES`) instead of failing it.
+    pub moved: Option<EventKind>,
 }
 
 /// The events a loop's engine and runtime record on a host, the only ones the head takes
@@ -339,7 +366,7 @@ impl RemoteLoops {
                 asker: OnceLock::new(),
                 outstanding: Arc::new(Mutex::new(BTreeMap::new())),
                 attempts: AtomicU64::new(0),
-                taking_branch: Arc::new(tokio::sync::Mutex::new(())),
+                taking_branch: Mutex::new(BTreeMap::new()),
             }),
             rx,
         )
@@ -389,6 +416,10 @@ impl RemoteLoops {
                 batch: 0,
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
+                sent_bytes: 0,
+                checkpointed: placed.start.first_iteration.saturating_sub(1),
+                delivered: Arc::new(AtomicUsize::new(placed.start.initial_inbox.len())),
+                requests: 0,
                 over: None,
                 broken: None,
                 done: false,
@@ -402,6 +433,7 @@ impl RemoteLoops {
         );
         let _ = std::fs::remove_file(self.branch_file(&name));
         let me = self.clone();
+        let moved = placed.moved;
         tokio::spawn(async move {
             let asked = asker
                 .ask::<()>(
@@ -410,22 +442,44 @@ impl RemoteLoops {
                     START_TIMEOUT,
                 )
                 .await;
-            if let Err(e) = asked {
-                let mut loops = lock(&me.loops);
-                if let Some(entry) = loops.get_mut(&name)
-                    && !entry.done
-                    && entry.attempt == attempt
-                {
-                    entry.done = true;
-                    let _ = me.ends.send(RemoteEnd {
-                        name,
-                        end: LoopEnd::Failed {
-                            iterations: entry.iterations,
-                            reason: format!("host {host} did not start it: {e}"),
-                        },
-                        lost: None,
-                    });
+            let e = match asked {
+                Ok(()) => {
+                    if let Some(event) = moved {
+                        me.side.events.record(event);
+                    }
+                    return;
                 }
+                Err(e) => e,
+            };
+            let mut loops = lock(&me.loops);
+            if let Some(entry) = loops.get_mut(&name)
+                && !entry.done
+                && entry.attempt == attempt
+            {
+                entry.done = true;
+                let why = format!("host {host} did not start it: {e}");
+                // A moved loop goes on elsewhere as after a loss; a new one fails.
+                let (end, lost) = match moved {
+                    Some(_) => (
+                        LoopEnd::Stopped {
+                            iterations: entry.iterations,
+                            reason: Some(format!("interrupted: {why}")),
+                        },
+                        Some(Lost {
+                            host: host.clone(),
+                            reason: why,
+                            announced: entry.announced,
+                        }),
+                    ),
+                    None => (
+                        LoopEnd::Failed {
+                            iterations: entry.iterations,
+                            reason: why,
+                        },
+                        None,
+                    ),
+                };
+                let _ = me.ends.send(RemoteEnd { name, end, lost });
             }
         });
         Ok(())
@@ -524,6 +578,7 @@ impl RemoteLoops {
                     lost: Some(Lost {
                         host: host.to_string(),
                         reason: why.clone(),
+                        announced: entry.announced,
                     }),
                 });
             }
@@ -533,7 +588,7 @@ impl RemoteLoops {
         }
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let ends = self.ends.clone();
-        let taking = self.taking_branch.clone();
+        let taking: Vec<_> = gone.iter().map(|e| self.branch_lock(&e.name)).collect();
         let me = self.clone();
         let left = format!(
             "{why}; it goes on elsewhere when the run can move it: ask it again once it runs"
@@ -542,8 +597,10 @@ impl RemoteLoops {
             for end in &gone {
                 handle.drop_remote(&end.name, &left).await;
             }
-            // A checkpoint being taken lands first: the move starts from it.
-            drop(taking.lock().await);
+            // A checkpoint of theirs being taken lands first: the move starts from it.
+            for lock in taking {
+                drop(lock.lock_owned().await);
+            }
             // And a records batch claimed before the loss: the move reads the record back,
             // and nothing of the earlier placement is written after it.
             let names: Vec<String> = gone.iter().map(|e| e.name.clone()).collect();
@@ -568,6 +625,14 @@ impl RemoteLoops {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// The lock held while a checkpoint of loop `name` is taken.
+    fn branch_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.taking_branch)
+            .entry(name.to_string())
+            .or_default()
+            .clone()
     }
 
     fn base_file(&self, name: &str) -> PathBuf {
@@ -652,7 +717,7 @@ impl RemoteLoops {
                 // query's hops waited behind it: benches/hosts.rs).
                 let this = Arc::clone(&self);
                 let taken = tokio::task::spawn_blocking(move || {
-                    this.records(&name, batch, events, transcript, receipts)
+                    this.records(&name, attempt, batch, events, transcript, receipts)
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("the head's records task failed: {e}")));
@@ -678,9 +743,11 @@ impl RemoteLoops {
             } => {
                 // Claimed before any work: a second Ended (sent again, or at once) does not
                 // take the branch again.
-                let first = lock(&self.loops)
-                    .get_mut(&name)
-                    .is_some_and(|e| !std::mem::replace(&mut e.ending, true));
+                // Checked again under the lock: its host may have been lost since the first
+                // check, and the loop handed to the run to move.
+                let first = lock(&self.loops).get_mut(&name).is_some_and(|e| {
+                    !e.done && e.attempt == attempt && !std::mem::replace(&mut e.ending, true)
+                });
                 // Answered first: what the head does with the loop's end is the head's.
                 reply.send(Ok::<(), String>(()));
                 if !first {
@@ -738,11 +805,16 @@ impl RemoteLoops {
                     Ok(a) => a.clone(),
                     Err(e) => return reply.send(Err::<(), _>(e)),
                 };
+                let Some(delivered) = lock(&self.loops).get(name).map(|e| e.delivered.clone())
+                else {
+                    return reply.send(Err::<(), _>(format!("no loop {name}")));
+                };
                 let link = Arc::new(HostLink {
                     asker,
                     host: host.to_string(),
                     name: name.to_string(),
                     outstanding: self.outstanding.clone(),
+                    delivered,
                 });
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
@@ -826,6 +898,9 @@ impl RemoteLoops {
             Ok(w) => w,
             Err(e) => return failed(format!("the head cannot read this model request: {e}")),
         };
+        if let Some(entry) = lock(&self.loops).get_mut(name) {
+            entry.requests = entry.requests.saturating_add(1);
+        }
         if wire.loop_name != name {
             return failed(format!(
                 "a model request of loop {} came as loop {name}'s",
@@ -902,6 +977,7 @@ impl RemoteLoops {
     fn records(
         &self,
         name: &str,
+        attempt: u64,
         batch: u64,
         events: Vec<Value>,
         transcript: Vec<Value>,
@@ -914,6 +990,13 @@ impl RemoteLoops {
             let entry = loops
                 .get_mut(name)
                 .ok_or_else(|| format!("no loop {name}"))?;
+            // Checked again under the lock: its host may have been lost since the request's
+            // first check, and the loop handed to the run, which reads its record back.
+            if entry.done || entry.attempt != attempt {
+                return Err(format!(
+                    "loop {name} no longer runs as attempt {attempt}: batch {batch} is not taken"
+                ));
+            }
             if let Some(why) = entry.broken.clone() {
                 return Err(why);
             }
@@ -952,6 +1035,12 @@ impl RemoteLoops {
         transcript: Vec<Value>,
         receipts: Vec<Value>,
     ) -> Result<(), String> {
+        let known = lock(&self.loops).get(name).map(|e| Known {
+            iterations: e.iterations,
+            delivered: e.delivered.load(Ordering::SeqCst),
+            requests: e.requests,
+        });
+        let known = known.ok_or_else(|| format!("no loop {name}"))?;
         let mut kinds = Vec::with_capacity(events.len());
         for event in events {
             if event.get("loop_name").and_then(Value::as_str) != Some(name) {
@@ -974,6 +1063,7 @@ impl RemoteLoops {
                     .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?,
             );
         }
+        known.check(name, &kinds)?;
         let mut entries = Vec::with_capacity(transcript.len());
         for entry in transcript {
             let entry = serde_json::from_value::<TranscriptEntry>(entry)
@@ -1113,6 +1203,16 @@ impl RemoteLoops {
             .ok_or_else(|| {
                 format!("loop {name}'s branch is larger than the {MAX_BRANCH_BYTES} bytes taken")
             })?;
+        // All its bundles of this placement together (checkpoints and end) stay within it.
+        let sent = entry
+            .sent_bytes
+            .checked_add(bytes.len() as u64)
+            .filter(|t| *t <= MAX_BRANCH_BYTES)
+            .ok_or_else(|| {
+                format!(
+                    "loop {name}'s checkpoints and branch are larger than the {MAX_BRANCH_BYTES} bytes a placement may send in all"
+                )
+            })?;
         std::fs::create_dir_all(&self.side.dir)
             .map_err(|e| format!("cannot make {}: {e}", self.side.dir.display()))?;
         let path = self.branch_file(name);
@@ -1124,6 +1224,7 @@ impl RemoteLoops {
         file.write_all(&bytes)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         entry.branch_bytes = total;
+        entry.sent_bytes = sent;
         Ok(())
     }
 
@@ -1143,10 +1244,17 @@ impl RemoteLoops {
             // Taken already (its answer was lost), or nothing new.
             return Ok(());
         }
-        let _taking = self.taking_branch.lock().await;
+        let _taking = self.branch_lock(name).lock_owned().await;
         // Its host may have been lost meanwhile: a loop handed to the run for a move starts
         // from what the head held then, and nothing of this attempt lands after.
-        let (received, worktree) = {
+        let file = self.branch_file(name);
+        let reset = |me: &Self| {
+            let _ = std::fs::remove_file(&file);
+            if let Some(entry) = lock(&me.loops).get_mut(name) {
+                entry.branch_bytes = 0;
+            }
+        };
+        let known = {
             let loops = lock(&self.loops);
             let Some(entry) = loops
                 .get(name)
@@ -1154,13 +1262,22 @@ impl RemoteLoops {
             else {
                 return Err(format!("loop {name} no longer runs as attempt {attempt}"));
             };
-            (entry.branch_bytes, entry.worktree.clone())
+            // One checkpoint per iteration, in order, of an iteration the head saw start:
+            // a host cannot fill the head's repository with checkpoints at will.
+            if iteration <= entry.checkpointed || iteration > entry.iterations {
+                Err(format!(
+                    "a checkpoint of loop {name} for iteration {iteration} is refused: the head takes one per iteration it saw start, after iteration {} (checkpointed) and up to iteration {} (started)",
+                    entry.checkpointed, entry.iterations
+                ))
+            } else {
+                Ok((entry.branch_bytes, entry.worktree.clone()))
+            }
         };
-        let file = self.branch_file(name);
-        let reset = |me: &Self| {
-            let _ = std::fs::remove_file(&file);
-            if let Some(entry) = lock(&me.loops).get_mut(name) {
-                entry.branch_bytes = 0;
+        let (received, worktree) = match known {
+            Ok(k) => k,
+            Err(why) => {
+                reset(self);
+                return Err(why);
             }
         };
         if received != branch.bytes {
@@ -1188,6 +1305,7 @@ impl RemoteLoops {
         })?;
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.base = tip;
+            entry.checkpointed = iteration;
         }
         Ok(())
     }
@@ -1247,6 +1365,93 @@ impl RemoteLoops {
             ));
         }
         end
+    }
+}
+
+/// What the head knows of a loop's placement when a records batch of it comes: a host's
+/// event numbers are checked against it before anything of the batch is recorded, so that
+/// no number in the record is one a resume or a move could not go on from
+/// (`run/resume.rs`), nor one that hides items from the loop when it moves.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// Iterations the head saw start (from its `iteration_started` events).
+    iterations: u32,
+    /// Inbox items delivered to it.
+    delivered: usize,
+    /// Model calls its host asked of the head.
+    requests: u32,
+}
+
+impl Known {
+    /// Whether `kinds`, in order, can follow what the head knows; why not, by field.
+    fn check(mut self, name: &str, kinds: &[EventKind]) -> Result<(), String> {
+        let refuse = |event: &str, field: &str, value: String, bound: String| {
+            Err(format!(
+                "loop {name}'s `{event}` has field `{field}` {value}, past {bound}; the batch is refused"
+            ))
+        };
+        // The highest iteration number started so far (never going down).
+        let mut last = self.iterations;
+        for kind in kinds {
+            match kind {
+                EventKind::IterationStarted { iteration, .. } => {
+                    let next = self.iterations.saturating_add(1);
+                    if *iteration > next || *iteration < last {
+                        return refuse(
+                            "iteration_started",
+                            "iteration",
+                            iteration.to_string(),
+                            format!(
+                                "the next iteration the head expects ({last} to {next}: it saw {} start)",
+                                self.iterations
+                            ),
+                        );
+                    }
+                    last = *iteration;
+                    self.iterations = next;
+                }
+                EventKind::IterationEnded {
+                    iteration,
+                    model_calls,
+                    ..
+                } => {
+                    if *iteration > last {
+                        return refuse(
+                            "iteration_ended",
+                            "iteration",
+                            iteration.to_string(),
+                            format!("the iterations started ({last})"),
+                        );
+                    }
+                    if model_calls.is_some_and(|c| c > self.requests) {
+                        return refuse(
+                            "iteration_ended",
+                            "model_calls",
+                            format!("{model_calls:?}"),
+                            format!("the model calls its host asked ({})", self.requests),
+                        );
+                    }
+                }
+                EventKind::ProgressNoted { iteration, .. } if *iteration > last => {
+                    return refuse(
+                        "progress_noted",
+                        "iteration",
+                        iteration.to_string(),
+                        format!("the iterations started ({last})"),
+                    );
+                }
+                EventKind::InboxShown { items, .. } if *items > self.delivered => {
+                    return refuse(
+                        "inbox_shown",
+                        "items",
+                        items.to_string(),
+                        format!("the items delivered to it ({})", self.delivered),
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 

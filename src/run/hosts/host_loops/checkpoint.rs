@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use td_protocol::events::EventKind;
+
 use td_base::sync::lock;
 use td_cluster::HeadLink;
 use td_cluster::protocol::{BranchBundle, CHUNK_BYTES, FromHost};
@@ -40,6 +42,8 @@ pub(super) struct Checkpoints {
     taken: Mutex<String>,
     /// The last iteration whose checkpoint was asked for.
     asked: AtomicU32,
+    /// The last iteration the loop started (from its events).
+    started: AtomicU32,
     /// The last iteration whose checkpoint is done (sent, or failed: then `failed`).
     done: watch::Sender<u32>,
     /// Why a checkpoint could not reach the head: the loop makes no more model calls.
@@ -53,6 +57,7 @@ impl Checkpoints {
             place: OnceLock::new(),
             taken: Mutex::new(base.to_string()),
             asked: AtomicU32::new(0),
+            started: AtomicU32::new(0),
             done: watch::Sender::new(0),
             failed: OnceLock::new(),
         }
@@ -72,6 +77,33 @@ impl Checkpoints {
     /// before the engine goes on): the next model call waits for it.
     pub(super) fn ask(&self, n: u32) {
         self.asked.fetch_max(n, Ordering::SeqCst);
+    }
+
+    /// The iteration whose work must reach the head before the loop's event `kind` (asked
+    /// for here), if any: a failed iteration's at its progress note; the loop's last work
+    /// before what ends it (a passing iteration's `iteration_ended`, which the loop's
+    /// completion follows, or a `loop_failed`). At most one per iteration: the head takes
+    /// one per iteration, in order (what is left after it goes with the loop's end).
+    pub(super) fn before(&self, kind: &EventKind) -> Option<u32> {
+        let n = match kind {
+            EventKind::IterationStarted { iteration, .. } => {
+                self.started.fetch_max(*iteration, Ordering::SeqCst);
+                return None;
+            }
+            EventKind::ProgressNoted { iteration, .. }
+            | EventKind::IterationEnded {
+                iteration,
+                validation_passed: Some(true),
+                ..
+            } => *iteration,
+            EventKind::LoopFailed { .. } => self.started.load(Ordering::SeqCst),
+            _ => return None,
+        };
+        if n == 0 || n <= self.asked.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.ask(n);
+        Some(n)
     }
 
     /// Waits until every checkpoint asked for is done; why the loop cannot go on when one
@@ -220,6 +252,56 @@ mod tests {
         );
         cp.done.send_modify(|d| *d = 2);
         assert_eq!(waiter.await.unwrap(), Ok(()));
+    }
+
+    /// Review (move/attempt) #1: the loop's last work goes before the events that end it,
+    /// once per iteration.
+    #[test]
+    fn the_last_work_goes_before_the_events_that_end_the_loop() {
+        let cp = Checkpoints::new("base");
+        let started = |iteration| EventKind::IterationStarted {
+            loop_name: "m".into(),
+            iteration,
+        };
+        let ended = |iteration, passed| EventKind::IterationEnded {
+            loop_name: "m".into(),
+            iteration,
+            ended_by: "end_turn".into(),
+            validation_exit: None,
+            validation_passed: passed,
+            model_calls: Some(1),
+            spend: None,
+            wall_ms: None,
+        };
+        let noted = |iteration| EventKind::ProgressNoted {
+            loop_name: "m".into(),
+            iteration,
+            note: "n".into(),
+        };
+        let failed = EventKind::LoopFailed {
+            loop_name: "m".into(),
+            reason: "r".into(),
+        };
+        let completed = EventKind::LoopCompleted {
+            loop_name: "m".into(),
+            iterations: 2,
+            summary: None,
+        };
+        assert_eq!(cp.before(&failed), None, "nothing started");
+        assert_eq!(cp.before(&started(1)), None);
+        assert_eq!(cp.before(&ended(1, Some(false))), None);
+        assert_eq!(cp.before(&noted(1)), Some(1));
+        // Failed at its last iteration's note: nothing more to send before the end.
+        assert_eq!(cp.before(&failed), None);
+        assert_eq!(cp.before(&started(2)), None);
+        assert_eq!(cp.before(&ended(2, None)), None);
+        assert_eq!(cp.before(&ended(2, Some(true))), Some(2));
+        assert_eq!(cp.before(&completed), None);
+        assert_eq!(cp.asked.load(Ordering::SeqCst), 2);
+        // Failed in an iteration with no note (a model error): its work goes first.
+        assert_eq!(cp.before(&started(3)), None);
+        assert_eq!(cp.before(&failed), Some(3));
+        assert_eq!(cp.before(&failed), None);
     }
 
     #[tokio::test]
