@@ -3255,25 +3255,7 @@ fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
             .ask(register(), Duration::from_secs(10))
             .await
             .unwrap();
-        let () = current
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        let served = tokio::spawn(async move {
-            while let Some(request) = rx.recv().await {
-                request.reply.send(Ok(true));
-            }
-        });
-        let _ = tokio::time::timeout(WAIT, running).await;
-        served.abort();
+        end_e_and_serve(&current, "evil done", rx, running).await;
         (first, second, refusals)
     });
     drop(rt);
@@ -3458,6 +3440,35 @@ fn hand_made_run(port: u16, host: &str) -> (FlaggedRun, PathBuf, PathBuf, std::p
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
+}
+
+/// The hand-made host ends loop `e` as `link`'s placement (completed, `summary`), then
+/// answers whatever the head asks until its session (`running`) ends or [`WAIT`] passes.
+async fn end_e_and_serve<T>(
+    link: &td_cluster::HeadLink,
+    summary: &str,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>,
+    running: tokio::task::JoinHandle<T>,
+) {
+    let () = link
+        .ask(
+            td_cluster::protocol::FromHost::Ended {
+                loop_name: "e".into(),
+                end: serde_json::json!({"status": "completed", "iterations": 1, "summary": summary}),
+                branch: None,
+                problem: None,
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let served = tokio::spawn(async move {
+        while let Some(request) = rx.recv().await {
+            request.reply.send(Ok(true));
+        }
+    });
+    let _ = tokio::time::timeout(WAIT, running).await;
+    served.abort();
 }
 
 /// The next StartLoop the hand-made host is sent (accepted); the run's alerts delivered
@@ -3716,26 +3727,7 @@ fn a_hosts_impossible_event_numbers_are_refused_and_its_loop_still_moves() {
         let link = session.link();
         let running = tokio::spawn(session.run(std::future::pending()));
         let second = next_start(&mut rx).await;
-        let () = link
-            .for_attempt(second.attempt)
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        let served = tokio::spawn(async move {
-            while let Some(request) = rx.recv().await {
-                request.reply.send(Ok(true));
-            }
-        });
-        let _ = tokio::time::timeout(WAIT, running).await;
-        served.abort();
+        end_e_and_serve(&link.for_attempt(second.attempt), "done", rx, running).await;
         second
     });
     drop(rt);
@@ -3990,7 +3982,10 @@ fn a_moved_loop_refused_at_its_next_start_is_moved_again() {
         let running = tokio::spawn(session.run(std::future::pending()));
         // Its first start here is refused.
         loop {
-            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            let request = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
             if matches!(request.request, ToHost::StartLoop(_)) {
                 request
                     .reply
@@ -4003,26 +3998,7 @@ fn a_moved_loop_refused_at_its_next_start_is_moved_again() {
         let moved_before_acceptance = run.count("loop_moved", "e");
         // It comes again, and is accepted and ends.
         let second = next_start(&mut rx).await;
-        let () = link
-            .for_attempt(second.attempt)
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        let served = tokio::spawn(async move {
-            while let Some(request) = rx.recv().await {
-                request.reply.send(Ok(true));
-            }
-        });
-        let _ = tokio::time::timeout(WAIT, running).await;
-        served.abort();
+        end_e_and_serve(&link.for_attempt(second.attempt), "done", rx, running).await;
         moved_before_acceptance
     });
     drop(rt);
