@@ -1844,6 +1844,17 @@ asker:
             }
             request.reply.send(Ok(true));
         }
+        // A host's answers are not ordered with its own requests: the loop's end could
+        // overtake the megabyte (the question then fails as its loop ended). The end goes
+        // once the head has the question's outcome.
+        let answering = Instant::now();
+        while !run.events().iter().any(|e| {
+            (e["event"] == "query_answered" || e["event"] == "query_failed")
+                && e["from"] == "asker"
+        }) {
+            assert!(answering.elapsed() < WAIT, "the answer never reached the head");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let () = link
             .ask(
                 FromHost::Ended {
