@@ -117,28 +117,7 @@ impl Setup {
             std::fs::create_dir_all(setup.path(d)).expect("dir");
         }
         std::fs::write(setup.path("user/README.md"), "bench\n").expect("README");
-        for args in [
-            &["init", "-q", "-b", "main"][..],
-            &["add", "-A"],
-            &[
-                "-c",
-                "user.name=b",
-                "-c",
-                "user.email=b@b",
-                "commit",
-                "-qm",
-                "init",
-            ],
-        ] {
-            let ok = setup
-                .command("git")
-                .args(args)
-                .current_dir(setup.path("user"))
-                .status()
-                .expect("git runs")
-                .success();
-            assert!(ok, "git {args:?} failed");
-        }
+        common::init_repo(&setup.path("user"), || setup.command("git"));
         let secret = setup.path("cfg/hosts.secret");
         std::fs::write(&secret, format!("{SECRET}\n")).expect("secret");
         {

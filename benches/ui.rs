@@ -126,28 +126,7 @@ impl Setup {
         std::fs::create_dir_all(setup.path("cfg")).expect("cfg dir");
         std::fs::create_dir_all(setup.path("home")).expect("home dir");
         std::fs::write(user.join("README.md"), "bench\n").expect("README");
-        for args in [
-            &["init", "-q", "-b", "main"][..],
-            &["add", "-A"],
-            &[
-                "-c",
-                "user.name=b",
-                "-c",
-                "user.email=b@b",
-                "commit",
-                "-qm",
-                "init",
-            ],
-        ] {
-            let ok = setup
-                .command("git")
-                .args(args)
-                .current_dir(&user)
-                .status()
-                .expect("git runs")
-                .success();
-            assert!(ok, "git {args:?} failed");
-        }
+        common::init_repo(&user, || setup.command("git"));
         let (cfg, script) = scenario(n, &setup.path("flag"));
         std::fs::write(setup.path("cfg/taskdaemon.yml"), cfg).expect("config");
         std::fs::write(setup.path("cfg/script.yml"), script).expect("script");

@@ -382,3 +382,29 @@ pub fn uncapped_context(root: &Path) -> td_toolkit::context::ToolContext {
         .expect("context")
         .with_catalog(std::sync::Arc::new(catalog))
 }
+
+/// Makes `user` a git repository on `main` with one commit of what it holds, running git
+/// as `git()` makes it (each bench sets its own environment).
+pub fn init_repo(user: &Path, mut git: impl FnMut() -> Command) {
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &[
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "commit",
+            "-qm",
+            "init",
+        ],
+    ] {
+        let ok = git()
+            .args(args)
+            .current_dir(user)
+            .status()
+            .expect("git runs")
+            .success();
+        assert!(ok, "git {args:?} failed");
+    }
+}

@@ -13,9 +13,9 @@
 //! and output were redacted when the call ended and the hashes cover that text; `time` is
 //! when the call started (`td_base::time::wall_time_of` its monotonic start); the id is a
 //! UUID v7 of that date and a process-wide counter ([`super::receipt_id`]), so ids still
-//! sort in the order receipts are made. An output larger than [`LAZY_OUTPUT_HASH_MAX`] is hashed when the call ends: to
-//! hash it later the receipt keeps a copy, which for a small output costs a fraction of the
-//! hash, and for a large one would hold its memory.
+//! sort in the order receipts are made. An output larger than [`LAZY_OUTPUT_HASH_MAX`] is
+//! hashed when the call ends: to hash it later the receipt keeps a copy, which for a small
+//! output costs a fraction of the hash, and for a large one would hold its memory.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
