@@ -134,12 +134,15 @@ impl Checkpoints {
         bundles: &Path,
     ) -> Result<(), String> {
         let made = self.send(link, name, n, bundles).await;
-        if let Err(why) = &made {
-            let _ = self.failed.set(format!(
-                "the work of its iteration {n} could not reach the head ({why}); it stops so that nothing is done that the head cannot resume from"
-            ));
+        match &made {
+            Err(why) => self.make_failed(
+                n,
+                format!(
+                    "the work of its iteration {n} could not reach the head ({why}); it stops so that nothing is done that the head cannot resume from"
+                ),
+            ),
+            Ok(()) => self.done.send_modify(|d| *d = (*d).max(n)),
         }
-        self.done.send_modify(|d| *d = (*d).max(n));
         made
     }
 
