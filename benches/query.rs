@@ -170,12 +170,13 @@ async fn calls_only(kind: &str, n: usize) {
         echo,
     } = rig().await;
     let input = json!({"target_exec_id": "b", "question": QUESTION});
+    let asker: Arc<str> = Arc::from("a");
     let started = Instant::now();
     for _ in 0..n {
         settle().await;
         match kind {
             "port" => {
-                let answer = port.query("a", "b", QUESTION, TIMEOUT).await;
+                let answer = port.query(&asker, "b", QUESTION, TIMEOUT).await;
                 assert_eq!(answer.as_deref().ok(), Some(ANSWER), "{answer:?}");
             }
             "tool" => {
@@ -222,6 +223,8 @@ async fn latency(report: &mut Report, runtime: &str) {
     // samples around it; kept so that figures stay comparable).
     let driver = tokio::spawn(async move {
         let input = json!({"target_exec_id": "b", "question": QUESTION});
+        // The asker's name as its context shares it (see `Coordination::query`).
+        let asker: Arc<str> = Arc::from("a");
         let mut rounds = Vec::new();
         for round in 0..=ROUNDS {
             let n = if round == 0 { WARMUP } else { PER_ROUND };
@@ -229,7 +232,7 @@ async fn latency(report: &mut Report, runtime: &str) {
             for _ in 0..n {
                 settle().await;
                 let t = Instant::now();
-                let answer = port.query("a", "b", QUESTION, TIMEOUT).await;
+                let answer = port.query(&asker, "b", QUESTION, TIMEOUT).await;
                 ours.push(t.elapsed());
                 assert_eq!(answer.as_deref().ok(), Some(ANSWER), "{answer:?}");
 
@@ -438,7 +441,8 @@ async fn throughput(report: &mut Report) {
         "# throughput: {LOOPS} loops registered in {:?}",
         t.elapsed()
     );
-    let names = Arc::new(names);
+    // Shared names, as a loop's context holds its own (`query` keeps the asker's uncopied).
+    let names: Arc<Vec<Arc<str>>> = Arc::new(names.iter().map(|n| Arc::from(n.as_str())).collect());
     let port = Arc::new(CoordinatorPort::new(rt.coordinator.clone()));
     let (echo, _) = Actor::spawn(None, Echo, ()).await.expect("echo");
 

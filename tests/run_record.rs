@@ -64,10 +64,10 @@ fn response(
 
 fn receipt(exec_id: &str, tool: &str) -> Receipt {
     Receipt {
-        id: uuid::Uuid::now_v7().to_string(),
+        id: uuid::Uuid::now_v7().to_string().into(),
         call_id: Some("c1".into()),
         exec_id: exec_id.into(),
-        tool: tool.into(),
+        tool: tool.to_string().into(),
         input: json!({"path": "a.txt"}),
         input_hash: hash_value(&json!({"path": "a.txt"})),
         output_hash: hash_output("x", false),
@@ -147,7 +147,7 @@ fn events_are_appended_and_keep_the_summary_in_step() {
     log.record(EventKind::QueryAsked {
         id: 7,
         from: "client".into(),
-        to: api(),
+        to: api().into(),
         question: "Which port?".into(),
     });
     log.record(EventKind::IterationEnded {
@@ -193,7 +193,7 @@ fn events_are_appended_and_keep_the_summary_in_step() {
     let seqs: Vec<u64> = events.items.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=9).collect::<Vec<_>>());
     assert!(
-        matches!(&events.items[2].kind, EventKind::QueryAsked { id: 7, question, .. } if question == "Which port?")
+        matches!(&events.items[2].kind, EventKind::QueryAsked { id: 7, question, .. } if &**question == "Which port?")
     );
 
     record.flush().unwrap();
@@ -207,9 +207,12 @@ fn events_are_appended_and_keep_the_summary_in_step() {
     assert_eq!((validation.exit_code, validation.passed), (Some(0), true));
     assert_eq!(
         api.started_at.as_deref(),
-        Some(events.items[0].time.as_str())
+        Some(events.items[0].time.text().as_ref())
     );
-    assert_eq!(api.ended_at.as_deref(), Some(events.items[4].time.as_str()));
+    assert_eq!(
+        api.ended_at.as_deref(),
+        Some(events.items[4].time.text().as_ref())
+    );
     assert!(api.duration_ms.is_some());
     let web = &summary.loops["web"];
     assert_eq!(web.status, LoopStatus::Failed);
@@ -327,7 +330,7 @@ fn receipts_go_to_the_loop_log() {
     log.append(&receipt("api", "read_file")).unwrap();
     log.append(&receipt("api", "write_file")).unwrap();
     let read = read_receipts(tmp.path(), "api").unwrap();
-    let tools: Vec<&str> = read.items.iter().map(|r| r.tool.as_str()).collect();
+    let tools: Vec<&str> = read.items.iter().map(|r| r.tool.as_ref()).collect();
     assert_eq!(tools, ["read_file", "write_file"]);
     // The same file is what `replay verify` reads.
     assert_eq!(

@@ -1022,7 +1022,7 @@ b:
     run.rt.release().await;
     run.until_event(
         "a's query reached b",
-        |k| matches!(k, EventKind::QueryAsked { from, .. } if from == "a"),
+        |k| matches!(k, EventKind::QueryAsked { from, .. } if &**from == "a"),
     )
     .await;
     run.until_file("b-running.flag").await;
@@ -1400,7 +1400,7 @@ b:
         .collect();
     assert!(
         matches!(&outcomes[..], [EventKind::QueryFailed { from, to, error, .. }]
-            if from == "a" && to == "b" && error.contains("within 200 ms")),
+            if &**from == "a" && &**to == "b" && error.contains("within 200 ms")),
         "{outcomes:?}"
     );
 }

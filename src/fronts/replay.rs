@@ -167,7 +167,7 @@ fn recorded_commands(receipts: &[&Receipt]) -> BTreeMap<String, LoopCommands> {
             continue;
         };
         let cmds = by_exec.entry(r.exec_id.clone()).or_default();
-        let slot = match r.tool.as_str() {
+        let slot = match r.tool.as_ref() {
             "build" => &mut cmds.build,
             "test" => &mut cmds.test,
             "validate" => &mut cmds.validate,
@@ -344,8 +344,8 @@ pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
         report.results.push(CallReport {
             index: entry.index,
             seq: receipt.seq,
-            id: receipt.id.clone(),
-            tool: receipt.tool.clone(),
+            id: receipt.id.to_string(),
+            tool: receipt.tool.to_string(),
             verdict,
         });
     }
@@ -374,8 +374,8 @@ async fn replay_one(
     } else {
         report.differ += 1;
         CallVerdict::Differs {
-            expected: receipt.output_hash.clone(),
-            actual: outcome.receipt.into_receipt().output_hash,
+            expected: receipt.output_hash.to_string(),
+            actual: outcome.receipt.into_receipt().output_hash.to_string(),
             excerpt: td_base::text::head_tail(&outcome.content, 400),
         }
     }

@@ -791,7 +791,7 @@ mod tests {
                     id: 2,
                     from: "api".into(),
                     to: "client".into(),
-                    question,
+                    question: question.into(),
                 },
             ));
             p.on_event(&event(

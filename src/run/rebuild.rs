@@ -65,8 +65,8 @@ pub fn rebuild(run_dir: &Path) -> Result<(RunSummary, Vec<String>), String> {
     let mut last_time: Option<String> = None;
     for_each_jsonl::<Event>(&run_dir.join(EVENTS_FILE), |line, event| match event {
         Ok(event) => {
-            first_time.get_or_insert_with(|| event.time.clone());
-            last_time = Some(event.time.clone());
+            first_time.get_or_insert_with(|| event.time.to_string());
+            last_time = Some(event.time.to_string());
             apply_event(&mut summary, &event);
         }
         Err(why) => notes.push(format!("{EVENTS_FILE} line {line}: {why} (skipped)")),

@@ -839,7 +839,8 @@ fn sync_new_dir(run_dir: &Path, dir: &Path) -> Result<(), String> {
 /// How `event` changes a run's summary: the one rule for the live record and for a summary
 /// rebuilt from the events. Returns whether it changed anything.
 pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
-    let time = event.time.as_str();
+    let time = event.time.text();
+    let time = time.as_ref();
     match &event.kind {
         EventKind::RunStarted {
             run_id,

@@ -20,43 +20,47 @@ const CLOCK_PAIR_REACH: std::time::Duration = std::time::Duration::from_secs(1);
 /// before the instant's.
 pub fn wall_time_of(instant: std::time::Instant) -> std::time::SystemTime {
     use std::cell::Cell;
-    use std::time::{Instant, SystemTime};
+    use std::time::{Duration, Instant, SystemTime};
     thread_local! {
         static PAIR: Cell<Option<(Instant, SystemTime)>> = const { Cell::new(None) };
     }
+    // The wall time `instant` is from a pairing `at`/`wall`, or `None` when it is out of the
+    // pairing's reach. One subtraction of instants in the common case (an instant after its
+    // thread's pairing): this runs for every receipt and most events.
+    let from_pair =
+        |at: Instant, wall: SystemTime, reach: Duration| match instant.checked_duration_since(at) {
+            Some(after) if after <= reach => Some(wall.checked_add(after).unwrap_or(wall)),
+            Some(_) => None,
+            None => match at.checked_duration_since(instant) {
+                Some(before) if before <= reach => Some(wall.checked_sub(before).unwrap_or(wall)),
+                _ => None,
+            },
+        };
     PAIR.with(|pair| {
-        let near = |at: Instant| {
-            let apart = if instant >= at {
-                instant - at
-            } else {
-                at - instant
-            };
-            apart <= CLOCK_PAIR_REACH
-        };
-        let (at, wall) = match pair.get() {
-            Some((at, wall)) if near(at) => (at, wall),
-            _ => {
-                let read = (Instant::now(), SystemTime::now());
-                pair.set(Some(read));
-                read
-            }
-        };
-        let moved = if instant >= at {
-            wall.checked_add(instant - at)
-        } else {
-            wall.checked_sub(at - instant)
-        };
-        moved.unwrap_or(wall)
+        if let Some((at, wall)) = pair.get()
+            && let Some(time) = from_pair(at, wall, CLOCK_PAIR_REACH)
+        {
+            return time;
+        }
+        let (at, wall) = (Instant::now(), SystemTime::now());
+        pair.set(Some((at, wall)));
+        from_pair(at, wall, Duration::MAX).unwrap_or(wall)
     })
 }
 
 /// `time` as RFC 3339 with milliseconds, UTC: what [`timestamp_now`] gives at that time (a
 /// receipt reads the clock when its call starts and writes the date when it is made).
+pub fn timestamp_at(time: std::time::SystemTime) -> String {
+    with_timestamp_at(time, str::to_string)
+}
+
+/// What `f` makes of `time`'s text as [`timestamp_at`] writes it, without a copy of the text
+/// (an event's time is kept as a clock value and written as text only where it is written).
 ///
 /// Formatting a date costs more than recording an event; within one millisecond the text is
 /// the same, so each thread keeps the last one it formatted, and only a new millisecond is
 /// turned into a date (every tool call and event asks for the time).
-pub fn timestamp_at(time: std::time::SystemTime) -> String {
+pub fn with_timestamp_at<R>(time: std::time::SystemTime, f: impl FnOnce(&str) -> R) -> R {
     use std::cell::RefCell;
     use std::time::UNIX_EPOCH;
     thread_local! {
@@ -67,19 +71,22 @@ pub fn timestamp_at(time: std::time::SystemTime) -> String {
         Ok(after) => i128::try_from(after.as_millis()).unwrap_or(i128::MAX),
         Err(before) => -i128::try_from(before.duration().as_millis()).unwrap_or(i128::MAX),
     };
-    LAST.with(|last| {
-        let mut last = last.borrow_mut();
-        if last.0 != millis {
-            let date = i64::try_from(millis)
-                .ok()
-                .and_then(chrono::DateTime::from_timestamp_millis)
-                .unwrap_or_default();
-            *last = (
-                millis,
-                date.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            );
+    let format = |millis: i128| {
+        i64::try_from(millis)
+            .ok()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .unwrap_or_default()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    LAST.with(|last| match last.try_borrow_mut() {
+        Ok(mut last) => {
+            if last.0 != millis {
+                *last = (millis, format(millis));
+            }
+            f(&last.1)
         }
-        last.1.clone()
+        // Asked again from inside `f` on this thread: formatted apart, never a panic.
+        Err(_) => f(&format(millis)),
     })
 }
 
@@ -110,6 +117,17 @@ mod tests {
             timestamp_at(UNIX_EPOCH - Duration::from_millis(1)),
             "1969-12-31T23:59:59.999Z"
         );
+    }
+
+    #[test]
+    fn a_timestamp_asked_for_inside_another_is_written_apart() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let outer = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let inner = UNIX_EPOCH + Duration::from_millis(1_700_000_000_456);
+        let both = with_timestamp_at(outer, |o| format!("{o} {}", timestamp_at(inner)));
+        assert_eq!(both, "2023-11-14T22:13:20.123Z 2023-11-14T22:13:20.456Z");
+        // The cache still serves the outer one afterwards.
+        assert_eq!(timestamp_at(outer), "2023-11-14T22:13:20.123Z");
     }
 
     /// `wall_time_of(instant)` with `instant` read between two wall-clock readings: within

@@ -1,8 +1,8 @@
 //! The event log of a run: loop lifecycle and every coordination message, each with a
 //! sequence number. Sinks (the run record's `events.jsonl`, live progress, tests) subscribe.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -191,20 +191,20 @@ pub enum EventKind {
         /// Query id (unique in the run).
         id: u64,
         /// Asking loop.
-        from: String,
+        from: Arc<str>,
         /// Target loop.
-        to: String,
+        to: Arc<str>,
         /// The question.
-        question: String,
+        question: Arc<str>,
     },
     /// A query was answered.
     QueryAnswered {
         /// Query id.
         id: u64,
         /// Asking loop.
-        from: String,
+        from: Arc<str>,
         /// Answering loop.
-        to: String,
+        to: Arc<str>,
         /// The reply.
         reply: String,
         /// What the answer's model calls spent: made by the answering loop, charged to the
@@ -217,9 +217,9 @@ pub enum EventKind {
         /// Query id.
         id: u64,
         /// Asking loop.
-        from: String,
+        from: Arc<str>,
         /// Target loop.
-        to: String,
+        to: Arc<str>,
         /// Why.
         error: String,
         /// What the answer's model calls spent before it failed, charged to the asking loop.
@@ -443,11 +443,91 @@ pub enum EventLogError {
 pub struct Event {
     /// Position in the run, from 1.
     pub seq: u64,
-    /// When (RFC 3339, UTC).
-    pub time: String,
+    /// When (written as RFC 3339 with milliseconds, UTC).
+    pub time: EventTime,
     /// What.
     #[serde(flatten)]
     pub kind: EventKind,
+}
+
+/// When an event happened. An event made here keeps the wall clock's value and is written
+/// as text (RFC 3339 with milliseconds, UTC, as [`td_base::time::timestamp_at`]) only where
+/// it is written: most events of a busy run are made on a loop's path (a query makes two),
+/// and a text per event was an allocation there. An event read from a record keeps its text
+/// as it was written.
+#[derive(Debug, Clone)]
+pub struct EventTime(When);
+
+#[derive(Debug, Clone)]
+enum When {
+    At(std::time::SystemTime),
+    Text(String),
+}
+
+impl EventTime {
+    /// The wall clock now.
+    pub fn now() -> Self {
+        EventTime(When::At(std::time::SystemTime::now()))
+    }
+
+    /// The wall-clock time of `instant` (see [`td_base::time::wall_time_of`]): an event of
+    /// something whose instant was read already costs no clock read.
+    pub fn of(instant: std::time::Instant) -> Self {
+        EventTime(When::At(td_base::time::wall_time_of(instant)))
+    }
+
+    /// The text the record has (or will have).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match &self.0 {
+            When::At(at) => std::borrow::Cow::Owned(td_base::time::timestamp_at(*at)),
+            When::Text(text) => std::borrow::Cow::Borrowed(text),
+        }
+    }
+}
+
+impl From<String> for EventTime {
+    fn from(text: String) -> Self {
+        EventTime(When::Text(text))
+    }
+}
+
+impl From<&str> for EventTime {
+    fn from(text: &str) -> Self {
+        EventTime(When::Text(text.to_string()))
+    }
+}
+
+/// Two times are equal when their texts are: what a record tells apart.
+impl PartialEq for EventTime {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl std::fmt::Display for EventTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            When::At(at) => td_base::time::with_timestamp_at(*at, |text| f.write_str(text)),
+            When::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+impl Serialize for EventTime {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            When::At(at) => {
+                td_base::time::with_timestamp_at(*at, |text| serializer.serialize_str(text))
+            }
+            When::Text(text) => serializer.serialize_str(text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EventTime {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(EventTime::from)
+    }
 }
 
 type Listener = Box<dyn Fn(&Event) + Send + Sync>;
@@ -498,19 +578,25 @@ impl EventLog {
         Ok(log)
     }
 
-    /// Records an event.
+    /// Records an event, dated now.
     pub fn record(&self, kind: EventKind) {
+        self.record_dated(kind, EventTime::now());
+    }
+
+    /// Records an event of something that happened at `instant` (read already: no clock
+    /// read for the date).
+    pub fn record_at(&self, kind: EventKind, instant: std::time::Instant) {
+        self.record_dated(kind, EventTime::of(instant));
+    }
+
+    fn record_dated(&self, kind: EventKind, time: EventTime) {
         // Numbering and delivery happen under one lock so listeners see events in seq order.
         let listeners = lock(&self.listeners);
         // Never wraps: a log starts at most at MAX_SEQ, and 2^64 − 2^53 events are out of
         // reach; should the counter still run out, the last number repeats.
         let seq = self.seq.load(Ordering::SeqCst).saturating_add(1);
         self.seq.store(seq, Ordering::SeqCst);
-        let event = Event {
-            seq,
-            time: td_base::time::timestamp_now(),
-            kind,
-        };
+        let event = Event { seq, time, kind };
         for l in listeners.iter() {
             l(&event);
         }

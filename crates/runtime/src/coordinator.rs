@@ -176,11 +176,11 @@ pub enum CoordMsg {
     /// Ask `target` a question.
     Query {
         /// Asking loop.
-        from: String,
+        from: Arc<str>,
         /// Target loop.
-        target: String,
-        /// The question.
-        question: String,
+        target: Arc<str>,
+        /// The question (shared: its event and its answer both keep it).
+        question: Arc<str>,
         /// How long the asker waits.
         timeout: Duration,
         /// The accepted query, for the asker to run, or why it was refused.
@@ -333,11 +333,15 @@ impl CoordState {
 
     /// Takes one message token from `from`, or says why not.
     fn take_token(&mut self, from: &str) -> Result<(), ToolError> {
+        self.take_token_at(from, Instant::now())
+    }
+
+    /// [`CoordState::take_token`] with the clock read already (`now`).
+    fn take_token_at(&mut self, from: &str, now: Instant) -> Result<(), ToolError> {
         if from == SYSTEM_SENDER {
             return Ok(());
         }
         let limits = self.limits;
-        let now = Instant::now();
         let fresh = || Bucket {
             tokens: f64::from(limits.burst),
             last: now,
@@ -855,16 +859,19 @@ fn register_remote(
 /// [`RoutedQuery`]; the coordinator keeps only its cancel handle and waits for nothing.
 fn handle_query(
     state: &mut CoordState,
-    from: String,
-    target: String,
-    question: String,
+    from: Arc<str>,
+    target: Arc<str>,
+    question: Arc<str>,
     timeout: Duration,
     reply: RpcReplyPort<Result<RoutedQuery, ToolError>>,
 ) {
     let id = state.next_query;
     state.next_query += 1;
+    // One clock read for the rate and the event's date (clock reads are not cheap on a
+    // virtual machine; bench query).
+    let now = Instant::now();
     let refused = state
-        .take_token(&from)
+        .take_token_at(&from, now)
         .and_then(|()| state.check_text("question", &question))
         .err()
         .or_else(|| {
@@ -875,25 +882,31 @@ fn handle_query(
                 })
         });
     if let Some(err) = refused {
-        state.events.record(EventKind::QueryFailed {
-            id,
-            from,
-            to: target,
-            error: err.to_string(),
-            spend: None,
-        });
+        state.events.record_at(
+            EventKind::QueryFailed {
+                id,
+                from,
+                to: target,
+                error: err.to_string(),
+                spend: None,
+            },
+            now,
+        );
         let _ = reply.send(Err(err));
         return;
     }
-    let Some(entry) = state.loops.get_mut(&target) else {
+    let Some(entry) = state.loops.get_mut(&*target) else {
         return;
     };
-    state.events.record(EventKind::QueryAsked {
-        id,
-        from: from.clone(),
-        to: target.clone(),
-        question: question.clone(),
-    });
+    state.events.record_at(
+        EventKind::QueryAsked {
+            id,
+            from: Arc::clone(&from),
+            to: Arc::clone(&target),
+            question: Arc::clone(&question),
+        },
+        now,
+    );
     let (cancel_tx, cancelled) = oneshot::channel();
     entry.answering.retain(|c| !c.is_closed());
     entry.answering.push(cancel_tx);
@@ -907,7 +920,7 @@ fn handle_query(
     };
     let routed = match &entry.place {
         Place::Local { answerer, .. } => {
-            RoutedQuery::local(answerer.clone(), question, timeout, cancelled, record)
+            RoutedQuery::local(answerer.clone(), question, cancelled, record)
         }
         Place::Remote(deliveries) => {
             let target = deliveries.target().clone();
@@ -946,15 +959,18 @@ fn answer_local(
     // Done from the start: the head records the query.
     let record = QueryRecord {
         id: 0,
-        from,
-        target: name,
+        from: from.into(),
+        target: name.into(),
         timeout,
         events: state.events.clone(),
         done: true,
     };
     let answerer = answerer.clone();
     Ok(RoutedQuery::local(
-        answerer, question, timeout, cancelled, record,
+        answerer,
+        question.into(),
+        cancelled,
+        record,
     ))
 }
 
@@ -1254,15 +1270,15 @@ pub(crate) async fn ask<T: Send + 'static>(
 impl Coordination for CoordinatorPort {
     async fn query(
         &self,
-        from: &str,
+        from: &Arc<str>,
         target: &str,
         question: &str,
         timeout: Duration,
     ) -> Result<String, ToolError> {
         ask(&self.coordinator, |reply| CoordMsg::Query {
-            from: from.to_string(),
-            target: target.to_string(),
-            question: question.to_string(),
+            from: Arc::clone(from),
+            target: target.into(),
+            question: question.into(),
             timeout,
             reply,
         })
@@ -1322,8 +1338,8 @@ mod tests {
     fn record(events: &Arc<EventLog>) -> QueryRecord {
         QueryRecord {
             id: 7,
-            from: "a".to_string(),
-            target: "b".to_string(),
+            from: "a".into(),
+            target: "b".into(),
             timeout: Duration::from_secs(1),
             events: events.clone(),
             done: false,
@@ -1363,7 +1379,7 @@ mod tests {
         let kinds: Vec<EventKind> = events.events().into_iter().map(|e| e.kind).collect();
         assert!(
             matches!(&kinds[..], [EventKind::QueryFailed { id: 7, from, to, error, .. }]
-                if from == "a" && to == "b" && error.contains("stopped waiting")),
+                if &**from == "a" && &**to == "b" && error.contains("stopped waiting")),
             "{kinds:?}"
         );
     }

@@ -46,8 +46,7 @@ enum Routed {
 /// A query a local loop answers.
 struct Accepted {
     answerer: Arc<Answerer>,
-    question: String,
-    deadline: tokio::time::Instant,
+    question: Arc<str>,
     cancelled: oneshot::Receiver<()>,
     record: QueryRecord,
 }
@@ -55,7 +54,7 @@ struct Accepted {
 /// A query a remote loop answers.
 struct RemoteQuery {
     target: Arc<RemoteTarget>,
-    question: String,
+    question: Arc<str>,
     deadline: tokio::time::Instant,
     cancelled: oneshot::Receiver<()>,
     record: QueryRecord,
@@ -72,18 +71,16 @@ fn deadline_after(timeout: Duration) -> tokio::time::Instant {
 
 impl RoutedQuery {
     /// A query the coordinator accepted for local loop `answerer`: the asker waits up to
-    /// `timeout`, unless `cancelled` first (the target left the run).
+    /// its record's timeout, unless `cancelled` first (the target left the run).
     pub(crate) fn local(
         answerer: Arc<Answerer>,
-        question: String,
-        timeout: Duration,
+        question: Arc<str>,
         cancelled: oneshot::Receiver<()>,
         record: QueryRecord,
     ) -> Self {
         RoutedQuery(Routed::Local(Accepted {
             answerer,
             question,
-            deadline: deadline_after(timeout),
             cancelled,
             record,
         }))
@@ -92,7 +89,7 @@ impl RoutedQuery {
     /// A query the coordinator accepted for remote loop `target` (as [`RoutedQuery::local`]).
     pub(crate) fn remote(
         target: Arc<RemoteTarget>,
-        question: String,
+        question: Arc<str>,
         timeout: Duration,
         cancelled: oneshot::Receiver<()>,
         record: QueryRecord,
@@ -109,9 +106,9 @@ impl RoutedQuery {
     /// A host's query for the head.
     pub(crate) fn upstream(
         upstream: Arc<dyn Upstream>,
-        from: String,
-        target: String,
-        question: String,
+        from: Arc<str>,
+        target: Arc<str>,
+        question: Arc<str>,
         timeout: Duration,
     ) -> Self {
         RoutedQuery(Routed::Upstream(Box::new(UpstreamQuery {
@@ -144,7 +141,6 @@ impl Accepted {
         let Accepted {
             answerer,
             question,
-            deadline,
             cancelled,
             mut record,
         } = self;
@@ -163,11 +159,13 @@ impl Accepted {
             match answering.as_mut().now_or_never() {
                 Some(r) => answered(&record.target, r),
                 // Boxed: the timer and the select are only needed here, and inline they made
-                // every query's future (moved a few times per query) larger.
+                // every query's future (moved a few times per query) larger. The deadline
+                // is read only here too: an answer taken at once needs no clock read for it
+                // (one poll later than its acceptance, which took no time of its own).
                 None => {
                     Box::pin(wait_for_answer(
                         answering,
-                        deadline,
+                        deadline_after(record.timeout),
                         cancelled,
                         &record.target,
                         record.timeout,
@@ -259,9 +257,9 @@ async fn ask_remote(
 /// A host's query, asked of the head.
 struct UpstreamQuery {
     upstream: Arc<dyn Upstream>,
-    from: String,
-    target: String,
-    question: String,
+    from: Arc<str>,
+    target: Arc<str>,
+    question: Arc<str>,
     timeout: Duration,
 }
 
@@ -282,8 +280,8 @@ impl UpstreamQuery {
 /// outcome (the asker stopped waiting: its iteration or loop ended) is recorded as such.
 pub(crate) struct QueryRecord {
     pub(crate) id: u64,
-    pub(crate) from: String,
-    pub(crate) target: String,
+    pub(crate) from: Arc<str>,
+    pub(crate) target: Arc<str>,
     pub(crate) timeout: Duration,
     pub(crate) events: Arc<EventLog>,
     /// Recorded already (or never to be: a host answering for the head, which records).
@@ -295,12 +293,8 @@ impl QueryRecord {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        // Recorded once: the names are handed to the event, not copied.
-        let (id, from, to) = (
-            self.id,
-            std::mem::take(&mut self.from),
-            std::mem::take(&mut self.target),
-        );
+        // Recorded once; the event shares the names.
+        let (id, from, to) = (self.id, Arc::clone(&self.from), Arc::clone(&self.target));
         self.events.record(match outcome {
             Ok(answer) => EventKind::QueryAnswered {
                 id,

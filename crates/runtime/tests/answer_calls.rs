@@ -181,8 +181,10 @@ async fn answer_time_calls_wait_for_a_lane_worker_and_leave_receipts() {
     .await;
 
     let port = CoordinatorPort::new(rt.coordinator.clone());
-    let asked =
-        tokio::spawn(async move { port.query("a", "b", "What does peek show?", GUARD).await });
+    let asked = tokio::spawn(async move {
+        port.query(&"a".into(), "b", "What does peek show?", GUARD)
+            .await
+    });
     // The answer's call waits for the worker, like any call of b's.
     until(
         "the answer's call to queue in the no-net lane",
@@ -219,7 +221,7 @@ async fn answer_time_calls_wait_for_a_lane_worker_and_leave_receipts() {
         .collect();
     assert_eq!(answer_receipts.len(), 1, "{receipts:#?}");
     let r = answer_receipts[0];
-    assert_eq!((r.tool.as_str(), r.exec_id.as_str()), ("peek", "b"));
+    assert_eq!((r.tool.as_ref(), r.exec_id.as_str()), ("peek", "b"));
     assert!(!r.is_error, "{r:?}");
     assert_eq!(r.schema_valid, Some(true));
     rt.shutdown().await;

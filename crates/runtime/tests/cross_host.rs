@@ -206,7 +206,9 @@ impl Upstream for Head {
         question: &str,
         timeout: Duration,
     ) -> Result<String, ToolError> {
-        self.port.query(from, target, question, timeout).await
+        self.port
+            .query(&Arc::from(from), target, question, timeout)
+            .await
     }
 
     async fn share(
@@ -385,15 +387,24 @@ fn is_coordination(kind: &EventKind) -> bool {
 async fn queries_cross_both_ways_and_are_recorded_once_on_the_head() {
     let p = pair(&["a"], &["h1", "h2"], &[]).await;
 
-    let to_head = p.port("h1").query("h1", "a", "which port?", ASK).await;
+    let to_head = p
+        .port("h1")
+        .query(&"h1".into(), "a", "which port?", ASK)
+        .await;
     assert_eq!(to_head.unwrap(), "a answers h1: which port?");
-    let to_host = p.port("a").query("a", "h1", "which schema?", ASK).await;
+    let to_host = p
+        .port("a")
+        .query(&"a".into(), "h1", "which schema?", ASK)
+        .await;
     assert_eq!(to_host.unwrap(), "h1 answers a: which schema?");
     // Two loops of one host: routed by the head too.
-    let on_host = p.port("h2").query("h2", "h1", "done yet?", ASK).await;
+    let on_host = p
+        .port("h2")
+        .query(&"h2".into(), "h1", "done yet?", ASK)
+        .await;
     assert_eq!(on_host.unwrap(), "h1 answers h2: done yet?");
     // The head's refusals reach a host loop as they are.
-    let unknown = p.port("h1").query("h1", "zz", "anyone?", ASK).await;
+    let unknown = p.port("h1").query(&"h1".into(), "zz", "anyone?", ASK).await;
     let unknown = unknown.unwrap_err().to_string();
     assert!(
         unknown.contains("unknown loop 'zz'") && unknown.contains("a, h2"),
@@ -404,7 +415,7 @@ async fn queries_cross_both_ways_and_are_recorded_once_on_the_head() {
     let asked: Vec<(String, String)> = kinds(&p.head_events)
         .into_iter()
         .filter_map(|k| match k {
-            EventKind::QueryAnswered { from, to, .. } => Some((from, to)),
+            EventKind::QueryAnswered { from, to, .. } => Some((from.to_string(), to.to_string())),
             _ => None,
         })
         .collect();
@@ -555,7 +566,7 @@ async fn a_lost_host_fails_what_waits_on_its_loops_at_once() {
     let port = p.port("a");
     let asking = tokio::spawn({
         let port = port.clone();
-        async move { port.query("a", "h1", "which schema?", ASK).await }
+        async move { port.query(&"a".into(), "h1", "which schema?", ASK).await }
     });
     let sharing = tokio::spawn({
         let port = port.clone();
@@ -595,7 +606,7 @@ async fn a_lost_host_fails_what_waits_on_its_loops_at_once() {
 
     // Later messages get the error of a loop that left, with why (it may be moving to
     // another host: the asker learns it can ask again).
-    let again = port.query("a", "h1", "still there?", ASK).await;
+    let again = port.query(&"a".into(), "h1", "still there?", ASK).await;
     let again = again.unwrap_err().to_string();
     assert!(
         again.contains(
@@ -649,7 +660,7 @@ async fn a_delivery_over_a_cut_link_is_reported_not_delivered() {
     }
     let reached = port.alert("a", "api_ready", "MARK-CUT-ALERT", None).await;
     assert_eq!(reached.unwrap(), 0);
-    let answer = port.query("a", "h1", "there?", ASK).await;
+    let answer = port.query(&"a".into(), "h1", "there?", ASK).await;
     let answer = answer.unwrap_err().to_string();
     assert!(answer.contains("cannot be reached"), "{answer}");
 
@@ -746,7 +757,7 @@ async fn a_host_loop_whose_actor_ends_leaves_the_heads_run() {
         assert!(started.elapsed() < GUARD, "h1 is still listed on the head");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let asked = port.query("a", "h1", "there?", ASK).await;
+    let asked = port.query(&"a".into(), "h1", "there?", ASK).await;
     let asked = asked.unwrap_err().to_string();
     assert!(asked.contains("loop 'h1' has stopped (stopped)"), "{asked}");
     let item = Arc::new(InboxItem::Share {
@@ -771,10 +782,13 @@ async fn a_question_with_a_deadline_past_the_clocks_end_is_answered() {
     assert_eq!(answer.unwrap(), "h1 answers a: forever?");
     let local = p
         .port("a")
-        .query("a", "h1", "and now?", Duration::MAX)
+        .query(&"a".into(), "h1", "and now?", Duration::MAX)
         .await;
     assert_eq!(local.unwrap(), "h1 answers a: and now?");
-    let again = p.port("h1").query("h1", "a", "still there?", ASK).await;
+    let again = p
+        .port("h1")
+        .query(&"h1".into(), "a", "still there?", ASK)
+        .await;
     assert_eq!(again.unwrap(), "a answers h1: still there?");
     p.shutdown().await;
 }

@@ -5,6 +5,7 @@
 //! routes through the coordinator. Outside a run (`tool exec`, MCP) there is no port and the
 //! tools say so.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -44,10 +45,11 @@ pub struct Delivery {
 /// loop on another host, once its host confirmed or refused the delivery, within a bound).
 #[async_trait]
 pub trait Coordination: Send + Sync {
-    /// Asks `target` a question and waits up to `timeout` for its reply.
+    /// Asks `target` a question and waits up to `timeout` for its reply. `from` is the
+    /// asking loop's name as its context shares it: the query's record keeps it uncopied.
     async fn query(
         &self,
-        from: &str,
+        from: &Arc<str>,
         target: &str,
         question: &str,
         timeout: Duration,

@@ -12,17 +12,19 @@ pub mod check;
 mod lazy;
 mod receipt_id;
 pub mod session;
+mod short_text;
 
 pub use lazy::CallReceipt;
 pub(crate) use lazy::{CallDraft, DraftOutput};
+pub use short_text::ShortText;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
 use sha2::{Digest, Sha256};
 
 use td_base::jsonl::{self, JsonlRead};
@@ -54,19 +56,19 @@ pub enum SideEffect {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Receipt {
     /// Unique id (UUID v7, so ids sort by time).
-    pub id: String,
+    pub id: ShortText,
     /// The model's id for the call, when it gave one.
     pub call_id: Option<String>,
     /// The loop (exec id) that made the call.
     pub exec_id: String,
-    /// Tool name.
-    pub tool: String,
+    /// Tool name (a built-in tool's without a copy).
+    pub tool: Cow<'static, str>,
     /// The full input, so the call can be replayed.
     pub input: Value,
     /// `sha256:` of the canonical JSON of `input`.
-    pub input_hash: String,
+    pub input_hash: ShortText,
     /// `sha256:` of the full output (content and error flag), before any cap.
-    pub output_hash: String,
+    pub output_hash: ShortText,
     /// Whether the model saw an error.
     pub is_error: bool,
     /// Error kind when the call failed before producing output.
@@ -84,7 +86,7 @@ pub struct Receipt {
     /// Files written and commands run.
     pub side_effects: Vec<SideEffect>,
     /// When the call started (RFC 3339, UTC).
-    pub time: String,
+    pub time: ShortText,
     /// HEAD of the worktree when the call ran, if it is a git checkout.
     pub commit: Option<String>,
     /// Whether the input passed the tool's JSON Schema (the dsrs ToolParamsSchemaMetric:
@@ -176,7 +178,7 @@ impl Default for LogTally {
 impl LogTally {
     fn add(&mut self, receipt: &Receipt) {
         self.receipts = self.receipts.saturating_add(1);
-        self.ids.push(receipt.id.clone());
+        self.ids.push(receipt.id.to_string());
         self.total_latency_ms = self.total_latency_ms.saturating_add(receipt.latency_ms);
         self.side_effects
             .extend(receipt.side_effects.iter().cloned());
@@ -347,15 +349,30 @@ impl HashWriter {
 
     /// `sha256:<lowercase hex>` of what was written. By reference: the writer is a few
     /// hundred bytes, and moving it into a by-value `finish` was a tenth of a short hash.
-    fn finish(&mut self) -> String {
+    fn finish(&mut self) -> ShortText {
         self.drain();
         let mut text = *b"sha256:0000000000000000000000000000000000000000000000000000000000000000";
-        // 32 bytes always fit the 64 hex digits.
-        let _ = hex::encode_to_slice(self.hash.finalize_reset(), &mut text[7..]);
+        let digest = self.hash.finalize_reset();
+        for (pair, byte) in text[7..].chunks_exact_mut(2).zip(digest.iter()) {
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
+        }
         // ASCII throughout, so never the empty fallback.
-        String::from(std::str::from_utf8(&text).unwrap_or_default())
+        ShortText::from(std::str::from_utf8(&text).unwrap_or_default())
     }
 }
+
+/// The two lowercase hex digits of each byte: a hash's 32 bytes are written with one table
+/// read each (the `hex` crate's loop was a tenth of making a receipt, bench query).
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [DIGITS[byte >> 4], DIGITS[byte & 0x0F]];
+        byte += 1;
+    }
+    pairs
+};
 
 impl std::io::Write for HashWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -374,7 +391,7 @@ impl std::io::Write for HashWriter {
 }
 
 /// `sha256:<hex>` of the canonical JSON of `value`.
-pub fn hash_value(value: &Value) -> String {
+pub fn hash_value(value: &Value) -> ShortText {
     let mut hasher = HashWriter::new();
     // Writing to a hasher cannot fail, and every `Value` serializes.
     let _ = write_sorted(value, &mut hasher);
@@ -383,7 +400,7 @@ pub fn hash_value(value: &Value) -> String {
 
 /// `sha256:<hex>` of a call's full output: of the canonical JSON of
 /// `{"content": content, "is_error": is_error}`, written straight into the hash.
-pub fn hash_output(content: &str, is_error: bool) -> String {
+pub fn hash_output(content: &str, is_error: bool) -> ShortText {
     let mut hasher = HashWriter::new();
     hasher.add(b"{\"content\":");
     // Writing to a hasher cannot fail.
@@ -591,7 +608,7 @@ pub fn read_log(path: &Path) -> Result<ReceiptRead, jsonl::ReadError> {
 pub(crate) fn test_receipt(n: usize) -> Receipt {
     let input = serde_json::json!({"command": format!("echo {n}")});
     Receipt {
-        id: format!("id-{n}"),
+        id: format!("id-{n}").into(),
         call_id: None,
         exec_id: "e".into(),
         tool: "run_command".into(),
@@ -619,6 +636,36 @@ pub(crate) fn test_receipt(n: usize) -> Receipt {
 
 #[cfg(test)]
 mod tests {
+    use sha2::{Digest, Sha256};
+
+    #[test]
+    fn the_hash_writer_is_sha256_at_every_length_and_every_way_of_writing() {
+        // Lengths around one and two block edges (55/56 bytes decide the padding's blocks)
+        // and far past them; written whole, a byte at a time, and in uneven pieces.
+        for len in (0..=300).chain([1_000, 4_096, 65_537]) {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let expected = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+            let mut whole = HashWriter::new();
+            whole.add(&bytes);
+            assert_eq!(whole.finish(), expected.as_str(), "whole, {len} bytes");
+            let mut single = HashWriter::new();
+            bytes
+                .iter()
+                .for_each(|b| single.add(std::slice::from_ref(b)));
+            assert_eq!(single.finish(), expected.as_str(), "bytewise, {len} bytes");
+            let mut pieces = HashWriter::new();
+            let mut rest = &bytes[..];
+            let mut size = 1;
+            while !rest.is_empty() {
+                let (piece, after) = rest.split_at(size.min(rest.len()));
+                pieces.add(piece);
+                rest = after;
+                size = size * 3 % 97 + 1;
+            }
+            assert_eq!(pieces.finish(), expected.as_str(), "pieces, {len} bytes");
+        }
+    }
+
     use super::*;
     use serde_json::json;
     use std::io::Write;

@@ -77,13 +77,13 @@ impl FakeCoordination {
 impl Coordination for FakeCoordination {
     async fn query(
         &self,
-        from: &str,
+        from: &Arc<str>,
         target: &str,
         question: &str,
         timeout: Duration,
     ) -> Result<String, ToolError> {
         self.record(Call::Query {
-            from: from.into(),
+            from: from.to_string(),
             target: target.into(),
             question: question.into(),
             timeout,

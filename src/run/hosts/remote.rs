@@ -846,7 +846,9 @@ impl RemoteLoops {
                 timeout_ms,
             } => {
                 let timeout = Duration::from_millis(timeout_ms).min(MAX_QUERY_TIMEOUT);
-                let answer = port.query(name, &target, &question, timeout).await;
+                let answer = port
+                    .query(&Arc::from(name), &target, &question, timeout)
+                    .await;
                 reply.send(answer.map_err(text));
             }
             CoordRequest::Share {

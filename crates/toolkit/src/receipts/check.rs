@@ -122,8 +122,8 @@ impl Place {
         Place {
             index: entry.index,
             seq: entry.receipt.seq,
-            id: entry.receipt.id.clone(),
-            tool: entry.receipt.tool.clone(),
+            id: entry.receipt.id.to_string(),
+            tool: entry.receipt.tool.to_string(),
         }
     }
 }

@@ -26,7 +26,7 @@ use serde_json::Value;
 use td_base::sync::lock;
 
 use super::receipt_id::receipt_id;
-use super::{Receipt, SideEffect, hash_output, hash_value};
+use super::{Receipt, ShortText, SideEffect, hash_output, hash_value};
 
 /// Largest output (bytes) whose hash is left to when the receipt is made.
 pub const LAZY_OUTPUT_HASH_MAX: usize = 4 * 1024;
@@ -84,7 +84,7 @@ pub(crate) enum DraftOutput {
     /// A small output, kept to be hashed when the receipt is made.
     Kept(String),
     /// The hash of a large output, made when the call ended.
-    Hashed(String),
+    Hashed(ShortText),
 }
 
 impl DraftOutput {
@@ -140,7 +140,7 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         id: receipt_id(started),
         call_id: d.call_id,
         exec_id: d.exec_id.to_string(),
-        tool: d.tool.into_owned(),
+        tool: d.tool,
         input_hash: hash_value(&d.input),
         input: d.input,
         output_hash,
@@ -151,7 +151,7 @@ fn make(draft: Option<CallDraft>) -> Receipt {
         latency_ms: d.latency_ms,
         latency_us: Some(d.latency_us),
         side_effects: d.side_effects,
-        time: td_base::time::timestamp_at(started),
+        time: td_base::time::with_timestamp_at(started, |text: &str| ShortText::from(text)),
         commit: d.commit,
         schema_valid: d.schema_valid,
         seq: None,
@@ -187,13 +187,13 @@ impl std::fmt::Debug for CallReceipt {
 /// The receipt of no call (see [`make`]).
 fn empty() -> Receipt {
     Receipt {
-        id: String::new(),
+        id: ShortText::default(),
         call_id: None,
         exec_id: String::new(),
-        tool: String::new(),
+        tool: Cow::Borrowed(""),
         input: Value::Null,
-        input_hash: String::new(),
-        output_hash: String::new(),
+        input_hash: ShortText::default(),
+        output_hash: ShortText::default(),
         is_error: false,
         error_kind: None,
         output_bytes: 0,
@@ -201,7 +201,7 @@ fn empty() -> Receipt {
         latency_ms: 0,
         latency_us: None,
         side_effects: Vec::new(),
-        time: String::new(),
+        time: ShortText::default(),
         commit: None,
         schema_valid: None,
         seq: None,
@@ -259,7 +259,7 @@ mod tests {
         assert!(receipt.is_made());
         // When the call started, though it is written later.
         assert!(
-            earliest <= receipt.time && receipt.time <= latest,
+            earliest.as_str() <= receipt.time.as_str() && receipt.time.as_str() <= latest.as_str(),
             "{earliest} <= {} <= {latest}",
             receipt.time
         );
@@ -279,7 +279,10 @@ mod tests {
         let unread = CallReceipt::new(draft(7, started, "", false)).into_receipt();
         assert_eq!(unread.input_hash, expected.input_hash);
         assert_eq!(unread.output_hash, expected.output_hash);
-        assert!(earliest <= unread.time && unread.time <= date_ago(ago));
+        assert!(
+            earliest.as_str() <= unread.time.as_str()
+                && unread.time.as_str() <= date_ago(ago).as_str()
+        );
     }
 
     #[test]

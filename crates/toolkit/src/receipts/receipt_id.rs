@@ -71,7 +71,7 @@ fn next_packed(last_id: &AtomicU64, millis: u64) -> u64 {
 }
 
 /// A new receipt id for a receipt made at `now` (hyphenated lowercase UUID v7 text).
-pub(crate) fn receipt_id(now: SystemTime) -> String {
+pub(crate) fn receipt_id(now: SystemTime) -> super::ShortText {
     let millis = now
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
@@ -81,7 +81,7 @@ pub(crate) fn receipt_id(now: SystemTime) -> String {
 }
 
 /// The text of the id with this packed (milliseconds, counter) and salt.
-fn id_text(packed: u64, salt: &[u8; 7]) -> String {
+fn id_text(packed: u64, salt: &[u8; 7]) -> super::ShortText {
     let millis = packed >> COUNTER_BITS;
     let counter = packed & ((1 << COUNTER_BITS) - 1);
     // The builder keeps the low nibble of byte 0 and the low 6 bits of byte 2 (version and
@@ -93,12 +93,13 @@ fn id_text(packed: u64, salt: &[u8; 7]) -> String {
     bytes[3..].copy_from_slice(salt);
     let uuid = uuid::Builder::from_unix_timestamp_millis(millis, &bytes).into_uuid();
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    String::from(&*uuid.hyphenated().encode_lower(&mut text))
+    super::ShortText::from(&*uuid.hyphenated().encode_lower(&mut text))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::receipts::ShortText;
 
     #[test]
     fn ids_are_v7_uuids_of_their_millisecond() {
@@ -129,7 +130,7 @@ mod tests {
             assert!(seen.insert(text), "counter {counter} gave a repeated id");
         }
         // In order of the counter, as text too (ids are compared as strings by readers).
-        let texts: Vec<&String> = seen.iter().collect();
+        let texts: Vec<&ShortText> = seen.iter().collect();
         assert_eq!(
             texts.first().map(|t| t.as_str()),
             Some(id_text(base, &salt).as_str())

@@ -128,7 +128,7 @@ async fn ask(input: &Value, ctx: &ToolContext) -> ToolResult<ToolOutput> {
     let port = ctx.coordination()?;
     let reply = port
         .query(
-            ctx.exec_id(),
+            ctx.shared_exec_id(),
             target,
             args.question,
             Duration::from_millis(timeout_ms),
@@ -306,7 +306,7 @@ mod tests {
         assert_eq!(receipt.input, input);
         assert_eq!(receipt.input_hash, td_toolkit::receipts::hash_value(&input));
         assert_eq!(
-            (receipt.tool.as_str(), receipt.exec_id.as_str()),
+            (receipt.tool.as_ref(), receipt.exec_id.as_str()),
             (TOOL, "client")
         );
         assert_eq!(receipt.call_id.as_deref(), Some("c1"));
