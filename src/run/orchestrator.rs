@@ -679,6 +679,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             };
             waiting.remove(&def.name);
             let resume = resume_state.get(&def.name);
+            if let Some(r) = resume {
+                // The delivery numbers its record holds are not given again.
+                td_runtime::coordinator_handle::CoordinatorHandle::new(rt.coordinator.clone())
+                    .number_after(&def.name, r.last_delivery);
+            }
             // A new branch starts where its dependencies' work is (see `handover`).
             let base = def.base.clone().unwrap_or_else(|| default_base.clone());
             let start_at = if resume.is_some() {

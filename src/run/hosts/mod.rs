@@ -11,6 +11,7 @@ pub mod host_loops;
 pub mod moves;
 pub mod placement;
 pub mod remote;
+pub mod shown;
 pub mod summary;
 pub mod worker;
 

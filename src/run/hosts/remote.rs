@@ -37,7 +37,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -66,6 +66,7 @@ use td_toolkit::coordination::Coordination;
 use td_toolkit::error::ToolError;
 use td_toolkit::receipts::Receipt;
 
+use crate::run::hosts::shown::HostInbox;
 use crate::run::record::RunRecord;
 
 /// The largest branch bundle a host may send back for one loop.
@@ -130,6 +131,11 @@ pub struct HeadSide {
 /// batch of theirs claimed before the loss to be appended.
 const RECORDS_SETTLE: Duration = Duration::from_secs(5);
 
+/// The longest a lost host's loops wait, before they are handed to the run, for the shares
+/// and alerts delivered to them to be recorded (each delivery is bounded by
+/// [`REMOTE_DELIVERY_TIMEOUT`]).
+const DELIVERIES_SETTLE: Duration = REMOTE_DELIVERY_TIMEOUT.saturating_add(Duration::from_secs(5));
+
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -177,29 +183,27 @@ struct HostLink {
     host: String,
     name: String,
     outstanding: Outstanding,
-    /// Items its host took ([`Entry::delivered`]).
-    delivered: Arc<AtomicUsize>,
+    /// Its inbox as the head knows it ([`Entry::inbox`]).
+    inbox: Arc<Mutex<HostInbox>>,
 }
 
 #[async_trait::async_trait]
 impl RemoteLoop for HostLink {
-    async fn deliver(&self, item: Arc<InboxItem>) -> bool {
+    async fn deliver(&self, delivery: u64, item: Arc<InboxItem>) -> bool {
         let Ok(item) = serde_json::to_value(&*item) else {
             return false;
         };
         let request = ToHost::Deliver {
             loop_name: self.name.clone(),
             item,
+            delivery: Some(delivery),
         };
-        let taken = self
-            .asker
+        // Counted as sent before it goes: the loop may show it before its host answers.
+        lock(&self.inbox).sent(delivery);
+        self.asker
             .ask::<bool>(&self.host, &request, REMOTE_DELIVERY_TIMEOUT)
             .await
-            .unwrap_or(false);
-        if taken {
-            self.delivered.fetch_add(1, Ordering::SeqCst);
-        }
-        taken
+            .unwrap_or(false)
     }
 
     async fn answer(
@@ -262,9 +266,9 @@ struct Entry {
     /// The last iteration whose checkpoint was taken: a host sends one per iteration, in
     /// order, for an iteration the head saw start.
     checkpointed: u32,
-    /// Inbox items delivered to it in this placement (its first inbox included): what its
-    /// `inbox_shown` events may say it showed at most.
-    delivered: Arc<AtomicUsize>,
+    /// Its inbox in this placement (its first inbox included), as the head knows it: what
+    /// its `inbox_shown` events may say it showed.
+    inbox: Arc<Mutex<HostInbox>>,
     /// Model calls its host asked of the head in this placement: what its
     /// `iteration_ended` events may say an iteration made at most.
     requests: u32,
@@ -418,7 +422,9 @@ impl RemoteLoops {
                 branch_bytes: 0,
                 sent_bytes: 0,
                 checkpointed: placed.start.first_iteration.saturating_sub(1),
-                delivered: Arc::new(AtomicUsize::new(placed.start.initial_inbox.len())),
+                inbox: Arc::new(Mutex::new(HostInbox::new(&first_inbox(
+                    &placed.start.initial_inbox,
+                )))),
                 requests: 0,
                 over: None,
                 broken: None,
@@ -605,6 +611,17 @@ impl RemoteLoops {
             // and nothing of the earlier placement is written after it.
             let names: Vec<String> = gone.iter().map(|e| e.name.clone()).collect();
             me.records_settled(&names).await;
+            // And every share and alert they were delivered (one is recorded once all its
+            // remote deliveries settle, up to 10 s later): the move shows them once, read
+            // back from the record.
+            for name in &names {
+                if !handle.settled(name, DELIVERIES_SETTLE).await {
+                    eprintln!(
+                        "taskdaemon: loop {name}: a share or alert delivered to it was not recorded within {} s; it goes on without it",
+                        DELIVERIES_SETTLE.as_secs()
+                    );
+                }
+            }
             for end in gone {
                 let _ = ends.send(end);
             }
@@ -805,8 +822,7 @@ impl RemoteLoops {
                     Ok(a) => a.clone(),
                     Err(e) => return reply.send(Err::<(), _>(e)),
                 };
-                let Some(delivered) = lock(&self.loops).get(name).map(|e| e.delivered.clone())
-                else {
+                let Some(inbox) = lock(&self.loops).get(name).map(|e| e.inbox.clone()) else {
                     return reply.send(Err::<(), _>(format!("no loop {name}")));
                 };
                 let link = Arc::new(HostLink {
@@ -814,7 +830,7 @@ impl RemoteLoops {
                     host: host.to_string(),
                     name: name.to_string(),
                     outstanding: self.outstanding.clone(),
-                    delivered,
+                    inbox,
                 });
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
@@ -1037,7 +1053,8 @@ impl RemoteLoops {
     ) -> Result<(), String> {
         let known = lock(&self.loops).get(name).map(|e| Known {
             iterations: e.iterations,
-            delivered: e.delivered.load(Ordering::SeqCst),
+            inbox: lock(&e.inbox).clone(),
+            live_inbox: e.inbox.clone(),
             requests: e.requests,
         });
         let known = known.ok_or_else(|| format!("no loop {name}"))?;
@@ -1063,7 +1080,8 @@ impl RemoteLoops {
                     .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?,
             );
         }
-        known.check(name, &kinds)?;
+        let live_inbox = known.live_inbox.clone();
+        let shown = known.check(name, &kinds)?;
         let mut entries = Vec::with_capacity(transcript.len());
         for entry in transcript {
             let entry = serde_json::from_value::<TranscriptEntry>(entry)
@@ -1112,6 +1130,7 @@ impl RemoteLoops {
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.batch = batch;
         }
+        lock(&live_inbox).commit(&shown);
         if let Some(log) = log {
             for receipt in &taken {
                 if let Err(e) = log.append(receipt) {
@@ -1372,19 +1391,23 @@ impl RemoteLoops {
 /// event numbers are checked against it before anything of the batch is recorded, so that
 /// no number in the record is one a resume or a move could not go on from
 /// (`run/resume.rs`), nor one that hides items from the loop when it moves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Known {
     /// Iterations the head saw start (from its `iteration_started` events).
     iterations: u32,
-    /// Inbox items delivered to it.
-    delivered: usize,
+    /// Its inbox, copied when the batch arrived: the batch's `inbox_shown` events are
+    /// taken on it, and it is made the loop's once the batch is.
+    inbox: HostInbox,
+    /// The loop's inbox.
+    live_inbox: Arc<Mutex<HostInbox>>,
     /// Model calls its host asked of the head.
     requests: u32,
 }
 
 impl Known {
-    /// Whether `kinds`, in order, can follow what the head knows; why not, by field.
-    fn check(mut self, name: &str, kinds: &[EventKind]) -> Result<(), String> {
+    /// Whether `kinds`, in order, can follow what the head knows; why not, by field. The
+    /// inbox as the batch's `inbox_shown` events leave it, to be made the loop's.
+    fn check(mut self, name: &str, kinds: &[EventKind]) -> Result<HostInbox, String> {
         let refuse = |event: &str, field: &str, value: String, bound: String| {
             Err(format!(
                 "loop {name}'s `{event}` has field `{field}` {value}, past {bound}; the batch is refused"
@@ -1440,19 +1463,36 @@ impl Known {
                         format!("the iterations started ({last})"),
                     );
                 }
-                EventKind::InboxShown { items, .. } if *items > self.delivered => {
-                    return refuse(
-                        "inbox_shown",
-                        "items",
-                        items.to_string(),
-                        format!("the items delivered to it ({})", self.delivered),
-                    );
+                EventKind::InboxShown {
+                    items, deliveries, ..
+                } => {
+                    if let Err(why) = self.inbox.take(*items, deliveries) {
+                        return refuse("inbox_shown", why.field, why.value, why.bound);
+                    }
                 }
                 _ => {}
             }
         }
-        Ok(())
+        Ok(self.inbox)
     }
+}
+
+/// The items of a `StartLoop`'s first inbox, with their delivery numbers (the head wrote
+/// them; one it cannot read counts as an item without a number).
+fn first_inbox(values: &[Value]) -> Vec<td_protocol::inbox::Delivered> {
+    values
+        .iter()
+        .map(|v| {
+            serde_json::from_value(v.clone()).unwrap_or(td_protocol::inbox::Delivered {
+                delivery: None,
+                item: InboxItem::Share {
+                    from: String::new(),
+                    data_type: String::new(),
+                    data: Value::Null,
+                },
+            })
+        })
+        .collect()
 }
 
 /// The system alert of a loop's end, as a local loop's actor sends it (none when stopped).
