@@ -3649,6 +3649,18 @@ fn a_loop_whose_host_is_lost_after_its_recorded_end_ends_as_recorded_with_its_wo
         "done\n"
     );
     assert_eq!(run.count("loop_moved", "e"), 0);
+    // Its end is announced to the run's loops once, as a local loop's end is.
+    let announced: Vec<Value> = run
+        .events()
+        .into_iter()
+        .filter(|a| {
+            a["event"] == "alert"
+                && a["from"] == "taskdaemon"
+                && a["event_type"] == "loop_completed"
+        })
+        .collect();
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert_eq!(announced[0]["message"], "loop `e` completed: done");
 }
 
 /// Review (move/attempt) #2: a host's event numbers are checked as they arrive (an

@@ -1496,7 +1496,7 @@ fn first_inbox(values: &[Value]) -> Vec<td_protocol::inbox::Delivered> {
 }
 
 /// The system alert of a loop's end, as a local loop's actor sends it (none when stopped).
-fn end_alert(name: &str, end: &LoopEnd) -> Option<(&'static str, String)> {
+pub(crate) fn end_alert(name: &str, end: &LoopEnd) -> Option<(&'static str, String)> {
     match end {
         LoopEnd::Completed {
             summary: Some(s), ..
