@@ -1168,7 +1168,11 @@ fn handle_alert(
         // Numbered as `CoordState::number` does (the map is taken out of the state while
         // its loops are walked).
         let number = head.then(|| {
-            let last = next.entry(name.clone()).or_insert(0);
+            // Looked up before it is added: a name is copied once per loop, not per alert.
+            let last = match next.get_mut(name) {
+                Some(last) => last,
+                None => next.entry(name.clone()).or_insert(0),
+            };
             *last = last.saturating_add(1);
             *last
         });

@@ -66,6 +66,7 @@ use td_toolkit::coordination::Coordination;
 use td_toolkit::error::ToolError;
 use td_toolkit::receipts::Receipt;
 
+use crate::run::hosts::branch_budget::BranchBudgets;
 use crate::run::hosts::shown::HostInbox;
 use crate::run::record::RunRecord;
 
@@ -260,9 +261,6 @@ struct Entry {
     iterations: u32,
     /// Bytes of its branch bundle received so far.
     branch_bytes: u64,
-    /// Bytes of all its bundles (checkpoints and end) received from this placement: held
-    /// to [`MAX_BRANCH_BYTES`] in all, so that a host cannot fill the head's repository.
-    sent_bytes: u64,
     /// The last iteration whose checkpoint was taken: a host sends one per iteration, in
     /// order, for an iteration the head saw start.
     checkpointed: u32,
@@ -308,6 +306,8 @@ pub struct RemoteLoops {
     /// loops are handed to the run only after theirs, so that a move starts from the commit
     /// taken (a loop's lock holds up only its own move, not other hosts' loops).
     taking_branch: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The bundle bytes each loop's hosts sent, over all its placements.
+    sent: BranchBudgets,
 }
 
 /// How the head starts a loop on a host.
@@ -371,6 +371,7 @@ impl RemoteLoops {
                 outstanding: Arc::new(Mutex::new(BTreeMap::new())),
                 attempts: AtomicU64::new(0),
                 taking_branch: Mutex::new(BTreeMap::new()),
+                sent: BranchBudgets::new(MAX_BRANCH_BYTES),
             }),
             rx,
         )
@@ -420,7 +421,6 @@ impl RemoteLoops {
                 batch: 0,
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
-                sent_bytes: 0,
                 checkpointed: placed.start.first_iteration.saturating_sub(1),
                 inbox: Arc::new(Mutex::new(HostInbox::new(&first_inbox(
                     &placed.start.initial_inbox,
@@ -1222,16 +1222,9 @@ impl RemoteLoops {
             .ok_or_else(|| {
                 format!("loop {name}'s branch is larger than the {MAX_BRANCH_BYTES} bytes taken")
             })?;
-        // All its bundles of this placement together (checkpoints and end) stay within it.
-        let sent = entry
-            .sent_bytes
-            .checked_add(bytes.len() as u64)
-            .filter(|t| *t <= MAX_BRANCH_BYTES)
-            .ok_or_else(|| {
-                format!(
-                    "loop {name}'s checkpoints and branch are larger than the {MAX_BRANCH_BYTES} bytes a placement may send in all"
-                )
-            })?;
+        // All its bundles (checkpoints and ends, of every placement of it) together stay
+        // within it, so that hosts cannot fill the head's repository.
+        self.sent.charge(name, bytes.len() as u64)?;
         std::fs::create_dir_all(&self.side.dir)
             .map_err(|e| format!("cannot make {}: {e}", self.side.dir.display()))?;
         let path = self.branch_file(name);
@@ -1243,7 +1236,6 @@ impl RemoteLoops {
         file.write_all(&bytes)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         entry.branch_bytes = total;
-        entry.sent_bytes = sent;
         Ok(())
     }
 
