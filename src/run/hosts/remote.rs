@@ -137,6 +137,11 @@ const RECORDS_SETTLE: Duration = Duration::from_secs(5);
 /// [`REMOTE_DELIVERY_TIMEOUT`]).
 const DELIVERIES_SETTLE: Duration = REMOTE_DELIVERY_TIMEOUT.saturating_add(Duration::from_secs(5));
 
+/// The longest a lost host's loops wait, before they are handed to the run, for a checkpoint
+/// of theirs being taken (a bundle of up to [`MAX_BRANCH_BYTES`] indexed and checked):
+/// past it the checkpoint is given up and the loop moves from its last one.
+const CHECKPOINT_SETTLE: Duration = Duration::from_secs(60);
+
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -283,6 +288,9 @@ struct Entry {
     taking: bool,
     /// Its end is being taken (claimed before any work): a second `Ended` is not.
     ending: bool,
+    /// Its host was lost while a checkpoint of it was taken, and the move stopped waiting
+    /// for it ([`CHECKPOINT_SETTLE`]): that checkpoint lands no more.
+    abandoned: bool,
     /// Model calls of its current iteration the head settled.
     calls: u32,
     /// Model calls of its answers the head settled.
@@ -431,6 +439,7 @@ impl RemoteLoops {
                 done: false,
                 taking: false,
                 ending: false,
+                abandoned: false,
                 calls: 0,
                 answer_calls: 0,
                 task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
@@ -564,6 +573,7 @@ impl RemoteLoops {
     pub fn host_gone(self: &Arc<Self>, host: &str, how: &str, reason: &str) {
         let why = format!("its host {host} {how}: {reason}");
         let mut gone = Vec::new();
+        let mut attempts = Vec::new();
         {
             let mut loops = lock(&self.loops);
             for (name, entry) in loops.iter_mut() {
@@ -573,6 +583,7 @@ impl RemoteLoops {
                     continue;
                 }
                 entry.done = true;
+                attempts.push(entry.attempt);
                 gone.push(RemoteEnd {
                     name: name.clone(),
                     end: LoopEnd::Stopped {
@@ -603,9 +614,14 @@ impl RemoteLoops {
             for end in &gone {
                 handle.drop_remote(&end.name, &left).await;
             }
-            // A checkpoint of theirs being taken lands first: the move starts from it.
-            for lock in taking {
-                drop(lock.lock_owned().await);
+            // A checkpoint of theirs being taken lands first: the move starts from it. One
+            // still being taken after CHECKPOINT_SETTLE (a git that hangs) is given up: it
+            // lands no more, and the move starts from the last checkpoint taken.
+            let held = held_after(taking, tokio::time::Instant::now() + CHECKPOINT_SETTLE).await;
+            for i in held {
+                if let (Some(end), Some(attempt)) = (gone.get(i), attempts.get(i)) {
+                    me.abandon_checkpoint(&end.name, *attempt);
+                }
             }
             // And a records batch claimed before the loss: the move reads the record back,
             // and nothing of the earlier placement is written after it.
@@ -626,6 +642,21 @@ impl RemoteLoops {
                 let _ = ends.send(end);
             }
         });
+    }
+
+    /// The checkpoint of loop `name`'s placement `attempt` being taken is given up (its
+    /// host was lost, and it took longer than [`CHECKPOINT_SETTLE`]): it lands no more.
+    fn abandon_checkpoint(&self, name: &str, attempt: u64) {
+        if let Some(entry) = lock(&self.loops)
+            .get_mut(name)
+            .filter(|e| e.attempt == attempt)
+        {
+            entry.abandoned = true;
+        }
+        eprintln!(
+            "taskdaemon: loop {name}: its host was lost while its work was taken, which took over {} s; it moves from its last checkpoint",
+            CHECKPOINT_SETTLE.as_secs()
+        );
     }
 
     /// Waits until no records batch of `names` is being taken (a batch is appended in one
@@ -1260,8 +1291,13 @@ impl RemoteLoops {
         // from what the head held then, and nothing of this attempt lands after.
         let file = self.branch_file(name);
         let reset = |me: &Self| {
-            let _ = std::fs::remove_file(&file);
-            if let Some(entry) = lock(&me.loops).get_mut(name) {
+            // This placement's only: one given up by a move (`host_gone`) leaves the bundle
+            // the loop's next placement may be sending alone.
+            if let Some(entry) = lock(&me.loops)
+                .get_mut(name)
+                .filter(|e| e.attempt == attempt)
+            {
+                let _ = std::fs::remove_file(&file);
                 entry.branch_bytes = 0;
             }
         };
@@ -1311,10 +1347,23 @@ impl RemoteLoops {
                 branch.tip
             ));
         }
+        // Its host may have been lost meanwhile and the move have stopped waiting for this
+        // (`host_gone`): then it lands no more, in the worktree or the loop's next placement.
+        let current = lock(&self.loops)
+            .get(name)
+            .is_some_and(|e| e.attempt == attempt && !e.abandoned);
+        if !current {
+            return Err(format!(
+                "loop {name}'s host was lost while the work of iteration {iteration} was taken; it moves from its last checkpoint"
+            ));
+        }
         fast_forward(worktree.path(), &tip).await.map_err(|why| {
             format!("its worktree on the head cannot take the work of iteration {iteration}: {why}")
         })?;
-        if let Some(entry) = lock(&self.loops).get_mut(name) {
+        if let Some(entry) = lock(&self.loops)
+            .get_mut(name)
+            .filter(|e| e.attempt == attempt)
+        {
             entry.base = tip;
             entry.checkpointed = iteration;
         }
@@ -1469,6 +1518,23 @@ impl Known {
     }
 }
 
+/// Waits for each of `locks` until `deadline`: the indexes of those still held then.
+async fn held_after(
+    locks: Vec<Arc<tokio::sync::Mutex<()>>>,
+    deadline: tokio::time::Instant,
+) -> Vec<usize> {
+    let mut held = Vec::new();
+    for (i, lock) in locks.into_iter().enumerate() {
+        if tokio::time::timeout_at(deadline, lock.lock_owned())
+            .await
+            .is_err()
+        {
+            held.push(i);
+        }
+    }
+    held
+}
+
 /// The items of a `StartLoop`'s first inbox, with their delivery numbers (the head wrote
 /// them; one it cannot read counts as an item without a number).
 fn first_inbox(values: &[Value]) -> Vec<td_protocol::inbox::Delivered> {
@@ -1600,6 +1666,35 @@ mod tests {
         assert_eq!(short.mode, td_confine::SandboxMode::Required);
         let none: td_confine::SandboxSettings = serde_json::from_value(policy_of(None)).unwrap();
         assert_eq!(none, td_confine::SandboxSettings::default());
+    }
+
+    /// A lost host's checkpoint that never ends does not hold its loop's move: the wait
+    /// ends at its deadline, naming the checkpoints still being taken.
+    #[tokio::test]
+    async fn the_wait_for_a_lost_hosts_checkpoints_ends_at_its_deadline() {
+        let (free, held, released) = (
+            Arc::new(tokio::sync::Mutex::new(())),
+            Arc::new(tokio::sync::Mutex::new(())),
+            Arc::new(tokio::sync::Mutex::new(())),
+        );
+        let _hung = held.clone().lock_owned().await;
+        let soon = released.clone().lock_owned().await;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(soon);
+        });
+        let started = tokio::time::Instant::now();
+        let still = held_after(
+            vec![free, held, released],
+            started + Duration::from_millis(300),
+        )
+        .await;
+        assert_eq!(still, vec![1]);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
     }
 
     #[test]
