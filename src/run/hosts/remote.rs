@@ -70,7 +70,9 @@ use crate::run::hosts::branch_budget::BranchBudgets;
 use crate::run::hosts::shown::HostInbox;
 use crate::run::record::RunRecord;
 
-/// The largest branch bundle a host may send back for one loop.
+/// The largest branch bundle a host may send back for one loop, and the most bytes of
+/// bundles (checkpoints and ends) its hosts may send for it over the run, all its
+/// placements together (`run/hosts/branch_budget.rs`).
 pub const MAX_BRANCH_BYTES: u64 = 512 * 1024 * 1024;
 
 /// How long a host may take to accept a loop (its checks, not its setup).
