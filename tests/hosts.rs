@@ -4384,3 +4384,178 @@ fn a_moved_loops_unshown_shares_and_alerts_are_shown_once_whatever_order_they_se
 fn a_resumed_loops_unshown_shares_and_alerts_are_shown_once_whatever_order_they_settled_in() {
     a_loops_unshown_items_are_shown_once_whatever_order_they_settled_in(How::Resume);
 }
+
+/// Issue 18 (the moves review): a lost host's loops wait for a checkpoint of theirs being
+/// taken, so that the move starts from it; that wait is bounded (60 s). Here the head's
+/// git hangs in the checkpoint's `index-pack` (a `git` on the head's PATH that waits on a
+/// flag) when the host is lost: the loop still moves, about 60 s later, from its last
+/// checkpoint taken (its base: the hung one never lands), and the run ends. It takes a
+/// minute, the bound.
+#[test]
+fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in_flight() {
+    use td_cluster::protocol::{BranchBundle, FromHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - say: \"unused: e runs on the hand-made host\"\n",
+        "  - {name: e, type: ralph, task: \"Go.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [hung]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let repo = run.config.parent().unwrap().to_path_buf();
+    // The head's git: the real one, except that index-pack waits while {flags}/hang exists
+    // and {flags}/unhang does not.
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let bin_dir = root.join("wrapped-bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let f = run.flags.display().to_string();
+    let wrapper = format!(
+        "#!/bin/sh\ncase \" $* \" in\n  *\" index-pack \"*) if [ -e {f}/hang ]; then touch {f}/hung; while [ ! -e {f}/unhang ]; do sleep 0.1; done; fi ;;\nesac\nexec {} \"$@\"\n",
+        real.trim()
+    );
+    std::fs::write(bin_dir.join("git"), wrapper).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(bin_dir.join("git"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut head = run
+        .command(&[])
+        .env("PATH", path)
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let err = || std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    wait_until("e to wait for its host", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host hung"
+    });
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let (base, tip) = first.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "hung", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        let link = link.for_attempt(start.attempt);
+        link.ask::<Value>(
+            FromHost::Records {
+                loop_name: "e".into(),
+                batch: 1,
+                events: vec![iteration_started(1)],
+                transcript: Vec::new(),
+                receipts: Vec::new(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        let (tip, bytes) = work_bundle(&root, &repo, &start.base_commit, "hung-work", "one\n");
+        link.ask::<Value>(
+            FromHost::BranchChunk {
+                loop_name: "e".into(),
+                offset: 0,
+                data: hex::encode(&bytes),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        std::fs::write(run.flag("hang"), "").unwrap();
+        let checkpoint = link.clone();
+        let bytes = bytes.len() as u64;
+        let tip2 = tip.clone();
+        tokio::spawn(async move {
+            let _ = checkpoint
+                .ask::<Value>(
+                    FromHost::Checkpoint {
+                        loop_name: "e".into(),
+                        iteration: 1,
+                        branch: BranchBundle { tip: tip2, bytes },
+                    },
+                    Duration::from_secs(120),
+                )
+                .await;
+        });
+        until("the head's git to hang on the checkpoint", || {
+            run.flag("hung").exists()
+        })
+        .await;
+        // Lost while its checkpoint is being taken.
+        running.abort();
+        (start.base_commit, tip)
+    });
+    drop(first);
+    let lost = Instant::now();
+    let moving = |s: &Value| {
+        s["loops"]["e"]["status"] == "pending"
+            && s["loops"]["e"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("waiting for host hung (moving")
+    };
+    while !moving(&summary(&run.run_dir)) {
+        if lost.elapsed() > Duration::from_secs(120) {
+            let _ = std::fs::write(run.flag("unhang"), "");
+            let _ = head.kill();
+            panic!("e was not taken back within 120 s:\n{}", err());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let waited = lost.elapsed();
+    eprintln!("measured: e taken back {waited:?} after its host was lost with git hung");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let second = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "hung", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let second = next_start(&mut rx).await;
+        // The hung git goes on now; what it took lands nowhere.
+        std::fs::write(run.flag("unhang"), "").unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        end_e_and_serve(&link.for_attempt(second.attempt), "done", rx, running).await;
+        second
+    });
+    drop(rt);
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    assert_eq!(code, Some(0), "{s}\n{}", err());
+    assert_eq!(s["loops"]["e"]["status"], "completed", "{s}");
+    assert!(
+        waited >= Duration::from_secs(55) && waited < Duration::from_secs(90),
+        "{waited:?}"
+    );
+    // It moved from its last checkpoint taken (none: its base), not the hung one's tip.
+    assert_eq!(second.base_commit, base);
+    assert_eq!(second.first_iteration, 1);
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    assert_ne!(branch.trim(), tip, "the hung checkpoint landed");
+    assert!(
+        err().contains("it moves from its last checkpoint"),
+        "{}",
+        err()
+    );
+}
