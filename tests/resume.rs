@@ -584,6 +584,18 @@ fn a_loops_numbers_that_cannot_go_on_fail_that_loop_alone() {
 
 #[test]
 fn a_share_shown_in_an_iteration_cut_by_sigkill_is_shown_once_more_and_then_never_again() {
+    share_cut_by_sigkill(false);
+}
+
+/// The same from a record written before delivery numbers (its `shared` and `inbox_shown`
+/// events without them): it goes by count, as it did.
+#[test]
+fn a_record_without_delivery_numbers_resumes_by_count() {
+    share_cut_by_sigkill(true);
+}
+
+/// `strip`: the killed run's events lose their delivery numbers before the resume.
+fn share_cut_by_sigkill(strip: bool) {
     // `taker` is shown the share at its second model turn; the process is killed while that
     // turn's command runs, before the iteration ends. Resumed, the iteration runs again from
     // its start: the model of that iteration never got to act on the share, so it is shown
@@ -622,6 +634,24 @@ taker:
     child.wait().unwrap();
     std::fs::write(p.flag("go"), "").unwrap();
     let run_id = p.run_id();
+    let events = p.run_dir.join("events.jsonl");
+    if strip {
+        let mut numbered = 0;
+        let old: Vec<String> = lines(&events)
+            .iter()
+            .map(|l| match serde_json::from_str::<Value>(l) {
+                Ok(Value::Object(mut e)) => {
+                    for field in ["delivery", "deliveries"] {
+                        numbered += usize::from(e.remove(field).is_some());
+                    }
+                    Value::Object(e).to_string()
+                }
+                _ => l.clone(),
+            })
+            .collect();
+        assert_eq!(numbered, 2, "the share and its showing had numbers");
+        std::fs::write(&events, old.join("\n") + "\n").unwrap();
+    }
 
     let out = p.resume(&run_id);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

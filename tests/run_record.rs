@@ -433,6 +433,7 @@ fn concurrent_appends_never_interleave_lines() {
                     log.record(EventKind::InboxShown {
                         loop_name: format!("loop{t}"),
                         items: i as usize,
+                        deliveries: Vec::new(),
                     });
                 }
             });

@@ -713,6 +713,8 @@ pub fn record_outcome(
                     })),
                     recipients: vec![name.clone()],
                     error: None,
+                    // Not delivered by the coordinator: shown by count (see `resume`).
+                    deliveries: Default::default(),
                 });
                 progress.set_status(name, "running", &format!("handed back: {reason}"));
                 status.insert(name.clone(), LoopStatus::Running);

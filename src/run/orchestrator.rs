@@ -679,6 +679,11 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
             };
             waiting.remove(&def.name);
             let resume = resume_state.get(&def.name);
+            if let Some(r) = resume {
+                // The delivery numbers its record holds are not given again.
+                td_runtime::coordinator_handle::CoordinatorHandle::new(rt.coordinator.clone())
+                    .number_after(&def.name, r.last_delivery);
+            }
             // A new branch starts where its dependencies' work is (see `handover`).
             let base = def.base.clone().unwrap_or_else(|| default_base.clone());
             let start_at = if resume.is_some() {
@@ -856,7 +861,24 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                             continue;
                         }
                         // Its end and its work are on the head (or it was asked to stop).
-                        Ok(Back::Ended(end)) => Some((e.name, end)),
+                        Ok(Back::Ended(end)) => {
+                            // Announced as a local loop's end is (its host never sent the
+                            // `Ended` on which the head announces a remote loop's); not
+                            // awaited: the alert settles its remote deliveries by itself.
+                            if let Some((event_type, message)) =
+                                crate::run::hosts::remote::end_alert(&e.name, &end)
+                            {
+                                let _ = rt.coordinator.cast(td_runtime::coordinator::CoordMsg::Alert {
+                                    from: td_runtime::coordinator::SYSTEM_SENDER.to_string(),
+                                    event_type: event_type.to_string(),
+                                    message,
+                                    data: None,
+                                    about: Some(e.name.clone()),
+                                    reply: None,
+                                });
+                            }
+                            Some((e.name, end))
+                        }
                         Err(why) => {
                             // Interrupted, saying why it was not moved.
                             let mut end = e.end.clone();

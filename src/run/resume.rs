@@ -17,6 +17,15 @@
 //! is the sum of the finished iterations' `model_calls`), and the inbox items it showed are
 //! shown again.
 //!
+//! Which shares and alerts a loop saw goes by their delivery numbers (the head numbers
+//! each delivery to a loop when it decides it, `td_protocol::inbox::Delivered`): an item is
+//! recorded when all its remote deliveries settle, so the record's order of a loop's items
+//! is not the order the loop got them in, and counting "the first so many were shown" lost
+//! one and showed another twice. A loop goes on with the numbered items whose numbers no
+//! finished iteration's `inbox_shown` names, in number order; items without a number (a
+//! record older than numbers, a merge queue's hand back) still go by count, before them.
+//! Its next deliveries are numbered after the highest number of its record.
+//!
 //! Numbers read from the record are checked before anything is computed from them: an event
 //! number past [`MAX_SEQ`] refuses the record with the file, line and field; a loop's number
 //! it could not go on from (an iteration with no next one, counts that do not add up) fails
@@ -30,8 +39,9 @@ use crate::run::record::{
     EVENTS_FILE, LoopStatus, LoopSummary, RunSummary, for_each_jsonl, transcript_path,
 };
 use td_engine::transcript::TranscriptEntry;
+use td_protocol::delivery::NumberSet;
 use td_protocol::events::{Event, EventKind, MAX_SEQ};
-use td_protocol::inbox::InboxItem;
+use td_protocol::inbox::{Delivered, InboxItem};
 
 /// How one loop stood when its run stopped.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -43,9 +53,15 @@ pub struct LoopResume {
     pub next_iteration: u32,
     /// Notes of its finished iterations, in order.
     pub progress: Vec<String>,
-    /// Shares and alerts delivered to it that its model never saw in a finished iteration,
-    /// in delivery order.
-    pub unseen_inbox: Vec<InboxItem>,
+    /// Shares and alerts delivered to it that its model never saw in a finished iteration:
+    /// those without a delivery number first (a record older than numbers: the first so
+    /// many of them count as shown), then those whose numbers no finished iteration showed,
+    /// in number order, whatever order the record holds them in (an item is recorded when
+    /// all its remote deliveries settle).
+    pub unseen_inbox: Vec<Delivered>,
+    /// The highest delivery number its record gave it (delivered or shown): its next
+    /// deliveries are numbered after it.
+    pub last_delivery: u64,
     /// Model calls of its finished iterations (a scripted provider skips that many turns:
     /// the next iteration asks for the reply after them).
     pub responses: usize,
@@ -84,10 +100,16 @@ struct Seen {
     ended: Option<LoopStatus>,
     next_iteration: u32,
     progress: Vec<String>,
-    /// Items shown in finished iterations, and in the iteration going on.
+    /// Items without a delivery number shown in finished iterations, and in the iteration
+    /// going on (counted: the first so many such items delivered).
     shown: usize,
     shown_pending: usize,
-    delivered: Vec<InboxItem>,
+    /// Delivery numbers shown in finished iterations, and in the iteration going on.
+    shown_numbers: NumberSet,
+    numbers_pending: Vec<[u64; 2]>,
+    /// The highest delivery number seen (delivered, refused after numbering, or shown).
+    last_delivery: u64,
+    delivered: Vec<Delivered>,
     /// A failing iteration waiting for its progress note: (number, model calls).
     awaiting_note: Option<(u32, Option<u32>)>,
     /// Model calls of the finished iterations; `None` once one of them did not say (a
@@ -109,6 +131,9 @@ impl Default for Seen {
             progress: Vec::new(),
             shown: 0,
             shown_pending: 0,
+            shown_numbers: NumberSet::default(),
+            numbers_pending: Vec::new(),
+            last_delivery: 0,
             delivered: Vec::new(),
             awaiting_note: None,
             model_calls: Some(0),
@@ -130,6 +155,9 @@ impl Seen {
             "field `items` of the inbox_shown events before it adds up past any count".to_string()
         })?;
         self.shown_pending = 0;
+        for [lo, hi] in self.numbers_pending.drain(..) {
+            self.shown_numbers.insert(lo, hi);
+        }
         self.awaiting_note = None;
         self.model_calls = match (self.model_calls, calls) {
             (Some(sum), Some(c)) => Some(sum.checked_add(c as usize).ok_or_else(|| {
@@ -139,6 +167,45 @@ impl Seen {
         };
         Ok(())
     }
+}
+
+impl Seen {
+    /// Delivery number `n` (of field `field`) was given to this loop.
+    fn numbered(&mut self, n: Option<u64>, field: &str) -> Result<(), String> {
+        match n {
+            Some(n) if n > MAX_SEQ => Err(format!(
+                "field `{field}` has delivery number {n}, past the largest a run may reach ({MAX_SEQ})"
+            )),
+            Some(n) => {
+                self.last_delivery = self.last_delivery.max(n);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// What of `delivered` a loop goes on with: the items without a number past the first
+/// `shown` of them (the count rule of records older than numbers), then the numbered ones
+/// whose numbers are not in `numbers`, in number order (a number recorded twice counts
+/// once).
+fn unseen(delivered: Vec<Delivered>, shown: usize, numbers: &NumberSet) -> Vec<Delivered> {
+    let mut unnumbered = Vec::new();
+    let mut numbered = BTreeMap::new();
+    for item in delivered {
+        match item.delivery {
+            None => unnumbered.push(item),
+            Some(n) if !numbers.contains(n) => {
+                numbered.entry(n).or_insert(item);
+            }
+            Some(_) => {}
+        }
+    }
+    unnumbered
+        .into_iter()
+        .skip(shown)
+        .chain(numbered.into_values())
+        .collect()
 }
 
 /// Reads the record in `run_dir`; an error when it cannot be continued.
@@ -213,7 +280,8 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
         let next_iteration = events.next_iteration.max(1);
         let counted = replies_used(run_dir, &name, next_iteration, &mut warnings);
         let responses = events.model_calls.unwrap_or(counted);
-        let unseen_inbox = events.delivered.into_iter().skip(events.shown).collect();
+        let last_delivery = events.last_delivery;
+        let unseen_inbox = unseen(events.delivered, events.shown, &events.shown_numbers);
         report_bad_receipts(run_dir, &name, &mut warnings);
         loops.insert(
             name,
@@ -222,6 +290,7 @@ pub fn restore(run_dir: &Path) -> Result<Restored, String> {
                 next_iteration,
                 progress: events.progress,
                 unseen_inbox,
+                last_delivery,
                 responses,
                 announced,
                 damaged: broken,
@@ -265,7 +334,13 @@ fn numbered_loop(kind: &EventKind) -> Option<&str> {
     match kind {
         EventKind::IterationEnded { loop_name, .. }
         | EventKind::ProgressNoted { loop_name, .. }
-        | EventKind::InboxShown { loop_name, .. } => Some(loop_name),
+        | EventKind::InboxShown { loop_name, .. }
+        | EventKind::Shared { to: loop_name, .. } => Some(loop_name),
+        // The recipient whose number is refused.
+        EventKind::Alert { deliveries, .. } => deliveries
+            .iter()
+            .find(|(_, n)| **n > MAX_SEQ)
+            .map(|(name, _)| name.as_str()),
         _ => None,
     }
 }
@@ -300,6 +375,7 @@ fn take_event(
                 // Cut short: it runs again, and shows again what it showed.
                 None => {
                     l.shown_pending = 0;
+                    l.numbers_pending.clear();
                     l.awaiting_note = None;
                 }
                 // The engine completes a loop as soon as its validation passes.
@@ -357,36 +433,78 @@ fn take_event(
             to,
             data_type,
             data,
-            error: None,
-        } => of(seen, to).delivered.push(InboxItem::Share {
-            from: from.clone(),
-            data_type: data_type.clone(),
-            data: data.clone(),
-        }),
+            error,
+            delivery,
+        } => {
+            let l = of(seen, to);
+            l.numbered(*delivery, "delivery")?;
+            if error.is_none() {
+                l.delivered.push(Delivered {
+                    delivery: *delivery,
+                    item: InboxItem::Share {
+                        from: from.clone(),
+                        data_type: data_type.clone(),
+                        data: data.clone(),
+                    },
+                });
+            }
+        }
         EventKind::Alert {
             from,
             event_type,
             message,
             data,
             recipients,
-            error: None,
+            error,
+            deliveries,
         } => {
-            for to in recipients {
-                of(seen, to).delivered.push(InboxItem::Alert {
-                    from: from.clone(),
-                    event_type: event_type.clone(),
-                    message: message.clone(),
-                    data: data.clone(),
-                    // Not in the event log: such alerts are shown one by one.
-                    about: None,
-                });
+            for (to, n) in deliveries {
+                of(seen, to).numbered(Some(*n), "deliveries")?;
+            }
+            if error.is_none() {
+                for to in recipients {
+                    of(seen, to).delivered.push(Delivered {
+                        delivery: deliveries.get(to).copied(),
+                        item: InboxItem::Alert {
+                            from: from.clone(),
+                            event_type: event_type.clone(),
+                            message: message.clone(),
+                            data: data.clone(),
+                            // Not in the event log: such alerts are shown one by one.
+                            about: None,
+                        },
+                    });
+                }
             }
         }
-        EventKind::InboxShown { loop_name, items } => {
+        EventKind::InboxShown {
+            loop_name,
+            items,
+            deliveries,
+        } => {
             let l = of(seen, loop_name);
-            l.shown_pending = l.shown_pending.checked_add(*items).ok_or_else(|| {
+            let mut numbered = 0u64;
+            for &[lo, hi] in deliveries {
+                if lo > hi || hi > MAX_SEQ {
+                    return Err(format!(
+                        "field `deliveries` has [{lo}, {hi}], not a range of delivery numbers \
+                         (at most {MAX_SEQ})"
+                    ));
+                }
+                l.numbered(Some(hi), "deliveries")?;
+                numbered = numbered.saturating_add(hi - lo + 1);
+            }
+            let unnumbered = u64::try_from(*items)
+                .ok()
+                .and_then(|items| items.checked_sub(numbered))
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    format!("field `items` is {items}: fewer than the {numbered} numbered items it shows")
+                })?;
+            l.shown_pending = l.shown_pending.checked_add(unnumbered).ok_or_else(|| {
                 format!("field `items` is {items}: with the items shown before, past any count")
             })?;
+            l.numbers_pending.extend_from_slice(deliveries);
         }
         _ => {}
     }
@@ -473,6 +591,7 @@ mod tests {
         EventKind::InboxShown {
             loop_name: "a".into(),
             items,
+            deliveries: Vec::new(),
         }
     }
 
@@ -683,6 +802,153 @@ mod tests {
                 .any(|w| w.contains("field `iteration`"))
         );
         assert_eq!(restored.last_seq, 6);
+    }
+
+    fn share(data: &str, delivery: Option<u64>) -> EventKind {
+        EventKind::Shared {
+            from: "b".into(),
+            to: "a".into(),
+            data_type: "note".into(),
+            data: data.into(),
+            error: None,
+            delivery,
+        }
+    }
+
+    fn alert(message: &str, delivery: Option<u64>) -> EventKind {
+        EventKind::Alert {
+            from: "b".into(),
+            event_type: "note".into(),
+            message: message.into(),
+            data: None,
+            recipients: vec!["a".into()],
+            error: None,
+            deliveries: delivery.map(|n| ("a".to_string(), n)).into_iter().collect(),
+        }
+    }
+
+    fn shown_numbers(items: usize, deliveries: Vec<[u64; 2]>) -> EventKind {
+        EventKind::InboxShown {
+            loop_name: "a".into(),
+            items,
+            deliveries,
+        }
+    }
+
+    /// Restores loop `a` from `kinds` written as a record's events.
+    fn restored_a(kinds: Vec<EventKind>) -> LoopResume {
+        let dir = tempfile::tempdir().unwrap();
+        let lines: Vec<String> = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| serde_json::to_string(&event(i as u64 + 1, k)).unwrap())
+            .collect();
+        std::fs::write(dir.path().join(EVENTS_FILE), lines.join("\n") + "\n").unwrap();
+        restore(dir.path()).unwrap().loops["a"].clone()
+    }
+
+    /// What an item's text is, to compare what a loop goes on with.
+    fn texts(items: &[Delivered]) -> Vec<(Option<u64>, String)> {
+        items
+            .iter()
+            .map(|d| match &d.item {
+                InboxItem::Share { data, .. } => (d.delivery, data.to_string()),
+                InboxItem::Alert { message, .. } => (d.delivery, message.clone()),
+            })
+            .collect()
+    }
+
+    /// Issue 18: items are recorded when they settle, not in the order a loop got them. The
+    /// loop was delivered X (1), Y (2), Z (3); its finished iteration 1 showed X; the
+    /// record holds Y, then X, then Z; its iteration 2, cut short, showed Z. It goes on with
+    /// Y and Z, in that order; X never again.
+    #[test]
+    fn a_loop_goes_on_with_the_numbers_it_did_not_show_in_number_order() {
+        let a = restored_a(vec![
+            shown_numbers(1, vec![[1, 1]]),
+            share("Y", Some(2)),
+            ended(1, Some(false)),
+            noted(1),
+            alert("X", Some(1)),
+            alert("Z", Some(3)),
+            shown_numbers(1, vec![[3, 3]]),
+        ]);
+        assert_eq!(
+            texts(&a.unseen_inbox),
+            [(Some(2), "\"Y\"".to_string()), (Some(3), "Z".to_string())]
+        );
+        assert_eq!((a.next_iteration, a.last_delivery), (2, 3));
+        // Once an iteration that showed Y and Z finishes, nothing is left.
+        let a = restored_a(vec![
+            shown_numbers(1, vec![[1, 1]]),
+            share("Y", Some(2)),
+            ended(1, Some(false)),
+            noted(1),
+            alert("X", Some(1)),
+            alert("Z", Some(3)),
+            shown_numbers(2, vec![[2, 3]]),
+            noted(2),
+        ]);
+        assert!(a.unseen_inbox.is_empty(), "{:?}", a.unseen_inbox);
+        // A number shown in an iteration cut short, whose item never reached the record
+        // (its settle was cut by the crash), is still not given again.
+        let a = restored_a(vec![share("Y", Some(2)), shown_numbers(1, vec![[5, 5]])]);
+        assert_eq!(a.last_delivery, 5);
+        assert_eq!(texts(&a.unseen_inbox), [(Some(2), "\"Y\"".to_string())]);
+    }
+
+    /// A record older than delivery numbers goes by count, as it did: the first so many
+    /// items delivered are the ones shown. Items without a number (such a record's, a merge
+    /// queue's hand back) go first, then the numbered ones.
+    #[test]
+    fn a_record_without_numbers_goes_by_count() {
+        let a = restored_a(vec![
+            share("one", None),
+            share("two", None),
+            shown(1),
+            noted(1),
+            alert("three", None),
+        ]);
+        assert_eq!(
+            texts(&a.unseen_inbox),
+            [(None, "\"two\"".to_string()), (None, "three".to_string())]
+        );
+        assert_eq!(a.last_delivery, 0);
+        // Resumed by a newer version: numbered items after, shown by number, the rest by
+        // count (an `inbox_shown` of 2 items naming one number showed one without).
+        let a = restored_a(vec![
+            share("one", None),
+            share("two", None),
+            shown(1),
+            noted(1),
+            share("four", Some(1)),
+            share("five", Some(2)),
+            shown_numbers(2, vec![[2, 2]]),
+            noted(2),
+        ]);
+        assert_eq!(texts(&a.unseen_inbox), [(Some(1), "\"four\"".to_string())]);
+    }
+
+    #[test]
+    fn delivery_numbers_that_cannot_be_are_refused_by_field_for_that_loop() {
+        for (kind, field) in [
+            (share("x", Some(MAX_SEQ + 1)), "delivery"),
+            (alert("x", Some(u64::MAX)), "deliveries"),
+            (shown_numbers(1, vec![[3, 2]]), "deliveries"),
+            (shown_numbers(1, vec![[1, MAX_SEQ + 1]]), "deliveries"),
+            (shown_numbers(1, vec![[1, 2]]), "items"),
+        ] {
+            assert_eq!(numbered_loop(&kind), Some("a"), "{kind:?}");
+            let e = take_event(&mut BTreeMap::new(), &mut 0, &event(1, kind)).unwrap_err();
+            assert!(e.contains(&format!("field `{field}`")), "{e}");
+        }
+        // Read back: that loop fails alone, saying which line and field.
+        let a = restored_a(vec![noted(1), shown_numbers(1, vec![[1, 2]]), noted(2)]);
+        assert_eq!(a.finished, Some(LoopStatus::Failed));
+        assert!(
+            a.damaged.as_deref().unwrap_or("").contains("field `items`"),
+            "{a:?}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The version of these messages; a host and a head of different versions do not join.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -308,7 +308,8 @@ pub struct StartLoop {
     pub validate: Option<String>,
     /// Alert types it hears (`None`: every loop's).
     pub subscriptions: Option<Vec<String>>,
-    /// Inbox items it had not seen (`td_protocol::inbox::InboxItem`; a resumed loop).
+    /// Inbox items it had not seen, with their delivery numbers
+    /// (`td_protocol::inbox::Delivered`; a resumed or moved loop), in the order to show.
     pub initial_inbox: Vec<Value>,
     /// Its progress notes (a resumed loop).
     pub initial_progress: Vec<String>,
@@ -390,6 +391,10 @@ pub enum ToHost {
         loop_name: String,
         /// The item (`td_protocol::inbox::InboxItem`).
         item: Value,
+        /// Its delivery number for the loop (`td_protocol::inbox::Delivered`): the loop's
+        /// `inbox_shown` events name the numbers it showed (protocol 5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delivery: Option<u64>,
     },
     /// A loop's answer to another loop's question (asked; answered with the answer, or with
     /// why there is none).
@@ -454,8 +459,22 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"join","protocol":4,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
+            r#"{"type":"join","protocol":5,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
         );
+        // A delivery names its number (protocol 5); one without reads as before.
+        let deliver = ToHost::Deliver {
+            loop_name: "m".into(),
+            item: serde_json::json!({"kind": "share"}),
+            delivery: Some(3),
+        };
+        let wire = serde_json::to_string(&deliver).unwrap();
+        assert_eq!(
+            wire,
+            r#"{"type":"deliver","loop_name":"m","item":{"kind":"share"},"delivery":3}"#
+        );
+        let old: ToHost =
+            serde_json::from_str(r#"{"type":"deliver","loop_name":"m","item":{}}"#).unwrap();
+        assert!(matches!(old, ToHost::Deliver { delivery: None, .. }));
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), join);
         assert_eq!(
             serde_json::to_string(&ToHost::Ping).unwrap(),

@@ -125,17 +125,18 @@ impl LoopEnd {
 pub struct Inbox {
     /// Shared: an alert goes to every loop, and one copy per recipient made the inboxes of
     /// a 1,000-loop run hold a million copies of the "loop started" alerts.
-    items: Mutex<VecDeque<Arc<InboxItem>>>,
+    /// Each with its delivery number (`td_protocol::inbox::Delivered`), when it has one.
+    items: Mutex<VecDeque<(Option<u64>, Arc<InboxItem>)>>,
 }
 
 impl Inbox {
-    /// Adds an item.
-    pub fn push(&self, item: Arc<InboxItem>) {
-        lock(&self.items).push_back(item);
+    /// Adds an item, with its delivery number when it has one.
+    pub fn push(&self, delivery: Option<u64>, item: Arc<InboxItem>) {
+        lock(&self.items).push_back((delivery, item));
     }
 
-    /// Takes every waiting item (each is shown exactly once).
-    pub fn drain(&self) -> Vec<Arc<InboxItem>> {
+    /// Takes every waiting item with its delivery number (each is shown exactly once).
+    pub fn drain(&self) -> Vec<(Option<u64>, Arc<InboxItem>)> {
         lock(&self.items).drain(..).collect()
     }
 
@@ -576,7 +577,8 @@ impl Engine {
     /// marked, exactly once; and, past a budget's soft threshold, what is left of it. All of
     /// it goes at the end of the conversation, after the part a prompt cache can keep.
     fn attach_notices(&self, messages: &mut [Message]) {
-        let items = self.inbox.drain();
+        let (numbers, items): (Vec<Option<u64>>, Vec<Arc<InboxItem>>) =
+            self.inbox.drain().into_iter().unzip();
         let changed = self.ctx().take_changed_since_read();
         let budget = self.account.notice();
         if items.is_empty() && changed.is_empty() && budget.is_none() {
@@ -592,9 +594,16 @@ impl Engine {
                 text.push_str(&line);
                 text.push('\n');
             }
+            // Which items were shown, by number: a resumed or moved loop is not shown them
+            // again, whatever order the record holds them in. (They arrive in number
+            // order; sorted all the same, as the record's ranges must be.)
+            let mut numbers: Vec<u64> = numbers.into_iter().flatten().collect();
+            numbers.sort_unstable();
+            numbers.dedup();
             self.events.record(EventKind::InboxShown {
                 loop_name: self.config.name.clone(),
                 items: items.len(),
+                deliveries: td_protocol::delivery::ranges(numbers),
             });
         }
         if !changed.is_empty() {

@@ -1,6 +1,7 @@
 //! The event log of a run: loop lifecycle and every coordination message, each with a
 //! sequence number. Sinks (the run record's `events.jsonl`, live progress, tests) subscribe.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -238,6 +239,10 @@ pub enum EventKind {
         data: Value,
         /// `None` when delivered, otherwise why not.
         error: Option<String>,
+        /// Its delivery number for `to` (see [`crate::inbox::Delivered`]); absent in
+        /// records older than delivery numbers and for a share refused before delivery.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delivery: Option<u64>,
     },
     /// An alert was broadcast.
     Alert {
@@ -254,6 +259,11 @@ pub enum EventKind {
         recipients: Vec<String>,
         /// Error when the alert was refused.
         error: Option<String>,
+        /// Its delivery number for each recipient (see [`crate::inbox::Delivered`]); empty
+        /// in records older than delivery numbers and for alerts recorded outside the
+        /// coordinator (a merge queue's hand back, shown by count as those were).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        deliveries: BTreeMap<String, u64>,
     },
     /// A note carried into the loop's next iteration (what resume restores).
     ProgressNoted {
@@ -270,6 +280,12 @@ pub enum EventKind {
         loop_name: String,
         /// How many items.
         items: usize,
+        /// The delivery numbers of the items shown, as ascending inclusive ranges
+        /// (`[[4, 6], [9, 9]]`): what a resumed or moved loop is not shown again. Items
+        /// without a number (`items` less those in the ranges) count by the old rule: the
+        /// first so many unnumbered items delivered.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        deliveries: Vec<[u64; 2]>,
     },
     /// A loop ended with items in its inbox that its model never saw.
     InboxUnread {

@@ -2,6 +2,7 @@
 //! items (what one loop sends another) and run events (what the run record holds). Data
 //! only: no tools, actors or providers.
 
+pub mod delivery;
 pub mod events;
 pub mod inbox;
 pub mod spend;

@@ -11,6 +11,13 @@
 //! list of live loops. Rate and size limits answer the
 //! sender with an error; nothing is dropped silently. Every message is recorded as an event.
 //!
+//! Every share and alert it puts in a loop's inbox gets that loop's next delivery number
+//! (`td_protocol::inbox::Delivered`), recorded with it; the loop's `inbox_shown` events
+//! name the numbers shown, which is how a resumed or moved loop knows exactly what it has
+//! not seen. Numbers are kept per loop for the whole run (a loop moved to another host goes
+//! on with them; a resumed run starts each loop after its record's, [`CoordMsg::NumberAfter`]).
+//! A host's coordinator gives none: the head's come with what it delivers there.
+//!
 //! Loops of other processes (worker hosts) take part as remote entries: the head's
 //! coordinator holds a [`RemoteLoop`] link for each instead of an actor, inbox and answerer,
 //! and routes, limits and records their messages exactly as a local loop's. A query to a
@@ -36,7 +43,8 @@ use tokio::sync::oneshot;
 
 use crate::messages::LoopMsg;
 use crate::remote_loop::{
-    Alerted, Deliveries, Notified, PendingAlert, PendingShare, RemoteLoop, RemoteTarget, Shared,
+    Alerted, Deliveries, Notified, PendingAlert, PendingShare, RemoteLoop, RemoteTarget, Settling,
+    Shared,
 };
 use crate::routed_query::QueryRecord;
 pub use crate::routed_query::RoutedQuery;
@@ -143,6 +151,8 @@ pub enum CoordMsg {
     DeliverLocal {
         /// Loop name.
         name: String,
+        /// Its delivery number, as the head gave it.
+        delivery: Option<u64>,
         /// The item.
         item: Arc<InboxItem>,
         /// True once it is in the inbox; false when no such loop is running here.
@@ -166,6 +176,22 @@ pub enum CoordMsg {
     /// Answered once every message sent before it was handled (on a host, also once the
     /// head was told everything queued for it before).
     Flush(RpcReplyPort<()>),
+    /// Loop `name`'s next delivery numbers come after `after` (a resumed loop: the numbers
+    /// its record holds are not given again). Numbers never go down.
+    NumberAfter {
+        /// Loop name.
+        name: String,
+        /// The last number of its record.
+        after: u64,
+    },
+    /// Answered once no share or alert delivered to loop `name` (a remote loop, dropped
+    /// from the run) waits to be recorded: its record may then be read back.
+    Settled {
+        /// Loop name.
+        name: String,
+        /// Answered then.
+        reply: RpcReplyPort<()>,
+    },
     /// A loop's status changed (running, completed, failed...).
     SetStatus {
         /// Loop name.
@@ -278,6 +304,11 @@ pub struct CoordState {
     events: Arc<EventLog>,
     /// On a host: the head, where all routing happens.
     upstream: Option<Forwarder>,
+    /// The last delivery number given to each loop (kept when it leaves: a loop moved to
+    /// another host goes on with the next).
+    numbers: HashMap<String, u64>,
+    /// Shares and alerts with remote deliveries not yet recorded, per loop.
+    settling: Arc<Settling>,
 }
 
 /// The coordinator actor.
@@ -404,6 +435,21 @@ impl CoordState {
         Ok(())
     }
 
+    /// The next delivery number of loop `to`: given where the delivery is decided, the
+    /// head (a host's coordinator routes nothing and gives none: the head's come with its
+    /// deliveries).
+    fn number(&mut self, to: &str) -> Option<u64> {
+        if self.upstream.is_some() {
+            return None;
+        }
+        let last = match self.numbers.get_mut(to) {
+            Some(last) => last,
+            None => self.numbers.entry(to.to_string()).or_insert(0),
+        };
+        *last = last.saturating_add(1);
+        Some(*last)
+    }
+
     fn unregister(&mut self, name: &str, leaving: Leaving) {
         if let Some(entry) = self.loops.remove(name) {
             // Dropping the cancel handles ends every answer in progress for this loop: each
@@ -497,6 +543,8 @@ impl Actor for Coordinator {
             limits: args.limits,
             events: args.events,
             upstream: args.upstream.map(|up| Forwarder::start(up, myself)),
+            numbers: HashMap::new(),
+            settling: Arc::new(Settling::default()),
         })
     }
 
@@ -634,14 +682,19 @@ impl Actor for Coordinator {
             } => {
                 let _ = reply.send(answer_local(state, name, from, question, timeout));
             }
-            CoordMsg::DeliverLocal { name, item, reply } => {
+            CoordMsg::DeliverLocal {
+                name,
+                delivery,
+                item,
+                reply,
+            } => {
                 let delivered = match state.loops.get(&name) {
                     Some(Entry {
                         place: Place::Local { inbox, .. },
                         status,
                         ..
                     }) if status == "running" => {
-                        inbox.push(item);
+                        inbox.push(delivery, item);
                         true
                     }
                     _ => false,
@@ -778,6 +831,17 @@ impl Actor for Coordinator {
                     let _ = reply.send(());
                 }
             },
+            CoordMsg::NumberAfter { name, after } => {
+                let last = state.numbers.entry(name).or_insert(0);
+                *last = (*last).max(after);
+            }
+            CoordMsg::Settled { name, reply } => {
+                let settling = state.settling.clone();
+                tokio::spawn(async move {
+                    settling.settled(&name).await;
+                    let _ = reply.send(());
+                });
+            }
         }
         Ok(())
     }
@@ -994,6 +1058,7 @@ fn handle_share(
                 data_type: data_type.clone(),
                 data: Value::Null,
                 error: Some(err.to_string()),
+                delivery: None,
             });
         }
         return Err(err);
@@ -1002,27 +1067,31 @@ fn handle_share(
     // Remote deliveries under way (none for local targets: no allocation).
     let mut waiting = Vec::new();
     for to in targets {
+        let mut number = None;
         let error = match state.unreachable(from, to) {
             Some(why) => Some(why),
-            None => match state.loops.get(to) {
-                Some(e) if e.status != "running" => Some(format!(
-                    "loop '{to}' has {} and no longer reads its inbox",
-                    e.status
-                )),
-                Some(e) => {
+            None => match state.loops.get(to).map(|e| e.status == "running") {
+                Some(false) => state
+                    .loops
+                    .get(to)
+                    .map(|e| format!("loop '{to}' has {} and no longer reads its inbox", e.status)),
+                Some(true) => {
+                    number = state.number(to);
                     let item = Arc::new(InboxItem::Share {
                         from: from.to_string(),
                         data_type: data_type.to_string(),
                         data: data.clone(),
                     });
-                    match &e.place {
-                        Place::Local { inbox, .. } => {
-                            inbox.push(item);
+                    match state.loops.get(to).map(|e| &e.place) {
+                        None => Some(format!("unknown loop '{to}'")),
+                        Some(Place::Local { inbox, .. }) => {
+                            inbox.push(number, item);
                             None
                         }
-                        Place::Remote(queue) => {
-                            // Recorded once its outcome is known.
-                            waiting.push((deliveries.len(), queue.send(item)));
+                        Some(Place::Remote(queue)) => {
+                            // Recorded once its outcome is known (the head always numbers).
+                            let number = number.unwrap_or(0);
+                            waiting.push((deliveries.len(), number, queue.send(number, item)));
                             deliveries.push(Delivery {
                                 target: to.clone(),
                                 error: None,
@@ -1040,6 +1109,7 @@ fn handle_share(
             data_type: data_type.to_string(),
             data: data.clone(),
             error: error.clone(),
+            delivery: number,
         });
         deliveries.push(Delivery {
             target: to.clone(),
@@ -1049,6 +1119,10 @@ fn handle_share(
     if waiting.is_empty() {
         return Ok(Shared::Done(deliveries));
     }
+    let remote = waiting
+        .iter()
+        .filter_map(|(i, _, _)| deliveries.get(*i).map(|d| d.target.clone()))
+        .collect();
     Ok(Shared::Pending(PendingShare {
         deliveries,
         waiting,
@@ -1056,6 +1130,7 @@ fn handle_share(
         data_type: data_type.to_string(),
         data,
         events: state.events.clone(),
+        _settling: state.settling.hold(remote),
     }))
 }
 
@@ -1085,6 +1160,7 @@ fn handle_alert(
             data,
             recipients: Vec::new(),
             error: Some(err.to_string()),
+            deliveries: BTreeMap::new(),
         });
         return Err(err);
     }
@@ -1097,22 +1173,44 @@ fn handle_alert(
         data: data.clone(),
         about: about.filter(|_| from == SYSTEM_SENDER).map(str::to_string),
     });
+    let mut numbers = BTreeMap::new();
+    let mut next = std::mem::take(&mut state.numbers);
+    let head = state.upstream.is_none();
     for (name, entry) in &state.loops {
         let listens = hears(entry.subscriptions.as_ref(), from, event_type);
         if name == from || Some(name.as_str()) == about || entry.status != "running" || !listens {
             continue;
         }
+        // Numbered as `CoordState::number` does (the map is taken out of the state while
+        // its loops are walked).
+        let number = head.then(|| {
+            // Looked up before it is added: a name is copied once per loop, not per alert.
+            let last = match next.get_mut(name) {
+                Some(last) => last,
+                None => next.entry(name.clone()).or_insert(0),
+            };
+            *last = last.saturating_add(1);
+            *last
+        });
+        if let Some(n) = number {
+            numbers.insert(name.clone(), n);
+        }
         match &entry.place {
             Place::Local { inbox, .. } => {
-                inbox.push(item.clone());
+                inbox.push(number, item.clone());
                 recipients.push(name.clone());
             }
-            Place::Remote(queue) => waiting.push((name.clone(), queue.send(item.clone()))),
+            Place::Remote(queue) => {
+                waiting.push((name.clone(), queue.send(number.unwrap_or(0), item.clone())))
+            }
         }
     }
+    state.numbers = next;
     if !waiting.is_empty() {
-        return Ok(Alerted::Pending(PendingAlert {
+        let remote = waiting.iter().map(|(name, _)| name.clone()).collect();
+        return Ok(Alerted::Pending(Box::new(PendingAlert {
             recipients,
+            numbers,
             waiting,
             from: from.to_string(),
             event_type: event_type.to_string(),
@@ -1120,7 +1218,8 @@ fn handle_alert(
             data,
             notice: false,
             events: state.events.clone(),
-        }));
+            _settling: state.settling.hold(remote),
+        })));
     }
     state.events.record(EventKind::Alert {
         from: from.to_string(),
@@ -1129,6 +1228,7 @@ fn handle_alert(
         data,
         recipients: recipients.clone(),
         error: None,
+        deliveries: numbers,
     });
     Ok(Alerted::Done(recipients.len()))
 }
@@ -1145,23 +1245,31 @@ fn handle_notify(state: &mut CoordState, to: &str, event_type: &str, message: &s
             about: None,
         })
     };
+    let running = state.loops.get(to).map(|e| e.status == "running");
+    let number = match running {
+        Some(true) => state.number(to),
+        _ => None,
+    };
+    let numbers: BTreeMap<String, u64> = number.map(|n| (to.to_string(), n)).into_iter().collect();
     let error = match state.loops.get(to) {
         Some(entry) if entry.status == "running" => match &entry.place {
             Place::Local { inbox, .. } => {
-                inbox.push(item());
+                inbox.push(number, item());
                 None
             }
             Place::Remote(queue) => {
-                return Notified::Pending(PendingAlert {
+                return Notified::Pending(Box::new(PendingAlert {
                     recipients: Vec::new(),
-                    waiting: vec![(to.to_string(), queue.send(item()))],
+                    numbers,
+                    waiting: vec![(to.to_string(), queue.send(number.unwrap_or(0), item()))],
                     from: SYSTEM_SENDER.to_string(),
                     event_type: event_type.to_string(),
                     message: message.to_string(),
                     data: None,
                     notice: true,
                     events: state.events.clone(),
-                });
+                    _settling: state.settling.hold(vec![to.to_string()]),
+                }));
             }
         },
         Some(entry) => Some(format!(
@@ -1185,6 +1293,11 @@ fn handle_notify(state: &mut CoordState, to: &str, event_type: &str, message: &s
             Vec::new()
         },
         error: error.clone(),
+        deliveries: if error.is_none() {
+            numbers
+        } else {
+            BTreeMap::new()
+        },
     });
     Notified::Done(error.is_none())
 }

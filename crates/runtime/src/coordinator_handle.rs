@@ -113,12 +113,40 @@ impl CoordinatorHandle {
         .await?
     }
 
-    /// Host side: puts `item` (a share or alert the head routed) into the inbox of the
-    /// loop `name` running here; false when no such loop is running here. Not recorded
-    /// here: the head records it.
-    pub async fn deliver_local(&self, name: &str, item: Arc<InboxItem>) -> bool {
+    /// Head side: loop `name`'s next delivery numbers come after `after`, the last one its
+    /// record holds (a resumed loop), so that none is given twice.
+    pub fn number_after(&self, name: &str, after: u64) {
+        let _ = self.coordinator.cast(CoordMsg::NumberAfter {
+            name: name.to_string(),
+            after,
+        });
+    }
+
+    /// Head side: waits, at most `limit`, until no share or alert delivered to remote loop
+    /// `name` (dropped from the run: its host was lost) waits to be recorded; false when
+    /// the limit passed first. A share or alert is recorded once all its remote deliveries
+    /// settle, each within [`crate::remote_loop::REMOTE_DELIVERY_TIMEOUT`]: read back
+    /// before, the loop's record could miss an item it was delivered.
+    pub async fn settled(&self, name: &str, limit: Duration) -> bool {
+        let waited = ask(&self.coordinator, |reply| CoordMsg::Settled {
+            name: name.to_string(),
+            reply,
+        });
+        matches!(tokio::time::timeout(limit, waited).await, Ok(Ok(())))
+    }
+
+    /// Host side: puts `item` (a share or alert the head routed, `delivery` its number)
+    /// into the inbox of the loop `name` running here; false when no such loop is running
+    /// here. Not recorded here: the head records it.
+    pub async fn deliver_local(
+        &self,
+        name: &str,
+        delivery: Option<u64>,
+        item: Arc<InboxItem>,
+    ) -> bool {
         ask(&self.coordinator, |reply| CoordMsg::DeliverLocal {
             name: name.to_string(),
+            delivery,
             item,
             reply,
         })

@@ -505,8 +505,13 @@ impl Runtime {
     }
 
     /// Host side: see [`CoordinatorHandle::deliver_local`].
-    pub async fn deliver_local(&self, name: &str, item: Arc<InboxItem>) -> bool {
-        self.handle().deliver_local(name, item).await
+    pub async fn deliver_local(
+        &self,
+        name: &str,
+        delivery: Option<u64>,
+        item: Arc<InboxItem>,
+    ) -> bool {
+        self.handle().deliver_local(name, delivery, item).await
     }
 
     /// Host side: see [`CoordinatorHandle::answer_local`].

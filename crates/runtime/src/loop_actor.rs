@@ -63,8 +63,8 @@ pub struct LoopSpec {
     /// When given, the engine waits until it reads `true` before its first iteration: a run
     /// registers all its loops first, so every loop starts knowing its peers.
     pub gate: Option<watch::Receiver<bool>>,
-    /// Items delivered before a crash and never shown (a resumed run).
-    pub initial_inbox: Vec<td_protocol::inbox::InboxItem>,
+    /// Items delivered before a crash and never shown (a resumed run), with their numbers.
+    pub initial_inbox: Vec<td_protocol::inbox::Delivered>,
     /// Progress notes of earlier iterations (a resumed run).
     pub initial_progress: Vec<String>,
     /// The loop was announced by an earlier process of this run (a resumed run whose record
@@ -90,8 +90,8 @@ impl LoopStart {
     /// The first start of a loop: inbox and notes from the spec (a resumed run's).
     pub(crate) fn first(spec: LoopSpec) -> Self {
         let inbox = Arc::new(Inbox::default());
-        for item in &spec.initial_inbox {
-            inbox.push(Arc::new(item.clone()));
+        for delivered in &spec.initial_inbox {
+            inbox.push(delivered.delivery, Arc::new(delivered.item.clone()));
         }
         let progress = Arc::new(ProgressNotes::default());
         for note in &spec.initial_progress {

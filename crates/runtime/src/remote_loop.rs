@@ -8,13 +8,17 @@
 //! item is in the loop's inbox over there; anything else (the link refused it, no answer in
 //! time, the loop left the run) is reported as not delivered, with why. A share or alert
 //! with remote deliveries under way is recorded and answered once their outcomes are in
-//! ([`PendingShare`], [`PendingAlert`]).
+//! ([`PendingShare`], [`PendingAlert`]), with each loop's delivery number (given by the
+//! coordinator when it queued the item); until then it is counted in [`Settling`], which
+//! the head waits on before it reads a lost loop's record back to move it.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
+use td_base::sync::lock;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use serde_json::Value;
@@ -31,9 +35,11 @@ pub const REMOTE_DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// it over the cluster connection).
 #[async_trait]
 pub trait RemoteLoop: Send + Sync {
-    /// Puts `item` into the loop's inbox over there. True only once it is there; false when
-    /// it is not known to be (the link is down, the loop is not running over there).
-    async fn deliver(&self, item: Arc<InboxItem>) -> bool;
+    /// Puts `item`, the loop's delivery number `delivery` (see
+    /// [`td_protocol::inbox::Delivered`]), into the loop's inbox over there. True only once
+    /// it is there; false when it is not known to be (the link is down, the loop is not
+    /// running over there).
+    async fn deliver(&self, delivery: u64, item: Arc<InboxItem>) -> bool;
 
     /// The loop's answer to `from`'s `question`, given within `timeout` (the asker's time
     /// left), or why there is none. The coordinator holds the asker's deadline itself too,
@@ -88,6 +94,7 @@ impl RemoteTarget {
 pub(crate) type Delivered = oneshot::Receiver<Result<(), String>>;
 
 struct Job {
+    delivery: u64,
     item: Arc<InboxItem>,
     deadline: Instant,
     done: oneshot::Sender<Result<(), String>>,
@@ -122,10 +129,12 @@ impl Deliveries {
         &self.target
     }
 
-    /// Queues `item`; the receiver says whether it was delivered.
-    pub(crate) fn send(&self, item: Arc<InboxItem>) -> Delivered {
+    /// Queues `item`, the loop's delivery number `delivery`; the receiver says whether it
+    /// was delivered.
+    pub(crate) fn send(&self, delivery: u64, item: Arc<InboxItem>) -> Delivered {
         let (done, outcome) = oneshot::channel();
         let job = Job {
+            delivery,
             item,
             deadline: Instant::now() + REMOTE_DELIVERY_TIMEOUT,
             done,
@@ -168,7 +177,7 @@ async fn deliver_in_order(
                 let _ = job.done.send(Err(target.left_before_delivery()));
                 break;
             }
-            delivered = tokio::time::timeout_at(job.deadline, target.link.deliver(job.item)) => {
+            delivered = tokio::time::timeout_at(job.deadline, target.link.deliver(job.delivery, job.item)) => {
                 match delivered {
                     Ok(true) => Ok(()),
                     Ok(false) => Err(format!(
@@ -207,18 +216,20 @@ pub(crate) enum Shared {
 /// outcomes are in, outside the coordinator's handler.
 pub(crate) struct PendingShare {
     pub(crate) deliveries: Vec<Delivery>,
-    /// Index in `deliveries` and outcome of each remote delivery.
-    pub(crate) waiting: Vec<(usize, Delivered)>,
+    /// Index in `deliveries`, delivery number and outcome of each remote delivery.
+    pub(crate) waiting: Vec<(usize, u64, Delivered)>,
     pub(crate) from: String,
     pub(crate) data_type: String,
     pub(crate) data: Value,
     pub(crate) events: Arc<EventLog>,
+    /// Held until every delivery is recorded (see [`Settling`]).
+    pub(crate) _settling: SettleGuard,
 }
 
 impl PendingShare {
     /// Waits for the remote deliveries, records each and returns every target's outcome.
     pub(crate) async fn settle(mut self) -> Vec<Delivery> {
-        for (i, delivered) in self.waiting {
+        for (i, number, delivered) in self.waiting {
             let Some(delivery) = self.deliveries.get_mut(i) else {
                 continue;
             };
@@ -232,6 +243,7 @@ impl PendingShare {
                 data_type: self.data_type.clone(),
                 data: self.data.clone(),
                 error: error.clone(),
+                delivery: Some(number),
             });
             delivery.error = error;
         }
@@ -248,7 +260,7 @@ fn queue_stopped() -> String {
 /// remote deliveries.
 pub(crate) enum Alerted {
     Done(usize),
-    Pending(PendingAlert),
+    Pending(Box<PendingAlert>),
 }
 
 /// An alert with remote deliveries under way: recorded (one event, with every loop it
@@ -256,6 +268,8 @@ pub(crate) enum Alerted {
 pub(crate) struct PendingAlert {
     /// The loops it reached so far.
     pub(crate) recipients: Vec<String>,
+    /// The delivery number of each loop it reached or is on its way to.
+    pub(crate) numbers: BTreeMap<String, u64>,
     /// The remote loops it is on its way to.
     pub(crate) waiting: Vec<(String, Delivered)>,
     pub(crate) from: String,
@@ -265,6 +279,8 @@ pub(crate) struct PendingAlert {
     /// A notice to one loop: not reaching it is recorded as the alert's error.
     pub(crate) notice: bool,
     pub(crate) events: Arc<EventLog>,
+    /// Held until it is recorded (see [`Settling`]).
+    pub(crate) _settling: SettleGuard,
 }
 
 impl PendingAlert {
@@ -284,6 +300,8 @@ impl PendingAlert {
             }
         }
         let reached = self.recipients.len();
+        let mut numbers = std::mem::take(&mut self.numbers);
+        numbers.retain(|name, _| self.recipients.contains(name));
         self.events.record(EventKind::Alert {
             from: self.from,
             event_type: self.event_type,
@@ -291,6 +309,7 @@ impl PendingAlert {
             data: self.data,
             recipients: self.recipients,
             error,
+            deliveries: numbers,
         });
         reached
     }
@@ -301,5 +320,70 @@ pub(crate) enum Notified {
     /// Whether it reached the loop.
     Done(bool),
     /// On its way to a remote loop.
-    Pending(PendingAlert),
+    Pending(Box<PendingAlert>),
+}
+
+/// The remote loops with a share or alert on its way whose outcome is not recorded yet: a
+/// share or alert is recorded once all its remote deliveries settle (up to
+/// [`REMOTE_DELIVERY_TIMEOUT`] each), so an item a loop got may reach the record after the
+/// loop's host is lost. Whoever reads a lost loop's record back to move it waits for its
+/// deliveries here first ([`crate::coordinator_handle::CoordinatorHandle::settled`]), so
+/// that no item it got is missing from what it goes on with.
+#[derive(Default)]
+pub(crate) struct Settling {
+    /// Per loop, the shares and alerts with a delivery to it not yet recorded.
+    counts: Mutex<HashMap<String, usize>>,
+    /// Bumped whenever a count goes down.
+    changed: watch::Sender<()>,
+}
+
+impl Settling {
+    /// Counts a share or alert on its way to `names` until the guard is dropped.
+    pub(crate) fn hold(self: &Arc<Self>, names: Vec<String>) -> SettleGuard {
+        let mut counts = lock(&self.counts);
+        for name in &names {
+            *counts.entry(name.clone()).or_insert(0) += 1;
+        }
+        SettleGuard {
+            settling: self.clone(),
+            names,
+        }
+    }
+
+    /// Returns once no share or alert with a delivery to `name` waits to be recorded.
+    pub(crate) async fn settled(&self, name: &str) {
+        // Subscribed before the count is read: a drop between the two is not missed.
+        let mut changed = self.changed.subscribe();
+        loop {
+            if !lock(&self.counts).contains_key(name) {
+                return;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A share or alert counted in [`Settling`] until it is recorded.
+pub(crate) struct SettleGuard {
+    settling: Arc<Settling>,
+    names: Vec<String>,
+}
+
+impl Drop for SettleGuard {
+    fn drop(&mut self) {
+        {
+            let mut counts = lock(&self.settling.counts);
+            for name in &self.names {
+                if let Some(n) = counts.get_mut(name) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        counts.remove(name);
+                    }
+                }
+            }
+        }
+        self.settling.changed.send_modify(|_| {});
+    }
 }

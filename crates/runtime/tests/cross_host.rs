@@ -121,9 +121,13 @@ struct Link {
 
 #[async_trait]
 impl RemoteLoop for Link {
-    async fn deliver(&self, item: Arc<InboxItem>) -> bool {
+    async fn deliver(&self, delivery: u64, item: Arc<InboxItem>) -> bool {
         match self.net.state() {
-            UP => self.host.deliver_local(&self.name, item).await,
+            UP => {
+                self.host
+                    .deliver_local(&self.name, Some(delivery), item)
+                    .await
+            }
             REFUSED => false,
             _ => std::future::pending().await,
         }
@@ -716,7 +720,7 @@ async fn registrations_the_head_refuses_leave_nothing_behind() {
         data_type: "t".into(),
         data: json!(1),
     });
-    assert!(!p.host.deliver_local("refused1", item.clone()).await);
+    assert!(!p.host.deliver_local("refused1", None, item.clone()).await);
     let answer = p.host.answer_local("refused1", "a", "q", ASK).await;
     assert!(answer.is_err());
 
@@ -765,7 +769,7 @@ async fn a_host_loop_whose_actor_ends_leaves_the_heads_run() {
         data_type: "t".into(),
         data: json!(1),
     });
-    assert!(!p.host.deliver_local("h1", item).await);
+    assert!(!p.host.deliver_local("h1", None, item).await);
     p.shutdown().await;
 }
 
@@ -790,5 +794,100 @@ async fn a_question_with_a_deadline_past_the_clocks_end_is_answered() {
         .query(&"h1".into(), "a", "still there?", ASK)
         .await;
     assert_eq!(again.unwrap(), "a answers h1: still there?");
+    p.shutdown().await;
+}
+
+/// Issue 18: the head numbers what it delivers to each loop (per loop, in the order it
+/// decides the deliveries), records each item with its number, and a host loop's
+/// `inbox_shown` names the numbers it showed: what a moved or resumed loop is not shown
+/// again, whatever order the items reached the record in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_numbers_each_loops_deliveries_and_a_host_loop_shows_them_by_number() {
+    let mut p = pair(&["a"], &["h1", "h2"], &["api_ready"]).await;
+    let port = p.port("a");
+    let to = ["h1".to_string()];
+    for mark in ["MARK-N1", "MARK-N2"] {
+        let sent = port.share("a", &to, "n", json!(mark)).await.unwrap();
+        assert_eq!(sent[0].error, None);
+    }
+    let reached = port.alert("a", "api_ready", "MARK-N3", None).await;
+    assert_eq!(reached.unwrap(), 2);
+    p.run_to_end(&["a"], &["h1", "h2"]).await;
+    p.head.flush().await;
+    let head = kinds(&p.head_events);
+    let shared: Vec<Option<u64>> = head
+        .iter()
+        .filter_map(|k| match k {
+            EventKind::Shared {
+                to, delivery, from, ..
+            } if from == "a" && to == "h1" => Some(*delivery),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(shared, [Some(1), Some(2)]);
+    let alerted: Vec<BTreeMap<String, u64>> = head
+        .iter()
+        .filter_map(|k| match k {
+            EventKind::Alert {
+                from, deliveries, ..
+            } if from == "a" => Some(deliveries.clone()),
+            _ => None,
+        })
+        .collect();
+    let expected: BTreeMap<String, u64> = [("h1".to_string(), 3), ("h2".to_string(), 1)].into();
+    assert_eq!(alerted, [expected]);
+    // Each host loop showed its items by their numbers (taken from the head's deliveries).
+    let shown: BTreeMap<String, Vec<[u64; 2]>> = kinds(&p.host_events)
+        .into_iter()
+        .filter_map(|k| match k {
+            EventKind::InboxShown {
+                loop_name,
+                deliveries,
+                ..
+            } => Some((loop_name, deliveries)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(shown["h1"], [[1, 3]], "{shown:?}");
+    assert_eq!(shown["h2"], [[1, 1]], "{shown:?}");
+    p.shutdown().await;
+}
+
+/// Issue 18: an alert is recorded once all its remote deliveries settle; a lost loop's
+/// record is read back only once every share and alert delivered to it is recorded
+/// (`CoordinatorHandle::settled`), else an item it got could be missing where it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_loops_deliveries_are_settled_before_its_record_is_read_back() {
+    let p = pair(&["a"], &["h1", "h2"], &["api_ready"]).await;
+    let head = p.head.handle();
+    assert!(head.settled("h1", Duration::from_millis(100)).await);
+    // Nothing comes back from the host: the alert to h1 and h2 waits.
+    p.net.set(SILENT);
+    let port = p.port("a");
+    let alerting =
+        tokio::spawn(async move { port.alert("a", "api_ready", "MARK-HELD", None).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!head.settled("h1", Duration::from_millis(200)).await);
+    // h1 leaves: its delivery fails at once, but the alert is not recorded while h2's
+    // delivery is under way.
+    assert!(p.head.drop_remote("h1", "its host was lost").await);
+    assert!(!head.settled("h1", Duration::from_millis(200)).await);
+    let alert_recorded = |events: &EventLog| {
+        kinds(events)
+            .iter()
+            .any(|k| matches!(k, EventKind::Alert { message, .. } if message == "MARK-HELD"))
+    };
+    assert!(!alert_recorded(&p.head_events));
+    assert!(p.head.drop_remote("h2", "its host was lost").await);
+    assert!(head.settled("h1", GUARD).await);
+    assert!(
+        alert_recorded(&p.head_events),
+        "recorded before settled said so"
+    );
+    let reached = tokio::time::timeout(GUARD, alerting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reached.unwrap(), 0);
     p.shutdown().await;
 }

@@ -260,7 +260,11 @@ impl HostLoops {
                     reply.send(Err::<(), _>(format!("no loop {loop_name} runs here")));
                 }
             }
-            ToHost::Deliver { loop_name, item } => {
+            ToHost::Deliver {
+                loop_name,
+                item,
+                delivery,
+            } => {
                 let Some(handle) = self.runtime.get().map(|p| p.handle.clone()) else {
                     return reply.send(Ok(false));
                 };
@@ -273,7 +277,9 @@ impl HostLoops {
                     }
                 };
                 tokio::spawn(async move {
-                    let there = handle.deliver_local(&loop_name, Arc::new(item)).await;
+                    let there = handle
+                        .deliver_local(&loop_name, delivery, Arc::new(item))
+                        .await;
                     reply.send(Ok::<bool, String>(there));
                 });
             }

@@ -7,10 +7,12 @@
 //!
 //! Where each loop runs is decided by [`placement`] when it is ready to start.
 
+pub mod branch_budget;
 pub mod host_loops;
 pub mod moves;
 pub mod placement;
 pub mod remote;
+pub mod shown;
 pub mod summary;
 pub mod worker;
 

@@ -2,9 +2,11 @@
 //! start them: from the last commit of their branch the head holds (the host sends each
 //! failed iteration's work before its progress note: `host_loops/checkpoint.rs`), with the
 //! iteration after the last one the head recorded as finished, their progress notes, the
-//! shares and alerts delivered to them that no finished iteration showed, their counters
-//! and spend carried forward, all read back from the run's record
-//! ([`crate::run::resume::restore`]). The loop waits `pending` until placement finds it a
+//! shares and alerts delivered to them that no finished iteration showed (by delivery
+//! number: the record's order of items is the order their deliveries settled, not the
+//! order the loop got them; the head hands a lost loop over only once every share and
+//! alert delivered to it is recorded, `RemoteLoops::host_gone`), their counters and spend
+//! carried forward, all read back from the run's record ([`crate::run::resume::restore`]). The loop waits `pending` until placement finds it a
 //! host with a free slot (or the head, when placement allows it), as a new loop does; one
 //! whose rule names only the lost host waits for that host to join again. When it starts,
 //! `loop_moved` says from where to where, why, and with which iteration; there is no

@@ -37,7 +37,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -66,9 +66,13 @@ use td_toolkit::coordination::Coordination;
 use td_toolkit::error::ToolError;
 use td_toolkit::receipts::Receipt;
 
+use crate::run::hosts::branch_budget::BranchBudgets;
+use crate::run::hosts::shown::HostInbox;
 use crate::run::record::RunRecord;
 
-/// The largest branch bundle a host may send back for one loop.
+/// The largest branch bundle a host may send back for one loop, and the most bytes of
+/// bundles (checkpoints and ends) its hosts may send for it over the run, all its
+/// placements together (`run/hosts/branch_budget.rs`).
 pub const MAX_BRANCH_BYTES: u64 = 512 * 1024 * 1024;
 
 /// How long a host may take to accept a loop (its checks, not its setup).
@@ -130,6 +134,16 @@ pub struct HeadSide {
 /// batch of theirs claimed before the loss to be appended.
 const RECORDS_SETTLE: Duration = Duration::from_secs(5);
 
+/// The longest a lost host's loops wait, before they are handed to the run, for the shares
+/// and alerts delivered to them to be recorded (each delivery is bounded by
+/// [`REMOTE_DELIVERY_TIMEOUT`]).
+const DELIVERIES_SETTLE: Duration = REMOTE_DELIVERY_TIMEOUT.saturating_add(Duration::from_secs(5));
+
+/// The longest a lost host's loops wait, before they are handed to the run, for a checkpoint
+/// of theirs being taken (a bundle of up to [`MAX_BRANCH_BYTES`] indexed and checked):
+/// past it the checkpoint is given up and the loop moves from its last one.
+const CHECKPOINT_SETTLE: Duration = Duration::from_secs(60);
+
 /// The longest a host's loop may wait for an answer (its own timeout is shorter).
 const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -177,29 +191,27 @@ struct HostLink {
     host: String,
     name: String,
     outstanding: Outstanding,
-    /// Items its host took ([`Entry::delivered`]).
-    delivered: Arc<AtomicUsize>,
+    /// Its inbox as the head knows it ([`Entry::inbox`]).
+    inbox: Arc<Mutex<HostInbox>>,
 }
 
 #[async_trait::async_trait]
 impl RemoteLoop for HostLink {
-    async fn deliver(&self, item: Arc<InboxItem>) -> bool {
+    async fn deliver(&self, delivery: u64, item: Arc<InboxItem>) -> bool {
         let Ok(item) = serde_json::to_value(&*item) else {
             return false;
         };
         let request = ToHost::Deliver {
             loop_name: self.name.clone(),
             item,
+            delivery: Some(delivery),
         };
-        let taken = self
-            .asker
+        // Counted as sent before it goes: the loop may show it before its host answers.
+        lock(&self.inbox).sent(delivery);
+        self.asker
             .ask::<bool>(&self.host, &request, REMOTE_DELIVERY_TIMEOUT)
             .await
-            .unwrap_or(false);
-        if taken {
-            self.delivered.fetch_add(1, Ordering::SeqCst);
-        }
-        taken
+            .unwrap_or(false)
     }
 
     async fn answer(
@@ -256,15 +268,12 @@ struct Entry {
     iterations: u32,
     /// Bytes of its branch bundle received so far.
     branch_bytes: u64,
-    /// Bytes of all its bundles (checkpoints and end) received from this placement: held
-    /// to [`MAX_BRANCH_BYTES`] in all, so that a host cannot fill the head's repository.
-    sent_bytes: u64,
     /// The last iteration whose checkpoint was taken: a host sends one per iteration, in
     /// order, for an iteration the head saw start.
     checkpointed: u32,
-    /// Inbox items delivered to it in this placement (its first inbox included): what its
-    /// `inbox_shown` events may say it showed at most.
-    delivered: Arc<AtomicUsize>,
+    /// Its inbox in this placement (its first inbox included), as the head knows it: what
+    /// its `inbox_shown` events may say it showed.
+    inbox: Arc<Mutex<HostInbox>>,
     /// Model calls its host asked of the head in this placement: what its
     /// `iteration_ended` events may say an iteration made at most.
     requests: u32,
@@ -281,6 +290,9 @@ struct Entry {
     taking: bool,
     /// Its end is being taken (claimed before any work): a second `Ended` is not.
     ending: bool,
+    /// Its host was lost while a checkpoint of it was taken, and the move stopped waiting
+    /// for it ([`CHECKPOINT_SETTLE`]): that checkpoint lands no more.
+    abandoned: bool,
     /// Model calls of its current iteration the head settled.
     calls: u32,
     /// Model calls of its answers the head settled.
@@ -304,6 +316,8 @@ pub struct RemoteLoops {
     /// loops are handed to the run only after theirs, so that a move starts from the commit
     /// taken (a loop's lock holds up only its own move, not other hosts' loops).
     taking_branch: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The bundle bytes each loop's hosts sent, over all its placements.
+    sent: BranchBudgets,
 }
 
 /// How the head starts a loop on a host.
@@ -367,6 +381,7 @@ impl RemoteLoops {
                 outstanding: Arc::new(Mutex::new(BTreeMap::new())),
                 attempts: AtomicU64::new(0),
                 taking_branch: Mutex::new(BTreeMap::new()),
+                sent: BranchBudgets::new(MAX_BRANCH_BYTES),
             }),
             rx,
         )
@@ -416,15 +431,17 @@ impl RemoteLoops {
                 batch: 0,
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
-                sent_bytes: 0,
                 checkpointed: placed.start.first_iteration.saturating_sub(1),
-                delivered: Arc::new(AtomicUsize::new(placed.start.initial_inbox.len())),
+                inbox: Arc::new(Mutex::new(HostInbox::new(&first_inbox(
+                    &placed.start.initial_inbox,
+                )))),
                 requests: 0,
                 over: None,
                 broken: None,
                 done: false,
                 taking: false,
                 ending: false,
+                abandoned: false,
                 calls: 0,
                 answer_calls: 0,
                 task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
@@ -558,6 +575,7 @@ impl RemoteLoops {
     pub fn host_gone(self: &Arc<Self>, host: &str, how: &str, reason: &str) {
         let why = format!("its host {host} {how}: {reason}");
         let mut gone = Vec::new();
+        let mut attempts = Vec::new();
         {
             let mut loops = lock(&self.loops);
             for (name, entry) in loops.iter_mut() {
@@ -567,6 +585,7 @@ impl RemoteLoops {
                     continue;
                 }
                 entry.done = true;
+                attempts.push(entry.attempt);
                 gone.push(RemoteEnd {
                     name: name.clone(),
                     end: LoopEnd::Stopped {
@@ -597,18 +616,49 @@ impl RemoteLoops {
             for end in &gone {
                 handle.drop_remote(&end.name, &left).await;
             }
-            // A checkpoint of theirs being taken lands first: the move starts from it.
-            for lock in taking {
-                drop(lock.lock_owned().await);
+            // A checkpoint of theirs being taken lands first: the move starts from it. One
+            // still being taken after CHECKPOINT_SETTLE (a git that hangs) is given up: it
+            // lands no more, and the move starts from the last checkpoint taken.
+            let held = held_after(taking, tokio::time::Instant::now() + CHECKPOINT_SETTLE).await;
+            for i in held {
+                if let (Some(end), Some(attempt)) = (gone.get(i), attempts.get(i)) {
+                    me.abandon_checkpoint(&end.name, *attempt);
+                }
             }
             // And a records batch claimed before the loss: the move reads the record back,
             // and nothing of the earlier placement is written after it.
             let names: Vec<String> = gone.iter().map(|e| e.name.clone()).collect();
             me.records_settled(&names).await;
+            // And every share and alert they were delivered (one is recorded once all its
+            // remote deliveries settle, up to 10 s later): the move shows them once, read
+            // back from the record.
+            for name in &names {
+                if !handle.settled(name, DELIVERIES_SETTLE).await {
+                    eprintln!(
+                        "taskdaemon: loop {name}: a share or alert delivered to it was not recorded within {} s; it goes on without it",
+                        DELIVERIES_SETTLE.as_secs()
+                    );
+                }
+            }
             for end in gone {
                 let _ = ends.send(end);
             }
         });
+    }
+
+    /// The checkpoint of loop `name`'s placement `attempt` being taken is given up (its
+    /// host was lost, and it took longer than [`CHECKPOINT_SETTLE`]): it lands no more.
+    fn abandon_checkpoint(&self, name: &str, attempt: u64) {
+        if let Some(entry) = lock(&self.loops)
+            .get_mut(name)
+            .filter(|e| e.attempt == attempt)
+        {
+            entry.abandoned = true;
+        }
+        eprintln!(
+            "taskdaemon: loop {name}: its host was lost while its work was taken, which took over {} s; it moves from its last checkpoint",
+            CHECKPOINT_SETTLE.as_secs()
+        );
     }
 
     /// Waits until no records batch of `names` is being taken (a batch is appended in one
@@ -805,8 +855,7 @@ impl RemoteLoops {
                     Ok(a) => a.clone(),
                     Err(e) => return reply.send(Err::<(), _>(e)),
                 };
-                let Some(delivered) = lock(&self.loops).get(name).map(|e| e.delivered.clone())
-                else {
+                let Some(inbox) = lock(&self.loops).get(name).map(|e| e.inbox.clone()) else {
                     return reply.send(Err::<(), _>(format!("no loop {name}")));
                 };
                 let link = Arc::new(HostLink {
@@ -814,7 +863,7 @@ impl RemoteLoops {
                     host: host.to_string(),
                     name: name.to_string(),
                     outstanding: self.outstanding.clone(),
-                    delivered,
+                    inbox,
                 });
                 let done = handle
                     .register_remote(name, &loop_type, &task, subscriptions, link)
@@ -1039,7 +1088,8 @@ impl RemoteLoops {
     ) -> Result<(), String> {
         let known = lock(&self.loops).get(name).map(|e| Known {
             iterations: e.iterations,
-            delivered: e.delivered.load(Ordering::SeqCst),
+            inbox: lock(&e.inbox).clone(),
+            live_inbox: e.inbox.clone(),
             requests: e.requests,
         });
         let known = known.ok_or_else(|| format!("no loop {name}"))?;
@@ -1065,7 +1115,8 @@ impl RemoteLoops {
                     .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?,
             );
         }
-        known.check(name, &kinds)?;
+        let live_inbox = known.live_inbox.clone();
+        let shown = known.check(name, &kinds)?;
         let mut entries = Vec::with_capacity(transcript.len());
         for entry in transcript {
             let entry = serde_json::from_value::<TranscriptEntry>(entry)
@@ -1114,6 +1165,7 @@ impl RemoteLoops {
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.batch = batch;
         }
+        lock(&live_inbox).commit(&shown);
         if let Some(log) = log {
             for receipt in &taken {
                 if let Err(e) = log.append(receipt) {
@@ -1205,16 +1257,9 @@ impl RemoteLoops {
             .ok_or_else(|| {
                 format!("loop {name}'s branch is larger than the {MAX_BRANCH_BYTES} bytes taken")
             })?;
-        // All its bundles of this placement together (checkpoints and end) stay within it.
-        let sent = entry
-            .sent_bytes
-            .checked_add(bytes.len() as u64)
-            .filter(|t| *t <= MAX_BRANCH_BYTES)
-            .ok_or_else(|| {
-                format!(
-                    "loop {name}'s checkpoints and branch are larger than the {MAX_BRANCH_BYTES} bytes a placement may send in all"
-                )
-            })?;
+        // All its bundles (checkpoints and ends, of every placement of it) together stay
+        // within it, so that hosts cannot fill the head's repository.
+        self.sent.charge(name, bytes.len() as u64)?;
         std::fs::create_dir_all(&self.side.dir)
             .map_err(|e| format!("cannot make {}: {e}", self.side.dir.display()))?;
         let path = self.branch_file(name);
@@ -1226,7 +1271,6 @@ impl RemoteLoops {
         file.write_all(&bytes)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         entry.branch_bytes = total;
-        entry.sent_bytes = sent;
         Ok(())
     }
 
@@ -1251,8 +1295,13 @@ impl RemoteLoops {
         // from what the head held then, and nothing of this attempt lands after.
         let file = self.branch_file(name);
         let reset = |me: &Self| {
-            let _ = std::fs::remove_file(&file);
-            if let Some(entry) = lock(&me.loops).get_mut(name) {
+            // This placement's only: one given up by a move (`host_gone`) leaves the bundle
+            // the loop's next placement may be sending alone.
+            if let Some(entry) = lock(&me.loops)
+                .get_mut(name)
+                .filter(|e| e.attempt == attempt)
+            {
+                let _ = std::fs::remove_file(&file);
                 entry.branch_bytes = 0;
             }
         };
@@ -1302,10 +1351,23 @@ impl RemoteLoops {
                 branch.tip
             ));
         }
+        // Its host may have been lost meanwhile and the move have stopped waiting for this
+        // (`host_gone`): then it lands no more, in the worktree or the loop's next placement.
+        let current = lock(&self.loops)
+            .get(name)
+            .is_some_and(|e| e.attempt == attempt && !e.abandoned);
+        if !current {
+            return Err(format!(
+                "loop {name}'s host was lost while the work of iteration {iteration} was taken; it moves from its last checkpoint"
+            ));
+        }
         fast_forward(worktree.path(), &tip).await.map_err(|why| {
             format!("its worktree on the head cannot take the work of iteration {iteration}: {why}")
         })?;
-        if let Some(entry) = lock(&self.loops).get_mut(name) {
+        if let Some(entry) = lock(&self.loops)
+            .get_mut(name)
+            .filter(|e| e.attempt == attempt)
+        {
             entry.base = tip;
             entry.checkpointed = iteration;
         }
@@ -1374,19 +1436,23 @@ impl RemoteLoops {
 /// event numbers are checked against it before anything of the batch is recorded, so that
 /// no number in the record is one a resume or a move could not go on from
 /// (`run/resume.rs`), nor one that hides items from the loop when it moves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Known {
     /// Iterations the head saw start (from its `iteration_started` events).
     iterations: u32,
-    /// Inbox items delivered to it.
-    delivered: usize,
+    /// Its inbox, copied when the batch arrived: the batch's `inbox_shown` events are
+    /// taken on it, and it is made the loop's once the batch is.
+    inbox: HostInbox,
+    /// The loop's inbox.
+    live_inbox: Arc<Mutex<HostInbox>>,
     /// Model calls its host asked of the head.
     requests: u32,
 }
 
 impl Known {
-    /// Whether `kinds`, in order, can follow what the head knows; why not, by field.
-    fn check(mut self, name: &str, kinds: &[EventKind]) -> Result<(), String> {
+    /// Whether `kinds`, in order, can follow what the head knows; why not, by field. The
+    /// inbox as the batch's `inbox_shown` events leave it, to be made the loop's.
+    fn check(mut self, name: &str, kinds: &[EventKind]) -> Result<HostInbox, String> {
         let refuse = |event: &str, field: &str, value: String, bound: String| {
             Err(format!(
                 "loop {name}'s `{event}` has field `{field}` {value}, past {bound}; the batch is refused"
@@ -1442,23 +1508,57 @@ impl Known {
                         format!("the iterations started ({last})"),
                     );
                 }
-                EventKind::InboxShown { items, .. } if *items > self.delivered => {
-                    return refuse(
-                        "inbox_shown",
-                        "items",
-                        items.to_string(),
-                        format!("the items delivered to it ({})", self.delivered),
-                    );
+                EventKind::InboxShown {
+                    items, deliveries, ..
+                } => {
+                    if let Err(why) = self.inbox.take(*items, deliveries) {
+                        return refuse("inbox_shown", why.field, why.value, why.bound);
+                    }
                 }
                 _ => {}
             }
         }
-        Ok(())
+        Ok(self.inbox)
     }
 }
 
+/// Waits for each of `locks` until `deadline`: the indexes of those still held then.
+async fn held_after(
+    locks: Vec<Arc<tokio::sync::Mutex<()>>>,
+    deadline: tokio::time::Instant,
+) -> Vec<usize> {
+    let mut held = Vec::new();
+    for (i, lock) in locks.into_iter().enumerate() {
+        if tokio::time::timeout_at(deadline, lock.lock_owned())
+            .await
+            .is_err()
+        {
+            held.push(i);
+        }
+    }
+    held
+}
+
+/// The items of a `StartLoop`'s first inbox, with their delivery numbers (the head wrote
+/// them; one it cannot read counts as an item without a number).
+fn first_inbox(values: &[Value]) -> Vec<td_protocol::inbox::Delivered> {
+    values
+        .iter()
+        .map(|v| {
+            serde_json::from_value(v.clone()).unwrap_or(td_protocol::inbox::Delivered {
+                delivery: None,
+                item: InboxItem::Share {
+                    from: String::new(),
+                    data_type: String::new(),
+                    data: Value::Null,
+                },
+            })
+        })
+        .collect()
+}
+
 /// The system alert of a loop's end, as a local loop's actor sends it (none when stopped).
-fn end_alert(name: &str, end: &LoopEnd) -> Option<(&'static str, String)> {
+pub(crate) fn end_alert(name: &str, end: &LoopEnd) -> Option<(&'static str, String)> {
     match end {
         LoopEnd::Completed {
             summary: Some(s), ..
@@ -1570,6 +1670,35 @@ mod tests {
         assert_eq!(short.mode, td_confine::SandboxMode::Required);
         let none: td_confine::SandboxSettings = serde_json::from_value(policy_of(None)).unwrap();
         assert_eq!(none, td_confine::SandboxSettings::default());
+    }
+
+    /// A lost host's checkpoint that never ends does not hold its loop's move: the wait
+    /// ends at its deadline, naming the checkpoints still being taken.
+    #[tokio::test]
+    async fn the_wait_for_a_lost_hosts_checkpoints_ends_at_its_deadline() {
+        let (free, held, released) = (
+            Arc::new(tokio::sync::Mutex::new(())),
+            Arc::new(tokio::sync::Mutex::new(())),
+            Arc::new(tokio::sync::Mutex::new(())),
+        );
+        let _hung = held.clone().lock_owned().await;
+        let soon = released.clone().lock_owned().await;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(soon);
+        });
+        let started = tokio::time::Instant::now();
+        let still = held_after(
+            vec![free, held, released],
+            started + Duration::from_millis(300),
+        )
+        .await;
+        assert_eq!(still, vec![1]);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
     }
 
     #[test]
