@@ -1675,13 +1675,13 @@ fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
         let link = session.link();
         let without = link
             .ask_head::<_, ()>(
-                &serde_json::json!({"type": "leave", "name": "h1", "reason": "FORGED"}),
+                &serde_json::json!({"leave": {"name": "h1", "reason": "FORGED"}}),
                 Duration::from_secs(10),
             )
             .await;
         let with_its_own = link
             .ask_head::<_, ()>(
-                &serde_json::json!({"type": "leave", "name": "h1", "token": session.joined.token, "reason": "FORGED"}),
+                &serde_json::json!({"leave": {"name": "h1", "token": session.joined.token, "reason": "FORGED"}}),
                 Duration::from_secs(10),
             )
             .await;

@@ -72,6 +72,12 @@ impl Failures {
 pub const REST_FACTOR: u32 = 10;
 /// The longest rest between two writes during a run (a flush writes at once).
 pub const MAX_REST: Duration = Duration::from_millis(250);
+/// The shortest rest between two writes during a run (a flush writes at once): a write
+/// (temporary file, two syncs, a rename) costs the daemon ~0.3 ms of CPU however small the
+/// summary, and a stream of cross-host queries changed the spend, so wrote the summary,
+/// ~50 times a second (7% of the head's CPU: benches/hosts.rs). A summary is at most this
+/// much behind its events (which a resume rebuilds it from).
+pub const MIN_REST: Duration = Duration::from_millis(50);
 
 struct State {
     summary: RunSummary,
@@ -87,6 +93,10 @@ struct State {
     /// Writes made by the writer (tests check the interval with it).
     #[cfg_attr(not(test), allow(dead_code))]
     writes: u64,
+    /// Changes that woke the writer (tests check that a change to a summary already
+    /// waiting to be written wakes nobody).
+    #[cfg_attr(not(test), allow(dead_code))]
+    wakes: u64,
     /// The outcome of the last write.
     last: Result<(), String>,
 }
@@ -164,6 +174,7 @@ impl SummaryFile {
                 closing: false,
                 flushing: 0,
                 writes: 0,
+                wakes: 0,
                 last: Ok(()),
             }),
             changed: Condvar::new(),
@@ -195,8 +206,11 @@ impl SummaryFile {
     /// is written soon (`change` runs under the summary's lock: keep it short).
     pub fn change(&self, change: impl FnOnce(&mut RunSummary) -> bool) {
         let mut state = lock(&self.shared.state);
-        if change(&mut state.summary) {
-            state.dirty = true;
+        // Only the first change after a write wakes the writer: it writes the summary as it
+        // is then, with every later change (each wake-up was a futex call here and a task
+        // switch there, several per cross-host query).
+        if change(&mut state.summary) && !std::mem::replace(&mut state.dirty, true) {
+            state.wakes = state.wakes.saturating_add(1);
             self.shared.changed.notify_all();
         }
     }
@@ -265,8 +279,13 @@ fn writer_loop(shared: &Shared) {
         let started = Instant::now();
         shared.write_dirty();
         let took = started.elapsed();
-        last_write = Some((Instant::now(), (took * REST_FACTOR).min(MAX_REST)));
+        last_write = Some((Instant::now(), rest_after(took)));
     }
+}
+
+/// How long the writer rests after a write that took `took`.
+fn rest_after(took: Duration) -> Duration {
+    took.saturating_mul(REST_FACTOR).clamp(MIN_REST, MAX_REST)
 }
 
 /// Milliseconds each write sleeps first (tests: a slow write).
@@ -360,6 +379,51 @@ mod tests {
         );
         SLOW_WRITE_MS.store(0, Ordering::Relaxed);
         assert_eq!(read_summary(dir.path()).unwrap().run_id, "flushed");
+    }
+
+    #[test]
+    fn a_change_to_a_summary_waiting_to_be_written_wakes_no_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let failures = Arc::new(Failures::new(dir.path()));
+        let file = SummaryFile::start(dir.path(), RunSummary::default(), failures).unwrap();
+        // A first write, so that the writer rests (at least MIN_REST) after it.
+        file.change(|s| {
+            s.run_id = "first".into();
+            true
+        });
+        file.flush().unwrap();
+        let (wakes, writes) = {
+            let state = lock(&file.shared.state);
+            (state.wakes, state.writes)
+        };
+        for n in 0..100 {
+            file.change(|s| {
+                s.run_id = format!("r{n}");
+                true
+            });
+        }
+        // One wake-up for the hundred changes (the first made it dirty), and no change that
+        // says it changed nothing wakes it.
+        file.change(|_| false);
+        let state = lock(&file.shared.state);
+        assert_eq!(state.wakes, wakes + 1);
+        assert!(state.writes <= writes + 1, "{} {writes}", state.writes);
+        drop(state);
+        file.flush().unwrap();
+        assert_eq!(read_summary(dir.path()).unwrap().run_id, "r99");
+    }
+
+    #[test]
+    fn the_rest_after_a_write_is_ten_times_its_time_within_the_floor_and_the_cap() {
+        // A fast write (a small run's) still rests the floor: changes a few ms apart (each
+        // cross-host query's spend) are one write, not one each.
+        assert_eq!(rest_after(Duration::ZERO), MIN_REST);
+        assert_eq!(rest_after(Duration::from_millis(2)), MIN_REST);
+        assert_eq!(
+            rest_after(Duration::from_millis(10)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(rest_after(Duration::from_secs(2)), MAX_REST);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
@@ -46,6 +46,11 @@ pub struct HostRequest {
     /// Where the answer goes.
     pub reply: Reply,
 }
+
+/// The agents of the joined hosts, by host name: kept by the registry, read by every
+/// [`HostAsker`] without a round trip through the registry's mailbox (each question to a
+/// host paid one, two task switches on the head, per hop of a cross-host query).
+type Agents = Arc<RwLock<HashMap<String, ActorRef<AgentMsg>>>>;
 
 /// Where the registry hands host requests about loops.
 pub type RequestSink = Arc<dyn Fn(HostRequest) + Send + Sync>;
@@ -183,8 +188,6 @@ pub enum RegistryMsg {
     },
     /// The hosts, in name order.
     Hosts(RpcReplyPort<Vec<HostInfo>>),
-    /// The agent of a joined host.
-    Agent(String, RpcReplyPort<Option<ActorRef<AgentMsg>>>),
     /// The run ends: tell every joined host, and record them as left.
     Shutdown {
         /// Why, in words.
@@ -216,6 +219,7 @@ impl ractor::Message for RegistryMsg {
 #[derive(Debug)]
 pub struct Head {
     registry: ActorRef<RegistryMsg>,
+    agents: Agents,
     node: Node,
     listen: SocketAddr,
 }
@@ -250,9 +254,11 @@ impl Head {
         busy: BusyCheck,
     ) -> Result<Head, NodeError> {
         let listen = options.listen;
+        let agents = Agents::default();
         let (registry, _) = Actor::spawn(
             None,
             Registry {
+                agents: agents.clone(),
                 lost_after: options.lost_after,
                 default_slots: options.default_slots,
                 sink: Arc::new(on_event),
@@ -279,6 +285,7 @@ impl Head {
         match started {
             Ok(node) => Ok(Head {
                 registry,
+                agents,
                 node,
                 listen,
             }),
@@ -302,7 +309,7 @@ impl Head {
     /// A handle that asks joined hosts (cheap to clone, usable after the head moved).
     pub fn asker(&self) -> HostAsker {
         HostAsker {
-            registry: self.registry.clone(),
+            agents: self.agents.clone(),
         }
     }
 
@@ -343,7 +350,7 @@ impl Head {
 /// Asks joined hosts: what the run sends to the hosts its loops run on.
 #[derive(Debug, Clone)]
 pub struct HostAsker {
-    registry: ActorRef<RegistryMsg>,
+    agents: Agents,
 }
 
 impl HostAsker {
@@ -355,8 +362,7 @@ impl HostAsker {
         request: &ToHost,
         timeout: Duration,
     ) -> Result<Resp, AskError> {
-        let agent = ractor::call_t!(self.registry, RegistryMsg::Agent, 5_000, host.to_string())
-            .map_err(|e| AskError::Gone(format!("the head's registry: {e}")))?
+        let agent = agent_of(&self.agents, host)
             .ok_or_else(|| AskError::Gone(format!("host {host} is not joined")))?;
         wire::ask(&agent, AgentMsg::Wire, request, timeout).await
     }
@@ -370,7 +376,30 @@ impl Drop for Head {
     }
 }
 
+/// The agent of `host` while it is joined.
+fn agent_of(agents: &Agents, host: &str) -> Option<ActorRef<AgentMsg>> {
+    agents
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(host)
+        .cloned()
+}
+
+/// Sets (`Some`) or removes the agent of `host` in `agents`.
+fn set_agent(agents: &Agents, host: &str, agent: Option<ActorRef<AgentMsg>>) {
+    let mut map = agents
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match agent {
+        Some(agent) => map.insert(host.to_string(), agent),
+        None => map.remove(host),
+    };
+}
+
 struct Registry {
+    /// The joined hosts' agents, for [`HostAsker`]: in step with `hosts` (a host's agent is
+    /// there exactly while it is joined).
+    agents: Agents,
     lost_after: Duration,
     default_slots: u32,
     sink: Arc<dyn Fn(HostEvent) + Send + Sync>,
@@ -523,6 +552,7 @@ impl Registry {
             return;
         }
         host.info.state = HostState::Lost;
+        set_agent(&self.agents, name, None);
         // Closing the session fails every question still waiting on it at once.
         host.session_ref.stop(Some("lost".to_string()));
         self.emit(HostEvent::Lost {
@@ -536,7 +566,8 @@ impl Registry {
         let request = match msg.parse::<ToHead>() {
             Ok(r) => r,
             Err(e) => {
-                msg.answer(Err::<(), _>(e));
+                let why = older_join(&msg.body).unwrap_or(e);
+                msg.answer(Err::<(), _>(why));
                 return;
             }
         };
@@ -564,6 +595,7 @@ impl Registry {
                             && constant_time_eq(&host.token, &token) =>
                     {
                         host.info.state = HostState::Left;
+                        set_agent(&self.agents, &name, None);
                         self.emit(HostEvent::Left { name, reason });
                         Ok(())
                     }
@@ -712,13 +744,15 @@ impl Registry {
             state: HostState::Joined,
         };
         let token = new_token();
+        let agent: ActorRef<AgentMsg> = agent.into();
+        set_agent(&self.agents, name, Some(agent.clone()));
         state.hosts.insert(
             name.to_string(),
             HostEntry {
                 info: info.clone(),
                 session: session_id,
                 session_ref: session.info.session.clone(),
-                agent: agent.into(),
+                agent,
                 token: token.clone(),
                 last_answer: Instant::now(),
                 pinging: false,
@@ -787,6 +821,21 @@ impl Registry {
     }
 }
 
+/// The refusal of a join in the form of an earlier protocol (up to 5 the messages were
+/// internally tagged: `{"type": "join", "protocol": 5, ...}`), which protocol 6 does not
+/// read: such a host hears which protocols differ, not that its request did not read.
+fn older_join(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if value.get("type")?.as_str()? != "join" {
+        return None;
+    }
+    let protocol = value.get("protocol")?.as_u64()?;
+    Some(format!(
+        "the head refused this host: this host speaks protocol {protocol} and the head {PROTOCOL}: run the same taskdaemon version on both (the head runs {})",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
 /// Whether two tokens are equal, in a time that does not tell how much of them matched.
 fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len()
@@ -828,6 +877,11 @@ impl Actor for Registry {
         if let Some(t) = state.ticker.take() {
             t.abort();
         }
+        // Nothing is asked of hosts through a registry that stopped.
+        self.agents
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         Ok(())
     }
 
@@ -864,14 +918,6 @@ impl Actor for Registry {
             RegistryMsg::Hosts(reply) => {
                 let _ = reply.send(state.hosts.values().map(|h| h.info.clone()).collect());
             }
-            RegistryMsg::Agent(name, reply) => {
-                let agent = state
-                    .hosts
-                    .get(&name)
-                    .filter(|h| h.info.state == HostState::Joined)
-                    .map(|h| h.agent.clone());
-                let _ = reply.send(agent);
-            }
             RegistryMsg::Shutdown { reason, reply } => {
                 for (name, host) in state.hosts.iter_mut() {
                     if host.info.state != HostState::Joined {
@@ -887,6 +933,7 @@ impl Actor for Registry {
                         },
                     );
                     host.info.state = HostState::Left;
+                    set_agent(&self.agents, name, None);
                     self.emit(HostEvent::Left {
                         name: name.clone(),
                         reason: reason.clone(),
@@ -919,5 +966,21 @@ impl Actor for Registry {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_join_of_an_earlier_protocol_is_told_the_protocols() {
+        let old = br#"{"type":"join","protocol":5,"name":"h1","node":"n","slots":null,"workdir":"/w","version":"0"}"#;
+        let why = older_join(old).unwrap();
+        assert!(why.contains("speaks protocol 5 and the head 6"), "{why}");
+        assert!(serde_json::from_slice::<ToHead>(old).is_err());
+        // Anything else that does not read stays "cannot read the request".
+        assert_eq!(older_join(br#"{"type":"leave"}"#), None);
+        assert_eq!(older_join(b"not json"), None);
     }
 }

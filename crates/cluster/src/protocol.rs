@@ -10,8 +10,17 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+// Why the enums here are externally tagged (serde's default): an internally tagged enum
+// (`#[serde(tag = "type")]`) is decoded by buffering the whole object into serde's
+// `Content` tree first, and a nested one (`ToHead::Loop` holding a `FromHost::Coord`
+// holding a `CoordRequest`) buffered it again at each level, on every hop of every
+// cross-host request (perf of the head: benches/hosts.rs, BENCHMARKS.md "hosts"). An
+// externally tagged one is read in one pass from the bytes.
+
 /// The version of these messages; a host and a head of different versions do not join.
-pub const PROTOCOL: u32 = 5;
+/// 5: shares and alerts carry their per-loop delivery numbers. 6: the enums are externally
+/// tagged (`{"loop": {...}}`, not `{"type": "loop", ...}`).
+pub const PROTOCOL: u32 = 6;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -34,7 +43,7 @@ pub const MAX_NAME_LEN: usize = 63;
 
 /// Requests to the head's registry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum ToHead {
     /// A host asks to join (asked; the answer is [`Joined`] or a refusal).
     Join {
@@ -85,7 +94,7 @@ pub enum ToHead {
 /// this crate knows nothing of them, the head reads each one itself and refuses what does
 /// not read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum FromHost {
     /// The host names the commits its mirror has (`have`); the head bundles the loop's base
     /// commit without what they reach and answers the bundle's size, `None` when the host
@@ -174,7 +183,7 @@ pub enum FromHost {
 /// A host's runtime to the head's coordinator (`td_runtime::upstream::Upstream`), for one
 /// of the host's loops.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum CoordRequest {
     /// The loop joins the run's coordination (answered `()`).
     Register {
@@ -228,7 +237,7 @@ pub enum CoordRequest {
 
 /// The head's answer to [`FromHost::Complete`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum CompleteAnswer {
     /// The model's response (`td_llm::LlmResponse`).
     Response {
@@ -373,7 +382,7 @@ pub struct Joined {
 
 /// Requests to a host's agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum ToHost {
     /// The head's heartbeat (asked; the answer is `()`).
     Ping,
@@ -459,7 +468,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"join","protocol":5,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}"#
+            r#"{"join":{"protocol":6,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {
@@ -476,9 +485,29 @@ mod tests {
             serde_json::from_str(r#"{"type":"deliver","loop_name":"m","item":{}}"#).unwrap();
         assert!(matches!(old, ToHost::Deliver { delivery: None, .. }));
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), join);
+        assert_eq!(serde_json::to_string(&ToHost::Ping).unwrap(), r#""ping""#);
+        let query = ToHead::Loop {
+            host: "h1".into(),
+            token: "t".into(),
+            attempt: 3,
+            request: FromHost::Coord {
+                loop_name: "a".into(),
+                request: CoordRequest::Query {
+                    target: "b".into(),
+                    question: "q?".into(),
+                    timeout_ms: 5,
+                },
+            },
+        };
+        let json = serde_json::to_string(&query).unwrap();
         assert_eq!(
-            serde_json::to_string(&ToHost::Ping).unwrap(),
-            r#"{"type":"ping"}"#
+            json,
+            r#"{"loop":{"host":"h1","token":"t","attempt":3,"request":{"coord":{"loop_name":"a","request":{"query":{"target":"b","question":"q?","timeout_ms":5}}}}}}"#
         );
+        assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), query);
+        // The form of protocols up to 5 (internally tagged) is not read (a join of it is told the
+        // protocols: `head::older_join`).
+        assert!(serde_json::from_str::<ToHead>(r#"{"type":"ping"}"#).is_err());
+        assert!(serde_json::from_str::<ToHost>(r#"{"type":"ping"}"#).is_err());
     }
 }

@@ -338,10 +338,10 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
     assert_eq!(asked.lock().unwrap()[0].0, "h1");
 
     // Another token (a host speaking for h1) is refused before the run sees it.
-    let forged = serde_json::json!({
-        "type": "loop", "host": "h1", "token": "0".repeat(32), "attempt": 7,
-        "request": {"type": "complete", "loop_name": "a", "request": {}}
-    });
+    let forged = serde_json::json!({"loop": {
+        "host": "h1", "token": "0".repeat(32), "attempt": 7,
+        "request": {"complete": {"loop_name": "a", "request": {}}}
+    }});
     let registry = ractor::pg::get_scoped_members(
         &td_cluster::protocol::SCOPE.to_string(),
         &td_cluster::protocol::HEAD_GROUP.to_string(),
@@ -417,6 +417,13 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("host h9 is not joined"), "{err}");
 
+    // An asker kept past the run's end finds no host: a host recorded left is asked nothing.
+    let asker = head.asker();
     head.shutdown("done", Duration::from_secs(2)).await;
+    let err = asker
+        .ask::<()>("h1", &ToHost::Ping, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("host h1 is not joined"), "{err}");
     let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
 }

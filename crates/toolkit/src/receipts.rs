@@ -21,6 +21,7 @@ pub use short_text::ShortText;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -423,6 +424,11 @@ pub struct ReceiptLog {
     state: Mutex<LogState>,
     observer: OnceLock<AppendObserver>,
     tool_set: OnceLock<Vec<String>>,
+    /// Writes synced to the disk (one per [`ReceiptLog::append_all`]): what the tests
+    /// count to hold a batch to one sync.
+    syncs: AtomicU64,
+    /// Whether appends are synced ([`ReceiptLog::unsynced`]: not).
+    sync: bool,
 }
 
 struct LogState {
@@ -464,7 +470,19 @@ impl ReceiptLog {
             state: Mutex::new(LogState { file, tally }),
             observer: OnceLock::new(),
             tool_set: OnceLock::new(),
+            syncs: AtomicU64::new(0),
+            sync: true,
         })
+    }
+
+    /// This log, its appends not synced: for a log that is only a local copy of receipts
+    /// whose record is kept elsewhere and made durable there (a worker host's loop: its
+    /// receipts stream to the head, which syncs them before it answers their batch, and the
+    /// host's file is removed when the loop starts there again). Each append is still one
+    /// write, cut back when it fails.
+    pub fn unsynced(mut self) -> Self {
+        self.sync = false;
+        self
     }
 
     /// Where the log lives.
@@ -506,40 +524,71 @@ impl ReceiptLog {
     /// happened and cannot be derived again. When it fails (a full disk), nothing of the line
     /// is left in the log, and the caller must not treat the call as recorded.
     pub fn append(&self, receipt: &Receipt) -> std::io::Result<()> {
-        let mut value = serde_json::to_value(receipt).map_err(std::io::Error::other)?;
-        td_base::secrets::redact_value(&mut value);
+        self.append_all(std::slice::from_ref(receipt))
+    }
+
+    /// Appends `receipts` in order, as [`ReceiptLog::append`] appends one, with a single
+    /// write and a single `fdatasync` for all of them: each is chained to the one before it,
+    /// and all are on the disk when this returns `Ok` (a head taking a host's batch of
+    /// receipts syncs once per batch, not once per receipt). All or none: when the write or
+    /// the sync fails, nothing of the batch is left in the log and the chain stays where it
+    /// was. A crash during the write leaves whole lines of the batch followed by at most one
+    /// torn line: the chain of what is left verifies (readers report the torn line), and the
+    /// next open goes on from its last whole receipt.
+    pub fn append_all(&self, receipts: &[Receipt]) -> std::io::Result<()> {
+        if receipts.is_empty() {
+            return Ok(());
+        }
+        let mut values = Vec::with_capacity(receipts.len());
+        for receipt in receipts {
+            let mut value = serde_json::to_value(receipt).map_err(std::io::Error::other)?;
+            td_base::secrets::redact_value(&mut value);
+            values.push(value);
+        }
         let written = {
             let mut state = lock(&self.state);
-            let (line, seq, link) = match &self.key {
-                Some(key) => {
-                    let seq = state.tally.seq.checked_add(1).ok_or_else(|| {
-                        std::io::Error::other(
-                            "the receipt log's sequence number is at its maximum; start a new log",
-                        )
-                    })?;
-                    let (line, link) = chained_line(&mut value, key, &state.tally.head, seq)?;
-                    (line, Some(seq), Some(link))
-                }
-                None => {
-                    let line = serde_json::to_string(&value).map_err(std::io::Error::other)?;
-                    (
-                        td_base::secrets::redact_json(&line).into_owned(),
-                        None,
-                        None,
-                    )
-                }
-            };
-            let mut bytes = line.into_bytes();
-            bytes.push(b'\n');
-            td_base::record_io::append(&mut state.file, &bytes, true)?;
-            let mut written = receipt.clone();
-            written.seq = seq;
-            written.chain = link;
-            state.tally.add(&written);
+            // The chain goes on through the batch in memory; the log's tally moves only once
+            // the whole batch is on the disk.
+            let (mut seq, mut head) = (state.tally.seq, state.tally.head.clone());
+            let mut bytes = Vec::new();
+            let mut written = Vec::with_capacity(receipts.len());
+            for (receipt, value) in receipts.iter().zip(values.iter_mut()) {
+                let (line, link) = match &self.key {
+                    Some(key) => {
+                        seq = seq.checked_add(1).ok_or_else(|| {
+                            std::io::Error::other(
+                                "the receipt log's sequence number is at its maximum; start a new log",
+                            )
+                        })?;
+                        let (line, link) = chained_line(value, key, &head, seq)?;
+                        head.clone_from(&link);
+                        (line, Some(link))
+                    }
+                    None => {
+                        let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
+                        (td_base::secrets::redact_json(&line).into_owned(), None)
+                    }
+                };
+                bytes.extend_from_slice(line.as_bytes());
+                bytes.push(b'\n');
+                let mut receipt = receipt.clone();
+                receipt.seq = link.is_some().then_some(seq);
+                receipt.chain = link;
+                written.push(receipt);
+            }
+            td_base::record_io::append(&mut state.file, &bytes, self.sync)?;
+            if self.sync {
+                self.syncs.fetch_add(1, Ordering::Relaxed);
+            }
+            for receipt in &written {
+                state.tally.add(receipt);
+            }
             written
         };
         if let Some(observer) = self.observer.get() {
-            observer(&written);
+            for receipt in &written {
+                observer(receipt);
+            }
         }
         Ok(())
     }
@@ -793,5 +842,99 @@ mod tests {
         assert_eq!(read.items[1].id, "id-2");
         assert_eq!(read.bad_lines.len(), 1);
         assert_eq!(read.bad_lines[0].0, 3);
+    }
+
+    /// A chained log at `dir/name` under a fixed key.
+    fn chained(dir: &Path, name: &str) -> (ReceiptLog, Arc<chain::ChainKey>) {
+        let key = Arc::new(chain::ChainKey::from_bytes([7; 32], dir.join("k")));
+        (
+            ReceiptLog::open_chained(&dir.join(name), key.clone()).unwrap(),
+            key,
+        )
+    }
+
+    /// The chain state of the log at `path` under `key`, and its unreadable lines.
+    fn verify(path: &Path, key: &chain::ChainKey) -> (check::ChainState, usize, usize) {
+        let read = check::read_entries(path).unwrap();
+        let checked = check::check(&read.entries, Some(key), None);
+        (checked.state, read.entries.len(), read.bad_lines.len())
+    }
+
+    #[test]
+    fn a_batch_is_written_as_its_receipts_one_by_one_with_one_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one_by_one, key) = chained(dir.path(), "single.jsonl");
+        for n in 1..=5 {
+            one_by_one.append(&test_receipt(n)).unwrap();
+        }
+        assert_eq!(one_by_one.syncs.load(Ordering::Relaxed), 5);
+        let (batched, _) = chained(dir.path(), "batch.jsonl");
+        batched.append(&test_receipt(1)).unwrap();
+        let rest: Vec<Receipt> = (2..=5).map(test_receipt).collect();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observed = seen.clone();
+        batched.observe(Box::new(move |r| lock(&observed).push(r.seq)));
+        batched.append_all(&rest).unwrap();
+        // One sync for the first receipt, one for the batch of four.
+        assert_eq!(batched.syncs.load(Ordering::Relaxed), 2);
+        assert_eq!(*lock(&seen), vec![Some(2), Some(3), Some(4), Some(5)]);
+        // The same lines, the same chain, the same tally.
+        assert_eq!(
+            std::fs::read(dir.path().join("batch.jsonl")).unwrap(),
+            std::fs::read(dir.path().join("single.jsonl")).unwrap()
+        );
+        assert_eq!(batched.tally().seq, 5);
+        assert_eq!(batched.tally().head, one_by_one.tally().head);
+        assert_eq!(batched.tally().ids, one_by_one.tally().ids);
+        let (state, entries, bad) = verify(&dir.path().join("batch.jsonl"), &key);
+        assert_eq!((state, entries, bad), (check::ChainState::Verified, 5, 0));
+        // An empty batch writes and syncs nothing.
+        batched.append_all(&[]).unwrap();
+        assert_eq!(batched.syncs.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn an_unsynced_log_writes_the_same_lines_without_a_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let synced = ReceiptLog::open(&dir.path().join("a.jsonl")).unwrap();
+        let copy = ReceiptLog::open(&dir.path().join("b.jsonl"))
+            .unwrap()
+            .unsynced();
+        for n in 1..=3 {
+            synced.append(&test_receipt(n)).unwrap();
+            copy.append(&test_receipt(n)).unwrap();
+        }
+        assert_eq!(synced.syncs.load(Ordering::Relaxed), 3);
+        assert_eq!(copy.syncs.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            std::fs::read(dir.path().join("a.jsonl")).unwrap(),
+            std::fs::read(dir.path().join("b.jsonl")).unwrap()
+        );
+        assert_eq!(copy.tally().receipts, 3);
+    }
+
+    #[test]
+    fn a_crash_inside_a_batch_leaves_a_prefix_that_verifies_and_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let (log, key) = chained(dir.path(), "r.jsonl");
+        log.append(&test_receipt(1)).unwrap();
+        let batch: Vec<Receipt> = (2..=4).map(test_receipt).collect();
+        log.append_all(&batch).unwrap();
+        drop(log);
+        // The crash cut the batch's write in its third line (receipt 3 of 4).
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cut = text.match_indices('\n').nth(1).unwrap().0 + 20;
+        std::fs::write(&path, &text[..cut]).unwrap();
+        assert_eq!(
+            verify(&path, &key),
+            (check::ChainState::Verified, 2, 1),
+            "the whole lines verify, the torn one is reported"
+        );
+        // The next session goes on from the last whole receipt.
+        let (log, _) = chained(dir.path(), "r.jsonl");
+        let read = check::read_entries(&path).unwrap();
+        assert_eq!(log.tally().seq, 2);
+        assert_eq!(Some(log.tally().head), read.entries[1].receipt.chain);
     }
 }

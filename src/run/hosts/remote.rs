@@ -762,7 +762,7 @@ impl RemoteLoops {
                 receipts,
                 ..
             } => {
-                // Appending syncs each receipt (fdatasync: 0.1 to several ms): not on the
+                // Appending syncs the batch's receipts (fdatasync: 0.1 to several ms): not on the
                 // runtime's workers, which carry the other hosts' requests meanwhile (a
                 // query's hops waited behind it: benches/hosts.rs).
                 let this = Arc::clone(&self);
@@ -1166,17 +1166,17 @@ impl RemoteLoops {
             entry.batch = batch;
         }
         lock(&live_inbox).commit(&shown);
-        if let Some(log) = log {
-            for receipt in &taken {
-                if let Err(e) = log.append(receipt) {
-                    let why = format!("the head cannot append to loop {name}'s receipts: {e}");
-                    self.side.record.note_failure(why.clone());
-                    if let Some(entry) = lock(&self.loops).get_mut(name) {
-                        entry.broken = Some(why.clone());
-                    }
-                    return Err(why);
-                }
+        // One write and one sync for the batch's receipts (all or none), before the batch
+        // is answered: each is on the disk when its host hears the batch was taken.
+        if let Some(log) = log
+            && let Err(e) = log.append_all(&taken)
+        {
+            let why = format!("the head cannot append to loop {name}'s receipts: {e}");
+            self.side.record.note_failure(why.clone());
+            if let Some(entry) = lock(&self.loops).get_mut(name) {
+                entry.broken = Some(why.clone());
             }
+            return Err(why);
         }
         Ok(())
     }
