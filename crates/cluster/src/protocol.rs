@@ -479,10 +479,10 @@ mod tests {
         let wire = serde_json::to_string(&deliver).unwrap();
         assert_eq!(
             wire,
-            r#"{"type":"deliver","loop_name":"m","item":{"kind":"share"},"delivery":3}"#
+            r#"{"deliver":{"loop_name":"m","item":{"kind":"share"},"delivery":3}}"#
         );
         let old: ToHost =
-            serde_json::from_str(r#"{"type":"deliver","loop_name":"m","item":{}}"#).unwrap();
+            serde_json::from_str(r#"{"deliver":{"loop_name":"m","item":{}}}"#).unwrap();
         assert!(matches!(old, ToHost::Deliver { delivery: None, .. }));
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), join);
         assert_eq!(serde_json::to_string(&ToHost::Ping).unwrap(), r#""ping""#);
