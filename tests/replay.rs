@@ -712,3 +712,29 @@ fn summary_counts_calls_errors_and_schema_refusals_per_tool() {
     let key = std::fs::read_to_string(run.path("run/receipt-chain.key")).unwrap();
     assert_eq!(key.trim().len(), 64);
 }
+
+/// A crash in the middle of writing a receipt leaves a torn last line; the next session's
+/// first receipt starts a line of its own instead of being glued to it (and lost with it).
+#[test]
+fn a_session_after_a_torn_last_line_writes_its_receipts_on_lines_of_their_own() {
+    let rec = two_files();
+    rec.exec(&reads(), &[], &[]);
+    let torn = r#"{"id":"0196-torn","call_id":"4","exec_i"#;
+    let mut text = std::fs::read_to_string(rec.log()).unwrap();
+    text.push_str(torn);
+    std::fs::write(rec.log(), &text).unwrap();
+    rec.exec(&[("read_file", json!({"path": "a.txt"}))], &[], &[]);
+    let lines = rec.lines();
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    assert_eq!(lines[4], torn, "the torn line is kept as it was");
+    let last = parse(&lines[5]);
+    assert_eq!(
+        (last["tool"].as_str(), last["seq"].as_u64()),
+        (Some("read_file"), Some(5))
+    );
+    let (_, out, err) = rec.verify(&[], &[]);
+    assert!(
+        out.contains("line 5"),
+        "the torn line is reported:\n{out}\n{err}"
+    );
+}

@@ -414,6 +414,25 @@ pub fn hash_output(content: &str, is_error: bool) -> ShortText {
     hasher.finish()
 }
 
+/// Ends the log's last line when a crash left it torn (no newline at the end), so that the
+/// next receipt starts a line of its own: glued to the torn one it would not read either.
+/// The torn line is kept as it is (readers report it); the newline is synced with it.
+fn end_a_torn_line(file: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::FileExt as _;
+    let len = file.metadata()?.len();
+    let Some(last) = len.checked_sub(1) else {
+        return Ok(());
+    };
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, last)?;
+    if byte[0] != b'\n' {
+        file.write_all(b"\n")?;
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
 /// Called with every receipt a log wrote (as written: with its `seq` and `chain`).
 pub type AppendObserver = Box<dyn Fn(&Receipt) + Send + Sync>;
 
@@ -460,10 +479,12 @@ impl ReceiptLog {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
-        let file = std::fs::OpenOptions::new()
+        let mut file = std::fs::OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(path)?;
+        end_a_torn_line(&mut file)?;
         Ok(Self {
             path: path.to_path_buf(),
             key,
@@ -936,5 +957,22 @@ mod tests {
         let read = check::read_entries(&path).unwrap();
         assert_eq!(log.tally().seq, 2);
         assert_eq!(Some(log.tally().head), read.entries[1].receipt.chain);
+        // Its first receipt starts a line of its own: the torn one stays as it was, reported,
+        // and is not glued to the new receipt (which would lose it).
+        log.append(&test_receipt(5)).unwrap();
+        drop(log);
+        assert_eq!(
+            verify(&path, &key),
+            (check::ChainState::Verified, 3, 1),
+            "the new receipt verifies after the torn line"
+        );
+        let read = read_log(&path).unwrap();
+        assert_eq!(read.items.last().map(|r| r.id.as_str()), Some("id-5"));
+        assert_eq!(read.bad_lines.len(), 1);
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains(&text[cut - 20..cut])
+        );
     }
 }
