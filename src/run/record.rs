@@ -839,8 +839,8 @@ fn sync_new_dir(run_dir: &Path, dir: &Path) -> Result<(), String> {
 /// How `event` changes a run's summary: the one rule for the live record and for a summary
 /// rebuilt from the events. Returns whether it changed anything.
 pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
-    let time = event.time.text();
-    let time = time.as_ref();
+    // The date's text, made only for the events that keep one (most do not).
+    let time = || event.time.text().into_owned();
     match &event.kind {
         EventKind::RunStarted {
             run_id,
@@ -851,7 +851,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             summary.version = SUMMARY_VERSION;
             summary.run_id = run_id.clone();
             summary.config = config.clone();
-            summary.started_at = time.to_string();
+            summary.started_at = time();
             if sandbox.is_some() {
                 summary.sandbox = sandbox.clone();
             }
@@ -874,7 +874,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             s.status = LoopStatus::Running;
             s.loop_type = loop_type.clone();
             s.host = host.clone();
-            s.started_at = Some(time.to_string());
+            s.started_at = Some(time());
             s.ended_at = None;
             s.duration_ms = None;
         }
@@ -905,24 +905,24 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             s.status = LoopStatus::Completed;
             s.iterations = *iterations;
             s.summary = text.clone();
-            s.mark_ended(time);
+            s.mark_ended(&time());
         }
         EventKind::LoopFailed { loop_name, reason } => {
             let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Failed;
             s.reason = Some(reason.clone());
-            s.mark_ended(time);
+            s.mark_ended(&time());
         }
         EventKind::LoopStopped { loop_name } => {
             let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Stopped;
-            s.mark_ended(time);
+            s.mark_ended(&time());
         }
         EventKind::LoopPaused { loop_name, reason } => {
             let s = summary.loop_entry(loop_name);
             s.status = LoopStatus::Paused;
             s.reason = Some(reason.clone());
-            s.mark_ended(time);
+            s.mark_ended(&time());
         }
         EventKind::LoopBlocked { loop_name, reason } => {
             let s = summary.loop_entry(loop_name);
@@ -989,7 +989,7 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
         | EventKind::HostLost { .. }
         | EventKind::HostLeft { .. }
         | EventKind::HostRefused { .. }) => {
-            return crate::run::hosts::summary::apply(&mut summary.hosts, time, kind);
+            return crate::run::hosts::summary::apply(&mut summary.hosts, &time(), kind);
         }
         _ => return false,
     }
