@@ -169,7 +169,8 @@ async fn calls_only(kind: &str, n: usize) {
         calls,
         echo,
     } = rig().await;
-    let input = json!({"target_exec_id": "b", "question": QUESTION});
+    // Shared, as a loop's conversation shares each call's input with the call.
+    let input = Arc::new(json!({"target_exec_id": "b", "question": QUESTION}));
     let asker: Arc<str> = Arc::from("a");
     let started = Instant::now();
     for _ in 0..n {
@@ -180,12 +181,12 @@ async fn calls_only(kind: &str, n: usize) {
                 assert_eq!(answer.as_deref().ok(), Some(ANSWER), "{answer:?}");
             }
             "tool" => {
-                let input = input.clone();
+                let input = Arc::clone(&input);
                 let out = calls.call(Some("q"), "query_loop", input).await.outcome;
                 assert!(!out.is_error, "{}", out.content);
             }
             "tool-receipt" => {
-                let input = input.clone();
+                let input = Arc::clone(&input);
                 let out = calls.call(Some("q"), "query_loop", input).await.outcome;
                 assert!(!out.is_error, "{}", out.content);
                 assert!(out.receipt.input_hash.starts_with("sha256:"));
@@ -222,7 +223,8 @@ async fn latency(report: &mut Report, runtime: &str) {
     // variants were kept apart when the tool armed a timer per call, which disturbed the
     // samples around it; kept so that figures stay comparable).
     let driver = tokio::spawn(async move {
-        let input = json!({"target_exec_id": "b", "question": QUESTION});
+        // Shared, as a loop's conversation shares each call's input with the call.
+        let input = Arc::new(json!({"target_exec_id": "b", "question": QUESTION}));
         // The asker's name as its context shares it (see `Coordination::query`).
         let asker: Arc<str> = Arc::from("a");
         let mut rounds = Vec::new();
@@ -247,7 +249,7 @@ async fn latency(report: &mut Report, runtime: &str) {
                 settle().await;
                 let t = Instant::now();
                 let out = calls
-                    .call(Some("q"), "query_loop", input.clone())
+                    .call(Some("q"), "query_loop", Arc::clone(&input))
                     .await
                     .outcome;
                 tool.push(t.elapsed());
@@ -266,7 +268,7 @@ async fn latency(report: &mut Report, runtime: &str) {
                 settle().await;
                 let t = Instant::now();
                 let out = calls
-                    .call(Some("q"), "query_loop", input.clone())
+                    .call(Some("q"), "query_loop", Arc::clone(&input))
                     .await
                     .outcome;
                 let hashed = out.receipt.input_hash.starts_with("sha256:");

@@ -100,7 +100,7 @@ fn one_loop(record: &RunRecord, events: &EventLog, name: &str, receipt: &Receipt
                             tool_calls: vec![ToolCall {
                                 id: format!("{name}-{turn}"),
                                 name: "read_file".into(),
-                                input: json!({"path": "src/lib.rs"}),
+                                input: json!({"path": "src/lib.rs"}).into(),
                             }],
                             stop_reason: StopReason::ToolUse,
                             usage: Usage {

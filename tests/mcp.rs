@@ -98,8 +98,12 @@ async fn rmcp_client_sees_the_tool_set_through_the_binary() {
     let log = read_log(&receipts).unwrap();
     let tools: Vec<&str> = log.items.iter().map(|r| r.tool.as_ref()).collect();
     assert_eq!(tools, ["read_file", "read_file", "read_fiel"]);
-    assert!(log.items.iter().all(|r| r.exec_id == "exec" && r.is_error));
-    assert_eq!(log.items[1].input, json!({"path": 7}));
+    assert!(
+        log.items
+            .iter()
+            .all(|r| &*r.exec_id == "exec" && r.is_error)
+    );
+    assert_eq!(*log.items[1].input, json!({"path": 7}));
 }
 
 /// Waits for `child` to exit, killing it after `limit`.

@@ -490,12 +490,12 @@ async fn anthropic_two_tool_calls_and_their_results_round_trip() {
             ToolCall {
                 id: "toolu_01A09q90qw90lq917835lq9".into(),
                 name: "grep".into(),
-                input: json!({"pattern": "port\\s*=", "path": "src"}),
+                input: json!({"pattern": "port\\s*=", "path": "src"}).into(),
             },
             ToolCall {
                 id: "toolu_01B7sXpM4kQe2TgH6cVn8rLw".into(),
                 name: "read_file".into(),
-                input: json!({"path": "config/server.toml"}),
+                input: json!({"path": "config/server.toml"}).into(),
             },
         ]
     );
@@ -644,12 +644,12 @@ async fn openai_two_tool_calls_and_their_results_round_trip() {
             ToolCall {
                 id: "call_Rk8sVb2LqW7nXe4TpY9mZc1D".into(),
                 name: "grep".into(),
-                input: json!({"pattern": "port\\s*=", "path": "src"}),
+                input: json!({"pattern": "port\\s*=", "path": "src"}).into(),
             },
             ToolCall {
                 id: "call_J3hTq6NwP0aFv5LsK8xYb2Ue".into(),
                 name: "read_file".into(),
-                input: json!({"path": "config/server.toml"}),
+                input: json!({"path": "config/server.toml"}).into(),
             },
         ]
     );
@@ -715,7 +715,7 @@ async fn openai_invalid_arguments_become_a_string_input_that_validation_rejects(
         vec![ToolCall {
             id: "call_0".into(),
             name: "read_file".into(),
-            input: Value::String("{\"path\": \"src/main.rs\"".into()),
+            input: Value::String("{\"path\": \"src/main.rs\"".into()).into(),
         }]
     );
     assert_eq!(reply.stop_reason, StopReason::ToolUse);
@@ -1438,7 +1438,7 @@ async fn an_assistant_turn_of_only_tool_calls_carries_empty_text() {
                     content: vec![Block::ToolUse {
                         id: "call_1".into(),
                         name: "grep".into(),
-                        input: json!({"pattern": "port"}),
+                        input: json!({"pattern": "port"}).into(),
                     }],
                 },
                 Message {

@@ -46,7 +46,7 @@ fn response(
             .map(|(id, name, input)| ToolCall {
                 id: id.to_string(),
                 name: name.to_string(),
-                input: input.clone(),
+                input: input.clone().into(),
             })
             .collect(),
         stop_reason: if calls.is_empty() {
@@ -68,7 +68,7 @@ fn receipt(exec_id: &str, tool: &str) -> Receipt {
         call_id: Some("c1".into()),
         exec_id: exec_id.into(),
         tool: tool.to_string().into(),
-        input: json!({"path": "a.txt"}),
+        input: json!({"path": "a.txt"}).into(),
         input_hash: hash_value(&json!({"path": "a.txt"})),
         output_hash: hash_output("x", false),
         is_error: false,

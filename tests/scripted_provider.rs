@@ -8,7 +8,7 @@ use td_llm::{LlmClient, LlmRequest, Purpose, StopReason};
 
 fn request(loop_name: &str, purpose: Purpose) -> LlmRequest {
     LlmRequest {
-        loop_name: loop_name.to_string(),
+        loop_name: loop_name.into(),
         purpose,
         system: "You are a loop.".to_string(),
         messages: Vec::new(),
@@ -41,7 +41,7 @@ async fn a_script_file_drives_two_loops_through_the_trait() {
 
     let purpose = Purpose::QueryAnswer {
         from: "client".into(),
-        question,
+        question: question.into(),
     };
     let answer = llm.complete(&request("api", purpose)).await.unwrap();
     assert_eq!(answer.text.as_deref(), Some("8080"));

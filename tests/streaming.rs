@@ -576,7 +576,7 @@ async fn openai_streams_interleaved_tool_calls_split_across_chunks_with_usage() 
     .unwrap();
     assert_eq!(reply, whole);
     assert_eq!(
-        reply.tool_calls[1].input,
+        *reply.tool_calls[1].input,
         json!({"pattern": "ü+\\d", "path": "."})
     );
     assert_eq!(

@@ -398,8 +398,8 @@ mod tests {
         let r = receipts(&s);
         assert_eq!(r.len(), 3);
         assert_eq!(r[0].tool, "echo");
-        assert_eq!(r[0].input, json!({"text": "hi"}));
-        assert_eq!(r[0].exec_id, "mcp-test");
+        assert_eq!(*r[0].input, json!({"text": "hi"}));
+        assert_eq!(&*r[0].exec_id, "mcp-test");
         assert!(!r[0].is_error);
         assert!(r[1].is_error && r[1].error_kind.is_none());
         assert_eq!(r[2].error_kind.as_deref(), Some("invalid_arguments"));
@@ -417,7 +417,7 @@ mod tests {
         let invalid = s.client.call_tool(call("echo", Value::Null)).await.unwrap();
         assert_eq!(invalid.is_error, Some(true));
         assert!(text(&invalid).contains("\"text\" is a required property"));
-        assert_eq!(receipts(&s)[1].input, json!({}));
+        assert_eq!(*receipts(&s)[1].input, json!({}));
         s.client.cancel().await.unwrap();
     }
 

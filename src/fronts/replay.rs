@@ -166,7 +166,7 @@ fn recorded_commands(receipts: &[&Receipt]) -> BTreeMap<String, LoopCommands> {
         }) else {
             continue;
         };
-        let cmds = by_exec.entry(r.exec_id.clone()).or_default();
+        let cmds = by_exec.entry(r.exec_id.to_string()).or_default();
         let slot = match r.tool.as_ref() {
             "build" => &mut cmds.build,
             "test" => &mut cmds.test,
@@ -330,13 +330,15 @@ pub async fn verify(options: &VerifyOptions) -> Result<ReplayReport, String> {
             report.skipped += 1;
             CallVerdict::Skipped { reason }
         } else {
-            let ctx = match contexts.get(&receipt.exec_id) {
+            let ctx = match contexts.get(&*receipt.exec_id) {
                 Some(ctx) => ctx,
                 None => {
                     let ctx = policy
-                        .context(&copy, receipt.exec_id.clone())?
-                        .with_commands(commands.get(&receipt.exec_id).cloned().unwrap_or_default());
-                    contexts.entry(receipt.exec_id.clone()).or_insert(ctx)
+                        .context(&copy, receipt.exec_id.to_string())?
+                        .with_commands(
+                            commands.get(&*receipt.exec_id).cloned().unwrap_or_default(),
+                        );
+                    contexts.entry(receipt.exec_id.to_string()).or_insert(ctx)
                 }
             };
             replay_one(&tools, ctx, entry, &mut report).await

@@ -631,7 +631,7 @@ mod tests {
             .map(|name| ToolCall {
                 id: turn.to_string(),
                 name: name.into(),
-                input: serde_json::json!({}),
+                input: serde_json::json!({}).into(),
             })
             .into_iter()
             .collect();

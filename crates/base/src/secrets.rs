@@ -28,7 +28,7 @@
 use std::borrow::Cow;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::Value;
 
@@ -220,6 +220,32 @@ pub fn redact_value(value: &mut Value) -> bool {
     }
     let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
     !secrets.is_empty() && redact_value_in(value, &secrets)
+}
+
+/// Redacts every string inside a shared `value` (object keys too); returns whether anything
+/// was replaced. The value is copied only when it holds a secret: a tool call's input is
+/// shared by the conversation, the call and its receipt, and almost never holds one.
+pub fn redact_shared_value(value: &mut Arc<Value>) -> bool {
+    if !ANY_REGISTERED.load(Ordering::Acquire) {
+        return false;
+    }
+    let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
+    !secrets.is_empty()
+        && holds_secret_in(value, &secrets)
+        && redact_value_in(Arc::make_mut(value), &secrets)
+}
+
+/// Whether any string inside `value` (object keys too) would be redacted.
+fn holds_secret_in(value: &Value, secrets: &[Secret]) -> bool {
+    let redacts = |text: &str| matches!(redact_in(text, secrets), Cow::Owned(_));
+    match value {
+        Value::String(s) => redacts(s),
+        Value::Array(items) => items.iter().any(|item| holds_secret_in(item, secrets)),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, item)| redacts(key) || holds_secret_in(item, secrets)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
 }
 
 fn redact_value_in(value: &mut Value, secrets: &[Secret]) -> bool {
@@ -487,6 +513,35 @@ mod tests {
             serde_json::json!({"command": format!("echo {m}"), "list": [1, m, {m: true}], "n": 3})
         );
         assert!(!redact_value(&mut value));
+    }
+
+    #[test]
+    fn a_shared_value_is_copied_only_when_it_holds_a_secret() {
+        register("TEST_SECRETS_SHARED", "sk-shared-test-s2s2");
+        let m = "[REDACTED:TEST_SECRETS_SHARED]";
+        // Without a secret: nothing replaced, and the value is still the one shared.
+        let clean = Arc::new(serde_json::json!({"path": "a.rs", "n": [1, "x"]}));
+        let mut held = Arc::clone(&clean);
+        assert!(!redact_shared_value(&mut held));
+        assert!(Arc::ptr_eq(&held, &clean));
+        // A secret anywhere, a key included: the holder gets a redacted copy, and the other
+        // holders keep what they had.
+        for (original, redacted) in [
+            (
+                serde_json::json!({"deep": [{"x": "sk-shared-test-s2s2"}]}),
+                serde_json::json!({"deep": [{"x": m}]}),
+            ),
+            (
+                serde_json::json!({"sk-shared-test-s2s2": 1}),
+                serde_json::json!({m: 1}),
+            ),
+        ] {
+            let shared = Arc::new(original.clone());
+            let mut held = Arc::clone(&shared);
+            assert!(redact_shared_value(&mut held));
+            assert_eq!(*held, redacted);
+            assert_eq!(*shared, original);
+        }
     }
 
     #[test]

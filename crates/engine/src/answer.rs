@@ -43,8 +43,9 @@ pub enum AnswerError {
 /// every answer in progress, so that answering a question copies nothing per loop (its
 /// settings, its tool definitions) and only renders the prompt and calls the model.
 pub struct Answerer {
-    /// The loop's name, type and task: all of its settings an answer uses.
-    name: String,
+    /// The loop's name (shared with each answer's model request), type and task: all of its
+    /// settings an answer uses.
+    name: Arc<str>,
     loop_type: String,
     task: String,
     /// The loop's calls (context, tools, routes, lanes, receipts), shared with its engine.
@@ -73,7 +74,7 @@ impl Answerer {
         budgets: Arc<Budgets>,
     ) -> Self {
         Self {
-            name: config.name.clone(),
+            name: Arc::from(config.name.as_str()),
             loop_type: config.loop_type.clone(),
             task: config.task.clone(),
             calls,
@@ -105,16 +106,20 @@ impl Answerer {
     /// and progress; the model may use the read-only tools on this loop's worktree. Its
     /// model calls are charged to `from`, the loop that asked.
     pub async fn answer(&self, from: &str, question: &str) -> Result<String, AnswerError> {
-        self.answer_counting(from, question, &Mutex::new(Spend::default()))
-            .await
+        self.answer_counting(
+            &Arc::from(from),
+            &Arc::from(question),
+            &Mutex::new(Spend::default()),
+        )
+        .await
     }
 
     /// [`Answerer::answer`], adding what its model calls spend to `spent` as they are
     /// answered (so that an answer given up on still says what it cost).
     pub async fn answer_counting(
         &self,
-        from: &str,
-        question: &str,
+        from: &Arc<str>,
+        question: &Arc<str>,
         spent: &Mutex<Spend>,
     ) -> Result<String, AnswerError> {
         let account = self.budgets.account(from);
@@ -123,10 +128,10 @@ impl Answerer {
         });
         let read_only = self.read_only().clone();
         let mut request = LlmRequest {
-            loop_name: self.name.clone(),
+            loop_name: Arc::clone(&self.name),
             purpose: Purpose::QueryAnswer {
-                from: from.to_string(),
-                question: question.to_string(),
+                from: Arc::clone(from),
+                question: Arc::clone(question),
             },
             system,
             messages: vec![Message::user_text(format!(
@@ -270,7 +275,7 @@ mod tests {
                     .map(|(i, name)| ToolCall {
                         id: format!("c{i}"),
                         name: name.to_string(),
-                        input: json!({}),
+                        input: json!({}).into(),
                     })
                     .collect()
             } else {
@@ -368,7 +373,7 @@ mod tests {
                     tool_calls: vec![ToolCall {
                         id: "x".into(),
                         name: "read_file".into(),
-                        input: json!({}),
+                        input: json!({}).into(),
                     }],
                     stop_reason: StopReason::ToolUse,
                     usage: Default::default(),

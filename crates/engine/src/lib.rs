@@ -533,7 +533,7 @@ impl Engine {
         );
         // One request for the whole iteration: each turn appends to its conversation.
         let mut request = LlmRequest {
-            loop_name: self.config.name.clone(),
+            loop_name: Arc::from(self.config.name.as_str()),
             purpose: Purpose::Iteration,
             system,
             messages: vec![Message::user_text(first)],

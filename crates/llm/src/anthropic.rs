@@ -286,7 +286,11 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
                 tool_calls.push(ToolCall {
                     id: field("id")?,
                     name: field("name")?,
-                    input: block.get("input").cloned().unwrap_or_else(|| json!({})),
+                    input: block
+                        .get("input")
+                        .cloned()
+                        .unwrap_or_else(|| json!({}))
+                        .into(),
                 });
             }
             _ => {}
@@ -446,7 +450,7 @@ mod tests {
         Block::ToolUse {
             id: id.into(),
             name: "read_file".into(),
-            input: json!({"path": "a"}),
+            input: json!({"path": "a"}).into(),
         }
     }
 
@@ -647,7 +651,7 @@ mod tests {
             vec![ToolCall {
                 id: "toolu_1".into(),
                 name: "grep".into(),
-                input: json!({"pattern": "x"})
+                input: json!({"pattern": "x"}).into()
             }]
         );
         assert_eq!(r.stop_reason, StopReason::ToolUse);

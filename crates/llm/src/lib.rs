@@ -44,10 +44,10 @@ pub enum Purpose {
     Iteration,
     /// A side call that answers another loop's question.
     QueryAnswer {
-        /// The asking loop.
-        from: String,
-        /// The question, verbatim.
-        question: String,
+        /// The asking loop (shared with the query's route and records).
+        from: Arc<str>,
+        /// The question, verbatim (shared with the query's route and records).
+        question: Arc<str>,
     },
 }
 
@@ -76,8 +76,9 @@ pub enum Block {
         id: String,
         /// Tool name.
         name: String,
-        /// Tool input.
-        input: Value,
+        /// Tool input, shared with the [`ToolCall`] it was made from, the tool's call and
+        /// its receipt: a call's input is never copied on its way.
+        input: Arc<Value>,
     },
     /// The result of a tool call, sent back to the model.
     ToolResult {
@@ -116,8 +117,9 @@ pub struct ToolCall {
     pub id: String,
     /// Tool name.
     pub name: String,
-    /// Tool input.
-    pub input: Value,
+    /// Tool input, shared (not copied) with the conversation's [`Block::ToolUse`], the
+    /// tool's call and its receipt.
+    pub input: Arc<Value>,
 }
 
 /// Why the model stopped.
@@ -190,8 +192,9 @@ impl CallObserver for NoObserver {}
 /// A request to a model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlmRequest {
-    /// The loop on whose behalf the call is made (its exec id).
-    pub loop_name: String,
+    /// The loop on whose behalf the call is made (its exec id; shared with the loop, not
+    /// copied per request).
+    pub loop_name: Arc<str>,
     /// Iteration turn or query answer.
     pub purpose: Purpose,
     /// System prompt.

@@ -266,7 +266,7 @@ pub fn parse_response(body: &Value) -> Result<LlmResponse, LlmError> {
             tool_calls.push(ToolCall {
                 id,
                 name: name.to_string(),
-                input: arguments(function.get("arguments")),
+                input: arguments(function.get("arguments")).into(),
             });
         }
     }
@@ -369,7 +369,7 @@ mod tests {
                     Block::ToolUse {
                         id: "odd".into(),
                         name: "t".into(),
-                        input: json!({}),
+                        input: json!({}).into(),
                     },
                 ],
             },
@@ -406,7 +406,7 @@ mod tests {
         let r = parse_response(&reply).unwrap();
         assert_eq!(r.text, None);
         assert_eq!(r.tool_calls[0].id, "call_1");
-        assert_eq!(r.tool_calls[0].input, json!({"pattern": "x"}));
+        assert_eq!(*r.tool_calls[0].input, json!({"pattern": "x"}));
         assert_eq!(r.stop_reason, StopReason::ToolUse);
         assert_eq!(r.usage, Usage::default());
 

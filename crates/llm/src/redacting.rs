@@ -98,7 +98,7 @@ mod tests {
         let call = crate::ToolCall {
             id: "1".into(),
             name: "write_file".into(),
-            input: serde_json::json!({"content": "sk-llm-test-l6l6l6"}),
+            input: serde_json::json!({"content": "sk-llm-test-l6l6l6"}).into(),
         };
         let canned = Canned(Mutex::new(vec![
             Ok(LlmResponse {

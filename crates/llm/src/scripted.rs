@@ -33,7 +33,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -132,7 +132,8 @@ impl From<ScriptUsage> for Usage {
 #[derive(Debug)]
 struct ScriptedCall {
     name: String,
-    input: Value,
+    /// Shared with every reply that makes this call: a reply's input is not a copy.
+    input: Arc<Value>,
 }
 
 /// One scripted answer to a question from another loop.
@@ -285,7 +286,7 @@ impl LlmClient for ScriptedLlm {
                         .map(|(i, call)| ToolCall {
                             id: format!("{}-{number}-{}", request.loop_name, i + 1),
                             name: call.name.clone(),
-                            input: call.input.clone(),
+                            input: Arc::clone(&call.input),
                         })
                         .collect();
                     (turn.say.clone(), calls, turn.delay_ms, turn.usage)
@@ -301,7 +302,7 @@ impl LlmClient for ScriptedLlm {
                 None => {
                     let quoted = match td_base::text::truncate_to(question, QUOTE_LIMIT) {
                         Some(cut) => format!("{cut}…"),
-                        None => question.clone(),
+                        None => question.to_string(),
                     };
                     return Err(LlmError::Script(format!(
                         "loop '{}' has no scripted answer matching the question \"{quoted}\"; \
@@ -475,7 +476,10 @@ impl<'de> Deserialize<'de> for ScriptedCall {
                         )));
                     }
                 };
-                Ok(ScriptedCall { name, input })
+                Ok(ScriptedCall {
+                    name,
+                    input: Arc::new(input),
+                })
             }
         }
         deserializer.deserialize_any(CallVisitor)
@@ -518,7 +522,7 @@ client:
 
     fn iteration(loop_name: &str) -> LlmRequest {
         LlmRequest {
-            loop_name: loop_name.to_string(),
+            loop_name: loop_name.into(),
             purpose: Purpose::Iteration,
             system: String::new(),
             messages: Vec::new(),
@@ -529,8 +533,8 @@ client:
     fn question(loop_name: &str, q: &str) -> LlmRequest {
         LlmRequest {
             purpose: Purpose::QueryAnswer {
-                from: "other".to_string(),
-                question: q.to_string(),
+                from: "other".into(),
+                question: q.into(),
             },
             ..iteration(loop_name)
         }
@@ -560,7 +564,7 @@ client:
             vec![ToolCall {
                 id: "client-1-1".into(),
                 name: "query_loop".into(),
-                input: json!({"target_exec_id": "api", "question": "Which port?"}),
+                input: json!({"target_exec_id": "api", "question": "Which port?"}).into(),
             }]
         );
         assert_eq!(llm.turns_left("client"), 1);
@@ -572,11 +576,11 @@ client:
         assert_eq!(ids, ["client-2-1", "client-2-2"]);
         assert_eq!(second.tool_calls[0].name, "write_file");
         assert_eq!(
-            second.tool_calls[0].input,
+            *second.tool_calls[0].input,
             json!({"path": "client.txt", "content": "port 8080\n"})
         );
         assert_eq!(
-            second.tool_calls[1].input,
+            *second.tool_calls[1].input,
             json!({"summary": "client wired"})
         );
         assert_eq!(llm.turns_left("client"), 0);
@@ -612,7 +616,7 @@ client:
         assert_eq!(r.stop_reason, StopReason::EndTurn);
         let r = llm.complete(&iteration("a")).await.unwrap();
         assert_eq!(r.tool_calls[0].name, "complete_task");
-        assert_eq!(r.tool_calls[0].input, json!({}));
+        assert_eq!(*r.tool_calls[0].input, json!({}));
         assert_eq!(r.tool_calls[0].id, "a-2-1");
     }
 
@@ -723,7 +727,7 @@ client:
                     Block::ToolUse {
                         id: "1".into(),
                         name: "ab".into(),
-                        input: json!({}),
+                        input: json!({}).into(),
                     },
                     Block::ToolResult {
                         tool_use_id: "1".into(),

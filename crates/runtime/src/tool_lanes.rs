@@ -279,7 +279,7 @@ fn fail(job: &ToolJob, error: ToolError, latency: Duration) -> CallOutcome {
         &job.ctx,
         job.call_id.as_deref(),
         &job.name,
-        job.input.clone(),
+        Arc::clone(&job.input),
         error,
         latency,
     )
@@ -798,7 +798,7 @@ mod tests {
                 tools: Arc::clone(&self.tools),
                 call_id: None,
                 name: name.to_string(),
-                input,
+                input: input.into(),
             }
         }
     }
@@ -883,7 +883,7 @@ mod tests {
             assert_eq!(out.content, "done 5");
             assert_eq!(out.receipt.tool, name);
             assert_eq!(out.receipt.call_id.as_deref(), Some("call-5"));
-            assert_eq!(out.receipt.input, json!({"id": 5}));
+            assert_eq!(*out.receipt.input, json!({"id": 5}));
         }
         lanes.stop_and_wait().await;
     }
@@ -1119,7 +1119,7 @@ mod tests {
         assert_eq!(out.receipt.error_kind.as_deref(), Some("failed"));
         assert_eq!(out.receipt.tool, "read_file");
         assert_eq!(out.receipt.call_id.as_deref(), Some("c1"));
-        assert_eq!(out.receipt.input, input);
+        assert_eq!(*out.receipt.input, input);
         assert_eq!(lanes.restarts(Lane::NoNet), 1);
         assert_eq!(lanes.restarts(Lane::Net), 0);
         for id in 0..10 {

@@ -84,8 +84,8 @@ impl Actor for ToolWorker {
             job.call_id.as_deref(),
             &job.name,
             // The pool keeps the job (and so this input) to answer for us if the tool
-            // panics; the registry needs an owned input, hence this one copy.
-            job.input.clone(),
+            // panics; the registry holds the input shared, not copied.
+            Arc::clone(&job.input),
         );
         // A caller that gave up (its iteration timed out, its loop stopped) no longer wants
         // the result: dropping the call ends it (a command's process group is killed) and

@@ -88,7 +88,7 @@ impl LlmClient for PeekThenAnswer {
                 tool_calls: vec![ToolCall {
                     id: "answer-call-1".into(),
                     name: "peek".into(),
-                    input: json!({}),
+                    input: json!({}).into(),
                 }],
                 stop_reason: StopReason::ToolUse,
                 usage: Default::default(),
@@ -170,7 +170,7 @@ async fn answer_time_calls_wait_for_a_lane_worker_and_leave_receipts() {
                 tools,
                 call_id: Some("own-call".into()),
                 name: "peek".into(),
-                input: json!({}),
+                input: json!({}).into(),
             };
             lanes.run(Lane::NoNet, job).await
         }
@@ -221,7 +221,7 @@ async fn answer_time_calls_wait_for_a_lane_worker_and_leave_receipts() {
         .collect();
     assert_eq!(answer_receipts.len(), 1, "{receipts:#?}");
     let r = answer_receipts[0];
-    assert_eq!((r.tool.as_ref(), r.exec_id.as_str()), ("peek", "b"));
+    assert_eq!((r.tool.as_ref(), &*r.exec_id), ("peek", "b"));
     assert!(!r.is_error, "{r:?}");
     assert_eq!(r.schema_valid, Some(true));
     rt.shutdown().await;

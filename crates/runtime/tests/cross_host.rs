@@ -63,7 +63,7 @@ impl LlmClient for Stub {
                 self.prompts
                     .lock()
                     .unwrap()
-                    .entry(request.loop_name.clone())
+                    .entry(request.loop_name.to_string())
                     .or_default()
                     .push(prompt.join("\n"));
                 "done".to_string()

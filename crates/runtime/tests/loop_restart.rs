@@ -89,7 +89,7 @@ impl LlmClient for PanicsFirst {
                 tool_calls: vec![ToolCall {
                     id: "call-1".into(),
                     name: "complete_task".into(),
-                    input: json!({}),
+                    input: json!({}).into(),
                 }],
                 stop_reason: StopReason::ToolUse,
                 usage: Default::default(),

@@ -37,8 +37,8 @@ pub struct ToolJob {
     pub call_id: Option<String>,
     /// Tool name.
     pub name: String,
-    /// The tool's input, as the model gave it.
-    pub input: Value,
+    /// The tool's input, as the model gave it (shared with the conversation and the receipt).
+    pub input: Arc<Value>,
 }
 
 /// Runs calls in worker lanes: the tool lanes of a run (`td_runtime::tool_lanes`), or
@@ -168,7 +168,13 @@ impl CallPath {
     }
 
     /// Runs one call where its route says and saves its receipt.
-    pub async fn call(&self, call_id: Option<&str>, name: &str, input: Value) -> Called {
+    pub async fn call(
+        &self,
+        call_id: Option<&str>,
+        name: &str,
+        input: impl Into<Arc<Value>>,
+    ) -> Called {
+        let input = input.into();
         let outcome = match self.spec(name) {
             Some(ToolSpec {
                 lane: Route::Lane(lane),

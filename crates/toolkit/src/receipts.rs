@@ -60,12 +60,13 @@ pub struct Receipt {
     pub id: ShortText,
     /// The model's id for the call, when it gave one.
     pub call_id: Option<String>,
-    /// The loop (exec id) that made the call.
-    pub exec_id: String,
+    /// The loop (exec id) that made the call (shared with its context, not copied per call).
+    pub exec_id: Arc<str>,
     /// Tool name (a built-in tool's without a copy).
     pub tool: Cow<'static, str>,
-    /// The full input, so the call can be replayed.
-    pub input: Value,
+    /// The full input, so the call can be replayed (shared with the call's caller, whose
+    /// conversation holds the same input).
+    pub input: Arc<Value>,
     /// `sha256:` of the canonical JSON of `input`.
     pub input_hash: ShortText,
     /// `sha256:` of the full output (content and error flag), before any cap.
@@ -683,7 +684,7 @@ pub(crate) fn test_receipt(n: usize) -> Receipt {
         exec_id: "e".into(),
         tool: "run_command".into(),
         input_hash: hash_value(&input),
-        input,
+        input: Arc::new(input),
         output_hash: hash_output("", false),
         is_error: false,
         error_kind: None,

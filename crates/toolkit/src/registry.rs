@@ -325,10 +325,10 @@ impl ToolSet {
         ctx: &ToolContext,
         call_id: Option<&str>,
         name: &str,
-        input: Value,
+        input: impl Into<Arc<Value>>,
     ) -> CallOutcome {
         let spec = ctx.spec(name);
-        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Catch)
+        self.call_with(ctx, spec, call_id, name, input.into(), PanicPolicy::Catch)
             .await
     }
 
@@ -340,7 +340,7 @@ impl ToolSet {
         spec: ToolSpec,
         call_id: Option<&str>,
         name: &str,
-        input: Value,
+        input: Arc<Value>,
     ) -> CallOutcome {
         self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Catch)
             .await
@@ -354,11 +354,18 @@ impl ToolSet {
         ctx: &ToolContext,
         call_id: Option<&str>,
         name: &str,
-        input: Value,
+        input: impl Into<Arc<Value>>,
     ) -> CallOutcome {
         let spec = ctx.spec(name);
-        self.call_with(ctx, spec, call_id, name, input, PanicPolicy::Propagate)
-            .await
+        self.call_with(
+            ctx,
+            spec,
+            call_id,
+            name,
+            input.into(),
+            PanicPolicy::Propagate,
+        )
+        .await
     }
 
     /// The outcome (and receipt) of a call that never produced a result of its own, e.g.
@@ -368,7 +375,7 @@ impl ToolSet {
         ctx: &ToolContext,
         call_id: Option<&str>,
         name: &str,
-        input: Value,
+        input: impl Into<Arc<Value>>,
         error: ToolError,
         latency: Duration,
     ) -> CallOutcome {
@@ -384,7 +391,7 @@ impl ToolSet {
             &spec,
             call_id,
             name,
-            input,
+            input.into(),
             checked,
             latency,
             Instant::now(),
@@ -397,7 +404,7 @@ impl ToolSet {
         spec: ToolSpec,
         call_id: Option<&str>,
         name: &str,
-        input: Value,
+        input: Arc<Value>,
         panics: PanicPolicy,
     ) -> CallOutcome {
         let started = Instant::now();
@@ -429,7 +436,7 @@ impl ToolSet {
         spec: &ToolSpec,
         call_id: Option<&str>,
         name: &str,
-        mut input: Value,
+        mut input: Arc<Value>,
         checked: Checked,
         latency: Duration,
         started: Instant,
@@ -439,7 +446,7 @@ impl ToolSet {
             schema_valid,
             tool,
         } = checked;
-        secrets::redact_value(&mut input);
+        secrets::redact_shared_value(&mut input);
         let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         let latency_ms = latency_us / 1000;
         let (full, is_error, mut effects, error_kind) = match result {
@@ -867,7 +874,7 @@ mod tests {
         assert!(!out.content.contains("sk-registry"), "{}", out.content);
         assert!(out.content.starts_with(marker), "{}", out.content);
         let r = &out.receipt;
-        assert_eq!(r.input, json!({"text": marker}));
+        assert_eq!(*r.input, json!({"text": marker}));
         assert_eq!(r.input_hash, hash_value(&json!({"text": marker})));
         let full = marker.repeat(1000);
         assert_eq!(r.output_hash, hash_output(&full, false));

@@ -746,7 +746,7 @@ impl LlmClient for RemoteLlm {
             .link
             .ask(
                 FromHost::Complete {
-                    loop_name: request.loop_name.clone(),
+                    loop_name: request.loop_name.to_string(),
                     request: body,
                 },
                 MODEL_TIMEOUT,

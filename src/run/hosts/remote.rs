@@ -965,13 +965,13 @@ impl RemoteLoops {
         let asked = match &wire.purpose {
             Purpose::Iteration => None,
             Purpose::QueryAnswer { from, question } => {
-                if from == name {
+                if &**from == name {
                     return failed(format!("loop {name} cannot answer its own question"));
                 }
-                let key = (name.to_string(), from.clone(), question.clone());
+                let key = (name.to_string(), from.to_string(), question.to_string());
                 lock(&self.outstanding)
                     .contains_key(&key)
-                    .then(|| from.clone())
+                    .then(|| from.to_string())
             }
         };
         // Whom an answer's call is charged to, for the transcript (`None`: the loop itself).
@@ -986,7 +986,7 @@ impl RemoteLoops {
             }
         };
         let request = LlmRequest {
-            loop_name: name.to_string(),
+            loop_name: Arc::from(name),
             purpose: wire.purpose,
             system: wire.system,
             messages: wire.messages,
@@ -1133,7 +1133,7 @@ impl RemoteLoops {
         for receipt in receipts {
             let mut receipt = serde_json::from_value::<Receipt>(receipt)
                 .map_err(|e| format!("a receipt of loop {name} cannot be read: {e}"))?;
-            if receipt.exec_id != name {
+            if &*receipt.exec_id != name {
                 return Err(format!(
                     "a receipt in loop {name}'s records is loop {}'s",
                     receipt.exec_id

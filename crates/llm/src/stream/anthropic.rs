@@ -356,7 +356,7 @@ mod tests {
                 ToolCall {
                     id: "toolu_2".into(),
                     name: "list".into(),
-                    input: json!({}),
+                    input: json!({}).into(),
                 },
             ]
         );
@@ -388,7 +388,7 @@ mod tests {
             ];
             events.extend(end("tool_use"));
             let r = run(&events).unwrap();
-            assert_eq!(r.tool_calls[0].input, whole, "split at byte {i}");
+            assert_eq!(*r.tool_calls[0].input, whole, "split at byte {i}");
         }
     }
 

@@ -382,7 +382,7 @@ mod tests {
         let want_input: Value = serde_json::from_str(args).unwrap();
         let whole = assemble(openai.as_bytes(), 0, openai::OpenAiAssembler::default()).await;
         assert_eq!(whole.text.as_deref(), Some("ça"));
-        assert_eq!(whole.tool_calls[0].input, want_input);
+        assert_eq!(*whole.tool_calls[0].input, want_input);
         for at in 1..openai.len() {
             let r = assemble(openai.as_bytes(), at, openai::OpenAiAssembler::default()).await;
             assert_eq!(r, whole, "openai cut at byte {at}");
@@ -393,7 +393,7 @@ mod tests {
             anthropic::AnthropicAssembler::default(),
         )
         .await;
-        assert_eq!(whole.tool_calls[0].input, want_input);
+        assert_eq!(*whole.tool_calls[0].input, want_input);
         for at in 1..anthropic.len() {
             let r = assemble(
                 anthropic.as_bytes(),

@@ -335,12 +335,12 @@ mod tests {
                 ToolCall {
                     id: "call_a".into(),
                     name: "read_file".into(),
-                    input: json!({"path": "a.rs"}),
+                    input: json!({"path": "a.rs"}).into(),
                 },
                 ToolCall {
                     id: "call_b".into(),
                     name: "grep".into(),
-                    input: json!({"pattern": "port"}),
+                    input: json!({"pattern": "port"}).into(),
                 },
             ]
         );
@@ -391,7 +391,7 @@ mod tests {
         let got: Vec<_> = r
             .tool_calls
             .iter()
-            .map(|c| (c.id.as_str(), c.name.as_str(), c.input.clone()))
+            .map(|c| (c.id.as_str(), c.name.as_str(), (*c.input).clone()))
             .collect();
         assert_eq!(
             got,

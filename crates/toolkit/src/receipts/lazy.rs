@@ -53,8 +53,8 @@ pub(crate) struct CallDraft {
     pub exec_id: Arc<str>,
     /// The tool's name (its own, not a copy, for a tool of the set).
     pub tool: Cow<'static, str>,
-    /// The input, redacted.
-    pub input: Value,
+    /// The input, redacted (shared with the caller's copy when it held no secret).
+    pub input: Arc<Value>,
     /// The full output, redacted: see [`DraftOutput::of`].
     pub output: DraftOutput,
     /// As [`Receipt::is_error`].
@@ -139,7 +139,7 @@ fn make(draft: Option<CallDraft>) -> Receipt {
     Receipt {
         id: receipt_id(started),
         call_id: d.call_id,
-        exec_id: d.exec_id.to_string(),
+        exec_id: d.exec_id,
         tool: d.tool,
         input_hash: hash_value(&d.input),
         input: d.input,
@@ -189,9 +189,9 @@ fn empty() -> Receipt {
     Receipt {
         id: ShortText::default(),
         call_id: None,
-        exec_id: String::new(),
+        exec_id: Arc::from(""),
         tool: Cow::Borrowed(""),
-        input: Value::Null,
+        input: Arc::new(Value::Null),
         input_hash: ShortText::default(),
         output_hash: ShortText::default(),
         is_error: false,
@@ -223,7 +223,7 @@ mod tests {
         let r = test_receipt(n);
         CallDraft {
             call_id: r.call_id,
-            exec_id: Arc::from(r.exec_id.as_str()),
+            exec_id: r.exec_id,
             tool: Cow::Borrowed("run_command"),
             input: r.input,
             output: DraftOutput::of(output, is_error),
@@ -254,7 +254,7 @@ mod tests {
         let started = Instant::now().checked_sub(ago).unwrap();
         let receipt = CallReceipt::new(draft(7, started, "", false));
         assert!(!receipt.is_made());
-        assert_eq!(receipt.input, json!({"command": "echo 7"}), "read through");
+        assert_eq!(*receipt.input, json!({"command": "echo 7"}), "read through");
         let latest = date_ago(ago);
         assert!(receipt.is_made());
         // When the call started, though it is written later.

@@ -303,12 +303,9 @@ mod tests {
             }]
         );
         let receipt = out.receipt.into_receipt();
-        assert_eq!(receipt.input, input);
+        assert_eq!(*receipt.input, input);
         assert_eq!(receipt.input_hash, td_toolkit::receipts::hash_value(&input));
-        assert_eq!(
-            (receipt.tool.as_ref(), receipt.exec_id.as_str()),
-            (TOOL, "client")
-        );
+        assert_eq!((receipt.tool.as_ref(), &*receipt.exec_id), (TOOL, "client"));
         assert_eq!(receipt.call_id.as_deref(), Some("c1"));
         // Refused arguments are refused alike on both paths.
         let bad = json!({"target_exec_id": "client", "question": "q"});
