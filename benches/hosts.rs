@@ -9,14 +9,20 @@
 //!   Each query goes h1 → head (coordinator) → h2, where the answer's model call goes to the
 //!   head and back (hosts have no model keys), and the answer h2 → head → h1. The round trip
 //!   of each is the asker's receipt's `latency_us` (the whole `query_loop` call as the loop
-//!   makes it: schema check, route, receipt). Baseline, same bench run, alternating rounds:
-//!   three processes of this bench (`BENCH_HOSTS_ROLE`), ractor_cluster nodes as our head and
-//!   hosts make them (`td_cluster::node::start`: the same transport, frame limit and
-//!   isolated mode), h1 and h2 connected to the head only, a tiny actor on each: h1 calls the
-//!   head's relay, which calls h2's answerer, which calls the head's "model" and answers;
-//!   the same route with the question's and the answer's bytes, raw (no JSON, no
-//!   coordinator, no record). Also measured: the route without the model hop (h1 → head →
-//!   h2 → head → h1), the floor of any relay through the head.
+//!   makes it: schema check, route, receipt). Baseline, same bench run: three processes of
+//!   this bench (`BENCH_HOSTS_ROLE`), ractor_cluster nodes as our head and hosts make them
+//!   (`td_cluster::node::start`: the same transport, frame limit and isolated mode), h1 and
+//!   h2 connected to the head only, a tiny actor on each: h1 calls the head's relay, which
+//!   calls h2's answerer, which calls the head's "model" and answers; the same route with the
+//!   question's and the answer's bytes, raw (no JSON, no coordinator, no record). Ours and
+//!   the raw relay alternate by chunks of 100 (the asker waits for a go file before each of
+//!   its chunks), so each pair of chunks sees the same machine; the verdict is ours' p50
+//!   against the p50 of the raw relay's faster half of chunks (its fast state: on this VM it
+//!   runs ~2-5x slower in spells when idle cores are slow to wake), and the median of the
+//!   pairs' ratios must hold too; a run whose raw relay never reached its fast state
+//!   (`BENCH_RAW_FAST_US`, default 180) is reported, not judged. `BENCH_SPIN=1` keeps every
+//!   core busy at nice 19 meanwhile (the fastest raw state). Also measured: the route without
+//!   the model hop (h1 → head → h2 → head → h1), the floor of any relay through the head.
 //! - **loops**: N scripted loops (default 200; `--loops 1000` for the figure of the issue),
 //!   each in its own worktree writing, reading and completing, spread over 4 hosts (a
 //!   placement rule keeps them off the head; 8 slots each), against the same loops on the
@@ -299,23 +305,31 @@ fn reap(name: &str, mut host: Child, setup: &Setup) {
 // ---------------------------------------------------------------------------------------
 // Part 1: a query_loop round trip between loops on two hosts.
 
-fn query_scenario(n: usize) -> (String, String) {
-    let config = "repo: ../user\n\
-         llm: {provider: scripted, script: script.yml}\n\
+fn query_scenario(chunks: usize, per_chunk: usize) -> (String, String) {
+    // Turns: one wait and one turn of queries per chunk, the end (and room to spare).
+    let max_turns = chunks * 2 + 4;
+    let config = format!(
+        "repo: ../user\n\
+         llm: {{provider: scripted, script: script.yml}}\n\
          conflict-warnings: off\n\
-         limits: {burst: 1000000, per-second: 1000000}\n\
-         loop-types:\n  bench: {extends: ralph, subscriptions: [], max-iterations: 1, max-turns: 5}\n\
-         loops:\n  - {name: asker, type: bench, task: Ask.}\n  - {name: answerer, type: bench, task: Answer.}\n\
-         hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: hosts.secret\n  slots: 2\n  placement:\n    - {loops: [asker], hosts: [h1]}\n    - {loops: [answerer], hosts: [h2]}\n"
-        .to_string();
-    let q = question();
-    let mut script = String::from(
-        "asker:\n  turns:\n    - calls:\n        - run_command: {command: \"until [ -e {f}/go ]; do sleep 0.2; done\"}\n    - calls:\n",
+         limits: {{burst: 1000000, per-second: 1000000}}\n\
+         loop-types:\n  bench: {{extends: ralph, subscriptions: [], max-iterations: 1, max-turns: {max_turns}}}\n\
+         loops:\n  - {{name: asker, type: bench, task: Ask.}}\n  - {{name: answerer, type: bench, task: Answer.}}\n\
+         hosts:\n  listen: 127.0.0.1:{{port}}\n  secret-file: hosts.secret\n  slots: 2\n  placement:\n    - {{loops: [asker], hosts: [h1]}}\n    - {{loops: [answerer], hosts: [h2]}}\n"
     );
-    for _ in 0..n {
+    let q = question();
+    let mut script = String::from("asker:\n  turns:\n");
+    for chunk in 0..chunks {
+        // The asker waits for the bench's go before each chunk: the raw relay's chunk runs
+        // meanwhile, with the asker idle (a `sleep` every 0.5 s).
         script.push_str(&format!(
-            "        - query_loop: {{target_exec_id: answerer, question: \"{q}\"}}\n"
+            "    - calls:\n        - run_command: {{command: \"until [ -e {{f}}/go{chunk} ]; do sleep 0.5; done\"}}\n    - calls:\n"
         ));
+        for _ in 0..per_chunk {
+            script.push_str(&format!(
+                "        - query_loop: {{target_exec_id: answerer, question: \"{q}\"}}\n"
+            ));
+        }
     }
     script.push_str("    - calls:\n        - complete_task: {summary: asked}\n");
     script.push_str(&format!(
@@ -325,9 +339,66 @@ fn query_scenario(n: usize) -> (String, String) {
     (config, script)
 }
 
-/// One run of ours: the round trips (µs) of the asker's `n` queries, from its receipts.
-fn our_queries(n: usize) -> Vec<Duration> {
-    let (config, script) = query_scenario(n);
+/// Reads the asker's receipts on the head as they are appended: the round trips of its
+/// `query_loop` calls so far (from each receipt's `latency_us`), read from where it stopped.
+struct ReceiptTail {
+    path: PathBuf,
+    offset: usize,
+    partial: String,
+    samples: Vec<Duration>,
+}
+
+impl ReceiptTail {
+    fn new(path: PathBuf) -> ReceiptTail {
+        ReceiptTail {
+            path,
+            offset: 0,
+            partial: String::new(),
+            samples: Vec::new(),
+        }
+    }
+
+    /// Reads what was appended since the last call; the count of query receipts so far.
+    fn poll(&mut self) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return self.samples.len();
+        };
+        let mut more = String::new();
+        if file.seek(SeekFrom::Start(self.offset as u64)).is_ok()
+            && file.read_to_string(&mut more).is_ok()
+        {
+            self.offset += more.len();
+            self.partial.push_str(&more);
+            while let Some(end) = self.partial.find('\n') {
+                let line: String = self.partial.drain(..=end).collect();
+                let Ok(r) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if r["tool"] != "query_loop" {
+                    continue;
+                }
+                assert_eq!(r["is_error"], false, "a query failed: {r}");
+                let us = r["latency_us"].as_u64().expect("latency_us in the receipt");
+                self.samples.push(Duration::from_micros(us));
+            }
+        }
+        self.samples.len()
+    }
+}
+
+/// One round: `chunks` chunks of `per_chunk` queries of ours, each right after a chunk of
+/// as many raw relay calls, so that each pair sees the same machine. Returns ours and the
+/// raw relay's round trips, chunk by chunk, and the raw relay's without the model hop.
+struct Round {
+    ours: Vec<Vec<Duration>>,
+    raw: Vec<Vec<Duration>>,
+    direct: Vec<Duration>,
+}
+
+fn query_round(chunks: usize, per_chunk: usize) -> Round {
+    let mut baseline = echo::Cluster::start();
+    let (config, script) = query_scenario(chunks, per_chunk);
     let setup = Setup::new(&config, &script);
     let mut head = setup.head();
     setup.wait_listening(&mut head);
@@ -356,8 +427,70 @@ fn our_queries(n: usize) -> Vec<Duration> {
     );
     let pids = [head.id(), h1.id(), h2.id()];
     let cpu = || pids.map(|p| cpu_ms(p).map_or(0.0, |(own, _)| own));
-    let before = cpu();
-    setup.flag("go");
+    let mut tail = ReceiptTail::new(setup.path("run/loops/asker/receipts.jsonl"));
+    let mut round = Round {
+        ours: Vec::new(),
+        raw: Vec::new(),
+        direct: Vec::new(),
+    };
+    let (mut spent, mut raw_spent) = ([0.0; 3], [0.0; 3]);
+    for chunk in 0..chunks {
+        // The asker is idle in its wait (let its turn's model call and command settle); the
+        // three processes' CPU meanwhile is their idle rate (timers, heartbeats).
+        let (idle_from, idle_at) = (cpu(), Instant::now());
+        std::thread::sleep(Duration::from_millis(100));
+        let idle_rate: Vec<f64> = cpu()
+            .iter()
+            .zip(idle_from)
+            .map(|(a, b)| (a - b) / idle_at.elapsed().as_secs_f64())
+            .collect();
+        let raw_before = baseline.cpu();
+        round.raw.push(baseline.calls(per_chunk, true));
+        for (s, (a, b)) in raw_spent
+            .iter_mut()
+            .zip(baseline.cpu().iter().zip(raw_before))
+        {
+            *s += a - b;
+        }
+        let (before, at) = (cpu(), Instant::now());
+        let from = tail.samples.len();
+        setup.flag(&format!("go{chunk}"));
+        until(
+            "the asker's chunk of queries",
+            GUARD,
+            || tail.poll() >= from + per_chunk,
+            context,
+        );
+        let after = cpu();
+        let samples = tail.samples[from..from + per_chunk].to_vec();
+        // The queries run one after the other: the rest of the span is the asker's wait for
+        // the go (up to 0.5 s), charged at the idle rate and taken out.
+        let busy: Duration = samples.iter().sum();
+        let idle = at.elapsed().saturating_sub(busy).as_secs_f64();
+        for ((s, rate), (a, b)) in spent
+            .iter_mut()
+            .zip(&idle_rate)
+            .zip(after.iter().zip(before))
+        {
+            *s += (a - b - rate * idle).max(0.0);
+        }
+        round.ours.push(samples);
+    }
+    round.direct = baseline.calls(chunks * per_chunk, false);
+    baseline.stop();
+    let n = (chunks * per_chunk) as f64;
+    println!(
+        "# ours, CPU per query (µs, the chunks' spans less the idle rate over their waits): head {:.0}, h1 {:.0}, h2 {:.0}",
+        spent[0] * 1000.0 / n,
+        spent[1] * 1000.0 / n,
+        spent[2] * 1000.0 / n
+    );
+    println!(
+        "# raw, CPU per call (µs): head {:.0}, h1 {:.0}, h2 {:.0}",
+        raw_spent[0] * 1000.0 / n,
+        raw_spent[1] * 1000.0 / n,
+        raw_spent[2] * 1000.0 / n
+    );
     until(
         "the asker to complete",
         GUARD,
@@ -368,13 +501,6 @@ fn our_queries(n: usize) -> Vec<Duration> {
                 .any(|e| e["event"] == "loop_completed" && e["loop_name"] == "asker")
         },
         context,
-    );
-    let after = cpu();
-    println!(
-        "# ours, CPU per query (µs): head {:.0}, h1 {:.0}, h2 {:.0}",
-        (after[0] - before[0]) * 1000.0 / n as f64,
-        (after[1] - before[1]) * 1000.0 / n as f64,
-        (after[2] - before[2]) * 1000.0 / n as f64
     );
     setup.flag("done");
     let (code, _) = wait_sampling(&mut head, &[]);
@@ -387,75 +513,137 @@ fn our_queries(n: usize) -> Vec<Duration> {
         .iter()
         .filter(|e| e["event"] == "query_answered" && e["from"] == "asker")
         .count();
-    assert_eq!(answered, n, "queries answered");
-    let receipts =
-        std::fs::read_to_string(setup.path("run/loops/asker/receipts.jsonl")).expect("receipts");
-    let samples: Vec<Duration> = receipts
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["tool"] == "query_loop")
-        .map(|r| {
-            assert_eq!(r["is_error"], false, "a query failed: {r}");
-            let us = r["latency_us"].as_u64().expect("latency_us in the receipt");
-            Duration::from_micros(us)
-        })
-        .collect();
-    assert_eq!(samples.len(), n, "query_loop receipts");
-    samples
+    assert_eq!(answered, chunks * per_chunk, "queries answered");
+    assert_eq!(tail.poll(), chunks * per_chunk, "query_loop receipts");
+    round
+}
+
+/// With `BENCH_SPIN=1`, one busy loop per core at nice 19 for the query part: on this VM an
+/// idle core is slow to wake (the raw relay's p50 goes from ~75 µs with busy cores to
+/// ~130 under other builds' load and ~370 on an idle machine), so this puts both in the
+/// state where wake-ups are cheapest, whatever else runs. Killed when dropped.
+struct Spinners(Vec<Child>);
+
+impl Spinners {
+    fn start() -> Spinners {
+        if std::env::var("BENCH_SPIN").map_or(true, |v| v != "1") {
+            return Spinners(Vec::new());
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!("# BENCH_SPIN=1: {cores} busy loops at nice 19");
+        Spinners(
+            (0..cores)
+                .map(|_| {
+                    Command::new("nice")
+                        .args(["-n", "19", "sh", "-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("a spinner")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Queries per chunk: ours and the raw relay's alternate by chunks of this size.
+const CHUNK: usize = 100;
+
+/// The raw relay's p50 (µs) in its fast state on the machine of BENCHMARKS.md (124–164 µs
+/// measured; ~250–400 in its slow spells, when idle cores are slow to wake): a run whose raw
+/// relay stays above it is reported, not judged. `BENCH_RAW_FAST_US` sets another.
+fn raw_fast_us() -> f64 {
+    std::env::var("BENCH_RAW_FAST_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(180.0)
 }
 
 fn query_bench(report: &mut Report, n: usize, rounds: usize) {
+    let per_chunk = CHUNK.min(n.max(1));
+    let chunks = n.div_ceil(per_chunk);
     println!(
-        "# query: {n} queries per round, {rounds} rounds; question {QUESTION_BYTES} B, answer {ANSWER_BYTES} B"
+        "# query: {chunks} chunks of {per_chunk} queries per round, {rounds} rounds, ours and raw alternating by chunk; question {QUESTION_BYTES} B, answer {ANSWER_BYTES} B"
     );
-    let mut baseline = echo::Cluster::start();
     let (mut ours, mut raw, mut direct) = (Vec::new(), Vec::new(), Vec::new());
-    let mut round_ratios = Vec::new();
+    let mut pair_ratios = Vec::new();
+    let spinners = Spinners::start();
     for round in 0..rounds {
-        let run_ours = |all: &mut Vec<Duration>| {
-            let s = our_queries(n);
-            let p50 = Dist::new(&s).p50();
-            all.extend(s);
-            p50
-        };
-        let mut run_raw = |all: &mut Vec<Duration>, all_direct: &mut Vec<Duration>| {
-            let s = baseline.calls(n, true);
-            let p50 = Dist::new(&s).p50();
-            all.extend(s);
-            all_direct.extend(baseline.calls(n, false));
-            p50
-        };
-        let (a, b) = if round % 2 == 0 {
-            let a = run_ours(&mut ours);
-            (a, run_raw(&mut raw, &mut direct))
-        } else {
-            let b = run_raw(&mut raw, &mut direct);
-            (run_ours(&mut ours), b)
-        };
+        let r = query_round(chunks, per_chunk);
+        let mut ratios = Vec::new();
+        for (o, w) in r.ours.iter().zip(&r.raw) {
+            let (o, w) = (Dist::new(o).p50(), Dist::new(w).p50());
+            ratios.push(o / w);
+        }
+        let (o, w): (Vec<_>, Vec<_>) = (r.ours.concat(), r.raw.concat());
         println!(
-            "# round {round}: ours p50 {a:.0} µs, raw same route p50 {b:.0} µs, ratio {:.2}",
-            a / b
+            "# round {round}: ours p50 {:.0} µs, raw same route p50 {:.0} µs; chunk pairs' p50 ratios {}",
+            Dist::new(&o).p50(),
+            Dist::new(&w).p50(),
+            ratios
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
-        round_ratios.push(a / b);
+        pair_ratios.extend(ratios);
+        for chunk in r.raw {
+            raw.push(chunk);
+        }
+        ours.extend(o);
+        direct.extend(r.direct);
     }
-    baseline.stop();
-    let (ours, raw, direct) = (Dist::new(&ours), Dist::new(&raw), Dist::new(&direct));
-    round_ratios.sort_by(f64::total_cmp);
-    let median_ratio = round_ratios[round_ratios.len() / 2];
-    println!("# median of the rounds' p50 ratios: {median_ratio:.2}");
+    drop(spinners);
+    // The raw relay is bimodal on this VM (~130 or ~250 µs at p50, by spells): judged
+    // against its fast state, the faster half of its chunks, never against a slow spell.
+    raw.sort_by(|a, b| Dist::new(a).p50().total_cmp(&Dist::new(b).p50()));
+    let fast: Vec<Duration> = raw[..raw.len().div_ceil(2)].concat();
+    let all_raw: Vec<Duration> = raw.concat();
+    let (ours, fast, all_raw, direct) = (
+        Dist::new(&ours),
+        Dist::new(&fast),
+        Dist::new(&all_raw),
+        Dist::new(&direct),
+    );
+    let median_pairs = common::actors::median_f64(&pair_ratios);
+    let judged = ours.p50() / fast.p50();
+    println!(
+        "# raw p50: all chunks {:.0} µs, faster half {:.0} µs; ratio: against the faster half {judged:.2}, median of chunk pairs {median_pairs:.2}, against all raw {:.2}",
+        all_raw.p50(),
+        fast.p50(),
+        ours.p50() / all_raw.p50()
+    );
+    // Met only when both hold: against the raw relay's fast state, and pair by pair; and
+    // judged only when the raw relay reached its fast state at all (a run where the machine
+    // slowed every wake-up down makes the ratio smaller, not ours faster).
+    let fast_enough = fast.p50() <= raw_fast_us();
+    if !fast_enough {
+        println!(
+            "# the raw relay never reached its fast state (faster half p50 {:.0} µs > {:.0} µs, BENCH_RAW_FAST_US): not judged",
+            fast.p50(),
+            raw_fast_us()
+        );
+    }
     report.row(
-        "query h1->h2 p50 vs raw same route (us)",
+        "query h1->h2 p50 vs raw same route, fast half (us)",
         "us",
         ours.p50(),
-        Some(raw.p50()),
-        &format!("p50 ratio <= {QUERY_TARGET}"),
-        Some(ours.p50() / raw.p50() <= QUERY_TARGET),
+        Some(fast.p50()),
+        &format!("p50 ratio <= {QUERY_TARGET} (and median of chunk pairs)"),
+        fast_enough.then_some(judged <= QUERY_TARGET && median_pairs <= QUERY_TARGET),
     );
     report.row(
         "query h1->h2 p99 vs raw same route (us)",
         "us",
         ours.p99(),
-        Some(raw.p99()),
+        Some(all_raw.p99()),
         "(reported)",
         None,
     );
@@ -1045,24 +1233,14 @@ mod echo {
 
         /// `n` calls from h1, through the head's model (`via_model`) or not.
         pub fn calls(&mut self, n: usize, via_model: bool) -> Vec<Duration> {
-            let pids: Vec<u32> = self.nodes.iter().map(Child::id).collect();
-            let cpu = || -> Vec<f64> {
-                pids.iter()
-                    .map(|p| super::cpu_ms(*p).map_or(0.0, |(own, _)| own))
-                    .collect()
-            };
-            let before = cpu();
-            let samples = self.ask(n, via_model);
-            let after = cpu();
-            if via_model && n >= 100 {
-                println!(
-                    "# raw, CPU per call (µs): head {:.0}, h2 {:.0}, h1 {:.0}",
-                    (after[0] - before[0]) * 1000.0 / n as f64,
-                    (after[1] - before[1]) * 1000.0 / n as f64,
-                    (after[2] - before[2]) * 1000.0 / n as f64
-                );
-            }
-            samples
+            self.ask(n, via_model)
+        }
+
+        /// CPU (ms, utime+stime) of the head, h1 and h2 so far.
+        pub fn cpu(&self) -> [f64; 3] {
+            // `nodes` is head, h2, h1.
+            let of = |i: usize| super::cpu_ms(self.nodes[i].id()).map_or(0.0, |(own, _)| own);
+            [of(0), of(2), of(1)]
         }
 
         fn ask(&mut self, n: usize, via_model: bool) -> Vec<Duration> {
