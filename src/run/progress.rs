@@ -445,8 +445,10 @@ impl ProgressDisplay {
     }
 }
 
-impl TranscriptSink for ProgressDisplay {
-    fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+impl ProgressDisplay {
+    /// What a transcript entry changes in the live table (its tool, its retry state, what it
+    /// charged), before the entry is recorded.
+    fn show(&self, loop_name: &str, entry: &TranscriptEntry) {
         if let Some(row) = lock(&self.rows).get_mut(loop_name) {
             // A reply streams in only between a request and its response (or error).
             row.streaming = None;
@@ -463,7 +465,7 @@ impl TranscriptSink for ProgressDisplay {
             iteration,
             response,
             ..
-        } = &entry
+        } = entry
             && *iteration > 0
         {
             let tool = response
@@ -481,7 +483,7 @@ impl TranscriptSink for ProgressDisplay {
         }
         if let TranscriptEntry::Spent {
             charged_to, spend, ..
-        } = &entry
+        } = entry
         {
             let payer = charged_to.as_deref().unwrap_or(loop_name);
             lock(&self.rows)
@@ -491,7 +493,20 @@ impl TranscriptSink for ProgressDisplay {
                 .add(spend);
             self.redraw();
         }
+    }
+}
+
+impl TranscriptSink for ProgressDisplay {
+    fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+        self.show(loop_name, &entry);
         self.inner.record(loop_name, entry);
+    }
+
+    fn record_all(&self, loop_name: &str, entries: Vec<TranscriptEntry>) {
+        for entry in &entries {
+            self.show(loop_name, entry);
+        }
+        self.inner.record_all(loop_name, entries);
     }
 
     /// Shows the reply growing in the live table (redrawn at most every

@@ -1006,11 +1006,17 @@ impl TranscriptSink for RunRecord {
     }
 
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
+        self.record_all(loop_name, vec![entry]);
+    }
+
+    /// The entries' lines in one write (a host's records batch: a `write` per batch, not per
+    /// line), each redacted as [`append_line`] redacts one.
+    fn record_all(&self, loop_name: &str, entries: Vec<TranscriptEntry>) {
         let inner = &self.inner;
         match inner.transcript_file(loop_name) {
             // The map's lock is released here: loops write their own files in parallel.
             Ok(file) => {
-                if let Err(e) = append_line(&file, &entry, false) {
+                if let Err(e) = append_lines(&file, &entries, false) {
                     inner.write_failed(format!(
                         "cannot append to the transcript of loop `{loop_name}`: {e}"
                     ));
@@ -1018,14 +1024,16 @@ impl TranscriptSink for RunRecord {
             }
             Err(e) => inner.write_failed(e),
         }
-        if let TranscriptEntry::Spent {
-            charged_to, spend, ..
-        } = &entry
-        {
-            inner.summary.change(|summary| {
-                summary.add_spend(loop_name, charged_to.as_deref(), spend);
-                true
-            });
+        for entry in &entries {
+            if let TranscriptEntry::Spent {
+                charged_to, spend, ..
+            } = entry
+            {
+                inner.summary.change(|summary| {
+                    summary.add_spend(loop_name, charged_to.as_deref(), spend);
+                    true
+                });
+            }
         }
     }
 }
@@ -1089,10 +1097,22 @@ fn end_with_newline(file: &mut File) -> std::io::Result<()> {
 /// Appends `value` as one JSON line with a single write, secrets redacted; with `sync`, it
 /// is on the disk when this returns. A failed write leaves nothing of the line behind.
 fn append_line(file: &Mutex<File>, value: &impl Serialize, sync: bool) -> std::io::Result<()> {
-    let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
-    let mut line = td_base::secrets::redact_json(&line).into_owned();
-    line.push('\n');
-    td_base::record_io::append(&mut lock(file), line.as_bytes(), sync)
+    append_lines(file, std::slice::from_ref(value), sync)
+}
+
+/// Appends `values` as JSON lines, each redacted, with a single write (all or none); with
+/// `sync`, they are on the disk when this returns.
+fn append_lines<T: Serialize>(file: &Mutex<File>, values: &[T], sync: bool) -> std::io::Result<()> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    let mut lines = String::new();
+    for value in values {
+        let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
+        lines.push_str(&td_base::secrets::redact_json(&line));
+        lines.push('\n');
+    }
+    td_base::record_io::append(&mut lock(file), lines.as_bytes(), sync)
 }
 
 pub use td_base::jsonl::JsonlRead;

@@ -17,18 +17,38 @@ use std::path::Path;
 /// Appends `bytes` to `file` (opened for appending) in one write; on failure the file is cut
 /// back to its length before, and the write's error is returned. With `sync`, the data
 /// reaches the disk before this returns (an error the disk reports only then is returned
-/// too, and the append is undone).
+/// too, and the append is undone). The file has one appender at a time (its caller holds the
+/// file's lock): the length before is the length after less what this call wrote, so it is
+/// read only when a write fails (a `statx` per record line otherwise).
 pub fn append(file: &mut File, bytes: &[u8], sync: bool) -> std::io::Result<()> {
-    let before = file.metadata()?.len();
-    let written = file
-        .write_all(bytes)
-        .and_then(|()| file.flush())
+    let mut written: u64 = 0;
+    let done = write_counted(file, bytes, &mut written)
         .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
-    if let Err(e) = written {
+    if let Err(e) = done {
         // Cutting back needs no space; if even that fails the reader still reports the torn
         // line, so the write's own error is what the caller needs to hear.
-        let _ = file.set_len(before);
+        if let Ok(meta) = file.metadata() {
+            let _ = file.set_len(meta.len().saturating_sub(written));
+        }
         return Err(e);
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes`, counting in `written` what reached the file (also when a later
+/// write fails: a full disk cuts a write short, then refuses the next).
+fn write_counted(file: &mut File, bytes: &[u8], written: &mut u64) -> std::io::Result<()> {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match file.write(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written = written.saturating_add(n as u64);
+                rest = rest.get(n..).unwrap_or_default();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }

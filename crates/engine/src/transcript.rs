@@ -95,6 +95,15 @@ pub trait TranscriptSink: Send + Sync {
     /// Records one entry of `loop_name`'s transcript.
     fn record(&self, loop_name: &str, entry: TranscriptEntry);
 
+    /// Records `entries` of `loop_name`'s transcript in order, as [`TranscriptSink::record`]
+    /// of each would. A sink writing a file may write them at once (a host's records batch
+    /// on the head: one write for the batch, not one per entry).
+    fn record_all(&self, loop_name: &str, entries: Vec<TranscriptEntry>) {
+        for entry in entries {
+            self.record(loop_name, entry);
+        }
+    }
+
     /// Whether the entries given to [`TranscriptSink::record`] are kept. A sink that
     /// discards them ([`NoTranscript`]) says no, and the turn loop then does not build them
     /// (a request's new messages and each response are copied into their entries).

@@ -1158,9 +1158,9 @@ impl RemoteLoops {
             }
             self.side.events.record(kind);
         }
-        for entry in entries {
-            self.side.transcript.record(name, entry);
-        }
+        // One write for the batch's transcript lines (a `statx` and a `write` per line
+        // before).
+        self.side.transcript.record_all(name, entries);
         // From here on the batch is taken, whatever fails: a retry must not append it again.
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.batch = batch;
