@@ -1131,9 +1131,9 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
                     FromHost::Records {
                         loop_name: "extra".into(),
                         batch,
-                        events,
+                        events: raws(events),
                         transcript: Vec::new(),
-                        receipts,
+                        receipts: raws(receipts),
                     }
                 };
                 let () = link
@@ -1990,12 +1990,12 @@ asker:
             .unwrap();
         let answer_call = |from: &str| FromHost::Complete {
             loop_name: "e".into(),
-            request: serde_json::json!({
+            request: raw(serde_json::json!({
                 "loop_name": "e",
                 "purpose": {"kind": "query_answer", "from": from, "question": "Q?"},
                 "system": "s",
                 "messages": [{"role": "user", "content": [{"type": "text", "text": "Q?"}]}],
-            }),
+            })),
         };
         let mut answers = Vec::new();
         // No question outstanding: the calls are e's own, and do not fit its budget.
@@ -2141,8 +2141,8 @@ asker:
                 FromHost::Records {
                     loop_name: "e".into(),
                     batch: 1,
-                    events: vec![serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1})],
-                    transcript: vec![forged, own],
+                    events: raws(vec![serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1})]),
+                    transcript: raws(vec![forged, own]),
                     receipts: vec![],
                 },
                 Duration::from_secs(10),
@@ -2153,12 +2153,12 @@ asker:
             .ask(
                 FromHost::Complete {
                     loop_name: "e".into(),
-                    request: serde_json::json!({
+                    request: raw(serde_json::json!({
                         "loop_name": "e",
                         "purpose": {"kind": "iteration"},
                         "system": "s",
                         "messages": [{"role": "user", "content": [{"type": "text", "text": "Go."}]}],
-                    }),
+                    })),
                 },
                 Duration::from_secs(10),
             )
@@ -2278,7 +2278,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
             let records = FromHost::Records {
                 loop_name: "e".into(),
                 batch,
-                events,
+                events: raws(events),
                 transcript: vec![],
                 receipts: vec![],
             };
@@ -3211,7 +3211,7 @@ fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
             FromHost::Records {
                 loop_name: "e".into(),
                 batch: 1,
-                events: vec![serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": "STALE-NOTE"})],
+                events: raws(vec![serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": "STALE-NOTE"})]),
                 transcript: Vec::new(),
                 receipts: Vec::new(),
             },
@@ -3227,7 +3227,7 @@ fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
             },
             FromHost::Complete {
                 loop_name: "e".into(),
-                request: serde_json::json!({"loop_name": "e", "purpose": {"type": "iteration"}, "system": "s", "messages": []}),
+                request: raw(serde_json::json!({"loop_name": "e", "purpose": {"type": "iteration"}, "system": "s", "messages": []})),
             },
             FromHost::BranchChunk {
                 loop_name: "e".into(),
@@ -3542,11 +3542,11 @@ fn work_bundle(root: &Path, repo: &Path, base: &str, name: &str, text: &str) -> 
     (tip, std::fs::read(&bundle).unwrap())
 }
 
-fn event_value(kind: td_protocol::events::EventKind) -> Value {
-    serde_json::to_value(kind).unwrap()
+fn event_value(kind: td_protocol::events::EventKind) -> td_cluster::protocol::RawJson {
+    td_cluster::protocol::RawJson::to(&kind).unwrap()
 }
 
-fn iteration_started(n: u32) -> Value {
+fn iteration_started(n: u32) -> td_cluster::protocol::RawJson {
     event_value(td_protocol::events::EventKind::IterationStarted {
         loop_name: "e".into(),
         iteration: n,
@@ -3686,7 +3686,7 @@ fn a_hosts_impossible_event_numbers_are_refused_and_its_loop_still_moves() {
         let running = tokio::spawn(session.run(std::future::pending()));
         let start = next_start(&mut rx).await;
         let link = link.for_attempt(start.attempt);
-        let records = |events: Vec<Value>| FromHost::Records {
+        let records = |events: Vec<td_cluster::protocol::RawJson>| FromHost::Records {
             loop_name: "e".into(),
             batch: 1,
             events,
@@ -4558,4 +4558,14 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
         "{}",
         err()
     );
+}
+
+/// `value` as a host's loop sends it in a request (its JSON text).
+fn raw(value: serde_json::Value) -> td_cluster::protocol::RawJson {
+    td_cluster::protocol::RawJson::to(&value).expect("JSON")
+}
+
+/// [`raw`] of each.
+fn raws(values: Vec<serde_json::Value>) -> Vec<td_cluster::protocol::RawJson> {
+    values.into_iter().map(raw).collect()
 }

@@ -7,8 +7,10 @@
 //! on the head pings the host's agent ([`ToHost::Ping`]) and tells it when the run ends
 //! ([`ToHost::Bye`]).
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 // Why the enums here are externally tagged (serde's default): an internally tagged enum
 // (`#[serde(tag = "type")]`) is decoded by buffering the whole object into serde's
@@ -118,8 +120,9 @@ pub enum FromHost {
     Complete {
         /// The loop.
         loop_name: String,
-        /// The request (`td_llm::LlmRequest`).
-        request: Value,
+        /// The request (`td_llm::LlmRequest` less its tools, which are the head's), as
+        /// written on the host.
+        request: RawJson,
     },
     /// What the loop recorded since the last batch (answered `()`): the head appends them to
     /// the run's record. `batch` counts from 1; a batch the head has (a retry whose answer
@@ -130,11 +133,11 @@ pub enum FromHost {
         /// Its number.
         batch: u64,
         /// Events (`td_protocol::events::EventKind`), in order.
-        events: Vec<Value>,
+        events: Vec<RawJson>,
         /// Transcript entries (`td_engine::transcript::TranscriptEntry`), in order.
-        transcript: Vec<Value>,
+        transcript: Vec<RawJson>,
         /// Receipts (`td_toolkit::receipts::Receipt`), in order.
-        receipts: Vec<Value>,
+        receipts: Vec<RawJson>,
     },
     /// A chunk of the bundle of the loop's branch, at `offset` (answered `()`).
     BranchChunk {
@@ -235,6 +238,37 @@ pub enum CoordRequest {
     Unregister,
 }
 
+/// A JSON value carried as its text: written once where it is made (`to`) and read once
+/// into its own type where it is used (`parse`), where a [`Value`] was built, written,
+/// parsed into a `Value` again and then read (the model requests, responses and records of
+/// every remote loop). Its wire form is the JSON itself, as a `Value`'s was.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RawJson(Box<RawValue>);
+
+impl RawJson {
+    /// `value` written as JSON.
+    pub fn to<T: Serialize + ?Sized>(value: &T) -> Result<RawJson, serde_json::Error> {
+        serde_json::value::to_raw_value(value).map(RawJson)
+    }
+
+    /// Reads the text as a `T`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &RawJson) -> bool {
+        self.get() == other.get()
+    }
+}
+
 /// The head's answer to [`FromHost::Complete`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -242,7 +276,7 @@ pub enum CompleteAnswer {
     /// The model's response (`td_llm::LlmResponse`).
     Response {
         /// The response.
-        response: Value,
+        response: RawJson,
     },
     /// The loop's budget or the run's has no room for the call: the loop pauses.
     OverBudget {

@@ -328,7 +328,7 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
         .ask(
             FromHost::Complete {
                 loop_name: "a".into(),
-                request: serde_json::json!({}),
+                request: td_cluster::protocol::RawJson::to(&serde_json::json!({})).unwrap(),
             },
             Duration::from_secs(5),
         )

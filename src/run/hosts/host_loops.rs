@@ -46,9 +46,10 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::model_wire::Outgoing;
 use td_base::sync::lock;
 use td_cluster::protocol::{
-    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, HostLimits,
+    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, HostLimits, RawJson,
     StartLoop, ToHost, WirePricing,
 };
 use td_cluster::{HeadLink, HeadRequest};
@@ -370,7 +371,9 @@ impl HostLoops {
             if let Some(n) = running.checkpoints.before(&event.kind) {
                 running.streamer.send(Item::Checkpoint(n));
             }
-            running.streamer.send(Item::Event(value.clone()));
+            if let Ok(raw) = RawJson::to(&value) {
+                running.streamer.send(Item::Event(raw));
+            }
         }
     }
 
@@ -511,8 +514,9 @@ impl HostLoops {
         receipts.set_tool_set(tools.names());
         let stream = streamer.clone();
         receipts.observe(Box::new(move |receipt| {
-            if let Ok(value) = serde_json::to_value(receipt) {
-                stream.send(Item::Receipt(value));
+            // Written once, here: the batch carries the text as it is.
+            if let Ok(raw) = RawJson::to(receipt) {
+                stream.send(Item::Receipt(raw));
             }
         }));
         let budgets = host_budgets(name, &start.limits, &start.pricing);
@@ -740,7 +744,8 @@ impl LlmClient for RemoteLlm {
             // resumes from exactly it (see `checkpoint`). Failing here stops the loop.
             self.checkpoints.wait().await.map_err(LlmError::Transport)?;
         }
-        let body = serde_json::to_value(request)
+        // Written once, without the tools (the head calls with its own copy of them).
+        let body = RawJson::to(&Outgoing::of(request))
             .map_err(|e| LlmError::Transport(format!("cannot write the request: {e}")))?;
         let answer: CompleteAnswer = self
             .link
@@ -754,7 +759,8 @@ impl LlmClient for RemoteLlm {
             .await
             .map_err(|e| LlmError::Transport(format!("the head: {e}")))?;
         match answer {
-            CompleteAnswer::Response { response } => serde_json::from_value(response)
+            CompleteAnswer::Response { response } => response
+                .parse()
                 .map_err(|e| LlmError::BadReply(format!("the head's response: {e}"))),
             CompleteAnswer::OverBudget { reason } => Err(LlmError::OverBudget(reason)),
             CompleteAnswer::Failed {
@@ -773,9 +779,9 @@ impl LlmClient for RemoteLlm {
 
 /// What a loop records, on its way to the head.
 enum Item {
-    Event(Value),
-    Transcript(Value),
-    Receipt(Value),
+    Event(RawJson),
+    Transcript(RawJson),
+    Receipt(RawJson),
     Flush(oneshot::Sender<Result<(), String>>),
     /// Iteration N's work, sent after the records before it and before those after it.
     Checkpoint(u32),
@@ -818,15 +824,15 @@ impl Streamer {
                 let mut take = |item: Item, bytes: &mut usize| -> Option<u32> {
                     match item {
                         Item::Event(v) => {
-                            *bytes += v.to_string().len();
+                            *bytes += v.get().len();
                             events.push(v);
                         }
                         Item::Transcript(v) => {
-                            *bytes += v.to_string().len();
+                            *bytes += v.get().len();
                             transcript.push(v);
                         }
                         Item::Receipt(v) => {
-                            *bytes += v.to_string().len();
+                            *bytes += v.get().len();
                             receipts.push(v);
                         }
                         Item::Flush(done) => flushes.push(done),
@@ -926,8 +932,8 @@ impl Streamer {
 
 impl TranscriptSink for Streamer {
     fn record(&self, _loop_name: &str, entry: TranscriptEntry) {
-        if let Ok(value) = serde_json::to_value(&entry) {
-            self.send(Item::Transcript(value));
+        if let Ok(raw) = RawJson::to(&entry) {
+            self.send(Item::Transcript(raw));
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod branch_budget;
 pub mod host_loops;
+pub mod model_wire;
 pub mod moves;
 pub mod placement;
 pub mod remote;

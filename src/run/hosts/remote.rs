@@ -41,20 +41,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::model_wire::Incoming;
 use td_base::sync::lock;
 use td_cluster::protocol::{
-    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, StartLoop, ToHost,
+    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, RawJson, StartLoop,
+    ToHost,
 };
 use td_cluster::{HostAsker, HostRequest};
 use td_engine::LoopEnd;
 use td_engine::budget::Budgets;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
 use td_git::worktree::{Repo, Worktree};
-use td_llm::{LlmClient, LlmError, LlmRequest, Message, Purpose};
+use td_llm::{LlmClient, LlmError, LlmRequest, Purpose};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
 use td_protocol::tool_definition::ToolDefinition;
@@ -358,15 +359,6 @@ const HOST_EVENTS: &[&str] = &[
     "heavy_ended",
     "file_changed",
 ];
-
-/// A model request as a host sends it; the tools are the head's (see the module doc).
-#[derive(Deserialize)]
-struct WireRequest {
-    loop_name: String,
-    purpose: Purpose,
-    system: String,
-    messages: Vec<Message>,
-}
 
 impl RemoteLoops {
     /// The head's side, and where remote loops' ends come out.
@@ -938,14 +930,14 @@ impl RemoteLoops {
         &self,
         name: &str,
         tools: Arc<[ToolDefinition]>,
-        request: Value,
+        request: RawJson,
     ) -> CompleteAnswer {
         let failed = |message: String| CompleteAnswer::Failed {
             kind: "bad_request".into(),
             status: None,
             message,
         };
-        let wire: WireRequest = match serde_json::from_value(request) {
+        let wire: Incoming = match request.parse() {
             Ok(w) => w,
             Err(e) => return failed(format!("the head cannot read this model request: {e}")),
         };
@@ -1001,7 +993,7 @@ impl RemoteLoops {
             Ok(response) => {
                 let spend = hold.settle(&response.usage);
                 self.spent(name, answering, spend);
-                match serde_json::to_value(&response) {
+                match RawJson::to(&response) {
                     Ok(response) => CompleteAnswer::Response { response },
                     Err(e) => failed(format!("cannot write the response: {e}")),
                 }
@@ -1030,9 +1022,9 @@ impl RemoteLoops {
         name: &str,
         attempt: u64,
         batch: u64,
-        events: Vec<Value>,
-        transcript: Vec<Value>,
-        receipts: Vec<Value>,
+        events: Vec<RawJson>,
+        transcript: Vec<RawJson>,
+        receipts: Vec<RawJson>,
     ) -> Result<(), String> {
         // Claimed under the lock before any work: the same batch sent again meanwhile (a
         // retry racing its first send) is not appended twice.
@@ -1082,9 +1074,9 @@ impl RemoteLoops {
         host: &str,
         name: &str,
         batch: u64,
-        events: Vec<Value>,
-        transcript: Vec<Value>,
-        receipts: Vec<Value>,
+        events: Vec<RawJson>,
+        transcript: Vec<RawJson>,
+        receipts: Vec<RawJson>,
     ) -> Result<(), String> {
         let known = lock(&self.loops).get(name).map(|e| Known {
             iterations: e.iterations,
@@ -1095,6 +1087,10 @@ impl RemoteLoops {
         let known = known.ok_or_else(|| format!("no loop {name}"))?;
         let mut kinds = Vec::with_capacity(events.len());
         for event in events {
+            // Read as a value first: whose it is and its kind are checked before the rest.
+            let event: Value = event
+                .parse()
+                .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?;
             if event.get("loop_name").and_then(Value::as_str) != Some(name) {
                 return Err(format!(
                     "an event in loop {name}'s records is not its own: {}",
@@ -1119,7 +1115,8 @@ impl RemoteLoops {
         let shown = known.check(name, &kinds)?;
         let mut entries = Vec::with_capacity(transcript.len());
         for entry in transcript {
-            let entry = serde_json::from_value::<TranscriptEntry>(entry)
+            let entry = entry
+                .parse::<TranscriptEntry>()
                 .map_err(|e| format!("a transcript entry of loop {name} cannot be read: {e}"))?;
             // What a call spent is what the head settled, and it writes that itself (the
             // record's spend, the askers' charges and a resume's carry-over are read from
@@ -1131,7 +1128,8 @@ impl RemoteLoops {
         }
         let mut taken = Vec::with_capacity(receipts.len());
         for receipt in receipts {
-            let mut receipt = serde_json::from_value::<Receipt>(receipt)
+            let mut receipt = receipt
+                .parse::<Receipt>()
                 .map_err(|e| format!("a receipt of loop {name} cannot be read: {e}"))?;
             if &*receipt.exec_id != name {
                 return Err(format!(
