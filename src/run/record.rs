@@ -1006,17 +1006,25 @@ impl TranscriptSink for RunRecord {
     }
 
     fn record(&self, loop_name: &str, entry: TranscriptEntry) {
-        self.record_all(loop_name, vec![entry]);
+        self.record_entries(loop_name, std::slice::from_ref(&entry));
     }
 
     /// The entries' lines in one write (a host's records batch: a `write` per batch, not per
     /// line), each redacted as [`append_line`] redacts one.
     fn record_all(&self, loop_name: &str, entries: Vec<TranscriptEntry>) {
+        self.record_entries(loop_name, &entries);
+    }
+}
+
+impl RunRecord {
+    /// Appends `entries` to `loop_name`'s transcript with one write and adds what they spent
+    /// to the summary (a slice: a local loop's single entry needs no vector of its own).
+    fn record_entries(&self, loop_name: &str, entries: &[TranscriptEntry]) {
         let inner = &self.inner;
         match inner.transcript_file(loop_name) {
             // The map's lock is released here: loops write their own files in parallel.
             Ok(file) => {
-                if let Err(e) = append_lines(&file, &entries, false) {
+                if let Err(e) = append_lines(&file, entries, false) {
                     inner.write_failed(format!(
                         "cannot append to the transcript of loop `{loop_name}`: {e}"
                     ));
@@ -1024,7 +1032,7 @@ impl TranscriptSink for RunRecord {
             }
             Err(e) => inner.write_failed(e),
         }
-        for entry in &entries {
+        for entry in entries {
             if let TranscriptEntry::Spent {
                 charged_to, spend, ..
             } = entry
