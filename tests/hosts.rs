@@ -4569,3 +4569,241 @@ fn raw(value: serde_json::Value) -> td_cluster::protocol::RawJson {
 fn raws(values: Vec<serde_json::Value>) -> Vec<td_cluster::protocol::RawJson> {
     values.into_iter().map(raw).collect()
 }
+
+/// A host loop's model calls are offered what a head loop's are: an iteration's the loop's
+/// tools, an answer's only the read-only lane tools an answer may use (the host's answerer
+/// refuses the others; offering them cost tokens and invited calls that fail). Read from
+/// the requests a model server on 127.0.0.1 receives from the head. And the loop's start
+/// carries the run's catalog overrides, which the host applies.
+#[test]
+fn a_host_loops_answer_is_offered_only_the_read_only_tools_and_its_start_the_catalog() {
+    use common::http_once::answer_once;
+    use td_cluster::protocol::{CompleteAnswer, FromHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let model = {
+        let bodies = bodies.clone();
+        common::LocalServer::start(move |stream| {
+            let seen = answer_once(stream, |_| {
+                let done = serde_json::json!({
+                    "choices": [{"message": {"role": "assistant", "content": "Fine."}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 2}
+                });
+                (200, done.to_string())
+            })?;
+            bodies
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice(&seen.body).unwrap_or(Value::Null));
+            Some(())
+        })
+    };
+    let run = FlaggedRun::new("{}\n", "  - {name: e, type: ralph, task: \"Work.\"}\n");
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let config = std::fs::read_to_string(&run.config).unwrap().replace(
+        "llm: {provider: scripted, script: script.yml}",
+        &format!(
+            "llm: {{provider: openai, model: m, base-url: 'http://127.0.0.1:{}/v1', max-retries: 0}}\ncatalog: {{grep: {{timeout-ms: 4321}}, read_file: {{max-output-bytes: 777}}}}",
+            model.port
+        ),
+    );
+    assert!(config.contains("provider: openai"), "{config}");
+    std::fs::write(
+        &run.config,
+        format!(
+            "{config}hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
+            secret_file.display()
+        ),
+    )
+    .unwrap();
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("e to wait for evil", WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (catalog, answers) = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = next_start(&mut rx).await;
+        let link = link.for_attempt(start.attempt);
+        let call = |purpose: Value| FromHost::Complete {
+            loop_name: "e".into(),
+            request: raw(serde_json::json!({
+                "loop_name": "e",
+                "purpose": purpose,
+                "system": "s",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Q?"}]}],
+            })),
+        };
+        let mut answers = Vec::new();
+        for purpose in [
+            serde_json::json!({"kind": "iteration"}),
+            serde_json::json!({"kind": "query_answer", "from": "someone", "question": "Q?"}),
+        ] {
+            let a: CompleteAnswer = link
+                .ask(call(purpose), Duration::from_secs(30))
+                .await
+                .unwrap();
+            answers.push(a);
+        }
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        (start.catalog, answers)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    for a in &answers {
+        assert!(matches!(a, CompleteAnswer::Response { .. }), "{a:?}\n{err}");
+    }
+    assert_eq!(
+        catalog,
+        serde_json::json!({"grep": {"timeout-ms": 4321}, "read_file": {"max-output-bytes": 777}})
+    );
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    let offered = |body: &Value| -> Vec<String> {
+        body["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .map(|t| t["function"]["name"].as_str().unwrap_or("?").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let ralph: Vec<String> = td_toolkit::catalog::default_tool_set("ralph")
+        .unwrap()
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        offered(&bodies[0]),
+        ralph,
+        "an iteration is offered the loop's tools"
+    );
+    let answer = offered(&bodies[1]);
+    let writes = [
+        "write_file",
+        "edit_file",
+        "run_command",
+        "complete_task",
+        "query_loop",
+    ];
+    assert!(
+        answer.iter().all(|t| !writes.contains(&t.as_str())),
+        "an answer is offered a tool it may not use: {answer:?}"
+    );
+    let tools = td_tools::tool_set(&ralph).unwrap();
+    let may: Vec<String> = ralph
+        .iter()
+        .filter(|n| {
+            tools.get(n).is_some_and(|t| t.read_only())
+                && matches!(
+                    td_toolkit::catalog::Catalog::default().spec(n).lane,
+                    td_toolkit::catalog::Route::Lane(_)
+                )
+        })
+        .cloned()
+        .collect();
+    assert!(
+        !may.is_empty() && may.contains(&"read_file".to_string()),
+        "{may:?}"
+    );
+    assert_eq!(
+        answer, may,
+        "an answer is offered every read-only lane tool, in order"
+    );
+}
+
+/// A loop on a host runs its tools under the run's catalog, as a loop of the head does:
+/// `read_file`'s output cap of `catalog:` holds on the host (a host of protocol 6 ran every
+/// tool under the default limits, whatever the run's file said).
+#[test]
+fn a_host_loops_tools_run_under_the_runs_catalog() {
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let big = "x".repeat(4000);
+    let run = FlaggedRun::new(
+        &format!(
+            "w:\n  turns:\n    - calls:\n        - write_file: {{path: big.txt, content: \"{big}\"}}\n    - calls:\n        - read_file: {{path: big.txt}}\n    - calls:\n        - complete_task: {{summary: \"read\"}}\n"
+        ),
+        "  - {name: w, type: ralph, task: \"Read.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "catalog: {{read_file: {{max-output-bytes: 600}}}}\nhosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [w], hosts: [h1]}}\n",
+        secret_file.display(),
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let (mut head, mut h1) = local_head_and_host(&run, port, "h1");
+    let code = exit_within(&mut head, WAIT);
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    let host_err = std::fs::read_to_string(root.join("h1.err")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{err}\n--- h1:\n{host_err}");
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
+    assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
+    let transcript = std::fs::read_to_string(run.run_dir.join("loops/w/transcript.jsonl")).unwrap();
+    // The write carried all of it; the read's result was cut at the run's cap.
+    let longest_run = |text: &str| text.split(|c| c != 'x').map(str::len).max().unwrap_or(0);
+    // Only what tools answered: the write's own input holds all 4000 bytes.
+    fn results_in(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if m.get("type").and_then(Value::as_str) == Some("tool_result") {
+                    out.push(m.get("content").map(Value::to_string).unwrap_or_default());
+                    return;
+                }
+                m.values().for_each(|x| results_in(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| results_in(x, out)),
+            _ => {}
+        }
+    }
+    let mut results = Vec::new();
+    for line in transcript.lines() {
+        results_in(
+            &serde_json::from_str(line).unwrap_or(Value::Null),
+            &mut results,
+        );
+    }
+    assert!(results.len() >= 2, "{transcript}");
+    let read = results.iter().map(|l| longest_run(l)).max().unwrap_or(0);
+    assert!(
+        read > 100 && read <= 600,
+        "read_file's output on the host was not cut at the catalog's 600 bytes (longest run {read})"
+    );
+}

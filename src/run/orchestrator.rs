@@ -1802,6 +1802,11 @@ async fn start_remote(
         .await
         .map_err(|e| format!("cannot read the commit of {}: {e}", def.name))?;
     let tools = td_tools::tool_set(&loop_type.tools).map_err(|e| e.to_string())?;
+    // The host runs the loop's tools under the run's catalog (sent below), and its answers
+    // may use only the read-only lane tools under it: what the head offers an answer's
+    // model call, as the host's answerer allows.
+    let catalog = config.catalog()?;
+    let answer_tools = tools.answer_definitions(&catalog);
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
     let limits = config.loop_limits(def, loop_type);
@@ -1824,6 +1829,8 @@ async fn start_remote(
         peers: names.iter().filter(|n| **n != def.name).cloned().collect(),
         first_iteration: resume.map_or(1, |r| r.next_iteration),
         tools: loop_type.tools.clone(),
+        catalog: serde_json::to_value(&config.catalog)
+            .map_err(|e| format!("cannot write the catalog's overrides: {e}"))?,
         build: loop_type.build.clone(),
         test: loop_type.test.clone(),
         validate: def
@@ -1864,6 +1871,7 @@ async fn start_remote(
         start,
         worktree,
         tools: tools.shared_definitions(),
+        answer_tools,
         moved,
     })?;
     Ok(place)

@@ -21,8 +21,10 @@ use serde_json::value::RawValue;
 
 /// The version of these messages; a host and a head of different versions do not join.
 /// 5: shares and alerts carry their per-loop delivery numbers. 6: the enums are externally
-/// tagged (`{"loop": {...}}`, not `{"type": "loop", ...}`).
-pub const PROTOCOL: u32 = 6;
+/// tagged (`{"loop": {...}}`, not `{"type": "loop", ...}`). 7: a loop's start carries the
+/// run's tool catalog overrides ([`StartLoop::catalog`]): a host of 6 would run its tools
+/// under the default limits without a word.
+pub const PROTOCOL: u32 = 7;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -343,6 +345,9 @@ pub struct StartLoop {
     pub first_iteration: u32,
     /// The tools its model sees.
     pub tools: Vec<String>,
+    /// The run's `catalog:` overrides (lanes, timeouts, output caps per tool, in the form
+    /// taskdaemon.yml uses), applied on the host to the default catalog as on the head.
+    pub catalog: Value,
     /// Its `build` command.
     pub build: Option<String>,
     /// Its `test` command.

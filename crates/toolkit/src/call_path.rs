@@ -163,8 +163,7 @@ impl CallPath {
     /// read-only tool of a worker lane. (Coordination tools wait on other loops, so they
     /// run alone, in order.)
     pub fn concurrent(&self, name: &str) -> bool {
-        matches!(self.route(name), Some(Route::Lane(_)))
-            && self.tools.get(name).is_some_and(|t| t.read_only())
+        self.tools.concurrent_on(name, self.route(name))
     }
 
     /// Runs one call where its route says and saves its receipt.

@@ -140,10 +140,13 @@ pub struct ToolSpec {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ToolSpecOverride {
     /// New worker lane (coordination tools have none: they always go to the coordinator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane: Option<Lane>,
     /// New timeout in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
     /// New output cap in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<usize>,
 }
 

@@ -290,6 +290,21 @@ impl ToolSet {
             .collect()
     }
 
+    /// Whether calls of `name` may run beside other such calls of one model response when
+    /// its catalog route is `route`: a read-only tool of a worker lane (coordination tools
+    /// wait on other loops, so they run alone, in order). These are also the only tools a
+    /// query's answer may use.
+    pub fn concurrent_on(&self, name: &str, route: Option<Route>) -> bool {
+        matches!(route, Some(Route::Lane(_))) && self.get(name).is_some_and(|t| t.read_only())
+    }
+
+    /// Definitions of the tools a query's answer may use under `catalog`'s routes
+    /// ([`ToolSet::concurrent_on`]), in set order: what an answer's model request offers,
+    /// on whichever machine the answer's model call is made.
+    pub fn answer_definitions(&self, catalog: &crate::catalog::Catalog) -> Arc<[ToolDefinition]> {
+        self.shared_subset(|n| self.concurrent_on(n, Some(catalog.spec(n).lane)))
+    }
+
     /// Checks `input` against the schema of `name`, listing every problem with its pointer.
     pub fn validate(&self, name: &str, input: &Value) -> Result<(), ToolError> {
         let entry = self.entries.get(name).ok_or_else(|| self.unknown(name))?;

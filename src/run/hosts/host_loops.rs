@@ -491,7 +491,7 @@ impl HostLoops {
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
             .map_err(|e| e.to_string())?
             .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
-            .with_catalog(Arc::new(td_toolkit::catalog::Catalog::default()))
+            .with_catalog(Arc::new(guard::catalog_of(start)?))
             .with_sandbox_settings(sandbox)
             .with_commands(LoopCommands {
                 build: start.build.clone(),

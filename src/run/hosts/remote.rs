@@ -253,6 +253,25 @@ impl RemoteLoop for HostLink {
     }
 }
 
+/// What a remote loop's model calls are offered, by purpose (the head calls the model
+/// with its own copy: a host's request carries no tool definitions).
+#[derive(Clone)]
+struct ModelTools {
+    /// An iteration's: the loop's tools.
+    iteration: Arc<[ToolDefinition]>,
+    /// An answer's: only those an answer may use, as for a loop of the head's.
+    answer: Arc<[ToolDefinition]>,
+}
+
+impl ModelTools {
+    fn for_purpose(&self, purpose: &Purpose) -> Arc<[ToolDefinition]> {
+        match purpose {
+            Purpose::Iteration => self.iteration.clone(),
+            Purpose::QueryAnswer { .. } => self.answer.clone(),
+        }
+    }
+}
+
 /// One loop on a host.
 struct Entry {
     host: String,
@@ -262,7 +281,7 @@ struct Entry {
     /// the host's next bundle is made from it.
     base: String,
     worktree: Arc<Worktree>,
-    tools: Arc<[ToolDefinition]>,
+    tools: ModelTools,
     /// The last batch of records appended.
     batch: u64,
     /// Iterations it started (from its events).
@@ -331,6 +350,9 @@ pub struct Placed {
     pub worktree: Arc<Worktree>,
     /// The tools its model sees, as the head defines them.
     pub tools: Arc<[ToolDefinition]>,
+    /// The tools an answer of it may use (the read-only lane tools under the run's catalog,
+    /// as its host's answerer allows): all an answer's model call is offered.
+    pub answer_tools: Arc<[ToolDefinition]>,
     /// For a loop taken back from a lost host, its `loop_moved` event: recorded when the
     /// host accepts it; a host that refuses it (or does not answer) is then taken as a loss
     /// of it, and the run moves it again (within `moves::MAX_MOVES`) instead of failing it.
@@ -419,7 +441,10 @@ impl RemoteLoops {
                 attempt,
                 base: placed.start.base_commit.clone(),
                 worktree: placed.worktree,
-                tools: placed.tools,
+                tools: ModelTools {
+                    iteration: placed.tools,
+                    answer: placed.answer_tools,
+                },
                 batch: 0,
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
@@ -926,12 +951,7 @@ impl RemoteLoops {
     }
 
     /// One model call of loop `name`, charged as a local one is.
-    async fn complete(
-        &self,
-        name: &str,
-        tools: Arc<[ToolDefinition]>,
-        request: RawJson,
-    ) -> CompleteAnswer {
+    async fn complete(&self, name: &str, tools: ModelTools, request: RawJson) -> CompleteAnswer {
         let failed = |message: String| CompleteAnswer::Failed {
             kind: "bad_request".into(),
             status: None,
@@ -979,10 +999,10 @@ impl RemoteLoops {
         };
         let request = LlmRequest {
             loop_name: Arc::from(name),
+            tools: tools.for_purpose(&wire.purpose),
             purpose: wire.purpose,
             system: wire.system,
             messages: wire.messages,
-            tools,
         };
         let account = self.side.budgets.account(&payer);
         let hold = match account.reserve(&request) {

@@ -13,6 +13,7 @@ use td_cluster::protocol::StartLoop;
 use td_confine::{ReadScope, SandboxMode, SandboxSettings, UnixSockets};
 use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
+use td_toolkit::catalog::{Catalog, ToolSpecOverride};
 
 /// Where one loop's files go on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,7 @@ pub(super) async fn check_start(start: &StartLoop) -> Result<(), String> {
         ));
     }
     check_branch(&start.branch).await?;
+    catalog_of(start)?;
     let id = &start.base_commit;
     if !matches!(id.len(), 40 | 64) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!(
@@ -46,6 +48,27 @@ pub(super) async fn check_start(start: &StartLoop) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The catalog loop `start`'s tools run under: the default one with the run's overrides,
+/// read and checked as the head reads and checks its `catalog:` (an unknown tool or field,
+/// a zero limit or a lane for a coordination tool is refused, naming it).
+pub(super) fn catalog_of(start: &StartLoop) -> Result<Catalog, String> {
+    let refused = |why: String| {
+        format!(
+            "the catalog the head gave loop {} is refused: {why}",
+            start.loop_name
+        )
+    };
+    let overrides: BTreeMap<String, ToolSpecOverride> = match &start.catalog {
+        Value::Null => BTreeMap::new(),
+        other => serde_json::from_value(other.clone()).map_err(|e| refused(e.to_string()))?,
+    };
+    let mut catalog = Catalog::default();
+    catalog
+        .apply_overrides(&overrides)
+        .map_err(|e| refused(e.to_string()))?;
+    Ok(catalog)
 }
 
 /// Refuses `branch` unless `git check-ref-format --branch` takes it as it is and it has no
@@ -308,6 +331,44 @@ mod tests {
             base_commit: "0123456789abcdef0123456789abcdef01234567".into(),
             branch: branch.to_string(),
             sandbox: serde_json::json!({}),
+            catalog: serde_json::json!({}),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_loops_tools_run_under_the_runs_catalog_and_a_bad_one_is_refused() {
+        let mut s = start("l", "b");
+        assert_eq!(catalog_of(&s).unwrap(), Catalog::default());
+        s.catalog = Value::Null;
+        assert_eq!(catalog_of(&s).unwrap(), Catalog::default());
+        s.catalog = serde_json::json!({"grep": {"timeout-ms": 5, "lane": "heavy"}});
+        let c = catalog_of(&s).unwrap();
+        assert_eq!(c.spec("grep").timeout_ms, 5);
+        assert_eq!(
+            c.spec("grep").lane,
+            td_toolkit::catalog::Route::Lane(td_toolkit::catalog::Lane::Heavy)
+        );
+        assert_eq!(c.spec("read_file"), Catalog::default().spec("read_file"));
+        for (bad, says) in [
+            (serde_json::json!({"grpe": {}}), "unknown tool 'grpe'"),
+            (serde_json::json!({"grep": {"timeout-ms": 0}}), "timeout-ms"),
+            (serde_json::json!({"grep": {"timeout": 5}}), "unknown field"),
+            (
+                serde_json::json!({"query_loop": {"lane": "net"}}),
+                "query_loop",
+            ),
+            (serde_json::json!(["grep"]), "refused"),
+        ] {
+            s.catalog = bad.clone();
+            let err = catalog_of(&s).unwrap_err();
+            assert!(
+                err.starts_with("the catalog the head gave loop l is refused: ")
+                    && err.contains(says),
+                "{bad}: {err}"
+            );
+            // Refused before anything of the loop is made.
+            let err = check_start(&s).await.unwrap_err();
+            assert!(err.contains("catalog"), "{bad}: {err}");
         }
     }
 
