@@ -178,6 +178,25 @@ w:
     }
 }
 
+/// Writes the hosts' secret beside `run`'s project and appends to its config `extra` (other
+/// sections) and a `hosts:` section on 127.0.0.1:`port` placing loops by `placement`
+/// (`{loops: [..], hosts: [..]}` rules); returns the project's root.
+fn hosts_on_port(run: &FlaggedRun, port: u16, extra: &str, placement: &[&str]) -> PathBuf {
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(extra);
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n",
+        secret_file.display()
+    ));
+    for rule in placement {
+        config.push_str(&format!("    - {rule}\n"));
+    }
+    std::fs::write(&run.config, config).unwrap();
+    root
+}
+
 fn write_secret(path: &Path, text: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, format!("{text}\n")).unwrap();
@@ -501,10 +520,7 @@ fn a_cut_link_loses_the_host_within_the_bound_on_both_sides() {
 #[test]
 fn the_hosts_secret_never_reaches_a_loops_command() {
     // The file: hidden from commands as the model's key file is.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         r#"
 w:
@@ -656,10 +672,7 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
 
 #[test]
 fn a_loop_placed_on_a_host_that_never_joins_waits_and_ctrl_c_ends_the_run() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         r#"
 w:
@@ -970,6 +983,23 @@ c:
         let charged = tokens(asker, "spent_on_answers");
         assert!(charged > 0, "{asker}: {s}");
         assert_eq!(charged, tokens(answerer, "answers_for_others"), "{s}");
+        // And the query's record says what its answer spent, as a local query's does (the
+        // head made the answer's model calls; each asker asked once).
+        let answered = events
+            .iter()
+            .find(|e| e["event"] == "query_answered" && e["from"] == asker)
+            .unwrap_or_else(|| panic!("no answer to {asker}: {events:?}"));
+        let spend = &answered["spend"];
+        assert!(
+            spend["model_calls"].as_u64().unwrap_or(0) >= 1,
+            "{answered}"
+        );
+        assert_eq!(
+            spend["input_tokens"].as_u64().unwrap_or(0)
+                + spend["output_tokens"].as_u64().unwrap_or(0),
+            charged,
+            "{answered}\n{s}"
+        );
     }
     // Each answer was recorded once, on the head.
     assert_eq!(
@@ -1048,10 +1078,7 @@ static IN_PROCESS_HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
     use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "extra:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\nunrelated:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
         "  - {name: extra, type: ralph, task: \"Go.\"}\n  - {name: unrelated, type: ralph, task: \"Go.\"}\n",
@@ -1640,10 +1667,7 @@ w:
 #[test]
 fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = local_run(port);
     let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
     let (mut head, mut h1) = local_head_and_host(&run, port, "h1");
@@ -1753,10 +1777,7 @@ fn only_a_host_itself_can_leave_and_its_running_loops_are_interrupted() {
 fn a_hosts_system_alerts_are_refused_and_its_answers_are_capped() {
     use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         r#"
 e:
@@ -1782,14 +1803,7 @@ asker:
         secret_file.display()
     ));
     std::fs::write(&run.config, config).unwrap();
-    let mut head = run
-        .command(&[])
-        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("e to wait for evil", WAIT, || {
-        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
-    });
+    let mut head = head_waiting_for(&run, &root, "evil");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let forged = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -1917,10 +1931,7 @@ asker:
 fn a_hosts_answer_calls_are_charged_to_the_asker_only_while_it_asks() {
     use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         r#"
 e:
@@ -1948,14 +1959,7 @@ asker:
         secret_file.display()
     ));
     std::fs::write(&run.config, config).unwrap();
-    let mut head = run
-        .command(&[])
-        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("e to wait for evil", WAIT, || {
-        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
-    });
+    let mut head = head_waiting_for(&run, &root, "evil");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answers = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -2065,10 +2069,7 @@ asker:
 fn a_hosts_spent_entries_are_left_out_and_the_head_writes_its_own() {
     use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         r#"
 e:
@@ -2091,14 +2092,7 @@ asker:
         secret_file.display()
     ));
     std::fs::write(&run.config, config).unwrap();
-    let mut head = run
-        .command(&[])
-        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("e to wait for evil", WAIT, || {
-        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
-    });
+    let mut head = head_waiting_for(&run, &root, "evil");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answer = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -2210,10 +2204,7 @@ asker:
 fn a_records_batch_sent_twice_at_once_is_appended_once() {
     use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
         "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
@@ -2226,14 +2217,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
         secret_file.display()
     ));
     std::fs::write(&run.config, config).unwrap();
-    let mut head = run
-        .command(&[])
-        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("e to wait for evil", WAIT, || {
-        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
-    });
+    let mut head = head_waiting_for(&run, &root, "evil");
     const BATCHES: u64 = 30;
     const NOTES: usize = 200;
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -2320,10 +2304,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
 fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
     use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "stuck:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
         "  - {name: stuck, type: ralph, task: \"Go.\"}\n",
@@ -2409,10 +2390,7 @@ fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
 fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
     use td_cluster::protocol::{FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "a:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\nc:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
         "  - {name: a, type: ralph, task: \"Go.\"}\n  - {name: c, type: ralph, task: \"Go.\"}\n",
@@ -2514,10 +2492,7 @@ fn a_host_slow_to_accept_a_loop_does_not_hold_the_others() {
 fn a_host_lost_after_sending_its_loops_end_leaves_that_end_whole() {
     use td_cluster::protocol::{BranchBundle, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
         "  - {name: e, type: ralph, task: \"Go.\"}\n",
@@ -2612,10 +2587,7 @@ fn a_host_lost_after_sending_its_loops_end_leaves_that_end_whole() {
 fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
     use td_cluster::protocol::ToHost;
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "stuck:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
         "  - {name: stuck, type: ralph, task: \"Go.\"}\n",
@@ -3121,10 +3093,7 @@ fn assert_chain_verifies(run_dir: &Path, name: &str) {
 fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
     use td_cluster::protocol::{BranchBundle, CoordRequest, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let run = FlaggedRun::new(
         "e:\n  turns:\n    - say: \"unused: e runs on the hand-made host\"\n",
         "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
@@ -3137,14 +3106,7 @@ fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
         secret_file.display()
     ));
     std::fs::write(&run.config, config).unwrap();
-    let mut head = run
-        .command(&[])
-        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("e to wait for evil", WAIT, || {
-        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
-    });
+    let mut head = head_waiting_for(&run, &root, "evil");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (first, second, refusals) = rt.block_on(async {
         let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| loop {
@@ -3482,6 +3444,51 @@ async fn end_e_and_serve<T>(
     served.abort();
 }
 
+/// `run`'s head (its stderr in `<root>/head.err`), once its loop `e` waits for host `host`.
+fn head_waiting_for(run: &FlaggedRun, root: &Path, host: &str) -> std::process::Child {
+    let head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let waiting = format!("waiting for host {host}");
+    wait_until(&format!("e to wait for {host}"), WAIT, || {
+        summary(&run.run_dir)["loops"]["e"]["reason"] == waiting.as_str()
+    });
+    head
+}
+
+/// A hand-made host joined to the head, its session running, and the first loop the head
+/// placed on it (accepted).
+struct PlacedHost {
+    /// Its link, asking as that placement of the loop.
+    link: td_cluster::HeadLink,
+    /// The loop's start.
+    start: td_cluster::protocol::StartLoop,
+    /// The head's requests after the start.
+    rx: tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>,
+    /// Its session, until it ends.
+    running: tokio::task::JoinHandle<td_cluster::HostEnd>,
+}
+
+/// Joins hand-made host `name` (one slot) to the head on 127.0.0.1:`port` and takes the
+/// first loop placed on it.
+async fn placed_host(port: u16, root: &Path, name: &str) -> PlacedHost {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let session = td_cluster::host::join(hand_made_host(port, root, name, 1, Some(tx)))
+        .await
+        .unwrap();
+    let link = session.link();
+    let running = tokio::spawn(session.run(std::future::pending()));
+    let start = next_start(&mut rx).await;
+    PlacedHost {
+        link: link.for_attempt(start.attempt),
+        start,
+        rx,
+        running,
+    }
+}
+
 /// The next StartLoop the hand-made host is sent (accepted); the run's alerts delivered
 /// meanwhile are taken.
 async fn next_start(
@@ -3566,14 +3573,12 @@ fn a_loop_whose_host_is_lost_after_its_recorded_end_ends_as_recorded_with_its_wo
     let (run, root, repo, mut head) = hand_made_run(port, "gone");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let tip = rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "gone", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = next_start(&mut rx).await;
-        let link = link.for_attempt(start.attempt);
+        let PlacedHost {
+            link,
+            start,
+            rx: _,
+            running,
+        } = placed_host(port, &root, "gone").await;
         let ask =
             async |request: FromHost| link.ask::<Value>(request, Duration::from_secs(10)).await;
         ask(FromHost::Records {
@@ -3678,14 +3683,12 @@ fn a_hosts_impossible_event_numbers_are_refused_and_its_loop_still_moves() {
     // The first session's runtime goes with it (its tasks too): its host is lost.
     let first = tokio::runtime::Runtime::new().unwrap();
     let refusals = first.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "bad", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = next_start(&mut rx).await;
-        let link = link.for_attempt(start.attempt);
+        let PlacedHost {
+            link,
+            start: _,
+            rx: _,
+            running,
+        } = placed_host(port, &root, "bad").await;
         let records = |events: Vec<td_cluster::protocol::RawJson>| FromHost::Records {
             loop_name: "e".into(),
             batch: 1,
@@ -3856,14 +3859,12 @@ fn a_hosts_checkpoints_are_one_per_started_iteration() {
     let (run, root, repo, mut head) = hand_made_run(port, "many");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (early, taken, again, tip) = rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "many", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = next_start(&mut rx).await;
-        let link = link.for_attempt(start.attempt);
+        let PlacedHost {
+            link,
+            start,
+            rx: _,
+            running,
+        } = placed_host(port, &root, "many").await;
         let ask = async |request: FromHost| {
             link.ask::<Value>(request, Duration::from_secs(10))
                 .await
@@ -4196,14 +4197,12 @@ fn a_loops_unshown_items_are_shown_once_whatever_order_they_settled_in(how: How)
         })
         .await;
         // `slow` runs f and holds its answers to the deliveries the test names.
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "slow", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = next_start(&mut rx).await;
-        let link = link.for_attempt(start.attempt);
+        let PlacedHost {
+            link,
+            start: _,
+            mut rx,
+            running,
+        } = placed_host(port, &root, "slow").await;
         let () = link
             .ask(
                 FromHost::Coord {
@@ -4449,14 +4448,12 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
     });
     let first = tokio::runtime::Runtime::new().unwrap();
     let (base, tip) = first.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "hung", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = next_start(&mut rx).await;
-        let link = link.for_attempt(start.attempt);
+        let PlacedHost {
+            link,
+            start,
+            rx: _,
+            running,
+        } = placed_host(port, &root, "hung").await;
         link.ask::<Value>(
             FromHost::Records {
                 loop_name: "e".into(),
@@ -4574,21 +4571,27 @@ fn raws(values: Vec<serde_json::Value>) -> Vec<td_cluster::protocol::RawJson> {
 /// tools, an answer's only the read-only lane tools an answer may use (the host's answerer
 /// refuses the others; offering them cost tokens and invited calls that fail). Read from
 /// the requests a model server on 127.0.0.1 receives from the head. And the loop's start
-/// carries the run's catalog overrides, which the host applies.
+/// carries the run's catalog overrides, which the host applies; and a retry of a host
+/// loop's call (made by the head) is recorded as a head loop's is.
 #[test]
 fn a_host_loops_answer_is_offered_only_the_read_only_tools_and_its_start_the_catalog() {
     use common::http_once::answer_once;
     use td_cluster::protocol::{CompleteAnswer, FromHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let model = {
         let bodies = bodies.clone();
         common::LocalServer::start(move |stream| {
             let seen = answer_once(stream, |_| {
+                // The first call is told to come back: the head tries it again.
+                if served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                    return (
+                        503,
+                        r#"{"error":{"message":"overloaded","type":"server_error"}}"#.into(),
+                    );
+                }
                 let done = serde_json::json!({
                     "choices": [{"message": {"role": "assistant", "content": "Fine."}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 2}
@@ -4603,42 +4606,25 @@ fn a_host_loops_answer_is_offered_only_the_read_only_tools_and_its_start_the_cat
         })
     };
     let run = FlaggedRun::new("{}\n", "  - {name: e, type: ralph, task: \"Work.\"}\n");
-    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
-    let secret_file = write_secret(&root.join("secret"), SECRET);
     let config = std::fs::read_to_string(&run.config).unwrap().replace(
         "llm: {provider: scripted, script: script.yml}",
         &format!(
-            "llm: {{provider: openai, model: m, base-url: 'http://127.0.0.1:{}/v1', max-retries: 0}}\ncatalog: {{grep: {{timeout-ms: 4321}}, read_file: {{max-output-bytes: 777}}}}",
+            "llm: {{provider: openai, model: m, base-url: 'http://127.0.0.1:{}/v1', max-retries: 1, retry-base-ms: 1}}\ncatalog: {{grep: {{timeout-ms: 4321}}, read_file: {{max-output-bytes: 777}}}}",
             model.port
         ),
     );
     assert!(config.contains("provider: openai"), "{config}");
-    std::fs::write(
-        &run.config,
-        format!(
-            "{config}hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
-            secret_file.display()
-        ),
-    )
-    .unwrap();
-    let mut head = run
-        .command(&[])
-        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("e to wait for evil", WAIT, || {
-        summary(&run.run_dir)["loops"]["e"]["reason"] == "waiting for host evil"
-    });
+    std::fs::write(&run.config, config).unwrap();
+    let root = hosts_on_port(&run, port, "", &["{loops: [e], hosts: [evil]}"]);
+    let mut head = head_waiting_for(&run, &root, "evil");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (catalog, answers) = rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = next_start(&mut rx).await;
-        let link = link.for_attempt(start.attempt);
+        let PlacedHost {
+            link,
+            start,
+            rx,
+            running,
+        } = placed_host(port, &root, "evil").await;
         let call = |purpose: Value| FromHost::Complete {
             loop_name: "e".into(),
             request: raw(serde_json::json!({
@@ -4659,19 +4645,7 @@ fn a_host_loops_answer_is_offered_only_the_read_only_tools_and_its_start_the_cat
                 .unwrap();
             answers.push(a);
         }
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-        let _ = tokio::time::timeout(WAIT, running).await;
+        end_e_and_serve(&link, "done", rx, running).await;
         (start.catalog, answers)
     });
     let code = exit_within(&mut head, WAIT);
@@ -4684,8 +4658,20 @@ fn a_host_loops_answer_is_offered_only_the_read_only_tools_and_its_start_the_cat
         catalog,
         serde_json::json!({"grep": {"timeout-ms": 4321}, "read_file": {"max-output-bytes": 777}})
     );
-    let bodies = bodies.lock().unwrap().clone();
-    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    let retried: Vec<Value> = std::fs::read_to_string(run.run_dir.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "model_retried")
+        .collect();
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert_eq!(retried[0]["loop_name"], "e", "{retried:?}");
+    assert_eq!(retried[0]["status"], 503, "{retried:?}");
+    // The refused first try, then the two calls.
+    let mut bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 3, "{bodies:?}");
+    assert_eq!(bodies[0], bodies[1], "the retry is the same request");
+    bodies.remove(0);
     let offered = |body: &Value| -> Vec<String> {
         body["tools"]
             .as_array()
@@ -4747,10 +4733,7 @@ fn a_host_loops_answer_is_offered_only_the_read_only_tools_and_its_start_the_cat
 #[test]
 fn a_host_loops_tools_run_under_the_runs_catalog() {
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let big = "x".repeat(4000);
     let run = FlaggedRun::new(
         &format!(
@@ -4758,14 +4741,12 @@ fn a_host_loops_tools_run_under_the_runs_catalog() {
         ),
         "  - {name: w, type: ralph, task: \"Read.\"}\n",
     );
-    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
-    let secret_file = write_secret(&root.join("secret"), SECRET);
-    let mut config = std::fs::read_to_string(&run.config).unwrap();
-    config.push_str(&format!(
-        "catalog: {{read_file: {{max-output-bytes: 600}}}}\nhosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [w], hosts: [h1]}}\n",
-        secret_file.display(),
-    ));
-    std::fs::write(&run.config, config).unwrap();
+    let root = hosts_on_port(
+        &run,
+        port,
+        "catalog: {read_file: {max-output-bytes: 600}}\n",
+        &["{loops: [w], hosts: [h1]}"],
+    );
     let (mut head, mut h1) = local_head_and_host(&run, port, "h1");
     let code = exit_within(&mut head, WAIT);
     let _ = exit_within(&mut h1, Duration::from_secs(10));
@@ -4805,5 +4786,89 @@ fn a_host_loops_tools_run_under_the_runs_catalog() {
     assert!(
         read > 100 && read <= 600,
         "read_file's output on the host was not cut at the catalog's 600 bytes (longest run {read})"
+    );
+}
+
+/// A host loop stopped while the head makes its model call: the head gives the call up, as
+/// a head loop's engine does, and nothing of it is settled or charged (the call went on to
+/// its end, and was charged, after the loop had stopped).
+#[test]
+fn a_host_loop_stopped_mid_call_has_its_call_given_up_on_the_head() {
+    use std::io::{BufRead, Write};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    const SLOW_MS: u64 = 4000;
+    let run = FlaggedRun::new(
+        &format!(
+            r#"
+x:
+  turns:
+    - delay_ms: {SLOW_MS}
+      calls:
+        - complete_task: {{summary: "x was not stopped"}}
+y:
+  turns:
+    - calls:
+        - run_command: {{command: "until [ -e {{f}}/done ]; do sleep 0.05; done"}}
+    - calls:
+        - complete_task: {{summary: "y done"}}
+"#
+        ),
+        "  - {name: x, type: ralph, task: \"Slow.\"}\n  - {name: y, type: ralph, task: \"Wait.\"}\n",
+    );
+    let root = hosts_on_port(
+        &run,
+        port,
+        "",
+        &["{loops: [x], hosts: [h1]}", "{loops: [y], hosts: [head]}"],
+    );
+    let (mut head, mut h1) = local_head_and_host(&run, port, "h1");
+    let logs = || {
+        format!(
+            "--- head:\n{}\n--- h1:\n{}",
+            std::fs::read_to_string(root.join("head.err")).unwrap_or_default(),
+            std::fs::read_to_string(root.join("h1.err")).unwrap_or_default()
+        )
+    };
+    let transcript = || {
+        std::fs::read_to_string(run.run_dir.join("loops/x/transcript.jsonl")).unwrap_or_default()
+    };
+    // x's first call is asked of the head (its request is recorded as it goes).
+    wait_until("x's model call", WAIT, || {
+        transcript().contains(r#""entry":"request""#)
+    });
+    let asked = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    let key = std::fs::read_to_string(run.run_dir.join("control.key")).unwrap();
+    let mut socket =
+        std::os::unix::net::UnixStream::connect(run.run_dir.join("control.sock")).unwrap();
+    let request = serde_json::json!({"key": key.trim(), "op": "stop_loop", "loop": "x"});
+    socket.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    std::io::BufReader::new(&socket)
+        .read_line(&mut answer)
+        .unwrap();
+    assert!(!answer.contains("error"), "{answer}\n{}", logs());
+    wait_until("x to stop", WAIT, || {
+        summary(&run.run_dir)["loops"]["x"]["status"] == "stopped"
+    });
+    // Past the call's end, had it gone on.
+    let end = Duration::from_millis(SLOW_MS + 1500);
+    if let Some(left) = end.checked_sub(asked.elapsed()) {
+        std::thread::sleep(left);
+    }
+    std::fs::write(run.flag("done"), "").unwrap();
+    let code = exit_within(&mut head, WAIT);
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    assert!(code.is_some(), "{}", logs());
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["x"]["status"], "stopped", "{s}");
+    assert_eq!(s["loops"]["y"]["status"], "completed", "{s}");
+    let x = transcript();
+    assert!(
+        !x.contains(r#""entry":"spent""#) && !x.contains("x was not stopped"),
+        "x's call was made to its end after x stopped:\n{x}\n{}",
+        logs()
     );
 }

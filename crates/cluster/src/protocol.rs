@@ -285,9 +285,9 @@ pub enum CompleteAnswer {
         /// Which limit, and what to do.
         reason: String,
     },
-    /// The model call failed (after the head's client retried).
+    /// The model call failed (after the head's client retried), or the head gave it up.
     Failed {
-        /// `transport`, `api`, `bad_reply` or `script`.
+        /// `transport`, `api`, `bad_reply` or `script`; or [`GIVEN_UP_STOPPING`].
         kind: String,
         /// The HTTP status of an `api` error.
         status: Option<u16>,
@@ -295,6 +295,11 @@ pub enum CompleteAnswer {
         message: String,
     },
 }
+
+/// The [`CompleteAnswer::Failed`] kind of an iteration's model call the head gave up
+/// because the run asked the loop's host to stop the loop (said only once the host took
+/// the stop): the host ends the call with the loop's stop, not as a model error.
+pub const GIVEN_UP_STOPPING: &str = "given_up_stopping";
 
 /// A loop's branch as a host sent it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -507,7 +512,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"join":{"protocol":6,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
+            r#"{"join":{"protocol":7,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {

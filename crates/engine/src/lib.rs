@@ -62,6 +62,7 @@ mod turns;
 pub use answer::{AnswerError, Answerer};
 use budget::Account;
 use transcript::{TranscriptEntry, TranscriptSink};
+pub use turns::CallEvents;
 use turns::{Charge, TurnRules, Turns, TurnsEnd};
 
 /// What an iteration's model calls came to, for its `iteration_ended` event.

@@ -99,10 +99,28 @@ pub(crate) struct Turns<'a> {
 /// [`EventKind::ModelRetried`] event, which the run record keeps and the live progress shows;
 /// a streamed reply's growth goes to the transcript sink (the live progress only, never the
 /// record).
-struct CallEvents<'a> {
+///
+/// Also what the head observes a worker host's loop's model calls with: it makes them.
+pub struct CallEvents<'a> {
     loop_name: &'a str,
     events: Option<&'a EventLog>,
     transcript: &'a dyn TranscriptSink,
+}
+
+impl<'a> CallEvents<'a> {
+    /// Reports loop `loop_name`'s call's retries to `events` (none kept without) and its
+    /// streamed output's growth to `transcript`.
+    pub fn new(
+        loop_name: &'a str,
+        events: Option<&'a EventLog>,
+        transcript: &'a dyn TranscriptSink,
+    ) -> Self {
+        CallEvents {
+            loop_name,
+            events,
+            transcript,
+        }
+    }
 }
 
 impl CallObserver for CallEvents<'_> {

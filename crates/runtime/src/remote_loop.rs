@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use serde_json::Value;
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
+use td_protocol::spend::Spend;
 use td_toolkit::coordination::Delivery;
 use td_toolkit::error::ToolError;
 
@@ -43,12 +44,16 @@ pub trait RemoteLoop: Send + Sync {
 
     /// The loop's answer to `from`'s `question`, given within `timeout` (the asker's time
     /// left), or why there is none. The coordinator holds the asker's deadline itself too,
-    /// and drops this future when the loop leaves the run.
+    /// and drops this future when the loop leaves the run. What the answer's model calls
+    /// spend is added to `spent` as each is settled where it is made (so that the query's
+    /// record says what it cost, even when the asker stopped waiting); a link whose calls
+    /// are settled elsewhere adds nothing.
     async fn answer(
         &self,
         from: &str,
         question: &str,
         timeout: Duration,
+        spent: &Arc<Mutex<Spend>>,
     ) -> Result<String, ToolError>;
 }
 

@@ -189,6 +189,8 @@ impl RemoteQuery {
             cancelled,
             mut record,
         } = self;
+        // Outside the answer's future, which a timeout or the target's end drops.
+        let spent = Arc::new(Mutex::new(Spend::default()));
         let outcome = ask_remote(
             &target,
             &record.from,
@@ -196,10 +198,13 @@ impl RemoteQuery {
             deadline,
             cancelled,
             record.timeout,
+            &spent,
         )
         .await;
-        // What the answer spent is charged and kept where its model call was made.
-        record.record(&outcome, None);
+        // What the answer's model calls spent, as the link saw them settled (they are
+        // charged where they were made).
+        let spent = *lock(&spent);
+        record.record(&outcome, (!spent.is_empty()).then_some(spent));
         outcome.map_err(|message| ToolError::Unavailable { message })
     }
 }
@@ -240,9 +245,10 @@ async fn ask_remote(
     deadline: tokio::time::Instant,
     cancelled: oneshot::Receiver<()>,
     timeout: Duration,
+    spent: &Arc<Mutex<Spend>>,
 ) -> Result<String, String> {
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let asking = target.link.answer(from, question, left);
+    let asking = target.link.answer(from, question, left, spent);
     tokio::select! {
         r = tokio::time::timeout_at(deadline, asking) => match r {
             Ok(Ok(answer)) => Ok(answer),

@@ -39,6 +39,7 @@ use checkpoint::{Checkpoints, send_bundle};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -124,6 +125,9 @@ struct Running {
     link: HeadLink,
     /// Its work as the head holds it.
     checkpoints: Arc<Checkpoints>,
+    /// Set when the head asked this host to stop it (before its runtime is told): a model
+    /// call the head then gives up waits for the loop's stop instead of failing the loop.
+    stop_asked: Arc<AtomicBool>,
 }
 
 /// The attempt id of each loop placed here (the last placement of each name), for the
@@ -251,7 +255,10 @@ impl HostLoops {
                 tokio::spawn(async move { reply.send(me.accept(*start).await) });
             }
             ToHost::StopLoop { loop_name, now } => {
-                if lock(&self.loops).contains_key(&loop_name) {
+                let known = lock(&self.loops).get(&loop_name).map(|running| {
+                    running.stop_asked.store(true, Ordering::SeqCst);
+                });
+                if known.is_some() {
                     let _ = self.commands.send(Command::Stop {
                         name: loop_name,
                         now,
@@ -338,6 +345,7 @@ impl HostLoops {
                     streamer,
                     link,
                     checkpoints,
+                    stop_asked: Arc::new(AtomicBool::new(false)),
                 },
             );
         }
@@ -357,13 +365,32 @@ impl HostLoops {
     }
 
     fn on_event(&self, event: &Event) {
-        let Ok(value) = serde_json::to_value(&event.kind) else {
+        // Written once, here: the batch carries the text as it is, and the loop it is about
+        // is read back from that text (an event of no loop of this host is not sent).
+        let raw = match RawJson::to(&event.kind) {
+            Ok(raw) => raw,
+            Err(e) => {
+                // Not dropped without a word: whose it was cannot be read, so every loop's
+                // record here is unwritable, and each loop's end says why.
+                let why = format!("an event of this host could not be written: {e}");
+                for running in lock(&self.loops).values() {
+                    running.streamer.write_failed(why.clone());
+                }
+                return;
+            }
+        };
+        #[derive(serde::Deserialize)]
+        struct AboutLoop<'a> {
+            #[serde(borrow, default)]
+            loop_name: Option<std::borrow::Cow<'a, str>>,
+        }
+        let Ok(AboutLoop {
+            loop_name: Some(name),
+        }) = serde_json::from_str::<AboutLoop>(raw.get())
+        else {
             return;
         };
-        let Some(name) = value.get("loop_name").and_then(Value::as_str) else {
-            return;
-        };
-        if let Some(running) = lock(&self.loops).get(name) {
+        if let Some(running) = lock(&self.loops).get(&*name) {
             // A failed iteration's work goes to the head before its note does (and before the
             // loop's next model call, which waits for it), and the loop's last work before
             // the events that end it: the head never holds a note or an end whose work it
@@ -371,9 +398,7 @@ impl HostLoops {
             if let Some(n) = running.checkpoints.before(&event.kind) {
                 running.streamer.send(Item::Checkpoint(n));
             }
-            if let Ok(raw) = RawJson::to(&value) {
-                running.streamer.send(Item::Event(raw));
-            }
+            running.streamer.send(Item::Event(raw));
         }
     }
 
@@ -483,9 +508,16 @@ impl HostLoops {
             .get()
             .ok_or_else(|| "the host's runtime is not running".to_string())?;
         let name = &start.loop_name;
-        let (streamer, link, checkpoints) = lock(&self.loops)
+        let (streamer, link, checkpoints, stop_asked) = lock(&self.loops)
             .get(name)
-            .map(|r| (r.streamer.clone(), r.link.clone(), r.checkpoints.clone()))
+            .map(|r| {
+                (
+                    r.streamer.clone(),
+                    r.link.clone(),
+                    r.checkpoints.clone(),
+                    r.stop_asked.clone(),
+                )
+            })
             .ok_or_else(|| format!("loop {name} was dropped"))?;
         let sandbox = Arc::new(self.sandbox(name, &start.sandbox)?);
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
@@ -515,7 +547,7 @@ impl HostLoops {
         let stream = streamer.clone();
         receipts.observe(Box::new(move |receipt| {
             // Written once, here: the batch carries the text as it is.
-            if let Ok(raw) = RawJson::to(receipt) {
+            if let Some(raw) = stream.written("receipt", RawJson::to(receipt)) {
                 stream.send(Item::Receipt(raw));
             }
         }));
@@ -544,7 +576,11 @@ impl HostLoops {
             ctx: Arc::new(ctx),
             tools: Arc::new(tools),
             validation_tools: Arc::new(validation_tools),
-            llm: Arc::new(RemoteLlm { link, checkpoints }),
+            llm: Arc::new(RemoteLlm {
+                link,
+                checkpoints,
+                stop_asked,
+            }),
             runner: Arc::new(parts.lanes.clone()),
             coordinator: parts.coordinator.clone(),
             events: parts.events.clone(),
@@ -734,6 +770,8 @@ struct RemoteLlm {
     link: HeadLink,
     /// An iteration's call waits for the checkpoints asked before it.
     checkpoints: Arc<Checkpoints>,
+    /// The head asked this host to stop the loop.
+    stop_asked: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -763,6 +801,15 @@ impl LlmClient for RemoteLlm {
                 .parse()
                 .map_err(|e| LlmError::BadReply(format!("the head's response: {e}"))),
             CompleteAnswer::OverBudget { reason } => Err(LlmError::OverBudget(reason)),
+            // The head gave the call up because the loop is stopping (it says so only once
+            // this host took the stop): the loop's stop ends the call here, as a head loop's
+            // ends its call, not a model error (which would fail the loop instead).
+            CompleteAnswer::Failed { kind, .. }
+                if kind == td_cluster::protocol::GIVEN_UP_STOPPING
+                    && self.stop_asked.load(Ordering::SeqCst) =>
+            {
+                std::future::pending().await
+            }
             CompleteAnswer::Failed {
                 kind,
                 status,
@@ -916,6 +963,13 @@ impl Streamer {
         }
     }
 
+    /// The text of a record `what` made for the head, or `None` when it could not be
+    /// written: then, as when a batch cannot reach the head, the loop's record is
+    /// unwritable and its end says why (never a record dropped without a word).
+    fn written(&self, what: &str, made: Result<RawJson, serde_json::Error>) -> Option<RawJson> {
+        written_or_failed(&self.failed, what, made)
+    }
+
     /// Waits until everything sent so far reached the head; why not, when it did not.
     async fn flush(&self) -> Result<(), String> {
         if let Some(why) = self.failed.get() {
@@ -932,7 +986,7 @@ impl Streamer {
 
 impl TranscriptSink for Streamer {
     fn record(&self, _loop_name: &str, entry: TranscriptEntry) {
-        if let Ok(raw) = RawJson::to(&entry) {
+        if let Some(raw) = self.written("transcript entry", RawJson::to(&entry)) {
             self.send(Item::Transcript(raw));
         }
     }
@@ -1069,5 +1123,49 @@ impl Upstream for HeadUpstream {
     async fn unregister(&self, name: &str) -> Result<(), ToolError> {
         self.ask(name, CoordRequest::Unregister, UPSTREAM_TIMEOUT)
             .await
+    }
+}
+
+/// [`Streamer::written`] on the stream's failure: `made`'s text, or `None` with `failed`
+/// set to why (the first failure stays: it is the one the loop's end reports).
+fn written_or_failed(
+    failed: &OnceLock<String>,
+    what: &str,
+    made: Result<RawJson, serde_json::Error>,
+) -> Option<RawJson> {
+    made.map_err(|e| {
+        let _ = failed.set(format!("its {what} could not be written: {e}"));
+    })
+    .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_that_cannot_be_written_makes_the_loops_record_unwritable_not_lost() {
+        let failed = OnceLock::new();
+        let fine = written_or_failed(
+            &failed,
+            "receipt",
+            RawJson::to(&serde_json::json!({"a": 1})),
+        );
+        assert_eq!(
+            fine.map(|r| r.get().to_string()).as_deref(),
+            Some(r#"{"a":1}"#)
+        );
+        assert!(failed.get().is_none());
+        // JSON keys are strings: a map keyed by pairs cannot be written.
+        let bad: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into_iter().collect();
+        assert!(written_or_failed(&failed, "transcript entry", RawJson::to(&bad)).is_none());
+        let why = failed.get().cloned().unwrap_or_default();
+        assert!(
+            why.starts_with("its transcript entry could not be written: ") && why.contains("key"),
+            "{why}"
+        );
+        // The first failure is the one reported.
+        assert!(written_or_failed(&failed, "receipt", RawJson::to(&bad)).is_none());
+        assert_eq!(failed.get(), Some(&why));
     }
 }

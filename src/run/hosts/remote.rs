@@ -58,6 +58,7 @@ use td_git::worktree::{Repo, Worktree};
 use td_llm::{LlmClient, LlmError, LlmRequest, Purpose};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
+use td_protocol::spend::Spend;
 use td_protocol::tool_definition::ToolDefinition;
 use td_runtime::coordinator::{CoordMsg, CoordinatorPort, SYSTEM_SENDER};
 use td_runtime::coordinator_handle::CoordinatorHandle;
@@ -153,23 +154,35 @@ const MAX_QUERY_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
 /// The questions the head has put to loops on hosts and not yet had answered: (the loop
-/// asked, the asking loop, the question) and how many such are outstanding. Only while one
-/// is, a model call of the loop for that answer is charged to the asker.
-type Outstanding = Arc<Mutex<BTreeMap<(String, String, String), usize>>>;
+/// asked, the asking loop, the question), and where each such query outstanding counts what
+/// its answer spends (oldest first). Only while one is, a model call of the loop for that
+/// answer is charged to the asker, and its spend is counted to the oldest of them (the
+/// same question asked twice at once cannot tell its calls apart: each call is counted
+/// once, never twice).
+type Outstanding = Arc<Mutex<BTreeMap<(String, String, String), Vec<Arc<Mutex<Spend>>>>>>;
 
 /// One question outstanding in [`Outstanding`], for as long as this lives (an answer, an
 /// error, or the asker's future dropped).
 struct Asking {
     outstanding: Outstanding,
     key: (String, String, String),
+    spent: Arc<Mutex<Spend>>,
 }
 
 impl Asking {
-    fn new(outstanding: &Outstanding, key: (String, String, String)) -> Asking {
-        *lock(outstanding).entry(key.clone()).or_insert(0) += 1;
+    fn new(
+        outstanding: &Outstanding,
+        key: (String, String, String),
+        spent: &Arc<Mutex<Spend>>,
+    ) -> Asking {
+        lock(outstanding)
+            .entry(key.clone())
+            .or_default()
+            .push(spent.clone());
         Asking {
             outstanding: outstanding.clone(),
             key,
+            spent: spent.clone(),
         }
     }
 }
@@ -177,9 +190,9 @@ impl Asking {
 impl Drop for Asking {
     fn drop(&mut self) {
         let mut map = lock(&self.outstanding);
-        if let Some(n) = map.get_mut(&self.key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(askers) = map.get_mut(&self.key) {
+            askers.retain(|s| !Arc::ptr_eq(s, &self.spent));
+            if askers.is_empty() {
                 map.remove(&self.key);
             }
         }
@@ -220,10 +233,14 @@ impl RemoteLoop for HostLink {
         from: &str,
         question: &str,
         timeout: Duration,
+        spent: &Arc<Mutex<Spend>>,
     ) -> Result<String, ToolError> {
+        // The head makes this answer's model calls (`RemoteLoops::complete`), and counts
+        // each one's spend into `spent` while this question is outstanding.
         let _asking = Asking::new(
             &self.outstanding,
             (self.name.clone(), from.to_string(), question.to_string()),
+            spent,
         );
         let request = ToHost::Answer {
             loop_name: self.name.clone(),
@@ -297,6 +314,11 @@ struct Entry {
     /// Model calls its host asked of the head in this placement: what its
     /// `iteration_ended` events may say an iteration made at most.
     requests: u32,
+    /// Set when the run asks its host to stop it: the head gives up the loop's iteration
+    /// call in flight then, as a head loop's engine does (an answer's calls go on: its
+    /// asker still waits, as for a head loop stopping). Dropped with the entry (the loop
+    /// placed again), which gives up every call of this placement.
+    stopping: tokio::sync::watch::Sender<bool>,
     /// A run limit its iterations passed: its next model call is refused with it.
     over: Option<String>,
     /// Why its records can no longer be appended: every later batch is refused with it
@@ -453,6 +475,7 @@ impl RemoteLoops {
                     &placed.start.initial_inbox,
                 )))),
                 requests: 0,
+                stopping: tokio::sync::watch::Sender::new(false),
                 over: None,
                 broken: None,
                 done: false,
@@ -524,10 +547,10 @@ impl RemoteLoops {
     /// within [`STOP_NOW_GRACE`] is taken for stopped, so that a host that answers its
     /// heartbeats but not for its loop cannot keep the run from ending.
     pub fn stop(self: &Arc<Self>, name: &str, now: bool) {
-        let Some(host) = lock(&self.loops)
+        let Some((host, attempt)) = lock(&self.loops)
             .get(name)
             .filter(|e| !e.done)
-            .map(|e| e.host.clone())
+            .map(|e| (e.host.clone(), e.attempt))
         else {
             return;
         };
@@ -541,7 +564,14 @@ impl RemoteLoops {
         let me = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
-            let _ = asker.ask::<()>(&host, &request, STOP_TIMEOUT).await;
+            let taken = asker.ask::<()>(&host, &request, STOP_TIMEOUT).await;
+            // Its iteration's model call in flight here is given up once its host took the
+            // stop (a host told before then would take the give-up for a model error).
+            if taken.is_ok()
+                && let Some(entry) = lock(&me.loops).get(&name).filter(|e| e.attempt == attempt)
+            {
+                entry.stopping.send_replace(true);
+            }
             if !now {
                 return;
             }
@@ -961,9 +991,12 @@ impl RemoteLoops {
             Ok(w) => w,
             Err(e) => return failed(format!("the head cannot read this model request: {e}")),
         };
-        if let Some(entry) = lock(&self.loops).get_mut(name) {
+        let Some(mut stopping) = lock(&self.loops).get_mut(name).map(|entry| {
             entry.requests = entry.requests.saturating_add(1);
-        }
+            entry.stopping.subscribe()
+        }) else {
+            return failed(format!("loop {name} is not placed on a host"));
+        };
         if wire.loop_name != name {
             return failed(format!(
                 "a model request of loop {} came as loop {name}'s",
@@ -982,9 +1015,15 @@ impl RemoteLoops {
                 }
                 let key = (name.to_string(), from.to_string(), question.to_string());
                 lock(&self.outstanding)
-                    .contains_key(&key)
-                    .then(|| from.to_string())
+                    .get(&key)
+                    .and_then(|askers| askers.first().cloned())
+                    .map(|spent| (from.to_string(), spent))
             }
+        };
+        // Where the answer's spend is counted for its query's record.
+        let (asked, query_spent) = match asked {
+            Some((from, spent)) => (Some(from), Some(spent)),
+            None => (None, None),
         };
         // Whom an answer's call is charged to, for the transcript (`None`: the loop itself).
         let answering = asked.clone();
@@ -1009,9 +1048,32 @@ impl RemoteLoops {
             Ok(h) => h,
             Err(why) => return CompleteAnswer::OverBudget { reason: why },
         };
-        match self.side.llm.complete(&request).await {
+        // Its retries are recorded, and its streamed output shown, as a head loop's are.
+        let observer =
+            td_engine::CallEvents::new(name, Some(&self.side.events), &*self.side.transcript);
+        let iteration = matches!(request.purpose, Purpose::Iteration);
+        let given_up = async {
+            // Closed: the entry is gone (the loop placed again).
+            let _ = stopping.wait_for(|stop| *stop && iteration).await;
+        };
+        let called = tokio::select! {
+            called = self.side.llm.complete_observed(&request, &observer) => called,
+            () = given_up => {
+                // Not settled: the hold is released, as a head loop's call dropped at its
+                // stop is.
+                return CompleteAnswer::Failed {
+                    kind: td_cluster::protocol::GIVEN_UP_STOPPING.to_string(),
+                    status: None,
+                    message: format!("loop {name} is stopping: its model call was given up"),
+                };
+            }
+        };
+        match called {
             Ok(response) => {
                 let spend = hold.settle(&response.usage);
+                if let Some(query) = &query_spent {
+                    lock(query).add(&spend);
+                }
                 self.spent(name, answering, spend);
                 match RawJson::to(&response) {
                     Ok(response) => CompleteAnswer::Response { response },
@@ -1203,7 +1265,7 @@ impl RemoteLoops {
     /// settled it: an iteration's call (numbered by the iterations and calls the head has
     /// seen of it: its records may come a little behind its calls), or (`charged_to`) an
     /// answer's, charged to the asker, numbered as a local answer's (iteration 0).
-    fn spent(&self, name: &str, charged_to: Option<String>, spend: td_protocol::spend::Spend) {
+    fn spent(&self, name: &str, charged_to: Option<String>, spend: Spend) {
         let (iteration, turn) = {
             let mut loops = lock(&self.loops);
             match (loops.get_mut(name), &charged_to) {
