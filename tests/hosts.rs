@@ -1527,7 +1527,30 @@ d2:
 
 #[test]
 fn the_run_budget_holds_for_a_loop_on_a_host() {
-    let mut net = Net::new("the_run_budget_holds_on_a_host");
+    a_budget_holds_for_a_loop_on_a_host(Budget::Run);
+}
+
+#[test]
+fn the_loops_own_budget_holds_for_it_on_a_host() {
+    a_budget_holds_for_a_loop_on_a_host(Budget::Loop);
+}
+
+/// Whose $0.10 budget a host loop runs under.
+#[derive(Clone, Copy, PartialEq)]
+enum Budget {
+    /// The run's (`budget:`).
+    Run,
+    /// The loop's own (`loops[].budget`).
+    Loop,
+}
+
+/// A loop on a host whose twelve turns do not fit its budget pauses at it, checked on the
+/// head for the host's calls, never past it.
+fn a_budget_holds_for_a_loop_on_a_host(budget: Budget) {
+    let mut net = Net::new(match budget {
+        Budget::Run => "the_run_budget_holds_on_a_host",
+        Budget::Loop => "a_loop_budget_holds_on_a_host",
+    });
     let (head_ip, _, _) = net.host("h1");
     // Each turn costs $0.0101 at the prices below: twelve do not fit in $0.10.
     let mut script = String::from("far:\n  turns:\n");
@@ -1537,16 +1560,20 @@ fn the_run_budget_holds_for_a_loop_on_a_host() {
         ));
     }
     script.push_str("    - calls:\n        - complete_task: {summary: done}\n      usage: {input_tokens: 100, output_tokens: 100}\n");
+    let (own, run_budget) = match budget {
+        Budget::Run => ("", "budget: {usd: 0.1}\n"),
+        Budget::Loop => (", budget: {usd: 0.1}", ""),
+    };
     let run = head_run(
         &script,
-        "  - {name: far, type: mini, task: \"Write the files.\"}\n",
+        &format!("  - {{name: far, type: mini, task: \"Write the files.\"{own}}}\n"),
         "  placement:\n    - {loops: [far], hosts: [h1]}\n",
     );
     let config = std::fs::read_to_string(&run.run.config).unwrap();
     std::fs::write(
         &run.run.config,
         format!(
-            "loop-types:\n  mini: {{extends: ralph, tools: [write_file, complete_task], max-turns: 40}}\nprices:\n  scripted: {{input: 100, output: 1, cache-read: 10, cache-write: 125}}\nbudget: {{usd: 0.1}}\n{config}"
+            "loop-types:\n  mini: {{extends: ralph, tools: [write_file, complete_task], max-turns: 40}}\nprices:\n  scripted: {{input: 100, output: 1, cache-read: 10, cache-write: 125}}\n{run_budget}{config}"
         ),
     )
     .unwrap();
@@ -1574,12 +1601,13 @@ fn the_run_budget_holds_for_a_loop_on_a_host() {
     );
     let s = summary(&run.run.run_dir);
     let far = &s["loops"]["far"];
-    // Paused by the run's budget, checked on the head for the host's calls; never passed.
+    // Paused by the budget, checked on the head for the host's calls; never passed.
     assert_eq!(far["status"], "paused", "{s}");
-    assert!(
-        far["reason"].as_str().unwrap_or("").contains("budget"),
-        "{s}"
-    );
+    let reason = far["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("budget"), "{s}");
+    if budget == Budget::Loop {
+        assert!(reason.contains("loop `far`"), "the loop's own budget: {s}");
+    }
     let spent = far["charged"]["cost_nano_usd"].as_u64().unwrap();
     assert!(spent > 0 && spent <= 100_000_000, "{far}");
     assert_eq!(spent % 10_100_000, 0, "whole turns: {far}");
@@ -4870,5 +4898,99 @@ y:
         !x.contains(r#""entry":"spent""#) && !x.contains("x was not stopped"),
         "x's call was made to its end after x stopped:\n{x}\n{}",
         logs()
+    );
+}
+
+/// A host that asks more than `hosts.max-requests-in-flight` at once has the rest refused at
+/// once, saying why, and asks again once an answer frees its room: it cannot hold any
+/// number of the head's tasks (each request waiting for the head's answer is one).
+#[test]
+fn a_host_asking_too_much_at_once_is_refused_past_its_bound() {
+    use td_cluster::protocol::{CompleteAnswer, FromHost};
+    use td_cluster::wire::AskError;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    const HELD: usize = 4;
+    const ASKED: usize = 10;
+    // Each of e's calls takes 1.5 s on the head: HELD of them are waited on at once.
+    let mut script = String::from("e:\n  turns:\n");
+    for _ in 0..=HELD {
+        script.push_str(
+            "    - delay_ms: 1500\n      calls:\n        - complete_task: {summary: \"e\"}\n",
+        );
+    }
+    let run = FlaggedRun::new(&script, "  - {name: e, type: ralph, task: \"Ask.\"}\n");
+    let root = hosts_on_port(&run, port, "", &["{loops: [e], hosts: [evil]}"]);
+    let config = std::fs::read_to_string(&run.config).unwrap().replace(
+        "hosts:\n",
+        &format!("hosts:\n  max-requests-in-flight: {HELD}\n"),
+    );
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = head_waiting_for(&run, &root, "evil");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (answers, again) = rt.block_on(async {
+        let PlacedHost {
+            link,
+            start: _,
+            rx,
+            running,
+        } = placed_host(port, &root, "evil").await;
+        let call = || FromHost::Complete {
+            loop_name: "e".into(),
+            request: raw(serde_json::json!({
+                "loop_name": "e",
+                "purpose": {"kind": "iteration"},
+                "system": "s",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "go"}]}],
+            })),
+        };
+        let asks: Vec<_> = (0..ASKED)
+            .map(|_| {
+                let link = link.clone();
+                let request = call();
+                tokio::spawn(async move {
+                    link.ask::<CompleteAnswer>(request, Duration::from_secs(30))
+                        .await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for ask in asks {
+            answers.push(ask.await.unwrap());
+        }
+        // The room is free again.
+        let again = link
+            .ask::<CompleteAnswer>(call(), Duration::from_secs(30))
+            .await;
+        end_e_and_serve(&link, "done", rx, running).await;
+        (answers, again)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    let answered = answers
+        .iter()
+        .filter(|a| matches!(a, Ok(CompleteAnswer::Response { .. })))
+        .count();
+    let refused: Vec<&String> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Err(AskError::Refused(why)) => Some(why),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answered, HELD, "{answers:?}");
+    assert_eq!(refused.len(), ASKED - HELD, "{answers:?}");
+    for why in refused {
+        assert!(
+            why.starts_with(&format!("host evil has {HELD} requests"))
+                && why.contains("hosts.max-requests-in-flight")
+                && why.contains("ask again once one is answered"),
+            "{why}"
+        );
+    }
+    assert!(
+        matches!(again, Ok(CompleteAnswer::Response { .. })),
+        "{again:?}"
     );
 }

@@ -38,6 +38,14 @@ pub const DEFAULT_LOST_AFTER_MS: u64 = 10_000;
 /// nothing outside these.
 pub const LOST_AFTER_MS: (u64, u64) = (100, 3_600_000);
 
+/// The default of `max-requests-in-flight`: far above what a host's loops ask at once (a
+/// records batch, a model call or two and a coordination request each, and the answers
+/// they are asked for), far below what would hold the head's memory.
+pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: u32 = 1024;
+
+/// The range `max-requests-in-flight` may take.
+pub const MAX_REQUESTS_IN_FLIGHT: (u32, u32) = (1, 65_536);
+
 /// `hosts:` of taskdaemon.yml.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -58,6 +66,10 @@ pub struct HostsConfig {
     /// connection may take to join.
     #[serde(default = "default_lost_after")]
     pub lost_after_ms: u64,
+    /// The most requests about its loops one host may have waiting for the head's answers
+    /// at once; past it (or past 256 MiB of them) its next is refused at once, saying why.
+    #[serde(default = "default_max_requests_in_flight")]
+    pub max_requests_in_flight: u32,
     /// Which loops may run on which hosts.
     #[serde(default)]
     pub placement: Vec<PlacementRule>,
@@ -69,6 +81,10 @@ fn default_slots() -> u32 {
 
 fn default_lost_after() -> u64 {
     DEFAULT_LOST_AFTER_MS
+}
+
+fn default_max_requests_in_flight() -> u32 {
+    DEFAULT_MAX_REQUESTS_IN_FLIGHT
 }
 
 /// One rule of `placement:`: the loops it names (by name, or by type) run only on `hosts`
@@ -142,6 +158,16 @@ impl HostsConfig {
             problem(
                 "lost-after-ms",
                 format!("{} is not between {min} and {max}", self.lost_after_ms),
+            );
+        }
+        let (min, max) = MAX_REQUESTS_IN_FLIGHT;
+        if !(min..=max).contains(&self.max_requests_in_flight) {
+            problem(
+                "max-requests-in-flight",
+                format!(
+                    "{} is not between {min} and {max}",
+                    self.max_requests_in_flight
+                ),
             );
         }
         let names: BTreeSet<&str> = loops.iter().map(|l| l.name.as_str()).collect();
@@ -233,6 +259,8 @@ impl HostsConfig {
             secret: self.secret(base_dir)?,
             lost_after: Duration::from_millis(self.lost_after_ms),
             default_slots: self.slots,
+            max_requests_in_flight: usize::try_from(self.max_requests_in_flight)
+                .unwrap_or(usize::MAX),
         })
     }
 
@@ -292,13 +320,18 @@ mod tests {
         assert_eq!(h.listen, "0.0.0.0:7070".parse().unwrap());
         assert_eq!(h.slots, super::DEFAULT_SLOTS);
         assert_eq!(h.lost_after_ms, super::DEFAULT_LOST_AFTER_MS);
+        assert_eq!(
+            h.max_requests_in_flight,
+            super::DEFAULT_MAX_REQUESTS_IN_FLIGHT
+        );
         let c = parse(
-            "hosts:\n  listen: '[::1]:7070'\n  secret-env: TD_SECRET\n  slots: 8\n  lost-after-ms: 2000\n  placement:\n    - {loops: [api], hosts: [b1]}\n    - {types: [ralph], hosts: [b1, head]}\n",
+            "hosts:\n  listen: '[::1]:7070'\n  secret-env: TD_SECRET\n  slots: 8\n  lost-after-ms: 2000\n  max-requests-in-flight: 16\n  placement:\n    - {loops: [api], hosts: [b1]}\n    - {types: [ralph], hosts: [b1, head]}\n",
         )
         .unwrap();
         let h = c.hosts.unwrap();
         assert_eq!(h.slots, 8);
         assert_eq!(h.lost_after_ms, 2000);
+        assert_eq!(h.max_requests_in_flight, 16);
         assert_eq!(
             h.placement_lines(),
             vec!["loops api on b1", "types ralph on b1, head"]
@@ -342,6 +375,18 @@ mod tests {
             err.contains("hosts.lost-after-ms: 50 is not between 100"),
             "{err}"
         );
+        for bad in ["0", "65537"] {
+            let err = parse(&format!(
+                "hosts:\n  listen: 0.0.0.0:7070\n  secret-env: S\n  max-requests-in-flight: {bad}\n"
+            ))
+            .unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "hosts.max-requests-in-flight: {bad} is not between 1 and 65536"
+                )),
+                "{err}"
+            );
+        }
         let err = parse("hosts:\n  listen: 0.0.0.0:7070\n  secret-env: S\n  lost-after: 5\n")
             .unwrap_err();
         assert!(err.contains("did you mean `lost-after-ms`"), "{err}");

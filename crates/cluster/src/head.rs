@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -77,11 +78,12 @@ pub const MAX_SLOTS: u32 = 4096;
 pub const MAX_WAITING: usize = 64;
 
 /// How long a session that closed before joining waits for the reason its actor stopped
-/// with (which comes on another path) before it is reported without one. 300 ms was passed
-/// once on 2 cores busy with the whole test suite, and a wrong secret was then reported as
-/// "its connection closed before it joined" (`tests/join.rs`); the wait only delays the
-/// report of a refused connection.
-const SETTLE: Duration = Duration::from_secs(1);
+/// with (which comes on another path) before it is reported without one. 300 ms, then 1 s,
+/// were each passed once on 2 cores busy with the whole test suite, and a wrong secret was
+/// then reported as "its connection closed before it joined" (`tests/join.rs`). The reason
+/// reports the refusal as soon as it comes, so the wait only delays the report of a
+/// connection whose reason never comes.
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// How to start the head's side.
 #[derive(Debug, Clone)]
@@ -94,6 +96,55 @@ pub struct HeadOptions {
     pub lost_after: Duration,
     /// The slots of a host that offers none, and the most a host may offer.
     pub default_slots: u32,
+    /// The most requests about its loops one host may have waiting for the head's answers
+    /// at once (`hosts.max-requests-in-flight`); see [`MAX_BYTES_IN_FLIGHT`].
+    pub max_requests_in_flight: usize,
+}
+
+/// The most bytes of requests about its loops one host may have waiting for the head's
+/// answers at once (64 of the largest frames a node reads). Past it, or past
+/// [`HeadOptions::max_requests_in_flight`] requests, the next is refused at once, saying
+/// why: a host that proved the secret could otherwise hold any number of the head's tasks,
+/// and of its memory.
+pub const MAX_BYTES_IN_FLIGHT: usize = 256 * 1024 * 1024;
+
+/// What one joined host's requests hold of the head, until they are answered.
+#[derive(Debug, Default)]
+struct InFlight {
+    requests: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl InFlight {
+    /// Counts a request of `bytes` in, or says why it is refused. Only the registry's actor
+    /// takes (one at a time); answers only give back, so a check passed stays true.
+    fn take(&self, host: &str, bytes: usize, most: usize) -> Result<(), String> {
+        let (requests, held) = (
+            self.requests.load(Ordering::SeqCst),
+            self.bytes.load(Ordering::SeqCst),
+        );
+        if requests >= most || held.saturating_add(bytes) > MAX_BYTES_IN_FLIGHT {
+            return Err(format!(
+                "host {host} has {requests} requests ({} KiB) waiting for the head's answers, the most one host may have ({most} requests, hosts.max-requests-in-flight; {} MiB): ask again once one is answered",
+                held / 1024,
+                MAX_BYTES_IN_FLIGHT / (1024 * 1024)
+            ));
+        }
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Gives back what a request of `bytes` held (once it is answered).
+    fn give_back(&self, bytes: usize) {
+        let less = |by: usize| move |n: usize| Some(n.saturating_sub(by));
+        let _ = self
+            .requests
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, less(1));
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, less(bytes));
+    }
 }
 
 /// A change of the registry, for the run's record.
@@ -264,6 +315,7 @@ impl Head {
                 agents: agents.clone(),
                 lost_after: options.lost_after,
                 default_slots: options.default_slots,
+                max_requests_in_flight: options.max_requests_in_flight.max(1),
                 sink: Arc::new(on_event),
                 requests: on_request,
                 busy,
@@ -405,6 +457,7 @@ struct Registry {
     agents: Agents,
     lost_after: Duration,
     default_slots: u32,
+    max_requests_in_flight: usize,
     sink: Arc<dyn Fn(HostEvent) + Send + Sync>,
     requests: RequestSink,
     busy: BusyCheck,
@@ -430,6 +483,8 @@ struct HostEntry {
     agent: ActorRef<AgentMsg>,
     /// What its loop requests must carry.
     token: String,
+    /// What its requests about its loops hold of the head until they are answered.
+    in_flight: Arc<InFlight>,
     last_answer: Instant,
     pinging: bool,
 }
@@ -614,20 +669,32 @@ impl Registry {
                 attempt,
                 request,
             } => {
-                let known = state.hosts.get(&host).is_some_and(|h| {
-                    h.info.state == HostState::Joined && constant_time_eq(&h.token, &token)
-                });
-                if !known {
+                let known = state
+                    .hosts
+                    .get(&host)
+                    .filter(|h| {
+                        h.info.state == HostState::Joined && constant_time_eq(&h.token, &token)
+                    })
+                    .map(|h| h.in_flight.clone());
+                let Some(in_flight) = known else {
                     msg.answer(Err::<(), _>(format!(
                         "host {host} is not joined with this token; it must join again"
                     )));
                     return;
+                };
+                let bytes = msg.body.len();
+                if let Err(why) = in_flight.take(&host, bytes, self.max_requests_in_flight) {
+                    msg.answer(Err::<(), _>(why));
+                    return;
                 }
+                // Read: only its answer port is kept while it is answered.
+                let mut msg = msg;
+                msg.body = Vec::new();
                 (self.requests)(HostRequest {
                     host,
                     attempt,
                     request,
-                    reply: Reply::new(msg),
+                    reply: Reply::releasing(msg, move || in_flight.give_back(bytes)),
                 });
             }
         }
@@ -757,6 +824,7 @@ impl Registry {
                 session_ref: session.info.session.clone(),
                 agent,
                 token: token.clone(),
+                in_flight: Arc::default(),
                 last_answer: Instant::now(),
                 pinging: false,
             },
@@ -975,6 +1043,36 @@ impl Actor for Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hosts_requests_in_flight_are_bounded_by_count_and_bytes_and_given_back() {
+        let held = InFlight::default();
+        held.take("h", MAX_BYTES_IN_FLIGHT - 10, 3).unwrap();
+        // Past the bytes, though under the count.
+        let why = held.take("h", 11, 3).unwrap_err();
+        assert!(
+            why.starts_with("host h has 1 requests (262143 KiB) waiting for the head's answers"),
+            "{why}"
+        );
+        held.take("h", 10, 3).unwrap();
+        held.take("h", 0, 3).unwrap();
+        // Past the count.
+        let why = held.take("h", 0, 3).unwrap_err();
+        assert!(
+            why.contains("(3 requests, hosts.max-requests-in-flight; 256 MiB)"),
+            "{why}"
+        );
+        held.give_back(0);
+        held.take("h", 0, 3).unwrap();
+        for bytes in [0, 10, MAX_BYTES_IN_FLIGHT - 10] {
+            held.give_back(bytes);
+        }
+        assert_eq!(held.requests.load(Ordering::SeqCst), 0);
+        assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
+        // Never below nothing, whatever is given back.
+        held.give_back(5);
+        assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn a_join_of_an_earlier_protocol_is_told_the_protocols() {

@@ -96,13 +96,24 @@ impl WireMsg {
 /// The answer port of a request handed on to whoever answers it (`head::HostRequest`,
 /// `host::HeadRequest`): answered once (dropping it unanswered answers
 /// the host "no answer", so that it never waits out its timeout for nothing).
-#[derive(Debug)]
-pub struct Reply(Option<WireMsg>);
+pub struct Reply(Option<WireMsg>, Option<Box<dyn FnOnce() + Send>>);
+
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Reply").field(&self.0).finish()
+    }
+}
 
 impl Reply {
     /// The port of `msg` (which may be a tell: then answers go nowhere).
     pub fn new(msg: WireMsg) -> Reply {
-        Reply(Some(msg))
+        Reply(Some(msg), None)
+    }
+
+    /// The port of `msg`, calling `release` once it is answered (or dropped unanswered):
+    /// what the request held is held until then.
+    pub fn releasing(msg: WireMsg, release: impl FnOnce() + Send + 'static) -> Reply {
+        Reply(Some(msg), Some(Box::new(release)))
     }
 
     /// Answers `Ok` with a value, or `Err` with a reason the host shows.
@@ -119,6 +130,9 @@ impl Drop for Reply {
             msg.answer(Err::<(), _>(
                 "the request was dropped unanswered (its receiver is ending)".to_string(),
             ));
+        }
+        if let Some(release) = self.1.take() {
+            release();
         }
     }
 }

@@ -34,6 +34,7 @@ async fn head(lost_after: Duration) -> (Head, Arc<Mutex<Vec<HostEvent>>>) {
             secret: secret("the-head-secret-0123456789"),
             lost_after,
             default_slots: 3,
+            max_requests_in_flight: 1024,
         },
         move |e| sink.lock().unwrap().push(e),
     )
@@ -55,7 +56,8 @@ fn host(head: &Head, name: &str, secret_text: &str) -> HostOptions {
 }
 
 async fn wait_for(events: &Arc<Mutex<Vec<HostEvent>>>, what: impl Fn(&HostEvent) -> bool) {
-    for _ in 0..500 {
+    // Past the head's 5 s wait for a closed session's reason (a loaded machine's spell).
+    for _ in 0..1000 {
         if events.lock().unwrap().iter().any(&what) {
             return;
         }
@@ -174,6 +176,7 @@ async fn a_join_under_the_name_of_a_host_whose_loops_run_is_refused() {
             secret: secret("the-head-secret-0123456789"),
             lost_after: Duration::from_secs(5),
             default_slots: 3,
+            max_requests_in_flight: 1024,
         },
         move |e| sink.lock().unwrap().push(e),
         Arc::new(|r: td_cluster::HostRequest| r.reply.send(Err::<(), _>("no".to_string()))),
@@ -297,6 +300,7 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
             secret: secret("the-head-secret-0123456789"),
             lost_after: Duration::from_secs(5),
             default_slots: 3,
+            max_requests_in_flight: 1024,
         },
         move |e| sink.lock().unwrap().push(e),
         Arc::new(move |r: td_cluster::HostRequest| {

@@ -227,6 +227,7 @@ mod tests {
             secret: td_cluster::ClusterSecret::checked("0123456789abcdef", "test".into()).unwrap(),
             lost_after: Duration::from_secs(5),
             default_slots: 2,
+            max_requests_in_flight: 1024,
         };
         let mut earlier = HostsSummary::default();
         for (name, status) in [("b1", HostStatus::Joined), ("b2", HostStatus::Left)] {
