@@ -1246,7 +1246,7 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
     use std::io::Read;
     let _ = head.stderr.take().unwrap().read_to_string(&mut err);
     assert!(
-        err.contains("`loop_blocked` event, which only the head records"),
+        err.contains("its host sent `loop_blocked` event(s) which only the head records; left out"),
         "{err}"
     );
     assert!(!run.events().iter().any(|e| e["reason"] == "FORGED"));

@@ -314,6 +314,8 @@ struct Entry {
     /// Model calls its host asked of the head in this placement: what its
     /// `iteration_ended` events may say an iteration made at most.
     requests: u32,
+    /// Lines written on stderr for events its host may not send ([`left_out_line`]).
+    left_out_lines: u32,
     /// Set when the run asks its host to stop it: the head gives up the loop's iteration
     /// call in flight then, as a head loop's engine does (an answer's calls go on: its
     /// asker still waits, as for a head loop stopping). Dropped with the entry (the loop
@@ -379,6 +381,45 @@ pub struct Placed {
     /// host accepts it; a host that refuses it (or does not answer) is then taken as a loss
     /// of it, and the run moves it again (within `moves::MAX_MOVES`) instead of failing it.
     pub moved: Option<EventKind>,
+}
+
+/// Whose an event of a host's records is, and its kind: read before the rest of it.
+#[derive(serde::Deserialize)]
+struct EventAbout<'a> {
+    #[serde(borrow)]
+    event: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    loop_name: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// How many lines a loop's host may cause on the head's stderr with events it may not send
+/// (one a batch); past it they are left out without one (a host must not fill the
+/// terminal of the head's user).
+const LEFT_OUT_LINES: u32 = 10;
+
+/// The stderr line saying which events of loop `name` its host sent that only the head
+/// records (each kind, and how many) were left out of a batch; `None` once `said` lines
+/// were written for the loop.
+fn left_out_line(name: &str, left_out: &BTreeMap<String, usize>, said: u32) -> Option<String> {
+    if said >= LEFT_OUT_LINES {
+        return None;
+    }
+    let kinds: Vec<String> = left_out
+        .iter()
+        .map(|(kind, n)| match n {
+            1 => format!("`{kind}`"),
+            n => format!("`{kind}` ×{n}"),
+        })
+        .collect();
+    let last = if said + 1 == LEFT_OUT_LINES {
+        "; further such events of this loop are left out without a line"
+    } else {
+        ""
+    };
+    Some(format!(
+        "taskdaemon: loop {name}: its host sent {} event(s) which only the head records; left out{last}",
+        kinds.join(", ")
+    ))
 }
 
 /// The events a loop's engine and runtime record on a host, the only ones the head takes
@@ -476,6 +517,7 @@ impl RemoteLoops {
                 )))),
                 requests: 0,
                 stopping: tokio::sync::watch::Sender::new(false),
+                left_out_lines: 0,
                 over: None,
                 broken: None,
                 done: false,
@@ -1168,30 +1210,37 @@ impl RemoteLoops {
         });
         let known = known.ok_or_else(|| format!("no loop {name}"))?;
         let mut kinds = Vec::with_capacity(events.len());
+        let mut left_out: BTreeMap<String, usize> = BTreeMap::new();
         for event in events {
-            // Read as a value first: whose it is and its kind are checked before the rest.
-            let event: Value = event
-                .parse()
-                .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?;
-            if event.get("loop_name").and_then(Value::as_str) != Some(name) {
+            // Whose it is and its kind are read and checked before the rest (from the text:
+            // no tree of it is built).
+            let cannot =
+                |e: serde_json::Error| format!("an event of loop {name} cannot be read: {e}");
+            let about: EventAbout = serde_json::from_str(event.get()).map_err(cannot)?;
+            if about.loop_name.as_deref() != Some(name) {
                 return Err(format!(
                     "an event in loop {name}'s records is not its own: {}",
-                    td_base::text::head_tail(&event.to_string(), 200)
+                    td_base::text::head_tail(event.get(), 200)
                 ));
             }
-            let kind = event.get("event").and_then(Value::as_str).unwrap_or("");
-            if !HOST_EVENTS.contains(&kind) {
+            if !HOST_EVENTS.contains(&&*about.event) {
                 // Not the host's to say; left out, and said (not silently).
-                eprintln!(
-                    "taskdaemon: loop {name}: its host sent a `{}` event, which only the head records; left out",
-                    td_base::text::head_tail(kind, 60)
-                );
+                *left_out
+                    .entry(td_base::text::head_tail(&about.event, 60))
+                    .or_default() += 1;
                 continue;
             }
-            kinds.push(
-                serde_json::from_value::<EventKind>(event)
-                    .map_err(|e| format!("an event of loop {name} cannot be read: {e}"))?,
-            );
+            kinds.push(event.parse::<EventKind>().map_err(cannot)?);
+        }
+        if !left_out.is_empty() {
+            let said = lock(&self.loops).get_mut(name).map_or(0, |e| {
+                let said = e.left_out_lines;
+                e.left_out_lines = said.saturating_add(1);
+                said
+            });
+            if let Some(line) = left_out_line(name, &left_out, said) {
+                eprintln!("{line}");
+            }
         }
         let live_inbox = known.live_inbox.clone();
         let shown = known.check(name, &kinds)?;
@@ -1779,6 +1828,36 @@ mod tests {
             took >= Duration::from_millis(300) && took < Duration::from_secs(5),
             "{took:?}"
         );
+    }
+
+    #[test]
+    fn events_a_host_may_not_send_are_said_once_a_batch_and_only_so_often() {
+        let left_out: BTreeMap<String, usize> = [
+            ("loop_blocked".to_string(), 3),
+            ("loop_merged".to_string(), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            left_out_line("a", &left_out, 0).unwrap(),
+            "taskdaemon: loop a: its host sent `loop_blocked` ×3, `loop_merged` event(s) which only the head records; left out"
+        );
+        let last = left_out_line("a", &left_out, LEFT_OUT_LINES - 1).unwrap();
+        assert!(
+            last.ends_with("; further such events of this loop are left out without a line"),
+            "{last}"
+        );
+        assert_eq!(left_out_line("a", &left_out, LEFT_OUT_LINES), None);
+        // Whose an event is and its kind are read from the text, escapes and all.
+        let about: EventAbout =
+            serde_json::from_str(r#"{"event":"loop_blocked","x":[1],"loop_name":"a"}"#).unwrap();
+        assert_eq!(
+            (&*about.event, about.loop_name.as_deref()),
+            ("loop_blocked", Some("a"))
+        );
+        let about: EventAbout = serde_json::from_str(r#"{"event":"progress_noted"}"#).unwrap();
+        assert_eq!(about.loop_name, None);
+        assert!(serde_json::from_str::<EventAbout>(r#"{"event":5}"#).is_err());
     }
 
     #[test]
