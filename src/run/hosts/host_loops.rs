@@ -39,7 +39,7 @@ use checkpoint::{Checkpoints, send_bundle};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -125,10 +125,21 @@ struct Running {
     link: HeadLink,
     /// Its work as the head holds it.
     checkpoints: Arc<Checkpoints>,
-    /// Set when the head asked this host to stop it (before its runtime is told): a model
-    /// call the head then gives up waits for the loop's stop instead of failing the loop.
-    stop_asked: Arc<AtomicBool>,
+    /// The stop the head asked of it ([`STOP_ASKED`], [`STOP_NOW_ASKED`]; 0: none), set
+    /// before its runtime is told: a loop still being set up then is stopped as it starts,
+    /// and a model call the head gives up waits for the loop's stop instead of failing it.
+    stop_asked: Arc<AtomicU8>,
 }
+
+/// [`Running::stop_asked`]: a stop after the tool call in flight.
+const STOP_ASKED: u8 = 1;
+/// [`Running::stop_asked`]: a stop now.
+const STOP_NOW_ASKED: u8 = 2;
+
+/// How long a model call the head gave up (the loop is stopping) waits for the loop's stop
+/// to end it, before it fails as a model error (a stop that never reaches the loop must
+/// not hold it forever).
+const STOPPING_GRACE: Duration = Duration::from_secs(30);
 
 /// The attempt id of each loop placed here (the last placement of each name), for the
 /// requests this host's runtime makes about its loops ([`HeadUpstream`]).
@@ -221,6 +232,17 @@ impl HostLoops {
                                     iterations: 0,
                                     reason: format!("it did not start on its host: {e}"),
                                 });
+                            } else {
+                                // A stop asked while it was set up found no loop to stop
+                                // then: it is stopped now.
+                                let asked = lock(&me.loops)
+                                    .get(&name)
+                                    .map_or(0, |r| r.stop_asked.load(Ordering::SeqCst));
+                                let _ = match asked {
+                                    STOP_NOW_ASKED => rt.stop_loop_now(&name),
+                                    STOP_ASKED => rt.stop_loop(&name),
+                                    _ => Ok(()),
+                                };
                             }
                         }
                         Some(Command::Stop { name, now }) => {
@@ -255,8 +277,9 @@ impl HostLoops {
                 tokio::spawn(async move { reply.send(me.accept(*start).await) });
             }
             ToHost::StopLoop { loop_name, now } => {
+                let asked = if now { STOP_NOW_ASKED } else { STOP_ASKED };
                 let known = lock(&self.loops).get(&loop_name).map(|running| {
-                    running.stop_asked.store(true, Ordering::SeqCst);
+                    running.stop_asked.fetch_max(asked, Ordering::SeqCst);
                 });
                 if known.is_some() {
                     let _ = self.commands.send(Command::Stop {
@@ -345,7 +368,7 @@ impl HostLoops {
                     streamer,
                     link,
                     checkpoints,
-                    stop_asked: Arc::new(AtomicBool::new(false)),
+                    stop_asked: Arc::new(AtomicU8::new(0)),
                 },
             );
         }
@@ -770,8 +793,8 @@ struct RemoteLlm {
     link: HeadLink,
     /// An iteration's call waits for the checkpoints asked before it.
     checkpoints: Arc<Checkpoints>,
-    /// The head asked this host to stop the loop.
-    stop_asked: Arc<AtomicBool>,
+    /// The stop the head asked of the loop ([`Running::stop_asked`]).
+    stop_asked: Arc<AtomicU8>,
 }
 
 #[async_trait]
@@ -804,11 +827,12 @@ impl LlmClient for RemoteLlm {
             // The head gave the call up because the loop is stopping (it says so only once
             // this host took the stop): the loop's stop ends the call here, as a head loop's
             // ends its call, not a model error (which would fail the loop instead).
-            CompleteAnswer::Failed { kind, .. }
+            CompleteAnswer::Failed { kind, message, .. }
                 if kind == td_cluster::protocol::GIVEN_UP_STOPPING
-                    && self.stop_asked.load(Ordering::SeqCst) =>
+                    && self.stop_asked.load(Ordering::SeqCst) != 0 =>
             {
-                std::future::pending().await
+                tokio::time::sleep(STOPPING_GRACE).await;
+                Err(LlmError::Transport(message))
             }
             CompleteAnswer::Failed {
                 kind,
