@@ -4901,9 +4901,11 @@ y:
     );
 }
 
-/// A host that asks more than `hosts.max-requests-in-flight` at once has the rest refused at
-/// once, saying why, and asks again once an answer frees its room: it cannot hold any
-/// number of the head's tasks (each request waiting for the head's answer is one).
+/// A host that asks more model calls than `hosts.max-requests-in-flight` at once has the
+/// rest refused at once, saying why, and asks again once an answer frees its room: it
+/// cannot hold any number of the head's tasks (each request waiting for the head's answer
+/// is one). Its records still go through meanwhile (a loop's end or records are never
+/// turned away for its own calls in flight).
 #[test]
 fn a_host_asking_too_much_at_once_is_refused_past_its_bound() {
     use td_cluster::protocol::{CompleteAnswer, FromHost};
@@ -4954,6 +4956,21 @@ fn a_host_asking_too_much_at_once_is_refused_past_its_bound() {
                 })
             })
             .collect();
+        // While the bound is full, records (no model call, no query) are taken.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let records = link
+            .ask::<()>(
+                FromHost::Records {
+                    loop_name: "e".into(),
+                    batch: 1,
+                    events: Vec::new(),
+                    transcript: Vec::new(),
+                    receipts: Vec::new(),
+                },
+                Duration::from_secs(10),
+            )
+            .await;
+        assert!(records.is_ok(), "{records:?}");
         let mut answers = Vec::new();
         for ask in asks {
             answers.push(ask.await.unwrap());
@@ -4983,7 +5000,7 @@ fn a_host_asking_too_much_at_once_is_refused_past_its_bound() {
     assert_eq!(refused.len(), ASKED - HELD, "{answers:?}");
     for why in refused {
         assert!(
-            why.starts_with(&format!("host evil has {HELD} requests"))
+            why.starts_with(&format!("host evil has {HELD} model calls and queries"))
                 && why.contains("hosts.max-requests-in-flight")
                 && why.contains("ask again once one is answered"),
             "{why}"

@@ -66,8 +66,9 @@ pub struct HostsConfig {
     /// connection may take to join.
     #[serde(default = "default_lost_after")]
     pub lost_after_ms: u64,
-    /// The most requests about its loops one host may have waiting for the head's answers
-    /// at once; past it (or past 256 MiB of them) its next is refused at once, saying why.
+    /// The most model calls and queries one host may have waiting for the head's answers at
+    /// once (at least 4 a slot of the host); past it (or past 256 MiB of requests) its next
+    /// is refused at once, saying why.
     #[serde(default = "default_max_requests_in_flight")]
     pub max_requests_in_flight: u32,
     /// Which loops may run on which hosts.

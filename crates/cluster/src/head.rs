@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 use crate::host::AgentMsg;
 use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
 use crate::protocol::{
-    FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL, SCOPE, ToHead,
-    ToHost, valid_host_name,
+    CoordRequest, FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL,
+    SCOPE, ToHead, ToHost, valid_host_name,
 };
 use crate::secret::ClusterSecret;
 use crate::wire::{self, AskError, Reply, WireMsg};
@@ -96,51 +96,69 @@ pub struct HeadOptions {
     pub lost_after: Duration,
     /// The slots of a host that offers none, and the most a host may offer.
     pub default_slots: u32,
-    /// The most requests about its loops one host may have waiting for the head's answers
-    /// at once (`hosts.max-requests-in-flight`); see [`MAX_BYTES_IN_FLIGHT`].
+    /// The most model calls and queries one host may have waiting for the head's answers at
+    /// once (`hosts.max-requests-in-flight`; at least [`IN_FLIGHT_PER_SLOT`] a slot of the
+    /// host); see [`MAX_BYTES_IN_FLIGHT`].
     pub max_requests_in_flight: usize,
 }
 
 /// The most bytes of requests about its loops one host may have waiting for the head's
 /// answers at once (64 of the largest frames a node reads). Past it, or past
-/// [`HeadOptions::max_requests_in_flight`] requests, the next is refused at once, saying
-/// why: a host that proved the secret could otherwise hold any number of the head's tasks,
-/// and of its memory.
+/// [`HeadOptions::max_requests_in_flight`] model calls and queries, the next request is
+/// refused at once, saying why: a host that proved the secret could otherwise hold any
+/// number of the head's tasks, and of its memory.
 pub const MAX_BYTES_IN_FLIGHT: usize = 256 * 1024 * 1024;
 
-/// What one joined host's requests hold of the head, until they are answered.
+/// The least bound on a host's model calls and queries in flight, per slot it offers: a
+/// loop waits on one model call and one query at a time, and answers others' questions
+/// with a model call each.
+pub const IN_FLIGHT_PER_SLOT: usize = 4;
+
+/// What one host's requests hold of the head until they are answered: kept by the host's
+/// name, so that a host joining again does not start from nothing while its earlier
+/// session's requests are still being answered.
 #[derive(Debug, Default)]
 struct InFlight {
-    requests: AtomicUsize,
+    /// Requests that wait on a model or on another loop (model calls, queries): the ones
+    /// that can hold the head for minutes. The others (records, checkpoints, chunks, an
+    /// end, registration...) are answered as fast as the head works, and are refused
+    /// only by bytes: a loop's end or records are never turned away for its own model
+    /// calls in flight.
+    waiting: AtomicUsize,
     bytes: AtomicUsize,
 }
 
 impl InFlight {
-    /// Counts a request of `bytes` in, or says why it is refused. Only the registry's actor
-    /// takes (one at a time); answers only give back, so a check passed stays true.
-    fn take(&self, host: &str, bytes: usize, most: usize) -> Result<(), String> {
-        let (requests, held) = (
-            self.requests.load(Ordering::SeqCst),
+    /// Counts a request of `bytes` in (`waits`: a model call or a query), or says why it is
+    /// refused. Only the registry's actor takes (one at a time); answers only give back, so
+    /// a check passed stays true.
+    fn take(&self, host: &str, bytes: usize, waits: bool, most: usize) -> Result<(), String> {
+        let (waiting, held) = (
+            self.waiting.load(Ordering::SeqCst),
             self.bytes.load(Ordering::SeqCst),
         );
-        if requests >= most || held.saturating_add(bytes) > MAX_BYTES_IN_FLIGHT {
+        if (waits && waiting >= most) || held.saturating_add(bytes) > MAX_BYTES_IN_FLIGHT {
             return Err(format!(
-                "host {host} has {requests} requests ({} KiB) waiting for the head's answers, the most one host may have ({most} requests, hosts.max-requests-in-flight; {} MiB): ask again once one is answered",
+                "host {host} has {waiting} model calls and queries ({} KiB of requests) waiting for the head's answers, the most one host may have ({most}, hosts.max-requests-in-flight; {} MiB): ask again once one is answered",
                 held / 1024,
                 MAX_BYTES_IN_FLIGHT / (1024 * 1024)
             ));
         }
-        self.requests.fetch_add(1, Ordering::SeqCst);
+        if waits {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+        }
         self.bytes.fetch_add(bytes, Ordering::SeqCst);
         Ok(())
     }
 
     /// Gives back what a request of `bytes` held (once it is answered).
-    fn give_back(&self, bytes: usize) {
+    fn give_back(&self, bytes: usize, waits: bool) {
         let less = |by: usize| move |n: usize| Some(n.saturating_sub(by));
-        let _ = self
-            .requests
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, less(1));
+        if waits {
+            let _ = self
+                .waiting
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, less(1));
+        }
         let _ = self
             .bytes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, less(bytes));
@@ -493,6 +511,8 @@ struct HostEntry {
 pub struct RegistryState {
     sessions: HashMap<ActorId, Session>,
     hosts: BTreeMap<String, HostEntry>,
+    /// What each host's requests hold of the head, by its name (across its sessions).
+    in_flight: HashMap<String, Arc<InFlight>>,
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -675,15 +695,29 @@ impl Registry {
                     .filter(|h| {
                         h.info.state == HostState::Joined && constant_time_eq(&h.token, &token)
                     })
-                    .map(|h| h.in_flight.clone());
-                let Some(in_flight) = known else {
+                    .map(|h| {
+                        let slots = usize::try_from(h.info.slots).unwrap_or(usize::MAX);
+                        let most = self
+                            .max_requests_in_flight
+                            .max(slots.saturating_mul(IN_FLIGHT_PER_SLOT));
+                        (h.in_flight.clone(), most)
+                    });
+                let Some((in_flight, most)) = known else {
                     msg.answer(Err::<(), _>(format!(
                         "host {host} is not joined with this token; it must join again"
                     )));
                     return;
                 };
                 let bytes = msg.body.len();
-                if let Err(why) = in_flight.take(&host, bytes, self.max_requests_in_flight) {
+                let waits = matches!(
+                    request,
+                    FromHost::Complete { .. }
+                        | FromHost::Coord {
+                            request: CoordRequest::Query { .. },
+                            ..
+                        }
+                );
+                if let Err(why) = in_flight.take(&host, bytes, waits, most) {
                     msg.answer(Err::<(), _>(why));
                     return;
                 }
@@ -694,7 +728,7 @@ impl Registry {
                     host,
                     attempt,
                     request,
-                    reply: Reply::releasing(msg, move || in_flight.give_back(bytes)),
+                    reply: Reply::releasing(msg, move || in_flight.give_back(bytes, waits)),
                 });
             }
         }
@@ -824,7 +858,7 @@ impl Registry {
                 session_ref: session.info.session.clone(),
                 agent,
                 token: token.clone(),
-                in_flight: Arc::default(),
+                in_flight: state.in_flight.entry(name.to_string()).or_default().clone(),
                 last_answer: Instant::now(),
                 pinging: false,
             },
@@ -936,6 +970,7 @@ impl Actor for Registry {
         Ok(RegistryState {
             sessions: HashMap::new(),
             hosts: BTreeMap::new(),
+            in_flight: HashMap::new(),
             ticker: Some(ticker),
         })
     }
@@ -1047,31 +1082,36 @@ mod tests {
     #[test]
     fn a_hosts_requests_in_flight_are_bounded_by_count_and_bytes_and_given_back() {
         let held = InFlight::default();
-        held.take("h", MAX_BYTES_IN_FLIGHT - 10, 3).unwrap();
-        // Past the bytes, though under the count.
-        let why = held.take("h", 11, 3).unwrap_err();
-        assert!(
-            why.starts_with("host h has 1 requests (262143 KiB) waiting for the head's answers"),
-            "{why}"
-        );
-        held.take("h", 10, 3).unwrap();
-        held.take("h", 0, 3).unwrap();
-        // Past the count.
-        let why = held.take("h", 0, 3).unwrap_err();
-        assert!(
-            why.contains("(3 requests, hosts.max-requests-in-flight; 256 MiB)"),
-            "{why}"
-        );
-        held.give_back(0);
-        held.take("h", 0, 3).unwrap();
-        for bytes in [0, 10, MAX_BYTES_IN_FLIGHT - 10] {
-            held.give_back(bytes);
+        held.take("h", MAX_BYTES_IN_FLIGHT - 10, true, 3).unwrap();
+        // Past the bytes, though under the count: any request.
+        for waits in [true, false] {
+            let why = held.take("h", 11, waits, 3).unwrap_err();
+            assert!(
+                why.starts_with("host h has 1 model calls and queries (262143 KiB of requests) waiting for the head's answers"),
+                "{why}"
+            );
         }
-        assert_eq!(held.requests.load(Ordering::SeqCst), 0);
+        held.take("h", 10, true, 3).unwrap();
+        held.take("h", 0, true, 3).unwrap();
+        // Past the count: a model call or a query is refused, anything else goes on.
+        let why = held.take("h", 0, true, 3).unwrap_err();
+        assert!(
+            why.contains("(3, hosts.max-requests-in-flight; 256 MiB)"),
+            "{why}"
+        );
+        held.take("h", 0, false, 3).unwrap();
+        held.give_back(0, false);
+        held.give_back(0, true);
+        held.take("h", 0, true, 3).unwrap();
+        for bytes in [0, 10, MAX_BYTES_IN_FLIGHT - 10] {
+            held.give_back(bytes, true);
+        }
+        assert_eq!(held.waiting.load(Ordering::SeqCst), 0);
         assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
         // Never below nothing, whatever is given back.
-        held.give_back(5);
+        held.give_back(5, true);
         assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
+        assert_eq!(held.waiting.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -397,6 +397,16 @@ struct EventAbout<'a> {
 /// terminal of the head's user).
 const LEFT_OUT_LINES: u32 = 10;
 
+/// An event kind a host sent, as the head's stderr shows it: its first 60 characters,
+/// escaped (no control character or escape sequence of a host reaches the terminal).
+fn shown_kind(kind: &str) -> String {
+    let head: String = kind.chars().take(60).collect();
+    head.escape_debug().to_string()
+}
+
+/// How many kinds of such events one line names (the rest are counted).
+const LEFT_OUT_KINDS: usize = 8;
+
 /// The stderr line saying which events of loop `name` its host sent that only the head
 /// records (each kind, and how many) were left out of a batch; `None` once `said` lines
 /// were written for the loop.
@@ -404,13 +414,20 @@ fn left_out_line(name: &str, left_out: &BTreeMap<String, usize>, said: u32) -> O
     if said >= LEFT_OUT_LINES {
         return None;
     }
-    let kinds: Vec<String> = left_out
+    let mut kinds: Vec<String> = left_out
         .iter()
+        .take(LEFT_OUT_KINDS)
         .map(|(kind, n)| match n {
             1 => format!("`{kind}`"),
             n => format!("`{kind}` ×{n}"),
         })
         .collect();
+    if left_out.len() > LEFT_OUT_KINDS {
+        kinds.push(format!(
+            "and {} other kinds",
+            left_out.len() - LEFT_OUT_KINDS
+        ));
+    }
     let last = if said + 1 == LEFT_OUT_LINES {
         "; further such events of this loop are left out without a line"
     } else {
@@ -842,7 +859,9 @@ impl RemoteLoops {
                 reply.send(read_chunk(&self.base_file(&name), offset));
             }
             FromHost::Complete { request, .. } => {
-                reply.send(Ok::<_, String>(self.complete(&name, tools, request).await));
+                reply.send(Ok::<_, String>(
+                    self.complete(&name, attempt, tools, request).await,
+                ));
             }
             FromHost::Records {
                 batch,
@@ -1022,8 +1041,16 @@ impl RemoteLoops {
         }
     }
 
-    /// One model call of loop `name`, charged as a local one is.
-    async fn complete(&self, name: &str, tools: ModelTools, request: RawJson) -> CompleteAnswer {
+    /// One model call of loop `name`'s placement `attempt`, charged as a local one is. (A
+    /// call of an earlier placement still in flight when the loop is placed again counts
+    /// nothing of the new one's.)
+    async fn complete(
+        &self,
+        name: &str,
+        attempt: u64,
+        tools: ModelTools,
+        request: RawJson,
+    ) -> CompleteAnswer {
         let failed = |message: String| CompleteAnswer::Failed {
             kind: "bad_request".into(),
             status: None,
@@ -1033,11 +1060,17 @@ impl RemoteLoops {
             Ok(w) => w,
             Err(e) => return failed(format!("the head cannot read this model request: {e}")),
         };
-        let Some(mut stopping) = lock(&self.loops).get_mut(name).map(|entry| {
-            entry.requests = entry.requests.saturating_add(1);
-            entry.stopping.subscribe()
-        }) else {
-            return failed(format!("loop {name} is not placed on a host"));
+        let Some(mut stopping) = lock(&self.loops)
+            .get_mut(name)
+            .filter(|entry| entry.attempt == attempt)
+            .map(|entry| {
+                entry.requests = entry.requests.saturating_add(1);
+                entry.stopping.subscribe()
+            })
+        else {
+            return failed(format!(
+                "loop {name} does not run on this host as attempt {attempt} (any more)"
+            ));
         };
         if wire.loop_name != name {
             return failed(format!(
@@ -1072,7 +1105,11 @@ impl RemoteLoops {
         let payer = match asked {
             Some(from) => from,
             None => {
-                if let Some(why) = lock(&self.loops).get(name).and_then(|e| e.over.clone()) {
+                if let Some(why) = lock(&self.loops)
+                    .get(name)
+                    .filter(|e| e.attempt == attempt)
+                    .and_then(|e| e.over.clone())
+                {
                     return CompleteAnswer::OverBudget { reason: why };
                 }
                 name.to_string()
@@ -1116,7 +1153,7 @@ impl RemoteLoops {
                 if let Some(query) = &query_spent {
                     lock(query).add(&spend);
                 }
-                self.spent(name, answering, spend);
+                self.spent(name, attempt, answering, spend);
                 match RawJson::to(&response) {
                     Ok(response) => CompleteAnswer::Response { response },
                     Err(e) => failed(format!("cannot write the response: {e}")),
@@ -1225,9 +1262,7 @@ impl RemoteLoops {
             }
             if !HOST_EVENTS.contains(&&*about.event) {
                 // Not the host's to say; left out, and said (not silently).
-                *left_out
-                    .entry(td_base::text::head_tail(&about.event, 60))
-                    .or_default() += 1;
+                *left_out.entry(shown_kind(&about.event)).or_default() += 1;
                 continue;
             }
             kinds.push(event.parse::<EventKind>().map_err(cannot)?);
@@ -1310,14 +1345,16 @@ impl RemoteLoops {
         Ok(())
     }
 
-    /// Writes in loop `name`'s transcript what one of its model calls spent, as the head
-    /// settled it: an iteration's call (numbered by the iterations and calls the head has
-    /// seen of it: its records may come a little behind its calls), or (`charged_to`) an
-    /// answer's, charged to the asker, numbered as a local answer's (iteration 0).
-    fn spent(&self, name: &str, charged_to: Option<String>, spend: Spend) {
+    /// Writes in loop `name`'s transcript what one of its model calls (of placement
+    /// `attempt`) spent, as the head settled it: an iteration's call (numbered by the
+    /// iterations and calls the head has seen of it: its records may come a little behind
+    /// its calls), or (`charged_to`) an answer's, charged to the asker, numbered as a local
+    /// answer's (iteration 0).
+    fn spent(&self, name: &str, attempt: u64, charged_to: Option<String>, spend: Spend) {
         let (iteration, turn) = {
             let mut loops = lock(&self.loops);
-            match (loops.get_mut(name), &charged_to) {
+            let entry = loops.get_mut(name).filter(|e| e.attempt == attempt);
+            match (entry, &charged_to) {
                 (Some(entry), None) => {
                     entry.calls = entry.calls.saturating_add(1);
                     (entry.iterations.max(1), entry.calls)
@@ -1848,6 +1885,17 @@ mod tests {
             "{last}"
         );
         assert_eq!(left_out_line("a", &left_out, LEFT_OUT_LINES), None);
+        let many: BTreeMap<String, usize> = (0..20).map(|i| (format!("k{i:02}"), 1)).collect();
+        let line = left_out_line("a", &many, 0).unwrap();
+        assert!(
+            line.contains("`k07`, and 12 other kinds event(s)"),
+            "{line}"
+        );
+        assert!(!line.contains("k08"), "{line}");
+        assert_eq!(shown_kind("loop_blocked"), "loop_blocked");
+        let hostile = shown_kind(&format!("\u{1b}[2J\nfake{}", "x".repeat(100)));
+        assert!(!hostile.chars().any(char::is_control), "{hostile}");
+        assert!(hostile.starts_with("\\u{1b}[2J\\nfake"), "{hostile}");
         // Whose an event is and its kind are read from the text, escapes and all.
         let about: EventAbout =
             serde_json::from_str(r#"{"event":"loop_blocked","x":[1],"loop_name":"a"}"#).unwrap();
