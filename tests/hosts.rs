@@ -5011,3 +5011,124 @@ fn a_host_asking_too_much_at_once_is_refused_past_its_bound() {
         "{again:?}"
     );
 }
+
+/// An answer's model call made on the head for a loop on a host is given up when the loop
+/// that asked stops waiting (its timeout), as a local answer's call is dropped: nothing of
+/// it is settled or charged (it went on to its end, and was charged to the asker, with
+/// nobody waiting).
+#[test]
+fn a_host_loops_answer_call_is_given_up_when_its_asker_stops_waiting() {
+    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let run = FlaggedRun::new(
+        r#"
+e:
+  turns:
+    - calls:
+        - complete_task: {summary: "x"}
+  answers:
+    - delay_ms: 6000
+      reply: "too late"
+asker:
+  turns:
+    - calls:
+        - run_command: {command: "until [ -e {f}/go ]; do sleep 0.05; done"}
+    - calls:
+        - query_loop: {target_exec_id: e, question: "Q?", timeout_ms: 1500}
+    - calls:
+        - complete_task: {summary: "asked"}
+"#,
+        "  - {name: e, type: ralph, task: \"Slow.\"}\n  - {name: asker, type: ralph, task: \"Ask.\"}\n",
+    );
+    let root = hosts_on_port(
+        &run,
+        port,
+        "",
+        &[
+            "{loops: [e], hosts: [evil]}",
+            "{loops: [asker], hosts: [head]}",
+        ],
+    );
+    let mut head = head_waiting_for(&run, &root, "evil");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (answer, took) = rt.block_on(async {
+        let PlacedHost {
+            link,
+            start: _,
+            mut rx,
+            running,
+        } = placed_host(port, &root, "evil").await;
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Slow.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        std::fs::write(run.flag("go"), "").unwrap();
+        // The asker's question comes; its answer's model call goes to the head.
+        let (answer, took) = loop {
+            let request = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+            if let ToHost::Answer { .. } = request.request {
+                let asked = Instant::now();
+                let a: CompleteAnswer = link
+                    .ask(
+                        FromHost::Complete {
+                            loop_name: "e".into(),
+                            request: raw(serde_json::json!({
+                                "loop_name": "e",
+                                "purpose": {"kind": "query_answer", "from": "asker", "question": "Q?"},
+                                "system": "s",
+                                "messages": [{"role": "user", "content": [{"type": "text", "text": "Q?"}]}],
+                            })),
+                        },
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                let took = asked.elapsed();
+                request.reply.send(Ok("late".to_string()));
+                break (a, took);
+            }
+            request.reply.send(Ok(true));
+        };
+        end_e_and_serve(&link, "done", rx, running).await;
+        (answer, took)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    match &answer {
+        CompleteAnswer::Failed { message, .. } => {
+            assert!(
+                message.contains("stopped waiting for its answer"),
+                "{message}"
+            )
+        }
+        other => panic!("the answer's call went on after its asker stopped waiting: {other:?}"),
+    }
+    assert!(
+        took < Duration::from_millis(5000),
+        "given up after {took:?}"
+    );
+    // The asker's query failed at its timeout, with nothing spent on it.
+    let events = std::fs::read_to_string(run.run_dir.join("events.jsonl")).unwrap();
+    let failed: Vec<Value> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "query_failed" && e["from"] == "asker")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events}");
+    assert!(failed[0]["spend"].is_null(), "{}", failed[0]);
+    let e =
+        std::fs::read_to_string(run.run_dir.join("loops/e/transcript.jsonl")).unwrap_or_default();
+    assert!(!e.contains(r#""charged_to":"asker""#), "{e}");
+}

@@ -158,8 +158,27 @@ pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 /// its answer spends (oldest first). Only while one is, a model call of the loop for that
 /// answer is charged to the asker, and its spend is counted to the oldest of them (the
 /// same question asked twice at once cannot tell its calls apart: each call is counted
-/// once, never twice).
-type Outstanding = Arc<Mutex<BTreeMap<(String, String, String), Vec<Arc<Mutex<Spend>>>>>>;
+/// once, never twice). When the last of them stops waiting, the answer's model call in
+/// flight on the head is given up, as a local answer's is dropped at its asker's timeout.
+type Outstanding = Arc<Mutex<BTreeMap<(String, String, String), Pending>>>;
+
+/// The askers of one question outstanding.
+struct Pending {
+    /// Where each asker's query counts its answer's spend, oldest first.
+    askers: Vec<Arc<Mutex<Spend>>>,
+    /// Dropped with the entry, when the last asker stops waiting: a model call subscribed
+    /// to it sees it closed and gives up.
+    waiting: tokio::sync::watch::Sender<()>,
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending {
+            askers: Vec::new(),
+            waiting: tokio::sync::watch::Sender::new(()),
+        }
+    }
+}
 
 /// One question outstanding in [`Outstanding`], for as long as this lives (an answer, an
 /// error, or the asker's future dropped).
@@ -178,6 +197,7 @@ impl Asking {
         lock(outstanding)
             .entry(key.clone())
             .or_default()
+            .askers
             .push(spent.clone());
         Asking {
             outstanding: outstanding.clone(),
@@ -190,9 +210,9 @@ impl Asking {
 impl Drop for Asking {
     fn drop(&mut self) {
         let mut map = lock(&self.outstanding);
-        if let Some(askers) = map.get_mut(&self.key) {
-            askers.retain(|s| !Arc::ptr_eq(s, &self.spent));
-            if askers.is_empty() {
+        if let Some(pending) = map.get_mut(&self.key) {
+            pending.askers.retain(|s| !Arc::ptr_eq(s, &self.spent));
+            if pending.askers.is_empty() {
                 map.remove(&self.key);
             }
         }
@@ -1089,16 +1109,17 @@ impl RemoteLoops {
                     return failed(format!("loop {name} cannot answer its own question"));
                 }
                 let key = (name.to_string(), from.to_string(), question.to_string());
-                lock(&self.outstanding)
-                    .get(&key)
-                    .and_then(|askers| askers.first().cloned())
-                    .map(|spent| (from.to_string(), spent))
+                lock(&self.outstanding).get(&key).and_then(|pending| {
+                    let spent = pending.askers.first()?.clone();
+                    Some((from.to_string(), spent, pending.waiting.subscribe()))
+                })
             }
         };
-        // Where the answer's spend is counted for its query's record.
-        let (asked, query_spent) = match asked {
-            Some((from, spent)) => (Some(from), Some(spent)),
-            None => (None, None),
+        // Where the answer's spend is counted for its query's record, and whether its
+        // askers still wait.
+        let (asked, query_spent, mut asker_waits) = match asked {
+            Some((from, spent, waits)) => (Some(from), Some(spent), Some(waits)),
+            None => (None, None, None),
         };
         // Whom an answer's call is charged to, for the transcript (`None`: the loop itself).
         let answering = asked.clone();
@@ -1135,8 +1156,25 @@ impl RemoteLoops {
             // Closed: the entry is gone (the loop placed again).
             let _ = stopping.wait_for(|stop| *stop && iteration).await;
         };
+        let asker_left = async {
+            match asker_waits.as_mut() {
+                // Closed when the last asker of the question stopped waiting.
+                Some(waits) => while waits.changed().await.is_ok() {},
+                None => std::future::pending().await,
+            }
+        };
         let called = tokio::select! {
             called = self.side.llm.complete_observed(&request, &observer) => called,
+            () = asker_left => {
+                // Not settled or charged: nobody waits for this answer any more.
+                return CompleteAnswer::Failed {
+                    kind: "transport".into(),
+                    status: None,
+                    message: format!(
+                        "the loop that asked loop {name} stopped waiting for its answer: the answer's model call was given up"
+                    ),
+                };
+            }
             () = given_up => {
                 // Not settled: the hold is released, as a head loop's call dropped at its
                 // stop is.
