@@ -1165,7 +1165,11 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
                 };
                 let () = link
                     .ask(
-                        records(1, vec![serde_json::json!({"event": "loop_blocked", "loop_name": "extra", "reason": "FORGED"})], vec![]),
+                        records(1, vec![
+                            serde_json::json!({"event": "loop_blocked", "loop_name": "extra", "reason": "FORGED"}),
+                            // A kind that would clear the head's terminal, were it printed.
+                            serde_json::json!({"event": "\u{1b}[2J\u{1b}[Hcleared", "loop_name": "extra"}),
+                        ], vec![]),
                         Duration::from_secs(10),
                     )
                     .await
@@ -1246,9 +1250,12 @@ fn a_hostile_hosts_branches_are_refused_and_the_repository_is_unchanged() {
     use std::io::Read;
     let _ = head.stderr.take().unwrap().read_to_string(&mut err);
     assert!(
-        err.contains("its host sent `loop_blocked` event(s) which only the head records; left out"),
+        err.contains("which only the head records; left out") && err.contains("`loop_blocked`"),
         "{err}"
     );
+    // A host's kind reaches the terminal escaped, never as the control characters it sent.
+    assert!(err.contains(r"`\u{1b}[2J\u{1b}[Hcleared`"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
     assert!(!run.events().iter().any(|e| e["reason"] == "FORGED"));
     // Nothing of either bundle is in the repository: no ref moved or appeared.
     let refs_after = common::git(&repo, &["for-each-ref"]);

@@ -723,6 +723,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     start_at.as_deref(),
                     &types[&def.loop_type],
                     &config,
+                    &catalog,
                     &names,
                     &repo,
                     &run_id,
@@ -1767,6 +1768,7 @@ async fn start_remote(
     start_at: Option<&str>,
     loop_type: &LoopType,
     config: &Config,
+    catalog: &td_toolkit::catalog::Catalog,
     names: &[String],
     repo: &Repo,
     run_id: &str,
@@ -1805,8 +1807,7 @@ async fn start_remote(
     // The host runs the loop's tools under the run's catalog (sent below), and its answers
     // may use only the read-only lane tools under it: what the head offers an answer's
     // model call, as the host's answerer allows.
-    let catalog = config.catalog()?;
-    let answer_tools = tools.answer_definitions(&catalog);
+    let answer_tools = tools.answer_definitions(catalog);
     let receipts = record.receipts_for(&def.name)?;
     receipts.set_tool_set(tools.names());
     let limits = config.loop_limits(def, loop_type);

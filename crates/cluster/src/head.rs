@@ -501,8 +501,6 @@ struct HostEntry {
     agent: ActorRef<AgentMsg>,
     /// What its loop requests must carry.
     token: String,
-    /// What its requests about its loops hold of the head until they are answered.
-    in_flight: Arc<InFlight>,
     last_answer: Instant,
     pinging: bool,
 }
@@ -697,17 +695,16 @@ impl Registry {
                     })
                     .map(|h| {
                         let slots = usize::try_from(h.info.slots).unwrap_or(usize::MAX);
-                        let most = self
-                            .max_requests_in_flight
-                            .max(slots.saturating_mul(IN_FLIGHT_PER_SLOT));
-                        (h.in_flight.clone(), most)
+                        self.max_requests_in_flight
+                            .max(slots.saturating_mul(IN_FLIGHT_PER_SLOT))
                     });
-                let Some((in_flight, most)) = known else {
+                let Some(most) = known else {
                     msg.answer(Err::<(), _>(format!(
                         "host {host} is not joined with this token; it must join again"
                     )));
                     return;
                 };
+                let in_flight = state.in_flight.entry(host.clone()).or_default().clone();
                 let bytes = msg.body.len();
                 let waits = matches!(
                     request,
@@ -858,7 +855,6 @@ impl Registry {
                 session_ref: session.info.session.clone(),
                 agent,
                 token: token.clone(),
-                in_flight: state.in_flight.entry(name.to_string()).or_default().clone(),
                 last_answer: Instant::now(),
                 pinging: false,
             },

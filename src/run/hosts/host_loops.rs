@@ -402,14 +402,10 @@ impl HostLoops {
                 return;
             }
         };
-        #[derive(serde::Deserialize)]
-        struct AboutLoop<'a> {
-            #[serde(borrow, default)]
-            loop_name: Option<std::borrow::Cow<'a, str>>,
-        }
-        let Ok(AboutLoop {
+        let Ok(super::EventAbout {
             loop_name: Some(name),
-        }) = serde_json::from_str::<AboutLoop>(raw.get())
+            ..
+        }) = serde_json::from_str(raw.get())
         else {
             return;
         };

@@ -30,6 +30,19 @@ use tokio::sync::Notify;
 use crate::config::hosts::HostsConfig;
 use summary::{HostStatus, HostsSummary};
 
+/// Whose an event is and its kind, read from its JSON text before (or instead of) the rest
+/// of it: by a host, to stream only its own loops' events, and by the head, to check a
+/// host's events before it reads them whole.
+#[derive(serde::Deserialize)]
+pub(crate) struct EventAbout<'a> {
+    /// The event's kind (its `event` tag).
+    #[serde(borrow)]
+    pub event: std::borrow::Cow<'a, str>,
+    /// The loop it is about, when it names one.
+    #[serde(borrow, default)]
+    pub loop_name: Option<std::borrow::Cow<'a, str>>,
+}
+
 /// How long the head waits at the run's end for the hosts it told to close their
 /// connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

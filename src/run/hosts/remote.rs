@@ -59,6 +59,8 @@ use td_llm::{LlmClient, LlmError, LlmRequest, Purpose};
 use td_protocol::events::{EventKind, EventLog};
 use td_protocol::inbox::InboxItem;
 use td_protocol::spend::Spend;
+
+use super::EventAbout;
 use td_protocol::tool_definition::ToolDefinition;
 use td_runtime::coordinator::{CoordMsg, CoordinatorPort, SYSTEM_SENDER};
 use td_runtime::coordinator_handle::CoordinatorHandle;
@@ -401,15 +403,6 @@ pub struct Placed {
     /// host accepts it; a host that refuses it (or does not answer) is then taken as a loss
     /// of it, and the run moves it again (within `moves::MAX_MOVES`) instead of failing it.
     pub moved: Option<EventKind>,
-}
-
-/// Whose an event of a host's records is, and its kind: read before the rest of it.
-#[derive(serde::Deserialize)]
-struct EventAbout<'a> {
-    #[serde(borrow)]
-    event: std::borrow::Cow<'a, str>,
-    #[serde(borrow, default)]
-    loop_name: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// How many lines a loop's host may cause on the head's stderr with events it may not send
@@ -1936,7 +1929,8 @@ mod tests {
         assert!(hostile.starts_with("\\u{1b}[2J\\nfake"), "{hostile}");
         // Whose an event is and its kind are read from the text, escapes and all.
         let about: EventAbout =
-            serde_json::from_str(r#"{"event":"loop_blocked","x":[1],"loop_name":"a"}"#).unwrap();
+            serde_json::from_str(r#"{"event":"loop_\u0062locked","x":[1],"loop_name":"a"}"#)
+                .unwrap();
         assert_eq!(
             (&*about.event, about.loop_name.as_deref()),
             ("loop_blocked", Some("a"))
