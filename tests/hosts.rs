@@ -2695,6 +2695,99 @@ fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
     );
 }
 
+/// A stop asked while a loop's host has not yet answered its start reaches the host after
+/// that answer, never before it: a host learns of a loop when it takes its start, and a stop
+/// of a loop it does not know is answered "no loop runs here" (as `taskdaemon host` answers
+/// it), after which nothing would stop the loop. The hand-made host holds the start, the run
+/// gets its Ctrl-C, and the host answers a stop as a real host would: refused before the
+/// start was answered, taken after.
+#[test]
+fn a_stop_asked_before_a_host_took_the_loop_reaches_it_after_the_start() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root, _repo, mut head) = hand_made_run(port, "slow");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (early_stops, stopped_after_start) = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "slow", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let ToHost::StartLoop(started) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        let attempt = started.attempt;
+        // The start is held; the run is asked to stop meanwhile (one Ctrl-C: its loops stop
+        // after their tool call in flight).
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
+        let mut early_stops = 0;
+        let held_until = Instant::now() + Duration::from_secs(2);
+        while let Ok(Some(request)) = tokio::time::timeout_at(held_until.into(), rx.recv()).await {
+            match request.request {
+                ToHost::StopLoop { .. } => {
+                    early_stops += 1;
+                    request
+                        .reply
+                        .send(Err::<(), _>("no loop e runs here".to_string()));
+                }
+                other => panic!("unexpected before the start's answer: {other:?}"),
+            }
+        }
+        start.reply.send(Ok(()));
+        let mut stopped_after_start = false;
+        while let Ok(Some(request)) = tokio::time::timeout(WAIT, rx.recv()).await {
+            let stop = matches!(request.request, ToHost::StopLoop { .. });
+            request.reply.send(Ok(()));
+            if stop {
+                stopped_after_start = true;
+                break;
+            }
+        }
+        if stopped_after_start {
+            let ended: Result<(), _> = link
+                .for_attempt(attempt)
+                .ask(
+                    FromHost::Ended {
+                        loop_name: "e".into(),
+                        end: serde_json::json!({"status": "stopped", "iterations": 0}),
+                        branch: None,
+                        problem: None,
+                    },
+                    Duration::from_secs(10),
+                )
+                .await;
+            ended.unwrap();
+        }
+        let served = tokio::spawn(async move {
+            while let Some(request) = rx.recv().await {
+                request.reply.send(Ok(true));
+            }
+        });
+        let _ = tokio::time::timeout(WAIT, running).await;
+        served.abort();
+        (early_stops, stopped_after_start)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let s = summary(&run.run_dir);
+    assert_eq!(
+        early_stops, 0,
+        "a stop reached the host before it took the loop: {s}"
+    );
+    assert!(
+        stopped_after_start,
+        "no stop reached the host once it took the loop: {s}"
+    );
+    assert_eq!(code, Some(130), "{s}");
+    assert_eq!(s["loops"]["e"]["status"], "stopped", "{s}");
+}
+
 /// A host does not take the head's word for what is secret on it: the head's `sandbox:`
 /// passes the host's secret variable and a model key of the host's machine (`env.pass`),
 /// and the host (`--secret-env`, `--sandbox-floor required`) withholds both from its loop's

@@ -343,6 +343,10 @@ struct Entry {
     /// asker still waits, as for a head loop stopping). Dropped with the entry (the loop
     /// placed again), which gives up every call of this placement.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Its host's answer to its start: `None` until it came, then whether it took the loop.
+    /// A stop goes to the host only once it took the loop: it answers a stop of a loop it
+    /// does not know (yet) with "no loop runs here", and that stop would be lost.
+    accepted: tokio::sync::watch::Sender<Option<bool>>,
     /// A run limit its iterations passed: its next model call is refused with it.
     over: Option<String>,
     /// Why its records can no longer be appended: every later batch is refused with it
@@ -547,6 +551,7 @@ impl RemoteLoops {
                 )))),
                 requests: 0,
                 stopping: tokio::sync::watch::Sender::new(false),
+                accepted: tokio::sync::watch::Sender::new(None),
                 left_out_lines: 0,
                 over: None,
                 broken: None,
@@ -571,6 +576,9 @@ impl RemoteLoops {
                     START_TIMEOUT,
                 )
                 .await;
+            if let Some(entry) = lock(&me.loops).get(&name).filter(|e| e.attempt == attempt) {
+                entry.accepted.send_replace(Some(asked.is_ok()));
+            }
             let e = match asked {
                 Ok(()) => {
                     if let Some(event) = moved {
@@ -619,10 +627,10 @@ impl RemoteLoops {
     /// within [`STOP_NOW_GRACE`] is taken for stopped, so that a host that answers its
     /// heartbeats but not for its loop cannot keep the run from ending.
     pub fn stop(self: &Arc<Self>, name: &str, now: bool) {
-        let Some((host, attempt)) = lock(&self.loops)
+        let Some((host, attempt, mut accepted)) = lock(&self.loops)
             .get(name)
             .filter(|e| !e.done)
-            .map(|e| (e.host.clone(), e.attempt))
+            .map(|e| (e.host.clone(), e.attempt, e.accepted.subscribe()))
         else {
             return;
         };
@@ -635,18 +643,31 @@ impl RemoteLoops {
         };
         let me = self.clone();
         let name = name.to_string();
+        let (asked_of, asking) = (host.clone(), self.clone());
+        let stopped = name.clone();
         tokio::spawn(async move {
-            let taken = asker.ask::<()>(&host, &request, STOP_TIMEOUT).await;
+            // Not before its host took the loop (a refused start ends it without a stop);
+            // closed: the entry went (the loop placed again, or its host lost).
+            match accepted.wait_for(Option::is_some).await.map(|a| *a) {
+                Ok(Some(true)) => {}
+                _ => return,
+            }
+            let taken = asker.ask::<()>(&asked_of, &request, STOP_TIMEOUT).await;
             // Its iteration's model call in flight here is given up once its host took the
             // stop (a host told before then would take the give-up for a model error).
             if taken.is_ok()
-                && let Some(entry) = lock(&me.loops).get(&name).filter(|e| e.attempt == attempt)
+                && let Some(entry) = lock(&asking.loops)
+                    .get(&stopped)
+                    .filter(|e| e.attempt == attempt)
             {
                 entry.stopping.send_replace(true);
             }
-            if !now {
-                return;
-            }
+        });
+        if !now {
+            return;
+        }
+        // The grace runs from the stop, whether or not its host has answered the start yet.
+        tokio::spawn(async move {
             tokio::time::sleep(STOP_NOW_GRACE).await;
             let why = format!(
                 "its host {host} did not stop it within {} s of the stop",
@@ -655,7 +676,8 @@ impl RemoteLoops {
             let taken = {
                 let mut loops = lock(&me.loops);
                 match loops.get_mut(&name) {
-                    Some(entry) if !entry.done => {
+                    // Not a later placement of it, which this stop did not ask.
+                    Some(entry) if !entry.done && entry.attempt == attempt => {
                         entry.done = true;
                         let _ = me.ends.send(RemoteEnd {
                             name: name.clone(),
