@@ -260,6 +260,28 @@ fn cpu_ms(pid: u32) -> Option<(f64, f64)> {
     Some((ms(11) + ms(12), ms(13) + ms(14)))
 }
 
+/// Context switches (voluntary and not) of all of `pid`'s threads so far: each is a thread
+/// that slept or was preempted, the cost the route's hand-offs and wake-ups add up to.
+fn switches(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let mut total = 0.0;
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        for line in status.lines() {
+            if let Some((key, value)) = line.split_once(':')
+                && key.ends_with("ctxt_switches")
+            {
+                total += value.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    total
+}
+
 /// Waits for `child` to exit (within [`GUARD`]) while sampling the CPU of `watched` (the
 /// last sample before each exits); returns the exit code and the samples.
 fn wait_sampling(child: &mut Child, watched: &[u32]) -> (i32, Vec<(f64, f64)>) {
@@ -427,6 +449,7 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
     );
     let pids = [head.id(), h1.id(), h2.id()];
     let cpu = || pids.map(|p| cpu_ms(p).map_or(0.0, |(own, _)| own));
+    let switched = || pids.map(switches);
     let mut tail = ReceiptTail::new(setup.path("run/loops/asker/receipts.jsonl"));
     let mut round = Round {
         ours: Vec::new(),
@@ -434,17 +457,23 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
         direct: Vec::new(),
     };
     let (mut spent, mut raw_spent) = ([0.0; 3], [0.0; 3]);
+    let (mut switches_of, mut raw_switches) = ([0.0; 3], [0.0; 3]);
     for chunk in 0..chunks {
         // The asker is idle in its wait (let its turn's model call and command settle); the
         // three processes' CPU meanwhile is their idle rate (timers, heartbeats).
-        let (idle_from, idle_at) = (cpu(), Instant::now());
+        let (idle_from, idle_switches, idle_at) = (cpu(), switched(), Instant::now());
         std::thread::sleep(Duration::from_millis(100));
         let idle_rate: Vec<f64> = cpu()
             .iter()
             .zip(idle_from)
             .map(|(a, b)| (a - b) / idle_at.elapsed().as_secs_f64())
             .collect();
-        let raw_before = baseline.cpu();
+        let idle_switch_rate: Vec<f64> = switched()
+            .iter()
+            .zip(idle_switches)
+            .map(|(a, b)| (a - b) / idle_at.elapsed().as_secs_f64())
+            .collect();
+        let (raw_before, raw_switches_before) = (baseline.cpu(), baseline.switches());
         round.raw.push(baseline.calls(per_chunk, true));
         for (s, (a, b)) in raw_spent
             .iter_mut()
@@ -452,7 +481,13 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
         {
             *s += a - b;
         }
-        let (before, at) = (cpu(), Instant::now());
+        for (s, (a, b)) in raw_switches
+            .iter_mut()
+            .zip(baseline.switches().iter().zip(raw_switches_before))
+        {
+            *s += a - b;
+        }
+        let (before, switches_before, at) = (cpu(), switched(), Instant::now());
         let from = tail.samples.len();
         setup.flag(&format!("go{chunk}"));
         until(
@@ -461,7 +496,7 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
             || tail.poll() >= from + per_chunk,
             context,
         );
-        let after = cpu();
+        let (after, switches_after) = (cpu(), switched());
         let samples = tail.samples[from..from + per_chunk].to_vec();
         // The queries run one after the other: the rest of the span is the asker's wait for
         // the go (up to 0.5 s), charged at the idle rate and taken out.
@@ -471,6 +506,13 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
             .iter_mut()
             .zip(&idle_rate)
             .zip(after.iter().zip(before))
+        {
+            *s += (a - b - rate * idle).max(0.0);
+        }
+        for ((s, rate), (a, b)) in switches_of
+            .iter_mut()
+            .zip(&idle_switch_rate)
+            .zip(switches_after.iter().zip(switches_before))
         {
             *s += (a - b - rate * idle).max(0.0);
         }
@@ -490,6 +532,15 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
         raw_spent[0] * 1000.0 / n,
         raw_spent[1] * 1000.0 / n,
         raw_spent[2] * 1000.0 / n
+    );
+    println!(
+        "# context switches per query: ours head {:.1}, h1 {:.1}, h2 {:.1}; raw head {:.1}, h1 {:.1}, h2 {:.1}",
+        switches_of[0] / n,
+        switches_of[1] / n,
+        switches_of[2] / n,
+        raw_switches[0] / n,
+        raw_switches[1] / n,
+        raw_switches[2] / n
     );
     until(
         "the asker to complete",
@@ -578,10 +629,16 @@ fn query_bench(report: &mut Report, n: usize, rounds: usize) {
     for round in 0..rounds {
         let r = query_round(chunks, per_chunk);
         let mut ratios = Vec::new();
+        let mut pairs = Vec::new();
         for (o, w) in r.ours.iter().zip(&r.raw) {
             let (o, w) = (Dist::new(o).p50(), Dist::new(w).p50());
             ratios.push(o / w);
+            pairs.push(format!("{o:.0}/{w:.0}"));
         }
+        println!(
+            "# round {round}: chunk pairs' p50, ours/raw (µs): {}",
+            pairs.join(" ")
+        );
         let (o, w): (Vec<_>, Vec<_>) = (r.ours.concat(), r.raw.concat());
         println!(
             "# round {round}: ours p50 {:.0} µs, raw same route p50 {:.0} µs; chunk pairs' p50 ratios {}",
@@ -1240,6 +1297,12 @@ mod echo {
         pub fn cpu(&self) -> [f64; 3] {
             // `nodes` is head, h2, h1.
             let of = |i: usize| super::cpu_ms(self.nodes[i].id()).map_or(0.0, |(own, _)| own);
+            [of(0), of(2), of(1)]
+        }
+
+        /// Context switches of the head, h1 and h2 so far.
+        pub fn switches(&self) -> [f64; 3] {
+            let of = |i: usize| super::switches(self.nodes[i].id());
             [of(0), of(2), of(1)]
         }
 
