@@ -259,6 +259,36 @@ struct HostArgs {
     /// this machine's Unix sockets (its Docker socket, its agents), whatever the head asks.
     #[arg(long)]
     allow_unix_sockets: bool,
+    /// A host name or IP address of this machine's network a loop's `web_fetch` may reach
+    /// when the run's `web.allow-private` allows it too (repeat for more). Without it (nor
+    /// `--web-allow-private-all`) loops here reach public internet addresses only, whatever
+    /// the head allows: its private network is not this machine's.
+    #[arg(long, value_name = "HOST", conflicts_with = "web_allow_private_all")]
+    web_allow_private: Vec<String>,
+    /// Let the run's `web.allow-private` decide alone, private addresses of this machine's
+    /// network included (its loopback, its cloud metadata address).
+    #[arg(long)]
+    web_allow_private_all: bool,
+}
+
+impl HostArgs {
+    /// What this host allows a loop's `web_fetch` at most (`--web-allow-private`,
+    /// `--web-allow-private-all`); an entry that is not a host name or an address is
+    /// refused with how to write it.
+    fn web_floor(&self) -> Result<td_toolkit::web_access::WebAccess, String> {
+        use td_toolkit::web_access::{AllowedHost, WebAccess};
+        if self.web_allow_private_all {
+            return Ok(WebAccess::Any);
+        }
+        if self.web_allow_private.is_empty() {
+            return Ok(WebAccess::PublicOnly);
+        }
+        let mut hosts = Vec::with_capacity(self.web_allow_private.len());
+        for entry in &self.web_allow_private {
+            hosts.push(AllowedHost::parse(entry).map_err(|e| format!("--web-allow-private: {e}"))?);
+        }
+        Ok(WebAccess::PublicAnd(hosts))
+    }
 }
 
 /// Options shared by every front that holds one ToolContext.
@@ -682,6 +712,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         }
         Command::Run(args) => run_command(args).await,
         Command::Host(args) => {
+            let web = args.web_floor()?;
             taskdaemon::run::hosts::host_loops::set_floor(
                 taskdaemon::run::hosts::host_loops::HostFloor {
                     mode: if args.sandbox_floor == "required" {
@@ -696,6 +727,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                         td_confine::ReadScope::All
                     },
                     allow_unix_sockets: args.allow_unix_sockets,
+                    web,
                 },
             );
             let code = taskdaemon::run::hosts::worker::run(

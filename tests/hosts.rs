@@ -661,6 +661,17 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
             ],
             "--slots 0",
         ),
+        (
+            vec![
+                "--name",
+                "b1",
+                "--secret-file",
+                good.as_str(),
+                "--web-allow-private",
+                "http://10.0.0.1:8080/",
+            ],
+            "--web-allow-private: `http://10.0.0.1:8080/` is not a host name or an IP address",
+        ),
     ] {
         let mut all = vec!["--join", closed.as_str()];
         all.extend(args);
@@ -1628,6 +1639,16 @@ fn local_head_and_host(
     port: u16,
     name: &str,
 ) -> (std::process::Child, std::process::Child) {
+    local_head_and_host_with(run, port, name, &[])
+}
+
+/// [`local_head_and_host`], the host started with `extra` options.
+fn local_head_and_host_with(
+    run: &FlaggedRun,
+    port: u16,
+    name: &str,
+    extra: &[&str],
+) -> (std::process::Child, std::process::Child) {
     let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
     let head = run
         .command(&[])
@@ -1651,6 +1672,7 @@ fn local_head_and_host(
         .arg(root.join("secret"))
         .arg("--workdir")
         .arg(root.join(format!("host-{name}")))
+        .args(extra)
         .current_dir(&root)
         .stdin(std::process::Stdio::null())
         .stderr(std::fs::File::create(root.join(format!("{name}.err"))).unwrap())
@@ -4885,10 +4907,20 @@ fn a_host_loops_tools_run_under_the_runs_catalog() {
     let s = summary(&run.run_dir);
     assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
     assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
-    let transcript = std::fs::read_to_string(run.run_dir.join("loops/w/transcript.jsonl")).unwrap();
     // The write carried all of it; the read's result was cut at the run's cap.
     let longest_run = |text: &str| text.split(|c| c != 'x').map(str::len).max().unwrap_or(0);
     // Only what tools answered: the write's own input holds all 4000 bytes.
+    let results = tool_results(&run.run_dir.join("loops/w/transcript.jsonl"));
+    assert!(results.len() >= 2, "{results:?}");
+    let read = results.iter().map(|l| longest_run(l)).max().unwrap_or(0);
+    assert!(
+        read > 100 && read <= 600,
+        "read_file's output on the host was not cut at the catalog's 600 bytes (longest run {read})"
+    );
+}
+
+/// The content of every tool result in the transcript at `path` (as JSON text), in order.
+fn tool_results(path: &Path) -> Vec<String> {
     fn results_in(v: &Value, out: &mut Vec<String>) {
         match v {
             Value::Object(m) => {
@@ -4902,6 +4934,7 @@ fn a_host_loops_tools_run_under_the_runs_catalog() {
             _ => {}
         }
     }
+    let transcript = std::fs::read_to_string(path).unwrap_or_default();
     let mut results = Vec::new();
     for line in transcript.lines() {
         results_in(
@@ -4909,12 +4942,91 @@ fn a_host_loops_tools_run_under_the_runs_catalog() {
             &mut results,
         );
     }
-    assert!(results.len() >= 2, "{transcript}");
-    let read = results.iter().map(|l| longest_run(l)).max().unwrap_or(0);
-    assert!(
-        read > 100 && read <= 600,
-        "read_file's output on the host was not cut at the catalog's 600 bytes (longest run {read})"
-    );
+    results
+}
+
+/// A one-thread HTTP server on 127.0.0.1 answering every request with 200 and `body`; its
+/// port. Its thread ends with the test process.
+fn local_page(body: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    port
+}
+
+/// A run's `web.allow-private` reaches its loops on hosts, but never past what the host
+/// allows: the run allows 127.0.0.1, and a loop's `web_fetch` of a page there is refused on a
+/// host started without `--web-allow-private` (which says on its stderr what it left out),
+/// and fetched on one started with `--web-allow-private 127.0.0.1`. (Before, a host loop's
+/// `web_fetch` got the default whatever the run allowed.)
+#[test]
+fn a_host_loops_web_fetch_reaches_what_the_run_allows_only_as_far_as_its_host_does() {
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    const PAGE: &str = "a page on the host's own network";
+    let page = local_page(PAGE);
+    for (extra, fetched) in [
+        (&[][..], false),
+        (&["--web-allow-private", "127.0.0.1"][..], true),
+    ] {
+        let port = free_port();
+        let run = FlaggedRun::new(
+            &format!(
+                "w:\n  turns:\n    - calls:\n        - web_fetch: {{url: \"http://127.0.0.1:{page}/\"}}\n    - calls:\n        - complete_task: {{summary: \"w done\"}}\n"
+            ),
+            "  - {name: w, type: ralph, task: \"Fetch.\"}\n",
+        );
+        let root = hosts_on_port(
+            &run,
+            port,
+            "web: {allow-private: [127.0.0.1]}\n",
+            &["{loops: [w], hosts: [h1]}"],
+        );
+        let (mut head, mut h1) = local_head_and_host_with(&run, port, "h1", extra);
+        let code = exit_within(&mut head, WAIT);
+        let _ = exit_within(&mut h1, Duration::from_secs(10));
+        let _ = h1.kill();
+        let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+        let host_err = std::fs::read_to_string(root.join("h1.err")).unwrap_or_default();
+        assert_eq!(code, Some(0), "{extra:?}: {err}\n--- h1:\n{host_err}");
+        let s = summary(&run.run_dir);
+        assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
+        let results = tool_results(&run.run_dir.join("loops/w/transcript.jsonl"));
+        let fetch = results.first().cloned().unwrap_or_default();
+        if fetched {
+            assert!(fetch.contains(PAGE), "{extra:?}: {results:?}");
+            assert!(!host_err.contains("web.allow-private"), "{host_err}");
+        } else {
+            assert!(!fetch.contains(PAGE), "{extra:?}: {results:?}");
+            assert!(
+                fetch.contains("web_fetch refuses private and loopback addresses"),
+                "{extra:?}: {results:?}"
+            );
+            assert!(
+                host_err.contains(
+                    "loop w: the head's web.allow-private [127.0.0.1] (not in this host's `--web-allow-private`) is left out"
+                ),
+                "{host_err}"
+            );
+        }
+    }
 }
 
 /// A host loop stopped while the head makes its model call: the head gives the call up, as

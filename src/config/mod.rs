@@ -547,6 +547,23 @@ loops:
 
     #[test]
     fn web_allow_private_is_a_flag_or_a_host_list() {
+        // As a loop's start carries it to its host: as written.
+        let sent = |text: &str| {
+            Config::parse(text, "t.yml")
+                .unwrap()
+                .web
+                .allow_private
+                .to_value()
+        };
+        assert_eq!(sent("{}"), serde_json::json!(false));
+        assert_eq!(
+            sent("web: {allow-private: true}\n"),
+            serde_json::json!(true)
+        );
+        assert_eq!(
+            sent("web: {allow-private: [localhost, Internal.Example]}\n"),
+            serde_json::json!(["localhost", "Internal.Example"])
+        );
         let access = |text: &str| Config::parse(text, "t.yml").unwrap().web_access().unwrap();
         assert_eq!(access("{}"), WebAccess::PublicOnly);
         assert_eq!(access("web: {}\n"), WebAccess::PublicOnly);

@@ -58,6 +58,19 @@ impl<'de> Deserialize<'de> for AllowPrivate {
     }
 }
 
+impl AllowPrivate {
+    /// The form taskdaemon.yml writes it in (`true`, `false` or the list as written): what
+    /// a loop's start carries to its host, which reads and checks it again.
+    pub fn to_value(&self) -> serde_json::Value {
+        match self {
+            AllowPrivate::Flag(allowed) => serde_json::Value::Bool(*allowed),
+            AllowPrivate::Hosts(hosts) => {
+                hosts.iter().cloned().map(serde_json::Value::from).collect()
+            }
+        }
+    }
+}
+
 impl WebConfig {
     /// The access this section grants, or a problem (located by its YAML path) for each
     /// host entry that is not a host name or an IP address.

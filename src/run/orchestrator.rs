@@ -1866,6 +1866,7 @@ async fn start_remote(
         base_commit,
         branch: worktree.branch().to_string(),
         sandbox: sandbox_policy.clone(),
+        web_allow_private: config.web.allow_private.to_value(),
     };
     remote.start(Placed {
         host: host.to_string(),

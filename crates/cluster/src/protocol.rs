@@ -23,8 +23,10 @@ use serde_json::value::RawValue;
 /// 5: shares and alerts carry their per-loop delivery numbers. 6: the enums are externally
 /// tagged (`{"loop": {...}}`, not `{"type": "loop", ...}`). 7: a loop's start carries the
 /// run's tool catalog overrides ([`StartLoop::catalog`]): a host of 6 would run its tools
-/// under the default limits without a word.
-pub const PROTOCOL: u32 = 7;
+/// under the default limits without a word. 8: a loop's start carries the run's
+/// `web.allow-private` ([`StartLoop::web_allow_private`]): a host of 7 would hold the loop's
+/// `web_fetch` to public addresses whatever the run allows, without a word.
+pub const PROTOCOL: u32 = 8;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -383,6 +385,11 @@ pub struct StartLoop {
     /// The run's command confinement, without paths of the head's machine: `mode`, `read`,
     /// `unix-sockets` and `env` of `sandbox:` (the form taskdaemon.yml uses).
     pub sandbox: Value,
+    /// The run's `web.allow-private` as taskdaemon.yml writes it (`true`, `false` or a list
+    /// of host names and IP addresses): what `web_fetch` may reach besides the public
+    /// internet, at most; the host allows no more than its own `--web-allow-private`.
+    #[serde(default)]
+    pub web_allow_private: Value,
 }
 
 /// A loop's limits that its host checks.

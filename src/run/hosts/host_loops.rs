@@ -34,6 +34,7 @@
 
 mod checkpoint;
 mod guard;
+mod web;
 
 use checkpoint::{Checkpoints, send_bundle};
 
@@ -94,6 +95,18 @@ const BATCH_BYTES: usize = 1024 * 1024;
 const BATCH_LINGER: Duration = Duration::from_millis(10);
 
 pub use guard::HostFloor;
+
+/// What loop `name`'s `web_fetch` may reach here: the run's `web.allow-private` (`asked`)
+/// within this host's `--web-allow-private`; what of the run's is left out is said on
+/// stderr, as for the sandbox.
+fn web_access(name: &str, asked: &Value) -> Result<td_toolkit::web_access::WebAccess, String> {
+    let floor = FLOOR.get().cloned().unwrap_or_default();
+    let (access, left_out) = web::host_web_access(asked, &floor.web)?;
+    for what in left_out {
+        eprintln!("taskdaemon host: loop {name}: the head's {what} is left out");
+    }
+    Ok(access)
+}
 
 /// This host's own floor under the head's sandbox policy, set once by `taskdaemon host`
 /// before it joins (a process runs one host).
@@ -539,11 +552,13 @@ impl HostLoops {
             })
             .ok_or_else(|| format!("loop {name} was dropped"))?;
         let sandbox = Arc::new(self.sandbox(name, &start.sandbox)?);
+        let web_access = web_access(name, &start.web_allow_private)?;
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
             .map_err(|e| e.to_string())?
             .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
             .with_catalog(Arc::new(guard::catalog_of(start)?))
             .with_sandbox_settings(sandbox)
+            .with_web_access(web_access)
             .with_commands(LoopCommands {
                 build: start.build.clone(),
                 test: start.test.clone(),

@@ -153,9 +153,9 @@ pub(super) fn remove_left(root: &Path, dir: &Path) -> Result<(), String> {
     removed.map_err(|e| format!("cannot remove what was left at {}: {e}", dir.display()))
 }
 
-/// What this host holds commands to, whatever the head's policy says: `taskdaemon host
-/// --sandbox-floor`, `--sandbox-read`, `--allow-unix-sockets`, the host's own secret
-/// variable (`--secret-env`).
+/// What this host holds loops to, whatever the head's policy says: `taskdaemon host
+/// --sandbox-floor`, `--sandbox-read`, `--allow-unix-sockets`, `--web-allow-private`, the
+/// host's own secret variable (`--secret-env`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostFloor {
     /// The least confinement mode this host runs commands under.
@@ -168,6 +168,10 @@ pub struct HostFloor {
     /// Whether a head's `unix-sockets: host` is honoured: off, no loop's command reaches
     /// this host's Unix sockets (its Docker socket, its agents), whatever the head asks.
     pub allow_unix_sockets: bool,
+    /// The most a head's `web.allow-private` may open to a loop's `web_fetch` here
+    /// (`--web-allow-private`): by default public internet addresses only, whatever the
+    /// head allows (its private network is not this machine's).
+    pub web: td_toolkit::web_access::WebAccess,
 }
 
 /// The head's `sandbox:` policy as this host applies it: only its `mode`, `read`,
@@ -332,6 +336,7 @@ mod tests {
             branch: branch.to_string(),
             sandbox: serde_json::json!({}),
             catalog: serde_json::json!({}),
+            web_allow_private: Value::Null,
         }
     }
 
