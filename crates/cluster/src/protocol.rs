@@ -519,7 +519,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"join":{"protocol":7,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
+            r#"{"join":{"protocol":8,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {
