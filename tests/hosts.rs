@@ -2717,6 +2717,121 @@ fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
     );
 }
 
+/// A host cannot fill the head's disk with a loop's records: past the run's
+/// `hosts.max-record-bytes` (1 MiB here) for one placement, the batch that would pass it and
+/// every later one are refused, saying why and what to raise, and nothing of them is in the
+/// run's record; what came before is kept whole. (Before, every batch was appended.)
+#[test]
+fn a_loops_records_from_a_host_are_bounded_and_what_passes_the_bound_is_refused() {
+    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
+    );
+    let root = hosts_on_port(&run, port, "", &["{loops: [e], hosts: [evil]}"]);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config = config.replace("hosts:\n", "hosts:\n  max-record-bytes: 1048576\n");
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = head_waiting_for(&run, &root, "evil");
+    // Each batch ~410 KB: two fit in 1 MiB, the third does not.
+    const NOTES: usize = 100;
+    let note = "n".repeat(4000);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        let link = link.for_attempt(placed.attempt);
+        start.reply.send(Ok(()));
+        let () = link
+            .ask(
+                FromHost::Coord {
+                    loop_name: "e".into(),
+                    request: CoordRequest::Register {
+                        loop_type: "ralph".into(),
+                        task: "Evil's.".into(),
+                        subscriptions: None,
+                    },
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let mut answers = Vec::new();
+        for batch in 1..=4u64 {
+            let started = (batch == 1).then(|| serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1}));
+            let events = started
+                .into_iter()
+                .chain((0..NOTES).map(|i| serde_json::json!({"event": "progress_noted", "loop_name": "e", "iteration": 1, "note": format!("b{batch}n{i}{note}")})))
+                .collect::<Vec<_>>();
+            let asked: Result<(), _> = link
+                .ask(
+                    FromHost::Records {
+                        loop_name: "e".into(),
+                        batch,
+                        events: raws(events),
+                        transcript: vec![],
+                        receipts: vec![],
+                    },
+                    Duration::from_secs(10),
+                )
+                .await;
+            answers.push(asked.map_err(|e| e.to_string()));
+        }
+        // As `taskdaemon host` does when its records cannot reach the head: the loop stops,
+        // saying why.
+        let _: Result<(), _> = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "stopped", "iterations": 1, "reason": "its records could not reach the head"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await;
+        let _ = tokio::time::timeout(WAIT, running).await;
+        answers
+    });
+    let _ = exit_within(&mut head, WAIT);
+    assert!(answers[0].is_ok() && answers[1].is_ok(), "{answers:?}");
+    for refused in &answers[2..] {
+        let why = refused.as_ref().unwrap_err();
+        assert!(
+            why.contains("records would pass 1048576 bytes in this placement")
+                && why.contains("hosts.max-record-bytes"),
+            "{why}"
+        );
+    }
+    let notes: Vec<String> = run
+        .events()
+        .into_iter()
+        .filter(|e| e["event"] == "progress_noted" && e["loop_name"] == "e")
+        .map(|e| e["note"].as_str().unwrap_or("").chars().take(4).collect())
+        .collect();
+    assert_eq!(notes.len(), 2 * NOTES, "only the first two batches");
+    assert!(
+        notes
+            .iter()
+            .all(|n| n.starts_with("b1n") || n.starts_with("b2n"))
+    );
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["e"]["status"], "stopped", "{s}");
+}
+
 /// A stop asked while a loop's host has not yet answered its start reaches the host after
 /// that answer, never before it: a host learns of a loop when it takes its start, and a stop
 /// of a loop it does not know is answered "no loop runs here" (as `taskdaemon host` answers

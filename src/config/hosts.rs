@@ -46,6 +46,13 @@ pub const DEFAULT_MAX_REQUESTS_IN_FLIGHT: u32 = 1024;
 /// The range `max-requests-in-flight` may take.
 pub const MAX_REQUESTS_IN_FLIGHT: (u32, u32) = (1, 65_536);
 
+/// The default of `max-record-bytes`: far above what a loop's events, transcript and
+/// receipts come to over a long run, far below a disk.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+
+/// The range `max-record-bytes` may take (1 MiB to 1 TiB).
+pub const MAX_RECORD_BYTES: (u64, u64) = (1024 * 1024, 1024 * 1024 * 1024 * 1024);
+
 /// `hosts:` of taskdaemon.yml.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -71,6 +78,11 @@ pub struct HostsConfig {
     /// is refused at once, saying why.
     #[serde(default = "default_max_requests_in_flight")]
     pub max_requests_in_flight: u32,
+    /// The most bytes of records (events, transcript, receipts) one loop may send from a
+    /// host while it runs there; past it its record takes no more, and the host stops it
+    /// saying why (a host cannot fill the head's disk).
+    #[serde(default = "default_max_record_bytes")]
+    pub max_record_bytes: u64,
     /// Which loops may run on which hosts.
     #[serde(default)]
     pub placement: Vec<PlacementRule>,
@@ -86,6 +98,10 @@ fn default_lost_after() -> u64 {
 
 fn default_max_requests_in_flight() -> u32 {
     DEFAULT_MAX_REQUESTS_IN_FLIGHT
+}
+
+fn default_max_record_bytes() -> u64 {
+    DEFAULT_MAX_RECORD_BYTES
 }
 
 /// One rule of `placement:`: the loops it names (by name, or by type) run only on `hosts`
@@ -169,6 +185,13 @@ impl HostsConfig {
                     "{} is not between {min} and {max}",
                     self.max_requests_in_flight
                 ),
+            );
+        }
+        let (min, max) = MAX_RECORD_BYTES;
+        if !(min..=max).contains(&self.max_record_bytes) {
+            problem(
+                "max-record-bytes",
+                format!("{} is not between {min} and {max}", self.max_record_bytes),
             );
         }
         let names: BTreeSet<&str> = loops.iter().map(|l| l.name.as_str()).collect();
@@ -325,14 +348,16 @@ mod tests {
             h.max_requests_in_flight,
             super::DEFAULT_MAX_REQUESTS_IN_FLIGHT
         );
+        assert_eq!(h.max_record_bytes, super::DEFAULT_MAX_RECORD_BYTES);
         let c = parse(
-            "hosts:\n  listen: '[::1]:7070'\n  secret-env: TD_SECRET\n  slots: 8\n  lost-after-ms: 2000\n  max-requests-in-flight: 16\n  placement:\n    - {loops: [api], hosts: [b1]}\n    - {types: [ralph], hosts: [b1, head]}\n",
+            "hosts:\n  listen: '[::1]:7070'\n  secret-env: TD_SECRET\n  slots: 8\n  lost-after-ms: 2000\n  max-requests-in-flight: 16\n  max-record-bytes: 1048576\n  placement:\n    - {loops: [api], hosts: [b1]}\n    - {types: [ralph], hosts: [b1, head]}\n",
         )
         .unwrap();
         let h = c.hosts.unwrap();
         assert_eq!(h.slots, 8);
         assert_eq!(h.lost_after_ms, 2000);
         assert_eq!(h.max_requests_in_flight, 16);
+        assert_eq!(h.max_record_bytes, 1024 * 1024);
         assert_eq!(
             h.placement_lines(),
             vec!["loops api on b1", "types ralph on b1, head"]
@@ -384,6 +409,18 @@ mod tests {
             assert!(
                 err.contains(&format!(
                     "hosts.max-requests-in-flight: {bad} is not between 1 and 65536"
+                )),
+                "{err}"
+            );
+        }
+        for bad in ["1048575", "1099511627777"] {
+            let err = parse(&format!(
+                "hosts:\n  listen: 0.0.0.0:7070\n  secret-env: S\n  max-record-bytes: {bad}\n"
+            ))
+            .unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "hosts.max-record-bytes: {bad} is not between 1048576 and 1099511627776"
                 )),
                 "{err}"
             );

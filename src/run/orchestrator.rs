@@ -438,7 +438,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
     // The head listens for hosts while the run goes (`run/hosts`), and serves the loops it
     // places on them (`run/hosts/remote`).
     let (remote, mut remote_ends) = match &hosts {
-        Some(_) => {
+        Some(hosts) => {
             let (remote, ends) = RemoteLoops::new(HeadSide {
                 llm: llm.clone(),
                 budgets: budgets.clone(),
@@ -448,6 +448,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 repo: repo.clone(),
                 dir: run_dir.join("hosts"),
                 coordinator: rt.coordinator.clone(),
+                max_record_bytes: hosts.max_record_bytes(),
             });
             (Some(remote), Some(ends))
         }

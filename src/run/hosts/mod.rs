@@ -52,6 +52,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 pub struct Prepared {
     options: HeadOptions,
     placement: Vec<String>,
+    /// `hosts.max-record-bytes`.
+    max_record_bytes: u64,
 }
 
 /// The head's side, listening.
@@ -77,10 +79,17 @@ pub fn prepare(config: Option<&HostsConfig>, base_dir: &Path) -> Result<Option<P
     Ok(Some(Prepared {
         options,
         placement: config.placement_lines(),
+        max_record_bytes: config.max_record_bytes,
     }))
 }
 
 impl Prepared {
+    /// The most bytes of records one placement of a loop on a host may send
+    /// (`hosts.max-record-bytes`).
+    pub fn max_record_bytes(&self) -> u64 {
+        self.max_record_bytes
+    }
+
     /// Listens for hosts, recording their events in `events`. `earlier`: the hosts of the
     /// run a resume continues; those still joined there went with its process, and are
     /// recorded lost first.
@@ -258,6 +267,7 @@ mod tests {
         let hosts = Prepared {
             options,
             placement: Vec::new(),
+            max_record_bytes: crate::config::hosts::DEFAULT_MAX_RECORD_BYTES,
         }
         .start(&events, Some(&earlier), None)
         .await

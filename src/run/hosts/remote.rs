@@ -132,6 +132,10 @@ pub struct HeadSide {
     pub dir: PathBuf,
     /// The run's coordinator.
     pub coordinator: ractor::ActorRef<CoordMsg>,
+    /// The most bytes of records one placement of a loop may send (`hosts.max-record-bytes`):
+    /// past it its next batch is refused, and its host stops it saying why, so that a host
+    /// cannot fill the head's disk.
+    pub max_record_bytes: u64,
 }
 
 /// The longest a lost host's loops wait, before they are handed to the run, for a records
@@ -323,6 +327,9 @@ struct Entry {
     tools: ModelTools,
     /// The last batch of records appended.
     batch: u64,
+    /// Bytes of records (events, transcript entries, receipts, as sent) taken of it in
+    /// this placement: at most [`HeadSide::max_record_bytes`].
+    record_bytes: u64,
     /// Iterations it started (from its events).
     iterations: u32,
     /// Bytes of its branch bundle received so far.
@@ -543,6 +550,7 @@ impl RemoteLoops {
                     answer: placed.answer_tools,
                 },
                 batch: 0,
+                record_bytes: 0,
                 iterations: placed.start.first_iteration.saturating_sub(1),
                 branch_bytes: 0,
                 checkpointed: placed.start.first_iteration.saturating_sub(1),
@@ -1272,6 +1280,24 @@ impl RemoteLoops {
                     "records batch {batch} of loop {name} came after batch {last}"
                 ));
             }
+            let bytes = events
+                .iter()
+                .chain(&transcript)
+                .chain(&receipts)
+                .fold(0u64, |sum, r| {
+                    sum.saturating_add(u64::try_from(r.get().len()).unwrap_or(u64::MAX))
+                });
+            let total = entry.record_bytes.saturating_add(bytes);
+            if total > self.side.max_record_bytes {
+                // Its record takes no more of it: this batch and every later one refused.
+                let why = format!(
+                    "loop {name}'s records would pass {} bytes in this placement, the most the run takes of one (hosts.max-record-bytes): raise it to let such a loop go on",
+                    self.side.max_record_bytes
+                );
+                entry.broken = Some(why.clone());
+                return Err(why);
+            }
+            entry.record_bytes = total;
             entry.taking = true;
             entry.host.clone()
         };
