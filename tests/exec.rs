@@ -3,16 +3,13 @@
 //! active across calls, receipts that `replay verify` can re-run, and `web_fetch` confined to
 //! the public internet unless `-c FILE` allows more.
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
 mod common;
+use common::http_once::LocalPage;
 use common::tool_exec::Exec;
 
 fn bin() -> &'static str {
@@ -223,46 +220,6 @@ fn receipts_replay_identically_and_divergence_is_reported() {
     assert!(text.contains("DIFFERS #1 read_file"), "{text}");
 }
 
-/// A one-thread HTTP/1.1 server on 127.0.0.1 answering every request with 200 and `body`,
-/// counting the requests it got. Its thread ends with the test process.
-struct Local {
-    port: u16,
-    hits: Arc<AtomicUsize>,
-}
-
-impl Local {
-    fn start(body: &'static str) -> Local {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(AtomicUsize::new(0));
-        let seen = hits.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                seen.fetch_add(1, Ordering::SeqCst);
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(answer.as_bytes());
-            }
-        });
-        Local { port, hits }
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
 /// Fetches each URL in one `tool exec` stream started with `extra`; returns each answer's
 /// error flag and content.
 fn fetch_all(worktree: &Path, extra: &[&str], urls: &[String]) -> Vec<(bool, String)> {
@@ -287,7 +244,7 @@ fn web_fetch_reaches_local_addresses_only_when_the_config_allows_them() {
     let dir = tempfile::tempdir().unwrap();
     let wt = dir.path().join("wt");
     std::fs::create_dir_all(&wt).unwrap();
-    let local = Local::start("hello from a local service");
+    let local = LocalPage::start("hello from a local service");
     let by_address = format!("http://127.0.0.1:{}/", local.port);
     let by_name = format!("http://localhost:{}/", local.port);
     let urls = [by_address.clone(), by_name.clone()];
@@ -352,7 +309,7 @@ fn web_fetch_ignores_proxies_from_the_environment_unless_everything_is_allowed()
     let dir = tempfile::tempdir().unwrap();
     let wt = dir.path().join("wt");
     std::fs::create_dir_all(&wt).unwrap();
-    let proxy = Local::start("answered by the proxy");
+    let proxy = LocalPage::start("answered by the proxy");
     let cfg = dir.path().join("td.yml");
     let with_proxy = |config: &str| {
         // A short timeout: without a proxy the name below cannot be resolved anyway.

@@ -2723,7 +2723,7 @@ fn a_host_that_does_not_stop_its_loop_cannot_hold_the_run() {
 /// run's record; what came before is kept whole. (Before, every batch was appended.)
 #[test]
 fn a_loops_records_from_a_host_are_bounded_and_what_passes_the_bound_is_refused() {
-    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::FromHost;
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -2740,35 +2740,8 @@ fn a_loops_records_from_a_host_are_bounded_and_what_passes_the_bound_is_refused(
     let note = "n".repeat(4000);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answers = rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = tokio::time::timeout(WAIT, rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        let ToHost::StartLoop(placed) = &start.request else {
-            panic!("not a start: {:?}", start.request);
-        };
-        let link = link.for_attempt(placed.attempt);
-        start.reply.send(Ok(()));
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "e".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Evil's.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        let PlacedHost { link, running, .. } = placed_host(port, &root, "evil").await;
+        register(&link, "e", "Evil's.").await;
         let mut answers = Vec::new();
         for batch in 1..=4u64 {
             let started = (batch == 1).then(|| serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1}));
@@ -3752,6 +3725,25 @@ async fn placed_host(port: u16, root: &Path, name: &str) -> PlacedHost {
         rx,
         running,
     }
+}
+
+/// Registers loop `name` (type ralph, `task`) with the head's coordinator as its placement
+/// on the hand-made host of `link`, as a host's loop does when it starts.
+async fn register(link: &td_cluster::HeadLink, name: &str, task: &str) {
+    let () = link
+        .ask(
+            td_cluster::protocol::FromHost::Coord {
+                loop_name: name.into(),
+                request: td_cluster::protocol::CoordRequest::Register {
+                    loop_type: "ralph".into(),
+                    task: task.into(),
+                    subscriptions: None,
+                },
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
 }
 
 /// The next StartLoop the hand-made host is sent (accepted); the run's alerts delivered
@@ -5060,33 +5052,6 @@ fn tool_results(path: &Path) -> Vec<String> {
     results
 }
 
-/// A one-thread HTTP server on 127.0.0.1 answering every request with 200 and `body`; its
-/// port. Its thread ends with the test process.
-fn local_page(body: &'static str) -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
-            let answer = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(answer.as_bytes());
-        }
-    });
-    port
-}
-
 /// A run's `web.allow-private` reaches its loops on hosts, but never past what the host
 /// allows: the run allows 127.0.0.1, and a loop's `web_fetch` of a page there is refused on a
 /// host started without `--web-allow-private` (which says on its stderr what it left out),
@@ -5096,7 +5061,7 @@ fn local_page(body: &'static str) -> u16 {
 fn a_host_loops_web_fetch_reaches_what_the_run_allows_only_as_far_as_its_host_does() {
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     const PAGE: &str = "a page on the host's own network";
-    let page = local_page(PAGE);
+    let page = common::http_once::LocalPage::start(PAGE).port;
     for (extra, fetched) in [
         (&[][..], false),
         (&["--web-allow-private", "127.0.0.1"][..], true),

@@ -73,3 +73,48 @@ pub fn answer_once(
     stream.flush().ok()?;
     Some(request)
 }
+
+/// A one-thread HTTP/1.1 server on 127.0.0.1 answering every request with 200 and `body`
+/// as text, counting the requests it got (a page of a machine's own network, for
+/// `web_fetch`'s tests). Its thread ends with the test process.
+pub struct LocalPage {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LocalPage {
+    /// Serves `body` on a free port of 127.0.0.1.
+    pub fn start(body: &'static str) -> LocalPage {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = hits.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes());
+            }
+        });
+        LocalPage { port, hits }
+    }
+
+    /// The requests it got so far.
+    pub fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
