@@ -255,6 +255,11 @@ struct HostArgs {
     /// stay hidden either way).
     #[arg(long, value_name = "SCOPE", default_value = "all", value_parser = ["all", "strict"])]
     sandbox_read: String,
+    /// A file or directory of this machine that loops' commands read as empty (an empty
+    /// directory), whatever the head's policy says: its owner's keys, its cloud credentials
+    /// (repeat for more; relative to the current directory, `~/` is `$HOME`; it must exist).
+    #[arg(long, value_name = "PATH")]
+    sandbox_hide: Vec<PathBuf>,
     /// Honour a head's `sandbox.unix-sockets: host`: without it no loop's command reaches
     /// this machine's Unix sockets (its Docker socket, its agents), whatever the head asks.
     #[arg(long)]
@@ -272,6 +277,23 @@ struct HostArgs {
 }
 
 impl HostArgs {
+    /// `--sandbox-hide`'s paths, absolute and canonical; one that does not exist is refused
+    /// (a path hidden by a typo would hide nothing, without a word).
+    fn hidden(&self) -> Result<Vec<PathBuf>, String> {
+        let mut hidden = Vec::with_capacity(self.sandbox_hide.len());
+        for path in &self.sandbox_hide {
+            let expanded = match (path.strip_prefix("~"), std::env::var_os("HOME")) {
+                (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+                _ => path.clone(),
+            };
+            let real = expanded
+                .canonicalize()
+                .map_err(|e| format!("--sandbox-hide {}: {e}", path.display()))?;
+            hidden.push(real);
+        }
+        Ok(hidden)
+    }
+
     /// What this host allows a loop's `web_fetch` at most (`--web-allow-private`,
     /// `--web-allow-private-all`); an entry that is not a host name or an address is
     /// refused with how to write it.
@@ -713,6 +735,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         Command::Run(args) => run_command(args).await,
         Command::Host(args) => {
             let web = args.web_floor()?;
+            let hide = args.hidden()?;
             taskdaemon::run::hosts::host_loops::set_floor(
                 taskdaemon::run::hosts::host_loops::HostFloor {
                     mode: if args.sandbox_floor == "required" {
@@ -728,6 +751,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                     },
                     allow_unix_sockets: args.allow_unix_sockets,
                     web,
+                    hide,
                 },
             );
             let code = taskdaemon::run::hosts::worker::run(

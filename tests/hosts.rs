@@ -672,6 +672,17 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
             ],
             "--web-allow-private: `http://10.0.0.1:8080/` is not a host name or an IP address",
         ),
+        (
+            vec![
+                "--name",
+                "b1",
+                "--secret-file",
+                good.as_str(),
+                "--sandbox-hide",
+                "/no/such/path/here",
+            ],
+            "--sandbox-hide /no/such/path/here: No such file or directory",
+        ),
     ] {
         let mut all = vec!["--join", closed.as_str()];
         all.extend(args);
@@ -3520,8 +3531,9 @@ fn a_hosts_requests_for_an_earlier_placement_of_its_loop_are_refused() {
 
 /// A host keeps its machine from what the head asks: the head's `sandbox:` opens the hosts'
 /// Unix sockets (`unix-sockets: host`) and all their files (`read: all`), and each host's
-/// owner decides. h1 (no options) keeps its sockets; h2 (`--allow-unix-sockets`) opens them;
-/// h3 (`--sandbox-read strict`) keeps its files outside the toolchain paths and the worktree.
+/// owner decides. h1 (no options) keeps its sockets; h2 (`--allow-unix-sockets`) opens them
+/// and hides one file all the same (`--sandbox-hide`: read as empty); h3 (`--sandbox-read
+/// strict`) keeps its files outside the toolchain paths and the worktree.
 #[test]
 fn a_hosts_sockets_and_files_are_opened_to_the_heads_loops_only_as_the_host_allows() {
     if !common::fully_confined() {
@@ -3538,12 +3550,16 @@ fn a_hosts_sockets_and_files_are_opened_to_the_heads_loops_only_as_the_host_allo
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     listener.set_nonblocking(true).unwrap();
     std::fs::write(outside.join("host-file.txt"), "HOST-FILE\n").unwrap();
+    // h2's owner hides this one (`--sandbox-hide`): its loops' commands read it as empty.
+    let hidden = outside.join("host-keys.txt");
+    std::fs::write(&hidden, "HOST-KEYS\n").unwrap();
     // Each loop's probe writes its own file (the three merge into one branch).
     let probe = |name: &str| {
         format!(
-            "python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(sys.argv[1])\" {socket} && echo unix-reached > {name}.txt || echo unix-refused > {name}.txt; cat {file} >> {name}.txt 2>/dev/null || echo read-refused >> {name}.txt",
+            "python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(2); s.connect(sys.argv[1])\" {socket} && echo unix-reached > {name}.txt || echo unix-refused > {name}.txt; cat {file} >> {name}.txt 2>/dev/null || echo read-refused >> {name}.txt; cat {keys} >> {name}.txt 2>/dev/null || echo keys-refused >> {name}.txt",
             socket = socket.display(),
-            file = outside.join("host-file.txt").display()
+            file = outside.join("host-file.txt").display(),
+            keys = hidden.display()
         )
     };
     let mut script = String::new();
@@ -3565,9 +3581,14 @@ fn a_hosts_sockets_and_files_are_opened_to_the_heads_loops_only_as_the_host_allo
     )
     .unwrap();
     let mut head = run.start_head(&net, "head");
+    let hide = hidden.display().to_string();
     let mut hosts = [
         ("h1", head_ip, &[][..]),
-        ("h2", head_ip2, &["--allow-unix-sockets"][..]),
+        (
+            "h2",
+            head_ip2,
+            &["--allow-unix-sockets", "--sandbox-hide", hide.as_str()][..],
+        ),
         ("h3", head_ip3, &["--sandbox-read", "strict"][..]),
     ]
     .map(|(name, ip, extra)| {
@@ -3597,10 +3618,19 @@ fn a_hosts_sockets_and_files_are_opened_to_the_heads_loops_only_as_the_host_allo
         show(&run, &format!("{into}:{name}.txt")).unwrap_or_default()
     };
     // h1 kept its socket from the head's `unix-sockets: host` and let the head's `read: all`
-    // read its file; h2 opened its socket; h3 kept its file.
-    assert_eq!(probe_of("c1"), "unix-refused\nHOST-FILE\n", "{s}");
+    // read its files; h2 opened its socket and hid its keys (read as empty); h3 kept both
+    // files.
+    assert_eq!(
+        probe_of("c1"),
+        "unix-refused\nHOST-FILE\nHOST-KEYS\n",
+        "{s}"
+    );
     assert_eq!(probe_of("c2"), "unix-reached\nHOST-FILE\n", "{s}");
-    assert_eq!(probe_of("c3"), "unix-refused\nread-refused\n", "{s}");
+    assert_eq!(
+        probe_of("c3"),
+        "unix-refused\nread-refused\nkeys-refused\n",
+        "{s}"
+    );
     // Each host said what of the head's policy it left out, and why.
     let [(_, h1), (_, h2), (_, h3)] = &mut hosts;
     assert!(

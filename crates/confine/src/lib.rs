@@ -184,6 +184,16 @@ impl SandboxSettings {
         self
     }
 
+    /// The settings with absolute `path` added to the hidden paths (as `sandbox.hide`),
+    /// sealed as it is now.
+    pub fn hiding(mut self, path: &Path) -> Self {
+        if !self.hide.iter().any(|p| p == path) {
+            self.hide.push(path.to_path_buf());
+        }
+        self.seals.record(path);
+        self
+    }
+
     /// The settings with `path` added to the protected paths: canonical, or, for a file not
     /// made yet, its canonical directory joined with its name (file tools compare canonical
     /// paths).
@@ -604,6 +614,15 @@ fn c_path(path: &Path) -> Result<CString, ConfineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_hidden_twice_is_hidden_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        std::fs::write(&keys, "k").unwrap();
+        let settings = SandboxSettings::default().hiding(&keys).hiding(&keys);
+        assert_eq!(settings.hide, vec![keys]);
+    }
 
     #[test]
     fn required_refuses_what_the_machine_lacks_and_best_effort_reports_it() {

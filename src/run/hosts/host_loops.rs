@@ -634,9 +634,14 @@ impl HostLoops {
     /// this host's paths; refused when it requires what this machine lacks.
     fn sandbox(&self, name: &str, policy: &Value) -> Result<td_confine::SandboxSettings, String> {
         let floor = FLOOR.get().cloned().unwrap_or_default();
-        let (settings, dropped) = guard::host_policy(policy, &floor)?;
+        let (mut settings, dropped) = guard::host_policy(policy, &floor)?;
         for what in dropped {
             eprintln!("taskdaemon host: loop {name}: the head's {what} is left out");
+        }
+        // This machine's own hide list, before `required` is checked: hiding needs mount
+        // namespaces, and a host that cannot hide them does not pretend to.
+        for path in &floor.hide {
+            settings = settings.hiding(path);
         }
         td_base::secrets::register_environment(&settings.env.secret);
         td_confine::SandboxReport::of(&settings)

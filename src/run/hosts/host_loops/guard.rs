@@ -154,8 +154,8 @@ pub(super) fn remove_left(root: &Path, dir: &Path) -> Result<(), String> {
 }
 
 /// What this host holds loops to, whatever the head's policy says: `taskdaemon host
-/// --sandbox-floor`, `--sandbox-read`, `--allow-unix-sockets`, `--web-allow-private`, the
-/// host's own secret variable (`--secret-env`).
+/// --sandbox-floor`, `--sandbox-read`, `--sandbox-hide`, `--allow-unix-sockets`,
+/// `--web-allow-private`, the host's own secret variable (`--secret-env`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostFloor {
     /// The least confinement mode this host runs commands under.
@@ -172,6 +172,9 @@ pub struct HostFloor {
     /// (`--web-allow-private`): by default public internet addresses only, whatever the
     /// head allows (its private network is not this machine's).
     pub web: td_toolkit::web_access::WebAccess,
+    /// Paths of this machine that loops' commands read as empty (files) or as empty
+    /// directories, whatever the head's policy says (`--sandbox-hide`; absolute).
+    pub hide: Vec<PathBuf>,
 }
 
 /// The head's `sandbox:` policy as this host applies it: only its `mode`, `read`,
