@@ -1997,7 +1997,7 @@ asker:
 /// without limits.
 #[test]
 fn a_hosts_answer_calls_are_charged_to_the_asker_only_while_it_asks() {
-    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::{CompleteAnswer, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -2046,20 +2046,7 @@ asker:
         // Its requests speak for this placement of it.
         let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "e".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Evil's.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        register(&link, "e", "Evil's.").await;
         let answer_call = |from: &str| FromHost::Complete {
             loop_name: "e".into(),
             request: raw(serde_json::json!({
@@ -2135,7 +2122,7 @@ asker:
 /// carry-over) are left out, and the head writes the loop's own as it settles each call.
 #[test]
 fn a_hosts_spent_entries_are_left_out_and_the_head_writes_its_own() {
-    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::{CompleteAnswer, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -2179,20 +2166,7 @@ asker:
         // Its requests speak for this placement of it.
         let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "e".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Evil's.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        register(&link, "e", "Evil's.").await;
         // A million tokens e never spent, charged to the asker, and a call of its own.
         let forged = serde_json::json!({"entry": "spent", "iteration": 1, "turn": 1,
             "charged_to": "asker", "spend": {"input_tokens": 1_000_000, "model_calls": 1, "unpriced_calls": 1}});
@@ -2270,7 +2244,7 @@ asker:
 /// at once (a retry racing its first send) is appended once.
 #[test]
 fn a_records_batch_sent_twice_at_once_is_appended_once() {
-    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::{FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -2306,20 +2280,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
         // Its requests speak for this placement of it.
         let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "e".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Evil's.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        register(&link, "e", "Evil's.").await;
         for batch in 1..=BATCHES {
             // Its iteration started first: the head takes notes of iterations it saw start.
             let started = (batch == 1).then(|| serde_json::json!({"event": "iteration_started", "loop_name": "e", "iteration": 1}));
@@ -2370,7 +2331,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
 /// question to it fails at once instead of waiting on a host that does not answer for it.
 #[test]
 fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
-    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::ToHost;
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -2411,20 +2372,7 @@ fn a_loop_taken_for_stopped_after_the_grace_leaves_the_coordinator() {
         // Its requests speak for this placement of it.
         let link = link.for_attempt(placed.attempt);
         start.reply.send(Ok(()));
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "stuck".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Go.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        register(&link, "stuck", "Go.").await;
         // SAFETY: plain signals to our own child.
         unsafe { libc::kill(head.id() as i32, libc::SIGINT) };
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -4427,7 +4375,7 @@ async fn next_held(
 }
 
 fn a_loops_unshown_items_are_shown_once_whatever_order_they_settled_in(how: How) {
-    use td_cluster::protocol::{CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::{FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let (m_hosts, concurrency) = match how {
@@ -4490,20 +4438,7 @@ fn a_loops_unshown_items_are_shown_once_whatever_order_they_settled_in(how: How)
             mut rx,
             running,
         } = placed_host(port, &root, "slow").await;
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "f".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Far.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        register(&link, "f", "Far.").await;
         let (held_tx, mut held) = tokio::sync::mpsc::unbounded_channel();
         let served = tokio::spawn(async move {
             while let Some(request) = rx.recv().await {
@@ -5340,7 +5275,7 @@ fn a_host_asking_too_much_at_once_is_refused_past_its_bound() {
 /// nobody waiting).
 #[test]
 fn a_host_loops_answer_call_is_given_up_when_its_asker_stops_waiting() {
-    use td_cluster::protocol::{CompleteAnswer, CoordRequest, FromHost, ToHost};
+    use td_cluster::protocol::{CompleteAnswer, FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -5381,20 +5316,7 @@ asker:
             mut rx,
             running,
         } = placed_host(port, &root, "evil").await;
-        let () = link
-            .ask(
-                FromHost::Coord {
-                    loop_name: "e".into(),
-                    request: CoordRequest::Register {
-                        loop_type: "ralph".into(),
-                        task: "Slow.".into(),
-                        subscriptions: None,
-                    },
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        register(&link, "e", "Slow.").await;
         std::fs::write(run.flag("go"), "").unwrap();
         // The asker's question comes; its answer's model call goes to the head.
         let (answer, took) = loop {
