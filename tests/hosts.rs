@@ -4614,7 +4614,24 @@ fn a_resumed_loops_unshown_shares_and_alerts_are_shown_once_whatever_order_they_
 /// minute, the bound.
 #[test]
 fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in_flight() {
+    a_lost_hosts_checkpoint_in_flight_hangs_in("index-pack");
+}
+
+/// A checkpoint whose bundle was taken and checked, and whose fast-forward into the loop's
+/// worktree on the head is under way when the bound passes, is not given up: it lands whole
+/// and the move starts from it. Given up there (as before), it landed in the worktree after
+/// the move had started from the last checkpoint: the loop's next placement and its
+/// worktree on the head disagreed. Here git hangs in that `merge --ff-only` for ~70 s.
+#[test]
+fn a_lost_hosts_checkpoint_landing_when_the_bound_passes_lands_before_the_move() {
+    a_lost_hosts_checkpoint_in_flight_hangs_in("merge");
+}
+
+/// A host is lost while the head's git hangs in `hung_in` (`index-pack`: the checkpoint's
+/// bundle being taken; `merge`: its fast-forward into the loop's worktree on the head).
+fn a_lost_hosts_checkpoint_in_flight_hangs_in(hung_in: &str) {
     use td_cluster::protocol::{BranchBundle, FromHost};
+    let landing = hung_in == "merge";
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let run = FlaggedRun::new(
@@ -4630,7 +4647,7 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
     ));
     std::fs::write(&run.config, config).unwrap();
     let repo = run.config.parent().unwrap().to_path_buf();
-    // The head's git: the real one, except that index-pack waits while {flags}/hang exists
+    // The head's git: the real one, except that `hung_in` waits while {flags}/hang exists
     // and {flags}/unhang does not.
     let real = String::from_utf8(
         std::process::Command::new("sh")
@@ -4644,7 +4661,7 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
     std::fs::create_dir_all(&bin_dir).unwrap();
     let f = run.flags.display().to_string();
     let wrapper = format!(
-        "#!/bin/sh\ncase \" $* \" in\n  *\" index-pack \"*) if [ -e {f}/hang ]; then touch {f}/hung; while [ ! -e {f}/unhang ]; do sleep 0.1; done; fi ;;\nesac\nexec {} \"$@\"\n",
+        "#!/bin/sh\ncase \" $* \" in\n  *\" {hung_in} \"*) if [ -e {f}/hang ]; then touch {f}/hung; while [ ! -e {f}/unhang ]; do sleep 0.1; done; fi ;;\nesac\nexec {} \"$@\"\n",
         real.trim()
     );
     std::fs::write(bin_dir.join("git"), wrapper).unwrap();
@@ -4732,6 +4749,23 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
                 .unwrap_or("")
                 .starts_with("waiting for host hung (moving")
     };
+    if landing {
+        // Past the bound, still landing: not moved until it has landed.
+        while lost.elapsed() < Duration::from_secs(70) {
+            let s = summary(&run.run_dir);
+            if moving(&s) {
+                let _ = std::fs::write(run.flag("unhang"), "");
+                let _ = head.kill();
+                panic!(
+                    "e moved {:?} after its host was lost, while its checkpoint was landing:\n{}",
+                    lost.elapsed(),
+                    err()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::write(run.flag("unhang"), "").unwrap();
+    }
     while !moving(&summary(&run.run_dir)) {
         if lost.elapsed() > Duration::from_secs(120) {
             let _ = std::fs::write(run.flag("unhang"), "");
@@ -4751,7 +4785,7 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
         let link = session.link();
         let running = tokio::spawn(session.run(std::future::pending()));
         let second = next_start(&mut rx).await;
-        // The hung git goes on now; what it took lands nowhere.
+        // The hung git goes on now (landed already, or, hung taking it, landing nowhere).
         std::fs::write(run.flag("unhang"), "").unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
         end_e_and_serve(&link.for_attempt(second.attempt), "done", rx, running).await;
@@ -4762,6 +4796,21 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
     let s = summary(&run.run_dir);
     assert_eq!(code, Some(0), "{s}\n{}", err());
     assert_eq!(s["loops"]["e"]["status"], "completed", "{s}");
+    let run_id = s["run_id"].as_str().unwrap();
+    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
+    if landing {
+        // It landed whole, and the move started from it.
+        assert!(waited >= Duration::from_secs(70), "{waited:?}");
+        assert_eq!(second.base_commit, tip, "{}", err());
+        assert_eq!(branch.trim(), tip);
+        assert!(err().contains("that work is landing"), "{}", err());
+        assert!(
+            !err().contains("it moves from its last checkpoint"),
+            "{}",
+            err()
+        );
+        return;
+    }
     assert!(
         waited >= Duration::from_secs(55) && waited < Duration::from_secs(90),
         "{waited:?}"
@@ -4769,8 +4818,6 @@ fn a_lost_hosts_loop_moves_from_its_last_checkpoint_when_git_hangs_on_the_one_in
     // It moved from its last checkpoint taken (none: its base), not the hung one's tip.
     assert_eq!(second.base_commit, base);
     assert_eq!(second.first_iteration, 1);
-    let run_id = s["run_id"].as_str().unwrap();
-    let branch = common::git(&repo, &["rev-parse", &format!("taskdaemon/{run_id}/e")]);
     assert_ne!(branch.trim(), tip, "the hung checkpoint landed");
     assert!(
         err().contains("it moves from its last checkpoint"),

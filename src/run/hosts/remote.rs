@@ -370,6 +370,11 @@ struct Entry {
     /// Its host was lost while a checkpoint of it was taken, and the move stopped waiting
     /// for it ([`CHECKPOINT_SETTLE`]): that checkpoint lands no more.
     abandoned: bool,
+    /// A checkpoint of it is landing: its bundle was taken and checked, and its worktree on
+    /// the head is being fast-forwarded to it. Claimed under the same lock as `abandoned`,
+    /// so that a checkpoint either lands whole before its loop moves (the move waits for
+    /// it) or not at all; never after the move read the worktree.
+    landing: bool,
     /// Model calls of its current iteration the head settled.
     calls: u32,
     /// Model calls of its answers the head settled.
@@ -567,6 +572,7 @@ impl RemoteLoops {
                 taking: false,
                 ending: false,
                 abandoned: false,
+                landing: false,
                 calls: 0,
                 answer_calls: 0,
                 task_line: placed.start.task.lines().next().unwrap_or("").to_string(),
@@ -757,6 +763,7 @@ impl RemoteLoops {
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let ends = self.ends.clone();
         let taking: Vec<_> = gone.iter().map(|e| self.branch_lock(&e.name)).collect();
+        let landing = taking.clone();
         let me = self.clone();
         let left = format!(
             "{why}; it goes on elsewhere when the run can move it: ask it again once it runs"
@@ -770,8 +777,13 @@ impl RemoteLoops {
             // lands no more, and the move starts from the last checkpoint taken.
             let held = held_after(taking, tokio::time::Instant::now() + CHECKPOINT_SETTLE).await;
             for i in held {
-                if let (Some(end), Some(attempt)) = (gone.get(i), attempts.get(i)) {
-                    me.abandon_checkpoint(&end.name, *attempt);
+                if let (Some(end), Some(attempt)) = (gone.get(i), attempts.get(i))
+                    && !me.abandon_checkpoint(&end.name, *attempt)
+                    && let Some(lock) = landing.get(i)
+                {
+                    // Landing already (taken and checked; a local fast-forward left): the
+                    // move starts from it once it is in the worktree, never before.
+                    let _landed = lock.clone().lock_owned().await;
                 }
             }
             // And a records batch claimed before the loss: the move reads the record back,
@@ -797,17 +809,26 @@ impl RemoteLoops {
 
     /// The checkpoint of loop `name`'s placement `attempt` being taken is given up (its
     /// host was lost, and it took longer than [`CHECKPOINT_SETTLE`]): it lands no more.
-    fn abandon_checkpoint(&self, name: &str, attempt: u64) {
+    /// `false` when it is landing already ([`Entry::landing`]): then it is not given up,
+    /// and the move waits for it.
+    fn abandon_checkpoint(&self, name: &str, attempt: u64) -> bool {
         if let Some(entry) = lock(&self.loops)
             .get_mut(name)
             .filter(|e| e.attempt == attempt)
         {
+            if entry.landing {
+                eprintln!(
+                    "taskdaemon: loop {name}: its host was lost while its work was taken; that work is landing in its worktree on the head, and it moves from there once it has"
+                );
+                return false;
+            }
             entry.abandoned = true;
         }
         eprintln!(
             "taskdaemon: loop {name}: its host was lost while its work was taken, which took over {} s; it moves from its last checkpoint",
             CHECKPOINT_SETTLE.as_secs()
         );
+        true
     }
 
     /// Waits until no records batch of `names` is being taken (a batch is appended in one
@@ -1598,25 +1619,32 @@ impl RemoteLoops {
         }
         // Its host may have been lost meanwhile and the move have stopped waiting for this
         // (`host_gone`): then it lands no more, in the worktree or the loop's next placement.
-        let current = lock(&self.loops)
-            .get(name)
-            .is_some_and(|e| e.attempt == attempt && !e.abandoned);
-        if !current {
+        // Otherwise it is claimed as landing, and from here it is not given up: the move
+        // waits for the fast-forward, so that it starts from the worktree as it will stay.
+        let claimed = lock(&self.loops)
+            .get_mut(name)
+            .filter(|e| e.attempt == attempt && !e.abandoned)
+            .map(|e| e.landing = true)
+            .is_some();
+        if !claimed {
             return Err(format!(
                 "loop {name}'s host was lost while the work of iteration {iteration} was taken; it moves from its last checkpoint"
             ));
         }
-        fast_forward(worktree.path(), &tip).await.map_err(|why| {
-            format!("its worktree on the head cannot take the work of iteration {iteration}: {why}")
-        })?;
+        let landed = fast_forward(worktree.path(), &tip).await;
         if let Some(entry) = lock(&self.loops)
             .get_mut(name)
             .filter(|e| e.attempt == attempt)
         {
-            entry.base = tip;
-            entry.checkpointed = iteration;
+            entry.landing = false;
+            if landed.is_ok() {
+                entry.base = tip;
+                entry.checkpointed = iteration;
+            }
         }
-        Ok(())
+        landed.map_err(|why| {
+            format!("its worktree on the head cannot take the work of iteration {iteration}: {why}")
+        })
     }
 
     /// The end of loop `name` as the run takes it: its branch taken into the repository and
