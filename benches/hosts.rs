@@ -282,6 +282,20 @@ fn switches(pid: u32) -> f64 {
     total
 }
 
+/// The CPU (ms, utime + stime) of each of `pids`, then their context switches.
+fn gauges_of(pids: [u32; 3]) -> [f64; 6] {
+    let cpu = pids.map(|p| cpu_ms(p).map_or(0.0, |(own, _)| own));
+    let switched = pids.map(switches);
+    [
+        cpu[0],
+        cpu[1],
+        cpu[2],
+        switched[0],
+        switched[1],
+        switched[2],
+    ]
+}
+
 /// Waits for `child` to exit (within [`GUARD`]) while sampling the CPU of `watched` (the
 /// last sample before each exits); returns the exit code and the samples.
 fn wait_sampling(child: &mut Child, watched: &[u32]) -> (i32, Vec<(f64, f64)>) {
@@ -448,46 +462,35 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
         context,
     );
     let pids = [head.id(), h1.id(), h2.id()];
-    let cpu = || pids.map(|p| cpu_ms(p).map_or(0.0, |(own, _)| own));
-    let switched = || pids.map(switches);
+    // The CPU (ms) of the head, h1 and h2, then their context switches: sampled together.
+    let gauges = || gauges_of(pids);
     let mut tail = ReceiptTail::new(setup.path("run/loops/asker/receipts.jsonl"));
     let mut round = Round {
         ours: Vec::new(),
         raw: Vec::new(),
         direct: Vec::new(),
     };
-    let (mut spent, mut raw_spent) = ([0.0; 3], [0.0; 3]);
-    let (mut switches_of, mut raw_switches) = ([0.0; 3], [0.0; 3]);
+    let (mut spent, mut raw_spent) = ([0.0; 6], [0.0; 6]);
     for chunk in 0..chunks {
         // The asker is idle in its wait (let its turn's model call and command settle); the
-        // three processes' CPU meanwhile is their idle rate (timers, heartbeats).
-        let (idle_from, idle_switches, idle_at) = (cpu(), switched(), Instant::now());
+        // three processes' CPU and switches meanwhile are their idle rate (timers,
+        // heartbeats).
+        let (idle_from, idle_at) = (gauges(), Instant::now());
         std::thread::sleep(Duration::from_millis(100));
-        let idle_rate: Vec<f64> = cpu()
+        let idle_rate: Vec<f64> = gauges()
             .iter()
             .zip(idle_from)
             .map(|(a, b)| (a - b) / idle_at.elapsed().as_secs_f64())
             .collect();
-        let idle_switch_rate: Vec<f64> = switched()
-            .iter()
-            .zip(idle_switches)
-            .map(|(a, b)| (a - b) / idle_at.elapsed().as_secs_f64())
-            .collect();
-        let (raw_before, raw_switches_before) = (baseline.cpu(), baseline.switches());
+        let raw_before = baseline.gauges();
         round.raw.push(baseline.calls(per_chunk, true));
         for (s, (a, b)) in raw_spent
             .iter_mut()
-            .zip(baseline.cpu().iter().zip(raw_before))
+            .zip(baseline.gauges().iter().zip(raw_before))
         {
             *s += a - b;
         }
-        for (s, (a, b)) in raw_switches
-            .iter_mut()
-            .zip(baseline.switches().iter().zip(raw_switches_before))
-        {
-            *s += a - b;
-        }
-        let (before, switches_before, at) = (cpu(), switched(), Instant::now());
+        let (before, at) = (gauges(), Instant::now());
         let from = tail.samples.len();
         setup.flag(&format!("go{chunk}"));
         until(
@@ -496,7 +499,7 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
             || tail.poll() >= from + per_chunk,
             context,
         );
-        let (after, switches_after) = (cpu(), switched());
+        let after = gauges();
         let samples = tail.samples[from..from + per_chunk].to_vec();
         // The queries run one after the other: the rest of the span is the asker's wait for
         // the go (up to 0.5 s), charged at the idle rate and taken out.
@@ -506,13 +509,6 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
             .iter_mut()
             .zip(&idle_rate)
             .zip(after.iter().zip(before))
-        {
-            *s += (a - b - rate * idle).max(0.0);
-        }
-        for ((s, rate), (a, b)) in switches_of
-            .iter_mut()
-            .zip(&idle_switch_rate)
-            .zip(switches_after.iter().zip(switches_before))
         {
             *s += (a - b - rate * idle).max(0.0);
         }
@@ -535,12 +531,12 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
     );
     println!(
         "# context switches per query: ours head {:.1}, h1 {:.1}, h2 {:.1}; raw head {:.1}, h1 {:.1}, h2 {:.1}",
-        switches_of[0] / n,
-        switches_of[1] / n,
-        switches_of[2] / n,
-        raw_switches[0] / n,
-        raw_switches[1] / n,
-        raw_switches[2] / n
+        spent[3] / n,
+        spent[4] / n,
+        spent[5] / n,
+        raw_spent[3] / n,
+        raw_spent[4] / n,
+        raw_spent[5] / n
     );
     until(
         "the asker to complete",
@@ -1293,17 +1289,11 @@ mod echo {
             self.ask(n, via_model)
         }
 
-        /// CPU (ms, utime+stime) of the head, h1 and h2 so far.
-        pub fn cpu(&self) -> [f64; 3] {
+        /// CPU (ms, utime+stime) of the head, h1 and h2 so far, then their context
+        /// switches.
+        pub fn gauges(&self) -> [f64; 6] {
             // `nodes` is head, h2, h1.
-            let of = |i: usize| super::cpu_ms(self.nodes[i].id()).map_or(0.0, |(own, _)| own);
-            [of(0), of(2), of(1)]
-        }
-
-        /// Context switches of the head, h1 and h2 so far.
-        pub fn switches(&self) -> [f64; 3] {
-            let of = |i: usize| super::switches(self.nodes[i].id());
-            [of(0), of(2), of(1)]
+            super::gauges_of([0, 2, 1].map(|i| self.nodes[i].id()))
         }
 
         fn ask(&mut self, n: usize, via_model: bool) -> Vec<Duration> {

@@ -280,13 +280,13 @@ impl HostArgs {
     /// `--sandbox-hide`'s paths, absolute and canonical; one that does not exist is refused
     /// (a path hidden by a typo would hide nothing, without a word).
     fn hidden(&self) -> Result<Vec<PathBuf>, String> {
+        if self.sandbox_hide.is_empty() {
+            return Ok(Vec::new());
+        }
+        let here = std::env::current_dir().map_err(|e| format!("--sandbox-hide: {e}"))?;
         let mut hidden = Vec::with_capacity(self.sandbox_hide.len());
         for path in &self.sandbox_hide {
-            let expanded = match (path.strip_prefix("~"), std::env::var_os("HOME")) {
-                (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
-                _ => path.clone(),
-            };
-            let real = expanded
+            let real = td_confine::absolute(path, &here)
                 .canonicalize()
                 .map_err(|e| format!("--sandbox-hide {}: {e}", path.display()))?;
             hidden.push(real);

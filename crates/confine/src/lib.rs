@@ -213,7 +213,9 @@ impl SandboxSettings {
     }
 }
 
-fn absolute(path: &Path, base: &Path) -> PathBuf {
+/// `path` made absolute as the sandbox's paths are: `~/` is `$HOME`, a relative path is
+/// relative to `base` (taskdaemon.yml's directory, or a host's current directory).
+pub fn absolute(path: &Path, base: &Path) -> PathBuf {
     if let Ok(rest) = path.strip_prefix("~")
         && let Some(home) = std::env::var_os("HOME")
     {

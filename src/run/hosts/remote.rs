@@ -655,32 +655,32 @@ impl RemoteLoops {
             loop_name: name.to_string(),
             now,
         };
-        let me = self.clone();
         let name = name.to_string();
-        let (asked_of, asking) = (host.clone(), self.clone());
-        let stopped = name.clone();
-        tokio::spawn(async move {
-            // Not before its host took the loop (a refused start ends it without a stop);
-            // closed: the entry went (the loop placed again, or its host lost).
-            match accepted.wait_for(Option::is_some).await.map(|a| *a) {
-                Ok(Some(true)) => {}
-                _ => return,
-            }
-            let taken = asker.ask::<()>(&asked_of, &request, STOP_TIMEOUT).await;
-            // Its iteration's model call in flight here is given up once its host took the
-            // stop (a host told before then would take the give-up for a model error).
-            if taken.is_ok()
-                && let Some(entry) = lock(&asking.loops)
-                    .get(&stopped)
-                    .filter(|e| e.attempt == attempt)
-            {
-                entry.stopping.send_replace(true);
-            }
-        });
+        {
+            let (me, host, name) = (self.clone(), host.clone(), name.clone());
+            tokio::spawn(async move {
+                // Not before its host took the loop (a refused start ends it without a
+                // stop); closed: the entry went (the loop placed again, or its host lost).
+                match accepted.wait_for(Option::is_some).await.map(|a| *a) {
+                    Ok(Some(true)) => {}
+                    _ => return,
+                }
+                let taken = asker.ask::<()>(&host, &request, STOP_TIMEOUT).await;
+                // Its iteration's model call in flight here is given up once its host took
+                // the stop (a host told before then would take the give-up for a model
+                // error).
+                if taken.is_ok()
+                    && let Some(entry) = lock(&me.loops).get(&name).filter(|e| e.attempt == attempt)
+                {
+                    entry.stopping.send_replace(true);
+                }
+            });
+        }
         if !now {
             return;
         }
         // The grace runs from the stop, whether or not its host has answered the start yet.
+        let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(STOP_NOW_GRACE).await;
             let why = format!(
@@ -763,7 +763,6 @@ impl RemoteLoops {
         let handle = CoordinatorHandle::new(self.side.coordinator.clone());
         let ends = self.ends.clone();
         let taking: Vec<_> = gone.iter().map(|e| self.branch_lock(&e.name)).collect();
-        let landing = taking.clone();
         let me = self.clone();
         let left = format!(
             "{why}; it goes on elsewhere when the run can move it: ask it again once it runs"
@@ -775,11 +774,11 @@ impl RemoteLoops {
             // A checkpoint of theirs being taken lands first: the move starts from it. One
             // still being taken after CHECKPOINT_SETTLE (a git that hangs) is given up: it
             // lands no more, and the move starts from the last checkpoint taken.
-            let held = held_after(taking, tokio::time::Instant::now() + CHECKPOINT_SETTLE).await;
+            let held = held_after(&taking, tokio::time::Instant::now() + CHECKPOINT_SETTLE).await;
             for i in held {
                 if let (Some(end), Some(attempt)) = (gone.get(i), attempts.get(i))
                     && !me.abandon_checkpoint(&end.name, *attempt)
-                    && let Some(lock) = landing.get(i)
+                    && let Some(lock) = taking.get(i)
                 {
                     // Landing already (taken and checked; a local fast-forward left): the
                     // move starts from it once it is in the worktree, never before.
@@ -1797,12 +1796,12 @@ impl Known {
 
 /// Waits for each of `locks` until `deadline`: the indexes of those still held then.
 async fn held_after(
-    locks: Vec<Arc<tokio::sync::Mutex<()>>>,
+    locks: &[Arc<tokio::sync::Mutex<()>>],
     deadline: tokio::time::Instant,
 ) -> Vec<usize> {
     let mut held = Vec::new();
-    for (i, lock) in locks.into_iter().enumerate() {
-        if tokio::time::timeout_at(deadline, lock.lock_owned())
+    for (i, lock) in locks.iter().enumerate() {
+        if tokio::time::timeout_at(deadline, lock.clone().lock_owned())
             .await
             .is_err()
         {
@@ -1962,7 +1961,7 @@ mod tests {
         });
         let started = tokio::time::Instant::now();
         let still = held_after(
-            vec![free, held, released],
+            &[free, held, released],
             started + Duration::from_millis(300),
         )
         .await;
