@@ -274,9 +274,31 @@ struct HostArgs {
     /// network included (its loopback, its cloud metadata address).
     #[arg(long)]
     web_allow_private_all: bool,
+    /// The sccache binary of this machine, for the runs that build through a compiler
+    /// cache (`compiler-cache: sccache`); default: the sccache on PATH. The cache is in the
+    /// work directory (`compiler-cache/sccache`), shared by the host's loops and runs.
+    #[arg(long, value_name = "PATH")]
+    sccache: Option<PathBuf>,
 }
 
 impl HostArgs {
+    /// `--sccache`, absolute; one that is not an executable file is refused (a typo would
+    /// fail every loop of a run that asks for the cache).
+    fn sccache(&self) -> Result<Option<PathBuf>, String> {
+        let Some(path) = &self.sccache else {
+            return Ok(None);
+        };
+        let here = std::env::current_dir().map_err(|e| format!("--sccache: {e}"))?;
+        let path = td_confine::absolute(path, &here);
+        if !taskdaemon::run::compiler_cache::is_executable(&path) {
+            return Err(format!(
+                "--sccache {}: not an executable file; name this machine's sccache binary",
+                path.display()
+            ));
+        }
+        Ok(Some(path))
+    }
+
     /// `--sandbox-hide`'s paths, absolute and canonical; one that does not exist is refused
     /// (a path hidden by a typo would hide nothing, without a word).
     fn hidden(&self) -> Result<Vec<PathBuf>, String> {
@@ -736,6 +758,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
         Command::Host(args) => {
             let web = args.web_floor()?;
             let hide = args.hidden()?;
+            let sccache = args.sccache()?;
             taskdaemon::run::hosts::host_loops::set_floor(
                 taskdaemon::run::hosts::host_loops::HostFloor {
                     mode: if args.sandbox_floor == "required" {
@@ -763,6 +786,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                     secret_file: args.secret_file,
                     secret_env: args.secret_env,
                     timeout: std::time::Duration::from_millis(args.timeout_ms),
+                    sccache,
                 },
             )
             .await;

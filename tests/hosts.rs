@@ -683,6 +683,17 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
             ],
             "--sandbox-hide /no/such/path/here: No such file or directory",
         ),
+        (
+            vec![
+                "--name",
+                "b1",
+                "--secret-file",
+                good.as_str(),
+                "--sccache",
+                "/no/such/sccache",
+            ],
+            "--sccache /no/such/sccache: not an executable file",
+        ),
     ] {
         let mut all = vec!["--join", closed.as_str()];
         all.extend(args);
@@ -5422,4 +5433,212 @@ asker:
     let e =
         std::fs::read_to_string(run.run_dir.join("loops/e/transcript.jsonl")).unwrap_or_default();
     assert!(!e.contains(r#""charged_to":"asker""#), "{e}");
+}
+
+/// The sccache figures a `test` command printed (`--show-stats --stats-format json`), from
+/// the tool result that holds them.
+fn sccache_stats_in(results: &[String]) -> Option<Value> {
+    results.iter().find_map(|text| {
+        let at = text.find("{\"stats\"")?;
+        let stats: Value = serde_json::Deserializer::from_str(&text[at..])
+            .into_iter::<Value>()
+            .next()?
+            .ok()?;
+        Some(stats["stats"].clone())
+    })
+}
+
+/// A run with `compiler-cache: sccache` builds its host loops through the host's own
+/// confined sccache servers (`taskdaemon host --sccache PATH`), whose cache, in the host's
+/// work directory, its loops share: `a` compiles the dependencies, `b` (after `a`, in its
+/// own worktree) finds them there. A host that has no sccache fails the loop at its start,
+/// saying what to do, rather than building without the cache the run asked for. (Before,
+/// a host loop's commands ran without the cache, and `$RUSTC_WRAPPER` was unset.)
+#[test]
+fn a_runs_compiler_cache_is_the_hosts_own_and_its_loops_share_it() {
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        common::fully_confined(),
+        "the compiler cache needs namespaces, Landlock and seccomp (CI has them)"
+    );
+    let sccache = common::sccache::sccache_binary();
+    let sccache_bin = sccache.display().to_string();
+    let script = r#"
+a:
+  turns:
+    - calls:
+        - build: {}
+        - test: {}
+        - complete_task: {summary: built}
+b:
+  turns:
+    - calls:
+        - build: {}
+        - test: {}
+        - complete_task: {summary: built}
+"#;
+    let loops =
+        "  - {name: a, type: rust, task: t}\n  - {name: b, type: rust, task: t, depends-on: [a]}\n";
+    let project = |run: &FlaggedRun, port: u16, placed: &str| {
+        let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+        let repo = root.join("repo");
+        let shared = root.join("shared");
+        std::fs::create_dir_all(shared.join("dep/src")).unwrap();
+        std::fs::write(
+            shared.join("dep/Cargo.toml"),
+            "[package]\nname = \"dep\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            shared.join("dep/src/lib.rs"),
+            "pub fn forty() -> u32 { 40 }\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(repo.join("src")).unwrap();
+        std::fs::write(
+            repo.join("Cargo.toml"),
+            format!(
+                "[package]\nname = \"demo\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\ndep = {{ path = \"{}\" }}\n",
+                shared.join("dep").display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            repo.join("src/lib.rs"),
+            "pub fn answer() -> u32 { dep::forty() + 2 }\n",
+        )
+        .unwrap();
+        std::fs::write(
+            repo.join(".gitignore"),
+            "target/\n.taskdaemon/\nCargo.lock\n",
+        )
+        .unwrap();
+        common::git(&repo, &["add", "."]);
+        common::git(&repo, &["commit", "-q", "-m", "a crate"]);
+        let head_cache = root.join("head-cache");
+        hosts_on_port(
+            run,
+            port,
+            &format!(
+                "compiler-cache: {{tool: sccache, binary: '{sccache_bin}', dir: '{}'}}\nloop-types:\n  rust: {{extends: code, warm: [cargo], build: \"cargo build --offline\", test: \"\\\"$RUSTC_WRAPPER\\\" --show-stats --stats-format json\"}}\n",
+                head_cache.display()
+            ),
+            &[placed],
+        );
+        (root, head_cache)
+    };
+
+    // A host with its sccache: both loops build through it, and share its cache.
+    let port = free_port();
+    let run = FlaggedRun::new(script, loops);
+    let (root, head_cache) = project(&run, port, "{loops: [a, b], hosts: [h1]}");
+    let (mut head, mut h1) =
+        local_head_and_host_with(&run, port, "h1", &["--sccache", &sccache_bin]);
+    let code = exit_within(&mut head, Duration::from_secs(180));
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    let host_err = std::fs::read_to_string(root.join("h1.err")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{err}\n--- h1:\n{host_err}");
+    let s = summary(&run.run_dir);
+    // Each tool result's text, in order.
+    let results = |name: &str| -> Vec<String> {
+        std::fs::read_to_string(run.run_dir.join(format!("loops/{name}/transcript.jsonl")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["entry"] == "tool_result")
+            .filter_map(|e| e["content"].as_str().map(str::to_string))
+            .collect()
+    };
+    for name in ["a", "b"] {
+        assert_eq!(s["loops"][name]["status"], "completed", "{s:#}");
+        assert_eq!(s["loops"][name]["host"], "h1", "{s:#}");
+        assert!(
+            results(name).iter().any(|r| r.contains("build passed")),
+            "{name}: {:?}",
+            results(name)
+        );
+    }
+    let count = |stats: &Value, field: &str| stats[field]["counts"]["Rust"].as_u64().unwrap_or(0);
+    let a = sccache_stats_in(&results("a")).unwrap_or_else(|| panic!("{:?}", results("a")));
+    assert!(count(&a, "cache_misses") >= 1, "{a:#}");
+    let b = sccache_stats_in(&results("b")).unwrap_or_else(|| panic!("{:?}", results("b")));
+    assert!(count(&b, "cache_hits") >= 1, "{b:#}");
+    // `warm:` copies the head's checkout's build state, which a host has not: said, not
+    // skipped silently.
+    let warm = &s["loops"]["a"]["warm"];
+    assert_eq!(warm["method"], "none", "{s:#}");
+    assert!(
+        warm["skipped"][0]
+            .as_str()
+            .is_some_and(|w| w.starts_with("target: not seeded: the loop runs on host h1")),
+        "{s:#}"
+    );
+    // The cache is the host's, in its work directory; the head's stayed empty.
+    let host_cache = root.join("host-h1/compiler-cache/sccache");
+    assert!(
+        std::fs::read_dir(&host_cache).is_ok_and(|mut d| d.next().is_some()),
+        "{}",
+        host_cache.display()
+    );
+    assert!(
+        std::fs::read_dir(&head_cache).map_or(true, |mut d| d.next().is_none()),
+        "the head's cache was used"
+    );
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.starts_with(&sccache_bin))
+        .collect();
+    assert!(left.is_empty(), "servers left running: {left:?}");
+
+    // A host without sccache (none on its PATH, no --sccache): the loop fails at its start.
+    let port = free_port();
+    let run = FlaggedRun::new(script, "  - {name: a, type: rust, task: t}\n");
+    let (root, _) = project(&run, port, "{loops: [a], hosts: [h1]}");
+    let mut head = run
+        .command(&[])
+        .stderr(std::fs::File::create(root.join("head.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the head to listen", WAIT, || {
+        std::fs::read_to_string(root.join("head.err"))
+            .unwrap_or_default()
+            .contains("taskdaemon: hosts join at")
+    });
+    let mut h1 = std::process::Command::new(bin())
+        .args([
+            "host",
+            "--join",
+            &format!("127.0.0.1:{port}"),
+            "--name",
+            "h1",
+        ])
+        .arg("--secret-file")
+        .arg(root.join("secret"))
+        .arg("--workdir")
+        .arg(root.join("host-h1"))
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(root.join("h1.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let code = exit_within(&mut head, WAIT);
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert_ne!(code, Some(0), "{err}");
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["a"]["status"], "failed", "{s:#}");
+    let events = std::fs::read_to_string(run.run_dir.join("events.jsonl")).unwrap_or_default();
+    assert!(
+        events.contains("this host has no sccache on PATH")
+            && events.contains("start the host with --sccache PATH"),
+        "{events}"
+    );
+    assert!(!root.join("host-h1/compiler-cache").exists());
 }

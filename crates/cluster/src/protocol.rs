@@ -25,8 +25,10 @@ use serde_json::value::RawValue;
 /// run's tool catalog overrides ([`StartLoop::catalog`]): a host of 6 would run its tools
 /// under the default limits without a word. 8: a loop's start carries the run's
 /// `web.allow-private` ([`StartLoop::web_allow_private`]): a host of 7 would hold the loop's
-/// `web_fetch` to public addresses whatever the run allows, without a word.
-pub const PROTOCOL: u32 = 8;
+/// `web_fetch` to public addresses whatever the run allows, without a word. 9: a loop's
+/// start says whether the run builds through a compiler cache ([`StartLoop::compiler_cache`]):
+/// a host of 8 would build every loop cold without a word.
+pub const PROTOCOL: u32 = 9;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -390,6 +392,12 @@ pub struct StartLoop {
     /// internet, at most; the host allows no more than its own `--web-allow-private`.
     #[serde(default)]
     pub web_allow_private: Value,
+    /// Whether the run builds through a compiler cache (`compiler-cache: sccache`): the
+    /// loop's `build`, `test` and `validate` commands then run through a confined sccache
+    /// server of the host's own (its binary and cache directory are the host's: paths of the
+    /// head's machine mean nothing there), shared by the host's loops.
+    #[serde(default)]
+    pub compiler_cache: bool,
 }
 
 /// A loop's limits that its host checks.
@@ -519,7 +527,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"join":{"protocol":8,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
+            r#"{"join":{"protocol":9,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {

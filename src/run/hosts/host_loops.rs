@@ -49,6 +49,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::model_wire::Outgoing;
+use crate::run::compiler_cache::CompilerCaches;
 use td_base::sync::lock;
 use td_cluster::protocol::{
     BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, HostLimits, RawJson,
@@ -67,7 +68,7 @@ use td_runtime::coordinator_handle::CoordinatorHandle;
 use td_runtime::daemon::{Runtime, RuntimeConfig};
 use td_runtime::loop_actor::LoopSpec;
 use td_runtime::upstream::{QUERY_GRACE, UPSTREAM_TIMEOUT, Upstream};
-use td_toolkit::context::LoopCommands;
+use td_toolkit::context::{CompilerCacheAccess, LoopCommands};
 use td_toolkit::coordination::{Delivery, LoopInfo};
 use td_toolkit::error::ToolError;
 use td_toolkit::receipts::ReceiptLog;
@@ -174,6 +175,11 @@ pub struct HostLoops {
     locks: guard::LoopLocks,
     /// The attempt of each loop placed here.
     attempts: Attempts,
+    /// This machine's sccache (`--sccache`; `None`: the one on PATH).
+    sccache: Option<PathBuf>,
+    /// The compiler cache servers of the loops whose run asks for the cache, made at the
+    /// first such loop.
+    compiler_caches: tokio::sync::OnceCell<Arc<CompilerCaches>>,
 }
 
 /// What loop specs take from the host's runtime.
@@ -192,6 +198,7 @@ impl HostLoops {
         link: HeadLink,
         slots: u32,
         secret_file: Option<PathBuf>,
+        sccache: Option<PathBuf>,
     ) -> Result<(Arc<HostLoops>, tokio::task::JoinHandle<()>), String> {
         let events = Arc::new(EventLog::new());
         let attempts: Attempts = Arc::new(Mutex::new(BTreeMap::new()));
@@ -219,6 +226,8 @@ impl HostLoops {
             runtime: OnceLock::new(),
             locks: guard::LoopLocks::default(),
             attempts,
+            sccache,
+            compiler_caches: tokio::sync::OnceCell::new(),
         });
         let _ = loops.runtime.set(RuntimeParts {
             coordinator: rt.coordinator.clone(),
@@ -279,6 +288,35 @@ impl HostLoops {
     /// Stops the runtime and every loop still in it (the host's session ended).
     pub fn shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
+    }
+
+    /// Stops every compiler cache server still running and waits for them (the host is
+    /// ending; a loop's own server stops with the loop).
+    pub async fn stop_compiler_caches(&self) {
+        if let Some(caches) = self.compiler_caches.get() {
+            caches.stop_all().await;
+        }
+    }
+
+    /// How loop `name`'s commands reach the compiler cache server of `worktree` (started
+    /// now), when its run asks for the cache; refused, saying what to do, when this host
+    /// cannot give it one.
+    async fn compiler_cache(
+        &self,
+        start: &StartLoop,
+        worktree: &Path,
+        sandbox: &td_confine::SandboxSettings,
+    ) -> Result<Option<CompilerCacheAccess>, String> {
+        if !start.compiler_cache {
+            return Ok(None);
+        }
+        let caches = self
+            .compiler_caches
+            .get_or_try_init(|| async {
+                CompilerCaches::for_host(self.sccache.as_deref(), &self.workdir)
+            })
+            .await?;
+        caches.access_for(worktree, sandbox).await.map(Some)
     }
 
     /// Answers a request of the head.
@@ -482,7 +520,17 @@ impl HostLoops {
         let held = self.locks.hold(&name).await;
         let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;
         drop(held);
-        let spec = self.spec(&start, &worktree)?;
+        let sandbox = self.sandbox(&name, &start.sandbox)?;
+        let compiler_cache = self.compiler_cache(&start, worktree.path(), &sandbox).await;
+        let spec = compiler_cache.and_then(|cache| self.spec(&start, &worktree, sandbox, cache));
+        let spec = match spec {
+            Ok(spec) => spec,
+            Err(why) => {
+                // Nothing ran in it: its worktree and branch go with the failed start.
+                let _ = mirror.remove_worktree(&worktree, false).await;
+                return Err(why);
+            }
+        };
         if let Some(running) = lock(&self.loops).get_mut(&name) {
             running
                 .checkpoints
@@ -533,8 +581,15 @@ impl HostLoops {
             .map_err(|e| format!("cannot write {}: {e}", file.display()))
     }
 
-    /// The loop's spec, on this host.
-    fn spec(&self, start: &StartLoop, worktree: &Worktree) -> Result<LoopSpec, String> {
+    /// The loop's spec, on this host, its commands confined by `sandbox` and built through
+    /// `compiler_cache` when the run asks for one.
+    fn spec(
+        &self,
+        start: &StartLoop,
+        worktree: &Worktree,
+        sandbox: td_confine::SandboxSettings,
+        compiler_cache: Option<CompilerCacheAccess>,
+    ) -> Result<LoopSpec, String> {
         let parts = self
             .runtime
             .get()
@@ -551,19 +606,22 @@ impl HostLoops {
                 )
             })
             .ok_or_else(|| format!("loop {name} was dropped"))?;
-        let sandbox = Arc::new(self.sandbox(name, &start.sandbox)?);
         let web_access = web_access(name, &start.web_allow_private)?;
         let ctx = td_toolkit::context::ToolContext::new(worktree.path(), name)
             .map_err(|e| e.to_string())?
             .with_coordination(Arc::new(CoordinatorPort::new(parts.coordinator.clone())))
             .with_catalog(Arc::new(guard::catalog_of(start)?))
-            .with_sandbox_settings(sandbox)
+            .with_sandbox_settings(Arc::new(sandbox))
             .with_web_access(web_access)
             .with_commands(LoopCommands {
                 build: start.build.clone(),
                 test: start.test.clone(),
                 validate: start.validate.clone(),
             });
+        let ctx = match compiler_cache {
+            Some(access) => ctx.with_compiler_cache(access),
+            None => ctx,
+        };
         let tools = td_tools::tool_set(&start.tools).map_err(|e| e.to_string())?;
         let validation_tools = td_tools::tool_set(&["validate"]).map_err(|e| e.to_string())?;
         let receipts_path = guard::loop_dirs(&self.workdir, start)?
@@ -707,6 +765,10 @@ impl HostLoops {
                     "taskdaemon host: loop {name}: its end could not reach the head: {}",
                     td_base::secrets::redact(&why)
                 );
+            }
+            // Its compiler cache server (which runs in the worktree) stops with it.
+            if let (Some(caches), Some(worktree)) = (self.compiler_caches.get(), &worktree) {
+                caches.stop_for(worktree.path()).await;
             }
             // The head has its commits (or refused them): the worktree and its branch go.
             if let (Some(worktree), Ok(mirror)) = (worktree, self.mirror().await) {

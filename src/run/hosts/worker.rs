@@ -40,6 +40,8 @@ pub struct WorkerOptions {
     pub secret_env: Option<String>,
     /// How long connecting, the handshake and joining may each take.
     pub timeout: Duration,
+    /// This machine's sccache (`--sccache`), for runs with a compiler cache.
+    pub sccache: Option<PathBuf>,
 }
 
 /// This machine's host name, when it is a valid host name.
@@ -206,6 +208,7 @@ pub async fn run(options: WorkerOptions) -> u8 {
         session.link(),
         session.joined.slots,
         secret_file,
+        options.sccache.clone(),
     )
     .await
     {
@@ -244,6 +247,7 @@ pub async fn run(options: WorkerOptions) -> u8 {
     serving.abort();
     loops.shutdown();
     let _ = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    loops.stop_compiler_caches().await;
     match end {
         HostEnd::RunEnded(reason) => {
             say(&format!(
@@ -302,6 +306,7 @@ mod tests {
             secret_file: None,
             secret_env: None,
             timeout: Duration::from_secs(1),
+            sccache: None,
         };
         assert!(secret(&options).unwrap_err().contains("--secret-file FILE"));
         let both = WorkerOptions {

@@ -340,6 +340,7 @@ mod tests {
             sandbox: serde_json::json!({}),
             catalog: serde_json::json!({}),
             web_allow_private: Value::Null,
+            compiler_cache: false,
         }
     }
 
