@@ -279,6 +279,12 @@ struct HostArgs {
     /// work directory (`compiler-cache/sccache`), shared by the host's loops and runs.
     #[arg(long, value_name = "PATH")]
     sccache: Option<PathBuf>,
+    /// A checkout of the run's repository on this machine whose build state (the run's
+    /// `warm:` paths: `target/`, `node_modules/`...) each new worktree here is seeded with,
+    /// as the head seeds its own loops' from its checkout. Without it a loop's `warm:` is
+    /// not seeded here, and its record says so.
+    #[arg(long, value_name = "DIR")]
+    warm_from: Option<PathBuf>,
 }
 
 impl HostArgs {
@@ -297,6 +303,24 @@ impl HostArgs {
             ));
         }
         Ok(Some(path))
+    }
+
+    /// `--warm-from`, absolute and canonical; one that is not a directory is refused.
+    fn warm_from(&self) -> Result<Option<PathBuf>, String> {
+        let Some(dir) = &self.warm_from else {
+            return Ok(None);
+        };
+        let here = std::env::current_dir().map_err(|e| format!("--warm-from: {e}"))?;
+        let real = td_confine::absolute(dir, &here)
+            .canonicalize()
+            .map_err(|e| format!("--warm-from {}: {e}", dir.display()))?;
+        if !real.is_dir() {
+            return Err(format!(
+                "--warm-from {}: not a directory; name a checkout of the repository",
+                dir.display()
+            ));
+        }
+        Ok(Some(real))
     }
 
     /// `--sandbox-hide`'s paths, absolute and canonical; one that does not exist is refused
@@ -759,6 +783,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
             let web = args.web_floor()?;
             let hide = args.hidden()?;
             let sccache = args.sccache()?;
+            let warm_from = args.warm_from()?;
             taskdaemon::run::hosts::host_loops::set_floor(
                 taskdaemon::run::hosts::host_loops::HostFloor {
                     mode: if args.sandbox_floor == "required" {
@@ -787,6 +812,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, String> {
                     secret_env: args.secret_env,
                     timeout: std::time::Duration::from_millis(args.timeout_ms),
                     sccache,
+                    warm_from,
                 },
             )
             .await;

@@ -694,6 +694,17 @@ fn a_host_says_what_is_wrong_before_or_instead_of_joining() {
             ],
             "--sccache /no/such/sccache: not an executable file",
         ),
+        (
+            vec![
+                "--name",
+                "b1",
+                "--secret-file",
+                good.as_str(),
+                "--warm-from",
+                "/no/such/checkout",
+            ],
+            "--warm-from /no/such/checkout: No such file or directory",
+        ),
     ] {
         let mut all = vec!["--join", closed.as_str()];
         all.extend(args);
@@ -5565,14 +5576,14 @@ b:
     assert!(count(&a, "cache_misses") >= 1, "{a:#}");
     let b = sccache_stats_in(&results("b")).unwrap_or_else(|| panic!("{:?}", results("b")));
     assert!(count(&b, "cache_hits") >= 1, "{b:#}");
-    // `warm:` copies the head's checkout's build state, which a host has not: said, not
-    // skipped silently.
+    // `warm:` copies a checkout's build state, and this host was given none
+    // (`--warm-from`): said, not skipped silently.
     let warm = &s["loops"]["a"]["warm"];
     assert_eq!(warm["method"], "none", "{s:#}");
     assert!(
-        warm["skipped"][0]
-            .as_str()
-            .is_some_and(|w| w.starts_with("target: not seeded: the loop runs on host h1")),
+        warm["skipped"][0].as_str().is_some_and(|w| w.starts_with(
+            "target: not seeded: the loop runs on a host started without --warm-from DIR"
+        )),
         "{s:#}"
     );
     // The cache is the host's, in its work directory; the head's stayed empty.
@@ -5641,4 +5652,70 @@ b:
         "{events}"
     );
     assert!(!root.join("host-h1/compiler-cache").exists());
+}
+
+/// A loop's `warm:` on a worker host is seeded from the host's own checkout (`taskdaemon
+/// host --warm-from DIR`), as the head seeds its loops' from its checkout: the loop's
+/// command reads the build state it was given, and the record says what was copied, before
+/// the loop's start. (Before, a host loop's `warm:` was dropped without a word.)
+#[test]
+fn a_host_loops_warm_paths_are_seeded_from_the_hosts_own_checkout() {
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let run = FlaggedRun::new(
+        r#"
+w:
+  turns:
+    - calls:
+        - run_command: {command: "cat build-state/marker.txt"}
+    - calls:
+        - complete_task: {summary: "w done"}
+"#,
+        "  - {name: w, type: ralph, task: \"Build.\", warm: [build-state]}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let repo = root.join("repo");
+    std::fs::write(repo.join(".gitignore"), "build-state/\n").unwrap();
+    common::git(&repo, &["add", ".gitignore"]);
+    common::git(&repo, &["commit", "-q", "-m", "ignore the build state"]);
+    // The host's own checkout, with build state the head's has not.
+    let checkout = root.join("host-checkout");
+    std::fs::create_dir_all(checkout.join("build-state")).unwrap();
+    std::fs::write(
+        checkout.join("build-state/marker.txt"),
+        "built on the host's checkout\n",
+    )
+    .unwrap();
+    hosts_on_port(&run, port, "", &["{loops: [w], hosts: [h1]}"]);
+    let checkout_arg = checkout.display().to_string();
+    let (mut head, mut h1) =
+        local_head_and_host_with(&run, port, "h1", &["--warm-from", &checkout_arg]);
+    let code = exit_within(&mut head, WAIT);
+    let _ = exit_within(&mut h1, Duration::from_secs(10));
+    let _ = h1.kill();
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    let host_err = std::fs::read_to_string(root.join("h1.err")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{err}\n--- h1:\n{host_err}");
+    let s = summary(&run.run_dir);
+    assert_eq!(s["loops"]["w"]["host"], "h1", "{s:#}");
+    let warm = &s["loops"]["w"]["warm"];
+    assert_eq!(warm["paths"], serde_json::json!(["build-state"]), "{s:#}");
+    assert_eq!(warm["files"], 1, "{s:#}");
+    let transcript =
+        std::fs::read_to_string(run.run_dir.join("loops/w/transcript.jsonl")).unwrap_or_default();
+    assert!(
+        transcript.contains("built on the host's checkout"),
+        "{transcript}"
+    );
+    // Recorded before the loop's start, as a head loop's seeding is.
+    let kinds: Vec<String> = std::fs::read_to_string(run.run_dir.join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["loop_name"] == "w")
+        .filter_map(|e| e["event"].as_str().map(str::to_string))
+        .collect();
+    let seeded = kinds.iter().position(|k| k == "worktree_seeded");
+    let started = kinds.iter().position(|k| k == "loop_started");
+    assert!(seeded.is_some() && seeded < started, "{kinds:?}");
 }

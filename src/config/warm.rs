@@ -54,8 +54,9 @@ pub fn problems(list: &[String], at: &str) -> Vec<Problem> {
         .collect()
 }
 
-/// Why `entry` cannot be a warm path, or `None` when it can.
-fn why_refused(entry: &str) -> Option<String> {
+/// Why `entry` cannot be a warm path, or `None` when it can (also a worker host's check of
+/// the paths a head sends: it takes no path from the head unchecked).
+pub fn why_refused(entry: &str) -> Option<String> {
     const EXAMPLE: &str = "name a directory of the repository relative to its root, such as `target`, or a preset: cargo, node, python";
     if PRESETS.iter().any(|(name, _)| *name == entry) {
         return None;

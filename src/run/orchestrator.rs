@@ -771,15 +771,6 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                     if let Some(moved) = moved {
                         events.record(moved);
                     }
-                    if let Some(host) = site.host() {
-                        let warm = config.warm_paths(def, &types[&def.loop_type]);
-                        if let Some(seed) = crate::run::warm::not_on_host(&warm, host) {
-                            events.record(EventKind::WorktreeSeeded {
-                                loop_name: def.name.clone(),
-                                seed,
-                            });
-                        }
-                    }
                     let _ = record.update_loop(&def.name, |s| {
                         s.host = site.host().map(str::to_string);
                         s.branch = place.worktree.as_ref().map(|w| w.branch().to_string());
@@ -1793,7 +1784,8 @@ async fn start_remote(
     moved: Option<EventKind>,
 ) -> Result<Place, String> {
     let base = def.base.clone().unwrap_or_else(|| default_base.to_string());
-    // Its build state is made on the host: nothing is seeded on the head.
+    // Its build state is made on the host (seeded there from the host's own checkout):
+    // nothing is seeded on the head.
     let mut place = make_place(
         def,
         start_at.unwrap_or(&base),
@@ -1881,6 +1873,11 @@ async fn start_remote(
             config.compiler_cache,
             crate::config::compiler_cache::CompilerCacheConfig::None
         ),
+        warm: config
+            .warm_paths(def, loop_type)
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
     };
     remote.start(Placed {
         host: host.to_string(),

@@ -67,16 +67,14 @@ pub async fn seed_worktree(
     })
 }
 
-/// What a loop placed on worker host `host` gets of its `warm:` `paths`: nothing, said (the
-/// base checkout whose build state `warm:` copies is the head's; a host has none), or `None`
-/// when it names nothing.
-pub fn not_on_host(paths: &[PathBuf], host: &str) -> Option<WarmSeed> {
+/// What a loop on a worker host started without `--warm-from` gets of its `warm:` `paths`:
+/// nothing, said (the build state `warm:` copies is a checkout's, and the host was given
+/// none), or `None` when they name nothing.
+pub fn not_on_host(paths: &[PathBuf]) -> Option<WarmSeed> {
     (!paths.is_empty()).then(|| {
         not_seeded(
             paths,
-            &format!(
-                "the loop runs on host {host}, which has no checkout of the base with build state to copy (`compiler-cache: sccache` shares builds there)"
-            ),
+            "the loop runs on a host started without --warm-from DIR (a checkout of the repository on that machine whose build state it copies)",
         )
     })
 }

@@ -26,8 +26,9 @@ use serde_json::value::RawValue;
 /// under the default limits without a word. 8: a loop's start carries the run's
 /// `web.allow-private` ([`StartLoop::web_allow_private`]): a host of 7 would hold the loop's
 /// `web_fetch` to public addresses whatever the run allows, without a word. 9: a loop's
-/// start says whether the run builds through a compiler cache ([`StartLoop::compiler_cache`]):
-/// a host of 8 would build every loop cold without a word.
+/// start says whether the run builds through a compiler cache ([`StartLoop::compiler_cache`])
+/// and what its `warm:` names ([`StartLoop::warm`]): a host of 8 would build every loop cold
+/// without a word.
 pub const PROTOCOL: u32 = 9;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
@@ -398,6 +399,12 @@ pub struct StartLoop {
     /// head's machine mean nothing there), shared by the host's loops.
     #[serde(default)]
     pub compiler_cache: bool,
+    /// The build state the loop's new worktree is seeded with (its `warm:` paths, relative
+    /// to the repository root, presets named by their paths): the host copies them from its
+    /// own checkout (`taskdaemon host --warm-from DIR`), checking each path as the config
+    /// is checked, and says what it could not copy.
+    #[serde(default)]
+    pub warm: Vec<String>,
 }
 
 /// A loop's limits that its host checks.

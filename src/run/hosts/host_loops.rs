@@ -155,6 +155,17 @@ const STOP_NOW_ASKED: u8 = 2;
 /// not hold it forever).
 const STOPPING_GRACE: Duration = Duration::from_secs(30);
 
+/// What this host's loops' builds start from, as its owner set it.
+#[derive(Debug, Clone, Default)]
+pub struct BuildState {
+    /// This machine's sccache (`--sccache`; `None`: the one on PATH), for runs with
+    /// `compiler-cache`.
+    pub sccache: Option<PathBuf>,
+    /// The checkout each new worktree's `warm:` paths are copied from (`--warm-from`;
+    /// `None`: they are not seeded here).
+    pub warm_from: Option<PathBuf>,
+}
+
 /// The attempt id of each loop placed here (the last placement of each name), for the
 /// requests this host's runtime makes about its loops ([`HeadUpstream`]).
 type Attempts = Arc<Mutex<BTreeMap<String, u64>>>;
@@ -175,8 +186,8 @@ pub struct HostLoops {
     locks: guard::LoopLocks,
     /// The attempt of each loop placed here.
     attempts: Attempts,
-    /// This machine's sccache (`--sccache`; `None`: the one on PATH).
-    sccache: Option<PathBuf>,
+    /// Where its loops' builds start from (`--sccache`, `--warm-from`).
+    build: BuildState,
     /// The compiler cache servers of the loops whose run asks for the cache, made at the
     /// first such loop.
     compiler_caches: tokio::sync::OnceCell<Arc<CompilerCaches>>,
@@ -198,7 +209,7 @@ impl HostLoops {
         link: HeadLink,
         slots: u32,
         secret_file: Option<PathBuf>,
-        sccache: Option<PathBuf>,
+        build: BuildState,
     ) -> Result<(Arc<HostLoops>, tokio::task::JoinHandle<()>), String> {
         let events = Arc::new(EventLog::new());
         let attempts: Attempts = Arc::new(Mutex::new(BTreeMap::new()));
@@ -226,7 +237,7 @@ impl HostLoops {
             runtime: OnceLock::new(),
             locks: guard::LoopLocks::default(),
             attempts,
-            sccache,
+            build,
             compiler_caches: tokio::sync::OnceCell::new(),
         });
         let _ = loops.runtime.set(RuntimeParts {
@@ -298,6 +309,37 @@ impl HostLoops {
         }
     }
 
+    /// Seeds loop `start`'s new `worktree` with its `warm:` paths from this host's
+    /// `--warm-from` checkout, and records what was copied (or why nothing was) as the head
+    /// does for its own loops; a path the config's check refuses refuses the start (the head
+    /// sent what no config lets through).
+    async fn warm(&self, start: &StartLoop, worktree: &Worktree) -> Result<(), String> {
+        if start.warm.is_empty() {
+            return Ok(());
+        }
+        if let Some((entry, why)) = start
+            .warm
+            .iter()
+            .find_map(|entry| crate::config::warm::why_refused(entry).map(|why| (entry, why)))
+        {
+            return Err(format!("the head's warm: path `{entry}` {why}"));
+        }
+        let paths: Vec<PathBuf> = start.warm.iter().map(PathBuf::from).collect();
+        let seed = match &self.build.warm_from {
+            Some(checkout) => crate::run::warm::seed_worktree(checkout, worktree, &paths).await,
+            None => crate::run::warm::not_on_host(&paths),
+        };
+        if let (Some(seed), Some(parts)) = (seed, self.runtime.get()) {
+            parts
+                .events
+                .record(td_protocol::events::EventKind::WorktreeSeeded {
+                    loop_name: start.loop_name.clone(),
+                    seed,
+                });
+        }
+        Ok(())
+    }
+
     /// How loop `name`'s commands reach the compiler cache server of `worktree` (started
     /// now), when its run asks for the cache; refused, saying what to do, when this host
     /// cannot give it one.
@@ -313,7 +355,7 @@ impl HostLoops {
         let caches = self
             .compiler_caches
             .get_or_try_init(|| async {
-                CompilerCaches::for_host(self.sccache.as_deref(), &self.workdir)
+                CompilerCaches::for_host(self.build.sccache.as_deref(), &self.workdir)
             })
             .await?;
         caches.access_for(worktree, sandbox).await.map(Some)
@@ -520,6 +562,10 @@ impl HostLoops {
         let held = self.locks.hold(&name).await;
         let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;
         drop(held);
+        if let Err(why) = self.warm(&start, &worktree).await {
+            let _ = mirror.remove_worktree(&worktree, false).await;
+            return Err(why);
+        }
         let sandbox = self.sandbox(&name, &start.sandbox)?;
         let compiler_cache = self.compiler_cache(&start, worktree.path(), &sandbox).await;
         let spec = compiler_cache.and_then(|cache| self.spec(&start, &worktree, sandbox, cache));

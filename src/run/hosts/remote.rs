@@ -468,9 +468,10 @@ fn left_out_line(name: &str, left_out: &BTreeMap<String, usize>, said: u32) -> O
     ))
 }
 
-/// The events a loop's engine and runtime record on a host, the only ones the head takes
-/// from one: what the head decides about a loop (blocked, merged, handed back, stopped by a
-/// request, its worktree seeded) and the coordinator's events are the head's to record.
+/// The events a loop's engine and runtime record on a host, and its worktree's seeding there
+/// (`worktree_seeded`: the worktree is the host's), the only ones the head takes from one:
+/// what the head decides about a loop (blocked, merged, handed back, stopped by a request)
+/// and the coordinator's events are the head's to record.
 const HOST_EVENTS: &[&str] = &[
     "loop_started",
     "iteration_started",
@@ -489,6 +490,7 @@ const HOST_EVENTS: &[&str] = &[
     "heavy_started",
     "heavy_ended",
     "file_changed",
+    "worktree_seeded",
 ];
 
 impl RemoteLoops {

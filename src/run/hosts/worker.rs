@@ -42,6 +42,8 @@ pub struct WorkerOptions {
     pub timeout: Duration,
     /// This machine's sccache (`--sccache`), for runs with a compiler cache.
     pub sccache: Option<PathBuf>,
+    /// The checkout new worktrees are seeded from (`--warm-from`), for loops with `warm:`.
+    pub warm_from: Option<PathBuf>,
 }
 
 /// This machine's host name, when it is a valid host name.
@@ -208,7 +210,10 @@ pub async fn run(options: WorkerOptions) -> u8 {
         session.link(),
         session.joined.slots,
         secret_file,
-        options.sccache.clone(),
+        super::host_loops::BuildState {
+            sccache: options.sccache.clone(),
+            warm_from: options.warm_from.clone(),
+        },
     )
     .await
     {
@@ -307,6 +312,7 @@ mod tests {
             secret_env: None,
             timeout: Duration::from_secs(1),
             sccache: None,
+            warm_from: None,
         };
         assert!(secret(&options).unwrap_err().contains("--secret-file FILE"));
         let both = WorkerOptions {

@@ -341,6 +341,7 @@ mod tests {
             catalog: serde_json::json!({}),
             web_allow_private: Value::Null,
             compiler_cache: false,
+            warm: Vec::new(),
         }
     }
 
