@@ -562,17 +562,22 @@ impl HostLoops {
         let held = self.locks.hold(&name).await;
         let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;
         drop(held);
-        if let Err(why) = self.warm(&start, &worktree).await {
-            let _ = mirror.remove_worktree(&worktree, false).await;
-            return Err(why);
-        }
-        let sandbox = self.sandbox(&name, &start.sandbox)?;
-        let compiler_cache = self.compiler_cache(&start, worktree.path(), &sandbox).await;
-        let spec = compiler_cache.and_then(|cache| self.spec(&start, &worktree, sandbox, cache));
-        let spec = match spec {
+        let spec = async {
+            self.warm(&start, &worktree).await?;
+            let sandbox = self.sandbox(&name, &start.sandbox)?;
+            let cache = self
+                .compiler_cache(&start, worktree.path(), &sandbox)
+                .await?;
+            self.spec(&start, &worktree, sandbox, cache)
+        };
+        let spec = match spec.await {
             Ok(spec) => spec,
             Err(why) => {
-                // Nothing ran in it: its worktree and branch go with the failed start.
+                // Nothing ran in it: its worktree and branch go with the failed start (and
+                // a compiler cache server started for it, if one was).
+                if let Some(caches) = self.compiler_caches.get() {
+                    caches.stop_for(worktree.path()).await;
+                }
                 let _ = mirror.remove_worktree(&worktree, false).await;
                 return Err(why);
             }
