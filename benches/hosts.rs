@@ -342,14 +342,18 @@ fn reap(name: &str, mut host: Child, setup: &Setup) {
 // Part 1: a query_loop round trip between loops on two hosts.
 
 fn query_scenario(chunks: usize, per_chunk: usize) -> (String, String) {
-    // Turns: one wait and one turn of queries per chunk, the end (and room to spare).
-    let max_turns = chunks * 2 + 4;
+    // One iteration per chunk (a wait, a turn of queries, a turn that ends the iteration),
+    // so that each chunk's model calls carry that chunk's turns only: in one iteration the
+    // asker's history grew by a chunk's calls and results each time, and the head parsed
+    // all of it twice a chunk (BENCHMARKS.md "hosts", fifth pass). Then the end.
+    let max_turns = 4;
+    let max_iterations = chunks + 1;
     let config = format!(
         "repo: ../user\n\
          llm: {{provider: scripted, script: script.yml}}\n\
          conflict-warnings: off\n\
          limits: {{burst: 1000000, per-second: 1000000}}\n\
-         loop-types:\n  bench: {{extends: ralph, subscriptions: [], max-iterations: 1, max-turns: {max_turns}}}\n\
+         loop-types:\n  bench: {{extends: ralph, subscriptions: [], max-iterations: {max_iterations}, max-turns: {max_turns}}}\n\
          loops:\n  - {{name: asker, type: bench, task: Ask.}}\n  - {{name: answerer, type: bench, task: Answer.}}\n\
          hosts:\n  listen: 127.0.0.1:{{port}}\n  secret-file: hosts.secret\n  slots: 2\n  placement:\n    - {{loops: [asker], hosts: [h1]}}\n    - {{loops: [answerer], hosts: [h2]}}\n"
     );
@@ -366,6 +370,8 @@ fn query_scenario(chunks: usize, per_chunk: usize) -> (String, String) {
                 "        - query_loop: {{target_exec_id: answerer, question: \"{q}\"}}\n"
             ));
         }
+        // No call: the iteration ends, and the next chunk starts a fresh context.
+        script.push_str(&format!("    - say: \"chunk {chunk} asked\"\n"));
     }
     script.push_str("    - calls:\n        - complete_task: {summary: asked}\n");
     script.push_str(&format!(
