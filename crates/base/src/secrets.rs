@@ -94,9 +94,55 @@ struct Secret {
 /// registry's lock (every tool call redacts its input and output).
 static ANY_REGISTERED: AtomicBool = AtomicBool::new(false);
 
-fn registry() -> &'static RwLock<Vec<Secret>> {
-    static SECRETS: OnceLock<RwLock<Vec<Secret>>> = OnceLock::new();
-    SECRETS.get_or_init(|| RwLock::new(Vec::new()))
+/// The registered secrets, and a searcher that finds in one pass whether a text holds any
+/// of them (or an omission marker, whose cut pieces [`redact_cut_fragments`] looks for).
+///
+/// Why the searcher: every record line, tool input and output, progress line and model
+/// request is redacted, and almost none holds a secret. Each secret's own search built its
+/// matcher again per text (`str::contains`), 5–6% of the head's CPU in a stream of
+/// cross-host queries (benches/hosts.rs). A text the searcher finds nothing in is returned
+/// as it is; one it finds something in takes the same steps as before, so what is replaced
+/// does not change.
+#[derive(Default)]
+struct Secrets {
+    list: Vec<Secret>,
+    /// Over every value, every escaped form and [`OMITTED`]; `None` (before the first secret,
+    /// or if it could not be built) sends every text the long way.
+    finder: Option<aho_corasick::AhoCorasick>,
+}
+
+impl std::ops::Deref for Secrets {
+    type Target = [Secret];
+    fn deref(&self) -> &[Secret] {
+        &self.list
+    }
+}
+
+impl Secrets {
+    /// Whether `text` may hold a secret or an omission marker (`true` when unsure).
+    fn may_hold(&self, text: &str) -> bool {
+        self.finder.as_ref().is_none_or(|f| f.is_match(text))
+    }
+
+    /// Rebuilds the searcher over the list as it is now.
+    fn rebuild(&mut self) {
+        let mut patterns: Vec<&str> = vec![OMITTED];
+        for s in &self.list {
+            patterns.push(&s.value);
+            if s.escaped != s.value {
+                patterns.push(&s.escaped);
+            }
+        }
+        self.finder = aho_corasick::AhoCorasick::new(patterns).ok();
+    }
+}
+
+/// What every omission marker holds ([`omission_marker`]).
+const OMITTED: &str = "bytes omitted";
+
+fn registry() -> &'static RwLock<Secrets> {
+    static SECRETS: OnceLock<RwLock<Secrets>> = OnceLock::new();
+    SECRETS.get_or_init(|| RwLock::new(Secrets::default()))
 }
 
 /// Registers `value` as the secret called `name` (a variable name, a file, "api key"):
@@ -113,13 +159,16 @@ pub fn register(name: &str, value: &str) {
         return;
     }
     ANY_REGISTERED.store(true, Ordering::Release);
-    secrets.push(Secret {
+    secrets.list.push(Secret {
         value: value.to_string(),
         escaped: json_escaped(value),
         marker: marker(name),
     });
     // Longest first, so a secret that contains another is replaced whole.
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.value.len()));
+    secrets
+        .list
+        .sort_by_key(|s| std::cmp::Reverse(s.value.len()));
+    secrets.rebuild();
 }
 
 /// Registers the value of every variable of this process's environment whose name looks
@@ -153,7 +202,10 @@ pub fn redact(text: &str) -> Cow<'_, str> {
 }
 
 /// [`redact`] with the registered secrets in hand (read once for a whole value).
-fn redact_in<'t>(text: &'t str, secrets: &[Secret]) -> Cow<'t, str> {
+fn redact_in<'t>(text: &'t str, secrets: &Secrets) -> Cow<'t, str> {
+    if !secrets.may_hold(text) {
+        return Cow::Borrowed(text);
+    }
     let mut out: Cow<'_, str> = Cow::Borrowed(text);
     for secret in secrets.iter() {
         replace_all(&mut out, &secret.value, &secret.marker);
@@ -187,6 +239,9 @@ pub fn redact_json(text: &str) -> Cow<'_, str> {
     }
     let replaced = {
         let secrets = registry().read().unwrap_or_else(|e| e.into_inner());
+        if !secrets.may_hold(text) {
+            return Cow::Borrowed(text);
+        }
         let mut out: Cow<'_, str> = Cow::Borrowed(text);
         for secret in secrets.iter() {
             replace_all(&mut out, &secret.escaped, &secret.marker);
@@ -236,7 +291,7 @@ pub fn redact_shared_value(value: &mut Arc<Value>) -> bool {
 }
 
 /// Whether any string inside `value` (object keys too) would be redacted.
-fn holds_secret_in(value: &Value, secrets: &[Secret]) -> bool {
+fn holds_secret_in(value: &Value, secrets: &Secrets) -> bool {
     let redacts = |text: &str| matches!(redact_in(text, secrets), Cow::Owned(_));
     match value {
         Value::String(s) => redacts(s),
@@ -248,7 +303,7 @@ fn holds_secret_in(value: &Value, secrets: &[Secret]) -> bool {
     }
 }
 
-fn redact_value_in(value: &mut Value, secrets: &[Secret]) -> bool {
+fn redact_value_in(value: &mut Value, secrets: &Secrets) -> bool {
     match value {
         Value::String(s) => match redact_in(s, secrets) {
             Cow::Borrowed(_) => false,
@@ -329,7 +384,7 @@ fn omission_marker() -> Option<&'static regex::Regex> {
 /// splits a secret the cut went through into a head piece and a tail piece, neither of which
 /// the whole value matches.
 fn redact_cut_fragments(text: &str, secrets: &[Secret]) -> Option<String> {
-    if secrets.is_empty() || !text.contains("bytes omitted") {
+    if secrets.is_empty() || !text.contains(OMITTED) {
         return None;
     }
     let marker = omission_marker()?;
@@ -407,6 +462,27 @@ fn marker(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_secret_registered_later_is_found_by_the_one_pass_search_too() {
+        // The searcher is rebuilt at each registration: a text holding only the newest
+        // secret (as it is, or escaped in JSON) must not take the fast way out.
+        register("FIRST_SEARCH_KEY", "first-search-secret-0001");
+        assert_eq!(
+            redact("x first-search-secret-0001 y"),
+            "x [REDACTED:FIRST_SEARCH_KEY] y"
+        );
+        register("LATER_SEARCH_KEY", "later\"search\"secret-0002");
+        let plain = "a later\"search\"secret-0002 b";
+        assert!(!redact(plain).contains("secret-0002"), "{}", redact(plain));
+        let line =
+            serde_json::to_string(&serde_json::json!({"v": "later\"search\"secret-0002"})).unwrap();
+        let redacted = redact_json(&line);
+        assert!(!redacted.contains("secret-0002"), "{redacted}");
+        // A text holding none is handed back as it is.
+        assert!(matches!(redact("nothing to see"), Cow::Borrowed(_)));
+        assert!(matches!(redact_json("{\"v\":1}"), Cow::Borrowed(_)));
+    }
 
     #[test]
     fn secret_names_by_name_suffix_and_part() {
