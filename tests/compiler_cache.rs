@@ -14,6 +14,7 @@ use serde_json::Value;
 mod common;
 
 use common::flagged_run::summary;
+use common::sccache::{rust_count, servers_of};
 
 /// The proc-macro crate the shared dependency uses: at expansion it tries to write outside
 /// the worktree and to connect to a listener of the host, and writes what it managed into
@@ -47,25 +48,6 @@ fn write(path: &Path, text: &str) {
 fn stats(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))["stats"].clone()
-}
-
-fn rust_count(stats: &Value, field: &str) -> u64 {
-    stats[field]["counts"]["Rust"].as_u64().unwrap_or(0)
-}
-
-/// The processes running `binary` (a server: no client outlives its command).
-fn servers_of(binary: &Path) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.starts_with(&*binary.to_string_lossy()) {
-            found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
-        }
-    }
-    found
 }
 
 #[test]

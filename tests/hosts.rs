@@ -5571,11 +5571,13 @@ b:
             results(name)
         );
     }
-    let count = |stats: &Value, field: &str| stats[field]["counts"]["Rust"].as_u64().unwrap_or(0);
     let a = sccache_stats_in(&results("a")).unwrap_or_else(|| panic!("{:?}", results("a")));
-    assert!(count(&a, "cache_misses") >= 1, "{a:#}");
+    assert!(
+        common::sccache::rust_count(&a, "cache_misses") >= 1,
+        "{a:#}"
+    );
     let b = sccache_stats_in(&results("b")).unwrap_or_else(|| panic!("{:?}", results("b")));
-    assert!(count(&b, "cache_hits") >= 1, "{b:#}");
+    assert!(common::sccache::rust_count(&b, "cache_hits") >= 1, "{b:#}");
     // `warm:` copies a checkout's build state, and this host was given none
     // (`--warm-from`): said, not skipped silently.
     let warm = &s["loops"]["a"]["warm"];
@@ -5597,13 +5599,7 @@ b:
         std::fs::read_dir(&head_cache).map_or(true, |mut d| d.next().is_none()),
         "the head's cache was used"
     );
-    let left: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.starts_with(&sccache_bin))
-        .collect();
+    let left = common::sccache::servers_of(&sccache);
     assert!(left.is_empty(), "servers left running: {left:?}");
 
     // A host without sccache (none on its PATH, no --sccache): the loop fails at its start.

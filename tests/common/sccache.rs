@@ -38,3 +38,23 @@ fn runs(binary: &Path) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// A count of sccache's figures (`--show-stats --stats-format json`'s `stats`) for Rust.
+pub fn rust_count(stats: &serde_json::Value, field: &str) -> u64 {
+    stats[field]["counts"]["Rust"].as_u64().unwrap_or(0)
+}
+
+/// The processes running `binary` (a server: no client outlives its command).
+pub fn servers_of(binary: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.starts_with(&*binary.to_string_lossy()) {
+            found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}

@@ -311,19 +311,9 @@ impl HostLoops {
 
     /// Seeds loop `start`'s new `worktree` with its `warm:` paths from this host's
     /// `--warm-from` checkout, and records what was copied (or why nothing was) as the head
-    /// does for its own loops; a path the config's check refuses refuses the start (the head
-    /// sent what no config lets through).
-    async fn warm(&self, start: &StartLoop, worktree: &Worktree) -> Result<(), String> {
-        if start.warm.is_empty() {
-            return Ok(());
-        }
-        if let Some((entry, why)) = start
-            .warm
-            .iter()
-            .find_map(|entry| crate::config::warm::why_refused(entry).map(|why| (entry, why)))
-        {
-            return Err(format!("the head's warm: path `{entry}` {why}"));
-        }
+    /// does for its own loops. The paths were checked with the start ([`guard::check_start`]);
+    /// they come as paths (a preset's name here is a directory of that name).
+    async fn warm(&self, start: &StartLoop, worktree: &Worktree) {
         let paths: Vec<PathBuf> = start.warm.iter().map(PathBuf::from).collect();
         let seed = match &self.build.warm_from {
             Some(checkout) => crate::run::warm::seed_worktree(checkout, worktree, &paths).await,
@@ -337,7 +327,6 @@ impl HostLoops {
                     seed,
                 });
         }
-        Ok(())
     }
 
     /// How loop `name`'s commands reach the compiler cache server of `worktree` (started
@@ -563,7 +552,7 @@ impl HostLoops {
         let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;
         drop(held);
         let spec = async {
-            self.warm(&start, &worktree).await?;
+            self.warm(&start, &worktree).await;
             let sandbox = self.sandbox(&name, &start.sandbox)?;
             let cache = self
                 .compiler_cache(&start, worktree.path(), &sandbox)

@@ -29,7 +29,8 @@ const MAX_BRANCH_LEN: usize = 255;
 
 /// Refuses a `StartLoop` whose names this host does not take: a loop name that is not one
 /// plain path component, a branch git refuses (or that has an empty, `.` or `..` part, or
-/// would read as an option), a base that is not a commit id.
+/// would read as an option), a base that is not a commit id, a `warm:` path the config's
+/// check refuses (absolute, climbing out, git's or the daemon's own).
 pub(super) async fn check_start(start: &StartLoop) -> Result<(), String> {
     if !super::plain(&start.loop_name) {
         return Err(format!(
@@ -40,6 +41,16 @@ pub(super) async fn check_start(start: &StartLoop) -> Result<(), String> {
     }
     check_branch(&start.branch).await?;
     catalog_of(start)?;
+    if let Some((path, why)) = start
+        .warm
+        .iter()
+        .find_map(|p| crate::config::warm::why_refused(p).map(|why| (p, why)))
+    {
+        return Err(format!(
+            "the warm: path `{path}` the head gave loop {} {why}",
+            start.loop_name
+        ));
+    }
     let id = &start.base_commit;
     if !matches!(id.len(), 40 | 64) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!(
@@ -428,6 +439,21 @@ mod tests {
                 .await
                 .unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
+    }
+
+    #[tokio::test]
+    async fn a_warm_path_that_climbs_out_or_names_gits_data_is_refused() {
+        for bad in ["../x", "/etc", "a/../../x", ".git", ".taskdaemon", "x\0y"] {
+            let mut s = start("api", "taskdaemon/ok");
+            s.warm = vec!["target".into(), bad.into()];
+            let err = check_start(&s)
+                .await
+                .expect_err(&format!("warm path {bad:?} was taken"));
+            assert!(err.contains("the warm: path"), "{bad:?}: {err}");
+        }
+        let mut s = start("api", "taskdaemon/ok");
+        s.warm = vec!["target".into(), "node_modules".into(), "cargo".into()];
+        check_start(&s).await.unwrap();
     }
 
     #[tokio::test]
