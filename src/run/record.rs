@@ -677,7 +677,7 @@ impl RunRecord {
         // Weak: the log is held by the record, and must not keep the record alive.
         let inner = Arc::downgrade(&self.inner);
         let name = loop_name.to_string();
-        log.observe(Box::new(move |receipt| {
+        log.observe(Box::new(move |receipt, _line| {
             if let Some(inner) = inner.upgrade() {
                 inner.summary.change(|summary| {
                     let Some(entry) = summary.loops.get_mut(&name) else {

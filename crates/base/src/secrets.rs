@@ -265,6 +265,32 @@ pub fn redact_json(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// `value` written as one line of JSON with every registered secret redacted: what
+/// [`redact_value`] on its tree, then [`redact_json`] on the tree's text, make of it.
+///
+/// Why not always that way: it builds a tree of every value and writes it twice, and almost
+/// no line holds a secret (every receipt of every tool call is written through here). A
+/// string that holds a secret, or a cut one's omission marker, reads in the text as its
+/// escaped form, which holds the secret's escaped form (escaping goes character by
+/// character) or the marker: so a text in which the one-pass searcher finds none of those is
+/// the line as the long way would write it, and is returned as it is. (Only the order of an
+/// object's keys may differ: a tree keeps them sorted, the text as `value` writes them.)
+pub fn to_redacted_line<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
+    let line = serde_json::to_string(value)?;
+    if !ANY_REGISTERED.load(Ordering::Acquire)
+        || !registry()
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .may_hold(&line)
+    {
+        return Ok(line);
+    }
+    let mut tree = serde_json::to_value(value)?;
+    redact_value(&mut tree);
+    let line = serde_json::to_string(&tree)?;
+    Ok(redact_json(&line).into_owned())
+}
+
 /// Redacts every string inside `value` (object keys too), in place; returns whether anything
 /// was replaced.
 pub fn redact_value(value: &mut Value) -> bool {
@@ -482,6 +508,47 @@ mod tests {
         // A text holding none is handed back as it is.
         assert!(matches!(redact("nothing to see"), Cow::Borrowed(_)));
         assert!(matches!(redact_json("{\"v\":1}"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_line_written_redacted_is_what_the_long_way_makes_of_it() {
+        register("LINE_KEY", "line-secret\"value-0003");
+        // The long way: a tree, each string redacted, written, and the text redacted.
+        let long_way = |value: &Value| {
+            let mut tree = value.clone();
+            redact_value(&mut tree);
+            redact_json(&serde_json::to_string(&tree).unwrap()).into_owned()
+        };
+        let secret = "line-secret\"value-0003";
+        let cut = format!(
+            "{}\n[... 120 bytes omitted ...]\n{}",
+            &secret[..14],
+            &secret[14..]
+        );
+        for value in [
+            serde_json::json!({"a": 1, "b": ["plain", {"c": "text"}]}),
+            serde_json::json!({"a": format!("x {secret} y")}),
+            serde_json::json!({format!("key {secret}"): true}),
+            serde_json::json!({"out": cut}),
+            serde_json::json!({"out": "a cut of nothing\n[... 9 bytes omitted ...]\nat all"}),
+        ] {
+            let line = to_redacted_line(&value).unwrap();
+            assert_eq!(line, long_way(&value), "{value}");
+            assert!(!line.contains("value-0003"), "{line}");
+            assert!(!line.contains("line-secret"), "{line}");
+        }
+        // A line without one is the value's own text, keys in its order.
+        #[derive(serde::Serialize)]
+        struct Unsorted {
+            z: u8,
+            a: &'static str,
+        }
+        let line = to_redacted_line(&Unsorted {
+            z: 1,
+            a: "no secret",
+        })
+        .unwrap();
+        assert_eq!(line, r#"{"z":1,"a":"no secret"}"#);
     }
 
     #[test]

@@ -259,6 +259,11 @@ impl RawJson {
         serde_json::value::to_raw_value(value).map(RawJson)
     }
 
+    /// `text`, which must be one JSON value (it is checked, not trusted).
+    pub fn from_text(text: String) -> Result<RawJson, serde_json::Error> {
+        RawValue::from_string(text).map(RawJson)
+    }
+
     /// Reads the text as a `T`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         serde_json::from_str(self.0.get())

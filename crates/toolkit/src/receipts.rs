@@ -434,8 +434,9 @@ fn end_a_torn_line(file: &mut std::fs::File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Called with every receipt a log wrote (as written: with its `seq` and `chain`).
-pub type AppendObserver = Box<dyn Fn(&Receipt) + Send + Sync>;
+/// Called with every receipt a log wrote (with its `seq` and `chain`) and its line as
+/// written (redacted, without the newline): a host streams that text to the head as it is.
+pub type AppendObserver = Box<dyn Fn(&Receipt, &str) + Send + Sync>;
 
 /// An append-only JSONL receipt log. Each receipt is written and flushed as one line.
 pub struct ReceiptLog {
@@ -561,11 +562,20 @@ impl ReceiptLog {
         if receipts.is_empty() {
             return Ok(());
         }
+        // A chained receipt's link is over its redacted tree (made under the lock, in
+        // order); an unchained one is its line, written once (`to_redacted_line`).
         let mut values = Vec::with_capacity(receipts.len());
         for receipt in receipts {
-            let mut value = serde_json::to_value(receipt).map_err(std::io::Error::other)?;
-            td_base::secrets::redact_value(&mut value);
-            values.push(value);
+            values.push(match &self.key {
+                Some(key) => {
+                    let mut tree = serde_json::to_value(receipt).map_err(std::io::Error::other)?;
+                    td_base::secrets::redact_value(&mut tree);
+                    Unwritten::Chained { tree, key }
+                }
+                None => Unwritten::Line(
+                    td_base::secrets::to_redacted_line(receipt).map_err(std::io::Error::other)?,
+                ),
+            });
         }
         let written = {
             let mut state = lock(&self.state);
@@ -574,46 +584,53 @@ impl ReceiptLog {
             let (mut seq, mut head) = (state.tally.seq, state.tally.head.clone());
             let mut bytes = Vec::new();
             let mut written = Vec::with_capacity(receipts.len());
-            for (receipt, value) in receipts.iter().zip(values.iter_mut()) {
-                let (line, link) = match &self.key {
-                    Some(key) => {
+            for (receipt, value) in receipts.iter().zip(values) {
+                let (line, link) = match value {
+                    Unwritten::Chained { mut tree, key } => {
                         seq = seq.checked_add(1).ok_or_else(|| {
                             std::io::Error::other(
                                 "the receipt log's sequence number is at its maximum; start a new log",
                             )
                         })?;
-                        let (line, link) = chained_line(value, key, &head, seq)?;
+                        let (line, link) = chained_line(&mut tree, key, &head, seq)?;
                         head.clone_from(&link);
                         (line, Some(link))
                     }
-                    None => {
-                        let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
-                        (td_base::secrets::redact_json(&line).into_owned(), None)
-                    }
+                    Unwritten::Line(line) => (line, None),
                 };
                 bytes.extend_from_slice(line.as_bytes());
                 bytes.push(b'\n');
                 let mut receipt = receipt.clone();
                 receipt.seq = link.is_some().then_some(seq);
                 receipt.chain = link;
-                written.push(receipt);
+                written.push((receipt, line));
             }
             td_base::record_io::append(&mut state.file, &bytes, self.sync)?;
             if self.sync {
                 self.syncs.fetch_add(1, Ordering::Relaxed);
             }
-            for receipt in &written {
+            for (receipt, _) in &written {
                 state.tally.add(receipt);
             }
             written
         };
         if let Some(observer) = self.observer.get() {
-            for receipt in &written {
-                observer(receipt);
+            for (receipt, line) in &written {
+                observer(receipt, line);
             }
         }
         Ok(())
     }
+}
+
+/// A receipt of a batch on its way to the log: a redacted tree to chain under `key`, or the
+/// line of an unchained log.
+enum Unwritten<'k> {
+    Chained {
+        tree: Value,
+        key: &'k chain::ChainKey,
+    },
+    Line(String),
 }
 
 /// The line of a chained receipt: `value` with `seq` and its `chain` value (over the
@@ -883,6 +900,29 @@ mod tests {
     }
 
     #[test]
+    fn an_observer_is_given_each_line_as_the_log_wrote_it_redacted() {
+        td_base::secrets::register("OBSERVED_LINE_KEY", "observed-line-secret-0004");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let log = ReceiptLog::open(&path).unwrap().unsynced();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let seen = lines.clone();
+        log.observe(Box::new(move |_, line| lock(&seen).push(line.to_string())));
+        let mut holding = test_receipt(1);
+        holding.input = Arc::new(serde_json::json!({"command": "echo observed-line-secret-0004"}));
+        log.append_all(&[holding, test_receipt(2)]).unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        let observed = lock(&lines).clone();
+        assert_eq!(observed.len(), 2);
+        assert_eq!(format!("{}\n{}\n", observed[0], observed[1]), written);
+        assert!(!written.contains("observed-line-secret"), "{written}");
+        assert!(written.contains("[REDACTED:OBSERVED_LINE_KEY]"), "{written}");
+        // Each line reads back as the receipt it is.
+        let back: Receipt = serde_json::from_str(&observed[1]).unwrap();
+        assert_eq!(back.id, "id-2");
+    }
+
+    #[test]
     fn a_batch_is_written_as_its_receipts_one_by_one_with_one_sync() {
         let dir = tempfile::tempdir().unwrap();
         let (one_by_one, key) = chained(dir.path(), "single.jsonl");
@@ -895,7 +935,7 @@ mod tests {
         let rest: Vec<Receipt> = (2..=5).map(test_receipt).collect();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let observed = seen.clone();
-        batched.observe(Box::new(move |r| lock(&observed).push(r.seq)));
+        batched.observe(Box::new(move |r, _| lock(&observed).push(r.seq)));
         batched.append_all(&rest).unwrap();
         // One sync for the first receipt, one for the batch of four.
         assert_eq!(batched.syncs.load(Ordering::Relaxed), 2);

@@ -677,9 +677,10 @@ impl HostLoops {
             .unsynced();
         receipts.set_tool_set(tools.names());
         let stream = streamer.clone();
-        receipts.observe(Box::new(move |receipt| {
-            // Written once, here: the batch carries the text as it is.
-            if let Some(raw) = stream.written("receipt", RawJson::to(receipt)) {
+        receipts.observe(Box::new(move |_, line| {
+            // The line as the log wrote it (redacted with the host's secrets too), carried as
+            // it is: the receipt is not written again for the batch.
+            if let Some(raw) = stream.written("receipt", RawJson::from_text(line.to_string())) {
                 stream.send(Item::Receipt(raw));
             }
         }));
