@@ -39,6 +39,7 @@ use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use crate::worktree::{GitInput, GitOutput, MAX_STDERR, Repo, Worktree, WorktreeError};
 use header::{Header, ObjectFormat, is_object_id, refname_problem};
@@ -161,7 +162,33 @@ fn invalid(what: &'static str, value: &str, reason: impl Into<String>) -> Transf
 struct Target {
     git: crate::worktree::Git,
     git_dir: PathBuf,
+    /// Its object format, once read: shared with the [`Repo`] or [`Mirror`].
+    format: KnownFormat,
 }
+
+/// A repository's object format, read from git once and kept: every transfer checks ids
+/// against it, and asking git each time was one process more per transfer (two per branch
+/// taken, which the head does for each checkpoint of every loop on a host). A repository's
+/// format is fixed when it is made; git cannot convert one in place.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownFormat(Arc<OnceLock<ObjectFormat>>);
+
+impl KnownFormat {
+    /// Known already (a quarantine is made in its target's format).
+    fn of(format: ObjectFormat) -> KnownFormat {
+        KnownFormat(Arc::new(OnceLock::from(format)))
+    }
+}
+
+/// A cache: not part of what a repository is (two handles of one repository are equal
+/// whether or not either has read its format yet).
+impl PartialEq for KnownFormat {
+    fn eq(&self, _: &KnownFormat) -> bool {
+        true
+    }
+}
+
+impl Eq for KnownFormat {}
 
 impl Target {
     async fn output<S: AsRef<OsStr>>(&self, args: &[S], input: GitInput) -> Result<GitOutput> {
@@ -188,6 +215,9 @@ impl Target {
     }
 
     async fn object_format(&self) -> Result<ObjectFormat> {
+        if let Some(format) = self.format.0.get() {
+            return Ok(*format);
+        }
         let name = self
             .run(
                 &["rev-parse", "--show-object-format"],
@@ -195,13 +225,14 @@ impl Target {
                 "TaskDaemon needs git 2.25 or newer; check `git --version`",
             )
             .await?;
-        ObjectFormat::parse(&name).ok_or_else(|| {
+        let format = ObjectFormat::parse(&name).ok_or_else(|| {
             invalid(
                 "repository",
                 &self.git_dir.display().to_string(),
                 format!("its object format {name:?} is unknown to TaskDaemon"),
             )
-        })
+        })?;
+        Ok(*self.format.0.get_or_init(|| format))
     }
 
     /// Which of `ids` (valid object ids) name commits here.
@@ -433,6 +464,7 @@ impl Quarantine {
             repo: Target {
                 git: target.git.clone(),
                 git_dir,
+                format: KnownFormat::of(format),
             },
             dir,
         })
@@ -746,6 +778,7 @@ fn repo_target(repo: &Repo) -> Target {
     Target {
         git: repo.git.clone(),
         git_dir: repo.common_dir.clone(),
+        format: repo.format.clone(),
     }
 }
 
@@ -926,6 +959,8 @@ pub async fn take_branch(
 pub struct Mirror {
     dir: PathBuf,
     git: crate::worktree::Git,
+    /// Its object format, once read.
+    format: KnownFormat,
 }
 
 impl Mirror {
@@ -957,7 +992,11 @@ impl Mirror {
             .map_err(|e| file_error("read", e))?
             .next()
             .is_none();
-        let mirror = Mirror { dir, git };
+        let mirror = Mirror {
+            dir,
+            git,
+            format: KnownFormat::default(),
+        };
         if empty {
             // No templates: nothing of the machine's template directory (sample hooks, an
             // `info/exclude`) is copied in.
@@ -1005,6 +1044,7 @@ impl Mirror {
         Target {
             git: self.git.clone(),
             git_dir: self.dir.clone(),
+            format: self.format.clone(),
         }
     }
 

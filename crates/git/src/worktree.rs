@@ -494,6 +494,8 @@ pub struct Repo {
     pub(crate) root: PathBuf,
     pub(crate) common_dir: PathBuf,
     pub(crate) git: Git,
+    /// Its object format, once a transfer read it.
+    pub(crate) format: crate::transfer::KnownFormat,
 }
 
 /// One loop's checkout: a git worktree on the loop's branch.
@@ -561,6 +563,7 @@ impl Repo {
             root,
             common_dir,
             git,
+            format: Default::default(),
         })
     }
 

@@ -881,3 +881,37 @@ async fn the_head_refuses_a_ref_that_is_no_new_commit() {
     std::fs::write(&at_base, forged).unwrap();
     assert_head_refuses(&fx, &at_base, &base, "base itself").await;
 }
+
+#[tokio::test]
+async fn a_repositorys_object_format_is_read_once_and_shared_by_its_handles() {
+    let fx = Fx::new(1);
+    let repo = fx.repo().await;
+    let handle = repo.clone();
+    let mirror = fx.mirror("mirror").await;
+    assert_eq!(
+        repo_target(&repo).object_format().await.unwrap(),
+        ObjectFormat::Sha1
+    );
+    assert_eq!(
+        mirror.target().object_format().await.unwrap(),
+        ObjectFormat::Sha1
+    );
+    // With HEAD gone git cannot tell any more; what was read is kept.
+    for git_dir in [repo.common_dir.clone(), mirror.dir().to_path_buf()] {
+        std::fs::rename(git_dir.join("HEAD"), git_dir.join("HEAD.away")).unwrap();
+        let unread = Target {
+            git: repo.git.clone(),
+            git_dir: git_dir.clone(),
+            format: KnownFormat::default(),
+        };
+        assert!(unread.object_format().await.is_err());
+    }
+    assert_eq!(
+        repo_target(&handle).object_format().await.unwrap(),
+        ObjectFormat::Sha1
+    );
+    assert_eq!(
+        mirror.target().object_format().await.unwrap(),
+        ObjectFormat::Sha1
+    );
+}
