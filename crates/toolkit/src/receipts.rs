@@ -916,7 +916,10 @@ mod tests {
         assert_eq!(observed.len(), 2);
         assert_eq!(format!("{}\n{}\n", observed[0], observed[1]), written);
         assert!(!written.contains("observed-line-secret"), "{written}");
-        assert!(written.contains("[REDACTED:OBSERVED_LINE_KEY]"), "{written}");
+        assert!(
+            written.contains("[REDACTED:OBSERVED_LINE_KEY]"),
+            "{written}"
+        );
         // Each line reads back as the receipt it is.
         let back: Receipt = serde_json::from_str(&observed[1]).unwrap();
         assert_eq!(back.id, "id-2");
