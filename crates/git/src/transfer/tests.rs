@@ -882,20 +882,22 @@ async fn the_head_refuses_a_ref_that_is_no_new_commit() {
     assert_head_refuses(&fx, &at_base, &base, "base itself").await;
 }
 
+/// The object formats `repo`'s and `mirror`'s handles give.
+async fn formats_of(repo: &Repo, mirror: &Mirror) -> (ObjectFormat, ObjectFormat) {
+    (
+        repo_target(repo).object_format().await.unwrap(),
+        mirror.target().object_format().await.unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn a_repositorys_object_format_is_read_once_and_shared_by_its_handles() {
     let fx = Fx::new(1);
     let repo = fx.repo().await;
     let handle = repo.clone();
     let mirror = fx.mirror("mirror").await;
-    assert_eq!(
-        repo_target(&repo).object_format().await.unwrap(),
-        ObjectFormat::Sha1
-    );
-    assert_eq!(
-        mirror.target().object_format().await.unwrap(),
-        ObjectFormat::Sha1
-    );
+    let sha1 = (ObjectFormat::Sha1, ObjectFormat::Sha1);
+    assert_eq!(formats_of(&repo, &mirror).await, sha1);
     // With HEAD gone git cannot tell any more; what was read is kept.
     for git_dir in [repo.common_dir.clone(), mirror.dir().to_path_buf()] {
         std::fs::rename(git_dir.join("HEAD"), git_dir.join("HEAD.away")).unwrap();
@@ -906,12 +908,5 @@ async fn a_repositorys_object_format_is_read_once_and_shared_by_its_handles() {
         };
         assert!(unread.object_format().await.is_err());
     }
-    assert_eq!(
-        repo_target(&handle).object_format().await.unwrap(),
-        ObjectFormat::Sha1
-    );
-    assert_eq!(
-        mirror.target().object_format().await.unwrap(),
-        ObjectFormat::Sha1
-    );
+    assert_eq!(formats_of(&handle, &mirror).await, sha1);
 }
