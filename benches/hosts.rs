@@ -282,9 +282,32 @@ fn switches(pid: u32) -> f64 {
     total
 }
 
-/// The CPU (ms, utime + stime) of each of `pids`, then their context switches.
+/// The time `pid`'s threads have spent on a CPU so far (ms), as the scheduler counts it (in
+/// nanoseconds: `/proc/PID/task/*/schedstat`). Why not utime + stime: `/proc/PID/stat`
+/// gives those in clock ticks (10 ms), so each chunk's span (~15 ms of queries) read them
+/// ±10 ms off per process, ±25 µs and more in its CPU per query. A thread that ended during
+/// a chunk takes its time with it (the runtimes' threads live through a run).
+fn on_cpu_ms(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let mut ns = 0.0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    ns / 1e6
+}
+
+/// The time on a CPU (ms, [`on_cpu_ms`]) of each of `pids`, then their context switches.
 fn gauges_of(pids: [u32; 3]) -> [f64; 6] {
-    let cpu = pids.map(|p| cpu_ms(p).map_or(0.0, |(own, _)| own));
+    let cpu = pids.map(on_cpu_ms);
     let switched = pids.map(switches);
     [
         cpu[0],
@@ -478,9 +501,13 @@ fn query_round(chunks: usize, per_chunk: usize) -> Round {
     };
     let (mut spent, mut raw_spent) = ([0.0; 6], [0.0; 6]);
     for chunk in 0..chunks {
-        // The asker is idle in its wait (let its turn's model call and command settle); the
-        // three processes' CPU and switches meanwhile are their idle rate (timers,
+        // The asker is idle in its wait once the chunk before has settled (its iteration's
+        // end and the next one's start: a commit, a checkpoint, model calls, the records;
+        // measured right after a chunk, they were taken for h1's idle rate, ~2% of a CPU,
+        // and that rate over a chunk's half-second wait took out more than h1's queries
+        // cost); the three processes' CPU and switches then are their idle rate (timers,
         // heartbeats).
+        std::thread::sleep(Duration::from_millis(300));
         let (idle_from, idle_at) = (gauges(), Instant::now());
         std::thread::sleep(Duration::from_millis(100));
         let idle_rate: Vec<f64> = gauges()
@@ -1295,8 +1322,7 @@ mod echo {
             self.ask(n, via_model)
         }
 
-        /// CPU (ms, utime+stime) of the head, h1 and h2 so far, then their context
-        /// switches.
+        /// Time on a CPU (ms) of the head, h1 and h2 so far, then their context switches.
         pub fn gauges(&self) -> [f64; 6] {
             // `nodes` is head, h2, h1.
             super::gauges_of([0, 2, 1].map(|i| self.nodes[i].id()))
