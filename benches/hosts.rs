@@ -260,26 +260,30 @@ fn cpu_ms(pid: u32) -> Option<(f64, f64)> {
     Some((ms(11) + ms(12), ms(13) + ms(14)))
 }
 
-/// Context switches (voluntary and not) of all of `pid`'s threads so far: each is a thread
-/// that slept or was preempted, the cost the route's hand-offs and wake-ups add up to.
-fn switches(pid: u32) -> f64 {
+/// The sum over `pid`'s threads of what `read` finds in each one's `file` under
+/// `/proc/PID/task/TID/` (a thread whose file cannot be read counts nothing).
+fn per_thread_sum(pid: u32, file: &str, read: impl Fn(&str) -> f64) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
     };
-    let mut total = 0.0;
-    for task in tasks.flatten() {
-        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
-            continue;
-        };
-        for line in status.lines() {
-            if let Some((key, value)) = line.split_once(':')
-                && key.ends_with("ctxt_switches")
-            {
-                total += value.trim().parse::<f64>().unwrap_or(0.0);
-            }
-        }
-    }
-    total
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join(file)).ok())
+        .map(|text| read(&text))
+        .sum()
+}
+
+/// Context switches (voluntary and not) of all of `pid`'s threads so far: each is a thread
+/// that slept or was preempted, the cost the route's hand-offs and wake-ups add up to.
+fn switches(pid: u32) -> f64 {
+    per_thread_sum(pid, "status", |status| {
+        status
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .filter(|(key, _)| key.ends_with("ctxt_switches"))
+            .map(|(_, value)| value.trim().parse::<f64>().unwrap_or(0.0))
+            .sum()
+    })
 }
 
 /// The time `pid`'s threads have spent on a CPU so far (ms), as the scheduler counts it (in
@@ -288,20 +292,12 @@ fn switches(pid: u32) -> f64 {
 /// ±10 ms off per process, ±25 µs and more in its CPU per query. A thread that ended during
 /// a chunk takes its time with it (the runtimes' threads live through a run).
 fn on_cpu_ms(pid: u32) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0.0;
-    };
-    let mut ns = 0.0;
-    for task in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
-            continue;
-        };
-        ns += stat
-            .split_whitespace()
+    let ns = per_thread_sum(pid, "schedstat", |stat| {
+        stat.split_whitespace()
             .next()
             .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or(0.0);
-    }
+            .unwrap_or(0.0)
+    });
     ns / 1e6
 }
 
