@@ -117,6 +117,8 @@ fn answer() -> String {
 struct Setup {
     dir: tempfile::TempDir,
     port: u16,
+    /// Whether `BENCH_PLACE` places this setup's head and hosts (the query part's only).
+    placing: bool,
 }
 
 impl Setup {
@@ -124,6 +126,7 @@ impl Setup {
         let setup = Setup {
             dir: tempfile::tempdir().expect("tempdir"),
             port: free_port(),
+            placing: false,
         };
         for d in ["user", "cfg", "home", "flags"] {
             std::fs::create_dir_all(setup.path(d)).expect("dir");
@@ -151,10 +154,15 @@ impl Setup {
         self.dir.path().join(rel)
     }
 
-    /// A command isolated from the machine's git config and home, on the CPUs that
-    /// `BENCH_PLACE` gives process `role` (`head`, `h1`, `h2`; any other is not placed).
+    /// A command isolated from the machine's git config and home; in a placing setup, on
+    /// the CPUs that `BENCH_PLACE` gives process `role` (`head`, `h1`, `h2`; any other is
+    /// not placed).
     fn command(&self, program: &str, role: &str) -> Command {
-        let mut cmd = placed(program, role);
+        let mut cmd = if self.placing {
+            placed(program, role)
+        } else {
+            Command::new(program)
+        };
         cmd.env("HOME", self.path("home"))
             .env("XDG_CONFIG_HOME", self.path("home"))
             .env("GIT_CONFIG_NOSYSTEM", "1")
@@ -467,7 +475,8 @@ struct Round {
 fn query_round(chunks: usize, per_chunk: usize) -> Round {
     let mut baseline = echo::Cluster::start();
     let (config, script) = query_scenario(chunks, per_chunk);
-    let setup = Setup::new(&config, &script);
+    let mut setup = Setup::new(&config, &script);
+    setup.placing = true;
     let mut head = setup.head();
     setup.wait_listening(&mut head);
     let h1 = setup.host("h1", 2);
@@ -640,6 +649,7 @@ impl Drop for Spinners {
 /// (`BENCH_CHUNK` sets another).
 const CHUNK: usize = 100;
 
+/// [`CHUNK`], or `BENCH_CHUNK` when set to a positive number.
 fn chunk_size() -> usize {
     std::env::var("BENCH_CHUNK")
         .ok()
@@ -648,10 +658,15 @@ fn chunk_size() -> usize {
         .unwrap_or(CHUNK)
 }
 
+/// `BENCH_PLACE`, when set.
+fn bench_place() -> Option<String> {
+    std::env::var("BENCH_PLACE").ok()
+}
+
 /// The CPUs `BENCH_PLACE=HEAD/H1/H2` gives process `role` (`head`, `h1` or `h2`; ours' and
 /// the raw relay's alike), as `taskset -c` takes them; `None` when not placed.
 fn placement(role: &str) -> Option<String> {
-    let place = std::env::var("BENCH_PLACE").ok()?;
+    let place = bench_place()?;
     let cpus: Vec<&str> = place.split('/').collect();
     assert_eq!(
         cpus.len(),
@@ -697,7 +712,7 @@ fn query_bench(report: &mut Report, n: usize, rounds: usize) {
     let (mut ours, mut raw, mut direct) = (Vec::new(), Vec::new(), Vec::new());
     let mut pair_ratios = Vec::new();
     let spinners = Spinners::start();
-    if let Ok(place) = std::env::var("BENCH_PLACE") {
+    if let Some(place) = bench_place() {
         println!("# BENCH_PLACE={place}: head/h1/h2 on these CPUs, ours' and the raw relay's");
     }
     for round in 0..rounds {
@@ -777,11 +792,11 @@ fn query_bench(report: &mut Report, n: usize, rounds: usize) {
     // A placement is a diagnosis, not the user's machine: one that splits the processes over
     // CPUs slows the raw relay more than ours (its route has less else to wait on) and would
     // pass a ratio that no unplaced run gives.
-    let placed = std::env::var_os("BENCH_PLACE").is_some();
-    if placed {
+    let is_placed = bench_place().is_some();
+    if is_placed {
         println!("# BENCH_PLACE: reported, not judged");
     }
-    let judge = fast_enough && !placed;
+    let judge = fast_enough && !is_placed;
     report.row(
         "query h1->h2 p50 vs raw same route, fast half (us)",
         "us",
