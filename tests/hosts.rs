@@ -2016,7 +2016,9 @@ asker:
 /// so the head charges the asker only while it has that question outstanding to that loop;
 /// otherwise the call is the loop's own, within its limits (here a 100-token budget that no
 /// call fits, so the call is refused), whoever it names: the asker, or a loop unknown and so
-/// without limits.
+/// without limits. And while it asks, the asker pays for at most as many calls as a local
+/// answer makes (`td_engine::MAX_ANSWER_TURNS`): the host could otherwise charge it any
+/// number (second review of the hosts, #6).
 #[test]
 fn a_hosts_answer_calls_are_charged_to_the_asker_only_while_it_asks() {
     use td_cluster::protocol::{CompleteAnswer, FromHost, ToHost};
@@ -2092,11 +2094,13 @@ asker:
         loop {
             let request = next(&mut rx).await;
             if let ToHost::Answer { .. } = request.request {
-                let a: CompleteAnswer = link
-                    .ask(answer_call("asker"), Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                answers.push(("asker, asked".to_string(), a));
+                for _ in 0..=td_engine::MAX_ANSWER_TURNS {
+                    let a: CompleteAnswer = link
+                        .ask(answer_call("asker"), Duration::from_secs(10))
+                        .await
+                        .unwrap();
+                    answers.push(("asker, asked".to_string(), a));
+                }
                 request.reply.send(Ok("an answer".to_string()));
                 break;
             }
@@ -2133,10 +2137,24 @@ asker:
             }
         }
     }
-    assert!(
-        matches!(answers[2].1, CompleteAnswer::Response { .. }),
-        "{answers:?}"
-    );
+    let asked = &answers[2..];
+    let most = td_engine::MAX_ANSWER_TURNS as usize;
+    assert_eq!(asked.len(), most + 1, "{answers:?}");
+    for (_, answer) in &asked[..most] {
+        assert!(
+            matches!(answer, CompleteAnswer::Response { .. }),
+            "{answers:?}"
+        );
+    }
+    match &asked[most].1 {
+        CompleteAnswer::Failed { message, .. } => assert!(
+            message.contains(
+                "loop e's answer to loop asker made 4 model calls, the most an answer makes"
+            ),
+            "{message}"
+        ),
+        other => panic!("a fifth call of one answer was charged to the asker: {other:?}"),
+    }
 }
 
 /// Review #3: what a host loop's calls spent is what the head settled: `spent` entries a
@@ -2346,6 +2364,108 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
         .filter(|e| e["event"] == "progress_noted" && e["loop_name"] == "e")
         .count();
     assert_eq!(notes, BATCHES as usize * NOTES);
+}
+
+/// Second review of the hosts, #3: a host's requests for its loop's base bundle are taken
+/// one at a time. Each starts git on the head (a mirror, `bundle create`) and writes the
+/// loop's one bundle file, and only model calls and queries counted against the host's
+/// requests in flight: a host sending thousands at once held as many git jobs of the head.
+/// The ones sent while one is made are refused at once, saying why; the one made is whole.
+#[test]
+fn a_hosts_requests_for_its_base_are_taken_one_at_a_time() {
+    use td_cluster::protocol::{FromHost, ToHost};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
+    );
+    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
+    let secret_file = write_secret(&root.join("secret"), SECRET);
+    let mut config = std::fs::read_to_string(&run.config).unwrap();
+    config.push_str(&format!(
+        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
+        secret_file.display()
+    ));
+    std::fs::write(&run.config, config).unwrap();
+    let mut head = head_waiting_for(&run, &root, "evil");
+    const AT_ONCE: usize = 16;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
+            .await
+            .unwrap();
+        let link = session.link();
+        let running = tokio::spawn(session.run(std::future::pending()));
+        let start = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let ToHost::StartLoop(placed) = &start.request else {
+            panic!("not a start: {:?}", start.request);
+        };
+        let link = link.for_attempt(placed.attempt);
+        start.reply.send(Ok(()));
+        let asks = (0..AT_ONCE).map(|_| {
+            link.ask::<Option<u64>>(
+                FromHost::PrepareBase {
+                    loop_name: "e".into(),
+                    have: vec![],
+                },
+                Duration::from_secs(30),
+            )
+        });
+        let answers = futures::future::join_all(asks).await;
+        let again = link
+            .ask::<Option<u64>>(
+                FromHost::PrepareBase {
+                    loop_name: "e".into(),
+                    have: vec![],
+                },
+                Duration::from_secs(30),
+            )
+            .await;
+        let () = link
+            .ask(
+                FromHost::Ended {
+                    loop_name: "e".into(),
+                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
+                    branch: None,
+                    problem: None,
+                },
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(WAIT, running).await;
+        (answers, again)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    let (answers, again) = answers;
+    let made: Vec<u64> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok().copied().flatten())
+        .collect();
+    let refused = answers
+        .iter()
+        .filter(|a| {
+            a.as_ref().is_err_and(|e| {
+                e.to_string()
+                    .contains("loop e's base is being prepared for an earlier request; ask again once it is answered")
+            })
+        })
+        .count();
+    assert!(!made.is_empty(), "no base was made: {answers:?}");
+    assert!(
+        refused > 0,
+        "every request made a base at once: {answers:?}"
+    );
+    assert_eq!(made.len() + refused, AT_ONCE, "{answers:?}");
+    // Once they are answered, the next is taken.
+    assert!(matches!(again, Ok(Some(n)) if n > 0), "{again:?}");
 }
 
 /// Review #10: a loop taken for stopped after the stop grace (its host said yes to the stop

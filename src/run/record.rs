@@ -41,6 +41,7 @@
 //! Every line and every summary is passed through [`td_base::secrets::redact_json`] right
 //! before it is written: whatever a value held, no known secret reaches the disk.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -637,6 +638,19 @@ impl RunRecord {
         self.inner.write_failed(what);
     }
 
+    /// Starts a batch of events recorded by this thread (a host's records batch): until
+    /// [`EventsBatch::end`], the events a resume relies on are written without a sync each,
+    /// and the batch syncs `events.jsonl` once at its end. A batch of a host could otherwise
+    /// hold thousands of them, each an `fdatasync` made under the event log's lock, which
+    /// every loop of the run waits on to record anything.
+    pub fn events_batch(&self) -> EventsBatch<'_> {
+        BATCH_OWES_SYNC.with(|owes| owes.set(Some(false)));
+        EventsBatch {
+            record: self,
+            ended: false,
+        }
+    }
+
     /// A listener for [`td_protocol::events::EventLog::subscribe`] that appends every event to
     /// `events.jsonl` and keeps the summary in step with loop lifecycle events.
     pub fn events_listener(&self) -> impl Fn(&Event) + Send + Sync + 'static {
@@ -786,7 +800,8 @@ impl Inner {
     }
 
     fn on_event(&self, event: &Event) {
-        if let Err(e) = append_line(&self.events, event, resume_relies_on(&event.kind)) {
+        let sync = resume_relies_on(&event.kind) && !EventsBatch::owes_sync();
+        if let Err(e) = append_line(&self.events, event, sync) {
             self.write_failed(format!("cannot append to {EVENTS_FILE}: {e}"));
         }
         self.summary.change(|summary| apply_event(summary, event));
@@ -804,6 +819,61 @@ impl Inner {
         sync_new_dir(&self.dir, &dir)?;
         files.insert(loop_name.to_string(), file.clone());
         Ok(file)
+    }
+}
+
+thread_local! {
+    /// `Some` while this thread records an [`EventsBatch`]: whether an event of it needs
+    /// the sync the batch makes at its end.
+    static BATCH_OWES_SYNC: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// A batch of events recorded by one thread ([`RunRecord::events_batch`]); ended, it syncs
+/// `events.jsonl` once if any of its events needed a sync. Dropped without
+/// [`EventsBatch::end`], it syncs all the same (a failure is then only noted in the record).
+pub struct EventsBatch<'a> {
+    record: &'a RunRecord,
+    ended: bool,
+}
+
+impl EventsBatch<'_> {
+    /// Whether this thread is in a batch; if so, notes that the batch owes a sync.
+    fn owes_sync() -> bool {
+        BATCH_OWES_SYNC.with(|owes| match owes.get() {
+            Some(_) => {
+                owes.set(Some(true));
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Ends the batch: once this returns `Ok`, every event of it is on the disk (and every
+    /// line before it).
+    pub fn end(mut self) -> Result<(), String> {
+        self.ended = true;
+        self.sync()
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        let owed = BATCH_OWES_SYNC.with(|owes| owes.take()).unwrap_or(false);
+        if !owed {
+            return Ok(());
+        }
+        let synced = lock(&self.record.inner.events).sync_data();
+        synced.map_err(|e| {
+            let why = format!("cannot sync {EVENTS_FILE}: {e}");
+            self.record.inner.write_failed(why.clone());
+            why
+        })
+    }
+}
+
+impl Drop for EventsBatch<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.sync();
+        }
     }
 }
 
@@ -1207,6 +1277,60 @@ pub fn loop_names(run_dir: &Path, summary: Option<&RunSummary>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host's records batch syncs `events.jsonl` once, at its end, for all the events a
+    /// resume relies on (second review of the hosts, #4): within it they are written
+    /// unsynced and the batch owes the sync; events without that need owe nothing; the batch
+    /// is this thread's only, and ends when ended or dropped.
+    #[test]
+    fn a_batch_of_events_owes_one_sync_and_is_its_threads_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = RunRecord::create(dir.path(), "r", RunMeta::default()).unwrap();
+        let log = td_protocol::events::EventLog::new();
+        log.subscribe(record.events_listener());
+        let owed = || BATCH_OWES_SYNC.with(|o| o.get());
+        let note = |i: u32| EventKind::ProgressNoted {
+            loop_name: "a".into(),
+            iteration: i,
+            note: format!("n{i}"),
+        };
+        let batch = record.events_batch();
+        log.record(EventKind::IterationStarted {
+            loop_name: "a".into(),
+            iteration: 1,
+        });
+        assert_eq!(owed(), Some(false), "an event without a sync owes none");
+        for i in 1..=3 {
+            log.record(note(i));
+        }
+        assert_eq!(owed(), Some(true));
+        // Another thread's events are not the batch's.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                log.record(note(9));
+                assert_eq!(BATCH_OWES_SYNC.with(|o| o.get()), None);
+            });
+        });
+        assert_eq!(batch.end(), Ok(()));
+        assert_eq!(owed(), None);
+        let read = read_events(dir.path()).unwrap();
+        let notes = read
+            .items
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ProgressNoted { .. }))
+            .count();
+        assert_eq!(notes, 4);
+        // Dropped unended, it still ends.
+        {
+            let _batch = record.events_batch();
+            log.record(note(4));
+            assert_eq!(owed(), Some(true));
+        }
+        assert_eq!(owed(), None);
+        log.record(note(5));
+        assert_eq!(owed(), None);
+        assert_eq!(record.write_errors(), 0);
+    }
 
     #[test]
     fn run_ids_have_the_documented_shape() {

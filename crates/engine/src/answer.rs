@@ -19,8 +19,10 @@ use crate::transcript::TranscriptSink;
 use crate::turns::{Charge, TurnRules, Turns, TurnsEnd};
 use crate::{EngineConfig, ProgressNotes};
 
-/// Model turns an answer may take before it gives up.
-const MAX_ANSWER_TURNS: u32 = 4;
+/// Model turns an answer may take before it gives up (also the most model calls the head
+/// takes for a host loop's answer to one question: a host's word on what it answers is not
+/// trusted).
+pub const MAX_ANSWER_TURNS: u32 = 4;
 
 /// Why a loop could not answer a question.
 #[derive(Debug, thiserror::Error)]

@@ -59,7 +59,7 @@ pub mod prompt;
 pub mod transcript;
 mod turns;
 
-pub use answer::{AnswerError, Answerer};
+pub use answer::{AnswerError, Answerer, MAX_ANSWER_TURNS};
 use budget::Account;
 use transcript::{TranscriptEntry, TranscriptSink};
 pub use turns::CallEvents;

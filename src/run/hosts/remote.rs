@@ -175,6 +175,10 @@ struct Pending {
     /// Dropped with the entry, when the last asker stops waiting: a model call subscribed
     /// to it sees it closed and gives up.
     waiting: tokio::sync::watch::Sender<()>,
+    /// Model calls its host made for the answer, charged to the askers: at most
+    /// [`td_engine::MAX_ANSWER_TURNS`] an asker, as a local answer makes (the host names
+    /// the question, and could otherwise charge an asker any number of calls).
+    calls: u32,
 }
 
 impl Default for Pending {
@@ -182,6 +186,7 @@ impl Default for Pending {
         Pending {
             askers: Vec::new(),
             waiting: tokio::sync::watch::Sender::new(()),
+            calls: 0,
         }
     }
 }
@@ -365,6 +370,10 @@ struct Entry {
     task_line: String,
     /// A records batch of it is being taken (claimed before any work).
     taking: bool,
+    /// Its base bundle is being made (claimed before any work): a host asks once, and
+    /// again only after a timeout; more at once would each start git on the head and
+    /// write the same file.
+    preparing: bool,
     /// Its end is being taken (claimed before any work): a second `Ended` is not.
     ending: bool,
     /// Its host was lost while a checkpoint of it was taken, and the move stopped waiting
@@ -572,6 +581,7 @@ impl RemoteLoops {
                 broken: None,
                 done: false,
                 taking: false,
+                preparing: false,
                 ending: false,
                 abandoned: false,
                 landing: false,
@@ -836,12 +846,26 @@ impl RemoteLoops {
     /// go, without awaiting: this is short), at most [`RECORDS_SETTLE`].
     async fn records_settled(&self, names: &[String]) {
         let started = std::time::Instant::now();
-        while started.elapsed() < RECORDS_SETTLE {
-            let busy = {
+        loop {
+            let busy: Vec<String> = {
                 let loops = lock(&self.loops);
-                names.iter().any(|n| loops.get(n).is_some_and(|e| e.taking))
+                names
+                    .iter()
+                    .filter(|n| loops.get(*n).is_some_and(|e| e.taking))
+                    .cloned()
+                    .collect()
             };
-            if !busy {
+            if busy.is_empty() {
+                return;
+            }
+            if started.elapsed() >= RECORDS_SETTLE {
+                // The batch still lands, after the move read the record: its lines are kept,
+                // its bookkeeping stays with its own placement ([`RemoteLoops::placement`]).
+                eprintln!(
+                    "taskdaemon: loop(s) {}: a records batch of the lost host was still being appended after {} s; the loop moves now, and that batch's lines land in the record after its last checkpoint",
+                    busy.join(", "),
+                    RECORDS_SETTLE.as_secs()
+                );
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -905,20 +929,18 @@ impl RemoteLoops {
         };
         match request {
             FromHost::PrepareBase { have, .. } => {
-                let file = self.base_file(&name);
-                if let Err(e) = std::fs::create_dir_all(&self.side.dir) {
+                let claimed = self.placement(&name, attempt, |entry| {
+                    !std::mem::replace(&mut entry.preparing, true)
+                });
+                if claimed != Some(true) {
                     reply.send(Err::<(), _>(format!(
-                        "cannot make {}: {e}",
-                        self.side.dir.display()
+                        "loop {name}'s base is being prepared for an earlier request; ask again once it is answered"
                     )));
                     return;
                 }
-                let made =
-                    td_git::transfer::bundle_commits(&self.side.repo, &base, &have, &file).await;
-                reply.send(
-                    made.map(|info| info.map(|i| i.bytes))
-                        .map_err(|e| e.to_string()),
-                );
+                let made = self.prepare_base(&name, &base, &have).await;
+                self.placement(&name, attempt, |entry| entry.preparing = false);
+                reply.send(made);
             }
             FromHost::BaseChunk { offset, .. } => {
                 reply.send(read_chunk(&self.base_file(&name), offset));
@@ -1005,6 +1027,23 @@ impl RemoteLoops {
                 }
             }
         }
+    }
+
+    /// Makes loop `name`'s base bundle (its commits from `base` the host does not `have`):
+    /// its size, or `None` when the host has them all.
+    async fn prepare_base(
+        &self,
+        name: &str,
+        base: &str,
+        have: &[String],
+    ) -> Result<Option<u64>, String> {
+        std::fs::create_dir_all(&self.side.dir)
+            .map_err(|e| format!("cannot make {}: {e}", self.side.dir.display()))?;
+        let file = self.base_file(name);
+        td_git::transfer::bundle_commits(&self.side.repo, base, have, &file)
+            .await
+            .map(|info| info.map(|i| i.bytes))
+            .map_err(|e| e.to_string())
     }
 
     /// What the host's runtime tells or asks the coordinator about its loop `name`.
@@ -1154,10 +1193,26 @@ impl RemoteLoops {
                     return failed(format!("loop {name} cannot answer its own question"));
                 }
                 let key = (name.to_string(), from.to_string(), question.to_string());
-                lock(&self.outstanding).get(&key).and_then(|pending| {
-                    let spent = pending.askers.first()?.clone();
-                    Some((from.to_string(), spent, pending.waiting.subscribe()))
-                })
+                let mut outstanding = lock(&self.outstanding);
+                match outstanding.get_mut(&key) {
+                    Some(pending) if !pending.askers.is_empty() => {
+                        let most = u32::try_from(pending.askers.len())
+                            .unwrap_or(u32::MAX)
+                            .saturating_mul(td_engine::MAX_ANSWER_TURNS);
+                        if pending.calls >= most {
+                            return failed(format!(
+                                "loop {name}'s answer to loop {from} made {} model calls, the most an answer makes ({} a question asked); it gets no more",
+                                pending.calls,
+                                td_engine::MAX_ANSWER_TURNS
+                            ));
+                        }
+                        pending.calls = pending.calls.saturating_add(1);
+                        pending.askers.first().map(|spent| {
+                            (from.to_string(), spent.clone(), pending.waiting.subscribe())
+                        })
+                    }
+                    _ => None,
+                }
             }
         };
         // Where the answer's spend is counted for its query's record, and whether its
@@ -1323,30 +1378,54 @@ impl RemoteLoops {
             entry.taking = true;
             entry.host.clone()
         };
-        let taken = self.take_records(&host, name, batch, events, transcript, receipts);
-        if let Some(entry) = lock(&self.loops).get_mut(name) {
-            entry.taking = false;
-        }
+        let taken = self.take_records(&host, name, attempt, batch, events, transcript, receipts);
+        // Only this placement's claim is let go: the loop may have moved meanwhile (its host
+        // lost while this batch was taken), and the new placement's entry is its own.
+        self.placement(name, attempt, |entry| entry.taking = false);
         taken
     }
 
+    /// Changes loop `name`'s entry under the lock while it is placement `attempt`: `None`
+    /// (and nothing changed) once the loop moved (an entry of another attempt replaced it) or
+    /// ended. Work that outlives a placement (a batch or checkpoint still being taken when
+    /// its host was lost) writes its bookkeeping through this, never into the next
+    /// placement's entry.
+    fn placement<T>(
+        &self,
+        name: &str,
+        attempt: u64,
+        change: impl FnOnce(&mut Entry) -> T,
+    ) -> Option<T> {
+        lock(&self.loops)
+            .get_mut(name)
+            .filter(|e| e.attempt == attempt)
+            .map(change)
+    }
+
     /// [`RemoteLoops::records`] once the batch is claimed.
+    #[allow(clippy::too_many_arguments)]
     fn take_records(
         &self,
         host: &str,
         name: &str,
+        attempt: u64,
         batch: u64,
         events: Vec<RawJson>,
         transcript: Vec<RawJson>,
         receipts: Vec<RawJson>,
     ) -> Result<(), String> {
-        let known = lock(&self.loops).get(name).map(|e| Known {
-            iterations: e.iterations,
-            inbox: lock(&e.inbox).clone(),
-            live_inbox: e.inbox.clone(),
-            requests: e.requests,
-        });
-        let known = known.ok_or_else(|| format!("no loop {name}"))?;
+        let known = lock(&self.loops)
+            .get(name)
+            .filter(|e| e.attempt == attempt)
+            .map(|e| Known {
+                iterations: e.iterations,
+                inbox: lock(&e.inbox).clone(),
+                live_inbox: e.inbox.clone(),
+                requests: e.requests,
+            });
+        let known = known.ok_or_else(|| {
+            format!("loop {name} no longer runs as attempt {attempt}: batch {batch} is not taken")
+        })?;
         let mut kinds = Vec::with_capacity(events.len());
         let mut left_out: BTreeMap<String, usize> = BTreeMap::new();
         for event in events {
@@ -1414,22 +1493,26 @@ impl RemoteLoops {
         } else {
             Some(self.side.record.receipts_for(name)?)
         };
+        // The events a resume relies on (progress notes, ends) are synced once for the
+        // batch, not each under the event log's lock (which every loop waits on).
+        let batch_sync = self.side.record.events_batch();
         for mut kind in kinds {
             match &mut kind {
-                EventKind::IterationStarted { .. } => self.iteration_started(name),
+                EventKind::IterationStarted { .. } => self.iteration_started(name, attempt),
                 // Where it runs is the head's to say (a rebuilt summary reads it here).
                 EventKind::LoopStarted { host: said, .. } => *said = Some(host.to_string()),
                 _ => {}
             }
             self.side.events.record(kind);
         }
+        // On the disk before the host hears the batch was taken; a failed sync is the
+        // record's failure (noted), as a failed write of one event is.
+        let _ = batch_sync.end();
         // One write for the batch's transcript lines (a `statx` and a `write` per line
         // before).
         self.side.transcript.record_all(name, entries);
         // From here on the batch is taken, whatever fails: a retry must not append it again.
-        if let Some(entry) = lock(&self.loops).get_mut(name) {
-            entry.batch = batch;
-        }
+        self.placement(name, attempt, |entry| entry.batch = batch);
         lock(&live_inbox).commit(&shown);
         // One write and one sync for the batch's receipts (all or none), before the batch
         // is answered: each is on the disk when its host hears the batch was taken.
@@ -1438,9 +1521,7 @@ impl RemoteLoops {
         {
             let why = format!("the head cannot append to loop {name}'s receipts: {e}");
             self.side.record.note_failure(why.clone());
-            if let Some(entry) = lock(&self.loops).get_mut(name) {
-                entry.broken = Some(why.clone());
-            }
+            self.placement(name, attempt, |entry| entry.broken = Some(why.clone()));
             return Err(why);
         }
         Ok(())
@@ -1480,15 +1561,17 @@ impl RemoteLoops {
 
     /// Counts a new iteration of loop `name` in its account and the run's, as a local
     /// loop's start does; past a limit, its next model call is refused with it.
-    fn iteration_started(&self, name: &str) {
+    fn iteration_started(&self, name: &str, attempt: u64) {
+        // Counted in its account whichever placement it was: the iteration ran (a batch of
+        // an earlier placement may come in late); its entry only if it is still this one.
         let counted = self.side.budgets.account(name).start_iteration();
-        if let Some(entry) = lock(&self.loops).get_mut(name) {
+        self.placement(name, attempt, |entry| {
             entry.iterations = entry.iterations.saturating_add(1);
             entry.calls = 0;
             if let Err(why) = counted {
                 entry.over.get_or_insert(why);
             }
-        }
+        });
     }
 
     /// Appends a chunk of loop `name`'s branch bundle; chunks come in order, and the whole
