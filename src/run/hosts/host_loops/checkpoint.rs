@@ -24,6 +24,8 @@ use td_protocol::events::EventKind;
 use td_base::sync::lock;
 use td_cluster::HeadLink;
 use td_cluster::protocol::{BranchBundle, CHUNK_BYTES, FromHost};
+
+use crate::run::hosts::remote::MAX_BRANCH_BYTES;
 use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
 
@@ -208,29 +210,101 @@ pub(super) async fn send_bundle(
     else {
         return Ok(None);
     };
-    let bytes = std::fs::read(file).map_err(|e| format!("cannot read its bundle: {e}"));
+    let sent = send_chunks(link, name, file, MAX_BRANCH_BYTES).await;
     let _ = std::fs::remove_file(file);
-    let bytes = bytes?;
-    let mut offset = 0usize;
-    for piece in bytes.chunks(CHUNK_BYTES) {
-        let data = hex::encode(piece);
-        let () = ask_again(link, || FromHost::BranchChunk {
-            loop_name: name.to_string(),
-            offset: offset as u64,
-            data: data.clone(),
-        })
-        .await?;
-        offset = offset.saturating_add(piece.len());
-    }
+    sent?;
     Ok(Some(BranchBundle {
         tip: info.tip,
         bytes: info.bytes,
     }))
 }
 
+/// Sends `file` (a branch bundle) to the head in chunks, one read at a time: a loop can
+/// commit files of any size, and the whole bundle in memory could take the host down with
+/// every loop on it. A bundle over `most` bytes (what the head takes of one loop's
+/// branch) is refused before any of it is read or sent, saying so.
+async fn send_chunks(link: &HeadLink, name: &str, file: &Path, most: u64) -> Result<(), String> {
+    let mut chunks = BundleChunks::open(file, most)?;
+    let mut offset = 0u64;
+    while let Some(piece) = chunks.next_chunk()? {
+        let data = hex::encode(&piece);
+        let () = ask_again(link, || FromHost::BranchChunk {
+            loop_name: name.to_string(),
+            offset,
+            data: data.clone(),
+        })
+        .await?;
+        offset = offset.saturating_add(piece.len() as u64);
+    }
+    Ok(())
+}
+
+/// A bundle file read [`CHUNK_BYTES`] at a time, its size checked first.
+struct BundleChunks {
+    file: std::fs::File,
+}
+
+impl BundleChunks {
+    /// `path`, when it holds at most `most` bytes.
+    fn open(path: &Path, most: u64) -> Result<BundleChunks, String> {
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot read its bundle: {e}"))?;
+        let size = file
+            .metadata()
+            .map_err(|e| format!("cannot read its bundle: {e}"))?
+            .len();
+        if size > most {
+            return Err(format!(
+                "its branch bundle is {size} bytes, over the {most} the head takes of a loop's branch: commit less (large generated files belong out of the repository)"
+            ));
+        }
+        Ok(BundleChunks { file })
+    }
+
+    /// The next chunk (full but for the last), or `None` at the end.
+    fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, String> {
+        use std::io::Read;
+        let mut piece = Vec::with_capacity(CHUNK_BYTES);
+        (&mut self.file)
+            .take(CHUNK_BYTES as u64)
+            .read_to_end(&mut piece)
+            .map_err(|e| format!("cannot read its bundle: {e}"))?;
+        Ok((!piece.is_empty()).then_some(piece))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Second review of the hosts, #4: a branch bundle over what the head takes is refused
+    /// before it is read; one within it is read a chunk at a time, all of it, in order.
+    #[test]
+    fn a_bundle_is_read_a_chunk_at_a_time_and_refused_whole_past_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.bundle");
+        let bytes: Vec<u8> = (0..(2 * CHUNK_BYTES + 7))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let size = bytes.len() as u64;
+        let err = BundleChunks::open(&path, size - 1).err().unwrap();
+        assert!(
+            err.contains(&format!(
+                "its branch bundle is {size} bytes, over the {}",
+                size - 1
+            )),
+            "{err}"
+        );
+        let mut chunks = BundleChunks::open(&path, size).unwrap();
+        let mut read = Vec::new();
+        let mut sizes = Vec::new();
+        while let Some(piece) = chunks.next_chunk().unwrap() {
+            sizes.push(piece.len());
+            read.extend(piece);
+        }
+        assert_eq!(sizes, vec![CHUNK_BYTES, CHUNK_BYTES, 7]);
+        assert_eq!(read, bytes);
+    }
 
     #[tokio::test]
     async fn a_model_call_waits_for_the_checkpoint_asked_before_it() {
