@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 use crate::host::AgentMsg;
 use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
 use crate::protocol::{
-    CoordRequest, FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined, PROTOCOL,
-    SCOPE, ToHead, ToHost, valid_host_name,
+    CoordRequest, FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined,
+    MAX_NAME_LEN, PROTOCOL, SCOPE, ToHead, ToHost, valid_host_name,
 };
 use crate::secret::ClusterSecret;
 use crate::wire::{self, AskError, Reply, WireMsg};
@@ -72,6 +72,56 @@ fn new_token() -> String {
 
 /// The most slots a host may offer.
 pub const MAX_SLOTS: u32 = 4096;
+
+/// The most bytes of a refused host name that the registry records (in [`HostEvent::Refused`]
+/// and its reason). A peer that proved the secret names itself as it likes, up to a frame of
+/// 4 MiB and with no limit on how often it is refused, and every refusal lands in the run's
+/// events, its summary and `taskdaemon status`: a name is shown long enough to tell which,
+/// no longer. Above [`MAX_NAME_LEN`], so that a valid name is never cut.
+pub const MAX_SHOWN_NAME: usize = 96;
+
+// A valid name has nothing to escape: it is shown whole.
+const _: () = assert!(MAX_NAME_LEN <= MAX_SHOWN_NAME);
+
+/// The most bytes of any other text of a host's that the registry records: a joined host's
+/// workdir and version, its reason for leaving, the node a refused join named. Real ones are
+/// a path, a version number, a sentence; a host that proved the secret could otherwise write
+/// megabytes of them into every event it causes (see [`MAX_SHOWN_NAME`]).
+pub const MAX_SHOWN_TEXT: usize = 512;
+
+/// `text` from a host (or about one) as the registry records and shows it: every character
+/// a terminal acts on or a reader could be misled by (control characters, line and paragraph
+/// separators, bidi and zero-width ones) escaped as `char::escape_debug` escapes them (as
+/// `shown_kind` in the binary's `run/hosts/remote.rs` does; quotes stay as they are), and cut
+/// to at most `max` bytes, ending with how long it was (a `max` under the 40 bytes kept for
+/// that note keeps only the note; the registry's limits are far above it).
+pub fn shown(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    // Where `out` ended, at an escape's boundary, while there was room left for the note.
+    let mut kept = 0;
+    let mut note = None;
+    for c in text.chars() {
+        match c {
+            // Printable: escaped, they would only garble a sentence.
+            '"' | '\'' => out.push(c),
+            _ => out.extend(c.escape_debug()),
+        }
+        if out.len() > max {
+            let cut = format!("… ({} bytes in all)", text.len());
+            out.truncate(kept);
+            note = Some(cut);
+            break;
+        }
+        // The note never takes more than this: "… (" and " bytes in all)" and 20 digits.
+        if out.len() + 40 <= max {
+            kept = out.len();
+        }
+    }
+    if let Some(note) = note {
+        out.push_str(&note);
+    }
+    out
+}
 
 /// The most connections that may wait to join at once; more are closed at once (each one
 /// holds three actors of ractor_cluster's until its deadline).
@@ -176,9 +226,11 @@ pub enum HostEvent {
         address: String,
         /// Loops it runs at once.
         slots: u32,
-        /// Where it keeps its worktrees.
+        /// Where it keeps its worktrees, as the host says ([`shown`], at most
+        /// [`MAX_SHOWN_TEXT`] bytes).
         workdir: String,
-        /// Its taskdaemon version.
+        /// Its taskdaemon version, as the host says ([`shown`], at most [`MAX_SHOWN_TEXT`]
+        /// bytes).
         version: String,
     },
     /// A joined host was lost: its connection closed, or it stopped answering.
@@ -194,7 +246,8 @@ pub enum HostEvent {
     Left {
         /// Its name.
         name: String,
-        /// Why, in words.
+        /// Why, in words (the host's own, when it left: [`shown`], at most
+        /// [`MAX_SHOWN_TEXT`] bytes).
         reason: String,
     },
     /// A connection did not join: no or a wrong secret, no join in time, or a join the
@@ -202,7 +255,8 @@ pub enum HostEvent {
     Refused {
         /// Where it came from.
         address: String,
-        /// The name it asked to join as, if it got that far.
+        /// The name it asked to join as, if it got that far ([`shown`], at most
+        /// [`MAX_SHOWN_NAME`] bytes: a refused name may be anything).
         name: Option<String>,
         /// Why, in words.
         reason: String,
@@ -230,7 +284,8 @@ pub struct HostInfo {
     pub address: String,
     /// Loops it runs at once.
     pub slots: u32,
-    /// Where it keeps its worktrees.
+    /// Where it keeps its worktrees, as the host says ([`shown`], at most [`MAX_SHOWN_TEXT`]
+    /// bytes).
     pub workdir: String,
     /// Where it stands.
     pub state: HostState,
@@ -540,7 +595,8 @@ impl Registry {
                 "another connection of the same node took its place".into()
             }
             Some("self_connection") => "it is this node itself".into(),
-            Some(other) => format!("its connection closed ({other})"),
+            // ractor_cluster's words, which may quote what the peer sent.
+            Some(other) => format!("its connection closed ({})", shown(other, MAX_SHOWN_TEXT)),
         }
     }
 
@@ -672,7 +728,10 @@ impl Registry {
                     {
                         host.info.state = HostState::Left;
                         set_agent(&self.agents, &name, None);
-                        self.emit(HostEvent::Left { name, reason });
+                        self.emit(HostEvent::Left {
+                            name,
+                            reason: shown(&reason, MAX_SHOWN_TEXT),
+                        });
                         Ok(())
                     }
                     _ => Err(format!(
@@ -750,6 +809,13 @@ impl Registry {
             .iter()
             .find(|(_, s)| s.authenticated && s.info.peer_name.as_deref() == Some(node))
             .map(|(id, _)| *id);
+        // The name this connection joined under before, if it did (its host may have left
+        // since: the connection stays its).
+        let joined_as = session_id
+            .and_then(|id| state.sessions.get(&id))
+            .and_then(|s| s.host.clone());
+        // What the peer named itself, as events and answers show it (see MAX_SHOWN_NAME).
+        let shown_name = shown(name, MAX_SHOWN_NAME);
         let refusal = || -> Option<String> {
             if protocol != PROTOCOL {
                 return Some(format!(
@@ -758,7 +824,9 @@ impl Registry {
                 ));
             }
             if !valid_host_name(name) {
-                return Some(format!("the host name {name:?} is not {HOST_NAME_RULE}"));
+                return Some(format!(
+                    "the host name \"{shown_name}\" is not {HOST_NAME_RULE}"
+                ));
             }
             if name == HEAD_NAME {
                 return Some(format!(
@@ -770,6 +838,16 @@ impl Registry {
             {
                 return Some(format!(
                     "--slots {n}: a host runs 1 to {MAX_SLOTS} loops at once"
+                ));
+            }
+            // One process, one name: the head's slots are per host, and every other name
+            // would take as many again (and, its connection's close losing only one name,
+            // stay joined until its heartbeats were missed).
+            if let Some(first) = &joined_as
+                && first != name
+            {
+                return Some(format!(
+                    "this connection already joined as {first}; a host process joins under one name (start another `taskdaemon host` for another)"
                 ));
             }
             if let Some(h) = state.hosts.get(name)
@@ -787,7 +865,8 @@ impl Registry {
             }
             if session_id.is_none() {
                 return Some(format!(
-                    "no authenticated connection of node {node} is known here; join again"
+                    "no authenticated connection of node {} is known here; join again",
+                    shown(node, MAX_SHOWN_TEXT)
                 ));
             }
             None
@@ -806,7 +885,7 @@ impl Registry {
                     .unwrap_or_else(|| "?".to_string());
                 self.emit(HostEvent::Refused {
                     address,
-                    name: Some(name.to_string()),
+                    name: Some(shown_name),
                     reason: reason.clone(),
                 });
                 // Its connection closes at its deadline, should it not close it itself.
@@ -828,7 +907,7 @@ impl Registry {
             session.reported = true;
             self.emit(HostEvent::Refused {
                 address: session.info.peer_addr.clone(),
-                name: Some(name.to_string()),
+                name: Some(shown_name),
                 reason: reason.clone(),
             });
             return Err(format!("the head refused this host: {reason}"));
@@ -837,6 +916,10 @@ impl Registry {
         // The head's slots are the most a host may offer: a host does not choose how many
         // loops it is sent (it would attract every loop waiting for a place).
         let slots = slots.map_or(self.default_slots, |n| n.min(self.default_slots));
+        let (workdir, version) = (
+            shown(&workdir, MAX_SHOWN_TEXT),
+            shown(&version, MAX_SHOWN_TEXT),
+        );
         let info = HostInfo {
             name: name.to_string(),
             address: session.info.peer_addr.clone(),
@@ -1108,6 +1191,62 @@ mod tests {
         held.give_back(5, true);
         assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
         assert_eq!(held.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_hosts_text_is_shown_escaped_and_cut_to_its_limit() {
+        // What a host normally says is shown as it is.
+        for plain in [
+            "h1",
+            "gpu.box_2",
+            "/home/ci/work dir",
+            "0.1.0",
+            "stopped by its user's \"host\" (SIGTERM)",
+            "héllo wörld",
+        ] {
+            assert_eq!(shown(plain, MAX_SHOWN_TEXT), plain);
+        }
+        let longest = "a".repeat(MAX_NAME_LEN);
+        assert_eq!(shown(&longest, MAX_SHOWN_NAME), longest);
+        // Nothing a terminal acts on, nor text that reads otherwise than it is.
+        for (raw, escaped) in [
+            ("\u{1b}[2J", "\\u{1b}[2J"),
+            ("a\r\nb\tc", "a\\r\\nb\\tc"),
+            ("\u{7}\u{7f}\u{9b}", "\\u{7}\\u{7f}\\u{9b}"),
+            (
+                "\u{202e}\u{2028}\u{2029}\u{200b}",
+                "\\u{202e}\\u{2028}\\u{2029}\\u{200b}",
+            ),
+            ("a\\b", "a\\\\b"),
+        ] {
+            assert_eq!(shown(raw, MAX_SHOWN_TEXT), escaped);
+        }
+        // Cut at its limit, never inside an escape or a character, saying how long it was.
+        for (raw, max) in [
+            ("x".repeat(1 << 20), MAX_SHOWN_TEXT),
+            ("\u{1b}".repeat(100_000), MAX_SHOWN_TEXT),
+            ("é".repeat(100_000), MAX_SHOWN_NAME),
+            (
+                format!("{}\u{1b}", "y".repeat(MAX_SHOWN_NAME)),
+                MAX_SHOWN_NAME,
+            ),
+        ] {
+            let text = shown(&raw, max);
+            assert!(text.len() <= max, "{} bytes: {text}", text.len());
+            let note = format!("… ({} bytes in all)", raw.len());
+            let Some(kept) = text.strip_suffix(&note) else {
+                panic!("{text}");
+            };
+            // As much as leaves room for the note (40 bytes), less one escape at most.
+            assert!(kept.len() + 40 + "\\u{10ffff}".len() >= max, "{text}");
+            assert!(
+                shown(&raw, usize::MAX).starts_with(kept),
+                "{kept} is not the start of the whole"
+            );
+            assert!(!text.chars().any(char::is_control), "{text}");
+        }
+        let escapes = shown(&"\u{1b}".repeat(100_000), MAX_SHOWN_TEXT);
+        assert!(escapes.replace("\\u{1b}", "").starts_with('…'), "{escapes}");
     }
 
     #[test]

@@ -435,6 +435,12 @@ pub async fn join(options: HostOptions) -> Result<HostSession, JoinError> {
 }
 
 impl HostSession {
+    /// The name of this host's node (`name@host`), as the head's end of the handshake
+    /// knows it: what a [`ToHead::Join`] names as its `node`.
+    pub fn node_name(&self) -> &str {
+        &self.node.full_name
+    }
+
     /// What asks the head about this host's loops.
     pub fn link(&self) -> HeadLink {
         HeadLink {

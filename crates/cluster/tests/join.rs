@@ -431,3 +431,218 @@ async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
     assert!(err.to_string().contains("host h1 is not joined"), "{err}");
     let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
 }
+
+/// The head's registry, as this process has it (its own actor, not a host node's proxy).
+fn local_registry() -> ractor::ActorRef<td_cluster::head::RegistryMsg> {
+    ractor::pg::get_scoped_members(
+        &td_cluster::protocol::SCOPE.to_string(),
+        &td_cluster::protocol::HEAD_GROUP.to_string(),
+    )
+    .into_iter()
+    .find(|cell| cell.get_id().is_local())
+    .unwrap()
+    .into()
+}
+
+/// Asks the registry `request` raw, as a host that proved the secret may.
+async fn ask_raw<T: serde::de::DeserializeOwned>(
+    request: &td_cluster::protocol::ToHead,
+) -> Result<T, td_cluster::wire::AskError> {
+    td_cluster::wire::ask(
+        &local_registry(),
+        td_cluster::head::RegistryMsg::Wire,
+        request,
+        Duration::from_secs(10),
+    )
+    .await
+}
+
+fn raw_join(name: &str, node: &str, workdir: &str, version: &str) -> td_cluster::protocol::ToHead {
+    td_cluster::protocol::ToHead::Join {
+        protocol: td_cluster::protocol::PROTOCOL,
+        name: name.into(),
+        node: node.into(),
+        slots: None,
+        workdir: workdir.into(),
+        version: version.into(),
+    }
+}
+
+/// A megabyte of text that clears a terminal, retitles it, rings, turns text around and
+/// starts lines of its own.
+fn hostile() -> String {
+    format!(
+        "\u{1b}[2J\u{1b}]0;pwned\u{7}\u{202e}\u{2028}\r\n{}",
+        "x".repeat(1 << 20)
+    )
+}
+
+/// Text a host sent, as the events carry it: short, and nothing a terminal acts on.
+fn assert_tame(what: &str, text: &str) {
+    assert!(
+        text.len() <= 1024,
+        "{what}: {} bytes: {}…",
+        text.len(),
+        text.chars().take(80).collect::<String>().escape_debug()
+    );
+    assert!(
+        !text
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '\u{202e}' | '\u{2028}')),
+        "{what}: {}",
+        text.escape_debug()
+    );
+}
+
+/// A host process joins under one name: the slots the head gives are per host, and a
+/// second name on the same connection would take as many again (and outlive its close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_joined_under_one_name_cannot_join_under_another() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    let node = session.node_name().to_string();
+    for name in ["h2", "h3"] {
+        let err = ask_raw::<td_cluster::protocol::Joined>(&raw_join(name, &node, "/w", "0"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("already joined as h1"), "{err}");
+    }
+    let hosts = head.hosts().await;
+    assert_eq!(
+        hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+        ["h1"]
+    );
+    wait_for(&events, |e| {
+        matches!(e, HostEvent::Refused { name: Some(n), reason, .. } if n == "h3" && reason.contains("already joined as h1"))
+    })
+    .await;
+    // Its own name again while joined: refused as before.
+    let err = ask_raw::<td_cluster::protocol::Joined>(&raw_join("h1", &node, "/w", "0"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already joined"), "{err}");
+    // Having left, the connection still joins under no other name.
+    ask_raw::<()>(&td_cluster::protocol::ToHead::Leave {
+        name: "h1".into(),
+        token: session.joined.token.clone(),
+        reason: "bye".into(),
+    })
+    .await
+    .unwrap();
+    let err = ask_raw::<td_cluster::protocol::Joined>(&raw_join("h2", &node, "/w", "0"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already joined as h1"), "{err}");
+    assert_eq!(head.hosts().await.len(), 1);
+    assert!(
+        !events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, HostEvent::Joined { name, .. } if name != "h1")),
+        "{:?}",
+        events.lock().unwrap()
+    );
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+/// A peer that proved the secret writes what it likes in a join: a refused name or node
+/// reaches the events (and the run's record and `status`) cut short and escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_joins_name_and_node_reach_the_events_cut_and_escaped() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let bad = hostile();
+    let err = ask_raw::<td_cluster::protocol::Joined>(&raw_join(&bad, "n@h", "/w", "0"))
+        .await
+        .unwrap_err();
+    assert_tame("the answer", &err.to_string());
+    let err = ask_raw::<td_cluster::protocol::Joined>(&raw_join("h9", &bad, "/w", "0"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no authenticated connection"),
+        "{err}"
+    );
+    assert_tame("the answer", &err.to_string());
+    wait_for(
+        &events,
+        |e| matches!(e, HostEvent::Refused { name: Some(n), .. } if n == "h9"),
+    )
+    .await;
+    let refused: Vec<(String, String)> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            HostEvent::Refused { name, reason, .. } => {
+                Some((name.clone().unwrap_or_default(), reason.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 2);
+    for (name, reason) in &refused {
+        assert_tame("a refused name", name);
+        assert_tame("a refusal's reason", reason);
+    }
+    // What it was is still told, escaped.
+    assert!(refused[0].0.starts_with("\\u{1b}[2J"), "{}", refused[0].0);
+    assert!(refused[0].1.contains("\\u{1b}[2J"), "{}", refused[0].1);
+    assert!(refused[1].1.contains("\\u{1b}[2J"), "{}", refused[1].1);
+    assert!(head.hosts().await.is_empty());
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
+/// A joined host's workdir, version and reason for leaving reach the events and the
+/// registry's list cut short and escaped; and a host that left joins again under its own
+/// name on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_hosts_workdir_version_and_reason_to_leave_reach_the_events_cut_and_escaped() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(5)).await;
+    let bad = hostile();
+    let mut options = host(&head, "h1", "the-head-secret-0123456789");
+    options.workdir = bad.clone();
+    let session = td_cluster::host::join(options).await.unwrap();
+    assert_tame("the listed workdir", &head.hosts().await[0].workdir);
+    ask_raw::<()>(&td_cluster::protocol::ToHead::Leave {
+        name: "h1".into(),
+        token: session.joined.token.clone(),
+        reason: bad.clone(),
+    })
+    .await
+    .unwrap();
+    let joined: td_cluster::protocol::Joined =
+        ask_raw(&raw_join("h1", session.node_name(), &bad, &bad))
+            .await
+            .unwrap();
+    assert_eq!(joined.slots, 3);
+    assert_eq!(head.hosts().await[0].state, HostState::Joined);
+    let seen = events.lock().unwrap().clone();
+    let mut checked = 0;
+    for event in &seen {
+        match event {
+            HostEvent::Joined {
+                workdir, version, ..
+            } => {
+                assert_tame("a workdir", workdir);
+                assert_tame("a version", version);
+                assert!(workdir.starts_with("\\u{1b}[2J"), "{workdir}");
+                checked += 1;
+            }
+            HostEvent::Left { reason, .. } => {
+                assert_tame("a reason to leave", reason);
+                checked += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(checked, 3);
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
