@@ -17,7 +17,10 @@
 //! 2. its pack is indexed into a quarantine, a scratch bare repository that sees the
 //!    receiver's objects through `objects/info/alternates` but writes only to its own
 //!    (`git index-pack --strict`: every object checked as `git fsck` would, every link
-//!    present), and the tip's history is walked to its prerequisites there;
+//!    present), and the tip's history is walked to its prerequisites there; on the head,
+//!    what that history needs beyond the loop's base must be in the bundle's own pack, and
+//!    what else it or the pack's deltas use must be reached by the base ([`sent`]: the
+//!    quarantine would otherwise lend the host any commit or file the head has);
 //! 3. only then are the objects the tip needs (and no others the file may carry) packed out
 //!    of the quarantine into the receiver, and the one ref is set (`git update-ref`).
 //!
@@ -32,6 +35,7 @@
 //! the `.git` file of a worktree a loop writes in is never what decides the repository).
 
 mod header;
+mod sent;
 #[cfg(test)]
 mod tests;
 
@@ -618,8 +622,9 @@ impl Incoming {
     }
 
     /// Step 2: the pack indexed into the quarantine, every object checked, and the tip's
-    /// whole history present there (down to the prerequisites).
-    async fn index(&self) -> Result<()> {
+    /// whole history present there (down to the prerequisites). Returns the name
+    /// `index-pack` gave the pack (`pack-<name>.pack` in the quarantine).
+    async fn index(&self) -> Result<String> {
         let q = &self.quarantine.repo;
         let mut pack = std::fs::File::open(&self.copy).map_err(|e| TransferError::File {
             action: "read",
@@ -647,6 +652,9 @@ impl Incoming {
                 td_base::text::head_tail(out.stderr.trim(), MAX_STDERR)
             )));
         }
+        let answer = out.text();
+        let pack = sent::indexed_pack_name(&answer, self.header.format)
+            .ok_or_else(|| sent::unnamed_pack(q.git_dir.clone(), &answer))?;
         if !q.is_commit(&self.tip).await? {
             return Err(self.refused(format!(
                 "its ref points at {}, which is not a commit it or the repository holds",
@@ -665,7 +673,7 @@ impl Incoming {
         if let Err(e) = walk {
             return Err(self.refused(format!("its history is incomplete ({e})")));
         }
-        Ok(())
+        Ok(pack)
     }
 
     /// Step 3: the objects reachable from the tip and not from `known` (commits the target
@@ -867,9 +875,12 @@ pub async fn bundle_commits(
 /// `base_commit` reaches (the host got nothing else from the head); every object passes
 /// git's checks and the tip's history is complete; the tip is a commit that descends from
 /// `base_commit`, is not the base itself, and no commit between them is a root (unrelated
-/// history grafted in). Only the objects the tip needs land in the repository. No hook
-/// runs. `into_ref` may not be a branch checked out in a worktree (its files would no
-/// longer match it); it is overwritten when it exists.
+/// history grafted in); every commit between them is in the bundle's own pack, and every
+/// other object the tip needs or the pack's deltas are made against is in the pack or
+/// reached by `base_commit` (a commit or file of the head's that the host was never sent
+/// is not the host's to bring in). Only the objects the tip needs land in the repository.
+/// No hook runs. `into_ref` may not be a branch checked out in a worktree (its files would
+/// no longer match it); it is overwritten when it exists.
 pub async fn take_branch(
     repo: &Repo,
     bundle_file: &Path,
@@ -922,7 +933,7 @@ pub async fn take_branch(
             "the base {base} does not reach its prerequisite {outside}: it was not made from the loop's base"
         )));
     }
-    incoming.index().await?;
+    let pack = incoming.index().await?;
     let q = &incoming.quarantine.repo;
     // The loop's branch starts at its base; anything else is not the loop's work.
     if !q.is_ancestor(&base, &incoming.tip).await? {
@@ -946,6 +957,10 @@ pub async fn take_branch(
             "it carries the root commit {roots}: history unrelated to the base is merged in"
         )));
     }
+    // The quarantine sees all of the head's objects: the checks above pass for history
+    // found there rather than sent (another loop's tip merged in, a delta against a user's
+    // file). What the base does not reach must have come in the pack.
+    incoming.check_sent(&pack, &base).await?;
     incoming
         .land(&target, std::slice::from_ref(&base), into_ref)
         .await?;

@@ -910,3 +910,215 @@ async fn a_repositorys_object_format_is_read_once_and_shared_by_its_handles() {
     }
     assert_eq!(formats_of(&handle, &mirror).await, sha1);
 }
+
+/// The pack `git pack-objects --stdout ARGS` writes in `dir` for `input` (object ids; or
+/// revisions with `--revs`), as raw bytes.
+fn pack_objects(fx: &Fx, dir: &Path, args: &[&str], input: &str) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = fx.cmd(dir, &["pack-objects", "--stdout", "-q"]);
+    c.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    // pack-objects reads its whole list before it writes: no deadlock.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "pack-objects: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A bundle written by hand, as a hostile host would: the prerequisite `base`, one ref
+/// `refs/heads/loop` at `tip`, and `pack` (whatever it holds).
+fn forged_bundle(fx: &Fx, name: &str, base: &str, tip: &str, pack: &[u8]) -> PathBuf {
+    let mut bytes =
+        format!("# v2 git bundle\n-{base} base\n{tip} refs/heads/loop\n\n").into_bytes();
+    bytes.extend_from_slice(pack);
+    let path = fx.path(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Panics unless `pack` is thin: it holds deltas against objects it does not carry (git
+/// cannot index it alone).
+fn assert_thin(fx: &Fx, pack: &[u8]) {
+    let alone = fx.path("thin-check.git");
+    let _ = std::fs::remove_dir_all(&alone);
+    fx.git(
+        fx.tmp.path(),
+        &["init", "--quiet", "--bare", alone.to_str().unwrap()],
+    );
+    let file = fx.path("thin-check.pack");
+    std::fs::write(&file, pack).unwrap();
+    let mut c = fx.cmd(&alone, &["--git-dir=.", "index-pack", "--stdin"]);
+    c.stdin(std::fs::File::open(&file).unwrap());
+    let out = c.output().unwrap();
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unresolved"),
+        "the pack is not thin: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A thin pack of `tip` (a commit on `base`) whose deltas may use the objects of `against`'s
+/// tree, a commit `tip` does not descend from: pack-objects takes delta bases from the
+/// commits its walk stops at, so a throwaway commit with `tip`'s tree on `against` makes
+/// `against` one. The throwaway commit rides along in the pack.
+fn thin_pack_against(fx: &Fx, dir: &Path, tip: &str, base: &str, against: &str) -> Vec<u8> {
+    let tree = fx.git(dir, &["rev-parse", &format!("{tip}^{{tree}}")]);
+    let lure = fx.git(dir, &["commit-tree", &tree, "-p", against, "-m", "lure"]);
+    let pack = pack_objects(
+        fx,
+        dir,
+        &["--revs", "--thin"],
+        &format!("{lure}\n{tip}\n^{against}\n^{base}\n"),
+    );
+    assert_thin(fx, &pack);
+    pack
+}
+
+/// A commit written byte by byte with `hash-object` (no check that its parents exist, so a
+/// host can name commits it only knows the id of).
+fn raw_commit(fx: &Fx, dir: &Path, tree: &str, parents: &[&str], message: &str) -> String {
+    let mut body = format!("tree {tree}\n");
+    for p in parents {
+        body.push_str(&format!("parent {p}\n"));
+    }
+    body.push_str(&format!(
+        "author U <u@example.com> 1700000000 +0000\ncommitter U <u@example.com> 1700000000 +0000\n\n{message}\n"
+    ));
+    let path = fx.path("raw-commit");
+    std::fs::write(&path, body).unwrap();
+    fx.git(
+        dir,
+        &["hash-object", "-t", "commit", "-w", path.to_str().unwrap()],
+    )
+}
+
+/// A commit on the head's branch `other` (off `main`, which stays checked out): another
+/// loop's tip or the user's own work, which no host was sent.
+fn head_side_commit(fx: &Fx, file: &str, text: &str) -> String {
+    fx.git(&fx.head, &["checkout", "--quiet", "-b", "other"]);
+    let side = fx.commit_file(&fx.head, file, text, "side work");
+    fx.git(&fx.head, &["checkout", "--quiet", "main"]);
+    side
+}
+
+#[tokio::test]
+async fn the_head_refuses_a_ref_at_a_commit_of_its_own_the_bundle_does_not_carry() {
+    let fx = Fx::new(2);
+    let base = fx.main_tip();
+    let side = head_side_commit(&fx, "side.txt", "not the host's\n");
+    // No object at all: the head's own commit, named by a host that only learned its id.
+    let empty = pack_objects(&fx, &fx.head, &[], "");
+    let bundle = forged_bundle(&fx, "empty.bundle", &base, &side, &empty);
+    let want = format!("the commit {side}, which is not in its pack");
+    assert_head_refuses(&fx, &bundle, &base, &want).await;
+}
+
+#[tokio::test]
+async fn the_head_refuses_a_merge_of_a_commit_the_host_was_never_sent() {
+    let fx = Fx::new(2);
+    let base = fx.main_tip();
+    // The host is made before the head's side branch: it knows the id only.
+    let host = fx.host_clone("host");
+    let side = head_side_commit(&fx, "side.txt", "not the host's\n");
+    let work = fx.commit_file(&host, "loop.txt", "work\n", "loop");
+    let tree = fx.git(&host, &["rev-parse", "HEAD^{tree}"]);
+    let blob = fx.git(&host, &["rev-parse", "HEAD:loop.txt"]);
+    let merge = raw_commit(&fx, &host, &tree, &[&work, &side], "merge");
+    let pack = pack_objects(
+        &fx,
+        &host,
+        &[],
+        &format!("{merge}\n{work}\n{tree}\n{blob} loop.txt\n"),
+    );
+    let bundle = forged_bundle(&fx, "merge.bundle", &base, &merge, &pack);
+    let want = format!("the commit {side}, which is not in its pack");
+    assert_head_refuses(&fx, &bundle, &base, &want).await;
+}
+
+#[tokio::test]
+async fn the_head_refuses_deltas_against_objects_the_base_does_not_reach() {
+    let fx = Fx::new(2);
+    let base = fx.main_tip();
+    let secret = noise(7, 8192);
+    let side = head_side_commit(&fx, "secret.txt", &secret);
+    let host = fx.host_clone("host");
+    // The loop's file is the head's side file and a line: packed as a delta against it.
+    let tip = fx.commit_file(&host, "secret.txt", &format!("{secret}leak\n"), "leak");
+    let pack = thin_pack_against(&fx, &host, &tip, &base, &side);
+    let bundle = forged_bundle(&fx, "thin.bundle", &base, &tip, &pack);
+    // The bases are the side commit's file and tree, which the host had no right to use.
+    assert_head_refuses(
+        &fx,
+        &bundle,
+        &base,
+        "its pack holds deltas against the object",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_head_takes_objects_and_delta_bases_the_base_reaches_outside_the_pack() {
+    let fx = Fx::new(2);
+    let (v1, v2) = (noise(50, 8192), noise(51, 8192));
+    let old = fx.commit_file(&fx.head, "g.txt", &v1, "g v1");
+    fx.commit_file(&fx.head, "g.txt", &v2, "g v2");
+    let base = fx.main_tip();
+    let repo = fx.repo().await;
+    let host = fx.host_clone("host");
+
+    // A real bundle, thin against the base's own tree (the usual case).
+    let edited = fx.commit_file(&host, "g.txt", &format!("{v2}more\n"), "edit");
+    let real = fx.path("real.bundle");
+    fx.git(
+        &host,
+        &[
+            "bundle",
+            "create",
+            real.to_str().unwrap(),
+            "refs/heads/loop",
+            &format!("^{base}"),
+        ],
+    );
+    let into = "refs/taskdaemon/incoming/edit";
+    assert_eq!(
+        take_branch(&repo, &real, &base, into, CAP).await.unwrap(),
+        edited
+    );
+
+    // A revert to older content, sent without the blob the base's history already holds
+    // (as a host whose git walks with reachability bitmaps sends it).
+    fx.git(&host, &["reset", "--quiet", "--hard", &base]);
+    let reverted = fx.commit_file(&host, "g.txt", &v1, "revert");
+    let tree = fx.git(&host, &["rev-parse", "HEAD^{tree}"]);
+    let pack = pack_objects(&fx, &host, &[], &format!("{reverted}\n{tree}\n"));
+    let bundle = forged_bundle(&fx, "revert.bundle", &base, &reverted, &pack);
+    let into = "refs/taskdaemon/incoming/revert";
+    take_branch(&repo, &bundle, &base, into, CAP).await.unwrap();
+    assert_eq!(fx.git(&fx.head, &["show", &format!("{into}:g.txt")]), v1);
+
+    // A delta against that older blob, in the base's history but not in its tree.
+    fx.git(&host, &["reset", "--quiet", "--hard", &base]);
+    let again = fx.commit_file(&host, "g.txt", &format!("{v1}again\n"), "again");
+    let pack = thin_pack_against(&fx, &host, &again, &base, &old);
+    let bundle = forged_bundle(&fx, "again.bundle", &base, &again, &pack);
+    let into = "refs/taskdaemon/incoming/again";
+    take_branch(&repo, &bundle, &base, into, CAP).await.unwrap();
+    assert_eq!(
+        fx.git(&fx.head, &["show", &format!("{into}:g.txt")]),
+        format!("{v1}again")
+    );
+    fx.git(&fx.head, &["fsck", "--no-dangling", "--strict"]);
+}
