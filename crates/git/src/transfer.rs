@@ -640,13 +640,28 @@ impl Incoming {
         // `--strict`: each object is checked as `git fsck` would (a commit with a forged
         // author line, a tree with `..` or `.git` entries), and every object it names must
         // exist. `--fix-thin`: a bundle's pack may hold deltas against the receiver's objects.
+        // Its memory bounded (`GitInput::Pack`): objects and deltas inflate in memory, and a
+        // pack of a few KiB can ask for gigabytes. Four threads at most, whatever the
+        // machine: each thread's stack counts against that bound.
         let out = q
             .output(
-                &["index-pack", "--stdin", "--fix-thin", "--strict"],
-                GitInput::File(pack),
+                &[
+                    "index-pack",
+                    "--stdin",
+                    "--fix-thin",
+                    "--strict",
+                    "--threads=4",
+                ],
+                GitInput::Pack(pack),
             )
             .await?;
         if !out.success() {
+            if out.stderr.to_ascii_lowercase().contains("out of memory") {
+                return Err(self.refused(format!(
+                    "its pack needs more memory to index than the head gives git ({} MiB): an object or a delta of it inflates past that",
+                    crate::worktree::MAX_INDEX_MEMORY / (1024 * 1024)
+                )));
+            }
             return Err(self.refused(format!(
                 "its pack does not pass git's checks: {}",
                 td_base::text::head_tail(out.stderr.trim(), MAX_STDERR)

@@ -258,7 +258,18 @@ pub(crate) enum GitInput {
     /// This open file, from its current offset (e.g. the pack of a bundle, for
     /// `index-pack --stdin`): git reads it directly, nothing passes through memory.
     File(std::fs::File),
+    /// A pack another machine sent, from its current offset, for `index-pack --stdin`, with
+    /// git's memory bounded by [`MAX_INDEX_MEMORY`]: index-pack inflates every object but
+    /// the largest blobs, and every delta's result, whole in memory, so a pack of a few KiB
+    /// can ask for gigabytes before any check reads what it holds.
+    Pack(std::fs::File),
 }
+
+/// The most memory (`RLIMIT_DATA`: the heap and private mappings, thread stacks included)
+/// git may use to index a pack another machine sent ([`GitInput::Pack`]). Blobs larger than
+/// git's `core.bigFileThreshold` (512 MiB) are streamed, not held; what a loop's branch
+/// legitimately holds in memory at once is one object below that, and the delta cache.
+pub const MAX_INDEX_MEMORY: u64 = 1024 * 1024 * 1024;
 
 /// [`git_output`] with `input` on stdin.
 pub(crate) async fn git_output_with<I, S>(
@@ -285,6 +296,21 @@ where
         }
         GitInput::File(f) => {
             cmd.stdin(Stdio::from(f));
+        }
+        GitInput::Pack(f) => {
+            cmd.stdin(Stdio::from(f));
+            // SAFETY: between fork and exec only a system call (prlimit64) on values held on
+            // the stack; no allocation, no lock.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let limit = rustix::process::Rlimit {
+                        current: Some(MAX_INDEX_MEMORY),
+                        maximum: Some(MAX_INDEX_MEMORY),
+                    };
+                    rustix::process::setrlimit(rustix::process::Resource::Data, limit)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
     }
     for (key, value) in env {

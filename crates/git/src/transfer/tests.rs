@@ -1122,3 +1122,119 @@ async fn the_head_takes_objects_and_delta_bases_the_base_reaches_outside_the_pac
     );
     fx.git(&fx.head, &["fsck", "--no-dangling", "--strict"]);
 }
+
+/// A zlib stream of `data` in stored blocks (no compression: the tests need the format, not
+/// the size).
+fn zlib_stored(data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x78, 0x01];
+    let mut blocks = data.chunks(0xffff).peekable();
+    if blocks.peek().is_none() {
+        out.extend([1, 0, 0, 0xff, 0xff]);
+    }
+    while let Some(block) = blocks.next() {
+        let len = block.len() as u16;
+        out.push(u8::from(blocks.peek().is_none()));
+        out.extend(len.to_le_bytes());
+        out.extend((!len).to_le_bytes());
+        out.extend(block);
+    }
+    let (mut a, mut b) = (1u32, 0u32);
+    for &byte in data {
+        a = (a + u32::from(byte)) % 65521;
+        b = (b + a) % 65521;
+    }
+    out.extend(((b << 16) | a).to_be_bytes());
+    out
+}
+
+/// A pack object's header: its type and inflated size.
+fn object_header(out: &mut Vec<u8>, kind: u8, size: u64) {
+    let mut byte = (kind << 4) | (size & 0x0f) as u8;
+    let mut rest = size >> 4;
+    while rest > 0 {
+        out.push(byte | 0x80);
+        byte = (rest & 0x7f) as u8;
+        rest >>= 7;
+    }
+    out.push(byte);
+}
+
+/// A size in a delta's header (little-endian groups of 7 bits).
+fn delta_size(out: &mut Vec<u8>, mut size: u64) {
+    loop {
+        let byte = (size & 0x7f) as u8;
+        size >>= 7;
+        if size == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// A pack of two objects that inflate to far more than they weigh, as a hostile host can
+/// send: a 64 KiB blob of zeros and a delta against it that copies it `copies` times (one
+/// byte, `0x80`, per 64 KiB copied). Written by hand; the trailer's SHA-1 from `sha1sum`.
+fn inflating_pack(fx: &Fx, copies: usize) -> Vec<u8> {
+    const BASE: usize = 1 << 16;
+    let mut delta = Vec::new();
+    delta_size(&mut delta, BASE as u64);
+    delta_size(&mut delta, (BASE * copies) as u64);
+    delta.extend(std::iter::repeat_n(0x80u8, copies));
+    let mut pack = b"PACK".to_vec();
+    pack.extend(2u32.to_be_bytes());
+    pack.extend(2u32.to_be_bytes());
+    let base_at = pack.len();
+    object_header(&mut pack, 3, BASE as u64);
+    pack.extend(zlib_stored(&vec![0u8; BASE]));
+    let delta_at = pack.len();
+    object_header(&mut pack, 6, delta.len() as u64);
+    // The distance back to the base, as OFS_DELTA writes it.
+    let mut back = (delta_at - base_at) as u64;
+    let mut offset = vec![(back & 0x7f) as u8];
+    back >>= 7;
+    while back > 0 {
+        back -= 1;
+        offset.push(0x80 | (back & 0x7f) as u8);
+        back >>= 7;
+    }
+    offset.reverse();
+    pack.extend(offset);
+    pack.extend(zlib_stored(&delta));
+    let path = fx.path("inflating.pack");
+    std::fs::write(&path, &pack).unwrap();
+    let out = Command::new("sha1sum").arg(&path).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let sum = text.split_whitespace().next().unwrap();
+    pack.extend(hex_bytes(sum));
+    pack
+}
+
+fn hex_bytes(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Second review of the hosts (git side, #3): a pack of a few dozen KiB whose delta
+/// inflates past what the head lets git use to index a bundle is refused, and git never
+/// holds that much: without the bound, `index-pack` inflated it whole in memory (a 305 KB
+/// pack peaked at 311 MB) before any check could refuse it.
+#[tokio::test]
+async fn the_head_refuses_a_pack_that_inflates_past_its_memory_bound() {
+    let fx = Fx::new(1);
+    let base = fx.main_tip();
+    let copies = usize::try_from(crate::worktree::MAX_INDEX_MEMORY / (1 << 16)).unwrap() + 1;
+    let pack = inflating_pack(&fx, copies);
+    assert!(pack.len() < 256 * 1024, "{} bytes", pack.len());
+    let tip = "1".repeat(40);
+    let bundle = forged_bundle(&fx, "inflating.bundle", &base, &tip, &pack);
+    assert_head_refuses(
+        &fx,
+        &bundle,
+        &base,
+        "needs more memory to index than the head gives git",
+    )
+    .await;
+}
