@@ -123,6 +123,70 @@ pub fn shown(text: &str, max: usize) -> String {
     out
 }
 
+/// The most refused connections the registry reports one by one in a [`REFUSALS_WINDOW`];
+/// past it they are counted, and the count reported when the window ends. Anyone who can
+/// reach the head's port is refused (no secret needed), and each refusal is a line of the
+/// run's events and of its terminal: a loop of connect-and-close would otherwise fill the
+/// disk.
+pub const MAX_REFUSALS_SHOWN: u32 = 20;
+
+/// See [`MAX_REFUSALS_SHOWN`].
+pub const REFUSALS_WINDOW: Duration = Duration::from_secs(60);
+
+/// How many refused connections were reported one by one in the current window, and how
+/// many more were only counted.
+#[derive(Debug)]
+struct RefusalLimit {
+    since: Instant,
+    shown: u32,
+    held: u32,
+}
+
+impl RefusalLimit {
+    fn new(now: Instant) -> RefusalLimit {
+        RefusalLimit {
+            since: now,
+            shown: 0,
+            held: 0,
+        }
+    }
+
+    /// Starts a new window when the current one is over at `now`: the refusals the one
+    /// that ended only counted, if any.
+    fn roll(&mut self, now: Instant) -> Option<u32> {
+        if now.saturating_duration_since(self.since) < REFUSALS_WINDOW {
+            return None;
+        }
+        let held = std::mem::take(&mut self.held);
+        *self = RefusalLimit::new(now);
+        (held > 0).then_some(held)
+    }
+
+    /// Whether a refusal (in the current window) is reported one by one; if not, it is
+    /// counted.
+    fn admit(&mut self) -> bool {
+        if self.shown < MAX_REFUSALS_SHOWN {
+            self.shown += 1;
+            true
+        } else {
+            self.held = self.held.saturating_add(1);
+            false
+        }
+    }
+}
+
+/// The event that reports `held` refusals that were only counted.
+fn refusals_held(held: u32) -> HostEvent {
+    HostEvent::Refused {
+        address: "(many)".to_string(),
+        name: None,
+        reason: format!(
+            "{held} more connection(s) were refused within {} s and not reported one by one (the head reports at most {MAX_REFUSALS_SHOWN} in that time)",
+            REFUSALS_WINDOW.as_secs()
+        ),
+    }
+}
+
 /// The most connections that may wait to join at once; more are closed at once (each one
 /// holds three actors of ractor_cluster's until its deadline).
 pub const MAX_WAITING: usize = 64;
@@ -567,11 +631,28 @@ pub struct RegistryState {
     /// What each host's requests hold of the head, by its name (across its sessions).
     in_flight: HashMap<String, Arc<InFlight>>,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    /// The refusals reported in this window ([`MAX_REFUSALS_SHOWN`]).
+    refusals: RefusalLimit,
 }
 
 impl Registry {
     fn emit(&self, event: HostEvent) {
         (self.sink)(event);
+    }
+
+    /// Reports a refused connection, within [`MAX_REFUSALS_SHOWN`] a window.
+    fn refused(&self, state: &mut RegistryState, event: HostEvent) {
+        self.refusals_rolled(state);
+        if state.refusals.admit() {
+            self.emit(event);
+        }
+    }
+
+    /// Reports the refusals the window that ended only counted, once it ended.
+    fn refusals_rolled(&self, state: &mut RegistryState) {
+        if let Some(held) = state.refusals.roll(Instant::now()) {
+            self.emit(refusals_held(held));
+        }
     }
 
     fn lost_after_ms(&self) -> u128 {
@@ -607,14 +688,15 @@ impl Registry {
         if session.reported || session.host.is_some() {
             return;
         }
-        self.emit(HostEvent::Refused {
+        let event = HostEvent::Refused {
             address: session.info.peer_addr.clone(),
             name: None,
             reason: session
                 .end
                 .clone()
                 .unwrap_or_else(|| self.reason_words(None)),
-        });
+        };
+        self.refused(state, event);
     }
 
     fn on_session(
@@ -629,11 +711,12 @@ impl Registry {
                 let waiting = state.sessions.values().filter(|s| s.host.is_none()).count();
                 if waiting >= MAX_WAITING {
                     info.session.stop(Some("too_many_waiting".to_string()));
-                    self.emit(HostEvent::Refused {
+                    let event = HostEvent::Refused {
                         address: info.peer_addr,
                         name: None,
                         reason: format!("{MAX_WAITING} connections were already waiting to join"),
-                    });
+                    };
+                    self.refused(state, event);
                     return;
                 }
                 // Its stop reason (a wrong secret) comes to us through the monitor.
@@ -883,11 +966,12 @@ impl Registry {
                         s.info.peer_addr.clone()
                     })
                     .unwrap_or_else(|| "?".to_string());
-                self.emit(HostEvent::Refused {
+                let event = HostEvent::Refused {
                     address,
                     name: Some(shown_name),
                     reason: reason.clone(),
-                });
+                };
+                self.refused(state, event);
                 // Its connection closes at its deadline, should it not close it itself.
                 return Err(format!("the head refused this host: {reason}"));
             }
@@ -905,11 +989,12 @@ impl Registry {
         let Some(agent) = agent else {
             let reason = "its agent is not known here (its node advertised none)".to_string();
             session.reported = true;
-            self.emit(HostEvent::Refused {
+            let event = HostEvent::Refused {
                 address: session.info.peer_addr.clone(),
                 name: Some(shown_name),
                 reason: reason.clone(),
-            });
+            };
+            self.refused(state, event);
             return Err(format!("the head refused this host: {reason}"));
         };
         session.host = Some(name.to_string());
@@ -957,6 +1042,7 @@ impl Registry {
     }
 
     fn tick(&self, myself: &ActorRef<RegistryMsg>, state: &mut RegistryState) {
+        self.refusals_rolled(state);
         let mut silent = Vec::new();
         for (name, host) in state.hosts.iter_mut() {
             if host.info.state != HostState::Joined {
@@ -1051,6 +1137,7 @@ impl Actor for Registry {
             hosts: BTreeMap::new(),
             in_flight: HashMap::new(),
             ticker: Some(ticker),
+            refusals: RefusalLimit::new(Instant::now()),
         })
     }
 
@@ -1191,6 +1278,36 @@ mod tests {
         held.give_back(5, true);
         assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
         assert_eq!(held.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn refusals_past_the_bound_are_counted_and_reported_when_the_window_ends() {
+        let start = Instant::now();
+        let mut limit = RefusalLimit::new(start);
+        for _ in 0..MAX_REFUSALS_SHOWN {
+            assert!(limit.admit());
+        }
+        assert!(!limit.admit());
+        assert!(!limit.admit());
+        // Within the window: nothing to report yet.
+        assert_eq!(limit.roll(start + REFUSALS_WINDOW / 2), None);
+        assert!(!limit.admit());
+        // Its end: the three counted, and a new window reports one by one again.
+        let later = start + REFUSALS_WINDOW;
+        assert_eq!(limit.roll(later), Some(3));
+        assert!(limit.admit());
+        // A window that counted none reports nothing.
+        assert_eq!(limit.roll(later + REFUSALS_WINDOW), None);
+        match refusals_held(3) {
+            HostEvent::Refused { name, reason, .. } => {
+                assert_eq!(name, None);
+                assert!(
+                    reason.starts_with("3 more connection(s) were refused within 60 s"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -285,6 +285,33 @@ async fn connections_past_the_waiting_limit_are_closed_at_once() {
     head.shutdown("done", Duration::from_secs(1)).await;
 }
 
+/// Anyone who reaches the head's port is refused without a secret, and every refusal is a
+/// line of the run's events: past `MAX_REFUSALS_SHOWN` a window, refusals are only counted
+/// (and the count reported when the window ends), so a loop of connect-and-close cannot
+/// fill the disk (second review of the hosts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_reported_one_by_one_only_up_to_a_bound() {
+    let _serial = SERIAL.lock().await;
+    let (head, events) = head(Duration::from_secs(30)).await;
+    let most = td_cluster::head::MAX_REFUSALS_SHOWN as usize;
+    for _ in 0..(most * 2) {
+        let stream = tokio::net::TcpStream::connect(head.listen()).await.unwrap();
+        drop(stream);
+    }
+    let refused = |e: &HostEvent| matches!(e, HostEvent::Refused { .. });
+    wait_for(&events, refused).await;
+    // A closed connection is reported once its reason had time to come (5 s at most).
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let count = events.lock().unwrap().iter().filter(|e| refused(e)).count();
+    assert_eq!(count, most, "{:?}", events.lock().unwrap());
+    // And a host still joins.
+    let session = td_cluster::host::join(host(&head, "h1", "the-head-secret-0123456789"))
+        .await
+        .unwrap();
+    drop(session);
+    head.shutdown("done", Duration::from_secs(1)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loop_requests_cross_both_ways_and_a_wrong_token_is_refused() {
     use td_cluster::protocol::{FromHost, ToHost};
