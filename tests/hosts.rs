@@ -1898,13 +1898,17 @@ asker:
     let forged = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
-        .await
-        .unwrap();
+            .await
+            .unwrap();
         let link = session.link();
         let running = tokio::spawn(session.run(std::future::pending()));
-        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
-            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
-        };
+        let next =
+            async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
+                tokio::time::timeout(WAIT, rx.recv())
+                    .await
+                    .unwrap()
+                    .unwrap()
+            };
         let start = next(&mut rx).await;
         let ToHost::StartLoop(placed) = &start.request else {
             panic!("not a start: {:?}", start.request);
@@ -1953,24 +1957,15 @@ asker:
         // once the head has the question's outcome.
         let answering = Instant::now();
         while !run.events().iter().any(|e| {
-            (e["event"] == "query_answered" || e["event"] == "query_failed")
-                && e["from"] == "asker"
+            (e["event"] == "query_answered" || e["event"] == "query_failed") && e["from"] == "asker"
         }) {
-            assert!(answering.elapsed() < WAIT, "the answer never reached the head");
+            assert!(
+                answering.elapsed() < WAIT,
+                "the answer never reached the head"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        evil_done(&link).await;
         let _ = tokio::time::timeout(WAIT, running).await;
         forged
     });
@@ -2056,13 +2051,17 @@ asker:
     let answers = rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
-        .await
-        .unwrap();
+            .await
+            .unwrap();
         let link = session.link();
         let running = tokio::spawn(session.run(std::future::pending()));
-        let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
-            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap()
-        };
+        let next =
+            async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>| {
+                tokio::time::timeout(WAIT, rx.recv())
+                    .await
+                    .unwrap()
+                    .unwrap()
+            };
         let start = next(&mut rx).await;
         let ToHost::StartLoop(placed) = &start.request else {
             panic!("not a start: {:?}", start.request);
@@ -2106,18 +2105,7 @@ asker:
             }
             request.reply.send(Ok(true));
         }
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        evil_done(&link).await;
         let _ = tokio::time::timeout(WAIT, running).await;
         answers
     });
@@ -2240,18 +2228,7 @@ asker:
             )
             .await
             .unwrap();
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        evil_done(&link).await;
         let _ = tokio::time::timeout(WAIT, running).await;
         answer
     });
@@ -2287,18 +2264,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
     use td_cluster::protocol::{FromHost, ToHost};
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
-    let run = FlaggedRun::new(
-        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
-        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
-    );
-    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
-    let secret_file = write_secret(&root.join("secret"), SECRET);
-    let mut config = std::fs::read_to_string(&run.config).unwrap();
-    config.push_str(&format!(
-        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
-        secret_file.display()
-    ));
-    std::fs::write(&run.config, config).unwrap();
+    let (run, root) = evil_run(port);
     let mut head = head_waiting_for(&run, &root, "evil");
     const BATCHES: u64 = 30;
     const NOTES: usize = 200;
@@ -2342,18 +2308,7 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
             // At least one took it; the other took it too, or was told to send it again.
             assert!(a.is_ok() || b.is_ok(), "{a:?} {b:?}");
         }
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        evil_done(&link).await;
         let _ = tokio::time::timeout(WAIT, running).await;
     });
     let code = exit_within(&mut head, WAIT);
@@ -2370,43 +2325,19 @@ fn a_records_batch_sent_twice_at_once_is_appended_once() {
 /// one at a time. Each starts git on the head (a mirror, `bundle create`) and writes the
 /// loop's one bundle file, and only model calls and queries counted against the host's
 /// requests in flight: a host sending thousands at once held as many git jobs of the head.
-/// The ones sent while one is made are refused at once, saying why; the one made is whole.
+/// The ones sent while one is made are refused at once, saying why; once answered, the next
+/// is taken.
 #[test]
 fn a_hosts_requests_for_its_base_are_taken_one_at_a_time() {
-    use td_cluster::protocol::{FromHost, ToHost};
+    use td_cluster::protocol::FromHost;
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
-    let run = FlaggedRun::new(
-        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
-        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
-    );
-    let root = run.config.parent().unwrap().parent().unwrap().to_path_buf();
-    let secret_file = write_secret(&root.join("secret"), SECRET);
-    let mut config = std::fs::read_to_string(&run.config).unwrap();
-    config.push_str(&format!(
-        "hosts:\n  listen: 127.0.0.1:{port}\n  secret-file: {}\n  placement:\n    - {{loops: [e], hosts: [evil]}}\n",
-        secret_file.display()
-    ));
-    std::fs::write(&run.config, config).unwrap();
+    let (run, root) = evil_run(port);
     let mut head = head_waiting_for(&run, &root, "evil");
     const AT_ONCE: usize = 16;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answers = rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let session = td_cluster::host::join(hand_made_host(port, &root, "evil", 1, Some(tx)))
-            .await
-            .unwrap();
-        let link = session.link();
-        let running = tokio::spawn(session.run(std::future::pending()));
-        let start = tokio::time::timeout(WAIT, rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        let ToHost::StartLoop(placed) = &start.request else {
-            panic!("not a start: {:?}", start.request);
-        };
-        let link = link.for_attempt(placed.attempt);
-        start.reply.send(Ok(()));
+        let PlacedHost { link, running, .. } = placed_host(port, &root, "evil").await;
         let asks = (0..AT_ONCE).map(|_| {
             link.ask::<Option<u64>>(
                 FromHost::PrepareBase {
@@ -2426,18 +2357,7 @@ fn a_hosts_requests_for_its_base_are_taken_one_at_a_time() {
                 Duration::from_secs(30),
             )
             .await;
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "e".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "evil done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        evil_done(&link).await;
         let _ = tokio::time::timeout(WAIT, running).await;
         (answers, again)
     });
@@ -2827,11 +2747,7 @@ fn a_loops_records_from_a_host_are_bounded_and_what_passes_the_bound_is_refused(
     use td_cluster::protocol::FromHost;
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
-    let run = FlaggedRun::new(
-        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
-        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
-    );
-    let root = hosts_on_port(&run, port, "", &["{loops: [e], hosts: [evil]}"]);
+    let (run, root) = evil_run(port);
     let mut config = std::fs::read_to_string(&run.config).unwrap();
     config = config.replace("hosts:\n", "hosts:\n  max-record-bytes: 1048576\n");
     std::fs::write(&run.config, config).unwrap();
@@ -3781,18 +3697,7 @@ async fn end_e_and_serve<T>(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<td_cluster::HeadRequest>,
     running: tokio::task::JoinHandle<T>,
 ) {
-    let () = link
-        .ask(
-            td_cluster::protocol::FromHost::Ended {
-                loop_name: "e".into(),
-                end: serde_json::json!({"status": "completed", "iterations": 1, "summary": summary}),
-                branch: None,
-                problem: None,
-            },
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    completed_on_host(link, "e", summary).await;
     let served = tokio::spawn(async move {
         while let Some(request) = rx.recv().await {
             request.reply.send(Ok(true));
@@ -3845,6 +3750,38 @@ async fn placed_host(port: u16, root: &Path, name: &str) -> PlacedHost {
         rx,
         running,
     }
+}
+
+/// A run of one loop `e` (its script completes at once) placed on host `evil`, the head on
+/// 127.0.0.1:`port`: the run and its project's root (where the secret is).
+fn evil_run(port: u16) -> (FlaggedRun, PathBuf) {
+    let run = FlaggedRun::new(
+        "e:\n  turns:\n    - calls:\n        - complete_task: {summary: \"x\"}\n",
+        "  - {name: e, type: ralph, task: \"Evil's.\"}\n",
+    );
+    let root = hosts_on_port(&run, port, "", &["{loops: [e], hosts: [evil]}"]);
+    (run, root)
+}
+
+/// Ends hand-made host loop `e` of `link` as completed, as a host does when its loop ends.
+async fn evil_done(link: &td_cluster::HeadLink) {
+    completed_on_host(link, "e", "evil done").await;
+}
+
+/// Ends loop `name` of `link`'s host as completed after one iteration, with `summary`.
+async fn completed_on_host(link: &td_cluster::HeadLink, name: &str, summary: &str) {
+    let () = link
+        .ask(
+            td_cluster::protocol::FromHost::Ended {
+                loop_name: name.into(),
+                end: serde_json::json!({"status": "completed", "iterations": 1, "summary": summary}),
+                branch: None,
+                problem: None,
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
 }
 
 /// Registers loop `name` (type ralph, `task`) with the head's coordinator as its placement
@@ -4517,7 +4454,7 @@ async fn next_held(
 }
 
 fn a_loops_unshown_items_are_shown_once_whatever_order_they_settled_in(how: How) {
-    use td_cluster::protocol::{FromHost, ToHost};
+    use td_cluster::protocol::ToHost;
     let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port();
     let (m_hosts, concurrency) = match how {
@@ -4649,18 +4586,7 @@ fn a_loops_unshown_items_are_shown_once_whatever_order_they_settled_in(how: How)
                 .await;
             }
         }
-        let () = link
-            .ask(
-                FromHost::Ended {
-                    loop_name: "f".into(),
-                    end: serde_json::json!({"status": "completed", "iterations": 1, "summary": "f done"}),
-                    branch: None,
-                    problem: None,
-                },
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        completed_on_host(&link, "f", "f done").await;
         if how == How::Resume {
             until("f to end", || {
                 summary(&run.run_dir)["loops"]["f"]["status"] == "completed"
