@@ -932,11 +932,18 @@ impl RemoteLoops {
                 let claimed = self.placement(&name, attempt, |entry| {
                     !std::mem::replace(&mut entry.preparing, true)
                 });
-                if claimed != Some(true) {
-                    reply.send(Err::<(), _>(format!(
-                        "loop {name}'s base is being prepared for an earlier request; ask again once it is answered"
-                    )));
-                    return;
+                match claimed {
+                    Some(true) => {}
+                    Some(false) => {
+                        return reply.send(Err::<(), _>(format!(
+                            "loop {name}'s base is being prepared for an earlier request; ask again once it is answered"
+                        )));
+                    }
+                    None => {
+                        return reply.send(Err::<(), _>(format!(
+                            "loop {name} does not run on host {host} as attempt {attempt} (any more)"
+                        )));
+                    }
                 }
                 let made = self.prepare_base(&name, &base, &have).await;
                 self.placement(&name, attempt, |entry| entry.preparing = false);
@@ -1387,9 +1394,8 @@ impl RemoteLoops {
 
     /// Changes loop `name`'s entry under the lock while it is placement `attempt`: `None`
     /// (and nothing changed) once the loop moved (an entry of another attempt replaced it) or
-    /// ended. Work that outlives a placement (a batch or checkpoint still being taken when
-    /// its host was lost) writes its bookkeeping through this, never into the next
-    /// placement's entry.
+    /// ended. A records batch still being taken when its host was lost writes its
+    /// bookkeeping through this, never into the next placement's entry.
     fn placement<T>(
         &self,
         name: &str,

@@ -24,12 +24,11 @@ use td_protocol::events::EventKind;
 use td_base::sync::lock;
 use td_cluster::HeadLink;
 use td_cluster::protocol::{BranchBundle, CHUNK_BYTES, FromHost};
-
-use crate::run::hosts::remote::MAX_BRANCH_BYTES;
 use td_git::transfer::Mirror;
 use td_git::worktree::Worktree;
 
 use super::ask_again;
+use crate::run::hosts::remote::MAX_BRANCH_BYTES;
 
 /// The longest a model call waits for the checkpoint before it (a checkpoint is a commit,
 /// a bundle and one request per MiB; each request has its own timeout and tries).
