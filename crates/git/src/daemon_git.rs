@@ -1,6 +1,7 @@
 //! What every git command the daemon runs for itself gets (checkpoint commits, worktrees,
 //! merges, the fresh copy of `copy-repo: true`, reading HEAD). That git is the daemon's own
-//! work and runs unconfined, so nothing a loop can write may steer it into running code.
+//! work and runs unconfined, so nothing a loop can write (hooks, attributes, a nested
+//! repository's config) may steer it into running code.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -45,11 +46,24 @@ pub const SCRUBBED_ENV: &[&str] = &[
 ///   entered by status or diff: a loop's commands may create a nested repository in its
 ///   worktree, and its config must not run anything when the daemon's unconfined git looks
 ///   into it (`-c` reaches git's child processes too, through `GIT_CONFIG_PARAMETERS`);
+/// - no `.gitattributes` read, or below git 2.42 no driver they name run
+///   ([`crate::attributes`]): a loop writes them, and they choose programs git runs;
 /// - stdin closed, no terminal prompt, a no-op editor;
 /// - its own process group: a Ctrl-C at the terminal goes to the foreground group, and must
 ///   reach the daemon (which stops cleanly), never a git halfway through;
 /// - none of [`SCRUBBED_ENV`].
+///
+/// Blocking the first time for each directory (git 2.42 and newer: its object format is asked
+/// of git once) or every time (older git: its config is), off the async workers.
 pub fn command(dir: &Path) -> std::process::Command {
+    let mut cmd = unguarded(dir);
+    cmd.args(crate::attributes::guard_args(dir));
+    cmd
+}
+
+/// [`command`] without the attributes guard: for the questions the guard itself asks of git
+/// (which read no attributes).
+pub(crate) fn unguarded(dir: &Path) -> std::process::Command {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new("git");
     cmd.args([

@@ -109,7 +109,7 @@ pub fn head_commit_by_git(dir: &Path) -> Option<String> {
 /// Runs the blocking `f` so that it holds up no async task: through `block_in_place` on a
 /// worker of a multi-threaded runtime; directly anywhere else (a plain thread, a blocking
 /// task; a current-thread runtime has no other thread to hand its tasks to).
-fn off_async_workers<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn off_async_workers<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)

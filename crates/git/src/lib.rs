@@ -2,6 +2,7 @@
 //! merges, HEAD lookup, and commits moved to and from worker hosts as bundles (`transfer`), every
 //! command without hooks (`daemon_git`).
 
+pub mod attributes;
 pub mod daemon_git;
 pub mod fresh_copy;
 pub mod head;

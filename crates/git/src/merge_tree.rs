@@ -114,7 +114,7 @@ pub async fn git_version() -> Result<(u32, u32), WorktreeError> {
 }
 
 /// `(major, minor)` of `git version` output such as `git version 2.39.2 (Apple Git-143)`.
-fn parse_version(text: &str) -> Option<(u32, u32)> {
+pub(crate) fn parse_version(text: &str) -> Option<(u32, u32)> {
     let version = text.trim().strip_prefix("git version ")?;
     let mut parts = version.split(['.', ' ']);
     let major = parts.next()?.parse().ok()?;

@@ -1,0 +1,192 @@
+//! The git that `taskdaemon run` runs itself (checkpoint commits, worktrees, the merge queue's
+//! merges and diffs) is unconfined, so a loop must not be able to choose what it runs. A
+//! `.gitattributes` names drivers (`filter=`, `diff=`, `merge=`) and git runs the programs the
+//! user's config gives them: a loop that commits `* filter=lfs` with a `.lfsconfig` of its
+//! own would have the daemon's git-lfs fetch from a URL the loop picked, outside every sandbox.
+//!
+//! The user's config here defines a filter, a textconv and a merge driver, each a script that
+//! appends its name to a flag file outside the repository; a loop commits a `.gitattributes`
+//! naming all three for every file, and a second loop changes the same file, so that the merge
+//! queue merges it from both sides. Each git on this machine is put first on `PATH` in turn
+//! (`/usr/local/bin` and `/usr/bin` hold git 2.47 and 2.39 here: the daemon takes a different
+//! path below git 2.42), in a SHA-1 and a SHA-256 repository. The flag file must never appear,
+//! and the run must still end with both loops merged.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+mod common;
+
+/// The directories holding a distinct `git` executable, in `PATH` order of preference.
+fn gits() -> Vec<PathBuf> {
+    let mut seen = Vec::new();
+    let mut dirs = Vec::new();
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        let git = Path::new(dir).join("git");
+        let Ok(real) = git.canonicalize() else {
+            continue;
+        };
+        let executable =
+            std::fs::metadata(&real).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+        if executable && !seen.contains(&real) {
+            seen.push(real);
+            dirs.push(PathBuf::from(dir));
+        }
+    }
+    assert!(!dirs.is_empty(), "no git on this machine");
+    dirs
+}
+
+fn version(dir: &Path) -> String {
+    let out = Command::new(dir.join("git"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Writes an executable script `name` into `dir` that appends `name` to `flag`, then runs
+/// `then` (what the driver must do to look like one).
+fn plant_driver(dir: &Path, name: &str, flag: &Path, then: &str) -> PathBuf {
+    let script = dir.join(name);
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho {name} >> '{}'\n{then}\n", flag.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// The user's global config: a filter (required, as git-lfs sets it), a textconv, an external
+/// diff and a merge driver, all named `td-evil`, each leaving its name in `flag`.
+fn user_config(root: &Path, flag: &Path) -> String {
+    let bin = root.join("drivers");
+    std::fs::create_dir_all(&bin).unwrap();
+    let clean = plant_driver(&bin, "clean", flag, "exec cat");
+    let smudge = plant_driver(&bin, "smudge", flag, "exec cat");
+    let textconv = plant_driver(&bin, "textconv", flag, "exec cat \"$1\"");
+    let external = plant_driver(&bin, "external-diff", flag, "exit 0");
+    let merge = plant_driver(&bin, "merge", flag, "exit 0");
+    format!(
+        "[filter \"td-evil\"]\n\tclean = {}\n\tsmudge = {}\n\trequired = true\n\
+         [diff \"td-evil\"]\n\ttextconv = {}\n\tcommand = {}\n\
+         [merge \"td-evil\"]\n\tdriver = {} %O %A %B\n",
+        clean.display(),
+        smudge.display(),
+        textconv.display(),
+        external.display(),
+        merge.display(),
+    )
+}
+
+/// `taskdaemon run -c CONFIG` with the git of `git_dir` first on `PATH`, `HOME` at `home`
+/// (whose `.gitconfig` the daemon's git reads).
+fn run(config: &Path, git_dir: &Path, home: &Path) -> Output {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![git_dir.to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
+        .arg("run")
+        .arg("-c")
+        .arg(config)
+        .env("PATH", std::env::join_paths(dirs).unwrap())
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Loop `one` commits the attributes and changes the first line of `notes.txt`; loop `two`
+/// changes its last line after a second's sleep, so that it is merged second: a three-way merge of
+/// that file with the attributes on the target branch.
+const SCRIPT: &str = "\
+one:
+  turns:
+    - calls:
+        - write_file: {path: .gitattributes, content: \"* filter=td-evil diff=td-evil merge=td-evil\\n\"}
+        - write_file: {path: notes.txt, content: \"ONE\\nb\\nc\\nd\\ne\\n\"}
+        - complete_task: {summary: done}
+two:
+  turns:
+    - calls:
+        - run_command: {command: \"sleep 1\"}
+    - calls:
+        - write_file: {path: notes.txt, content: \"a\\nb\\nc\\nd\\nTWO\\n\"}
+        - complete_task: {summary: done}
+";
+
+const CONFIG: &str = "repo: repo\nllm: {provider: scripted, script: script.yml}\nmerge: true\n\
+     loops:\n  - {name: one, type: code, task: Change notes., validation: 'test -s notes.txt'}\n  \
+     - {name: two, type: code, task: Change notes., validation: 'test -s notes.txt'}\n";
+
+/// A repository of `format` with `notes.txt`, made by the test's own git (no drivers: its
+/// `HOME` is not the daemon's).
+fn make_repo(repo: &Path, format: &str) {
+    std::fs::create_dir_all(repo).unwrap();
+    std::fs::write(repo.join("notes.txt"), "a\nb\nc\nd\ne\n").unwrap();
+    common::git(
+        repo,
+        &[
+            "init",
+            "-q",
+            "-b",
+            "main",
+            &format!("--object-format={format}"),
+        ],
+    );
+    common::git(repo, &["add", "-A"]);
+    common::git(repo, &["commit", "-q", "-m", "init"]);
+}
+
+#[test]
+fn a_loops_gitattributes_choose_no_program_the_daemons_git_runs() {
+    // Every git and format is tried before judging, so a failure shows them all.
+    let mut problems = Vec::new();
+    for git_dir in gits() {
+        let which = version(&git_dir);
+        for format in ["sha1", "sha256"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().canonicalize().unwrap();
+            let flag = root.join("driver-ran.txt");
+            let home = root.join("home");
+            std::fs::create_dir_all(home.join(".config")).unwrap();
+            std::fs::write(home.join(".gitconfig"), user_config(&root, &flag)).unwrap();
+            let repo = root.join("repo");
+            make_repo(&repo, format);
+            std::fs::write(root.join("script.yml"), SCRIPT).unwrap();
+            let config = root.join("taskdaemon.yml");
+            std::fs::write(&config, CONFIG).unwrap();
+            let out = run(&config, &git_dir, &home);
+            let case = format!("{which}, {format}");
+            let drivers = std::fs::read_to_string(&flag).unwrap_or_default();
+            if !drivers.is_empty() {
+                problems.push(format!("{case}: ran {}", drivers.replace('\n', " ")));
+            }
+            if !out.status.success() {
+                problems.push(format!(
+                    "{case}: the run failed\n{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+                continue;
+            }
+            // Both loops' work reached main, merged by git's own three-way merge, with the
+            // loop's attributes on it.
+            let notes = common::git(&repo, &["show", "main:notes.txt"]);
+            if notes != "ONE\nb\nc\nd\nTWO\n" {
+                problems.push(format!("{case}: main has notes.txt {notes:?}"));
+            }
+            let attributes = common::git(&repo, &["show", "main:.gitattributes"]);
+            assert!(attributes.contains("td-evil"), "{case}");
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the daemon's git ran drivers a loop's .gitattributes named, or merged wrongly:\n{}",
+        problems.join("\n")
+    );
+}
