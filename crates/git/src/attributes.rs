@@ -20,8 +20,8 @@
 //!   `required`); a textconv is `cat` (the file as it is); an external diff and a merge driver
 //!   are `false`, so a diff that would have used one fails and a merge that would have used
 //!   one stops as a conflict, where running the user's program would have been the loop's
-//!   choice. The config is asked for every command (one `git config` more each): a driver the
-//!   user adds during a run is covered at once.
+//!   choice. The config is asked again for a directory once a second has passed (one `git
+//!   config` more then): a driver the user adds during a run is covered a second later.
 //!
 //! So the daemon's git treats every file as the plain bytes it holds, whatever attributes say:
 //! no end-of-line conversion, no LFS pointer expanded, no custom merge. The loops' own git,
@@ -32,6 +32,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The first git that takes `--attr-source`.
 pub const ATTR_SOURCE_SINCE: (u32, u32) = (2, 42);
@@ -50,9 +51,15 @@ const EMPTY_TREES: [(&str, &str); 2] = [
 /// the worktree's attributes.
 const NO_TREE: &str = "taskdaemon-knows-no-empty-tree-of-this-object-format";
 
-/// Directories whose object format is kept (each worktree and transfer quarantine is one);
+/// Directories whose object format (or, below git 2.42, drivers) are kept (each worktree and
+/// transfer quarantine is one);
 /// past this the cache starts again.
 const MAX_KNOWN_DIRS: usize = 1024;
+
+/// How long the drivers a directory's config defines are taken as known (below git 2.42):
+/// asking git for every command made a run of 20 small loops ~55% slower; a driver the user
+/// adds to the config is turned off from at most this long after.
+const DRIVERS_RECHECKED_AFTER: Duration = Duration::from_secs(1);
 
 /// Longest `git config --get-regexp` output read.
 const MAX_CONFIG_OUTPUT: usize = 1 << 20;
@@ -63,8 +70,35 @@ const MAX_CONFIG_OUTPUT: usize = 1 << 20;
 pub(crate) fn guard_args(dir: &Path) -> Vec<OsString> {
     match git_version() {
         Some(version) if version >= ATTR_SOURCE_SINCE => attr_source(dir),
-        _ => crate::head::off_async_workers(|| drivers_off(dir)),
+        _ => drivers_off_cached(dir),
     }
+}
+
+/// When a directory's drivers were asked of git, and the overrides they gave.
+type AskedDrivers = (Instant, Vec<OsString>);
+
+/// [`drivers_off`] for `dir`, asked of git again once [`DRIVERS_RECHECKED_AFTER`] has passed.
+fn drivers_off_cached(dir: &Path) -> Vec<OsString> {
+    static KNOWN: OnceLock<Mutex<HashMap<PathBuf, AskedDrivers>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    let now = Instant::now();
+    let fresh = known.lock().ok().and_then(|known| {
+        known
+            .get(dir)
+            .filter(|(asked, _)| now.duration_since(*asked) < DRIVERS_RECHECKED_AFTER)
+            .map(|(_, args)| args.clone())
+    });
+    if let Some(args) = fresh {
+        return args;
+    }
+    let args = crate::head::off_async_workers(|| drivers_off(dir));
+    if let Ok(mut known) = known.lock() {
+        if known.len() >= MAX_KNOWN_DIRS {
+            known.clear();
+        }
+        known.insert(dir.to_path_buf(), (now, args.clone()));
+    }
+    args
 }
 
 /// `--attr-source=<empty tree>` for the repository holding `dir`; nothing outside a
@@ -228,6 +262,29 @@ diff.tool.command\nmeld\0merge.union2.driver\nu %A\0merge.union2.name\nunion\0di
         assert_eq!(got, want);
         assert!(overrides(b"").is_empty());
         assert!(overrides(b"diff.noname\0merge.x.name\ny\0").is_empty());
+    }
+
+    #[test]
+    fn a_driver_added_to_the_config_is_turned_off_once_the_cache_is_stale() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path();
+        let git = |args: &[&str]| {
+            let out = Command::new("git")
+                .args(args)
+                .current_dir(repo)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}");
+        };
+        git(&["init", "-q"]);
+        let setting = "filter.td-added.required=false";
+        assert!(!strings(drivers_off_cached(repo)).contains(&setting.to_string()));
+        git(&["config", "filter.td-added.clean", "touch /tmp/td-added"]);
+        // Within the second the overrides are the ones asked before...
+        assert!(!strings(drivers_off_cached(repo)).contains(&setting.to_string()));
+        std::thread::sleep(DRIVERS_RECHECKED_AFTER + Duration::from_millis(50));
+        // ...and then the new driver is off.
+        assert!(strings(drivers_off_cached(repo)).contains(&setting.to_string()));
     }
 
     #[test]
