@@ -1665,6 +1665,97 @@ fn a_budget_holds_for_a_loop_on_a_host(budget: Budget) {
     assert_eq!(far["host"], "h1", "{s}");
 }
 
+/// A host's own git reads no `.gitattributes` either, also where it must name its bare mirror
+/// with `--git-dir` because its user set `safe.bareRepository=explicit` (review of the
+/// attributes guard: the guard asked the mirror's object format as git discovers it, which
+/// that setting refuses, and then gave no `--attr-source`; the worktree's checkout ran the
+/// host user's filter on the committed attributes). The base commit names a filter the host's
+/// user configured, as an earlier loop's merged work could; the loop runs on h1.
+#[test]
+fn a_hosts_git_runs_no_filter_the_committed_attributes_name() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut net = Net::new("a_hosts_git_reads_no_attributes");
+    let (head_ip, _, _) = net.host("h1");
+    let run = head_run(
+        "w:\n  turns:\n    - calls:\n        - write_file: {path: w.txt, content: \"w\\n\"}\n        - complete_task: {summary: done}\n",
+        "  - {name: w, type: ralph, task: \"Write w.txt.\"}\n",
+        "  placement:\n    - {loops: [w], hosts: [h1]}\n",
+    );
+    let root = run.root();
+    let repo = run.run.config.parent().unwrap().to_path_buf();
+    std::fs::write(repo.join(".gitattributes"), "* filter=td-evil\n").unwrap();
+    common::git(&repo, &["add", ".gitattributes"]);
+    common::git(&repo, &["commit", "-qm", "attributes"]);
+    let flag = root.join("filter-ran.txt");
+    let script = root.join("filter.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho ran >> '{}'\nexec cat\n", flag.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = root.join("h1-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join(".gitconfig"),
+        format!(
+            "[safe]\n\tbareRepository = explicit\n[filter \"td-evil\"]\n\tclean = {0}\n\tsmudge = {0}\n\trequired = true\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let (secret, workdir) = (
+        run.secret_file.display().to_string(),
+        root.join("host-h1").display().to_string(),
+    );
+    let mut h1 = net.spawn(
+        "h1",
+        &root,
+        "/usr/bin/env",
+        &[
+            &format!("HOME={}", home.display()),
+            bin(),
+            "host",
+            "--join",
+            &format!("{head_ip}:7070"),
+            "--name",
+            "h1",
+            "--secret-file",
+            &secret,
+            "--workdir",
+            &workdir,
+        ],
+    );
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(0),
+        "{}\n--- h1:\n{}",
+        head.stderr(),
+        h1.stderr()
+    );
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
+    );
+    let s = summary(&run.run.run_dir);
+    assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
+    assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
+    assert!(
+        !flag.exists(),
+        "the host's git ran the filter: {}",
+        std::fs::read_to_string(&flag).unwrap_or_default()
+    );
+    // The loop's work came back as its branch, byte for byte.
+    let branch = s["loops"]["w"]["branch"].as_str().unwrap_or_default();
+    assert_eq!(
+        show(&run, &format!("{branch}:w.txt")).as_deref(),
+        Some("w\n")
+    );
+}
+
 /// The head at 127.0.0.1:`port` of `run` (its stderr in `<root>/head.err`), and the host
 /// binary `name` joined to it (its stderr in `<root>/NAME.err`).
 fn local_head_and_host(

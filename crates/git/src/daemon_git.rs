@@ -57,7 +57,7 @@ pub const SCRUBBED_ENV: &[&str] = &[
 /// of git once) or every time (older git: its config is), off the async workers.
 pub fn command(dir: &Path) -> std::process::Command {
     let mut cmd = unguarded(dir);
-    cmd.args(crate::attributes::guard_args(dir));
+    crate::attributes::guard(&mut cmd, dir);
     cmd
 }
 
