@@ -14,37 +14,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
 mod common;
-
-/// The directories holding a distinct `git` executable, in `PATH` order of preference.
-fn gits() -> Vec<PathBuf> {
-    let mut seen = Vec::new();
-    let mut dirs = Vec::new();
-    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
-        let git = Path::new(dir).join("git");
-        let Ok(real) = git.canonicalize() else {
-            continue;
-        };
-        let executable =
-            std::fs::metadata(&real).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
-        if executable && !seen.contains(&real) {
-            seen.push(real);
-            dirs.push(PathBuf::from(dir));
-        }
-    }
-    assert!(!dirs.is_empty(), "no git on this machine");
-    dirs
-}
-
-fn version(dir: &Path) -> String {
-    let out = Command::new(dir.join("git"))
-        .arg("--version")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use common::machine_gits::{gits, run, version};
 
 /// Writes an executable script `name` into `dir` that appends `name` to `flag`, then runs
 /// `then` (what the driver must do to look like one).
@@ -79,25 +51,6 @@ fn user_config(root: &Path, flag: &Path) -> String {
         external.display(),
         merge.display(),
     )
-}
-
-/// `taskdaemon run -c CONFIG` with the git of `git_dir` first on `PATH`, `HOME` at `home`
-/// (whose `.gitconfig` the daemon's git reads).
-fn run(config: &Path, git_dir: &Path, home: &Path) -> Output {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![git_dir.to_path_buf()];
-    dirs.extend(std::env::split_paths(&path));
-    Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-        .arg("run")
-        .arg("-c")
-        .arg(config)
-        .env("PATH", std::env::join_paths(dirs).unwrap())
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
 }
 
 /// Loop `one` commits the attributes and changes the first line of `notes.txt`; loop `two`

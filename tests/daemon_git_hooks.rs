@@ -8,10 +8,10 @@
 //! appends its name to a flag file outside the repository; the flag file must never appear.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
 
 mod common;
+use common::machine_gits::{gits, run, version};
 
 /// Every hook git may run for the daemon's commands (and a few more, should a git version
 /// start running them).
@@ -31,34 +31,6 @@ const HOOKS: &[&str] = &[
     "pre-push",
 ];
 
-/// The directories holding a distinct `git` executable, in `PATH` order of preference.
-fn gits() -> Vec<PathBuf> {
-    let mut seen = Vec::new();
-    let mut dirs = Vec::new();
-    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
-        let git = Path::new(dir).join("git");
-        let Ok(real) = git.canonicalize() else {
-            continue;
-        };
-        let executable =
-            std::fs::metadata(&real).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
-        if executable && !seen.contains(&real) {
-            seen.push(real);
-            dirs.push(PathBuf::from(dir));
-        }
-    }
-    assert!(!dirs.is_empty(), "no git on this machine");
-    dirs
-}
-
-fn version(dir: &Path) -> String {
-    let out = Command::new(dir.join("git"))
-        .arg("--version")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// Writes an executable hook for every name of [`HOOKS`] into `dir`; each appends its name
 /// to `flag`.
 fn plant_hooks(dir: &Path, flag: &Path) {
@@ -77,25 +49,6 @@ fn plant_hooks(dir: &Path, flag: &Path) {
 /// The flag file's content, or nothing when no hook ran.
 fn hooks_that_ran(flag: &Path) -> String {
     std::fs::read_to_string(flag).unwrap_or_default()
-}
-
-/// `taskdaemon run -c CONFIG` with the git of `git_dir` first on `PATH`, `HOME` at `home`
-/// (whose `.gitconfig` the daemon's git reads).
-fn run(config: &Path, git_dir: &Path, home: &Path) -> Output {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![git_dir.to_path_buf()];
-    dirs.extend(std::env::split_paths(&path));
-    Command::new(env!("CARGO_BIN_EXE_taskdaemon"))
-        .arg("run")
-        .arg("-c")
-        .arg(config)
-        .env("PATH", std::env::join_paths(dirs).unwrap())
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
 }
 
 const SCRIPT: &str = "one:\n  turns:\n    - calls:\n        - write_file: {path: one.txt, content: \"one was here\\n\"}\n        - complete_task: {summary: done}\n";

@@ -1538,19 +1538,7 @@ d2:
         &run.secret_file,
         &["--slots", "1"],
     );
-    assert_eq!(
-        head.wait_exit(WAIT),
-        Some(0),
-        "{}\n--- h1:\n{}",
-        head.stderr(),
-        h1.stderr()
-    );
-    assert_eq!(
-        h1.wait_exit(Duration::from_secs(10)),
-        Some(0),
-        "{}",
-        h1.stderr()
-    );
+    both_end(&mut head, &mut h1, 0);
     let events = run.events();
     let seq = |kind: &str, name: &str| {
         events
@@ -1637,19 +1625,7 @@ fn a_budget_holds_for_a_loop_on_a_host(budget: Budget) {
         &run.secret_file,
         &[],
     );
-    assert_eq!(
-        head.wait_exit(WAIT),
-        Some(1),
-        "{}\n--- h1:\n{}",
-        head.stderr(),
-        h1.stderr()
-    );
-    assert_eq!(
-        h1.wait_exit(Duration::from_secs(10)),
-        Some(0),
-        "{}",
-        h1.stderr()
-    );
+    both_end(&mut head, &mut h1, 1);
     let s = summary(&run.run.run_dir);
     let far = &s["loops"]["far"];
     // Paused by the budget, checked on the head for the host's calls; never passed.
@@ -1727,19 +1703,7 @@ fn a_hosts_git_runs_no_filter_the_committed_attributes_name() {
             &workdir,
         ],
     );
-    assert_eq!(
-        head.wait_exit(WAIT),
-        Some(0),
-        "{}\n--- h1:\n{}",
-        head.stderr(),
-        h1.stderr()
-    );
-    assert_eq!(
-        h1.wait_exit(Duration::from_secs(10)),
-        Some(0),
-        "{}",
-        h1.stderr()
-    );
+    both_end(&mut head, &mut h1, 0);
     let s = summary(&run.run.run_dir);
     assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
     assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
@@ -1753,6 +1717,23 @@ fn a_hosts_git_runs_no_filter_the_committed_attributes_name() {
     assert_eq!(
         show(&run, &format!("{branch}:w.txt")).as_deref(),
         Some("w\n")
+    );
+}
+
+/// Waits for the head to end its run with `code`, then for host h1 to go home with 0.
+fn both_end(head: &mut Proc, h1: &mut Proc, code: i32) {
+    assert_eq!(
+        head.wait_exit(WAIT),
+        Some(code),
+        "{}\n--- h1:\n{}",
+        head.stderr(),
+        h1.stderr()
+    );
+    assert_eq!(
+        h1.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        h1.stderr()
     );
 }
 

@@ -15,6 +15,7 @@ pub mod fixture_project;
 pub mod flagged_run;
 pub mod http_once;
 pub mod interop;
+pub mod machine_gits;
 pub mod netns;
 pub mod pip_env;
 pub mod python_sdk;
