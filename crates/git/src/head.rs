@@ -134,6 +134,45 @@ pub fn head_from_files(dir: &Path) -> HeadFromFiles {
     }
 }
 
+/// What the files say of the object format of the repository holding `dir`, or of the git
+/// directory `dir` is (a bare repository, named with `--git-dir`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FormatByFiles {
+    /// SHA-1 object ids: the config names no extension (git reads `extensions.objectFormat`
+    /// from that one file).
+    Sha1,
+    /// No repository: no `.git` from `dir` up and `dir` is no git directory, so git finds
+    /// none either way.
+    NoRepository,
+    /// The files cannot say (an extension, another owner, discovery steered by the
+    /// environment): ask git.
+    AskGit,
+}
+
+/// [`FormatByFiles`] for `dir`. Blocking: reads a few small files.
+pub(crate) fn format_by_files(dir: &Path) -> FormatByFiles {
+    if DISCOVERY_ENV
+        .iter()
+        .any(|key| std::env::var_os(key).is_some())
+    {
+        return FormatByFiles::AskGit;
+    }
+    match discover(dir) {
+        // Found only when its config names no extension (`FoundRepo::at`).
+        Ok(Some(_)) => FormatByFiles::Sha1,
+        // Discovery also stops at a directory holding `HEAD` (below), so `dir` is none.
+        Ok(None) => FormatByFiles::NoRepository,
+        Err(_) => {
+            let head = std::fs::symlink_metadata(dir.join("HEAD")).is_ok_and(|m| m.is_file());
+            if head && FoundRepo::at(dir.to_path_buf()).is_ok() {
+                FormatByFiles::Sha1
+            } else {
+                FormatByFiles::AskGit
+            }
+        }
+    }
+}
+
 /// A repository found from a directory: where HEAD lives (`git_dir`) and where the shared
 /// refs live (`common_dir`; the same directory except in a linked worktree).
 #[derive(Debug)]
@@ -850,5 +889,51 @@ mod tests {
         .await
         .unwrap();
         assert!(answer.is_some());
+    }
+
+    #[test]
+    fn the_files_say_sha1_only_where_git_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repo_with_commit(dir.path());
+        let format = |at: &Path| {
+            git(at, &["rev-parse", "--show-object-format"])
+                .trim()
+                .to_string()
+        };
+        // A worktree root, a directory in it, a bare repository and a linked worktree.
+        let bare = dir.path().join("bare.git");
+        git(dir.path(), &["clone", "-q", "--bare", "repo", "bare.git"]);
+        let linked = dir.path().join("linked");
+        git(&repo, &["worktree", "add", "-q", linked.to_str().unwrap()]);
+        for at in [repo.clone(), repo.join("src"), bare.clone(), linked] {
+            assert_eq!(format(&at), "sha1", "{at:?}");
+            assert_eq!(format_by_files(&at), FormatByFiles::Sha1, "{at:?}");
+        }
+        // SHA-256: git answers; and no repository at all.
+        let sha256 = dir.path().join("sha256");
+        std::fs::create_dir_all(&sha256).unwrap();
+        git(&sha256, &["init", "-q", "--object-format=sha256"]);
+        assert_eq!(format(&sha256), "sha256");
+        assert_eq!(format_by_files(&sha256), FormatByFiles::AskGit);
+        let bare256 = dir.path().join("bare256.git");
+        git(
+            &sha256,
+            &[
+                "init",
+                "-q",
+                "--bare",
+                "--object-format=sha256",
+                bare256.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(format_by_files(&bare256), FormatByFiles::AskGit);
+        let nowhere = dir.path().join("nowhere");
+        std::fs::create_dir_all(&nowhere).unwrap();
+        let out = crate::daemon_git::unguarded(&nowhere)
+            .args(["rev-parse", "--show-object-format"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "git finds no repository either");
+        assert_eq!(format_by_files(&nowhere), FormatByFiles::NoRepository);
     }
 }
