@@ -60,8 +60,7 @@ const EMPTY_TREES: [(&str, &str); 2] = [
 const NO_TREE: &str = "taskdaemon-knows-no-empty-tree-of-this-object-format";
 
 /// Directories whose object format (or, below git 2.42, drivers) are kept (each worktree and
-/// transfer quarantine is one);
-/// past this the cache starts again.
+/// transfer quarantine is one); past this the cache starts again.
 const MAX_KNOWN_DIRS: usize = 1024;
 
 /// How long the drivers a directory's config defines are taken as known (below git 2.42):
@@ -69,7 +68,8 @@ const MAX_KNOWN_DIRS: usize = 1024;
 /// adds to the config is turned off from at most this long after.
 const DRIVERS_RECHECKED_AFTER: Duration = Duration::from_secs(1);
 
-/// Longest `git config --get-regexp` output read.
+/// Longest `git config --get-regexp` output taken; past it the drivers count as unlisted (the
+/// command is refused).
 const MAX_CONFIG_OUTPUT: usize = 1 << 20;
 
 /// Makes `cmd`, a git command run in `dir`, read no `.gitattributes`, or, below git 2.42, run
@@ -204,9 +204,9 @@ fn attr_source(dir: &Path) -> OsString {
 }
 
 /// The object format of `dir`'s repository: from its files where they answer, else asked of
-/// git as it discovers the repository from `dir`,
-/// then with `dir` as the git directory (a bare repository under `safe.bareRepository=
-/// explicit` is not discovered); `None` when neither answers.
+/// git as it discovers the repository from `dir`, then with `dir` as the git directory (a
+/// bare repository under `safe.bareRepository=explicit` is not discovered); `None` when
+/// neither answers.
 fn object_format(dir: &Path) -> Option<String> {
     // Most repositories, and directories in none: a few small files answer, and no git has to
     // start (git asked for each worktree, transfer quarantine and `git init` made a run of 40
@@ -297,7 +297,8 @@ fn overrides(listed: &[u8]) -> Overrides {
 }
 
 /// `(major, minor)` of the git on `PATH`, asked once per process; `None` when it cannot be
-/// run or names no version (then the older git's way is taken, which needs no option).
+/// run or names no version (then the older git's way is taken: its `git config` cannot run
+/// either, so every command is refused, as it would fail anyway).
 pub fn git_version() -> Option<(u32, u32)> {
     static VERSION: OnceLock<Option<(u32, u32)>> = OnceLock::new();
     *VERSION.get_or_init(|| {

@@ -21,6 +21,9 @@
 //! line — is left to git, which then gives the answer, so where the files answer they answer
 //! as git does (the tests compare both on real repositories).
 //!
+//! The same discovery tells the attributes guard ([`crate::attributes`]) which object format
+//! a repository has, where the files say it without doubt (`format_by_files`).
+//!
 //! Like the daemon's git, the lookup ignores `GIT_DIR` and the other variables of
 //! [`crate::daemon_git::SCRUBBED_ENV`]: the repository is the one holding the directory.
 
