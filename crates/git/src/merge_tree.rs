@@ -222,6 +222,8 @@ pub async fn snapshot(dir: &Path) -> Result<Snapshot, WorktreeError> {
     run(dir, ["add", "-A", "--", ".", exclude.as_str()], &env, hint).await?;
     // As `commit_all` does: something (a loop's own `git add -f`) may have staged it.
     run(dir, ["reset", "--quiet", "--", RUN_RECORD_DIR], &env, hint).await?;
+    // And as `commit_all` does: no gitlink a loop added (its id is another repository's).
+    crate::worktree::unstage_gitlinks(dir, &env, hint).await?;
     let tree = run(dir, ["write-tree"], &env, hint).await?;
     if tree == *head_tree {
         return Ok(Snapshot::Taken(Taken::unchanged(head)));
@@ -543,6 +545,27 @@ mod tests {
         // No ref names it.
         let refs = sh_git(&repo, &["for-each-ref", "--contains", &commit], false);
         assert_eq!(refs, "");
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_holds_no_gitlink_of_a_nested_git_file() {
+        let (tmp, repo, wt) = repo_with_worktree(&[("a.txt", "a\n")]);
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        sh_git(&outside, &["init", "-q"], false);
+        sh_git(
+            &outside,
+            &["commit", "-q", "--allow-empty", "-m", "x"],
+            false,
+        );
+        std::fs::create_dir_all(wt.join("sub")).unwrap();
+        let gitdir = format!("gitdir: {}\n", outside.join(".git").display());
+        std::fs::write(wt.join("sub/.git"), gitdir).unwrap();
+        std::fs::write(wt.join("b.txt"), "b\n").unwrap();
+        let commit = taken(snapshot(&wt).await.unwrap());
+        let tree = sh_git(&repo, &["ls-tree", "-r", &commit], false);
+        assert!(!tree.contains("160000"), "{tree}");
+        assert!(tree.contains("b.txt"), "{tree}");
     }
 
     #[tokio::test]

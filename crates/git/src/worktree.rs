@@ -29,6 +29,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -938,6 +939,7 @@ impl Worktree {
         self.git
             .run(&self.path, ["reset", "--quiet", "--", RUN_RECORD_DIR], hint)
             .await?;
+        self.unstage_gitlinks(hint).await?;
         let staged = self
             .git
             .output(&self.path, ["diff", "--cached", "--quiet"])
@@ -967,11 +969,96 @@ impl Worktree {
             .await?;
         self.head_commit().await.map(Some)
     }
+
+    /// [`unstage_gitlinks`] in this worktree.
+    async fn unstage_gitlinks(&self, hint: &str) -> Result<()> {
+        unstage_gitlinks(&self.path, &self.git.extra_env, hint).await
+    }
+}
+
+/// Takes back every gitlink `git add -A` staged in `dir` (with `env`: a temporary index) that
+/// HEAD does not hold as it is (a directory with a `.git` of its own, added or pointing
+/// elsewhere). To stage one, git resolved the HEAD of whatever repository that `.git` names,
+/// and a loop's command can write one naming any repository on the machine: committed, the id
+/// would tell the loop, on its own branch, which commit a repository outside its sandbox is
+/// on. A loop makes no submodule commit worth recording either: its commands cannot write
+/// the repository's git metadata (where a submodule's repository lives), and a repository it
+/// makes inside its worktree keeps its commits there, where nothing else can fetch them (git
+/// never adds the files inside one). A gitlink the loop removed stays removed.
+pub(crate) async fn unstage_gitlinks(
+    dir: &Path,
+    env: &[(OsString, OsString)],
+    hint: &str,
+) -> Result<()> {
+    // `--ignore-submodules=none`: the daemon's git ignores them otherwise
+    // (`diff.ignoreSubmodules=all`, see `crate::daemon_git::command`).
+    let out = git_output(
+        dir,
+        [
+            "diff",
+            "--cached",
+            "--raw",
+            "-z",
+            "--no-renames",
+            "--ignore-submodules=none",
+            "HEAD",
+        ],
+        env,
+    )
+    .await?;
+    if !out.success() {
+        return Err(out.into_error(hint));
+    }
+    let gitlinks = staged_gitlinks(&out.stdout);
+    if gitlinks.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(
+        dir = %dir.display(),
+        paths = ?gitlinks,
+        "a nested repository is left out of the loop's commit"
+    );
+    let mut args: Vec<&OsStr> = vec![OsStr::new("reset"), OsStr::new("--quiet"), OsStr::new("--")];
+    args.extend(gitlinks.iter().map(|p| p.as_os_str()));
+    let out = git_output(dir, args, env).await?;
+    if !out.success() {
+        return Err(out.into_error(hint));
+    }
+    Ok(())
+}
+
+/// The paths of `git diff --raw -z` output whose new mode is a gitlink (`160000`): each record
+/// is `:<old mode> <new mode> <old id> <new id> <status>` then the path, both NUL-ended.
+fn staged_gitlinks(raw: &[u8]) -> Vec<OsString> {
+    let mut fields = raw.split(|b| *b == 0);
+    let mut gitlinks = Vec::new();
+    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
+        let new_mode = meta.split(|b| *b == b' ').nth(1);
+        if new_mode == Some(b"160000".as_slice()) && !path.is_empty() {
+            gitlinks.push(OsStr::from_bytes(path).to_os_string());
+        }
+    }
+    gitlinks
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staged_gitlinks_are_the_records_whose_new_mode_is_160000() {
+        let zero = "0".repeat(40);
+        let id = "a".repeat(40);
+        let raw = format!(
+            ":000000 160000 {zero} {id} A\0sub\0:100644 100644 {id} {id} M\0a b.txt\0\
+             :160000 160000 {id} {zero} M\0deep/er\0:160000 000000 {id} {zero} D\0gone\0"
+        );
+        assert_eq!(
+            staged_gitlinks(raw.as_bytes()),
+            vec![OsString::from("sub"), OsString::from("deep/er")]
+        );
+        assert!(staged_gitlinks(b"").is_empty());
+    }
 
     #[test]
     fn porcelain_paths_skip_rename_origins() {
