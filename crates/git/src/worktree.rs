@@ -939,19 +939,13 @@ impl Worktree {
         self.git
             .run(&self.path, ["reset", "--quiet", "--", RUN_RECORD_DIR], hint)
             .await?;
-        self.unstage_gitlinks(hint).await?;
-        let staged = self
-            .git
-            .output(&self.path, ["diff", "--cached", "--quiet"])
-            .await?;
-        match staged.status.code() {
-            // A merge in progress (the merge queue handed the loop its target's work) is
-            // concluded by this commit even when the resolution kept HEAD's tree: otherwise
-            // the loop's branch would never contain the target, and the next integration
-            // would conflict again.
-            Some(0) if !self.git.merge_in_progress(&self.path).await? => return Ok(None),
-            Some(0 | 1) => {}
-            _ => return Err(staged.into_error(hint)),
+        let staged = self.unstage_gitlinks(hint).await?;
+        // A merge in progress (the merge queue handed the loop its target's work) is
+        // concluded by this commit even when the resolution kept HEAD's tree: otherwise the
+        // loop's branch would never contain the target, and the next integration would
+        // conflict again.
+        if !staged && !self.git.merge_in_progress(&self.path).await? {
+            return Ok(None);
         }
         self.git
             .run(
@@ -970,8 +964,8 @@ impl Worktree {
         self.head_commit().await.map(Some)
     }
 
-    /// [`unstage_gitlinks`] in this worktree.
-    async fn unstage_gitlinks(&self, hint: &str) -> Result<()> {
+    /// [`unstage_gitlinks`] in this worktree: whether anything else is staged.
+    async fn unstage_gitlinks(&self, hint: &str) -> Result<bool> {
         unstage_gitlinks(&self.path, &self.git.extra_env, hint).await
     }
 }
@@ -985,11 +979,14 @@ impl Worktree {
 /// the repository's git metadata (where a submodule's repository lives), and a repository it
 /// makes inside its worktree keeps its commits there, where nothing else can fetch them (git
 /// never adds the files inside one). A gitlink the loop removed stays removed.
+///
+/// Returns whether anything else is staged (the same `diff` answers both, one git the less
+/// per checkpoint).
 pub(crate) async fn unstage_gitlinks(
     dir: &Path,
     env: &[(OsString, OsString)],
     hint: &str,
-) -> Result<()> {
+) -> Result<bool> {
     // `--ignore-submodules=none`: the daemon's git ignores them otherwise
     // (`diff.ignoreSubmodules=all`, see `crate::daemon_git::command`).
     let out = git_output(
@@ -1009,9 +1006,9 @@ pub(crate) async fn unstage_gitlinks(
     if !out.success() {
         return Err(out.into_error(hint));
     }
-    let gitlinks = staged_gitlinks(&out.stdout);
+    let (gitlinks, others) = staged_gitlinks(&out.stdout);
     if gitlinks.is_empty() {
-        return Ok(());
+        return Ok(others > 0);
     }
     tracing::warn!(
         dir = %dir.display(),
@@ -1024,21 +1021,25 @@ pub(crate) async fn unstage_gitlinks(
     if !out.success() {
         return Err(out.into_error(hint));
     }
-    Ok(())
+    Ok(others > 0)
 }
 
-/// The paths of `git diff --raw -z` output whose new mode is a gitlink (`160000`): each record
-/// is `:<old mode> <new mode> <old id> <new id> <status>` then the path, both NUL-ended.
-fn staged_gitlinks(raw: &[u8]) -> Vec<OsString> {
+/// The paths of `git diff --raw -z` output whose new mode is a gitlink (`160000`), and how
+/// many other records it holds: each record is `:<old mode> <new mode> <old id> <new id>
+/// <status>` then the path, both NUL-ended.
+fn staged_gitlinks(raw: &[u8]) -> (Vec<OsString>, usize) {
     let mut fields = raw.split(|b| *b == 0);
     let mut gitlinks = Vec::new();
+    let mut others = 0;
     while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
         let new_mode = meta.split(|b| *b == b' ').nth(1);
         if new_mode == Some(b"160000".as_slice()) && !path.is_empty() {
             gitlinks.push(OsStr::from_bytes(path).to_os_string());
+        } else {
+            others += 1;
         }
     }
-    gitlinks
+    (gitlinks, others)
 }
 
 #[cfg(test)]
@@ -1055,9 +1056,9 @@ mod tests {
         );
         assert_eq!(
             staged_gitlinks(raw.as_bytes()),
-            vec![OsString::from("sub"), OsString::from("deep/er")]
+            (vec![OsString::from("sub"), OsString::from("deep/er")], 2)
         );
-        assert!(staged_gitlinks(b"").is_empty());
+        assert_eq!(staged_gitlinks(b""), (Vec::new(), 0));
     }
 
     #[test]
