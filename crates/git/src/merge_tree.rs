@@ -220,10 +220,9 @@ pub async fn snapshot(dir: &Path) -> Result<Snapshot, WorktreeError> {
     let exclude = format!(":(exclude){RUN_RECORD_DIR}");
     let hint = "the loop's worktree is unchanged; the next change is compared again";
     run(dir, ["add", "-A", "--", ".", exclude.as_str()], &env, hint).await?;
-    // As `commit_all` does: something (a loop's own `git add -f`) may have staged it.
-    run(dir, ["reset", "--quiet", "--", RUN_RECORD_DIR], &env, hint).await?;
-    // And as `commit_all` does: no gitlink a loop added (its id is another repository's).
-    crate::worktree::unstage_gitlinks(dir, &env, hint).await?;
+    // As `commit_all` does: no run records (a loop's own `git add -f` may have staged them)
+    // and no gitlink a loop added (its id is another repository's).
+    crate::worktree::take_back_staged(dir, &env, hint).await?;
     let tree = run(dir, ["write-tree"], &env, hint).await?;
     if tree == *head_tree {
         return Ok(Snapshot::Taken(Taken::unchanged(head)));

@@ -936,10 +936,7 @@ impl Worktree {
         self.git
             .run(&self.path, ["add", "-A", "--", ".", exclude.as_str()], hint)
             .await?;
-        self.git
-            .run(&self.path, ["reset", "--quiet", "--", RUN_RECORD_DIR], hint)
-            .await?;
-        let staged = self.unstage_gitlinks(hint).await?;
+        let staged = self.take_back_staged(hint).await?;
         // A merge in progress (the merge queue handed the loop its target's work) is
         // concluded by this commit even when the resolution kept HEAD's tree: otherwise the
         // loop's branch would never contain the target, and the next integration would
@@ -964,25 +961,28 @@ impl Worktree {
         self.head_commit().await.map(Some)
     }
 
-    /// [`unstage_gitlinks`] in this worktree: whether anything else is staged.
-    async fn unstage_gitlinks(&self, hint: &str) -> Result<bool> {
-        unstage_gitlinks(&self.path, &self.git.extra_env, hint).await
+    /// [`take_back_staged`] in this worktree: whether anything else is staged.
+    async fn take_back_staged(&self, hint: &str) -> Result<bool> {
+        take_back_staged(&self.path, &self.git.extra_env, hint).await
     }
 }
 
-/// Takes back every gitlink `git add -A` staged in `dir` (with `env`: a temporary index) that
-/// HEAD does not hold as it is (a directory with a `.git` of its own, added or pointing
-/// elsewhere). To stage one, git resolved the HEAD of whatever repository that `.git` names,
-/// and a loop's command can write one naming any repository on the machine: committed, the id
-/// would tell the loop, on its own branch, which commit a repository outside its sandbox is
-/// on. A loop makes no submodule commit worth recording either: its commands cannot write
-/// the repository's git metadata (where a submodule's repository lives), and a repository it
-/// makes inside its worktree keeps its commits there, where nothing else can fetch them (git
-/// never adds the files inside one). A gitlink the loop removed stays removed.
+/// Takes back what `git add -A` staged in `dir` (with `env`: a temporary index) that the
+/// daemon never commits, and says whether anything else is staged (one `diff` answers all of
+/// it, and a `reset` runs only when there is something to take back):
 ///
-/// Returns whether anything else is staged (the same `diff` answers both, one git the less
-/// per checkpoint).
-pub(crate) async fn unstage_gitlinks(
+/// - the run records ([`RUN_RECORD_DIR`]): `add -A` leaves them out, but something (a loop's
+///   own `git add -f`) may have staged them; only the user decides whether they are versioned;
+/// - every gitlink HEAD does not hold as it is (a directory with a `.git` of its own, added or
+///   pointing elsewhere). To stage one, git resolved the HEAD of whatever repository that
+///   `.git` names, and a loop's command can write one naming any repository on the machine:
+///   committed, the id would tell the loop, on its own branch, which commit a repository
+///   outside its sandbox is on. A loop makes no submodule commit worth recording either: its
+///   commands cannot write the repository's git metadata (where a submodule's repository
+///   lives), and a repository it makes inside its worktree keeps its commits there, where
+///   nothing else can fetch them (git never adds the files inside one). A gitlink the loop
+///   removed stays removed.
+pub(crate) async fn take_back_staged(
     dir: &Path,
     env: &[(OsString, OsString)],
     hint: &str,
@@ -1006,40 +1006,63 @@ pub(crate) async fn unstage_gitlinks(
     if !out.success() {
         return Err(out.into_error(hint));
     }
-    let (gitlinks, others) = staged_gitlinks(&out.stdout);
-    if gitlinks.is_empty() {
-        return Ok(others > 0);
+    let staged = Staged::read(&out.stdout);
+    if !staged.gitlinks.is_empty() {
+        tracing::warn!(
+            dir = %dir.display(),
+            paths = ?staged.gitlinks,
+            "a nested repository is left out of the loop's commit"
+        );
     }
-    tracing::warn!(
-        dir = %dir.display(),
-        paths = ?gitlinks,
-        "a nested repository is left out of the loop's commit"
-    );
+    if staged.gitlinks.is_empty() && staged.records.is_empty() {
+        return Ok(staged.others > 0);
+    }
     let mut args: Vec<&OsStr> = vec![OsStr::new("reset"), OsStr::new("--quiet"), OsStr::new("--")];
-    args.extend(gitlinks.iter().map(|p| p.as_os_str()));
+    args.extend(staged.gitlinks.iter().map(|p| p.as_os_str()));
+    args.extend(staged.records.iter().map(|p| p.as_os_str()));
     let out = git_output(dir, args, env).await?;
     if !out.success() {
         return Err(out.into_error(hint));
     }
-    Ok(others > 0)
+    Ok(staged.others > 0)
 }
 
-/// The paths of `git diff --raw -z` output whose new mode is a gitlink (`160000`), and how
-/// many other records it holds: each record is `:<old mode> <new mode> <old id> <new id>
-/// <status>` then the path, both NUL-ended.
-fn staged_gitlinks(raw: &[u8]) -> (Vec<OsString>, usize) {
-    let mut fields = raw.split(|b| *b == 0);
-    let mut gitlinks = Vec::new();
-    let mut others = 0;
-    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
-        let new_mode = meta.split(|b| *b == b' ').nth(1);
-        if new_mode == Some(b"160000".as_slice()) && !path.is_empty() {
-            gitlinks.push(OsStr::from_bytes(path).to_os_string());
-        } else {
-            others += 1;
+/// What `git diff --cached --raw -z` says is staged, sorted by what the daemon does with it.
+#[derive(Debug, Default, PartialEq)]
+struct Staged {
+    /// Paths whose new mode is a gitlink (`160000`).
+    gitlinks: Vec<OsString>,
+    /// Paths in the run records' directory.
+    records: Vec<OsString>,
+    /// How many other paths.
+    others: usize,
+}
+
+impl Staged {
+    /// Reads `git diff --raw -z` output: each record is `:<old mode> <new mode> <old id> <new
+    /// id> <status>` then the path, both NUL-ended.
+    fn read(raw: &[u8]) -> Staged {
+        let mut staged = Staged::default();
+        let mut fields = raw.split(|b| *b == 0);
+        let records_dir = RUN_RECORD_DIR.as_bytes();
+        while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
+            if path.is_empty() {
+                break;
+            }
+            let owned = OsStr::from_bytes(path).to_os_string();
+            let in_records = path
+                .strip_prefix(records_dir)
+                .is_some_and(|rest| rest.is_empty() || rest.first() == Some(&b'/'));
+            if in_records {
+                staged.records.push(owned);
+            } else if meta.split(|b| *b == b' ').nth(1) == Some(b"160000".as_slice()) {
+                staged.gitlinks.push(owned);
+            } else {
+                staged.others += 1;
+            }
         }
+        staged
     }
-    (gitlinks, others)
 }
 
 #[cfg(test)]
@@ -1047,18 +1070,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn staged_gitlinks_are_the_records_whose_new_mode_is_160000() {
+    fn staged_paths_are_sorted_into_gitlinks_run_records_and_the_rest() {
         let zero = "0".repeat(40);
         let id = "a".repeat(40);
         let raw = format!(
             ":000000 160000 {zero} {id} A\0sub\0:100644 100644 {id} {id} M\0a b.txt\0\
-             :160000 160000 {id} {zero} M\0deep/er\0:160000 000000 {id} {zero} D\0gone\0"
+             :160000 160000 {id} {zero} M\0deep/er\0:160000 000000 {id} {zero} D\0gone\0\
+             :000000 100644 {zero} {id} A\0.taskdaemon/runs/x\0:000000 100644 {zero} {id} A\0.taskdaemonic\0"
         );
         assert_eq!(
-            staged_gitlinks(raw.as_bytes()),
-            (vec![OsString::from("sub"), OsString::from("deep/er")], 2)
+            Staged::read(raw.as_bytes()),
+            Staged {
+                gitlinks: vec![OsString::from("sub"), OsString::from("deep/er")],
+                records: vec![OsString::from(".taskdaemon/runs/x")],
+                others: 3,
+            }
         );
-        assert_eq!(staged_gitlinks(b""), (Vec::new(), 0));
+        assert_eq!(Staged::read(b""), Staged::default());
     }
 
     #[test]
