@@ -557,9 +557,12 @@ mod tests {
             &["commit", "-q", "--allow-empty", "-m", "x"],
             false,
         );
-        std::fs::create_dir_all(wt.join("sub")).unwrap();
+        // Named as a pathspec that would match the loop's other work, were it read as one.
         let gitdir = format!("gitdir: {}\n", outside.join(".git").display());
-        std::fs::write(wt.join("sub/.git"), gitdir).unwrap();
+        for nested in ["sub", "b*", ":(top)"] {
+            std::fs::create_dir_all(wt.join(nested)).unwrap();
+            std::fs::write(wt.join(nested).join(".git"), &gitdir).unwrap();
+        }
         std::fs::write(wt.join("b.txt"), "b\n").unwrap();
         let commit = taken(snapshot(&wt).await.unwrap());
         let tree = sh_git(&repo, &["ls-tree", "-r", &commit], false);

@@ -1017,7 +1017,13 @@ pub(crate) async fn take_back_staged(
     if staged.gitlinks.is_empty() && staged.records.is_empty() {
         return Ok(staged.others > 0);
     }
-    let mut args: Vec<&OsStr> = vec![OsStr::new("reset"), OsStr::new("--quiet"), OsStr::new("--")];
+    // Literal: a loop names these paths, and `*` or `:(top)` would take back everything.
+    let mut args: Vec<&OsStr> = vec![
+        OsStr::new("--literal-pathspecs"),
+        OsStr::new("reset"),
+        OsStr::new("--quiet"),
+        OsStr::new("--"),
+    ];
     args.extend(staged.gitlinks.iter().map(|p| p.as_os_str()));
     args.extend(staged.records.iter().map(|p| p.as_os_str()));
     let out = git_output(dir, args, env).await?;
