@@ -16,11 +16,12 @@ use common::machine_gits::{gits, run, version};
 const CONFIG: &str = "repo: repo\nllm: {provider: scripted, script: script.yml}\nmerge: true\n\
      loops:\n  - {name: one, type: code, task: Work., validation: 'test -s one.txt'}\n";
 
-/// The loop points `sub/.git` at `secret` and `deep/er/.git` too, with work beside them.
+/// The loop points `sub/.git`, `deep/er/.git` and `o*/.git` at `secret` (`o*` would match
+/// its `one.txt` if the daemon took it back as a pathspec), with work beside them.
 fn script(secret: &Path) -> String {
     let gitdir = secret.join(".git").display().to_string();
     format!(
-        "one:\n  turns:\n    - calls:\n        - run_command: {{command: \"mkdir -p sub deep/er && echo 'gitdir: {gitdir}' > sub/.git && echo 'gitdir: {gitdir}' > deep/er/.git && echo x > sub/file.txt\"}}\n        - write_file: {{path: one.txt, content: \"one\\n\"}}\n        - complete_task: {{summary: done}}\n"
+        "one:\n  turns:\n    - calls:\n        - run_command: {{command: \"mkdir -p sub deep/er 'o*' && for d in sub deep/er 'o*'; do echo 'gitdir: {gitdir}' > \\\"$d/.git\\\"; done && echo x > sub/file.txt\"}}\n        - write_file: {{path: one.txt, content: \"one\\n\"}}\n        - complete_task: {{summary: done}}\n"
     )
 }
 

@@ -10,8 +10,9 @@
 //! sandbox; any other driver the user configured runs on files the loop picked.
 //!
 //! - git 2.42 and newer: `--attr-source=<the empty tree>` (in the repository's object format,
-//!   asked of git once per directory, as git discovers the repository and else with the
-//!   directory as its `--git-dir`, for a bare mirror under `safe.bareRepository=explicit`): git
+//!   known once per directory: read from the repository's files where they say it, else asked
+//!   of git as it discovers the repository and then with the directory as its `--git-dir`,
+//!   for a bare mirror under `safe.bareRepository=explicit`): git
 //!   reads attributes from that tree only, so no `.gitattributes` anywhere counts;
 //!   `$GIT_DIR/info/attributes` and `core.attributesFile`, the user's own and out of a loop's
 //!   reach, still do. git passes it on to the git processes it starts (`GIT_ATTR_SOURCE`).
@@ -164,13 +165,18 @@ fn drivers_off_cached(dir: &Path) -> Option<Arc<Overrides>> {
         return Some(overrides);
     }
     let overrides = Arc::new(crate::head::off_async_workers(|| drivers_off(dir))?);
+    keep(known, dir, (now, Arc::clone(&overrides)));
+    Some(overrides)
+}
+
+/// Keeps `value` for `dir` in `known`, which starts again past [`MAX_KNOWN_DIRS`].
+fn keep<V>(known: &Mutex<HashMap<PathBuf, V>>, dir: &Path, value: V) {
     if let Ok(mut known) = known.lock() {
         if known.len() >= MAX_KNOWN_DIRS {
             known.clear();
         }
-        known.insert(dir.to_path_buf(), (now, Arc::clone(&overrides)));
+        known.insert(dir.to_path_buf(), value);
     }
-    Some(overrides)
 }
 
 /// `--attr-source=<empty tree>` for the repository `dir` is in, or is (a bare repository or a
@@ -188,11 +194,8 @@ fn attr_source(dir: &Path) -> OsString {
         Some(format) => Some(format),
         None => {
             let format = crate::head::off_async_workers(|| object_format(dir));
-            if let (Some(format), Ok(mut known)) = (&format, formats.lock()) {
-                if known.len() >= MAX_KNOWN_DIRS {
-                    known.clear();
-                }
-                known.insert(dir.to_path_buf(), format.clone());
+            if let Some(format) = &format {
+                keep(formats, dir, format.clone());
             }
             format
         }

@@ -53,8 +53,9 @@ pub const SCRUBBED_ENV: &[&str] = &[
 ///   reach the daemon (which stops cleanly), never a git halfway through;
 /// - none of [`SCRUBBED_ENV`].
 ///
-/// Blocking the first time for each directory (git 2.42 and newer: its object format is asked
-/// of git once) or every time (older git: its config is), off the async workers.
+/// Blocking: the first time for each directory, its object format is read from the
+/// repository's files or asked of git (git 2.42 and newer); older git's config is asked for
+/// its drivers at most once a second per directory; off the async workers.
 pub fn command(dir: &Path) -> std::process::Command {
     let mut cmd = unguarded(dir);
     crate::attributes::guard(&mut cmd, dir);
