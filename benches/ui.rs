@@ -36,6 +36,10 @@ mod common;
 #[allow(dead_code)]
 mod browser;
 
+// What `browser` installs its packages with.
+#[path = "../tests/common/debian_packages.rs"]
+mod debian_packages;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -143,3 +143,99 @@ fn a_loops_gitattributes_choose_no_program_the_daemons_git_runs() {
         problems.join("\n")
     );
 }
+
+/// The user's committed attributes (the run's base) name an uppercasing clean filter for `*.up`
+/// and git's own union merge for `*.log`; loop `one` adds `*.txt` to that filter in the
+/// `.gitattributes` it commits, writes `one.up` and `one.txt`, and appends to `shared.log`;
+/// loop `two` appends to `shared.log` a second later.
+const USERS_SCRIPT: &str = "\
+one:
+  turns:
+    - calls:
+        - write_file: {path: .gitattributes, content: \"*.up filter=td-upper\\n*.log merge=union\\n*.txt filter=td-upper\\n\"}
+        - write_file: {path: one.up, content: \"one\\n\"}
+        - write_file: {path: one.txt, content: \"one\\n\"}
+        - write_file: {path: shared.log, content: \"start\\none\\n\"}
+        - complete_task: {summary: done}
+two:
+  turns:
+    - calls:
+        - run_command: {command: \"sleep 1\"}
+    - calls:
+        - write_file: {path: shared.log, content: \"start\\ntwo\\n\"}
+        - complete_task: {summary: done}
+";
+
+#[test]
+fn the_users_committed_attributes_still_apply_to_what_loops_write() {
+    let mut problems = Vec::new();
+    for git_dir in gits() {
+        let which = version(&git_dir);
+        // `git version 2.47.3` → (2, 47).
+        let numbers: Vec<u32> = which
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .split('.')
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        let reads_a_commit = (numbers[0], numbers[1]) >= (2, 42);
+        for format in ["sha1", "sha256"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().canonicalize().unwrap();
+            let home = root.join("home");
+            std::fs::create_dir_all(home.join(".config")).unwrap();
+            std::fs::write(
+                home.join(".gitconfig"),
+                "[filter \"td-upper\"]\n\tclean = tr a-z A-Z\n",
+            )
+            .unwrap();
+            let repo = root.join("repo");
+            make_repo(&repo, format);
+            std::fs::write(
+                repo.join(".gitattributes"),
+                "*.up filter=td-upper\n*.log merge=union\n",
+            )
+            .unwrap();
+            std::fs::write(repo.join("shared.log"), "start\n").unwrap();
+            common::git(&repo, &["add", "-A"]);
+            common::git(&repo, &["commit", "-q", "-m", "the user's attributes"]);
+            std::fs::write(root.join("script.yml"), USERS_SCRIPT).unwrap();
+            let config = root.join("taskdaemon.yml");
+            std::fs::write(&config, CONFIG.replace("notes.txt", "shared.log")).unwrap();
+            let out = run(&config, &git_dir, &home);
+            let case = format!("{which}, {format}");
+            if !out.status.success() {
+                problems.push(format!(
+                    "{case}: the run failed\n{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+                continue;
+            }
+            let show = |path: &str| common::git(&repo, &["show", &format!("main:{path}")]);
+            // The user's filter cleaned the loop's new file (older git turns every driver
+            // off: it cannot be told to read the user's attributes and not the loop's).
+            let up = if reads_a_commit { "ONE\n" } else { "one\n" };
+            if show("one.up") != up {
+                problems.push(format!(
+                    "{case}: one.up is {:?}, not {up:?}",
+                    show("one.up")
+                ));
+            }
+            // The loop's own attribute named the same filter for `*.txt`: not applied.
+            if show("one.txt") != "one\n" {
+                problems.push(format!("{case}: one.txt is {:?}", show("one.txt")));
+            }
+            // Both loops' lines, by git's union merge: no hand-back, nothing lost.
+            if show("shared.log") != "start\none\ntwo\n" {
+                problems.push(format!("{case}: shared.log is {:?}", show("shared.log")));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the user's committed attributes were not applied, or a loop's were:\n{}",
+        problems.join("\n")
+    );
+}

@@ -1641,25 +1641,27 @@ fn a_budget_holds_for_a_loop_on_a_host(budget: Budget) {
     assert_eq!(far["host"], "h1", "{s}");
 }
 
-/// A host's own git reads no `.gitattributes` either, also where it must name its bare mirror
-/// with `--git-dir` because its user set `safe.bareRepository=explicit` (review of the
-/// attributes guard: the guard asked the mirror's object format as git discovers it, which
-/// that setting refuses, and then gave no `--attr-source`; the worktree's checkout ran the
-/// host user's filter on the committed attributes). The base commit names a filter the host's
-/// user configured, as an earlier loop's merged work could; the loop runs on h1.
+/// A host's own git reads the attributes of the run's commit (the user's) and none a loop
+/// wrote, also where it must name its bare mirror with `--git-dir` because its user set
+/// `safe.bareRepository=explicit` (review of the attributes guard: the guard asked the mirror's
+/// object format as git discovers it, which that setting refuses, and then gave no
+/// `--attr-source`, so the host's git read every `.gitattributes`). The base commit names an
+/// uppercasing clean filter for `*.up` that the host's user configured; the loop, on h1,
+/// commits attributes naming another filter of that user's for every file, which leaves a
+/// flag if it runs.
 #[test]
-fn a_hosts_git_runs_no_filter_the_committed_attributes_name() {
+fn a_hosts_git_reads_the_users_attributes_and_runs_no_filter_a_loop_names() {
     use std::os::unix::fs::PermissionsExt;
     let mut net = Net::new("a_hosts_git_reads_no_attributes");
     let (head_ip, _, _) = net.host("h1");
     let run = head_run(
-        "w:\n  turns:\n    - calls:\n        - write_file: {path: w.txt, content: \"w\\n\"}\n        - complete_task: {summary: done}\n",
+        "w:\n  turns:\n    - calls:\n        - write_file: {path: .gitattributes, content: \"* filter=td-evil\\n*.up filter=td-upper\\n\"}\n        - write_file: {path: w.txt, content: \"w\\n\"}\n        - write_file: {path: w.up, content: \"w\\n\"}\n        - complete_task: {summary: done}\n",
         "  - {name: w, type: ralph, task: \"Write w.txt.\"}\n",
         "  placement:\n    - {loops: [w], hosts: [h1]}\n",
     );
     let root = run.root();
     let repo = run.run.config.parent().unwrap().to_path_buf();
-    std::fs::write(repo.join(".gitattributes"), "* filter=td-evil\n").unwrap();
+    std::fs::write(repo.join(".gitattributes"), "*.up filter=td-upper\n").unwrap();
     common::git(&repo, &["add", ".gitattributes"]);
     common::git(&repo, &["commit", "-qm", "attributes"]);
     let flag = root.join("filter-ran.txt");
@@ -1675,7 +1677,7 @@ fn a_hosts_git_runs_no_filter_the_committed_attributes_name() {
     std::fs::write(
         home.join(".gitconfig"),
         format!(
-            "[safe]\n\tbareRepository = explicit\n[filter \"td-evil\"]\n\tclean = {0}\n\tsmudge = {0}\n\trequired = true\n",
+            "[safe]\n\tbareRepository = explicit\n[filter \"td-evil\"]\n\tclean = {0}\n\tsmudge = {0}\n\trequired = true\n[filter \"td-upper\"]\n\tclean = tr a-z A-Z\n",
             script.display()
         ),
     )
@@ -1709,14 +1711,21 @@ fn a_hosts_git_runs_no_filter_the_committed_attributes_name() {
     assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
     assert!(
         !flag.exists(),
-        "the host's git ran the filter: {}",
+        "the host's git ran the filter the loop named: {}",
         std::fs::read_to_string(&flag).unwrap_or_default()
     );
-    // The loop's work came back as its branch, byte for byte.
+    // The loop's work came back as its branch: its plain file byte for byte, and its `*.up`
+    // file as the user's filter cleaned it on the host.
     let branch = s["loops"]["w"]["branch"].as_str().unwrap_or_default();
     assert_eq!(
         show(&run, &format!("{branch}:w.txt")).as_deref(),
         Some("w\n")
+    );
+    assert_eq!(
+        show(&run, &format!("{branch}:w.up")).as_deref(),
+        Some("W\n"),
+        "{}",
+        h1.stderr()
     );
 }
 

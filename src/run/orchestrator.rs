@@ -205,6 +205,26 @@ impl From<String> for RunError {
 }
 
 /// Takes the run in `dir` for this process: refused when another process holds it.
+/// Has the daemon's own git read `.gitattributes` from a commit the user made: the one a
+/// resumed run recorded, else the repository's HEAD now (`td_git::attributes::trust`), never
+/// what a loop wrote. Returns the commit trusted; `None` (no attributes read, with a warning
+/// where there was a commit to trust) when there is none or git cannot use it.
+fn trust_attributes(repo: &Repo, resumed: Option<&RunSummary>) -> Option<String> {
+    let commit = resumed
+        .and_then(|s| s.attributes_from.clone())
+        .or_else(|| td_git::head::head_commit(repo.root()))?;
+    match td_git::attributes::trust(repo.root(), &commit) {
+        Ok(()) => Some(commit),
+        Err(e) => {
+            eprintln!(
+                "taskdaemon: the daemon's git reads no .gitattributes in this run: {}",
+                td_base::secrets::redact(&e.to_string())
+            );
+            None
+        }
+    }
+}
+
 fn take_run(dir: &Path) -> Result<owner::OwnerLock, RunError> {
     owner::take(dir).map_err(|e| match e {
         owner::TakeError::Held(holder) => RunError {
@@ -408,6 +428,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         events.subscribe(move |e| p.on_event(e));
     }
     let _ticker = progress.start_ticker();
+    let attributes_from = trust_attributes(&repo, restored.as_ref().map(|(_, r)| &r.summary));
     if restored.is_none() {
         // The first event says what the run is, so that its summary can be rebuilt from the
         // events alone.
@@ -422,6 +443,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 })
                 .collect(),
             sandbox: Some(sandbox_report.clone()),
+            attributes_from: attributes_from.clone(),
         });
     }
     let mut rt = Runtime::start(
@@ -449,6 +471,7 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
                 dir: run_dir.join("hosts"),
                 coordinator: rt.coordinator.clone(),
                 max_record_bytes: hosts.max_record_bytes(),
+                attributes_from: attributes_from.clone(),
             });
             (Some(remote), Some(ends))
         }
@@ -1866,6 +1889,8 @@ async fn start_remote(
             max_output_tokens: pricing.max_output_tokens,
         },
         base_commit,
+        // Given by `RemoteLoops::start`, the run's.
+        attributes_from: None,
         branch: worktree.branch().to_string(),
         sandbox: sandbox_policy.clone(),
         web_allow_private: config.web.allow_private.to_value(),

@@ -407,6 +407,10 @@ pub struct RunSummary {
     /// How the run's commands are confined, and what this machine lacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<td_confine::SandboxReport>,
+    /// The commit whose `.gitattributes` the daemon's own git reads (see
+    /// [`EventKind::RunStarted`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes_from: Option<String>,
     /// What every model call of the run spent.
     #[serde(skip_serializing_if = "Spend::is_empty")]
     pub spend: Spend,
@@ -917,8 +921,12 @@ pub(crate) fn apply_event(summary: &mut RunSummary, event: &Event) -> bool {
             config,
             loops,
             sandbox,
+            attributes_from,
         } => {
             summary.version = SUMMARY_VERSION;
+            if attributes_from.is_some() {
+                summary.attributes_from = attributes_from.clone();
+            }
             summary.run_id = run_id.clone();
             summary.config = config.clone();
             summary.started_at = time();

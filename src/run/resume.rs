@@ -706,6 +706,7 @@ mod tests {
                 loop_type: "code".into(),
             }],
             sandbox: None,
+            attributes_from: None,
         };
         let lines: Vec<String> = [
             started,

@@ -45,70 +45,14 @@ pub fn require_browser() {
     }
 }
 
-/// `apt-get install chromium chromium-driver`, as root or through `sudo -n`, when apt-get is
-/// there; a failure is left to [`require_browser`]'s message (with apt's output above it).
+/// `apt-get install chromium chromium-driver` where this process may; a failure is left to
+/// [`require_browser`]'s message (with apt's output above it).
 fn install_browser() {
-    if !Path::new("/usr/bin/apt-get").exists() {
-        return;
-    }
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let sudo = !root
-        && Command::new("sudo")
-            .args(["-n", "true"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-    if !root && !sudo {
-        return;
-    }
-    let lock_path = std::env::temp_dir().join("taskdaemon-tests-apt-chromium.lock");
-    let Ok(lock) = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-    else {
-        return;
-    };
-    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
-        return;
-    }
-    if [CHROMIUM, CHROMEDRIVER]
-        .iter()
-        .all(|p| Path::new(p).exists())
-    {
-        return;
-    }
-    eprintln!("installing Debian's chromium and chromium-driver for the dashboard's browser test");
-    let apt = |args: &[&str]| {
-        let mut command = if root {
-            Command::new("apt-get")
-        } else {
-            let mut c = Command::new("sudo");
-            c.args(["-n", "apt-get"]);
-            c
-        };
-        let status = command
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .status();
-        status.is_ok_and(|s| s.success())
-    };
-    if apt(&["update", "-qq"]) {
-        apt(&[
-            "install",
-            "-y",
-            "-qq",
-            "--no-install-recommends",
-            "chromium",
-            "chromium-driver",
-        ]);
-    }
-    drop(lock);
+    super::debian_packages::install(
+        &["chromium", "chromium-driver"],
+        &[CHROMIUM, CHROMEDRIVER],
+        "the dashboard's browser test",
+    );
 }
 
 /// A chromedriver process (and the Chromium it starts), killed with its process group on drop.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 pub mod attack;
 pub mod browser;
+pub mod debian_packages;
 pub mod fixture_project;
 pub mod flagged_run;
 pub mod http_once;

@@ -28,8 +28,10 @@ use serde_json::value::RawValue;
 /// `web_fetch` to public addresses whatever the run allows, without a word. 9: a loop's
 /// start says whether the run builds through a compiler cache ([`StartLoop::compiler_cache`])
 /// and what its `warm:` names ([`StartLoop::warm`]): a host of 8 would build every loop cold
-/// without a word.
-pub const PROTOCOL: u32 = 9;
+/// without a word. 10: a loop's start names the commit whose `.gitattributes` the host's own
+/// git reads ([`StartLoop::attributes_from`]): a host of 9 would read none, and commit what
+/// the user's LFS or end-of-line rules would have changed as it is.
+pub const PROTOCOL: u32 = 10;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -388,6 +390,11 @@ pub struct StartLoop {
     /// branch the head holds). Its branch's bundles are made from the last tip the head
     /// took, at first this one.
     pub base_commit: String,
+    /// The commit whose `.gitattributes` the host's own git reads in its mirror and the
+    /// loop's worktree (the run's, a commit the user made; never one of a loop's, as
+    /// `base_commit` may be): `None` for none.
+    #[serde(default)]
+    pub attributes_from: Option<String>,
     /// The branch its worktree is on (the head's name for it).
     pub branch: String,
     /// The run's command confinement, without paths of the head's machine: `mode`, `read`,
@@ -539,7 +546,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"join":{"protocol":9,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
+            r#"{"join":{"protocol":10,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {

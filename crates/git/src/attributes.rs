@@ -1,5 +1,5 @@
-//! Which `.gitattributes` the daemon's own git reads: none from a tree, an index or a
-//! worktree.
+//! Which `.gitattributes` the daemon's own git reads: those of a commit the user made, never
+//! what a loop wrote to a tree, an index or a worktree.
 //!
 //! Attributes name drivers (`filter=x`, `diff=x`, `merge=x`) and git runs the programs the
 //! config gives those names (`filter.x.clean`, `diff.x.textconv`, `merge.x.driver`, git-lfs's
@@ -9,15 +9,19 @@
 //! daemon's git-lfs fetch from a URL the loop chose, with the user's credentials, outside every
 //! sandbox; any other driver the user configured runs on files the loop picked.
 //!
-//! - git 2.42 and newer: `--attr-source=<the empty tree>` (in the repository's object format,
-//!   known once per directory: read from the repository's files where they say it, else asked
-//!   of git as it discovers the repository and then with the directory as its `--git-dir`,
-//!   for a bare mirror under `safe.bareRepository=explicit`): git
-//!   reads attributes from that tree only, so no `.gitattributes` anywhere counts;
-//!   `$GIT_DIR/info/attributes` and `core.attributesFile`, the user's own and out of a loop's
-//!   reach, still do. git passes it on to the git processes it starts (`GIT_ATTR_SOURCE`).
-//!   Where git names no format, the source is a name no tree has: git refuses any command that
-//!   would read attributes, and runs the rest (`git init`, `check-ref-format`).
+//! - git 2.42 and newer: `--attr-source=<commit>`, git reads attributes from that commit's
+//!   tree only, so no `.gitattributes` a loop wrote counts. The commit is the one [`trust`]ed
+//!   for the repository (the run's base, a commit the user made: their end-of-line rules, LFS
+//!   clean filter and merge drivers keep applying to what loops write), else the empty tree
+//!   of the repository's object format (a transfer's quarantine, a repository nobody trusted a
+//!   commit of: no attributes at all). The repository's format and common directory are known
+//!   once per directory: read from its files where they say them, else asked of git as it
+//!   discovers the repository and then with the directory as its `--git-dir`, for a bare
+//!   mirror under `safe.bareRepository=explicit`. `$GIT_DIR/info/attributes` and
+//!   `core.attributesFile`, the user's own and out of a loop's reach, still count. git passes
+//!   the source on to the git processes it starts (`GIT_ATTR_SOURCE`). Where git names no
+//!   format, the source is a name no tree has: git refuses any command that would read
+//!   attributes, and runs the rest (`git init`, `check-ref-format`).
 //! - older git cannot be told where to read attributes. Every driver the config defines is
 //!   turned off for the command instead (`--config-env`, which wins over every config file,
 //!   reaches git's own children, and takes a driver's name whatever its bytes): a filter passes
@@ -27,18 +31,19 @@
 //!   running the user's program would have been the loop's choice. The config is asked again
 //!   for a directory once a second has passed (one `git config` more then): a driver the user
 //!   adds during a run is covered a second later. When the config cannot be listed, the
-//!   command gets a `-c` git refuses, so it does not run.
+//!   command gets a `-c` git refuses, so it does not run. Attributes that name no driver
+//!   (`text`, `eol`) still come from wherever git reads them.
 //!
-//! So the daemon's git treats every file as the plain bytes it holds, whatever attributes say:
-//! no end-of-line conversion, no LFS pointer expanded, no custom merge. The loops' own git,
-//! confined, reads attributes as usual.
+//! git-lfs's smudge never runs in the daemon's git (`GIT_LFS_SKIP_SMUDGE`, see
+//! [`crate::daemon_git`]): its checkouts hold LFS pointers. The loops' own git, confined,
+//! reads attributes as usual.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::head::FormatByFiles;
@@ -179,43 +184,177 @@ fn keep<V>(known: &Mutex<HashMap<PathBuf, V>>, dir: &Path, value: V) {
     }
 }
 
-/// `--attr-source=<empty tree>` for the repository `dir` is in, or is (a bare repository or a
-/// git directory, which the transfer code names with `--git-dir`). Where git names no object
-/// format for it, an attribute source git refuses (outside a repository, `git init` and `git
-/// check-ref-format` read no attributes and run as usual).
-fn attr_source(dir: &Path) -> OsString {
-    static FORMATS: OnceLock<Mutex<HashMap<PathBuf, String>>> = OnceLock::new();
-    let formats = FORMATS.get_or_init(Default::default);
-    let known = formats
-        .lock()
-        .ok()
-        .and_then(|known| known.get(dir).cloned());
-    let format = match known {
-        Some(format) => Some(format),
-        None => {
-            let format = crate::head::off_async_workers(|| object_format(dir));
-            if let Some(format) = &format {
-                keep(formats, dir, format.clone());
-            }
-            format
-        }
-    };
-    let tree = format
-        .and_then(|format| EMPTY_TREES.iter().find(|(name, _)| *name == format))
-        .map_or(NO_TREE, |(_, tree)| tree);
-    OsString::from(format!("--attr-source={tree}"))
+/// What the guard knows of the repository a directory is in, or is (git 2.42 and newer).
+#[derive(Debug, Clone)]
+struct Seen {
+    /// Its object format, as git names it.
+    format: String,
+    /// Its common directory (shared refs and objects), resolved; `None` when it could not be
+    /// resolved (then no commit of it is trusted).
+    common_dir: Option<PathBuf>,
 }
 
-/// The object format of `dir`'s repository: from its files where they answer, else asked of
-/// git as it discovers the repository from `dir`, then with `dir` as the git directory (a
-/// bare repository under `safe.bareRepository=explicit` is not discovered); `None` when
-/// neither answers.
-fn object_format(dir: &Path) -> Option<String> {
+/// The commit whose `.gitattributes` the daemon's git reads in each repository, by its
+/// resolved common directory (see [`trust`]).
+fn trusted() -> &'static RwLock<HashMap<PathBuf, String>> {
+    static TRUSTED: OnceLock<RwLock<HashMap<PathBuf, String>>> = OnceLock::new();
+    TRUSTED.get_or_init(Default::default)
+}
+
+/// Why [`trust`] refused a commit.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TrustError {
+    /// Not a full object id in lowercase hex.
+    #[error("{0:?} is not a full commit id")]
+    NotAnId(String),
+    /// No repository (or none whose common directory git names) holds the directory.
+    #[error("{0} is in no repository git names")]
+    NoRepository(PathBuf),
+    /// The id's length is not the repository's object format's.
+    #[error("{id} is not an id of the {format} repository at {dir}")]
+    OtherFormat {
+        /// The id given.
+        id: String,
+        /// The repository's format.
+        format: String,
+        /// The directory given.
+        dir: PathBuf,
+    },
+    /// The repository has no such commit.
+    #[error("the repository at {dir} has no commit {id}")]
+    NoSuchCommit {
+        /// The id given.
+        id: String,
+        /// The directory given.
+        dir: PathBuf,
+    },
+}
+
+/// From now on, the daemon's git (2.42 and newer) reads `.gitattributes` from `commit` in the
+/// repository `dir` is in, or is, and in all of its worktrees: the attributes of a commit the
+/// user made (the run's base), which a loop cannot change, so the user's end-of-line rules,
+/// LFS clean filter and merge drivers keep working on what loops wrote, while what a loop
+/// commits to `.gitattributes` names nothing the daemon's git runs. A later call for the same
+/// repository replaces the commit; a refused one leaves the repository with no commit
+/// trusted (no attributes read). Below git 2.42 this changes nothing (every driver stays off:
+/// such a git cannot be told where to read attributes). Blocking: may run git twice.
+pub fn trust(dir: &Path, commit: &str) -> Result<(), TrustError> {
+    let trusted_now = trust_checked(dir, commit);
+    if trusted_now.is_err() {
+        distrust(dir);
+    }
+    trusted_now
+}
+
+/// From now on the daemon's git reads no `.gitattributes` in the repository `dir` is in, or
+/// is (the commit [`trust`]ed there is forgotten). Blocking: may run git once.
+pub fn distrust(dir: &Path) {
+    if let Some(common_dir) = seen_cached(dir).and_then(|s| s.common_dir)
+        && let Ok(mut trusted) = trusted().write()
+    {
+        trusted.remove(&common_dir);
+    }
+}
+
+/// [`trust`], without forgetting what was trusted before when it refuses.
+fn trust_checked(dir: &Path, commit: &str) -> Result<(), TrustError> {
+    let is_id = matches!(commit.len(), 40 | 64)
+        && commit
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !is_id {
+        return Err(TrustError::NotAnId(commit.to_string()));
+    }
+    let seen = seen_cached(dir);
+    let Some((format, common_dir)) = seen.and_then(|s| Some((s.format, s.common_dir?))) else {
+        return Err(TrustError::NoRepository(dir.to_path_buf()));
+    };
+    let length = match format.as_str() {
+        "sha1" => 40,
+        "sha256" => 64,
+        _ => 0,
+    };
+    if commit.len() != length {
+        return Err(TrustError::OtherFormat {
+            id: commit.to_string(),
+            format,
+            dir: dir.to_path_buf(),
+        });
+    }
+    // A commit the repository lacks would make git refuse every command that reads
+    // attributes there.
+    let mut git_dir = OsString::from("--git-dir=");
+    git_dir.push(&common_dir);
+    let exists = crate::head::off_async_workers(|| {
+        crate::daemon_git::unguarded(dir)
+            .arg(git_dir)
+            .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !exists {
+        return Err(TrustError::NoSuchCommit {
+            id: commit.to_string(),
+            dir: dir.to_path_buf(),
+        });
+    }
+    if let Ok(mut trusted) = trusted().write() {
+        trusted.insert(common_dir, commit.to_string());
+    }
+    Ok(())
+}
+
+/// `--attr-source=` for the repository `dir` is in, or is (a bare repository or a git
+/// directory, which the transfer code names with `--git-dir`): the commit [`trust`]ed there,
+/// else the empty tree of its object format. Where git names no object format for it, an
+/// attribute source git refuses (outside a repository, `git init` and `git check-ref-format`
+/// read no attributes and run as usual).
+fn attr_source(dir: &Path) -> OsString {
+    let source = match seen_cached(dir) {
+        Some(seen) => seen
+            .common_dir
+            .and_then(|common| trusted().read().ok()?.get(&common).cloned())
+            .or_else(|| {
+                EMPTY_TREES
+                    .iter()
+                    .find(|(name, _)| *name == seen.format)
+                    .map(|(_, tree)| tree.to_string())
+            })
+            .unwrap_or_else(|| NO_TREE.to_string()),
+        None => NO_TREE.to_string(),
+    };
+    OsString::from(format!("--attr-source={source}"))
+}
+
+/// [`seen`] for `dir`, kept once known (a directory's repository does not change under it).
+fn seen_cached(dir: &Path) -> Option<Seen> {
+    static KNOWN: OnceLock<Mutex<HashMap<PathBuf, Seen>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(seen) = known.lock().ok().and_then(|k| k.get(dir).cloned()) {
+        return Some(seen);
+    }
+    let seen = crate::head::off_async_workers(|| seen(dir))?;
+    keep(known, dir, seen.clone());
+    Some(seen)
+}
+
+/// The object format and common directory of `dir`'s repository: from its files where they
+/// answer, else asked of git as it discovers the repository from `dir`, then with `dir` as
+/// the git directory (a bare repository under `safe.bareRepository=explicit` is not
+/// discovered); `None` when neither answers.
+fn seen(dir: &Path) -> Option<Seen> {
     // Most repositories, and directories in none: a few small files answer, and no git has to
     // start (git asked for each worktree, transfer quarantine and `git init` made a run of 40
     // loops over 4 hosts ~15% slower).
     match crate::head::format_by_files(dir) {
-        FormatByFiles::Sha1 => return Some("sha1".to_string()),
+        FormatByFiles::Sha1 { common_dir } => {
+            return Some(Seen {
+                format: "sha1".to_string(),
+                common_dir: common_dir.canonicalize().ok(),
+            });
+        }
         FormatByFiles::NoRepository => return None,
         FormatByFiles::AskGit => {}
     }
@@ -225,19 +364,41 @@ fn object_format(dir: &Path) -> Option<String> {
         let mut cmd = crate::daemon_git::unguarded(dir);
         cmd.args(explicit);
         let Ok(out) = cmd
-            .args(["rev-parse", "--show-object-format"])
+            .args([
+                "rev-parse",
+                "--show-object-format",
+                "--path-format=absolute",
+                "--git-common-dir",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .output()
         else {
             continue;
         };
-        let format = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        // The format's line, then the common directory's (which may hold any byte).
+        let Some((format, common)) = format_and_common_dir(&out.stdout) else {
+            continue;
+        };
+        let format = String::from_utf8_lossy(format).trim().to_string();
         if out.status.success() && !format.is_empty() {
-            return Some(format);
+            return Some(Seen {
+                format,
+                common_dir: (!common.is_empty())
+                    .then(|| Path::new(OsStr::from_bytes(common)).canonicalize().ok())
+                    .flatten(),
+            });
         }
     }
     None
+}
+
+/// Splits `rev-parse --show-object-format --git-common-dir` output: the format's line, then
+/// the common directory's (which may hold any byte but ends with a newline).
+fn format_and_common_dir(out: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = out.iter().position(|b| *b == b'\n')?;
+    let (format, rest) = out.split_at(at);
+    Some((format, rest.get(1..)?.strip_suffix(b"\n")?))
 }
 
 /// The overrides that turn off every filter, diff and merge driver the config seen from `dir`
@@ -261,8 +422,12 @@ fn drivers_off(dir: &Path) -> Option<Overrides> {
 /// ending in NUL, each a key, then a newline and the value when there is one).
 fn overrides(listed: &[u8]) -> Overrides {
     let mut settings: Overrides = Vec::new();
+    let lfs_is_git_lfs = git_lfs_filter_only(listed);
     for entry in listed.split(|b| *b == 0) {
         let key = entry.split(|b| *b == b'\n').next().unwrap_or_default();
+        if lfs_is_git_lfs && key.starts_with(b"filter.lfs.") {
+            continue;
+        }
         let (Some(first), Some(last)) = (
             key.iter().position(|b| *b == b'.'),
             key.iter().rposition(|b| *b == b'.'),
@@ -297,6 +462,41 @@ fn overrides(listed: &[u8]) -> Overrides {
         }
     }
     settings
+}
+
+/// Whether the config's `filter.lfs` is git-lfs's own, as `git lfs install` writes it (every
+/// command `git-lfs` with plain options, `required` a boolean): that filter is left on below
+/// git 2.42. Its clean step stores content under the repository's `lfs/objects` and fetches
+/// nothing (`.lfsconfig`, which a loop can write, can name no storage or program), and its
+/// smudge is skipped (`GIT_LFS_SKIP_SMUDGE`, [`crate::daemon_git`]); turned off, the user's
+/// LFS checkout looked changed to the daemon's git (its files against the pointers
+/// committed), which refused to merge into it.
+fn git_lfs_filter_only(listed: &[u8]) -> bool {
+    let plain = |value: &[u8]| {
+        value.starts_with(b"git-lfs ")
+            && value
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'-' | b'%'))
+    };
+    let mut found = false;
+    for entry in listed.split(|b| *b == 0) {
+        let mut lines = entry.splitn(2, |b| *b == b'\n');
+        let key = lines.next().unwrap_or_default();
+        let Some(variable) = key.strip_prefix(b"filter.lfs.") else {
+            continue;
+        };
+        found = true;
+        let value = lines.next().unwrap_or_default();
+        let own = match variable {
+            b"clean" | b"smudge" | b"process" => plain(value),
+            b"required" => matches!(value, b"true" | b"false"),
+            _ => false,
+        };
+        if !own {
+            return false;
+        }
+    }
+    found
 }
 
 /// `(major, minor)` of the git on `PATH`, asked once per process; `None` when it cannot be
@@ -344,13 +544,30 @@ diff.tool.command\nmeld\0merge.union2.driver\nu %A\0merge.union2.name\nunion\0di
                 (format!("filter.{name}.required"), Value::False),
             ]
         };
+        // git-lfs's own filter, as `git lfs install` writes it, stays on.
         let mut want: Vec<(String, Value)> = Vec::new();
-        want.extend(filter("lfs"));
         want.extend(filter("a.b"));
         want.push(("diff.pdf.textconv".into(), Value::Cat));
         want.push(("diff.tool.command".into(), Value::False));
         want.push(("merge.union2.driver".into(), Value::False));
         assert_eq!(keys(&overrides(listed)), want);
+        // Any other command under the name `lfs` turns all of it off.
+        for other in [
+            &b"filter.lfs.clean\ngit-lfs clean -- %f; touch /tmp/x\0"[..],
+            b"filter.lfs.clean\n/usr/local/bin/git-lfs clean -- %f\0",
+            b"filter.lfs.smudge\nsh -c x\0filter.lfs.process\ngit-lfs filter-process\0",
+            b"filter.lfs.required\nyes\0",
+            b"filter.lfs.other\ngit-lfs x\0",
+        ] {
+            let mut listed = listed.to_vec();
+            listed.extend_from_slice(other);
+            let off = keys(&overrides(&listed));
+            assert!(
+                filter("lfs").iter().all(|f| off.contains(f)),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
         assert!(overrides(b"").is_empty());
         assert!(overrides(b"diff.noname\0merge.x.name\ny\0").is_empty());
         // A name with `=` or bytes that are not UTF-8 is kept as git printed it.
@@ -453,6 +670,124 @@ diff.tool.command\nmeld\0merge.union2.driver\nu %A\0merge.union2.name\nunion\0di
         std::thread::sleep(DRIVERS_RECHECKED_AFTER + Duration::from_millis(50));
         // ...and then the new driver is off.
         assert!(off(repo));
+    }
+
+    /// A SHA-1 repository at `repo` with one commit holding `attributes` as `.gitattributes`;
+    /// returns the commit.
+    fn repo_with_attributes(repo: &Path, attributes: &str) -> String {
+        std::fs::create_dir_all(repo).unwrap();
+        let git = |args: &[&str]| {
+            let out = crate::daemon_git::unguarded(repo)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        git(&["init", "-q"]);
+        std::fs::write(repo.join(".gitattributes"), attributes).unwrap();
+        git(&["add", "-A"]);
+        git(&[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "-m",
+            "attributes",
+        ]);
+        git(&["rev-parse", "HEAD"])
+    }
+
+    #[test]
+    fn a_trusted_commits_attributes_are_the_source_and_a_refused_one_leaves_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        let commit = repo_with_attributes(&repo, "*.up filter=x\n");
+        let empty = format!("--attr-source={}", EMPTY_TREES[0].1);
+        assert_eq!(attr_source(&repo), empty.as_str());
+        trust(&repo, &commit).unwrap();
+        let trusted = format!("--attr-source={commit}");
+        // In the repository, a directory of it, and a worktree of it (one common directory).
+        let linked = tmp.path().join("linked");
+        let out = crate::daemon_git::unguarded(&repo)
+            .args(["worktree", "add", "-q", "--detach"])
+            .arg(&linked)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        std::fs::create_dir_all(repo.join("sub")).unwrap();
+        for at in [&repo, &repo.join("sub"), &linked] {
+            assert_eq!(attr_source(at), trusted.as_str(), "{at:?}");
+        }
+        // Another repository is not covered.
+        let other = tmp.path().join("other");
+        repo_with_attributes(&other, "");
+        assert_eq!(attr_source(&other), empty.as_str());
+        // What is refused, and why; each refusal forgets the commit trusted before.
+        let refusals = [
+            ("HEAD".to_string(), "is not a full commit id"),
+            (commit.to_uppercase(), "is not a full commit id"),
+            ("ab".repeat(32), "is not an id of the sha1 repository"),
+            ("0".repeat(40), "has no commit"),
+        ];
+        for (id, why) in refusals {
+            trust(&repo, &commit).unwrap();
+            let refused = trust(&repo, &id).unwrap_err();
+            assert!(refused.to_string().contains(why), "{id}: {refused}");
+            assert_eq!(attr_source(&linked), empty.as_str(), "{id}");
+        }
+        let nowhere = tmp.path().join("nowhere");
+        std::fs::create_dir_all(&nowhere).unwrap();
+        assert_eq!(
+            trust(&nowhere, &commit),
+            Err(TrustError::NoRepository(nowhere.clone()))
+        );
+        // Trusted again, then forgotten.
+        trust(&repo, &commit).unwrap();
+        assert_eq!(attr_source(&linked), trusted.as_str());
+        distrust(&linked);
+        assert_eq!(attr_source(&repo), empty.as_str());
+    }
+
+    #[test]
+    fn git_reads_the_trusted_commits_attributes_not_the_worktrees() {
+        if git_version().is_none_or(|v| v < ATTR_SOURCE_SINCE) {
+            // Below 2.42 git takes no source (the drivers are off instead: tested above).
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        let commit = repo_with_attributes(&repo, "*.up filter=upper\n");
+        let git = |args: &[&str]| {
+            let out = crate::daemon_git::command(&repo)
+                .args(["-c", "filter.upper.clean=tr a-z A-Z"])
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        // The worktree's own attributes (as a loop writes them) name the filter for `*.txt`.
+        std::fs::write(
+            repo.join(".gitattributes"),
+            "*.up filter=upper\n*.txt filter=upper\n",
+        )
+        .unwrap();
+        std::fs::write(repo.join("a.up"), "a\n").unwrap();
+        std::fs::write(repo.join("a.txt"), "a\n").unwrap();
+        let staged = |git: &dyn Fn(&[&str]) -> String| {
+            git(&["add", "-A"]);
+            [git(&["show", ":a.up"]), git(&["show", ":a.txt"])]
+        };
+        // Nothing trusted: no attributes at all.
+        assert_eq!(staged(&git), ["a\n", "a\n"]);
+        git(&["rm", "-q", "--cached", "a.up", "a.txt"]);
+        trust(&repo, &commit).unwrap();
+        // The commit's attributes, not the worktree's.
+        assert_eq!(staged(&git), ["A\n", "a\n"]);
+        distrust(&repo);
     }
 
     #[test]

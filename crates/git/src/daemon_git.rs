@@ -78,6 +78,11 @@ pub(crate) fn unguarded(dir: &Path) -> std::process::Command {
     .stdin(Stdio::null())
     .env("GIT_TERMINAL_PROMPT", "0")
     .env("GIT_EDITOR", "true")
+    // git-lfs's smudge fetches from the URL in the checkout's `.lfsconfig`, which a loop can
+    // write, with the user's credentials: the daemon's checkouts keep LFS pointers as they
+    // are (its clean filter, which fetches nothing, still runs where the user's attributes
+    // name it).
+    .env("GIT_LFS_SKIP_SMUDGE", "1")
     .process_group(0);
     for key in SCRUBBED_ENV {
         cmd.env_remove(key);

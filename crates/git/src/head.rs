@@ -139,11 +139,12 @@ pub fn head_from_files(dir: &Path) -> HeadFromFiles {
 
 /// What the files say of the object format of the repository holding `dir`, or of the git
 /// directory `dir` is (a bare repository, named with `--git-dir`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FormatByFiles {
     /// SHA-1 object ids: the config names no extension (git reads `extensions.objectFormat`
-    /// from that one file).
-    Sha1,
+    /// from that one file). With the repository's common directory (shared refs and
+    /// objects), as the files name it.
+    Sha1 { common_dir: PathBuf },
     /// No repository: no `.git` from `dir` up and `dir` is no git directory, so git finds
     /// none either way.
     NoRepository,
@@ -162,15 +163,18 @@ pub(crate) fn format_by_files(dir: &Path) -> FormatByFiles {
     }
     match discover(dir) {
         // Found only when its config names no extension (`FoundRepo::at`).
-        Ok(Some(_)) => FormatByFiles::Sha1,
+        Ok(Some(repo)) => FormatByFiles::Sha1 {
+            common_dir: repo.common_dir,
+        },
         // Discovery also stops at a directory holding `HEAD` (below), so `dir` is none.
         Ok(None) => FormatByFiles::NoRepository,
         Err(_) => {
             let head = std::fs::symlink_metadata(dir.join("HEAD")).is_ok_and(|m| m.is_file());
-            if head && FoundRepo::at(dir.to_path_buf()).is_ok() {
-                FormatByFiles::Sha1
-            } else {
-                FormatByFiles::AskGit
+            match FoundRepo::at(dir.to_path_buf()) {
+                Ok(repo) if head => FormatByFiles::Sha1 {
+                    common_dir: repo.common_dir,
+                },
+                _ => FormatByFiles::AskGit,
             }
         }
     }
@@ -910,7 +914,18 @@ mod tests {
         git(&repo, &["worktree", "add", "-q", linked.to_str().unwrap()]);
         for at in [repo.clone(), repo.join("src"), bare.clone(), linked] {
             assert_eq!(format(&at), "sha1", "{at:?}");
-            assert_eq!(format_by_files(&at), FormatByFiles::Sha1, "{at:?}");
+            // And the common directory is git's.
+            let common = git(
+                &at,
+                &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+            );
+            let common = Path::new(common.trim()).canonicalize().unwrap();
+            match format_by_files(&at) {
+                FormatByFiles::Sha1 { common_dir } => {
+                    assert_eq!(common_dir.canonicalize().unwrap(), common, "{at:?}")
+                }
+                other => panic!("{at:?}: {other:?}"),
+            }
         }
         // SHA-256: git answers; and no repository at all.
         let sha256 = dir.path().join("sha256");

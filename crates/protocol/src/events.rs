@@ -28,6 +28,11 @@ pub enum EventKind {
         /// How the run's commands are confined.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<td_confine::SandboxReport>,
+        /// The commit whose `.gitattributes` the daemon's own git reads (the repository's
+        /// HEAD when the run first started; `td_git::attributes::trust`); kept by a resumed
+        /// run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attributes_from: Option<String>,
     },
     /// A loop's new worktree was seeded with build state from the base checkout (`warm:`),
     /// before the loop started.

@@ -516,6 +516,24 @@ impl HostLoops {
         Ok(m)
     }
 
+    /// Has this host's own git read `.gitattributes` in the mirror (and so in every loop's
+    /// worktree) from `commit`, the run's (a commit the user made), or from none: never from
+    /// what a loop wrote (`td_git::attributes`). A commit the mirror lacks is refused, and
+    /// none is read.
+    fn trust_attributes(&self, name: &str, commit: Option<&str>) {
+        let mirror = self.workdir.join("mirror");
+        let Some(commit) = commit else {
+            td_git::attributes::distrust(&mirror);
+            return;
+        };
+        if let Err(e) = td_git::attributes::trust(&mirror, commit) {
+            eprintln!(
+                "taskdaemon host: loop {name}: this host's git reads no .gitattributes: {}",
+                td_base::secrets::redact(&e.to_string())
+            );
+        }
+    }
+
     /// Fetches the loop's base, makes its worktree, and starts it.
     async fn set_up(self: &Arc<Self>, start: StartLoop) -> Result<(), String> {
         let name = start.loop_name.clone();
@@ -547,6 +565,7 @@ impl HostLoops {
                 received?;
             }
         }
+        self.trust_attributes(&name, start.attributes_from.as_deref());
         // Not while an earlier start of this loop is still being cleaned up.
         let held = self.locks.hold(&name).await;
         let worktree = guard::make_worktree(&mirror, &self.workdir, &start).await?;

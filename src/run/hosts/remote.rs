@@ -136,6 +136,9 @@ pub struct HeadSide {
     /// past it its next batch is refused, and its host stops it saying why, so that a host
     /// cannot fill the head's disk.
     pub max_record_bytes: u64,
+    /// The commit whose `.gitattributes` the hosts' own git reads (the run's, trusted on the
+    /// head: `td_git::attributes::trust`); `None` for none.
+    pub attributes_from: Option<String>,
 }
 
 /// The longest a lost host's loops wait, before they are handed to the run, for a records
@@ -554,6 +557,7 @@ impl RemoteLoops {
             .fetch_add(1, Ordering::SeqCst)
             .saturating_add(1);
         placed.start.attempt = attempt;
+        placed.start.attributes_from = self.side.attributes_from.clone();
         lock(&self.loops).insert(
             name.clone(),
             Entry {

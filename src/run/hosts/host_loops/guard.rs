@@ -347,6 +347,7 @@ mod tests {
             limits: HostLimits::default(),
             pricing: WirePricing::default(),
             base_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            attributes_from: None,
             branch: branch.to_string(),
             sandbox: serde_json::json!({}),
             catalog: serde_json::json!({}),
