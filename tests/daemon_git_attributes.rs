@@ -16,7 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::machine_gits::{gits, run, version};
+use common::machine_gits::{case_dirs, gits, run, run_failed, version};
 
 /// Writes an executable script `name` into `dir` that appends `name` to `flag`, then runs
 /// `then` (what the driver must do to look like one).
@@ -102,11 +102,8 @@ fn a_loops_gitattributes_choose_no_program_the_daemons_git_runs() {
     for git_dir in gits() {
         let which = version(&git_dir);
         for format in ["sha1", "sha256"] {
-            let tmp = tempfile::tempdir().unwrap();
-            let root = tmp.path().canonicalize().unwrap();
+            let (_tmp, root, home) = case_dirs();
             let flag = root.join("driver-ran.txt");
-            let home = root.join("home");
-            std::fs::create_dir_all(home.join(".config")).unwrap();
             std::fs::write(home.join(".gitconfig"), user_config(&root, &flag)).unwrap();
             let repo = root.join("repo");
             make_repo(&repo, format);
@@ -119,12 +116,8 @@ fn a_loops_gitattributes_choose_no_program_the_daemons_git_runs() {
             if !drivers.is_empty() {
                 problems.push(format!("{case}: ran {}", drivers.replace('\n', " ")));
             }
-            if !out.status.success() {
-                problems.push(format!(
-                    "{case}: the run failed\n{}\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
+            if let Some(failed) = run_failed(&case, &out) {
+                problems.push(failed);
                 continue;
             }
             // Both loops' work reached main, merged by git's own three-way merge, with the
@@ -181,10 +174,7 @@ fn the_users_committed_attributes_still_apply_to_what_loops_write() {
             .collect();
         let reads_a_commit = (numbers[0], numbers[1]) >= (2, 42);
         for format in ["sha1", "sha256"] {
-            let tmp = tempfile::tempdir().unwrap();
-            let root = tmp.path().canonicalize().unwrap();
-            let home = root.join("home");
-            std::fs::create_dir_all(home.join(".config")).unwrap();
+            let (_tmp, root, home) = case_dirs();
             std::fs::write(
                 home.join(".gitconfig"),
                 "[filter \"td-upper\"]\n\tclean = tr a-z A-Z\n",
@@ -205,12 +195,8 @@ fn the_users_committed_attributes_still_apply_to_what_loops_write() {
             std::fs::write(&config, CONFIG.replace("notes.txt", "shared.log")).unwrap();
             let out = run(&config, &git_dir, &home);
             let case = format!("{which}, {format}");
-            if !out.status.success() {
-                problems.push(format!(
-                    "{case}: the run failed\n{}\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
+            if let Some(failed) = run_failed(&case, &out) {
+                problems.push(failed);
                 continue;
             }
             let show = |path: &str| common::git(&repo, &["show", &format!("main:{path}")]);

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod common;
-use common::machine_gits::{gits, run, version};
+use common::machine_gits::{case_dirs, gits, run, run_failed, version};
 
 /// The pointer git-lfs writes for an object of `size` bytes with id `oid`.
 fn pointer(oid: &str, size: usize) -> String {
@@ -72,10 +72,7 @@ fn git_lfs_cleans_what_loops_write_and_never_fetches_for_the_daemon() {
     let mut problems = Vec::new();
     for git_dir in gits() {
         let which = version(&git_dir);
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().canonicalize().unwrap();
-        let home = root.join("home");
-        std::fs::create_dir_all(home.join(".config")).unwrap();
+        let (_tmp, root, home) = case_dirs();
         users_git(&root, &home, &["lfs", "install", "--skip-repo"]);
         let repo = root.join("repo");
         std::fs::create_dir_all(&repo).unwrap();
@@ -110,20 +107,15 @@ fn git_lfs_cleans_what_loops_write_and_never_fetches_for_the_daemon() {
         .unwrap();
         let out = run(&config, &git_dir, &home);
         let case = which.clone();
-        if !out.status.success() {
-            problems.push(format!(
-                "{case}: the run failed\n{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        let failed = run_failed(&case, &out);
+        problems.extend(failed.clone());
         let made = connections.load(Ordering::SeqCst);
         if made > 0 {
             problems.push(format!(
                 "{case}: git-lfs connected {made} time(s) to the loop's .lfsconfig URL"
             ));
         }
-        if !out.status.success() {
+        if failed.is_some() {
             continue;
         }
         // What `main` holds for the loop's new file: a pointer (git-lfs's clean ran, with

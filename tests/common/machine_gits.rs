@@ -53,3 +53,24 @@ pub fn run(config: &Path, git_dir: &Path, home: &Path) -> Output {
         .output()
         .unwrap()
 }
+
+/// A fresh directory for one case (its path resolved) and a `HOME` in it (with `.config`),
+/// whose `.gitconfig` the daemon's git reads when [`run`] is given it.
+pub fn case_dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let home = root.join("home");
+    std::fs::create_dir_all(home.join(".config")).unwrap();
+    (tmp, root, home)
+}
+
+/// What to report when `out`, the run of `case`, failed; `None` when it succeeded.
+pub fn run_failed(case: &str, out: &Output) -> Option<String> {
+    (!out.status.success()).then(|| {
+        format!(
+            "{case}: the run failed\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
