@@ -137,8 +137,8 @@ fn a_loops_gitattributes_choose_no_program_the_daemons_git_runs() {
     );
 }
 
-/// The user's committed attributes (the run's base) name an uppercasing clean filter for `*.up`
-/// and git's own union merge for `*.log`; loop `one` adds `*.txt` to that filter in the
+/// The user's committed attributes (the run's base) name an uppercasing clean filter (and a
+/// lowercasing smudge) for `*.up` and git's own union merge for `*.log`; loop `one` adds `*.txt` to that filter in the
 /// `.gitattributes` it commits, writes `one.up` and `one.txt`, and appends to `shared.log`;
 /// loop `two` appends to `shared.log` a second later.
 const USERS_SCRIPT: &str = "\
@@ -177,7 +177,7 @@ fn the_users_committed_attributes_still_apply_to_what_loops_write() {
             let (_tmp, root, home) = case_dirs();
             std::fs::write(
                 home.join(".gitconfig"),
-                "[filter \"td-upper\"]\n\tclean = tr a-z A-Z\n",
+                "[filter \"td-upper\"]\n\tclean = tr a-z A-Z\n\tsmudge = tr A-Z a-z\n",
             )
             .unwrap();
             let repo = root.join("repo");
@@ -188,11 +188,21 @@ fn the_users_committed_attributes_still_apply_to_what_loops_write() {
             )
             .unwrap();
             std::fs::write(repo.join("shared.log"), "start\n").unwrap();
+            // Committed as the clean filter makes it (the test's git has no such filter).
+            std::fs::write(repo.join("base.up"), "X\n").unwrap();
             common::git(&repo, &["add", "-A"]);
             common::git(&repo, &["commit", "-q", "-m", "the user's attributes"]);
             std::fs::write(root.join("script.yml"), USERS_SCRIPT).unwrap();
             let config = root.join("taskdaemon.yml");
-            std::fs::write(&config, CONFIG.replace("notes.txt", "shared.log")).unwrap();
+            // Loop `one`'s worktree holds `base.up` as the user's smudge filter makes it (the
+            // daemon's checkout), or as committed where older git runs no driver.
+            let smudged = if reads_a_commit { "x" } else { "X" };
+            let config_text = CONFIG.replace("notes.txt", "shared.log").replacen(
+                "validation: 'test -s shared.log'",
+                &format!("validation: 'grep -qx {smudged} base.up'"),
+                1,
+            );
+            std::fs::write(&config, config_text).unwrap();
             let out = run(&config, &git_dir, &home);
             let case = format!("{which}, {format}");
             if let Some(failed) = run_failed(&case, &out) {

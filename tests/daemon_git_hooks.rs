@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 mod common;
-use common::machine_gits::{gits, run, version};
+use common::machine_gits::{case_dirs, gits, run, version};
 
 /// Every hook git may run for the daemon's commands (and a few more, should a git version
 /// start running them).
@@ -58,11 +58,8 @@ fn checkpoints_worktrees_and_merges_run_no_hook_of_the_repository() {
     // Every git and scenario is tried before judging, so a failure shows them all.
     let mut ran_hooks = Vec::new();
     for git_dir in gits() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().canonicalize().unwrap();
+        let (_tmp, root, home) = case_dirs();
         let flag = root.join("hook-ran.txt");
-        let home = root.join("home");
-        std::fs::create_dir_all(home.join(".config")).unwrap();
         // Hooks in the user's global config, in `.git/hooks`, and (husky style) in the
         // worktree itself, where a loop could rewrite them: the repository's own config
         // points there.

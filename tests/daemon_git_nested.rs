@@ -11,7 +11,7 @@
 use std::path::Path;
 
 mod common;
-use common::machine_gits::{gits, run, version};
+use common::machine_gits::{case_dirs, gits, run, version};
 
 const CONFIG: &str = "repo: repo\nllm: {provider: scripted, script: script.yml}\nmerge: true\n\
      loops:\n  - {name: one, type: code, task: Work., validation: 'test -s one.txt'}\n";
@@ -34,10 +34,7 @@ fn a_nested_git_file_puts_no_outside_commit_in_a_loops_branch() {
     let mut problems = Vec::new();
     for git_dir in gits() {
         let which = version(&git_dir);
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().canonicalize().unwrap();
-        let home = root.join("home");
-        std::fs::create_dir_all(home.join(".config")).unwrap();
+        let (_tmp, root, home) = case_dirs();
         let secret = root.join("secret-repo");
         common::init_repo(&secret, &[("private.txt", "private\n")]);
         let secret_head = common::git(&secret, &["rev-parse", "HEAD"])
