@@ -1960,3 +1960,49 @@ async fn finish_loop(
     }
     status
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resumed_run_reads_the_attributes_of_the_commit_it_first_started_from() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        git(dir, &["init", "-q", "-b", "main"]);
+        std::fs::write(dir.join(".gitattributes"), "*.a filter=x\n").unwrap();
+        git(dir, &["add", "-A"]);
+        git(dir, &["commit", "-q", "-m", "first"]);
+        let first = git(dir, &["rev-parse", "HEAD"]);
+        // What a loop's merged work could have changed since the run first started.
+        std::fs::write(dir.join(".gitattributes"), "* filter=x\n").unwrap();
+        git(dir, &["commit", "-q", "-am", "second"]);
+        let second = git(dir, &["rev-parse", "HEAD"]);
+        let repo = Repo::open(dir).await.unwrap();
+        // A new run: HEAD now.
+        assert_eq!(trust_attributes(&repo, None), Some(second.clone()));
+        // A resumed one: the commit it recorded.
+        let mut summary = RunSummary {
+            attributes_from: Some(first.clone()),
+            ..RunSummary::default()
+        };
+        assert_eq!(trust_attributes(&repo, Some(&summary)), Some(first));
+        // A record of before the field: HEAD now.
+        summary.attributes_from = None;
+        assert_eq!(trust_attributes(&repo, Some(&summary)), Some(second));
+        // A recorded commit the repository lacks: none read.
+        summary.attributes_from = Some("0".repeat(40));
+        assert_eq!(trust_attributes(&repo, Some(&summary)), None);
+    }
+}

@@ -1374,6 +1374,30 @@ mod tests {
     }
 
     #[test]
+    fn a_rebuilt_summary_keeps_the_commit_whose_attributes_the_run_reads() {
+        let mut summary = RunSummary::default();
+        let commit = "ab".repeat(20);
+        let started = |attributes_from: Option<String>| Event {
+            seq: 1,
+            time: "2025-01-01T00:00:00Z".into(),
+            kind: EventKind::RunStarted {
+                run_id: "r".into(),
+                config: None,
+                loops: Vec::new(),
+                sandbox: None,
+                attributes_from,
+            },
+        };
+        apply_event(&mut summary, &started(Some(commit.clone())));
+        assert_eq!(summary.attributes_from.as_deref(), Some(commit.as_str()));
+        // A record of before the field (none) leaves it as it was.
+        apply_event(&mut summary, &started(None));
+        assert_eq!(summary.attributes_from.as_deref(), Some(commit.as_str()));
+        let written = serde_json::to_value(&summary).unwrap();
+        assert_eq!(written["attributes_from"], commit.as_str());
+    }
+
+    #[test]
     fn a_rebuilt_summary_shows_where_each_loop_started_and_moved() {
         let mut summary = RunSummary::default();
         let event = |seq, kind| Event {
