@@ -2,13 +2,15 @@
 //! `*.bin filter=lfs` still turns what a loop writes into LFS pointers on the way into a
 //! commit (git 2.42 and newer read the run's commit's attributes; below, git-lfs's own filter
 //! is the one driver left on), the user's LFS checkout does not look changed to the daemon's
-//! git (it merges into it), and git-lfs never fetches for the daemon's git: its smudge would fetch a missing object
-//! from the URL in the checkout's `.lfsconfig`, which a loop can write, with the user's
-//! credentials and outside every sandbox.
+//! git (it merges into it), loops' worktrees hold the content of the LFS objects the user's
+//! repository has, and git-lfs never fetches for the daemon's git: its smudge would fetch a
+//! missing object from the URL in the checkout's `.lfsconfig`, which a loop can write, with
+//! the user's credentials and outside every sandbox.
 //!
 //! The user's `HOME` has git-lfs installed (`git lfs install --skip-repo`). Loop `one`
-//! writes `new.bin` and a `.lfsconfig` naming a listener of the test's as the LFS server;
-//! loop `two`, merged after it, writes `ghost.bin`, the pointer of an object nobody has: the
+//! checks that its worktree holds the user's `base.bin` (not its pointer), and writes
+//! `new.bin` and a `.lfsconfig` naming a listener of the test's as the LFS server; loop
+//! `two`, merged after it, writes `ghost.bin`, the pointer of an object nobody has: the
 //! merge queue checks that out on `main` (where `one`'s `.lfsconfig` is), in its scratch
 //! worktree and in the user's checkout, where a smudge would ask the listener for the ghost.
 //! Each git on this machine is put first on `PATH` in turn.
@@ -62,7 +64,7 @@ fn users_git(repo: &Path, home: &Path, args: &[&str]) -> String {
 }
 
 #[test]
-fn git_lfs_cleans_what_loops_write_and_never_fetches_for_the_daemon() {
+fn git_lfs_fills_loops_worktrees_from_local_objects_cleans_what_they_write_and_never_fetches() {
     common::debian_packages::install(&["git-lfs"], &["/usr/bin/git-lfs"], "the LFS test");
     let lfs = Command::new("git-lfs").arg("version").output();
     assert!(
@@ -101,7 +103,7 @@ fn git_lfs_cleans_what_loops_write_and_never_fetches_for_the_daemon() {
         std::fs::write(
             &config,
             "repo: repo\nllm: {provider: scripted, script: script.yml}\nmerge: true\n\
-             loops:\n  - {name: one, type: code, task: Add files., validation: 'test -s new.bin'}\n  \
+             loops:\n  - {name: one, type: code, task: Add files., validation: 'test -s new.bin && grep -q large base.bin'}\n  \
              - {name: two, type: code, task: Add files., validation: 'test -s ghost.bin'}\n",
         )
         .unwrap();
@@ -134,6 +136,20 @@ fn git_lfs_cleans_what_loops_write_and_never_fetches_for_the_daemon() {
             .join(&oid);
         if std::fs::read_to_string(&object).ok().as_deref() != Some(content) {
             problems.push(format!("{case}: no LFS object at {}", object.display()));
+        }
+        // The user's checkout, advanced by the merge queue: the loop's file as content (its
+        // object is here), the ghost as the pointer it is (no object anywhere).
+        let checked_out = std::fs::read_to_string(repo.join("new.bin")).unwrap_or_default();
+        if checked_out != content {
+            problems.push(format!(
+                "{case}: the user's checkout has new.bin {checked_out:?}, not its content"
+            ));
+        }
+        let ghost = std::fs::read_to_string(repo.join("ghost.bin")).unwrap_or_default();
+        if !ghost.starts_with("version https://git-lfs.github.com/spec/v1\n") {
+            problems.push(format!(
+                "{case}: the user's checkout has ghost.bin {ghost:?}"
+            ));
         }
     }
     assert!(

@@ -34,9 +34,9 @@
 //!   command gets a `-c` git refuses, so it does not run. Attributes that name no driver
 //!   (`text`, `eol`) still come from wherever git reads them.
 //!
-//! git-lfs's smudge never runs in the daemon's git (`GIT_LFS_SKIP_SMUDGE`, see
-//! [`crate::daemon_git`]): its checkouts hold LFS pointers. The loops' own git, confined,
-//! reads attributes as usual.
+//! git-lfs fetches nothing for the daemon's git (`NO_LFS_FETCH`, see [`crate::daemon_git`]):
+//! its smudge fills checkouts from the repository's own LFS objects and leaves the pointer
+//! of one it lacks. The loops' own git, confined, reads attributes as usual.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -530,9 +530,9 @@ fn overrides(listed: &[u8]) -> Overrides {
 /// command `git-lfs` with plain options, `required` a boolean): that filter is left on below
 /// git 2.42. Its clean step stores content under the repository's `lfs/objects` and fetches
 /// nothing (`.lfsconfig`, which a loop can write, can name no storage or program), and its
-/// smudge is skipped (`GIT_LFS_SKIP_SMUDGE`, [`crate::daemon_git`]); turned off, the user's
-/// LFS checkout looked changed to the daemon's git (its files against the pointers
-/// committed), which refused to merge into it.
+/// smudge reads only the repository's own objects (`NO_LFS_FETCH`, [`crate::daemon_git`]);
+/// turned off, the user's LFS checkout looked changed to the daemon's git (its files against
+/// the pointers committed), which refused to merge into it.
 fn git_lfs_filter_only(listed: &[u8]) -> bool {
     let plain = |value: &[u8]| {
         value.starts_with(b"git-lfs ")

@@ -21,6 +21,21 @@ use std::process::Stdio;
 /// machine).
 pub const NO_HOOKS: [&str; 2] = ["-c", "core.hooksPath=/dev/null"];
 
+/// Arguments that keep git-lfs from fetching anything for the daemon's git, while its smudge
+/// still fills a checkout from the objects the repository has (`.git/lfs/objects`: the
+/// user's own, and what the clean filter stored for loops' commits). Unpinned, a smudge of
+/// an object the repository lacks fetches it from the URL in the checkout's `.lfsconfig`,
+/// which a loop can write, with the user's credentials and outside every sandbox. `lfs.url`
+/// given with `-c` wins over `.lfsconfig` and over every remote's URL, and reaches git-lfs
+/// through `GIT_CONFIG_PARAMETERS`; a `file://` URL is served by git-lfs's own standalone
+/// transfer, which reads a local repository: no network, no credential helper, no program
+/// of a config. Why `/dev/null/…`: as for [`NO_HOOKS`], no one can make that path exist.
+/// Checked with git-lfs 3.3 under git 2.39 and 2.47 (`tests/daemon_git_lfs.rs`).
+pub const NO_LFS_FETCH: [&str; 2] = [
+    "-c",
+    "lfs.url=file:///dev/null/taskdaemon-fetches-no-lfs-object",
+];
+
 /// Environment variables removed from every git command the daemon runs for a repository it
 /// names: each would make git act on another repository, index or identity (a daemon
 /// started from a git hook inherits them).
@@ -46,8 +61,10 @@ pub const SCRUBBED_ENV: &[&str] = &[
 ///   entered by status or diff: a loop's commands may create a nested repository in its
 ///   worktree, and its config must not run anything when the daemon's unconfined git looks
 ///   into it (`-c` reaches git's child processes too, through `GIT_CONFIG_PARAMETERS`);
-/// - no `.gitattributes` read, or below git 2.42 no driver they name run
+/// - no `.gitattributes` read but the user's, or below git 2.42 no driver run but git-lfs's
 ///   ([`crate::attributes`]): a loop writes them, and they choose programs git runs;
+/// - git-lfs fetches nothing ([`NO_LFS_FETCH`]): its smudge fills checkouts from the
+///   repository's own LFS objects, and leaves a pointer where the object is missing;
 /// - stdin closed, no terminal prompt, a no-op editor;
 /// - its own process group: a Ctrl-C at the terminal goes to the foreground group, and must
 ///   reach the daemon (which stops cleanly), never a git halfway through;
@@ -78,11 +95,10 @@ pub(crate) fn unguarded(dir: &Path) -> std::process::Command {
     .stdin(Stdio::null())
     .env("GIT_TERMINAL_PROMPT", "0")
     .env("GIT_EDITOR", "true")
-    // git-lfs's smudge fetches from the URL in the checkout's `.lfsconfig`, which a loop can
-    // write, with the user's credentials: the daemon's checkouts keep LFS pointers as they
-    // are (its clean filter, which fetches nothing, still runs where the user's attributes
-    // name it).
-    .env("GIT_LFS_SKIP_SMUDGE", "1")
+    .args(NO_LFS_FETCH)
+    // A missing LFS object (the pinned URL above fails at once) leaves its pointer in the
+    // checkout instead of failing the whole checkout.
+    .env("GIT_LFS_SKIP_DOWNLOAD_ERRORS", "1")
     .process_group(0);
     for key in SCRUBBED_ENV {
         cmd.env_remove(key);
