@@ -1729,6 +1729,95 @@ fn a_hosts_git_reads_the_users_attributes_and_runs_no_filter_a_loop_names() {
     );
 }
 
+/// A host's git-lfs keeps the content of a file the user's attributes give it in the host's
+/// mirror and commits a pointer: the head gets the object with the branch, in its own
+/// repository's LFS storage, or its branch would point at content only the host has. The
+/// host's user has git-lfs's filter (as `git lfs install` writes it); the run's base commit
+/// says `*.bin filter=lfs`; the loop, on h1, writes `new.bin`.
+#[test]
+fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
+    common::debian_packages::install(&["git-lfs"], &["/usr/bin/git-lfs"], "the hosts LFS test");
+    let mut net = Net::new("a_hosts_loop_brings_lfs");
+    let (head_ip, _, _) = net.host("h1");
+    let content = "the loop's large file, kept by git-lfs\n";
+    let run = head_run(
+        "w:\n  turns:\n    - calls:\n        - write_file: {path: new.bin, content: \"the loop's large file, kept by git-lfs\\n\"}\n        - complete_task: {summary: done}\n",
+        "  - {name: w, type: ralph, task: \"Write new.bin.\"}\n",
+        "  placement:\n    - {loops: [w], hosts: [h1]}\n",
+    );
+    let root = run.root();
+    let repo = run.run.config.parent().unwrap().to_path_buf();
+    std::fs::write(
+        repo.join(".gitattributes"),
+        "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+    )
+    .unwrap();
+    common::git(&repo, &["add", ".gitattributes"]);
+    common::git(&repo, &["commit", "-qm", "lfs"]);
+    let home = root.join("h1-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join(".gitconfig"),
+        "[filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n\tsmudge = git-lfs smudge -- %f\n\tprocess = git-lfs filter-process\n\trequired = true\n",
+    )
+    .unwrap();
+    let mut head = run.start_head(&net, "head");
+    let (secret, workdir) = (
+        run.secret_file.display().to_string(),
+        root.join("host-h1").display().to_string(),
+    );
+    let mut h1 = net.spawn(
+        "h1",
+        &root,
+        "/usr/bin/env",
+        &[
+            &format!("HOME={}", home.display()),
+            bin(),
+            "host",
+            "--join",
+            &format!("{head_ip}:7070"),
+            "--name",
+            "h1",
+            "--secret-file",
+            &secret,
+            "--workdir",
+            &workdir,
+        ],
+    );
+    both_end(&mut head, &mut h1, 0);
+    let s = summary(&run.run.run_dir);
+    assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
+    assert_eq!(s["loops"]["w"]["status"], "completed", "{s}");
+    // The branch holds git-lfs's pointer (the host's clean filter ran)...
+    let oid = td_base::hash::sha256_hex(content.as_bytes());
+    let branch = s["loops"]["w"]["branch"].as_str().unwrap_or_default();
+    assert_eq!(
+        show(&run, &format!("{branch}:new.bin")).as_deref(),
+        Some(
+            format!(
+                "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
+                content.len()
+            )
+            .as_str()
+        ),
+        "{}",
+        h1.stderr()
+    );
+    // ...and the head's repository the content it points at, where git-lfs looks for it.
+    let object = repo
+        .join(".git/lfs/objects")
+        .join(&oid[..2])
+        .join(&oid[2..4])
+        .join(&oid);
+    assert_eq!(
+        std::fs::read_to_string(&object).ok().as_deref(),
+        Some(content),
+        "the head has no LFS object at {}\n--- h1:\n{}",
+        object.display(),
+        h1.stderr()
+    );
+}
+
 /// Waits for the head to end its run with `code`, then for host h1 to go home with 0.
 fn both_end(head: &mut Proc, h1: &mut Proc, code: i32) {
     assert_eq!(

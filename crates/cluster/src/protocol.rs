@@ -30,8 +30,10 @@ use serde_json::value::RawValue;
 /// and what its `warm:` names ([`StartLoop::warm`]): a host of 8 would build every loop cold
 /// without a word. 10: a loop's start names the commit whose `.gitattributes` the host's own
 /// git reads ([`StartLoop::attributes_from`]): a host of 9 would read none, and commit what
-/// the user's LFS or end-of-line rules would have changed as it is.
-pub const PROTOCOL: u32 = 10;
+/// the user's LFS or end-of-line rules would have changed as it is. 11: a host sends the
+/// git-lfs objects its loop's branch points at ([`FromHost::LfsChunk`]): a host of 10 kept
+/// them in its mirror, and the head's branch pointed at content it never had.
+pub const PROTOCOL: u32 = 11;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -152,6 +154,22 @@ pub enum FromHost {
     BranchChunk {
         /// The loop.
         loop_name: String,
+        /// Where the chunk goes.
+        offset: u64,
+        /// The bytes, hex.
+        data: String,
+    },
+    /// A chunk of a git-lfs object the loop's branch points at, at `offset` (answered with
+    /// `true` once the head holds the whole object, when no more of it is to be sent; else
+    /// `false`). Sent after the branch's chunks and before its [`FromHost::Checkpoint`] or
+    /// [`FromHost::Ended`]; the head keeps the object only when its bytes hash to `oid`.
+    LfsChunk {
+        /// The loop.
+        loop_name: String,
+        /// The object's id (SHA-256, lowercase hex), as its pointer names it.
+        oid: String,
+        /// Its size, as its pointer names it.
+        size: u64,
         /// Where the chunk goes.
         offset: u64,
         /// The bytes, hex.
@@ -546,7 +564,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"join":{"protocol":10,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
+            r#"{"join":{"protocol":11,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {

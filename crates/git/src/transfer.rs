@@ -35,6 +35,7 @@
 //! the `.git` file of a worktree a loop writes in is never what decides the repository).
 
 mod header;
+pub mod lfs;
 mod sent;
 #[cfg(test)]
 mod tests;

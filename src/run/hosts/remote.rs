@@ -54,6 +54,7 @@ use td_cluster::{HostAsker, HostRequest};
 use td_engine::LoopEnd;
 use td_engine::budget::Budgets;
 use td_engine::transcript::{TranscriptEntry, TranscriptSink};
+use td_git::transfer::lfs::{LfsIntake, LfsPointer, LfsReceived};
 use td_git::worktree::{Repo, Worktree};
 use td_llm::{LlmClient, LlmError, LlmRequest, Purpose};
 use td_protocol::events::{EventKind, EventLog};
@@ -906,6 +907,7 @@ impl RemoteLoops {
             | FromHost::Complete { loop_name, .. }
             | FromHost::Records { loop_name, .. }
             | FromHost::BranchChunk { loop_name, .. }
+            | FromHost::LfsChunk { loop_name, .. }
             | FromHost::Checkpoint { loop_name, .. }
             | FromHost::Coord { loop_name, .. }
             | FromHost::Ended { loop_name, .. } => loop_name.clone(),
@@ -981,6 +983,16 @@ impl RemoteLoops {
             }
             FromHost::BranchChunk { offset, data, .. } => {
                 reply.send(self.branch_chunk(&name, offset, &data));
+            }
+            FromHost::LfsChunk {
+                oid,
+                size,
+                offset,
+                data,
+                ..
+            } => {
+                let pointer = LfsPointer { oid, size };
+                reply.send(self.lfs_chunk(&name, pointer, offset, data).await);
             }
             FromHost::Checkpoint {
                 iteration, branch, ..
@@ -1632,6 +1644,41 @@ impl RemoteLoops {
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         entry.branch_bytes = total;
         Ok(())
+    }
+
+    /// Takes a chunk of a git-lfs object loop `name`'s branch points at (see
+    /// [`td_git::transfer::lfs`]): counted with its branch's bytes against
+    /// [`MAX_BRANCH_BYTES`], put together beside its bundles, and moved into the repository's
+    /// LFS storage once whole and its bytes hash to its id. `true` once the head holds it.
+    async fn lfs_chunk(
+        &self,
+        name: &str,
+        pointer: LfsPointer,
+        offset: u64,
+        data: String,
+    ) -> Result<bool, String> {
+        let bytes =
+            hex::decode(&data).map_err(|e| format!("a chunk of an LFS object is not hex: {e}"))?;
+        let ending = lock(&self.loops).get(name).map(|e| e.ending);
+        match ending {
+            None => return Err(format!("no loop {name}")),
+            Some(true) => {
+                return Err(format!(
+                    "loop {name} ended; its branch is taken as it was sent"
+                ));
+            }
+            Some(false) => {}
+        }
+        // Together with its bundles, so that hosts cannot fill the head's disk.
+        self.sent.charge(name, bytes.len() as u64)?;
+        let intake = LfsIntake::new(&self.side.repo, &self.side.dir);
+        let owner = name.to_string();
+        // The last chunk hashes the whole object (up to MAX_BRANCH_BYTES): not on the
+        // runtime's workers.
+        tokio::task::spawn_blocking(move || intake.take_chunk(&owner, &pointer, offset, &bytes))
+            .await
+            .unwrap_or_else(|e| Err(format!("the head's LFS task failed: {e}")))
+            .map(|received| received == LfsReceived::Held)
     }
 
     /// Takes iteration `iteration`'s work of loop `name` (placement `attempt`): the bundle

@@ -25,6 +25,7 @@ use td_base::sync::lock;
 use td_cluster::HeadLink;
 use td_cluster::protocol::{BranchBundle, CHUNK_BYTES, FromHost};
 use td_git::transfer::Mirror;
+use td_git::transfer::lfs::LfsObject;
 use td_git::worktree::Worktree;
 
 use super::ask_again;
@@ -212,6 +213,16 @@ pub(super) async fn send_bundle(
     let sent = send_chunks(link, name, file, MAX_BRANCH_BYTES).await;
     let _ = std::fs::remove_file(file);
     sent?;
+    // The bundle carries the pointers of the files the user's attributes give to git-lfs;
+    // their content is in the mirror's LFS storage, and goes to the head before the branch
+    // is taken there.
+    let objects = mirror
+        .lfs_objects(base, &info.tip)
+        .await
+        .map_err(|e| format!("could not list its branch's LFS objects: {e}"))?;
+    for object in objects {
+        send_lfs_object(link, name, &object).await?;
+    }
     Ok(Some(BranchBundle {
         tip: info.tip,
         bytes: info.bytes,
@@ -236,6 +247,41 @@ async fn send_chunks(link: &HeadLink, name: &str, file: &Path, most: u64) -> Res
         offset = offset.saturating_add(piece.len() as u64);
     }
     Ok(())
+}
+
+/// Sends one git-lfs object of the loop's branch to the head in chunks
+/// ([`FromHost::LfsChunk`]), one read at a time, until the head says it holds it (at once
+/// when it had it already).
+async fn send_lfs_object(link: &HeadLink, name: &str, object: &LfsObject) -> Result<(), String> {
+    let oid = &object.pointer.oid;
+    let mut chunks = BundleChunks::open(&object.path, MAX_BRANCH_BYTES)
+        .map_err(|e| format!("LFS object {oid}: {e}"))?;
+    let mut offset = 0u64;
+    loop {
+        let piece = chunks
+            .next_chunk()
+            .map_err(|e| format!("LFS object {oid}: {e}"))?
+            .unwrap_or_default();
+        let data = hex::encode(&piece);
+        let held: bool = ask_again(link, || FromHost::LfsChunk {
+            loop_name: name.to_string(),
+            oid: oid.clone(),
+            size: object.pointer.size,
+            offset,
+            data: data.clone(),
+        })
+        .await?;
+        if held {
+            return Ok(());
+        }
+        if piece.is_empty() {
+            return Err(format!(
+                "LFS object {oid}: the head did not take it whole ({offset} of {} bytes sent)",
+                object.pointer.size
+            ));
+        }
+        offset = offset.saturating_add(piece.len() as u64);
+    }
 }
 
 /// A bundle file read [`CHUNK_BYTES`] at a time, its size checked first.

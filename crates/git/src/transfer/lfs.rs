@@ -1,0 +1,468 @@
+//! The git-lfs objects of a loop's branch, carried from a host to the head beside its bundle.
+//!
+//! Where the user's attributes say `filter=lfs`, a host's git (git-lfs's clean filter)
+//! commits a pointer and keeps the file's content in its mirror's `lfs/objects`; a bundle
+//! carries only the pointer. So the host lists the pointers its branch's new commits hold
+//! whose objects its mirror has ([`Mirror::lfs_objects`]) and sends each object's bytes;
+//! the head keeps an object only when its bytes hash to the id the pointer names
+//! ([`LfsIntake`]), so a host can add no content under another object's name.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{Mirror, Result, TransferError};
+use crate::worktree::{GitInput, Repo};
+
+/// The most bytes git-lfs reads as a pointer (its spec: pointers are under 1024 bytes).
+const MAX_POINTER_BYTES: u64 = 1024;
+
+/// The first line of every git-lfs pointer.
+const POINTER_VERSION: &str = "version https://git-lfs.github.com/spec/v1";
+
+/// What a git-lfs pointer names: its object's SHA-256 (lowercase hex) and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LfsPointer {
+    /// The object's id: the SHA-256 of its content, 64 lowercase hex digits.
+    pub oid: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// `text` read as a git-lfs pointer (as git-lfs writes one: the version line first, then
+/// sorted `key value` lines with `oid sha256:<64 hex>` and `size <decimal>`, each ending
+/// in a newline); `None` for anything else.
+pub fn parse_pointer(text: &[u8]) -> Option<LfsPointer> {
+    if text.len() as u64 >= MAX_POINTER_BYTES {
+        return None;
+    }
+    let text = std::str::from_utf8(text).ok()?;
+    let body = text.strip_suffix('\n')?;
+    let mut lines = body.split('\n');
+    if lines.next()? != POINTER_VERSION {
+        return None;
+    }
+    let (mut oid, mut size) = (None, None);
+    for line in lines {
+        let (key, value) = line.split_once(' ')?;
+        match key {
+            "oid" => {
+                let hex = value.strip_prefix("sha256:")?;
+                is_oid(hex).then_some(())?;
+                oid = Some(hex.to_string());
+            }
+            "size" => {
+                let digits = value.bytes().all(|b| b.is_ascii_digit()) && !value.is_empty();
+                size = Some(value.parse::<u64>().ok().filter(|_| digits)?);
+            }
+            // Other keys (`ext-…`) are git-lfs's to read; the object is still the oid's.
+            _ => {}
+        }
+    }
+    Some(LfsPointer {
+        oid: oid?,
+        size: size?,
+    })
+}
+
+/// Whether `text` is an LFS object id: 64 lowercase hex digits.
+pub fn is_oid(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Where git-lfs keeps object `oid` under a repository's git directory `git_dir`
+/// (`lfs/objects/<2>/<2>/<oid>`, git-lfs's default storage).
+fn object_path(git_dir: &Path, oid: &str) -> PathBuf {
+    let (a, b) = (oid.get(..2).unwrap_or(""), oid.get(2..4).unwrap_or(""));
+    git_dir
+        .join("lfs")
+        .join("objects")
+        .join(a)
+        .join(b)
+        .join(oid)
+}
+
+/// An LFS object a branch points at, with where the mirror keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LfsObject {
+    /// Its pointer.
+    pub pointer: LfsPointer,
+    /// Its file in the mirror's LFS storage.
+    pub path: PathBuf,
+}
+
+impl Mirror {
+    /// The LFS objects the commits from `base` (excluded) to `tip` point at, blobs that read
+    /// as git-lfs pointers, which the mirror's LFS storage holds at their size, each once. A
+    /// pointer whose object the mirror lacks (a loop that wrote a pointer by hand) is left
+    /// out: there is nothing to send; so is an empty one.
+    pub async fn lfs_objects(&self, base: &str, tip: &str) -> Result<Vec<LfsObject>> {
+        let target = self.target();
+        let format = target.object_format().await?;
+        super::check_id("base commit", base, format)?;
+        super::check_id("tip", tip, format)?;
+        let listed = target
+            .rev_list(
+                &["--objects", "--no-object-names"],
+                &[tip],
+                &[base.to_string()],
+            )
+            .await?;
+        let mut ids = String::new();
+        for id in listed.lines().map(str::trim).filter(|id| !id.is_empty()) {
+            ids.push_str(id);
+            ids.push('\n');
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let checked = target
+            .run(
+                &[
+                    "cat-file",
+                    "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+                ],
+                GitInput::Bytes(ids.into_bytes()),
+                "check that the mirror is readable",
+            )
+            .await?;
+        let mut small = String::new();
+        for line in checked.lines() {
+            let mut fields = line.split(' ');
+            let (Some(id), Some("blob"), Some(size)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            if size.parse::<u64>().is_ok_and(|s| s < MAX_POINTER_BYTES) {
+                small.push_str(id);
+                small.push('\n');
+            }
+        }
+        if small.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = target
+            .output(
+                &["cat-file", "--batch"],
+                GitInput::Bytes(small.into_bytes()),
+            )
+            .await?;
+        if !out.success() {
+            return Err(TransferError::Git(
+                out.into_error("check that the mirror is readable"),
+            ));
+        }
+        let mut found: Vec<LfsObject> = Vec::new();
+        for content in batch_contents(&out.stdout) {
+            let Some(pointer) = parse_pointer(content) else {
+                continue;
+            };
+            let path = object_path(&self.dir, &pointer.oid);
+            // An empty file is no LFS object (git-lfs keeps it as it is): nothing to send.
+            let held = pointer.size > 0
+                && std::fs::symlink_metadata(&path)
+                    .is_ok_and(|m| m.is_file() && m.len() == pointer.size);
+            if held && !found.iter().any(|o| o.pointer.oid == pointer.oid) {
+                found.push(LfsObject { pointer, path });
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// The contents of `git cat-file --batch`'s answer (`<id> <type> <size>\n<content>\n` each;
+/// `<id> missing\n` for none), in order; stops at anything else.
+fn batch_contents(mut out: &[u8]) -> Vec<&[u8]> {
+    let mut contents = Vec::new();
+    while let Some(end) = out.iter().position(|b| *b == b'\n') {
+        let header = String::from_utf8_lossy(out.get(..end).unwrap_or_default()).into_owned();
+        let rest = out.get(end + 1..).unwrap_or_default();
+        let size = header
+            .rsplit(' ')
+            .next()
+            .and_then(|s| s.parse::<usize>().ok())
+            .filter(|_| header.split(' ').count() == 3);
+        let Some(size) = size else {
+            out = rest;
+            continue;
+        };
+        let Some(content) = rest.get(..size) else {
+            break;
+        };
+        contents.push(content);
+        out = rest.get(size + 1..).unwrap_or_default();
+    }
+    contents
+}
+
+/// How far the head got with an LFS object a host sends ([`LfsIntake::take_chunk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LfsReceived {
+    /// The object is in the repository's LFS storage (it was, or its last chunk came and
+    /// its bytes hash to its id): send no more of it.
+    Held,
+    /// This many bytes of it have come; send the rest from there.
+    Partly(u64),
+}
+
+/// The head's side: LFS objects from hosts, put together in a directory of the head's
+/// (`parts`) and moved into the repository's LFS storage once their bytes hash to their id.
+#[derive(Debug, Clone)]
+pub struct LfsIntake {
+    /// The repository's git directory (its common one: every worktree's LFS storage).
+    git_dir: PathBuf,
+    /// Where objects are put together while they come.
+    parts: PathBuf,
+}
+
+impl LfsIntake {
+    /// Objects for `repo`, put together in `parts` (made when missing).
+    pub fn new(repo: &Repo, parts: &Path) -> LfsIntake {
+        LfsIntake {
+            git_dir: repo.common_dir.clone(),
+            parts: parts.to_path_buf(),
+        }
+    }
+
+    /// Where the repository keeps object `oid` (`None` for a name that is no id).
+    pub fn object_path(&self, oid: &str) -> Option<PathBuf> {
+        is_oid(oid).then(|| object_path(&self.git_dir, oid))
+    }
+
+    /// Takes `bytes` of object `pointer` at `offset`, sent for loop `owner` (its name keeps
+    /// two loops' sending of one object apart). Chunks come in order from offset 0; a chunk
+    /// written already (a retry) is taken again as it is. The last chunk's object is moved
+    /// into the repository only when its bytes hash to its id; otherwise it is dropped and
+    /// the call fails saying so.
+    pub fn take_chunk(
+        &self,
+        owner: &str,
+        pointer: &LfsPointer,
+        offset: u64,
+        bytes: &[u8],
+    ) -> std::result::Result<LfsReceived, String> {
+        let oid = &pointer.oid;
+        let Some(dest) = self.object_path(oid) else {
+            return Err(format!("{oid:?} is not an LFS object id"));
+        };
+        if std::fs::symlink_metadata(&dest).is_ok_and(|m| m.is_file() && m.len() == pointer.size) {
+            return Ok(LfsReceived::Held);
+        }
+        std::fs::create_dir_all(&self.parts)
+            .map_err(|e| format!("cannot make {}: {e}", self.parts.display()))?;
+        let part = self.parts.join(format!("{owner}.lfs.{oid}"));
+        let had = match std::fs::symlink_metadata(&part) {
+            Ok(m) if m.is_file() => m.len(),
+            Ok(_) => return Err(format!("{} is not a file", part.display())),
+            Err(_) => 0,
+        };
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .filter(|end| *end <= pointer.size)
+            .ok_or_else(|| {
+                format!(
+                    "a chunk of LFS object {oid} ends past its size of {} bytes",
+                    pointer.size
+                )
+            })?;
+        if end <= had {
+            // A retry of a chunk written already.
+            return Ok(LfsReceived::Partly(had));
+        }
+        if offset != had {
+            return Err(format!(
+                "a chunk of LFS object {oid} at {offset} came after {had} bytes"
+            ));
+        }
+        let mut file = open_part(&part)?;
+        file.write_all(bytes)
+            .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
+        if end < pointer.size {
+            return Ok(LfsReceived::Partly(end));
+        }
+        drop(file);
+        self.land(&part, pointer, &dest).map(|()| LfsReceived::Held)
+    }
+
+    /// Moves the complete object `part` to `dest` when its bytes hash to its id.
+    fn land(
+        &self,
+        part: &Path,
+        pointer: &LfsPointer,
+        dest: &Path,
+    ) -> std::result::Result<(), String> {
+        let hashed = std::fs::File::open(part)
+            .and_then(td_base::hash::sha256_hex_of)
+            .map_err(|e| format!("cannot read {}: {e}", part.display()));
+        let hashed = match hashed {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = std::fs::remove_file(part);
+                return Err(e);
+            }
+        };
+        if hashed != pointer.oid {
+            let _ = std::fs::remove_file(part);
+            return Err(format!(
+                "the bytes sent as LFS object {} hash to {hashed}: refused",
+                pointer.oid
+            ));
+        }
+        let dir = dest.parent().unwrap_or(dest);
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        // Within one file system a rename; else a copy into the storage's directory first,
+        // renamed into place, so that git-lfs never reads half an object.
+        if std::fs::rename(part, dest).is_err() {
+            let staged = dir.join(format!(".taskdaemon-{}.part", pointer.oid));
+            let copied = std::fs::copy(part, &staged)
+                .and_then(|_| std::fs::rename(&staged, dest))
+                .map_err(|e| format!("cannot store {}: {e}", dest.display()));
+            let _ = std::fs::remove_file(&staged);
+            let _ = std::fs::remove_file(part);
+            copied?;
+        }
+        Ok(())
+    }
+}
+
+/// `path` opened to append, created when missing, never through a symlink.
+fn open_part(path: &Path) -> std::result::Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pointer_text(oid: &str, size: u64) -> String {
+        format!("{POINTER_VERSION}\noid sha256:{oid}\nsize {size}\n")
+    }
+
+    #[test]
+    fn only_a_git_lfs_pointer_reads_as_one() {
+        let oid = "ab".repeat(32);
+        assert_eq!(
+            parse_pointer(pointer_text(&oid, 12).as_bytes()),
+            Some(LfsPointer {
+                oid: oid.clone(),
+                size: 12
+            })
+        );
+        let with_ext = format!(
+            "{POINTER_VERSION}\next-0-foo sha256:{}\noid sha256:{oid}\nsize 3\n",
+            "cd".repeat(32)
+        );
+        assert_eq!(parse_pointer(with_ext.as_bytes()).map(|p| p.size), Some(3));
+        for bad in [
+            pointer_text(&oid, 12).trim_end().to_string(),
+            pointer_text(&oid.to_uppercase(), 12),
+            pointer_text(&oid[..63], 12),
+            pointer_text(
+                "../../../../etc/passwd-padding-to-sixty-four-characters-xxxxxx",
+                1,
+            ),
+            pointer_text(&oid, 12).replace("size 12", "size -1"),
+            pointer_text(&oid, 12).replace("size 12", "size +1"),
+            pointer_text(&oid, 12).replace("size 12", "size 99999999999999999999999"),
+            pointer_text(&oid, 12).replace("size 12\n", ""),
+            pointer_text(&oid, 12).replace("spec/v1", "spec/v2"),
+            format!("{}{}", pointer_text(&oid, 12), "x".repeat(1024)),
+            "not a pointer\n".to_string(),
+        ] {
+            assert_eq!(parse_pointer(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn batch_answers_are_split_into_their_contents() {
+        let out = b"a blob 3\nabc\nb missing\nc blob 0\n\nd blob 2\nx\n\n";
+        assert_eq!(
+            batch_contents(out),
+            vec![&b"abc"[..], &b""[..], &b"x\n"[..]]
+        );
+        // A size past the end stops the reading.
+        assert!(batch_contents(b"a blob 9\nabc\n").is_empty());
+    }
+
+    fn intake() -> (tempfile::TempDir, LfsIntake) {
+        let dir = tempfile::tempdir().unwrap();
+        let intake = LfsIntake {
+            git_dir: dir.path().join("git"),
+            parts: dir.path().join("parts"),
+        };
+        (dir, intake)
+    }
+
+    #[test]
+    fn an_object_lands_only_whole_in_order_and_with_the_bytes_of_its_id() {
+        let (_dir, intake) = intake();
+        let content = b"the loop's large file\n";
+        let pointer = LfsPointer {
+            oid: td_base::hash::sha256_hex(content),
+            size: content.len() as u64,
+        };
+        let dest = intake.object_path(&pointer.oid).unwrap();
+        // Out of order: refused, nothing kept.
+        let e = intake
+            .take_chunk("w", &pointer, 4, &content[4..])
+            .unwrap_err();
+        assert!(e.contains("came after 0 bytes"), "{e}");
+        assert_eq!(
+            intake.take_chunk("w", &pointer, 0, &content[..4]).unwrap(),
+            LfsReceived::Partly(4)
+        );
+        // A retry of the first chunk is taken as it was.
+        assert_eq!(
+            intake.take_chunk("w", &pointer, 0, &content[..4]).unwrap(),
+            LfsReceived::Partly(4)
+        );
+        assert!(!dest.exists());
+        // Past its size: refused.
+        let e = intake
+            .take_chunk("w", &pointer, 4, &[b'x'; 40])
+            .unwrap_err();
+        assert!(e.contains("ends past its size"), "{e}");
+        assert_eq!(
+            intake.take_chunk("w", &pointer, 4, &content[4..]).unwrap(),
+            LfsReceived::Held
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), content);
+        // Held already: nothing more is asked for.
+        assert_eq!(
+            intake.take_chunk("v", &pointer, 0, &content[..1]).unwrap(),
+            LfsReceived::Held
+        );
+    }
+
+    #[test]
+    fn bytes_that_do_not_hash_to_the_id_they_are_sent_as_never_land() {
+        let (_dir, intake) = intake();
+        let honest = b"the user's file\n";
+        let pointer = LfsPointer {
+            oid: td_base::hash::sha256_hex(honest),
+            size: honest.len() as u64,
+        };
+        let forged = b"a host's own bytes";
+        let forged = &forged[..honest.len()];
+        let e = intake.take_chunk("w", &pointer, 0, forged).unwrap_err();
+        assert!(e.contains("refused"), "{e}");
+        assert!(!intake.object_path(&pointer.oid).unwrap().exists());
+        // The part is gone too: the honest bytes are taken from the start again.
+        assert_eq!(
+            intake.take_chunk("w", &pointer, 0, honest).unwrap(),
+            LfsReceived::Held
+        );
+        // A name that is no id is refused before any file is touched.
+        let bad = LfsPointer {
+            oid: "../x".to_string(),
+            size: 1,
+        };
+        assert!(intake.take_chunk("w", &bad, 0, b"x").is_err());
+    }
+}
