@@ -96,6 +96,11 @@ impl Mirror {
     /// pointer whose object the mirror lacks (a loop that wrote a pointer by hand) is left
     /// out: there is nothing to send; so is an empty one.
     pub async fn lfs_objects(&self, base: &str, tip: &str) -> Result<Vec<LfsObject>> {
+        // git-lfs makes its storage when it first stores an object: without it, no pointer
+        // can have one here, and a repository without LFS pays no git for the question.
+        if !self.dir.join("lfs").join("objects").is_dir() {
+            return Ok(Vec::new());
+        }
         let target = self.target();
         let format = target.object_format().await?;
         super::check_id("base commit", base, format)?;

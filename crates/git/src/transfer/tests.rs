@@ -1238,3 +1238,65 @@ async fn the_head_refuses_a_pack_that_inflates_past_its_memory_bound() {
     )
     .await;
 }
+
+/// What a host sends beside its branch's bundle: the git-lfs objects its new commits point
+/// at that its mirror holds (git-lfs itself is not needed: the pointers and the storage are
+/// written as git-lfs writes them), each once; not a pointer whose object it lacks, not the
+/// base's, not a blob that only looks like a pointer in part.
+#[tokio::test]
+async fn a_branch_lists_the_lfs_objects_its_new_commits_point_at_that_the_mirror_holds() {
+    let fx = Fx::new(1);
+    let repo = fx.repo().await;
+    let pointer = |content: &str| {
+        let oid = td_base::hash::sha256_hex(content.as_bytes());
+        let text = format!(
+            "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
+            content.len()
+        );
+        (oid, text)
+    };
+    let (old_oid, old_text) = pointer("in the base\n");
+    fx.commit_file(&fx.head, "old.bin", &old_text, "base pointer");
+    let base = fx.main_tip();
+    let to_host = fx.path("to-host.bundle");
+    bundle_commits(&repo, &base, &[], &to_host).await.unwrap();
+    let mirror = fx.mirror("mirror").await;
+    mirror.receive(&to_host, &base, CAP).await.unwrap();
+    let wt = mirror
+        .add_worktree(&fx.path("wt/a"), "taskdaemon/r1/a", &base)
+        .await
+        .unwrap();
+    let (new_oid, new_text) = pointer("the loop's large file\n");
+    let (lost_oid, lost_text) = pointer("nobody has this\n");
+    std::fs::write(wt.path().join("new.bin"), &new_text).unwrap();
+    std::fs::write(wt.path().join("copy.bin"), &new_text).unwrap();
+    std::fs::write(wt.path().join("lost.bin"), &lost_text).unwrap();
+    std::fs::write(wt.path().join("half.txt"), format!("{new_text}and more\n")).unwrap();
+    let tip = wt.commit_all("pointers").await.unwrap().unwrap();
+    // No LFS storage in the mirror: nothing, without asking git.
+    assert!(mirror.lfs_objects(&base, &tip).await.unwrap().is_empty());
+    let store = |oid: &str, content: &str| {
+        let dir = fx
+            .path("mirror")
+            .join("lfs/objects")
+            .join(&oid[..2])
+            .join(&oid[2..4]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(oid), content).unwrap();
+        dir.join(oid)
+    };
+    let new_path = store(&new_oid, "the loop's large file\n");
+    store(&old_oid, "in the base\n");
+    let listed = mirror.lfs_objects(&base, &tip).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![lfs::LfsObject {
+            pointer: lfs::LfsPointer {
+                oid: new_oid,
+                size: 22
+            },
+            path: new_path
+        }]
+    );
+    assert!(listed.iter().all(|o| o.pointer.oid != lost_oid));
+}
