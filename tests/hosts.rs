@@ -117,6 +117,34 @@ w:
         head
     }
 
+    /// Host h1 (`taskdaemon host`, in namespace `h1`, joined to the head at `head_ip`) run
+    /// by a user whose `HOME` is `home` (their own git config).
+    fn start_h1_at_home(&self, net: &Net, head_ip: &str, home: &Path) -> Proc {
+        let root = self.root();
+        let (secret, workdir) = (
+            self.secret_file.display().to_string(),
+            root.join("host-h1").display().to_string(),
+        );
+        net.spawn(
+            "h1",
+            &root,
+            "/usr/bin/env",
+            &[
+                &format!("HOME={}", home.display()),
+                bin(),
+                "host",
+                "--join",
+                &format!("{head_ip}:7070"),
+                "--name",
+                "h1",
+                "--secret-file",
+                &secret,
+                "--workdir",
+                &workdir,
+            ],
+        )
+    }
+
     /// `taskdaemon host --join HEAD --name NAME` in namespace `ns` with `secret_file`.
     fn start_host(
         &self,
@@ -1683,28 +1711,7 @@ fn a_hosts_git_reads_the_users_attributes_and_runs_no_filter_a_loop_names() {
     )
     .unwrap();
     let mut head = run.start_head(&net, "head");
-    let (secret, workdir) = (
-        run.secret_file.display().to_string(),
-        root.join("host-h1").display().to_string(),
-    );
-    let mut h1 = net.spawn(
-        "h1",
-        &root,
-        "/usr/bin/env",
-        &[
-            &format!("HOME={}", home.display()),
-            bin(),
-            "host",
-            "--join",
-            &format!("{head_ip}:7070"),
-            "--name",
-            "h1",
-            "--secret-file",
-            &secret,
-            "--workdir",
-            &workdir,
-        ],
-    );
+    let mut h1 = run.start_h1_at_home(&net, &head_ip, &home);
     both_end(&mut head, &mut h1, 0);
     let s = summary(&run.run.run_dir);
     assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
@@ -1762,28 +1769,7 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     )
     .unwrap();
     let mut head = run.start_head(&net, "head");
-    let (secret, workdir) = (
-        run.secret_file.display().to_string(),
-        root.join("host-h1").display().to_string(),
-    );
-    let mut h1 = net.spawn(
-        "h1",
-        &root,
-        "/usr/bin/env",
-        &[
-            &format!("HOME={}", home.display()),
-            bin(),
-            "host",
-            "--join",
-            &format!("{head_ip}:7070"),
-            "--name",
-            "h1",
-            "--secret-file",
-            &secret,
-            "--workdir",
-            &workdir,
-        ],
-    );
+    let mut h1 = run.start_h1_at_home(&net, &head_ip, &home);
     both_end(&mut head, &mut h1, 0);
     let s = summary(&run.run.run_dir);
     assert_eq!(s["loops"]["w"]["host"], "h1", "{s}");
