@@ -1740,7 +1740,8 @@ fn a_hosts_git_reads_the_users_attributes_and_runs_no_filter_a_loop_names() {
 /// mirror and commits a pointer: the head gets the object with the branch, in its own
 /// repository's LFS storage, or its branch would point at content only the host has. The
 /// host's user has git-lfs's filter (as `git lfs install` writes it); the run's base commit
-/// says `*.bin filter=lfs`; the loop, on h1, writes `new.bin`.
+/// says `*.bin filter=lfs`; the loop, on h1, writes `new.bin` and, by a command, `big.bin` of
+/// 2.5 MiB (three chunks).
 #[test]
 fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     common::debian_packages::install(&["git-lfs"], &["/usr/bin/git-lfs"], "the hosts LFS test");
@@ -1748,7 +1749,7 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     let (head_ip, _, _) = net.host("h1");
     let content = "the loop's large file, kept by git-lfs\n";
     let run = head_run(
-        "w:\n  turns:\n    - calls:\n        - write_file: {path: new.bin, content: \"the loop's large file, kept by git-lfs\\n\"}\n        - complete_task: {summary: done}\n",
+        "w:\n  turns:\n    - calls:\n        - write_file: {path: new.bin, content: \"the loop's large file, kept by git-lfs\\n\"}\n        - run_command: {command: \"yes abcdefgh | head -c 2621440 > big.bin\"}\n        - complete_task: {summary: done}\n",
         "  - {name: w, type: ralph, task: \"Write new.bin.\"}\n",
         "  placement:\n    - {loops: [w], hosts: [h1]}\n",
     );
@@ -1801,6 +1802,25 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
         "the head has no LFS object at {}\n--- h1:\n{}",
         object.display(),
         h1.stderr()
+    );
+    // An object of several chunks (2.5 MiB) comes whole.
+    let big: Vec<u8> = b"abcdefgh\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(2_621_440)
+        .collect();
+    let oid = td_base::hash::sha256_hex(&big);
+    let object = repo
+        .join(".git/lfs/objects")
+        .join(&oid[..2])
+        .join(&oid[2..4])
+        .join(&oid);
+    assert!(
+        std::fs::read(&object).ok() == Some(big),
+        "the head has no LFS object at {} for big.bin ({:?})",
+        object.display(),
+        show(&run, &format!("{branch}:big.bin"))
     );
 }
 

@@ -160,9 +160,11 @@ pub enum FromHost {
         data: String,
     },
     /// A chunk of a git-lfs object the loop's branch points at, at `offset` (answered with
-    /// `true` once the head holds the whole object, when no more of it is to be sent; else
-    /// `false`). Sent after the branch's chunks and before its [`FromHost::Checkpoint`] or
-    /// [`FromHost::Ended`]; the head keeps the object only when its bytes hash to `oid`.
+    /// `None` once the head holds the whole object, when no more of it is to be sent; else
+    /// the offset the head stands at, to send from). A chunk at 0 starts the object again;
+    /// an empty one there asks. Sent after the branch's chunks and before its
+    /// [`FromHost::Checkpoint`] or [`FromHost::Ended`]; the head keeps the object only when
+    /// its bytes hash to `oid`.
     LfsChunk {
         /// The loop.
         loop_name: String,

@@ -412,7 +412,7 @@ pub struct RemoteLoops {
     /// taken (a loop's lock holds up only its own move, not other hosts' loops).
     taking_branch: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The bundle bytes each loop's hosts sent, over all its placements.
-    sent: BranchBudgets,
+    sent: Arc<BranchBudgets>,
 }
 
 /// How the head starts a loop on a host.
@@ -519,7 +519,7 @@ impl RemoteLoops {
                 outstanding: Arc::new(Mutex::new(BTreeMap::new())),
                 attempts: AtomicU64::new(0),
                 taking_branch: Mutex::new(BTreeMap::new()),
-                sent: BranchBudgets::new(MAX_BRANCH_BYTES),
+                sent: Arc::new(BranchBudgets::new(MAX_BRANCH_BYTES)),
             }),
             rx,
         )
@@ -992,7 +992,8 @@ impl RemoteLoops {
                 ..
             } => {
                 let pointer = LfsPointer { oid, size };
-                reply.send(self.lfs_chunk(&name, pointer, offset, data).await);
+                let sender = format!("{name}.{attempt}");
+                reply.send(self.lfs_chunk(&name, &sender, pointer, offset, data).await);
             }
             FromHost::Checkpoint {
                 iteration, branch, ..
@@ -1646,17 +1647,19 @@ impl RemoteLoops {
         Ok(())
     }
 
-    /// Takes a chunk of a git-lfs object loop `name`'s branch points at (see
-    /// [`td_git::transfer::lfs`]): counted with its branch's bytes against
-    /// [`MAX_BRANCH_BYTES`], put together beside its bundles, and moved into the repository's
-    /// LFS storage once whole and its bytes hash to its id. `true` once the head holds it.
+    /// Takes a chunk of a git-lfs object loop `name`'s branch points at, sent by its
+    /// placement `sender` (see [`td_git::transfer::lfs`]): the bytes written counted with its
+    /// branch's against [`MAX_BRANCH_BYTES`], put together beside its bundles, and moved into
+    /// the repository's LFS storage once whole and its bytes hash to its id. `None` once the
+    /// head holds the object; else the offset to send from.
     async fn lfs_chunk(
         &self,
         name: &str,
+        sender: &str,
         pointer: LfsPointer,
         offset: u64,
         data: String,
-    ) -> Result<bool, String> {
+    ) -> Result<Option<u64>, String> {
         let bytes =
             hex::decode(&data).map_err(|e| format!("a chunk of an LFS object is not hex: {e}"))?;
         let ending = lock(&self.loops).get(name).map(|e| e.ending);
@@ -1669,16 +1672,22 @@ impl RemoteLoops {
             }
             Some(false) => {}
         }
-        // Together with its bundles, so that hosts cannot fill the head's disk.
-        self.sent.charge(name, bytes.len() as u64)?;
         let intake = LfsIntake::new(&self.side.repo, &self.side.dir);
-        let owner = name.to_string();
+        let (owner, sender) = (name.to_string(), sender.to_string());
+        let sent = self.sent.clone();
         // The last chunk hashes the whole object (up to MAX_BRANCH_BYTES): not on the
         // runtime's workers.
-        tokio::task::spawn_blocking(move || intake.take_chunk(&owner, &pointer, offset, &bytes))
-            .await
-            .unwrap_or_else(|e| Err(format!("the head's LFS task failed: {e}")))
-            .map(|received| received == LfsReceived::Held)
+        tokio::task::spawn_blocking(move || {
+            // Together with its bundles, so that hosts cannot fill the head's disk.
+            let charge = |n| sent.charge(&owner, n);
+            intake.take_chunk(&sender, &pointer, offset, &bytes, charge)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the head's LFS task failed: {e}")))
+        .map(|received| match received {
+            LfsReceived::Held => None,
+            LfsReceived::Partly(next) => Some(next),
+        })
     }
 
     /// Takes iteration `iteration`'s work of loop `name` (placement `attempt`): the bundle

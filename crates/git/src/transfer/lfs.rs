@@ -210,6 +210,38 @@ pub enum LfsReceived {
     Partly(u64),
 }
 
+/// The parts being written or checked now ([`LfsIntake::take_chunk`]): one call at a time
+/// per part (a host's resent chunk, a lost placement's request still running).
+static BUSY: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Holds a part in [`BUSY`] until dropped.
+struct Claim(PathBuf);
+
+impl Claim {
+    fn take(part: &Path) -> std::result::Result<Claim, String> {
+        let mut busy = BUSY
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if busy.iter().any(|p| p == part) {
+            return Err(format!(
+                "a chunk of {} is being taken; send it again",
+                part.display()
+            ));
+        }
+        busy.push(part.to_path_buf());
+        Ok(Claim(part.to_path_buf()))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut busy = BUSY
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        busy.retain(|p| *p != self.0);
+    }
+}
+
 /// The head's side: LFS objects from hosts, put together in a directory of the head's
 /// (`parts`) and moved into the repository's LFS storage once their bytes hash to their id.
 #[derive(Debug, Clone)]
@@ -234,17 +266,21 @@ impl LfsIntake {
         is_oid(oid).then(|| object_path(&self.git_dir, oid))
     }
 
-    /// Takes `bytes` of object `pointer` at `offset`, sent for loop `owner` (its name keeps
-    /// two loops' sending of one object apart). Chunks come in order from offset 0; a chunk
-    /// written already (a retry) is taken again as it is. The last chunk's object is moved
-    /// into the repository only when its bytes hash to its id; otherwise it is dropped and
-    /// the call fails saying so.
+    /// Takes `bytes` of object `pointer` at `offset`, sent by `sender` (a name for the loop
+    /// and its placement, which keeps senders' parts apart). A chunk at offset 0 starts the
+    /// object again (an empty one asks how far the head is: [`LfsReceived::Held`] when it
+    /// has the object); later chunks continue where the part ends, and one that ends where
+    /// the part already does is a resend, answered with how far it is. `charge` is called
+    /// with the bytes about to be written, before they are. The whole object is moved into
+    /// the repository only when its bytes hash to its id. Any failure drops the part, so the
+    /// next try starts clean.
     pub fn take_chunk(
         &self,
-        owner: &str,
+        sender: &str,
         pointer: &LfsPointer,
         offset: u64,
         bytes: &[u8],
+        charge: impl FnOnce(u64) -> std::result::Result<(), String>,
     ) -> std::result::Result<LfsReceived, String> {
         let oid = &pointer.oid;
         let Some(dest) = self.object_path(oid) else {
@@ -255,12 +291,32 @@ impl LfsIntake {
         }
         std::fs::create_dir_all(&self.parts)
             .map_err(|e| format!("cannot make {}: {e}", self.parts.display()))?;
-        let part = self.parts.join(format!("{owner}.lfs.{oid}"));
-        let had = match std::fs::symlink_metadata(&part) {
-            Ok(m) if m.is_file() => m.len(),
-            Ok(_) => return Err(format!("{} is not a file", part.display())),
-            Err(_) => 0,
+        let part = self.parts.join(format!("{sender}.lfs.{oid}"));
+        let _claim = Claim::take(&part)?;
+        let taken = self.append(&part, pointer, offset, bytes, charge);
+        let taken = match taken {
+            Ok(had) if had == pointer.size => {
+                self.land(&part, pointer, &dest).map(|()| LfsReceived::Held)
+            }
+            Ok(had) => Ok(LfsReceived::Partly(had)),
+            Err(e) => Err(e),
         };
+        if taken.is_err() {
+            let _ = std::fs::remove_file(&part);
+        }
+        taken
+    }
+
+    /// Appends a chunk to `part` as [`LfsIntake::take_chunk`] says; how long it is then.
+    fn append(
+        &self,
+        part: &Path,
+        pointer: &LfsPointer,
+        offset: u64,
+        bytes: &[u8],
+        charge: impl FnOnce(u64) -> std::result::Result<(), String>,
+    ) -> std::result::Result<u64, String> {
+        let oid = &pointer.oid;
         let end = offset
             .checked_add(bytes.len() as u64)
             .filter(|end| *end <= pointer.size)
@@ -270,23 +326,26 @@ impl LfsIntake {
                     pointer.size
                 )
             })?;
-        if end <= had {
-            // A retry of a chunk written already.
-            return Ok(LfsReceived::Partly(had));
+        let mut file = open_part(part, offset == 0)?;
+        let had = file
+            .metadata()
+            .map_err(|e| format!("cannot read {}: {e}", part.display()))?
+            .len();
+        if offset > 0 && end <= had {
+            // A resend of a chunk written already.
+            return Ok(had);
         }
         if offset != had {
             return Err(format!(
                 "a chunk of LFS object {oid} at {offset} came after {had} bytes"
             ));
         }
-        let mut file = open_part(&part)?;
-        file.write_all(bytes)
-            .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
-        if end < pointer.size {
-            return Ok(LfsReceived::Partly(end));
+        if !bytes.is_empty() {
+            charge(bytes.len() as u64)?;
+            file.write_all(bytes)
+                .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
         }
-        drop(file);
-        self.land(&part, pointer, &dest).map(|()| LfsReceived::Held)
+        Ok(end)
     }
 
     /// Moves the complete object `part` to `dest` when its bytes hash to its id.
@@ -298,16 +357,8 @@ impl LfsIntake {
     ) -> std::result::Result<(), String> {
         let hashed = std::fs::File::open(part)
             .and_then(td_base::hash::sha256_hex_of)
-            .map_err(|e| format!("cannot read {}: {e}", part.display()));
-        let hashed = match hashed {
-            Ok(h) => h,
-            Err(e) => {
-                let _ = std::fs::remove_file(part);
-                return Err(e);
-            }
-        };
+            .map_err(|e| format!("cannot read {}: {e}", part.display()))?;
         if hashed != pointer.oid {
-            let _ = std::fs::remove_file(part);
             return Err(format!(
                 "the bytes sent as LFS object {} hash to {hashed}: refused",
                 pointer.oid
@@ -315,27 +366,38 @@ impl LfsIntake {
         }
         let dir = dest.parent().unwrap_or(dest);
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-        // Within one file system a rename; else a copy into the storage's directory first,
-        // renamed into place, so that git-lfs never reads half an object.
-        if std::fs::rename(part, dest).is_err() {
-            let staged = dir.join(format!(".taskdaemon-{}.part", pointer.oid));
-            let copied = std::fs::copy(part, &staged)
-                .and_then(|_| std::fs::rename(&staged, dest))
-                .map_err(|e| format!("cannot store {}: {e}", dest.display()));
-            let _ = std::fs::remove_file(&staged);
-            let _ = std::fs::remove_file(part);
-            copied?;
+        // Within one file system a rename; else a copy into a file of its own in the
+        // storage's directory, renamed into place, so that git-lfs never reads half an
+        // object.
+        if std::fs::rename(part, dest).is_ok() {
+            return Ok(());
         }
+        let stored = (|| -> std::io::Result<()> {
+            let mut staged = tempfile::Builder::new()
+                .prefix(".taskdaemon-")
+                .tempfile_in(dir)?;
+            std::io::copy(&mut std::fs::File::open(part)?, staged.as_file_mut())?;
+            staged.persist(dest).map_err(|e| e.error)?;
+            Ok(())
+        })();
+        stored.map_err(|e| format!("cannot store {}: {e}", dest.display()))?;
+        let _ = std::fs::remove_file(part);
         Ok(())
     }
 }
 
-/// `path` opened to append, created when missing, never through a symlink.
-fn open_part(path: &Path) -> std::result::Result<std::fs::File, String> {
+/// `path` opened to append (emptied first when `fresh`), created when missing, never
+/// through a symlink.
+fn open_part(path: &Path, fresh: bool) -> std::result::Result<std::fs::File, String> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true);
+    if fresh {
+        options.write(true).truncate(true);
+    } else {
+        options.append(true);
+    }
+    options
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
@@ -404,6 +466,10 @@ mod tests {
         (dir, intake)
     }
 
+    fn free(_: u64) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
     #[test]
     fn an_object_lands_only_whole_in_order_and_with_the_bytes_of_its_id() {
         let (_dir, intake) = intake();
@@ -413,36 +479,93 @@ mod tests {
             size: content.len() as u64,
         };
         let dest = intake.object_path(&pointer.oid).unwrap();
-        // Out of order: refused, nothing kept.
+        // Asked how far: nowhere.
+        assert_eq!(
+            intake.take_chunk("w.1", &pointer, 0, b"", free).unwrap(),
+            LfsReceived::Partly(0)
+        );
+        // Out of order: refused.
         let e = intake
-            .take_chunk("w", &pointer, 4, &content[4..])
+            .take_chunk("w.1", &pointer, 4, &content[4..], free)
             .unwrap_err();
         assert!(e.contains("came after 0 bytes"), "{e}");
+        let charged = std::cell::Cell::new(0);
+        let charge = |n| {
+            charged.set(charged.get() + n);
+            Ok(())
+        };
         assert_eq!(
-            intake.take_chunk("w", &pointer, 0, &content[..4]).unwrap(),
+            intake
+                .take_chunk("w.1", &pointer, 0, &content[..4], charge)
+                .unwrap(),
             LfsReceived::Partly(4)
         );
-        // A retry of the first chunk is taken as it was.
+        // A resend of a later chunk is answered with how far it is, and not charged.
         assert_eq!(
-            intake.take_chunk("w", &pointer, 0, &content[..4]).unwrap(),
+            intake
+                .take_chunk("w.1", &pointer, 2, &content[2..4], charge)
+                .unwrap(),
             LfsReceived::Partly(4)
         );
+        assert_eq!(charged.get(), 4);
         assert!(!dest.exists());
-        // Past its size: refused.
+        // Past its size: refused, and the part is dropped (the next try starts clean).
         let e = intake
-            .take_chunk("w", &pointer, 4, &[b'x'; 40])
+            .take_chunk("w.1", &pointer, 4, &[b'x'; 40], free)
             .unwrap_err();
         assert!(e.contains("ends past its size"), "{e}");
+        let e = intake
+            .take_chunk("w.1", &pointer, 4, &content[4..], free)
+            .unwrap_err();
+        assert!(e.contains("came after 0 bytes"), "{e}");
+        // A chunk at 0 starts again, whatever the part held.
+        intake
+            .take_chunk("w.1", &pointer, 0, b"junk", free)
+            .unwrap();
+        intake
+            .take_chunk("w.1", &pointer, 0, &content[..4], free)
+            .unwrap();
+        // Over the budget: refused before anything is written.
+        let e = intake
+            .take_chunk("w.1", &pointer, 4, &content[4..], |_| Err("over".into()))
+            .unwrap_err();
+        assert_eq!(e, "over");
+        intake
+            .take_chunk("w.1", &pointer, 0, &content[..4], free)
+            .unwrap();
         assert_eq!(
-            intake.take_chunk("w", &pointer, 4, &content[4..]).unwrap(),
+            intake
+                .take_chunk("w.1", &pointer, 4, &content[4..], free)
+                .unwrap(),
             LfsReceived::Held
         );
         assert_eq!(std::fs::read(&dest).unwrap(), content);
-        // Held already: nothing more is asked for.
+        // Held already: nothing more is asked for, nothing charged.
         assert_eq!(
-            intake.take_chunk("v", &pointer, 0, &content[..1]).unwrap(),
+            intake
+                .take_chunk("v.2", &pointer, 0, b"", |_| Err("charged".into()))
+                .unwrap(),
             LfsReceived::Held
         );
+    }
+
+    #[test]
+    fn one_chunk_of_a_part_is_taken_at_a_time() {
+        let (_dir, intake) = intake();
+        let pointer = LfsPointer {
+            oid: "ab".repeat(32),
+            size: 10,
+        };
+        let part = intake.parts.join(format!("w.1.lfs.{}", pointer.oid));
+        let claim = Claim::take(&part).unwrap();
+        let e = intake
+            .take_chunk("w.1", &pointer, 0, b"x", free)
+            .unwrap_err();
+        assert!(e.contains("is being taken"), "{e}");
+        // Another sender's part of the same object is its own.
+        intake.take_chunk("w.2", &pointer, 0, b"x", free).unwrap();
+        drop(claim);
+        intake.take_chunk("w.1", &pointer, 0, b"x", free).unwrap();
     }
 
     #[test]
@@ -455,12 +578,14 @@ mod tests {
         };
         let forged = b"a host's own bytes";
         let forged = &forged[..honest.len()];
-        let e = intake.take_chunk("w", &pointer, 0, forged).unwrap_err();
+        let e = intake
+            .take_chunk("w.1", &pointer, 0, forged, free)
+            .unwrap_err();
         assert!(e.contains("refused"), "{e}");
         assert!(!intake.object_path(&pointer.oid).unwrap().exists());
         // The part is gone too: the honest bytes are taken from the start again.
         assert_eq!(
-            intake.take_chunk("w", &pointer, 0, honest).unwrap(),
+            intake.take_chunk("w.1", &pointer, 0, honest, free).unwrap(),
             LfsReceived::Held
         );
         // A name that is no id is refused before any file is touched.
@@ -468,6 +593,6 @@ mod tests {
             oid: "../x".to_string(),
             size: 1,
         };
-        assert!(intake.take_chunk("w", &bad, 0, b"x").is_err());
+        assert!(intake.take_chunk("w.1", &bad, 0, b"x", free).is_err());
     }
 }

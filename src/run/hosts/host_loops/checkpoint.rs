@@ -249,38 +249,53 @@ async fn send_chunks(link: &HeadLink, name: &str, file: &Path, most: u64) -> Res
     Ok(())
 }
 
-/// Sends one git-lfs object of the loop's branch to the head in chunks
-/// ([`FromHost::LfsChunk`]), one read at a time, until the head says it holds it (at once
-/// when it had it already).
+/// Sends one git-lfs object of the loop's branch to the head ([`FromHost::LfsChunk`]): first
+/// an empty chunk, which the head answers with `None` when it holds the object already, then
+/// the object a chunk at a time from where the head says it stands, until it holds it.
 async fn send_lfs_object(link: &HeadLink, name: &str, object: &LfsObject) -> Result<(), String> {
+    use std::io::{Read, Seek, SeekFrom};
     let oid = &object.pointer.oid;
-    let mut chunks = BundleChunks::open(&object.path, MAX_BRANCH_BYTES)
-        .map_err(|e| format!("LFS object {oid}: {e}"))?;
+    let size = object.pointer.size;
+    let fail = |e: String| format!("LFS object {oid}: {e}");
+    let mut file = BundleChunks::open(&object.path, MAX_BRANCH_BYTES)
+        .map_err(fail)?
+        .file;
     let mut offset = 0u64;
+    let mut data = String::new();
+    // Each answer moves the offset forward or ends the sending; a head that answered the
+    // same offset twice for a chunk of bytes is not taking them.
+    let mut stalled = false;
     loop {
-        let piece = chunks
-            .next_chunk()
-            .map_err(|e| format!("LFS object {oid}: {e}"))?
-            .unwrap_or_default();
-        let data = hex::encode(&piece);
-        let held: bool = ask_again(link, || FromHost::LfsChunk {
+        let next: Option<u64> = ask_again(link, || FromHost::LfsChunk {
             loop_name: name.to_string(),
             oid: oid.clone(),
-            size: object.pointer.size,
+            size,
             offset,
             data: data.clone(),
         })
         .await?;
-        if held {
+        let Some(next) = next else {
             return Ok(());
+        };
+        if next > size || (next <= offset && !data.is_empty()) {
+            if stalled || next > size {
+                return Err(fail(format!(
+                    "the head stands at {next} of {size} bytes after a chunk at {offset}"
+                )));
+            }
+            stalled = true;
         }
+        offset = next;
+        let mut piece = Vec::with_capacity(CHUNK_BYTES);
+        file.seek(SeekFrom::Start(offset))
+            .and_then(|_| (&mut file).take(CHUNK_BYTES as u64).read_to_end(&mut piece))
+            .map_err(|e| fail(format!("cannot read {}: {e}", object.path.display())))?;
         if piece.is_empty() {
-            return Err(format!(
-                "LFS object {oid}: the head did not take it whole ({offset} of {} bytes sent)",
-                object.pointer.size
-            ));
+            return Err(fail(format!(
+                "the head did not take it whole ({offset} of {size} bytes sent)"
+            )));
         }
-        offset = offset.saturating_add(piece.len() as u64);
+        data = hex::encode(&piece);
     }
 }
 
