@@ -10,8 +10,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::header::{ObjectFormat, is_object_id};
 use super::{Mirror, Result, TransferError};
 use crate::worktree::{GitInput, Repo};
+use td_base::sync::lock;
 
 /// The most bytes git-lfs reads as a pointer (its spec: pointers are under 1024 bytes).
 const MAX_POINTER_BYTES: u64 = 1024;
@@ -64,21 +66,21 @@ pub fn parse_pointer(text: &[u8]) -> Option<LfsPointer> {
     })
 }
 
-/// Whether `text` is an LFS object id: 64 lowercase hex digits.
+/// Whether `text` is an LFS object id: a SHA-256 in lowercase hex, as a SHA-256 git object
+/// id is written.
 pub fn is_oid(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    is_object_id(text, ObjectFormat::Sha256)
 }
 
-/// Where git-lfs keeps object `oid` under a repository's git directory `git_dir`
-/// (`lfs/objects/<2>/<2>/<oid>`, git-lfs's default storage).
+/// git-lfs's default storage under a repository's git directory `git_dir`.
+fn storage(git_dir: &Path) -> PathBuf {
+    git_dir.join("lfs").join("objects")
+}
+
+/// Where git-lfs keeps object `oid` under `git_dir` (`lfs/objects/<2>/<2>/<oid>`).
 fn object_path(git_dir: &Path, oid: &str) -> PathBuf {
     let (a, b) = (oid.get(..2).unwrap_or(""), oid.get(2..4).unwrap_or(""));
-    git_dir
-        .join("lfs")
-        .join("objects")
-        .join(a)
-        .join(b)
-        .join(oid)
+    storage(git_dir).join(a).join(b).join(oid)
 }
 
 /// An LFS object a branch points at, with where the mirror keeps it.
@@ -98,7 +100,7 @@ impl Mirror {
     pub async fn lfs_objects(&self, base: &str, tip: &str) -> Result<Vec<LfsObject>> {
         // git-lfs makes its storage when it first stores an object: without it, no pointer
         // can have one here, and a repository without LFS pays no git for the question.
-        if !self.dir.join("lfs").join("objects").is_dir() {
+        if !storage(&self.dir).is_dir() {
             return Ok(Vec::new());
         }
         let target = self.target();
@@ -219,9 +221,7 @@ struct Claim(PathBuf);
 
 impl Claim {
     fn take(part: &Path) -> std::result::Result<Claim, String> {
-        let mut busy = BUSY
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut busy = lock(&BUSY);
         if busy.iter().any(|p| p == part) {
             return Err(format!(
                 "a chunk of {} is being taken; send it again",
@@ -235,10 +235,7 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut busy = BUSY
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        busy.retain(|p| *p != self.0);
+        lock(&BUSY).retain(|p| *p != self.0);
     }
 }
 
