@@ -427,7 +427,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let p = progress.clone();
         events.subscribe(move |e| p.on_event(e));
     }
-    let _ticker = progress.start_ticker();
+    // Dropped before `progress` on every way out of the run: it writes out the last lines.
+    let _progress_background = progress.start_background();
     let attributes_from = trust_attributes(&repo, restored.as_ref().map(|(_, r)| &r.summary));
     if restored.is_none() {
         // The first event says what the run is, so that its summary can be rebuilt from the

@@ -49,12 +49,38 @@ const GROWTH_REDRAW: Duration = Duration::from_millis(250);
 /// How often the live table is redrawn without an event.
 const TICK: Duration = Duration::from_secs(1);
 
-/// Stops [`ProgressDisplay::start_ticker`]'s task when dropped.
-pub struct TickerGuard(tokio::task::JoinHandle<()>);
+/// Log and JSON lines in a burst go out together at most this often (one `write` for all of
+/// them, not one per line: a stream of cross-host queries makes thousands a second); a line
+/// after a quiet spell goes out at once.
+const LINE_FLUSH: Duration = Duration::from_millis(50);
 
-impl Drop for TickerGuard {
+/// Stops [`ProgressDisplay::start_background`]'s task when dropped, and writes out what it
+/// had not yet written.
+pub struct BackgroundGuard {
+    task: tokio::task::JoinHandle<()>,
+    display: std::sync::Weak<ProgressDisplay>,
+}
+
+impl Drop for BackgroundGuard {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        if let Some(display) = self.display.upgrade() {
+            display.flush();
+        }
+    }
+}
+
+/// Where the display writes, buffered.
+struct Output {
+    writer: std::io::BufWriter<Box<dyn Write + Send>>,
+    /// When the buffer was last written out; `None` before the first line.
+    flushed: Option<Instant>,
+}
+
+impl Output {
+    fn flush(&mut self) {
+        let _ = self.writer.flush();
+        self.flushed = Some(Instant::now());
     }
 }
 
@@ -64,7 +90,7 @@ pub struct ProgressDisplay {
     rows: Mutex<BTreeMap<String, Row>>,
     drawn: Mutex<usize>,
     inner: Arc<dyn TranscriptSink>,
-    out: Mutex<Box<dyn Write + Send>>,
+    out: Mutex<Output>,
     /// When growth of a streamed reply last redrew the table.
     growth_drawn: Mutex<Option<Instant>>,
 }
@@ -105,7 +131,10 @@ impl ProgressDisplay {
             rows: Mutex::new(rows),
             drawn: Mutex::new(0),
             inner,
-            out: Mutex::new(out),
+            out: Mutex::new(Output {
+                writer: std::io::BufWriter::new(out),
+                flushed: None,
+            }),
             growth_drawn: Mutex::new(None),
         }
     }
@@ -129,30 +158,48 @@ impl ProgressDisplay {
         self.redraw();
     }
 
-    /// Redraws the live table once a second while a loop runs, so that elapsed times and
-    /// heavy-lane waits count up between events (which may be minutes apart during a long
-    /// build). `None` when the display is not live; the task ends when the guard drops.
-    pub fn start_ticker(self: &Arc<Self>) -> Option<TickerGuard> {
-        if self.mode != ProgressMode::Live {
-            return None;
-        }
+    /// Starts the display's background task: it writes out buffered lines (every
+    /// [`LINE_FLUSH`]) and, in live mode, redraws the table once a second while a loop runs,
+    /// so that elapsed times and heavy-lane waits count up between events (which may be
+    /// minutes apart during a long build). The task ends when the guard drops, which writes
+    /// out what is left.
+    pub fn start_background(self: &Arc<Self>) -> BackgroundGuard {
         let display = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
-            let mut every = tokio::time::interval(TICK);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            every.tick().await;
-            loop {
+        let task = tokio::spawn({
+            let display = display.clone();
+            async move {
+                let mut every = tokio::time::interval(LINE_FLUSH);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 every.tick().await;
-                let Some(display) = display.upgrade() else {
-                    return;
-                };
-                let running = lock(&display.rows).values().any(|r| r.status == "running");
-                if running {
-                    display.redraw();
+                // Ticks since the last redraw (counted, not timed: the test's clock is tokio's).
+                let mut ticks: u32 = 0;
+                let ticks_per_redraw = TICK.as_millis() / LINE_FLUSH.as_millis();
+                loop {
+                    every.tick().await;
+                    let Some(display) = display.upgrade() else {
+                        return;
+                    };
+                    display.flush();
+                    ticks = ticks.saturating_add(1);
+                    if display.mode == ProgressMode::Live && u128::from(ticks) >= ticks_per_redraw {
+                        ticks = 0;
+                        let running = lock(&display.rows).values().any(|r| r.status == "running");
+                        if running {
+                            display.redraw();
+                        }
+                    }
                 }
             }
         });
-        Some(TickerGuard(task))
+        BackgroundGuard { task, display }
+    }
+
+    /// Writes out the lines not yet written.
+    pub fn flush(&self) {
+        let mut out = lock(&self.out);
+        if !out.writer.buffer().is_empty() {
+            out.flush();
+        }
     }
 
     /// Takes one run event.
@@ -389,11 +436,14 @@ impl ProgressDisplay {
         self.write_line(&td_base::secrets::redact(line));
     }
 
-    /// Writes a line that is already redacted.
+    /// Writes a line that is already redacted: at once after a quiet spell, else with the
+    /// next flush (see [`LINE_FLUSH`]).
     fn write_line(&self, line: &str) {
         let mut out = lock(&self.out);
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
+        let _ = writeln!(out.writer, "{line}");
+        if out.flushed.is_none_or(|at| at.elapsed() >= LINE_FLUSH) {
+            out.flush();
+        }
     }
 
     /// Redraws the live table in place.
@@ -440,8 +490,8 @@ impl ProgressDisplay {
         *drawn = rows.len();
         let text = td_base::secrets::redact(&text);
         let mut out = lock(&self.out);
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        let _ = out.writer.write_all(text.as_bytes());
+        out.flush();
     }
 }
 
@@ -576,12 +626,14 @@ mod tests {
     use td_engine::transcript::NoTranscript;
     use td_llm::{LlmResponse, StopReason, ToolCall, Usage};
 
+    /// What the display wrote, and in how many `write` calls.
     #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
+    struct Buf(Arc<Mutex<Vec<u8>>>, Arc<std::sync::atomic::AtomicUsize>);
 
     impl Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
             lock(&self.0).extend_from_slice(b);
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -592,6 +644,9 @@ mod tests {
     impl Buf {
         fn text(&self) -> String {
             String::from_utf8_lossy(&lock(&self.0)).into_owned()
+        }
+        fn writes(&self) -> usize {
+            self.1.load(std::sync::atomic::Ordering::Relaxed)
         }
     }
 
@@ -742,6 +797,7 @@ mod tests {
                 waited_ms: 12_300,
             },
         ));
+        p.flush();
         assert!(
             buf.text()
                 .contains("api: test waited 12.3 s for the heavy lane\n"),
@@ -785,7 +841,8 @@ mod tests {
 
     #[test]
     fn plain_mode_prints_log_lines() {
-        let (_p, buf) = show(ProgressMode::Plain);
+        let (p, buf) = show(ProgressMode::Plain);
+        p.flush();
         let text = buf.text();
         assert!(!text.contains('\x1b'));
         assert!(text.contains("api: started\n"));
@@ -816,6 +873,7 @@ mod tests {
                     reason: "model API error 401: bad key sk-progress-test-p5p5p5".into(),
                 },
             ));
+            p.flush();
             let text = buf.text();
             assert!(!text.contains("sk-progress"), "{mode:?}: {text}");
             assert!(!text.contains("sk-prog"), "{mode:?}: {text}");
@@ -868,6 +926,7 @@ mod tests {
         let (p, buf) = show(ProgressMode::Plain);
         p.on_event(&retried(4, Some(529)));
         p.on_event(&retried(5, None));
+        p.flush();
         let text = buf.text();
         assert!(
             text.contains(
@@ -885,7 +944,8 @@ mod tests {
 
     #[test]
     fn json_mode_streams_events() {
-        let (_p, buf) = show(ProgressMode::Json);
+        let (p, buf) = show(ProgressMode::Json);
+        p.flush();
         let events: Vec<serde_json::Value> = buf
             .text()
             .lines()
@@ -900,7 +960,7 @@ mod tests {
         let (p, buf) = show(ProgressMode::Live);
         let p = Arc::new(p);
         let frames = |buf: &Buf| buf.text().matches("\x1b[2A").count();
-        let guard = p.start_ticker().expect("live mode ticks");
+        let guard = p.start_background();
         let before = frames(&buf);
         tokio::time::sleep(Duration::from_millis(3_500)).await;
         let ticked = frames(&buf);
@@ -910,12 +970,95 @@ mod tests {
         let after_end = frames(&buf);
         tokio::time::sleep(Duration::from_millis(3_500)).await;
         assert_eq!(frames(&buf), after_end);
-        // Dropping the guard ends the task; so does dropping the display.
+        // Dropping the guard ends the task.
         drop(guard);
-        assert!(
-            Arc::new(show(ProgressMode::Plain).0)
-                .start_ticker()
-                .is_none()
-        );
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        p.set_status("api", "running", "");
+        let restarted = frames(&buf);
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        assert_eq!(frames(&buf), restarted);
+    }
+
+    fn line(seq: u64, n: u64) -> Event {
+        event(
+            seq,
+            EventKind::IterationStarted {
+                loop_name: format!("loop-{n}"),
+                iteration: 1,
+            },
+        )
+    }
+
+    fn failed(seq: u64, name: &str) -> Event {
+        event(
+            seq,
+            EventKind::LoopFailed {
+                loop_name: name.into(),
+                reason: "why".into(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_burst_of_lines_goes_out_in_one_write_and_a_line_after_a_quiet_spell_at_once() {
+        for mode in [ProgressMode::Plain, ProgressMode::Json] {
+            let buf = Buf::default();
+            let p = ProgressDisplay::with_writer(
+                mode,
+                &[],
+                Arc::new(NoTranscript),
+                Box::new(buf.clone()),
+            );
+            p.on_event(&failed(1, "first"));
+            assert!(
+                buf.text().contains("first"),
+                "{mode:?}: the first line at once"
+            );
+            assert_eq!(buf.writes(), 1);
+            for n in 0..200 {
+                p.on_event(&failed(2 + n, &format!("burst-{n}")));
+            }
+            // One write for the burst; a slow machine may cut it once or twice.
+            assert!(buf.writes() <= 3, "{mode:?}: {} writes", buf.writes());
+            p.flush();
+            let text = buf.text();
+            assert!(
+                (0..200).all(|n| text.contains(&format!("burst-{n}\""))
+                    || text.contains(&format!("burst-{n}: failed"))),
+                "{mode:?}: {text}"
+            );
+            std::thread::sleep(LINE_FLUSH + Duration::from_millis(10));
+            p.on_event(&failed(300, "after-a-pause"));
+            assert!(buf.text().contains("after-a-pause"), "{mode:?}");
+            // Events that print nothing write nothing.
+            let writes = buf.writes();
+            p.on_event(&line(301, 1));
+            p.flush();
+            assert_eq!(
+                buf.writes(),
+                writes + usize::from(mode == ProgressMode::Json)
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_lines_go_out_with_the_next_tick_and_when_the_run_ends() {
+        let buf = Buf::default();
+        let p = Arc::new(ProgressDisplay::with_writer(
+            ProgressMode::Plain,
+            &[],
+            Arc::new(NoTranscript),
+            Box::new(buf.clone()),
+        ));
+        let guard = p.start_background();
+        p.on_event(&failed(1, "one"));
+        p.on_event(&failed(2, "two"));
+        assert!(!buf.text().contains("two"), "held: {}", buf.text());
+        tokio::time::sleep(LINE_FLUSH * 2).await;
+        assert!(buf.text().contains("two: failed"), "{}", buf.text());
+        p.on_event(&failed(3, "three"));
+        assert!(!buf.text().contains("three"), "held: {}", buf.text());
+        drop(guard);
+        assert!(buf.text().contains("three: failed"), "{}", buf.text());
     }
 }
