@@ -1741,7 +1741,9 @@ fn a_hosts_git_reads_the_users_attributes_and_runs_no_filter_a_loop_names() {
 /// repository's LFS storage, or its branch would point at content only the host has. The
 /// host's user has git-lfs's filter (as `git lfs install` writes it); the run's base commit
 /// says `*.bin filter=lfs`; the loop, on h1, writes `new.bin` and, by a command, `big.bin` of
-/// 2.5 MiB (three chunks).
+/// 2.5 MiB (three chunks). The other way, the user's own `base.bin` in the base commit is
+/// content in the loop's worktree on h1 (the host fetched its object from the head), as in
+/// the user's checkout.
 #[test]
 fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     common::debian_packages::install(&["git-lfs"], &["/usr/bin/git-lfs"], "the hosts LFS test");
@@ -1749,7 +1751,7 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     let (head_ip, _, _) = net.host("h1");
     let content = "the loop's large file, kept by git-lfs\n";
     let run = head_run(
-        "w:\n  turns:\n    - calls:\n        - write_file: {path: new.bin, content: \"the loop's large file, kept by git-lfs\\n\"}\n        - run_command: {command: \"yes abcdefgh | head -c 2621440 > big.bin\"}\n        - complete_task: {summary: done}\n",
+        "w:\n  turns:\n    - calls:\n        - write_file: {path: new.bin, content: \"the loop's large file, kept by git-lfs\\n\"}\n        - run_command: {command: \"yes abcdefgh | head -c 2621440 > big.bin\"}\n        - run_command: {command: \"cp base.bin seen.txt\"}\n        - complete_task: {summary: done}\n",
         "  - {name: w, type: ralph, task: \"Write new.bin.\"}\n",
         "  placement:\n    - {loops: [w], hosts: [h1]}\n",
     );
@@ -1760,7 +1762,26 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
         "*.bin filter=lfs diff=lfs merge=lfs -text\n",
     )
     .unwrap();
-    common::git(&repo, &["add", ".gitattributes"]);
+    // The user's own large file, stored by the user's git-lfs: the host fetches its object
+    // before the loop's worktree is checked out, so the loop reads its content.
+    let user_content = "the user's large file, in the base\n";
+    std::fs::write(repo.join("base.bin"), user_content).unwrap();
+    common::git(
+        &repo,
+        &[
+            "-c",
+            "filter.lfs.process=git-lfs filter-process",
+            "-c",
+            "filter.lfs.clean=git-lfs clean -- %f",
+            "-c",
+            "filter.lfs.smudge=git-lfs smudge -- %f",
+            "-c",
+            "filter.lfs.required=true",
+            "add",
+            ".gitattributes",
+            "base.bin",
+        ],
+    );
     common::git(&repo, &["commit", "-qm", "lfs"]);
     let home = root.join("h1-home");
     std::fs::create_dir_all(&home).unwrap();
@@ -1801,6 +1822,13 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
         Some(content),
         "the head has no LFS object at {}\n--- h1:\n{}",
         object.display(),
+        h1.stderr()
+    );
+    // The loop on h1 read the content of the user's base.bin, not its pointer.
+    assert_eq!(
+        show(&run, &format!("{branch}:seen.txt")).as_deref(),
+        Some(user_content),
+        "{}",
         h1.stderr()
     );
     // An object of several chunks (2.5 MiB) comes whole.
@@ -2562,6 +2590,91 @@ fn a_hosts_requests_for_its_base_are_taken_one_at_a_time() {
     assert_eq!(made.len() + refused, AT_ONCE, "{answers:?}");
     // Once they are answered, the next is taken.
     assert!(matches!(again, Ok(Some(n)) if n > 0), "{again:?}");
+}
+
+/// A host fetches the git-lfs objects of its loop's base from the head (protocol 12), and
+/// only those: the head lists the objects the base's tree points at that it holds, answers
+/// their bytes, and refuses any other object of its LFS storage (one no commit of the run
+/// names, a name that is no object id), whatever the host asks.
+#[test]
+fn a_host_gets_the_lfs_objects_of_its_loops_base_and_no_other() {
+    use td_cluster::protocol::{Chunk, FromHost, LfsObjectName};
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root) = evil_run(port);
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let store = |content: &str| {
+        let oid = td_base::hash::sha256_hex(content.as_bytes());
+        let dir = repo
+            .join(".git/lfs/objects")
+            .join(&oid[..2])
+            .join(&oid[2..4]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(&oid), content).unwrap();
+        oid
+    };
+    let base_content = "the base's large file\n";
+    let base_oid = store(base_content);
+    let other_oid = store("an object of the user's that no loop's base names\n");
+    std::fs::write(
+        repo.join("base.bin"),
+        format!(
+            "version https://git-lfs.github.com/spec/v1\noid sha256:{base_oid}\nsize {}\n",
+            base_content.len()
+        ),
+    )
+    .unwrap();
+    common::git(&repo, &["add", "base.bin"]);
+    common::git(&repo, &["commit", "-qm", "a pointer"]);
+    let mut head = head_waiting_for(&run, &root, "evil");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (listed, chunk, other, forged) = rt.block_on(async {
+        let PlacedHost { link, running, .. } = placed_host(port, &root, "evil").await;
+        let listed = link
+            .ask::<Vec<LfsObjectName>>(
+                FromHost::BaseLfs {
+                    loop_name: "e".into(),
+                },
+                Duration::from_secs(30),
+            )
+            .await;
+        let chunk_of = |oid: &str| {
+            link.ask::<Chunk>(
+                FromHost::BaseLfsChunk {
+                    loop_name: "e".into(),
+                    oid: oid.to_string(),
+                    offset: 0,
+                },
+                Duration::from_secs(30),
+            )
+        };
+        let chunk = chunk_of(&base_oid).await;
+        let other = chunk_of(&other_oid).await;
+        let forged = chunk_of("../../../config").await;
+        evil_done(&link).await;
+        let _ = tokio::time::timeout(WAIT, running).await;
+        (listed, chunk, other, forged)
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    assert_eq!(
+        listed.unwrap(),
+        vec![LfsObjectName {
+            oid: base_oid.clone(),
+            size: base_content.len() as u64
+        }]
+    );
+    let chunk = chunk.unwrap();
+    assert_eq!(chunk.total, base_content.len() as u64);
+    assert_eq!(chunk.data, hex::encode(base_content));
+    for refused in [other, forged] {
+        let why = refused.unwrap_err().to_string();
+        assert!(
+            why.contains("is not an LFS object of the loop's base that the head holds"),
+            "{why}"
+        );
+    }
 }
 
 /// Review #10: a loop taken for stopped after the stop grace (its host said yes to the stop

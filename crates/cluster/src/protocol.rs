@@ -32,8 +32,10 @@ use serde_json::value::RawValue;
 /// git reads ([`StartLoop::attributes_from`]): a host of 9 would read none, and commit what
 /// the user's LFS or end-of-line rules would have changed as it is. 11: a host sends the
 /// git-lfs objects its loop's branch points at ([`FromHost::LfsChunk`]): a host of 10 kept
-/// them in its mirror, and the head's branch pointed at content it never had.
-pub const PROTOCOL: u32 = 11;
+/// them in its mirror, and the head's branch pointed at content it never had. 12: a host
+/// fetches the git-lfs objects of its loop's base ([`FromHost::BaseLfs`]): a host of 11 gave
+/// its loops pointers where the user's checkout has content.
+pub const PROTOCOL: u32 = 12;
 
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
@@ -123,6 +125,24 @@ pub enum FromHost {
     BaseChunk {
         /// The loop.
         loop_name: String,
+        /// Where the chunk starts.
+        offset: u64,
+    },
+    /// The git-lfs objects the tree of the loop's base commit points at which the head
+    /// holds (answered with a list of [`LfsObjectName`]): the host fetches those its mirror
+    /// lacks ([`FromHost::BaseLfsChunk`]) before it checks the loop's worktree out, so that
+    /// git-lfs fills the worktree as it fills the user's checkout.
+    BaseLfs {
+        /// The loop.
+        loop_name: String,
+    },
+    /// A chunk of one of the objects [`FromHost::BaseLfs`] listed, from `offset` (answered
+    /// with a [`Chunk`]); the host keeps the object only when its bytes hash to `oid`.
+    BaseLfsChunk {
+        /// The loop.
+        loop_name: String,
+        /// The object's id (SHA-256, lowercase hex).
+        oid: String,
         /// Where the chunk starts.
         offset: u64,
     },
@@ -340,6 +360,15 @@ pub struct BranchBundle {
     pub tip: String,
     /// The bundle's size in bytes (all of it was sent in chunks).
     pub bytes: u64,
+}
+
+/// A git-lfs object, as its pointer names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LfsObjectName {
+    /// Its id: the SHA-256 of its content, lowercase hex.
+    pub oid: String,
+    /// Its size in bytes.
+    pub size: u64,
 }
 
 /// A piece of a file.
@@ -566,7 +595,7 @@ mod tests {
         let json = serde_json::to_string(&join).unwrap();
         assert_eq!(
             json,
-            r#"{"join":{"protocol":11,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
+            r#"{"join":{"protocol":12,"name":"h1","node":"host-h1-00@host-h1","slots":null,"workdir":"/w","version":"0.1.0"}}"#
         );
         // A delivery names its number (protocol 5); one without reads as before.
         let deliver = ToHost::Deliver {
@@ -603,6 +632,25 @@ mod tests {
             r#"{"loop":{"host":"h1","token":"t","attempt":3,"request":{"coord":{"loop_name":"a","request":{"query":{"target":"b","question":"q?","timeout_ms":5}}}}}}"#
         );
         assert_eq!(serde_json::from_str::<ToHead>(&json).unwrap(), query);
+        // A base's LFS objects (protocol 12).
+        let listing = FromHost::BaseLfs {
+            loop_name: "a".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&listing).unwrap(),
+            r#"{"base_lfs":{"loop_name":"a"}}"#
+        );
+        let chunk = FromHost::BaseLfsChunk {
+            loop_name: "a".into(),
+            oid: "ab".into(),
+            offset: 7,
+        };
+        let wire = serde_json::to_string(&chunk).unwrap();
+        assert_eq!(
+            wire,
+            r#"{"base_lfs_chunk":{"loop_name":"a","oid":"ab","offset":7}}"#
+        );
+        assert_eq!(serde_json::from_str::<FromHost>(&wire).unwrap(), chunk);
         // The form of protocols up to 5 (internally tagged) is not read (a join of it is told the
         // protocols: `head::older_join`).
         assert!(serde_json::from_str::<ToHead>(r#"{"type":"ping"}"#).is_err());

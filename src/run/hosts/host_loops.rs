@@ -32,6 +32,7 @@
 //!   alerts and listings go to the head ([`HeadUpstream`]), which reaches the loops here
 //!   through [`ToHost::Deliver`] and [`ToHost::Answer`].
 
+mod base_lfs;
 mod checkpoint;
 mod guard;
 mod web;
@@ -565,6 +566,14 @@ impl HostLoops {
                 received?;
             }
         }
+        base_lfs::fetch_base_lfs(
+            &link,
+            &name,
+            &format!("{name}.{}.base", start.attempt),
+            &mirror,
+            &self.workdir.join("bundles"),
+        )
+        .await?;
         self.trust_attributes(&name, start.attributes_from.as_deref());
         // Not while an earlier start of this loop is still being cleaned up.
         let held = self.locks.hold(&name).await;

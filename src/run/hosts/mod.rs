@@ -7,6 +7,7 @@
 //!
 //! Where each loop runs is decided by [`placement`] when it is ready to start.
 
+pub mod base_lfs;
 pub mod branch_budget;
 pub mod host_loops;
 pub mod model_wire;

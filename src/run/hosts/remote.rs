@@ -44,6 +44,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::base_lfs::BaseLfs;
 use super::model_wire::Incoming;
 use td_base::sync::lock;
 use td_cluster::protocol::{
@@ -413,6 +414,9 @@ pub struct RemoteLoops {
     taking_branch: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The bundle bytes each loop's hosts sent, over all its placements.
     sent: Arc<BranchBudgets>,
+    /// The LFS objects of loops' bases, which hosts fetch, and the reads of every chunk
+    /// hosts fetch.
+    base_lfs: BaseLfs,
 }
 
 /// How the head starts a loop on a host.
@@ -520,6 +524,7 @@ impl RemoteLoops {
                 attempts: AtomicU64::new(0),
                 taking_branch: Mutex::new(BTreeMap::new()),
                 sent: Arc::new(BranchBudgets::new(MAX_BRANCH_BYTES)),
+                base_lfs: BaseLfs::default(),
             }),
             rx,
         )
@@ -904,6 +909,8 @@ impl RemoteLoops {
         let name = match &request {
             FromHost::PrepareBase { loop_name, .. }
             | FromHost::BaseChunk { loop_name, .. }
+            | FromHost::BaseLfs { loop_name }
+            | FromHost::BaseLfsChunk { loop_name, .. }
             | FromHost::Complete { loop_name, .. }
             | FromHost::Records { loop_name, .. }
             | FromHost::BranchChunk { loop_name, .. }
@@ -956,7 +963,14 @@ impl RemoteLoops {
                 reply.send(made);
             }
             FromHost::BaseChunk { offset, .. } => {
-                reply.send(read_chunk(&self.base_file(&name), offset));
+                reply.send(self.base_lfs.read(&self.base_file(&name), offset).await);
+            }
+            FromHost::BaseLfs { .. } => {
+                reply.send(self.base_lfs.names(&self.side.repo, &base).await);
+            }
+            FromHost::BaseLfsChunk { oid, offset, .. } => {
+                let chunk = self.base_lfs.chunk(&self.side.repo, &base, &oid, offset);
+                reply.send(chunk.await);
             }
             FromHost::Complete { request, .. } => {
                 reply.send(Ok::<_, String>(
@@ -2018,7 +2032,7 @@ async fn fast_forward(dir: &Path, tip: &str) -> Result<(), String> {
 }
 
 /// A chunk of the file at `path` from `offset`.
-fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
+pub(super) fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
     let mut file =
         std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let total = file
@@ -2026,9 +2040,7 @@ fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?
         .len();
     if offset > total {
-        return Err(format!(
-            "offset {offset} is past the bundle's {total} bytes"
-        ));
+        return Err(format!("offset {offset} is past the file's {total} bytes"));
     }
     file.seek(SeekFrom::Start(offset))
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;

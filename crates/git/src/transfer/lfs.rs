@@ -1,17 +1,21 @@
-//! The git-lfs objects of a loop's branch, carried from a host to the head beside its bundle.
+//! The git-lfs objects of a loop's branch, carried from a host to the head beside its bundle,
+//! and those of a loop's base, carried from the head to a host before its worktree is made.
 //!
 //! Where the user's attributes say `filter=lfs`, a host's git (git-lfs's clean filter)
 //! commits a pointer and keeps the file's content in its mirror's `lfs/objects`; a bundle
 //! carries only the pointer. So the host lists the pointers its branch's new commits hold
 //! whose objects its mirror has ([`Mirror::lfs_objects`]) and sends each object's bytes;
 //! the head keeps an object only when its bytes hash to the id the pointer names
-//! ([`LfsIntake`]), so a host can add no content under another object's name.
+//! ([`LfsIntake`]), so a host can add no content under another object's name. The other way,
+//! the head lists the objects the base commit's tree points at which it holds
+//! ([`lfs_objects_at`]), and a host's mirror takes them the same way
+//! ([`Mirror::lfs_intake`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::header::{ObjectFormat, is_object_id};
-use super::{Mirror, Result, TransferError};
+use super::{Mirror, Result, Target, TransferError};
 use crate::worktree::{GitInput, Repo};
 use td_base::sync::lock;
 
@@ -114,67 +118,107 @@ impl Mirror {
                 &[base.to_string()],
             )
             .await?;
-        let mut ids = String::new();
-        for id in listed.lines().map(str::trim).filter(|id| !id.is_empty()) {
-            ids.push_str(id);
-            ids.push('\n');
-        }
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let checked = target
-            .run(
-                &[
-                    "cat-file",
-                    "--batch-check=%(objectname) %(objecttype) %(objectsize)",
-                ],
-                GitInput::Bytes(ids.into_bytes()),
-                "check that the mirror is readable",
-            )
-            .await?;
-        let mut small = String::new();
-        for line in checked.lines() {
-            let mut fields = line.split(' ');
-            let (Some(id), Some("blob"), Some(size)) =
-                (fields.next(), fields.next(), fields.next())
-            else {
-                continue;
-            };
-            if size.parse::<u64>().is_ok_and(|s| s < MAX_POINTER_BYTES) {
-                small.push_str(id);
-                small.push('\n');
-            }
-        }
-        if small.is_empty() {
-            return Ok(Vec::new());
-        }
-        let out = target
-            .output(
-                &["cat-file", "--batch"],
-                GitInput::Bytes(small.into_bytes()),
-            )
-            .await?;
-        if !out.success() {
-            return Err(TransferError::Git(
-                out.into_error("check that the mirror is readable"),
-            ));
-        }
-        let mut found: Vec<LfsObject> = Vec::new();
-        for content in batch_contents(&out.stdout) {
-            let Some(pointer) = parse_pointer(content) else {
-                continue;
-            };
-            let path = object_path(&self.dir, &pointer.oid);
-            // An empty file is no LFS object (git-lfs keeps it as it is): nothing to send.
-            let held = pointer.size > 0
-                && std::fs::symlink_metadata(&path)
-                    .is_ok_and(|m| m.is_file() && m.len() == pointer.size);
-            if held && !found.iter().any(|o| o.pointer.oid == pointer.oid) {
-                found.push(LfsObject { pointer, path });
-            }
-        }
-        Ok(found)
+        held_objects(&target, &self.dir, &listed).await
     }
+
+    /// The mirror's side of LFS objects the head sends (those of a loop's base, fetched
+    /// before its worktree is checked out): put together in `parts`, kept in the mirror's
+    /// LFS storage once their bytes hash to their id.
+    pub fn lfs_intake(&self, parts: &Path) -> LfsIntake {
+        LfsIntake {
+            git_dir: self.dir.clone(),
+            parts: parts.to_path_buf(),
+        }
+    }
+}
+
+/// Head: the LFS objects the tree of `commit` points at which `repo`'s LFS storage holds,
+/// each once: what a host's mirror needs so that git-lfs fills a worktree of `commit` with
+/// the content the user's own checkout has (a missing object stays a pointer there as here).
+pub async fn lfs_objects_at(repo: &Repo, commit: &str) -> Result<Vec<LfsObject>> {
+    if !storage(&repo.common_dir).is_dir() {
+        return Ok(Vec::new());
+    }
+    let target = super::repo_target(repo);
+    let format = target.object_format().await?;
+    super::check_id("commit", commit, format)?;
+    let listed = target
+        .rev_list(
+            &["--objects", "--no-object-names", "--no-walk"],
+            &[commit],
+            &[],
+        )
+        .await?;
+    held_objects(&target, &repo.common_dir, &listed).await
+}
+
+/// The LFS objects that the blobs among `listed` (object ids, one a line) point at, which
+/// the LFS storage under `git_dir` holds at their size, each once.
+async fn held_objects(target: &Target, git_dir: &Path, listed: &str) -> Result<Vec<LfsObject>> {
+    let mut ids = String::new();
+    for id in listed.lines().map(str::trim).filter(|id| !id.is_empty()) {
+        ids.push_str(id);
+        ids.push('\n');
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let checked = target
+        .run(
+            &[
+                "cat-file",
+                "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+            ],
+            GitInput::Bytes(ids.into_bytes()),
+            "check that the repository is readable",
+        )
+        .await?;
+    let mut small = String::new();
+    for line in checked.lines() {
+        let mut fields = line.split(' ');
+        let (Some(id), Some("blob"), Some(size)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if size.parse::<u64>().is_ok_and(|s| s < MAX_POINTER_BYTES) {
+            small.push_str(id);
+            small.push('\n');
+        }
+    }
+    if small.is_empty() {
+        return Ok(Vec::new());
+    }
+    let out = target
+        .output(
+            &["cat-file", "--batch"],
+            GitInput::Bytes(small.into_bytes()),
+        )
+        .await?;
+    if !out.success() {
+        return Err(TransferError::Git(
+            out.into_error("check that the repository is readable"),
+        ));
+    }
+    let mut found: Vec<LfsObject> = Vec::new();
+    for content in batch_contents(&out.stdout) {
+        let Some(pointer) = parse_pointer(content) else {
+            continue;
+        };
+        let path = object_path(git_dir, &pointer.oid);
+        // An empty file is no LFS object (git-lfs keeps it as it is): nothing to send.
+        if pointer.size > 0
+            && is_held(&path, pointer.size)
+            && !found.iter().any(|o| o.pointer.oid == pointer.oid)
+        {
+            found.push(LfsObject { pointer, path });
+        }
+    }
+    Ok(found)
+}
+
+/// Whether `path` is an object file of `size` bytes (not a symlink, not cut short).
+fn is_held(path: &Path, size: u64) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == size)
 }
 
 /// The contents of `git cat-file --batch`'s answer (`<id> <type> <size>\n<content>\n` each;
@@ -239,8 +283,9 @@ impl Drop for Claim {
     }
 }
 
-/// The head's side: LFS objects from hosts, put together in a directory of the head's
-/// (`parts`) and moved into the repository's LFS storage once their bytes hash to their id.
+/// The receiving side: LFS objects from the other end (the head's repository from hosts, a
+/// host's mirror from the head), put together in a directory of the receiver's (`parts`)
+/// and moved into the repository's LFS storage once their bytes hash to their id.
 #[derive(Debug, Clone)]
 pub struct LfsIntake {
     /// The repository's git directory (its common one: every worktree's LFS storage).
@@ -263,6 +308,12 @@ impl LfsIntake {
         is_oid(oid).then(|| object_path(&self.git_dir, oid))
     }
 
+    /// Whether the repository holds object `pointer` whole.
+    pub fn holds(&self, pointer: &LfsPointer) -> bool {
+        self.object_path(&pointer.oid)
+            .is_some_and(|path| is_held(&path, pointer.size))
+    }
+
     /// Takes `bytes` of object `pointer` at `offset`, sent by `sender` (a name for the loop
     /// and its placement, which keeps senders' parts apart). A chunk at offset 0 starts the
     /// object again (an empty one asks how far the head is: [`LfsReceived::Held`] when it
@@ -283,7 +334,7 @@ impl LfsIntake {
         let Some(dest) = self.object_path(oid) else {
             return Err(format!("{oid:?} is not an LFS object id"));
         };
-        if std::fs::symlink_metadata(&dest).is_ok_and(|m| m.is_file() && m.len() == pointer.size) {
+        if is_held(&dest, pointer.size) {
             return Ok(LfsReceived::Held);
         }
         std::fs::create_dir_all(&self.parts)

@@ -1300,3 +1300,90 @@ async fn a_branch_lists_the_lfs_objects_its_new_commits_point_at_that_the_mirror
     );
     assert!(listed.iter().all(|o| o.pointer.oid != lost_oid));
 }
+
+/// What the head sends a host before a loop's worktree is made: the git-lfs objects the
+/// tree of the loop's base points at (in every directory, not only the last commit's
+/// changes) that its storage holds, each once; and the host's mirror keeps one only when its
+/// bytes hash to its id.
+#[tokio::test]
+async fn a_commits_tree_lists_the_lfs_objects_the_head_holds_and_a_mirror_takes_them() {
+    let fx = Fx::new(1);
+    let repo = fx.repo().await;
+    let pointer = |content: &str| {
+        let oid = td_base::hash::sha256_hex(content.as_bytes());
+        let text = format!(
+            "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
+            content.len()
+        );
+        (oid, text)
+    };
+    let (top_oid, top_text) = pointer("at the top\n");
+    let (deep_oid, deep_text) = pointer("deep down\n");
+    let (lost_oid, lost_text) = pointer("nobody has this\n");
+    fx.commit_file(&fx.head, "top.bin", &top_text, "top");
+    fx.commit_file(&fx.head, "again.bin", &top_text, "the same object twice");
+    std::fs::create_dir_all(fx.head.join("a/b")).unwrap();
+    fx.commit_file(&fx.head, "a/b/deep.bin", &deep_text, "deep");
+    fx.commit_file(&fx.head, "lost.bin", &lost_text, "lost");
+    let base = fx.main_tip();
+    // No LFS storage: nothing, without asking git.
+    assert!(lfs::lfs_objects_at(&repo, &base).await.unwrap().is_empty());
+    let store = |oid: &str, content: &str| {
+        let dir = repo
+            .common_dir
+            .join("lfs/objects")
+            .join(&oid[..2])
+            .join(&oid[2..4]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(oid), content).unwrap();
+    };
+    store(&top_oid, "at the top\n");
+    store(&deep_oid, "deep down\n");
+    let mut listed: Vec<String> = lfs::lfs_objects_at(&repo, &base)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.pointer.oid)
+        .collect();
+    listed.sort();
+    let mut expected = vec![top_oid.clone(), deep_oid.clone()];
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert!(!listed.contains(&lost_oid));
+    assert!(
+        lfs::lfs_objects_at(&repo, "not-a-commit").await.is_err(),
+        "an id is checked"
+    );
+
+    // The host's mirror takes them as the head takes a host's.
+    let mirror = fx.mirror("mirror").await;
+    let intake = mirror.lfs_intake(&fx.path("parts"));
+    let deep = lfs::LfsPointer {
+        oid: deep_oid.clone(),
+        size: 10,
+    };
+    assert!(!intake.holds(&deep));
+    let forged = intake.take_chunk("w.1.base", &deep, 0, b"deep d0wn\n", |_| Ok(()));
+    assert!(forged.unwrap_err().contains("refused"));
+    assert!(!intake.holds(&deep));
+    assert_eq!(
+        intake.take_chunk("w.1.base", &deep, 0, b"deep ", |_| Ok(())),
+        Ok(lfs::LfsReceived::Partly(5))
+    );
+    assert_eq!(
+        intake.take_chunk("w.1.base", &deep, 5, b"down\n", |_| Ok(())),
+        Ok(lfs::LfsReceived::Held)
+    );
+    assert!(intake.holds(&deep));
+    assert_eq!(
+        std::fs::read_to_string(
+            fx.path("mirror")
+                .join("lfs/objects")
+                .join(&deep_oid[..2])
+                .join(&deep_oid[2..4])
+                .join(&deep_oid)
+        )
+        .unwrap(),
+        "deep down\n"
+    );
+}

@@ -1,0 +1,110 @@
+//! A host's side of the git-lfs objects of a loop's base. Before the loop's worktree is
+//! checked out, the objects the head lists (those the tree of the base commit points at
+//! which the head's repository holds) that this host's mirror lacks are fetched into the
+//! mirror's LFS storage, each kept only when its bytes hash to its id; git-lfs's smudge then
+//! fills the worktree from them, as it fills the user's checkout (it fetches nothing itself:
+//! `td_git::daemon_git`). An object the head lacks stays a pointer here as there.
+
+use std::path::Path;
+
+use td_cluster::HeadLink;
+use td_cluster::protocol::{CHUNK_BYTES, Chunk, FromHost, LfsObjectName};
+use td_git::transfer::Mirror;
+use td_git::transfer::lfs::{LfsIntake, LfsPointer, LfsReceived};
+
+use super::{MAX_BASE_BYTES, ask_again};
+
+/// The most bytes of LFS objects a host fetches for one loop's base (as for its bundle);
+/// beyond it, objects stay pointers in the loop's worktree and the host says which.
+pub const MAX_BASE_LFS_BYTES: u64 = MAX_BASE_BYTES;
+
+/// Fetches into `mirror` the LFS objects of loop `name`'s base that it lacks, put together
+/// in `parts` under the name `sender` (the loop and its placement).
+pub(super) async fn fetch_base_lfs(
+    link: &HeadLink,
+    name: &str,
+    sender: &str,
+    mirror: &Mirror,
+    parts: &Path,
+) -> Result<(), String> {
+    let listed: Vec<LfsObjectName> = ask_again(link, || FromHost::BaseLfs {
+        loop_name: name.to_string(),
+    })
+    .await?;
+    let intake = mirror.lfs_intake(parts);
+    let mut left = MAX_BASE_LFS_BYTES;
+    let mut over: Vec<String> = Vec::new();
+    for object in listed {
+        let pointer = LfsPointer {
+            oid: object.oid,
+            size: object.size,
+        };
+        if intake.holds(&pointer) {
+            continue;
+        }
+        match left.checked_sub(pointer.size) {
+            Some(rest) => left = rest,
+            None => {
+                over.push(format!("{} ({} bytes)", pointer.oid, pointer.size));
+                continue;
+            }
+        }
+        fetch_object(link, name, sender, &intake, pointer).await?;
+    }
+    if !over.is_empty() {
+        eprintln!(
+            "taskdaemon host: loop {name}: {} LFS object(s) of its base would take it past the {MAX_BASE_LFS_BYTES} bytes a host fetches for one base; they stay pointers in its worktree: {}",
+            over.len(),
+            over.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Fetches object `pointer` a chunk at a time, the intake saying where to go on from.
+async fn fetch_object(
+    link: &HeadLink,
+    name: &str,
+    sender: &str,
+    intake: &LfsIntake,
+    pointer: LfsPointer,
+) -> Result<(), String> {
+    let oid = pointer.oid.clone();
+    let mut offset = 0u64;
+    loop {
+        let chunk: Chunk = ask_again(link, || FromHost::BaseLfsChunk {
+            loop_name: name.to_string(),
+            oid: oid.clone(),
+            offset,
+        })
+        .await?;
+        let data = hex::decode(&chunk.data)
+            .map_err(|e| format!("a chunk of LFS object {oid} is not hex: {e}"))?;
+        if chunk.total != pointer.size || data.is_empty() || data.len() > CHUNK_BYTES {
+            return Err(format!(
+                "the head sent a chunk of {} bytes of LFS object {oid} ({} bytes, its pointer says {}), at {offset}",
+                data.len(),
+                chunk.total,
+                pointer.size
+            ));
+        }
+        // Writing and, at the end, hashing the object is file work: not on the runtime's
+        // workers.
+        let (intake, sender, object) = (intake.clone(), sender.to_string(), pointer.clone());
+        let taken = tokio::task::spawn_blocking(move || {
+            intake.take_chunk(&sender, &object, offset, &data, |_| Ok(()))
+        })
+        .await
+        .map_err(|e| format!("the host's LFS task failed: {e}"))?
+        .map_err(|e| format!("LFS object {oid} of the base: {e}"))?;
+        match taken {
+            LfsReceived::Held => return Ok(()),
+            LfsReceived::Partly(next) if next > offset => offset = next,
+            LfsReceived::Partly(next) => {
+                return Err(format!(
+                    "LFS object {oid} of the base got no further than {next} bytes"
+                ));
+            }
+        }
+    }
+}
