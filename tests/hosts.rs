@@ -2677,6 +2677,108 @@ fn a_host_gets_the_lfs_objects_of_its_loops_base_and_no_other() {
     }
 }
 
+/// A host that lies about its loop's LFS objects, through the real head: bytes that do not
+/// hash to the id they are sent as, a name that is no object id (a path), a chunk past the
+/// object's size or out of order: each refused, saying why, and nothing lands in the
+/// repository's LFS storage; the honest object sent after them lands whole.
+#[test]
+fn a_hosts_lies_about_lfs_objects_land_nothing() {
+    use td_cluster::protocol::FromHost;
+    let _turn = IN_PROCESS_HOST.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let (run, root) = evil_run(port);
+    let repo = run.config.parent().unwrap().to_path_buf();
+    let mut head = head_waiting_for(&run, &root, "evil");
+    let content = "the loop's large file\n";
+    let oid = td_base::hash::sha256_hex(content.as_bytes());
+    let size = content.len() as u64;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(async {
+        let PlacedHost { link, running, .. } = placed_host(port, &root, "evil").await;
+        let send = |oid: &str, size: u64, offset: u64, data: &[u8]| {
+            link.ask::<Option<u64>>(
+                FromHost::LfsChunk {
+                    loop_name: "e".into(),
+                    oid: oid.to_string(),
+                    size,
+                    offset,
+                    data: hex::encode(data),
+                },
+                Duration::from_secs(30),
+            )
+        };
+        let forged = send(&oid, size, 0, b"another loop's large fil\n"[..22].as_ref()).await;
+        let path_name = send("../../../../config", 4, 0, b"evil").await;
+        let past_size = send(&oid, size, 0, b"the loop's large file\nand more").await;
+        let out_of_order = send(&oid, size, 10, b"large file\n").await;
+        let honest_start = send(&oid, size, 0, b"the loop's ").await;
+        let honest_end = send(&oid, size, 11, b"large file\n").await;
+        evil_done(&link).await;
+        let _ = tokio::time::timeout(WAIT, running).await;
+        [
+            forged,
+            path_name,
+            past_size,
+            out_of_order,
+            honest_start,
+            honest_end,
+        ]
+        .map(|a| a.map_err(|e| e.to_string()))
+    });
+    let code = exit_within(&mut head, WAIT);
+    let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
+    assert!(code.is_some(), "the run did not end\n{err}");
+    let [
+        forged,
+        path_name,
+        past_size,
+        out_of_order,
+        honest_start,
+        honest_end,
+    ] = answers;
+    let refused = |answer: &Result<Option<u64>, String>, why: &str| {
+        assert!(
+            answer.as_ref().is_err_and(|e| e.contains(why)),
+            "{answer:?} does not say {why:?}"
+        );
+    };
+    refused(&forged, "hash to");
+    refused(&path_name, "is not an LFS object id");
+    refused(&past_size, "ends past its size");
+    refused(&out_of_order, "came after 0 bytes");
+    assert_eq!(honest_start, Ok(Some(11)));
+    assert_eq!(honest_end, Ok(None));
+    let storage = repo.join(".git/lfs/objects");
+    let mut landed: Vec<PathBuf> = Vec::new();
+    let mut dirs = vec![storage.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                landed.push(path);
+            }
+        }
+    }
+    assert_eq!(
+        landed,
+        vec![storage.join(&oid[..2]).join(&oid[2..4]).join(&oid)],
+        "only the honest object lands"
+    );
+    assert_eq!(std::fs::read_to_string(&landed[0]).unwrap(), content);
+    // No part is left beside the bundles: a refused chunk drops its part.
+    let parts: Vec<String> = std::fs::read_dir(run.run_dir.join("hosts"))
+        .map(|dir| {
+            dir.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(".lfs."))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(parts.is_empty(), "{parts:?}");
+}
+
 /// Review #10: a loop taken for stopped after the stop grace (its host said yes to the stop
 /// and did nothing) leaves the coordinator with the reason, as a lost host's loop does: a
 /// question to it fails at once instead of waiting on a host that does not answer for it.
