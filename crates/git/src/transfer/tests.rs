@@ -1239,6 +1239,16 @@ async fn the_head_refuses_a_pack_that_inflates_past_its_memory_bound() {
     .await;
 }
 
+/// The id of `content` as a git-lfs object, and the pointer git-lfs writes for it.
+fn lfs_pointer(content: &str) -> (String, String) {
+    let oid = td_base::hash::sha256_hex(content.as_bytes());
+    let text = format!(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
+        content.len()
+    );
+    (oid, text)
+}
+
 /// What a host sends beside its branch's bundle: the git-lfs objects its new commits point
 /// at that its mirror holds (git-lfs itself is not needed: the pointers and the storage are
 /// written as git-lfs writes them), each once; not a pointer whose object it lacks, not the
@@ -1247,15 +1257,7 @@ async fn the_head_refuses_a_pack_that_inflates_past_its_memory_bound() {
 async fn a_branch_lists_the_lfs_objects_its_new_commits_point_at_that_the_mirror_holds() {
     let fx = Fx::new(1);
     let repo = fx.repo().await;
-    let pointer = |content: &str| {
-        let oid = td_base::hash::sha256_hex(content.as_bytes());
-        let text = format!(
-            "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
-            content.len()
-        );
-        (oid, text)
-    };
-    let (old_oid, old_text) = pointer("in the base\n");
+    let (old_oid, old_text) = lfs_pointer("in the base\n");
     fx.commit_file(&fx.head, "old.bin", &old_text, "base pointer");
     let base = fx.main_tip();
     let to_host = fx.path("to-host.bundle");
@@ -1266,8 +1268,8 @@ async fn a_branch_lists_the_lfs_objects_its_new_commits_point_at_that_the_mirror
         .add_worktree(&fx.path("wt/a"), "taskdaemon/r1/a", &base)
         .await
         .unwrap();
-    let (new_oid, new_text) = pointer("the loop's large file\n");
-    let (lost_oid, lost_text) = pointer("nobody has this\n");
+    let (new_oid, new_text) = lfs_pointer("the loop's large file\n");
+    let (lost_oid, lost_text) = lfs_pointer("nobody has this\n");
     std::fs::write(wt.path().join("new.bin"), &new_text).unwrap();
     std::fs::write(wt.path().join("copy.bin"), &new_text).unwrap();
     std::fs::write(wt.path().join("lost.bin"), &lost_text).unwrap();
@@ -1309,17 +1311,9 @@ async fn a_branch_lists_the_lfs_objects_its_new_commits_point_at_that_the_mirror
 async fn a_commits_tree_lists_the_lfs_objects_the_head_holds_and_a_mirror_takes_them() {
     let fx = Fx::new(1);
     let repo = fx.repo().await;
-    let pointer = |content: &str| {
-        let oid = td_base::hash::sha256_hex(content.as_bytes());
-        let text = format!(
-            "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
-            content.len()
-        );
-        (oid, text)
-    };
-    let (top_oid, top_text) = pointer("at the top\n");
-    let (deep_oid, deep_text) = pointer("deep down\n");
-    let (lost_oid, lost_text) = pointer("nobody has this\n");
+    let (top_oid, top_text) = lfs_pointer("at the top\n");
+    let (deep_oid, deep_text) = lfs_pointer("deep down\n");
+    let (lost_oid, lost_text) = lfs_pointer("nobody has this\n");
     fx.commit_file(&fx.head, "top.bin", &top_text, "top");
     fx.commit_file(&fx.head, "again.bin", &top_text, "the same object twice");
     std::fs::create_dir_all(fx.head.join("a/b")).unwrap();
