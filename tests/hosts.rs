@@ -1743,7 +1743,7 @@ fn a_hosts_git_reads_the_users_attributes_and_runs_no_filter_a_loop_names() {
 /// says `*.bin filter=lfs`; the loop, on h1, writes `new.bin` and, by a command, `big.bin` of
 /// 2.5 MiB (three chunks). The other way, the user's own `base.bin` in the base commit is
 /// content in the loop's worktree on h1 (the host fetched its object from the head), as in
-/// the user's checkout.
+/// the user's checkout. Both sides keep LFS objects where their `lfs.storage` says.
 #[test]
 fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     common::debian_packages::install(&["git-lfs"], &["/usr/bin/git-lfs"], "the hosts LFS test");
@@ -1765,6 +1765,9 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     // The user's own large file, stored by the user's git-lfs: the host fetches its object
     // before the loop's worktree is checked out, so the loop reads its content.
     let user_content = "the user's large file, in the base\n";
+    // Where `lfs.storage` says, on both sides: the user's repository keeps its objects in
+    // `.git/lfs-custom`, the host's user all of theirs in one directory of its own.
+    common::git(&repo, &["config", "lfs.storage", "lfs-custom"]);
     std::fs::write(repo.join("base.bin"), user_content).unwrap();
     common::git(
         &repo,
@@ -1787,7 +1790,10 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(
         home.join(".gitconfig"),
-        "[filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n\tsmudge = git-lfs smudge -- %f\n\tprocess = git-lfs filter-process\n\trequired = true\n",
+        format!(
+            "[filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n\tsmudge = git-lfs smudge -- %f\n\tprocess = git-lfs filter-process\n\trequired = true\n[lfs]\n\tstorage = {}\n",
+            root.join("h1-lfs").display()
+        ),
     )
     .unwrap();
     let mut head = run.start_head(&net, "head");
@@ -1813,7 +1819,7 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
     );
     // ...and the head's repository the content it points at, where git-lfs looks for it.
     let object = repo
-        .join(".git/lfs/objects")
+        .join(".git/lfs-custom/objects")
         .join(&oid[..2])
         .join(&oid[2..4])
         .join(&oid);
@@ -1840,7 +1846,7 @@ fn a_hosts_loop_brings_the_lfs_objects_of_its_branch_to_the_head() {
         .collect();
     let oid = td_base::hash::sha256_hex(&big);
     let object = repo
-        .join(".git/lfs/objects")
+        .join(".git/lfs-custom/objects")
         .join(&oid[..2])
         .join(&oid[2..4])
         .join(&oid);

@@ -22,7 +22,7 @@ use std::process::Stdio;
 pub const NO_HOOKS: [&str; 2] = ["-c", "core.hooksPath=/dev/null"];
 
 /// Arguments that keep git-lfs from fetching anything for the daemon's git, while its smudge
-/// still fills a checkout from the objects the repository has (`.git/lfs/objects`: the
+/// still fills a checkout from the objects the repository has (its LFS storage: the
 /// user's own, and what the clean filter stored for loops' commits). Unpinned, a smudge of
 /// an object the repository lacks fetches it from the URL in the checkout's `.lfsconfig`,
 /// which a loop can write, with the user's credentials and outside every sandbox. `lfs.url`

@@ -1686,7 +1686,9 @@ impl RemoteLoops {
             }
             Some(false) => {}
         }
-        let intake = LfsIntake::new(&self.side.repo, &self.side.dir);
+        let intake = LfsIntake::open(&self.side.repo, &self.side.dir)
+            .await
+            .map_err(|e| format!("the head cannot take LFS objects: {e}"))?;
         let (owner, sender) = (name.to_string(), sender.to_string());
         let sent = self.sent.clone();
         // The last chunk hashes the whole object (up to MAX_BRANCH_BYTES): not on the

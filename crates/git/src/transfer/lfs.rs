@@ -2,7 +2,7 @@
 //! and those of a loop's base, carried from the head to a host before its worktree is made.
 //!
 //! Where the user's attributes say `filter=lfs`, a host's git (git-lfs's clean filter)
-//! commits a pointer and keeps the file's content in its mirror's `lfs/objects`; a bundle
+//! commits a pointer and keeps the file's content in its mirror's LFS storage; a bundle
 //! carries only the pointer. So the host lists the pointers its branch's new commits hold
 //! whose objects its mirror has ([`Mirror::lfs_objects`]) and sends each object's bytes;
 //! the head keeps an object only when its bytes hash to the id the pointer names
@@ -76,15 +76,50 @@ pub fn is_oid(text: &str) -> bool {
     is_object_id(text, ObjectFormat::Sha256)
 }
 
-/// git-lfs's default storage under a repository's git directory `git_dir`.
-fn storage(git_dir: &Path) -> PathBuf {
-    git_dir.join("lfs").join("objects")
+/// The objects directory of git-lfs's storage of each repository asked about, by git
+/// directory: read from git once per process (the config of a run's repository, or of a
+/// host's mirror, is not expected to move its LFS storage while the process runs).
+static OBJECTS_DIRS: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// Where git-lfs keeps the objects of `target` (its common git directory): `objects` in
+/// `lfs.storage` of the config git-lfs reads, relative to the git directory as git-lfs takes
+/// it (and `~/` expanded), else in `<git dir>/lfs`.
+async fn objects_dir(target: &Target) -> Result<PathBuf> {
+    let known = lock(&OBJECTS_DIRS)
+        .iter()
+        .find(|(dir, _)| *dir == target.git_dir)
+        .map(|(_, objects)| objects.clone());
+    if let Some(objects) = known {
+        return Ok(objects);
+    }
+    let out = target
+        .output(
+            &["config", "--type=path", "--get", "lfs.storage"],
+            GitInput::None,
+        )
+        .await?;
+    let set = out.text();
+    let storage = match out.status.code() {
+        Some(0) if !set.trim_end_matches('\n').is_empty() => {
+            target.git_dir.join(set.trim_end_matches('\n'))
+        }
+        // Unset (git says 1) or empty: git-lfs's default.
+        Some(0 | 1) => target.git_dir.join("lfs"),
+        _ => {
+            return Err(TransferError::Git(out.into_error(
+                "check the repository's git config (`git config lfs.storage`)",
+            )));
+        }
+    };
+    let objects = storage.join("objects");
+    lock(&OBJECTS_DIRS).push((target.git_dir.clone(), objects.clone()));
+    Ok(objects)
 }
 
-/// Where git-lfs keeps object `oid` under `git_dir` (`lfs/objects/<2>/<2>/<oid>`).
-fn object_path(git_dir: &Path, oid: &str) -> PathBuf {
+/// Where git-lfs keeps object `oid` in the objects directory `objects` (`<2>/<2>/<oid>`).
+fn object_path(objects: &Path, oid: &str) -> PathBuf {
     let (a, b) = (oid.get(..2).unwrap_or(""), oid.get(2..4).unwrap_or(""));
-    storage(git_dir).join(a).join(b).join(oid)
+    objects.join(a).join(b).join(oid)
 }
 
 /// An LFS object a branch points at, with where the mirror keeps it.
@@ -102,12 +137,13 @@ impl Mirror {
     /// pointer whose object the mirror lacks (a loop that wrote a pointer by hand) is left
     /// out: there is nothing to send; so is an empty one.
     pub async fn lfs_objects(&self, base: &str, tip: &str) -> Result<Vec<LfsObject>> {
+        let target = self.target();
         // git-lfs makes its storage when it first stores an object: without it, no pointer
-        // can have one here, and a repository without LFS pays no git for the question.
-        if !storage(&self.dir).is_dir() {
+        // can have one here, and a repository without LFS pays no more git for the question.
+        let objects = objects_dir(&target).await?;
+        if !objects.is_dir() {
             return Ok(Vec::new());
         }
-        let target = self.target();
         let format = target.object_format().await?;
         super::check_id("base commit", base, format)?;
         super::check_id("tip", tip, format)?;
@@ -118,17 +154,17 @@ impl Mirror {
                 &[base.to_string()],
             )
             .await?;
-        held_objects(&target, &self.dir, &listed).await
+        held_objects(&target, &objects, &listed).await
     }
 
     /// The mirror's side of LFS objects the head sends (those of a loop's base, fetched
     /// before its worktree is checked out): put together in `parts`, kept in the mirror's
     /// LFS storage once their bytes hash to their id.
-    pub fn lfs_intake(&self, parts: &Path) -> LfsIntake {
-        LfsIntake {
-            git_dir: self.dir.clone(),
+    pub async fn lfs_intake(&self, parts: &Path) -> Result<LfsIntake> {
+        Ok(LfsIntake {
+            objects: objects_dir(&self.target()).await?,
             parts: parts.to_path_buf(),
-        }
+        })
     }
 }
 
@@ -136,10 +172,11 @@ impl Mirror {
 /// each once: what a host's mirror needs so that git-lfs fills a worktree of `commit` with
 /// the content the user's own checkout has (a missing object stays a pointer there as here).
 pub async fn lfs_objects_at(repo: &Repo, commit: &str) -> Result<Vec<LfsObject>> {
-    if !storage(&repo.common_dir).is_dir() {
+    let target = super::repo_target(repo);
+    let objects = objects_dir(&target).await?;
+    if !objects.is_dir() {
         return Ok(Vec::new());
     }
-    let target = super::repo_target(repo);
     let format = target.object_format().await?;
     super::check_id("commit", commit, format)?;
     let listed = target
@@ -149,12 +186,12 @@ pub async fn lfs_objects_at(repo: &Repo, commit: &str) -> Result<Vec<LfsObject>>
             &[],
         )
         .await?;
-    held_objects(&target, &repo.common_dir, &listed).await
+    held_objects(&target, &objects, &listed).await
 }
 
 /// The LFS objects that the blobs among `listed` (object ids, one a line) point at, which
-/// the LFS storage under `git_dir` holds at their size, each once.
-async fn held_objects(target: &Target, git_dir: &Path, listed: &str) -> Result<Vec<LfsObject>> {
+/// the LFS objects directory `objects` holds at their size, each once.
+async fn held_objects(target: &Target, objects: &Path, listed: &str) -> Result<Vec<LfsObject>> {
     let mut ids = String::new();
     for id in listed.lines().map(str::trim).filter(|id| !id.is_empty()) {
         ids.push_str(id);
@@ -204,7 +241,7 @@ async fn held_objects(target: &Target, git_dir: &Path, listed: &str) -> Result<V
         let Some(pointer) = parse_pointer(content) else {
             continue;
         };
-        let path = object_path(git_dir, &pointer.oid);
+        let path = object_path(objects, &pointer.oid);
         // An empty file is no LFS object (git-lfs keeps it as it is): nothing to send.
         if pointer.size > 0
             && is_held(&path, pointer.size)
@@ -288,24 +325,26 @@ impl Drop for Claim {
 /// and moved into the repository's LFS storage once their bytes hash to their id.
 #[derive(Debug, Clone)]
 pub struct LfsIntake {
-    /// The repository's git directory (its common one: every worktree's LFS storage).
-    git_dir: PathBuf,
+    /// The objects directory of the repository's LFS storage (its common git directory's:
+    /// every worktree's).
+    objects: PathBuf,
     /// Where objects are put together while they come.
     parts: PathBuf,
 }
 
 impl LfsIntake {
-    /// Objects for `repo`, put together in `parts` (made when missing).
-    pub fn new(repo: &Repo, parts: &Path) -> LfsIntake {
-        LfsIntake {
-            git_dir: repo.common_dir.clone(),
+    /// Objects for `repo`'s LFS storage (where its config's `lfs.storage` says), put
+    /// together in `parts` (made when missing).
+    pub async fn open(repo: &Repo, parts: &Path) -> Result<LfsIntake> {
+        Ok(LfsIntake {
+            objects: objects_dir(&super::repo_target(repo)).await?,
             parts: parts.to_path_buf(),
-        }
+        })
     }
 
     /// Where the repository keeps object `oid` (`None` for a name that is no id).
     pub fn object_path(&self, oid: &str) -> Option<PathBuf> {
-        is_oid(oid).then(|| object_path(&self.git_dir, oid))
+        is_oid(oid).then(|| object_path(&self.objects, oid))
     }
 
     /// Whether the repository holds object `pointer` whole.
@@ -508,7 +547,7 @@ mod tests {
     fn intake() -> (tempfile::TempDir, LfsIntake) {
         let dir = tempfile::tempdir().unwrap();
         let intake = LfsIntake {
-            git_dir: dir.path().join("git"),
+            objects: dir.path().join("git/lfs/objects"),
             parts: dir.path().join("parts"),
         };
         (dir, intake)

@@ -1351,7 +1351,7 @@ async fn a_commits_tree_lists_the_lfs_objects_the_head_holds_and_a_mirror_takes_
 
     // The host's mirror takes them as the head takes a host's.
     let mirror = fx.mirror("mirror").await;
-    let intake = mirror.lfs_intake(&fx.path("parts"));
+    let intake = mirror.lfs_intake(&fx.path("parts")).await.unwrap();
     let deep = lfs::LfsPointer {
         oid: deep_oid.clone(),
         size: 10,
@@ -1379,5 +1379,57 @@ async fn a_commits_tree_lists_the_lfs_objects_the_head_holds_and_a_mirror_takes_
         )
         .unwrap(),
         "deep down\n"
+    );
+}
+
+/// git-lfs keeps its objects where the config's `lfs.storage` says (relative to the git
+/// directory, or absolute), and so do the head's listing and intake and a mirror's: an
+/// object stored there is listed and one taken lands there, where git-lfs's smudge reads it.
+#[tokio::test]
+async fn lfs_objects_are_where_the_configs_lfs_storage_says() {
+    let fx = Fx::new(1);
+    // The head's repository keeps them beside its git directory; every other repository
+    // of the user's (the mirror here) in one absolute place.
+    fx.git(&fx.head, &["config", "lfs.storage", "../lfs-beside"]);
+    let shared = fx.path("shared-lfs");
+    std::fs::write(
+        fx.path("home/.gitconfig"),
+        format!("[lfs]\n\tstorage = {}\n", shared.display()),
+    )
+    .unwrap();
+    let repo = fx.repo().await;
+    let (oid, text) = lfs_pointer("kept elsewhere\n");
+    fx.commit_file(&fx.head, "a.bin", &text, "pointer");
+    let base = fx.main_tip();
+    let beside = repo.common_dir.join("../lfs-beside/objects");
+    let path = beside.join(&oid[..2]).join(&oid[2..4]).join(&oid);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, "kept elsewhere\n").unwrap();
+    let listed = lfs::lfs_objects_at(&repo, &base).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].path, path);
+    let intake = lfs::LfsIntake::open(&repo, &fx.path("parts"))
+        .await
+        .unwrap();
+    assert_eq!(intake.object_path(&oid), Some(path.clone()));
+
+    let mirror = fx.mirror("mirror").await;
+    let intake = mirror.lfs_intake(&fx.path("parts")).await.unwrap();
+    let pointer = lfs::LfsPointer {
+        oid: oid.clone(),
+        size: 15,
+    };
+    assert_eq!(
+        intake.take_chunk("w.1.base", &pointer, 0, b"kept elsewhere\n", |_| Ok(())),
+        Ok(lfs::LfsReceived::Held)
+    );
+    let landed = shared
+        .join("objects")
+        .join(&oid[..2])
+        .join(&oid[2..4])
+        .join(&oid);
+    assert_eq!(
+        std::fs::read_to_string(&landed).ok().as_deref(),
+        Some("kept elsewhere\n")
     );
 }

@@ -31,7 +31,10 @@ pub(super) async fn fetch_base_lfs(
         loop_name: name.to_string(),
     })
     .await?;
-    let intake = mirror.lfs_intake(parts);
+    let intake = mirror
+        .lfs_intake(parts)
+        .await
+        .map_err(|e| format!("the host cannot take LFS objects: {e}"))?;
     let mut left = MAX_BASE_LFS_BYTES;
     let mut over: Vec<String> = Vec::new();
     for object in listed {
