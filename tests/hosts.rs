@@ -2634,16 +2634,8 @@ fn a_host_gets_the_lfs_objects_of_its_loops_base_and_no_other() {
     common::git(&repo, &["commit", "-qm", "a pointer"]);
     let mut head = head_waiting_for(&run, &root, "evil");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (listed, chunk, other, forged) = rt.block_on(async {
+    let (unlisted, listed, chunk, other, forged) = rt.block_on(async {
         let PlacedHost { link, running, .. } = placed_host(port, &root, "evil").await;
-        let listed = link
-            .ask::<Vec<LfsObjectName>>(
-                FromHost::BaseLfs {
-                    loop_name: "e".into(),
-                },
-                Duration::from_secs(30),
-            )
-            .await;
         let chunk_of = |oid: &str| {
             link.ask::<Chunk>(
                 FromHost::BaseLfsChunk {
@@ -2654,16 +2646,29 @@ fn a_host_gets_the_lfs_objects_of_its_loops_base_and_no_other() {
                 Duration::from_secs(30),
             )
         };
+        // Chunks only of the listing the placement asked for.
+        let unlisted = chunk_of(&base_oid).await;
+        let listed = link
+            .ask::<Vec<LfsObjectName>>(
+                FromHost::BaseLfs {
+                    loop_name: "e".into(),
+                    after: None,
+                },
+                Duration::from_secs(30),
+            )
+            .await;
         let chunk = chunk_of(&base_oid).await;
         let other = chunk_of(&other_oid).await;
         let forged = chunk_of("../../../config").await;
         evil_done(&link).await;
         let _ = tokio::time::timeout(WAIT, running).await;
-        (listed, chunk, other, forged)
+        (unlisted, listed, chunk, other, forged)
     });
     let code = exit_within(&mut head, WAIT);
     let err = std::fs::read_to_string(root.join("head.err")).unwrap_or_default();
     assert!(code.is_some(), "the run did not end\n{err}");
+    let why = unlisted.unwrap_err().to_string();
+    assert!(why.contains("ask for it first"), "{why}");
     assert_eq!(
         listed.unwrap(),
         vec![LfsObjectName {

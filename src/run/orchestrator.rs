@@ -1092,6 +1092,8 @@ pub async fn run(options: RunOptions) -> Result<RunReport, RunError> {
         let _ = std::fs::remove_dir(run_dir.join("worktrees"));
         let _ = std::fs::remove_dir(&scratch_root);
     }
+    // The loops' last lines before the run's closing messages (stderr), in a merged log too.
+    progress.flush();
     let run_status = if interrupted.is_some() || record.unwritable().is_some() {
         RunStatus::Stopped
     } else {

@@ -65,6 +65,10 @@ impl Drop for BackgroundGuard {
     fn drop(&mut self) {
         self.task.abort();
         if let Some(display) = self.display.upgrade() {
+            // No task flushes any more: a line from now on goes out at once.
+            display
+                .unbuffered
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             display.flush();
         }
     }
@@ -93,6 +97,8 @@ pub struct ProgressDisplay {
     out: Mutex<Output>,
     /// When growth of a streamed reply last redrew the table.
     growth_drawn: Mutex<Option<Instant>>,
+    /// Set once the background task is gone: every line is written out at once.
+    unbuffered: std::sync::atomic::AtomicBool,
 }
 
 impl ProgressDisplay {
@@ -136,6 +142,7 @@ impl ProgressDisplay {
                 flushed: None,
             }),
             growth_drawn: Mutex::new(None),
+            unbuffered: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -441,7 +448,9 @@ impl ProgressDisplay {
     fn write_line(&self, line: &str) {
         let mut out = lock(&self.out);
         let _ = writeln!(out.writer, "{line}");
-        if out.flushed.is_none_or(|at| at.elapsed() >= LINE_FLUSH) {
+        if self.unbuffered.load(std::sync::atomic::Ordering::Relaxed)
+            || out.flushed.is_none_or(|at| at.elapsed() >= LINE_FLUSH)
+        {
             out.flush();
         }
     }
@@ -1060,5 +1069,9 @@ mod tests {
         assert!(!buf.text().contains("three"), "held: {}", buf.text());
         drop(guard);
         assert!(buf.text().contains("three: failed"), "{}", buf.text());
+        // With no task to flush them, later lines go out at once.
+        p.on_event(&failed(4, "four"));
+        p.on_event(&failed(5, "five"));
+        assert!(buf.text().contains("five: failed"), "{}", buf.text());
     }
 }

@@ -37,6 +37,14 @@ use serde_json::value::RawValue;
 /// its loops pointers where the user's checkout has content.
 pub const PROTOCOL: u32 = 12;
 
+/// The most objects one page of [`FromHost::BaseLfs`]'s answer lists (~90 bytes each in its
+/// message, well below [`crate::wire::MAX_BODY_BYTES`]).
+pub const LFS_LISTING_PAGE: usize = 10_000;
+
+/// The most bytes of LFS objects a host fetches for one loop's base; past it, objects stay
+/// pointers in the loop's worktree there (the host and the head both say so).
+pub const MAX_BASE_LFS_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
 /// The most bytes of a bundle one chunk carries (hex-encoded in its message: twice this,
 /// well below [`crate::wire::MAX_BODY_BYTES`]).
 pub const CHUNK_BYTES: usize = 1024 * 1024;
@@ -135,6 +143,9 @@ pub enum FromHost {
     BaseLfs {
         /// The loop.
         loop_name: String,
+        /// The listing is in pages of at most [`LFS_LISTING_PAGE`] objects, by id: the page
+        /// after this id (`None`: the first). A page shorter than that is the last.
+        after: Option<String>,
     },
     /// A chunk of one of the objects [`FromHost::BaseLfs`] listed, from `offset` (answered
     /// with a [`Chunk`]); the host keeps the object only when its bytes hash to `oid`.
@@ -635,10 +646,11 @@ mod tests {
         // A base's LFS objects (protocol 12).
         let listing = FromHost::BaseLfs {
             loop_name: "a".into(),
+            after: Some("ab".into()),
         };
         assert_eq!(
             serde_json::to_string(&listing).unwrap(),
-            r#"{"base_lfs":{"loop_name":"a"}}"#
+            r#"{"base_lfs":{"loop_name":"a","after":"ab"}}"#
         );
         let chunk = FromHost::BaseLfsChunk {
             loop_name: "a".into(),

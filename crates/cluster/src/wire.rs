@@ -84,10 +84,19 @@ impl WireMsg {
     /// An asker that stopped waiting is no error.
     pub fn answer<T: Serialize>(self, answer: Result<T, String>) {
         if let Some(port) = self.reply {
-            let bytes = serde_json::to_vec(&answer).unwrap_or_else(|e| {
-                serde_json::to_vec(&Err::<(), _>(format!("cannot write the answer: {e}")))
-                    .unwrap_or_default()
-            });
+            let failed = |why: String| serde_json::to_vec(&Err::<(), _>(why)).unwrap_or_default();
+            let bytes = serde_json::to_vec(&answer)
+                .unwrap_or_else(|e| failed(format!("cannot write the answer: {e}")));
+            // An answer past the frame the other side reads would close the whole session
+            // (every loop of the host lost): the asker is told instead.
+            let bytes = if bytes.len() > MAX_BODY_BYTES {
+                failed(format!(
+                    "the answer has {} bytes, over the {MAX_BODY_BYTES} one message carries",
+                    bytes.len()
+                ))
+            } else {
+                bytes
+            };
             let _ = port.send(bytes);
         }
     }
@@ -256,6 +265,23 @@ mod tests {
             Ok(7)
         );
         assert!(WireMsg::deserialize(SerializedMessage::CallReply(1, vec![])).is_err());
+
+        // An answer too big for one frame is an error answer, not a frame that closes the
+        // session.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        WireMsg {
+            body: b"[]".to_vec(),
+            reply: Some(tx.into()),
+        }
+        .answer(Ok::<String, String>("x".repeat(MAX_BODY_BYTES)));
+        let bytes = rx.blocking_recv().unwrap();
+        let answer = serde_json::from_slice::<Result<String, String>>(&bytes).unwrap();
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|e| e.contains("over the") && e.contains("one message carries")),
+            "{answer:?}"
+        );
     }
 
     #[test]

@@ -1,34 +1,49 @@
 //! The head's side of the git-lfs objects a host fetches for a loop's base
 //! ([`FromHost::BaseLfs`](td_cluster::protocol::FromHost::BaseLfs)): which objects the tree of
-//! the base commit points at that the head's repository holds, and their bytes, a chunk at a
-//! time. A host asks only for the objects of the base of a loop it runs (the head answers for
-//! no other object), and keeps one only when its bytes hash to its id.
+//! the base commit points at that the head's repository holds, in pages, and their bytes, a
+//! chunk at a time. A placement gets the listing of its own base, fixed when it first asks,
+//! and the head answers chunks of those objects only. (A loop's base is the run's commit, or
+//! after a move its own last commit, whose pointers the loop wrote: it can name any object of
+//! the user's LFS storage there, which a loop on the head reads anyway, `.git` being
+//! readable to its commands.) The host keeps an object only when its bytes hash to its id.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
-use td_cluster::protocol::{Chunk, LfsObjectName};
+use td_base::sync::lock;
+use td_cluster::protocol::{Chunk, LFS_LISTING_PAGE, LfsObjectName, MAX_BASE_LFS_BYTES};
 use td_git::transfer::lfs::{LfsObject, lfs_objects_at};
 use td_git::worktree::Repo;
 
-/// How many bases' listings the head keeps: a run's loops mostly share its base; a loop that
-/// moved starts from its own last commit.
-const KEPT_LISTINGS: usize = 16;
+/// How many bases' listings the head keeps for placements still to ask: a run's loops mostly
+/// share its base; a loop that moved starts from its own last commit.
+const KEPT_BASES: usize = 16;
 
 /// How many chunks for hosts the head reads at a time: each is a 1 MiB read, held twice
 /// over in hex until it is sent, and a host may ask for many at once.
 const READS_AT_ONCE: usize = 4;
 
-/// The listings of the bases hosts asked about, the latest last, and the head's reads of
-/// chunks for hosts.
+/// The LFS objects of a base that the head holds, sorted by id.
+type Objects = Arc<Vec<LfsObject>>;
+
+/// A base's listing, made once however many placements ask at once.
+type Listing = Arc<tokio::sync::OnceCell<Objects>>;
+
+/// The listings of bases and placements, and the head's reads of chunks for hosts.
 pub struct BaseLfs {
-    listings: tokio::sync::Mutex<Vec<(String, Arc<Vec<LfsObject>>)>>,
+    /// The last bases asked about, the latest last.
+    bases: std::sync::Mutex<Vec<(String, Listing)>>,
+    /// Each loop's placement (its attempt) and the listing of its base.
+    placements: std::sync::Mutex<BTreeMap<String, (u64, Objects)>>,
     reads: tokio::sync::Semaphore,
 }
 
 impl Default for BaseLfs {
     fn default() -> Self {
         BaseLfs {
-            listings: tokio::sync::Mutex::new(Vec::new()),
+            bases: std::sync::Mutex::new(Vec::new()),
+            placements: std::sync::Mutex::new(BTreeMap::new()),
             reads: tokio::sync::Semaphore::new(READS_AT_ONCE),
         }
     }
@@ -37,7 +52,7 @@ impl Default for BaseLfs {
 impl BaseLfs {
     /// A chunk of the file at `path` from `offset` for a host (a base bundle's, an LFS
     /// object's), read off the runtime's workers, [`READS_AT_ONCE`] at a time.
-    pub async fn read(&self, path: &std::path::Path, offset: u64) -> Result<Chunk, String> {
+    pub async fn read(&self, path: &Path, offset: u64) -> Result<Chunk, String> {
         let _permit = self
             .reads
             .acquire()
@@ -49,53 +64,92 @@ impl BaseLfs {
             .unwrap_or_else(|e| Err(format!("the head's read failed: {e}")))
     }
 
-    /// The LFS objects the tree of `base` points at which `repo` holds (read from git once
-    /// per base while it is among the last [`KEPT_LISTINGS`] asked about).
-    async fn listing(&self, repo: &Repo, base: &str) -> Result<Arc<Vec<LfsObject>>, String> {
-        // Held while git lists, so that the loops of one base starting together list it once.
-        let mut listings = self.listings.lock().await;
-        if let Some(at) = listings.iter().position(|(b, _)| b == base) {
-            let kept = listings.remove(at);
-            let objects = kept.1.clone();
-            listings.push(kept);
-            return Ok(objects);
-        }
-        let objects = Arc::new(
-            lfs_objects_at(repo, base)
-                .await
-                .map_err(|e| format!("cannot list the LFS objects of {base}: {e}"))?,
-        );
-        if listings.len() >= KEPT_LISTINGS {
-            listings.remove(0);
-        }
-        listings.push((base.to_string(), objects.clone()));
-        Ok(objects)
-    }
-
-    /// The objects for a host: [`FromHost::BaseLfs`](td_cluster::protocol::FromHost::BaseLfs)'s
-    /// answer.
-    pub async fn names(&self, repo: &Repo, base: &str) -> Result<Vec<LfsObjectName>, String> {
-        Ok(self
-            .listing(repo, base)
-            .await?
-            .iter()
-            .map(|o| LfsObjectName {
-                oid: o.pointer.oid.clone(),
-                size: o.pointer.size,
+    /// The LFS objects the tree of `base` points at which `repo` holds, sorted by id: read
+    /// from git once per base while it is among the last [`KEPT_BASES`] asked about (the
+    /// placements of one base asking together wait for one listing; other bases' go on).
+    async fn listing(&self, repo: &Repo, base: &str) -> Result<Objects, String> {
+        let cell = {
+            let mut bases = lock(&self.bases);
+            let cell = match bases.iter().position(|(b, _)| b == base) {
+                Some(at) => bases.remove(at).1,
+                None => Listing::default(),
+            };
+            if bases.len() >= KEPT_BASES {
+                bases.remove(0);
+            }
+            bases.push((base.to_string(), cell.clone()));
+            cell
+        };
+        let listed = cell
+            .get_or_try_init(|| async {
+                let mut objects = lfs_objects_at(repo, base)
+                    .await
+                    .map_err(|e| format!("cannot list the LFS objects of {base}: {e}"))?;
+                objects.sort_by(|a, b| a.pointer.oid.cmp(&b.pointer.oid));
+                Ok::<_, String>(Arc::new(objects))
             })
-            .collect())
+            .await?;
+        Ok(listed.clone())
     }
 
-    /// A chunk of object `oid` from `offset`, when it is one of `base`'s.
-    pub async fn chunk(
+    /// [`FromHost::BaseLfs`](td_cluster::protocol::FromHost::BaseLfs)'s answer for loop
+    /// `name`'s placement `attempt` on `base`: the page of its listing after `after`. The
+    /// first page fixes the placement's listing.
+    pub async fn names(
         &self,
         repo: &Repo,
+        name: &str,
+        attempt: u64,
         base: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<LfsObjectName>, String> {
+        let kept = lock(&self.placements)
+            .get(name)
+            .filter(|(a, _)| *a == attempt)
+            .map(|(_, listing)| listing.clone());
+        let listing = match (kept, after) {
+            (Some(listing), Some(_)) => listing,
+            _ => {
+                let listing = self.listing(repo, base).await?;
+                lock(&self.placements).insert(name.to_string(), (attempt, listing.clone()));
+                let total = listing
+                    .iter()
+                    .fold(0u64, |sum, o| sum.saturating_add(o.pointer.size));
+                if total > MAX_BASE_LFS_BYTES {
+                    // Said here too: the host's own note is on the host's terminal.
+                    eprintln!(
+                        "taskdaemon: loop {name}: the LFS objects of its base come to {total} bytes, over the {MAX_BASE_LFS_BYTES} a host fetches for one base: on its host, those past that stay pointers in its worktree (place it on the head, hosts.placement, to give it their content)"
+                    );
+                }
+                listing
+            }
+        };
+        Ok(page(&listing, after))
+    }
+
+    /// A chunk of object `oid` from `offset` for loop `name`'s placement `attempt`, when it
+    /// is one of its listing's.
+    pub async fn chunk(
+        &self,
+        name: &str,
+        attempt: u64,
         oid: &str,
         offset: u64,
     ) -> Result<Chunk, String> {
-        let listing = self.listing(repo, base).await?;
-        let Some(object) = listing.iter().find(|o| o.pointer.oid == oid) else {
+        let listing = lock(&self.placements)
+            .get(name)
+            .filter(|(a, _)| *a == attempt)
+            .map(|(_, listing)| listing.clone())
+            .ok_or_else(|| {
+                format!(
+                    "loop {name} asked for no listing of its base's LFS objects in this placement: ask for it first"
+                )
+            })?;
+        let Some(object) = listing
+            .binary_search_by(|o| o.pointer.oid.as_str().cmp(oid))
+            .ok()
+            .and_then(|at| listing.get(at))
+        else {
             return Err(format!(
                 "{oid:?} is not an LFS object of the loop's base that the head holds"
             ));
@@ -108,5 +162,104 @@ impl BaseLfs {
             ));
         }
         Ok(chunk)
+    }
+}
+
+/// The names of `listing` (sorted by id) after `after`, at most [`LFS_LISTING_PAGE`].
+fn page(listing: &[LfsObject], after: Option<&str>) -> Vec<LfsObjectName> {
+    let from = match after {
+        Some(after) => listing.partition_point(|o| o.pointer.oid.as_str() <= after),
+        None => 0,
+    };
+    listing
+        .iter()
+        .skip(from)
+        .take(LFS_LISTING_PAGE)
+        .map(|o| LfsObjectName {
+            oid: o.pointer.oid.clone(),
+            size: o.pointer.size,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use td_git::transfer::lfs::LfsPointer;
+
+    fn object(n: usize) -> LfsObject {
+        LfsObject {
+            pointer: LfsPointer {
+                oid: format!("{n:064x}"),
+                size: 1,
+            },
+            path: format!("/nowhere/{n}").into(),
+        }
+    }
+
+    #[test]
+    fn a_listing_goes_in_pages_by_id() {
+        let listing: Vec<LfsObject> = (0..LFS_LISTING_PAGE * 2 + 3).map(object).collect();
+        let first = page(&listing, None);
+        assert_eq!(first.len(), LFS_LISTING_PAGE);
+        assert_eq!(first[0].oid, format!("{:064x}", 0));
+        let last_of_first = first.last().map(|o| o.oid.clone());
+        let second = page(&listing, last_of_first.as_deref());
+        assert_eq!(second.len(), LFS_LISTING_PAGE);
+        assert_eq!(second[0].oid, format!("{:064x}", LFS_LISTING_PAGE));
+        let third = page(&listing, second.last().map(|o| o.oid.as_str()));
+        assert_eq!(third.len(), 3, "the short page is the last");
+        assert!(page(&listing, third.last().map(|o| o.oid.as_str())).is_empty());
+        // An id between two listed ones goes on from the next.
+        assert_eq!(page(&listing[..3], Some("0"))[0].oid, format!("{:064x}", 0));
+    }
+
+    #[tokio::test]
+    async fn a_chunk_is_read_from_the_file_itself_never_through_a_link_or_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("object");
+        std::fs::write(&file, b"content").unwrap();
+        let lfs = BaseLfs::default();
+        let chunk = lfs.read(&file, 2).await.unwrap();
+        assert_eq!((chunk.data, chunk.total), (hex::encode(b"ntent"), 7));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let why = lfs.read(&link, 0).await.unwrap_err();
+        assert!(why.contains("cannot open"), "{why}");
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+        let why = lfs.read(&fifo, 0).await.unwrap_err();
+        assert!(why.contains("is not a file"), "{why}");
+        let why = lfs.read(&file, 8).await.unwrap_err();
+        assert!(why.contains("past the file's 7 bytes"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn a_chunk_is_answered_only_from_the_placements_own_listing() {
+        let lfs = BaseLfs::default();
+        lfs.placements.lock().unwrap().insert(
+            "w".into(),
+            (2, Arc::new((0..3).map(object).collect::<Vec<_>>())),
+        );
+        let unlisted = format!("{:064x}", 7);
+        let refused = lfs.chunk("w", 2, &unlisted, 0).await.unwrap_err();
+        assert!(
+            refused.contains("is not an LFS object of the loop's base"),
+            "{refused}"
+        );
+        let listed = format!("{:064x}", 1);
+        // Another placement of the loop, or another loop, has no listing here.
+        for (name, attempt) in [("w", 1), ("v", 2)] {
+            let why = lfs.chunk(name, attempt, &listed, 0).await.unwrap_err();
+            assert!(why.contains("ask for it first"), "{why}");
+        }
+        // A listed object is read (here it is missing: the read says so).
+        let why = lfs.chunk("w", 2, &listed, 0).await.unwrap_err();
+        assert!(why.contains("/nowhere/1"), "{why}");
     }
 }

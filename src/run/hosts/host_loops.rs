@@ -212,6 +212,8 @@ impl HostLoops {
         secret_file: Option<PathBuf>,
         build: BuildState,
     ) -> Result<(Arc<HostLoops>, tokio::task::JoinHandle<()>), String> {
+        // Parts of LFS objects an earlier process of this host was fetching when it ended.
+        td_git::transfer::lfs::sweep_parts(&workdir.join("bundles"));
         let events = Arc::new(EventLog::new());
         let attempts: Attempts = Arc::new(Mutex::new(BTreeMap::new()));
         let config = RuntimeConfig {

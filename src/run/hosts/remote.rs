@@ -513,6 +513,8 @@ const HOST_EVENTS: &[&str] = &[
 impl RemoteLoops {
     /// The head's side, and where remote loops' ends come out.
     pub fn new(side: HeadSide) -> (Arc<RemoteLoops>, mpsc::UnboundedReceiver<RemoteEnd>) {
+        // Parts of LFS objects hosts were sending to an earlier process of this run.
+        td_git::transfer::lfs::sweep_parts(&side.dir);
         let (ends, rx) = mpsc::unbounded_channel();
         (
             Arc::new(RemoteLoops {
@@ -909,7 +911,7 @@ impl RemoteLoops {
         let name = match &request {
             FromHost::PrepareBase { loop_name, .. }
             | FromHost::BaseChunk { loop_name, .. }
-            | FromHost::BaseLfs { loop_name }
+            | FromHost::BaseLfs { loop_name, .. }
             | FromHost::BaseLfsChunk { loop_name, .. }
             | FromHost::Complete { loop_name, .. }
             | FromHost::Records { loop_name, .. }
@@ -965,12 +967,14 @@ impl RemoteLoops {
             FromHost::BaseChunk { offset, .. } => {
                 reply.send(self.base_lfs.read(&self.base_file(&name), offset).await);
             }
-            FromHost::BaseLfs { .. } => {
-                reply.send(self.base_lfs.names(&self.side.repo, &base).await);
+            FromHost::BaseLfs { after, .. } => {
+                let names =
+                    self.base_lfs
+                        .names(&self.side.repo, &name, attempt, &base, after.as_deref());
+                reply.send(names.await);
             }
             FromHost::BaseLfsChunk { oid, offset, .. } => {
-                let chunk = self.base_lfs.chunk(&self.side.repo, &base, &oid, offset);
-                reply.send(chunk.await);
+                reply.send(self.base_lfs.chunk(&name, attempt, &oid, offset).await);
             }
             FromHost::Complete { request, .. } => {
                 reply.send(Ok::<_, String>(
@@ -2033,14 +2037,23 @@ async fn fast_forward(dir: &Path, tip: &str) -> Result<(), String> {
     }
 }
 
-/// A chunk of the file at `path` from `offset`.
+/// A chunk of the file at `path` from `offset` (never through a symlink: what a host gets is
+/// the file the head listed or made, not what a link put there since).
 pub(super) fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
-    let mut file =
-        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let total = file
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        // Non-blocking: a FIFO put in its place opens at once (and is refused below).
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let meta = file
         .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .len();
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    let total = meta.len();
     if offset > total {
         return Err(format!("offset {offset} is past the file's {total} bytes"));
     }

@@ -22,6 +22,14 @@ use td_base::sync::lock;
 /// The most bytes git-lfs reads as a pointer (its spec: pointers are under 1024 bytes).
 const MAX_POINTER_BYTES: u64 = 1024;
 
+/// The fewest bytes of a pointer (the version line, a SHA-256 `oid` line and `size 0`):
+/// smaller blobs are not read at all.
+const MIN_POINTER_BYTES: u64 = 126;
+
+/// Blobs read at a time when looking for pointers (`git cat-file --batch`: at most ~1 MiB of
+/// answer held at once, however many small files a tree has).
+const POINTERS_PER_BATCH: usize = 1024;
+
 /// The first line of every git-lfs pointer.
 const POINTER_VERSION: &str = "version https://git-lfs.github.com/spec/v1";
 
@@ -210,44 +218,43 @@ async fn held_objects(target: &Target, objects: &Path, listed: &str) -> Result<V
             "check that the repository is readable",
         )
         .await?;
-    let mut small = String::new();
+    let mut small: Vec<&str> = Vec::new();
     for line in checked.lines() {
         let mut fields = line.split(' ');
         let (Some(id), Some("blob"), Some(size)) = (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
-        if size.parse::<u64>().is_ok_and(|s| s < MAX_POINTER_BYTES) {
-            small.push_str(id);
-            small.push('\n');
+        if size
+            .parse::<u64>()
+            .is_ok_and(|s| (MIN_POINTER_BYTES..MAX_POINTER_BYTES).contains(&s))
+        {
+            small.push(id);
         }
     }
-    if small.is_empty() {
-        return Ok(Vec::new());
-    }
-    let out = target
-        .output(
-            &["cat-file", "--batch"],
-            GitInput::Bytes(small.into_bytes()),
-        )
-        .await?;
-    if !out.success() {
-        return Err(TransferError::Git(
-            out.into_error("check that the repository is readable"),
-        ));
-    }
     let mut found: Vec<LfsObject> = Vec::new();
-    for content in batch_contents(&out.stdout) {
-        let Some(pointer) = parse_pointer(content) else {
-            continue;
-        };
-        let path = object_path(objects, &pointer.oid);
-        // An empty file is no LFS object (git-lfs keeps it as it is): nothing to send.
-        if pointer.size > 0
-            && is_held(&path, pointer.size)
-            && !found.iter().any(|o| o.pointer.oid == pointer.oid)
-        {
-            found.push(LfsObject { pointer, path });
+    let mut seen = std::collections::HashSet::new();
+    for batch in small.chunks(POINTERS_PER_BATCH) {
+        let mut ids = batch.join("\n");
+        ids.push('\n');
+        let out = target
+            .output(&["cat-file", "--batch"], GitInput::Bytes(ids.into_bytes()))
+            .await?;
+        if !out.success() {
+            return Err(TransferError::Git(
+                out.into_error("check that the repository is readable"),
+            ));
+        }
+        for content in batch_contents(&out.stdout) {
+            let Some(pointer) = parse_pointer(content) else {
+                continue;
+            };
+            let path = object_path(objects, &pointer.oid);
+            // An empty file is no LFS object (git-lfs keeps it as it is): nothing to send.
+            if pointer.size > 0 && is_held(&path, pointer.size) && seen.insert(pointer.oid.clone())
+            {
+                found.push(LfsObject { pointer, path });
+            }
         }
     }
     Ok(found)
@@ -373,12 +380,14 @@ impl LfsIntake {
         let Some(dest) = self.object_path(oid) else {
             return Err(format!("{oid:?} is not an LFS object id"));
         };
+        let part = self.part(sender, oid);
         if is_held(&dest, pointer.size) {
+            // Landed by another sender meanwhile: this one's part, if any, is of no use.
+            self.drop_part(sender, pointer);
             return Ok(LfsReceived::Held);
         }
         std::fs::create_dir_all(&self.parts)
             .map_err(|e| format!("cannot make {}: {e}", self.parts.display()))?;
-        let part = self.parts.join(format!("{sender}.lfs.{oid}"));
         let _claim = Claim::take(&part)?;
         let taken = self.append(&part, pointer, offset, bytes, charge);
         let taken = match taken {
@@ -392,6 +401,24 @@ impl LfsIntake {
             let _ = std::fs::remove_file(&part);
         }
         taken
+    }
+
+    /// Where `sender`'s part of object `oid` is put together.
+    fn part(&self, sender: &str, oid: &str) -> PathBuf {
+        self.parts.join(format!("{sender}{PART_INFIX}{oid}"))
+    }
+
+    /// Removes `sender`'s part of object `pointer`, if it has one and no call is taking a
+    /// chunk of it now (a sender that gives the object up: its part would stay forever, its
+    /// name being its placement's).
+    pub fn drop_part(&self, sender: &str, pointer: &LfsPointer) {
+        if !is_oid(&pointer.oid) {
+            return;
+        }
+        let part = self.part(sender, &pointer.oid);
+        if let Ok(_claim) = Claim::take(&part) {
+            let _ = std::fs::remove_file(&part);
+        }
     }
 
     /// Appends a chunk to `part` as [`LfsIntake::take_chunk`] says; how long it is then.
@@ -471,6 +498,31 @@ impl LfsIntake {
         let _ = std::fs::remove_file(part);
         Ok(())
     }
+}
+
+/// What names a part among other files (`<sender>.lfs.<oid>`).
+const PART_INFIX: &str = ".lfs.";
+
+/// Removes the parts of LFS objects left in `dir` by a process that ended while they came
+/// (called when the process that puts objects together there starts: no part of its own is
+/// there yet); how many.
+pub fn sweep_parts(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut swept = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let is_part = name
+            .to_str()
+            .and_then(|n| n.rsplit_once(PART_INFIX))
+            .is_some_and(|(sender, oid)| !sender.is_empty() && is_oid(oid));
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if is_part && is_file && std::fs::remove_file(entry.path()).is_ok() {
+            swept += 1;
+        }
+    }
+    swept
 }
 
 /// `path` opened to append (emptied first when `fresh`), created when missing, never
@@ -555,6 +607,62 @@ mod tests {
 
     fn free(_: u64) -> std::result::Result<(), String> {
         Ok(())
+    }
+
+    #[test]
+    fn no_part_is_left_behind() {
+        let (dir, intake) = intake();
+        let content = b"the loop's large file\n";
+        let pointer = LfsPointer {
+            oid: td_base::hash::sha256_hex(content),
+            size: content.len() as u64,
+        };
+        let parts = dir.path().join("parts");
+        let count = || std::fs::read_dir(&parts).map_or(0, |d| d.count());
+        // A sender that gives up drops its part.
+        intake
+            .take_chunk("a.1.base", &pointer, 0, &content[..4], free)
+            .unwrap();
+        assert_eq!(count(), 1);
+        intake.drop_part("a.1.base", &pointer);
+        assert_eq!(count(), 0);
+        // A sender whose object another one landed meanwhile: its part goes with the answer.
+        intake
+            .take_chunk("a.2.base", &pointer, 0, &content[..4], free)
+            .unwrap();
+        intake
+            .take_chunk("b.1.base", &pointer, 0, content, free)
+            .unwrap();
+        assert_eq!(
+            intake.take_chunk("a.2.base", &pointer, 4, &content[4..], free),
+            Ok(LfsReceived::Held)
+        );
+        assert_eq!(count(), 0);
+        // A process that ended while objects came left parts: swept at the next start, and
+        // nothing else of the directory's.
+        intake
+            .take_chunk(
+                "c.1",
+                &LfsPointer {
+                    oid: "ab".repeat(32),
+                    size: 9,
+                },
+                0,
+                b"half",
+                free,
+            )
+            .unwrap();
+        std::fs::write(parts.join("c.base.bundle"), b"a bundle").unwrap();
+        std::fs::write(parts.join("x.lfs.not-an-id"), b"?").unwrap();
+        assert_eq!(sweep_parts(&parts), 1);
+        let mut left: Vec<String> = std::fs::read_dir(&parts)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["c.base.bundle", "x.lfs.not-an-id"]);
+        assert_eq!(sweep_parts(&dir.path().join("none")), 0);
     }
 
     #[test]

@@ -8,15 +8,13 @@
 use std::path::Path;
 
 use td_cluster::HeadLink;
-use td_cluster::protocol::{CHUNK_BYTES, Chunk, FromHost, LfsObjectName};
+use td_cluster::protocol::{
+    CHUNK_BYTES, Chunk, FromHost, LFS_LISTING_PAGE, LfsObjectName, MAX_BASE_LFS_BYTES,
+};
 use td_git::transfer::Mirror;
 use td_git::transfer::lfs::{LfsIntake, LfsPointer, LfsReceived};
 
-use super::{MAX_BASE_BYTES, ask_again};
-
-/// The most bytes of LFS objects a host fetches for one loop's base (as for its bundle);
-/// beyond it, objects stay pointers in the loop's worktree and the host says which.
-pub const MAX_BASE_LFS_BYTES: u64 = MAX_BASE_BYTES;
+use super::ask_again;
 
 /// Fetches into `mirror` the LFS objects of loop `name`'s base that it lacks, put together
 /// in `parts` under the name `sender` (the loop and its placement).
@@ -27,10 +25,7 @@ pub(super) async fn fetch_base_lfs(
     mirror: &Mirror,
     parts: &Path,
 ) -> Result<(), String> {
-    let listed: Vec<LfsObjectName> = ask_again(link, || FromHost::BaseLfs {
-        loop_name: name.to_string(),
-    })
-    .await?;
+    let listed = listing(link, name).await?;
     let intake = mirror
         .lfs_intake(parts)
         .await
@@ -52,7 +47,12 @@ pub(super) async fn fetch_base_lfs(
                 continue;
             }
         }
-        fetch_object(link, name, sender, &intake, pointer).await?;
+        let fetched = fetch_object(link, name, sender, &intake, pointer.clone()).await;
+        if fetched.is_err() {
+            // Not left behind: its name is this placement's, which no later try reuses.
+            intake.drop_part(sender, &pointer);
+        }
+        fetched?;
     }
     if !over.is_empty() {
         eprintln!(
@@ -62,6 +62,34 @@ pub(super) async fn fetch_base_lfs(
         );
     }
     Ok(())
+}
+
+/// The head's listing of the loop's base's LFS objects, all its pages.
+async fn listing(link: &HeadLink, name: &str) -> Result<Vec<LfsObjectName>, String> {
+    let mut listed: Vec<LfsObjectName> = Vec::new();
+    loop {
+        let after = listed.last().map(|o| o.oid.clone());
+        let page: Vec<LfsObjectName> = ask_again(link, || FromHost::BaseLfs {
+            loop_name: name.to_string(),
+            after: after.clone(),
+        })
+        .await?;
+        let last = page.len() < LFS_LISTING_PAGE;
+        if page.len() > LFS_LISTING_PAGE
+            || page
+                .first()
+                .zip(after.as_ref())
+                .is_some_and(|(first, after)| first.oid <= *after)
+        {
+            return Err(format!(
+                "the head's listing of the base's LFS objects is out of order after {after:?}"
+            ));
+        }
+        listed.extend(page);
+        if last {
+            return Ok(listed);
+        }
+    }
 }
 
 /// Fetches object `pointer` a chunk at a time, the intake saying where to go on from.
