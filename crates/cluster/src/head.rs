@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 use crate::host::AgentMsg;
 use crate::node::{self, Node, NodeError, NodeOptions, SessionEvent, SessionInfo};
 use crate::protocol::{
-    CoordRequest, FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP, Joined,
-    MAX_NAME_LEN, PROTOCOL, SCOPE, ToHead, ToHost, valid_host_name,
+    CHUNK_BYTES, CoordRequest, FromHost, HEAD_GROUP, HEAD_NAME, HOST_NAME_RULE, HOSTS_GROUP,
+    Joined, MAX_NAME_LEN, PROTOCOL, SCOPE, ToHead, ToHost, valid_host_name,
 };
 use crate::secret::ClusterSecret;
 use crate::wire::{self, AskError, Reply, WireMsg};
@@ -227,6 +227,19 @@ pub const MAX_BYTES_IN_FLIGHT: usize = 256 * 1024 * 1024;
 /// loop waits on one model call and one query at a time, and answers others' questions
 /// with a model call each.
 pub const IN_FLIGHT_PER_SLOT: usize = 4;
+
+/// What a host's request of `body` bytes holds of [`MAX_BYTES_IN_FLIGHT`] until it is
+/// answered: its body, or for a chunk of a file (a request of ~150 bytes) the answer it
+/// brings, a chunk in hex (~2 MiB), so that a host asking for many at once is bounded by
+/// what the head holds for it.
+fn held_bytes(request: &FromHost, body: usize) -> usize {
+    match request {
+        FromHost::BaseChunk { .. } | FromHost::BaseLfsChunk { .. } => {
+            body.max(CHUNK_BYTES.saturating_mul(2).saturating_add(1024))
+        }
+        _ => body,
+    }
+}
 
 /// What one host's requests hold of the head until they are answered: kept by the host's
 /// name, so that a host joining again does not start from nothing while its earlier
@@ -847,7 +860,7 @@ impl Registry {
                     return;
                 };
                 let in_flight = state.in_flight.entry(host.clone()).or_default().clone();
-                let bytes = msg.body.len();
+                let bytes = held_bytes(&request, msg.body.len());
                 let waits = matches!(
                     request,
                     FromHost::Complete { .. }
@@ -1278,6 +1291,36 @@ mod tests {
         held.give_back(5, true);
         assert_eq!(held.bytes.load(Ordering::SeqCst), 0);
         assert_eq!(held.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_chunk_request_holds_the_answer_it_brings() {
+        let chunk = FromHost::BaseLfsChunk {
+            loop_name: "a".into(),
+            oid: "ab".into(),
+            offset: 0,
+        };
+        let base = FromHost::BaseChunk {
+            loop_name: "a".into(),
+            offset: 0,
+        };
+        let ended = FromHost::Ended {
+            loop_name: "a".into(),
+            end: serde_json::json!({}),
+            branch: None,
+            problem: None,
+        };
+        for request in [&chunk, &base] {
+            assert_eq!(held_bytes(request, 150), 2 * CHUNK_BYTES + 1024);
+        }
+        assert_eq!(held_bytes(&ended, 150), 150);
+        // So a host asking for many at once is refused past the bound, not held in memory.
+        let held = InFlight::default();
+        let fit = MAX_BYTES_IN_FLIGHT / held_bytes(&chunk, 150);
+        for _ in 0..fit {
+            held.take("h", held_bytes(&chunk, 150), false, 3).unwrap();
+        }
+        assert!(held.take("h", held_bytes(&chunk, 150), false, 3).is_err());
     }
 
     #[test]
