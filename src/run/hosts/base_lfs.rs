@@ -34,8 +34,10 @@ type Listing = Arc<tokio::sync::OnceCell<Objects>>;
 pub struct BaseLfs {
     /// The last bases asked about, the latest last.
     bases: std::sync::Mutex<Vec<(String, Listing)>>,
-    /// Each loop's placement (its attempt) and the listing of its base.
+    /// Each loop's placement (its attempt) and the listing of its base, until it runs.
     placements: std::sync::Mutex<BTreeMap<String, (u64, Objects)>>,
+    /// The bases whose objects the head said pass what a host fetches.
+    warned: std::sync::Mutex<Vec<String>>,
     reads: tokio::sync::Semaphore,
 }
 
@@ -44,6 +46,7 @@ impl Default for BaseLfs {
         BaseLfs {
             bases: std::sync::Mutex::new(Vec::new()),
             placements: std::sync::Mutex::new(BTreeMap::new()),
+            warned: std::sync::Mutex::new(Vec::new()),
             reads: tokio::sync::Semaphore::new(READS_AT_ONCE),
         }
     }
@@ -111,20 +114,56 @@ impl BaseLfs {
             (Some(listing), Some(_)) => listing,
             _ => {
                 let listing = self.listing(repo, base).await?;
-                lock(&self.placements).insert(name.to_string(), (attempt, listing.clone()));
-                let total = listing
-                    .iter()
-                    .fold(0u64, |sum, o| sum.saturating_add(o.pointer.size));
-                if total > MAX_BASE_LFS_BYTES {
-                    // Said here too: the host's own note is on the host's terminal.
-                    eprintln!(
-                        "taskdaemon: loop {name}: the LFS objects of its base come to {total} bytes, over the {MAX_BASE_LFS_BYTES} a host fetches for one base: on its host, those past that stay pointers in its worktree (place it on the head, hosts.placement, to give it their content)"
-                    );
-                }
+                self.fix(name, attempt, &listing);
+                self.warn_if_large(name, base, &listing);
                 listing
             }
         };
         Ok(page(&listing, after))
+    }
+
+    /// Keeps `listing` as placement `attempt` of loop `name`'s; not over a later placement's
+    /// (the loop may have moved while git listed; attempts only grow).
+    fn fix(&self, name: &str, attempt: u64, listing: &Objects) {
+        let mut placements = lock(&self.placements);
+        let later = placements.get(name).is_some_and(|(a, _)| *a > attempt);
+        if !later {
+            placements.insert(name.to_string(), (attempt, listing.clone()));
+        }
+    }
+
+    /// Says once per base, on the head's terminal, when its LFS objects pass what a host
+    /// fetches for one base (the host says which it left out, on its own terminal; it
+    /// fetches only those its mirror lacks, so it may leave out none).
+    fn warn_if_large(&self, name: &str, base: &str, listing: &[LfsObject]) {
+        let total = listing
+            .iter()
+            .fold(0u64, |sum, o| sum.saturating_add(o.pointer.size));
+        if total <= MAX_BASE_LFS_BYTES {
+            return;
+        }
+        let first = {
+            let mut warned = lock(&self.warned);
+            let first = !warned.iter().any(|b| b == base);
+            if first {
+                warned.push(base.to_string());
+            }
+            first
+        };
+        if first {
+            eprintln!(
+                "taskdaemon: loop {name}: the LFS objects of its base ({base}) come to {total} bytes, over the {MAX_BASE_LFS_BYTES} a host fetches for one base: on a host that lacks them, those past that stay pointers in the loop's worktree (place such loops on the head, hosts.placement, to give them their content)"
+            );
+        }
+    }
+
+    /// Forgets placement `attempt` of loop `name`'s listing once the loop runs (its host has
+    /// fetched what it needed before it started it).
+    pub fn forget(&self, name: &str, attempt: u64) {
+        let mut placements = lock(&self.placements);
+        if placements.get(name).is_some_and(|(a, _)| *a == attempt) {
+            placements.remove(name);
+        }
     }
 
     /// A chunk of object `oid` from `offset` for loop `name`'s placement `attempt`, when it
@@ -242,10 +281,9 @@ mod tests {
     #[tokio::test]
     async fn a_chunk_is_answered_only_from_the_placements_own_listing() {
         let lfs = BaseLfs::default();
-        lfs.placements.lock().unwrap().insert(
-            "w".into(),
-            (2, Arc::new((0..3).map(object).collect::<Vec<_>>())),
-        );
+        lfs.fix("w", 2, &Arc::new((0..3).map(object).collect::<Vec<_>>()));
+        // A listing an earlier placement finished late does not replace it.
+        lfs.fix("w", 1, &Arc::new(Vec::new()));
         let unlisted = format!("{:064x}", 7);
         let refused = lfs.chunk("w", 2, &unlisted, 0).await.unwrap_err();
         assert!(
@@ -261,5 +299,16 @@ mod tests {
         // A listed object is read (here it is missing: the read says so).
         let why = lfs.chunk("w", 2, &listed, 0).await.unwrap_err();
         assert!(why.contains("/nowhere/1"), "{why}");
+        // Once the loop runs, its listing is forgotten; not by an earlier placement's word.
+        lfs.forget("w", 1);
+        assert!(
+            lfs.chunk("w", 2, &listed, 0)
+                .await
+                .unwrap_err()
+                .contains("/nowhere/1")
+        );
+        lfs.forget("w", 2);
+        let why = lfs.chunk("w", 2, &listed, 0).await.unwrap_err();
+        assert!(why.contains("ask for it first"), "{why}");
     }
 }

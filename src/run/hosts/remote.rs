@@ -1021,7 +1021,13 @@ impl RemoteLoops {
                     .await;
                 reply.send(taken);
             }
-            FromHost::Coord { request, .. } => self.coord(&host, &name, request, reply).await,
+            FromHost::Coord { request, .. } => {
+                if matches!(request, CoordRequest::Register { .. }) {
+                    // It runs: its host fetched its base's LFS objects before it started it.
+                    self.base_lfs.forget(&name, attempt);
+                }
+                self.coord(&host, &name, request, reply).await
+            }
             FromHost::Ended {
                 end,
                 branch,
@@ -2037,8 +2043,9 @@ async fn fast_forward(dir: &Path, tip: &str) -> Result<(), String> {
     }
 }
 
-/// A chunk of the file at `path` from `offset` (never through a symlink: what a host gets is
-/// the file the head listed or made, not what a link put there since).
+/// A chunk of the file at `path` from `offset`, when `path` is a file itself (not a symlink,
+/// not a FIFO: what a host gets is the file the head listed or made, not what a link put in
+/// its place since; directories above it are followed).
 pub(super) fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
