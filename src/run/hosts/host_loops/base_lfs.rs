@@ -16,8 +16,13 @@ use td_git::transfer::lfs::{LfsIntake, LfsPointer, LfsReceived};
 
 use super::ask_again;
 
+/// The most pages of a base's listing a host reads (a million objects): a head that lists
+/// on and on does not keep a host asking.
+const MAX_LISTING_PAGES: usize = 100;
+
 /// Fetches into `mirror` the LFS objects of loop `name`'s base that it lacks, put together
-/// in `parts` under the name `sender` (the loop and its placement).
+/// in `parts` under the name `sender` (the loop and its placement), a page of the head's
+/// listing at a time.
 pub(super) async fn fetch_base_lfs(
     link: &HeadLink,
     name: &str,
@@ -25,71 +30,80 @@ pub(super) async fn fetch_base_lfs(
     mirror: &Mirror,
     parts: &Path,
 ) -> Result<(), String> {
-    let listed = listing(link, name).await?;
     let intake = mirror
         .lfs_intake(parts)
         .await
         .map_err(|e| format!("the host cannot take LFS objects: {e}"))?;
     let mut left = MAX_BASE_LFS_BYTES;
     let mut over: Vec<String> = Vec::new();
-    for object in listed {
-        let pointer = LfsPointer {
-            oid: object.oid,
-            size: object.size,
-        };
-        if intake.holds(&pointer) {
-            continue;
-        }
-        match left.checked_sub(pointer.size) {
-            Some(rest) => left = rest,
-            None => {
-                over.push(format!("{} ({} bytes)", pointer.oid, pointer.size));
+    let mut after: Option<String> = None;
+    for _ in 0..MAX_LISTING_PAGES {
+        let page = next_page(link, name, after.as_deref()).await?;
+        let last = page.len() < LFS_LISTING_PAGE;
+        after = page.last().map(|o| o.oid.clone());
+        for object in page {
+            let pointer = LfsPointer {
+                oid: object.oid,
+                size: object.size,
+            };
+            if intake.holds(&pointer) {
                 continue;
             }
+            match left.checked_sub(pointer.size) {
+                Some(rest) => left = rest,
+                None => {
+                    over.push(format!("{} ({} bytes)", pointer.oid, pointer.size));
+                    continue;
+                }
+            }
+            let fetched = fetch_object(link, name, sender, &intake, pointer.clone()).await;
+            if fetched.is_err() {
+                // Not left behind: its name is this placement's, which no later try reuses.
+                intake.drop_part(sender, &pointer);
+            }
+            fetched?;
         }
-        let fetched = fetch_object(link, name, sender, &intake, pointer.clone()).await;
-        if fetched.is_err() {
-            // Not left behind: its name is this placement's, which no later try reuses.
-            intake.drop_part(sender, &pointer);
+        if last {
+            if !over.is_empty() {
+                eprintln!(
+                    "taskdaemon host: loop {name}: {} LFS object(s) of its base would take it past the {MAX_BASE_LFS_BYTES} bytes a host fetches for one base; they stay pointers in its worktree: {}",
+                    over.len(),
+                    over.join(", ")
+                );
+            }
+            return Ok(());
         }
-        fetched?;
     }
-    if !over.is_empty() {
-        eprintln!(
-            "taskdaemon host: loop {name}: {} LFS object(s) of its base would take it past the {MAX_BASE_LFS_BYTES} bytes a host fetches for one base; they stay pointers in its worktree: {}",
-            over.len(),
-            over.join(", ")
-        );
-    }
-    Ok(())
+    Err(format!(
+        "the head's listing of the base's LFS objects goes past {MAX_LISTING_PAGES} pages of {LFS_LISTING_PAGE}"
+    ))
 }
 
-/// The head's listing of the loop's base's LFS objects, all its pages.
-async fn listing(link: &HeadLink, name: &str) -> Result<Vec<LfsObjectName>, String> {
-    let mut listed: Vec<LfsObjectName> = Vec::new();
-    loop {
-        let after = listed.last().map(|o| o.oid.clone());
-        let page: Vec<LfsObjectName> = ask_again(link, || FromHost::BaseLfs {
-            loop_name: name.to_string(),
-            after: after.clone(),
-        })
-        .await?;
-        let last = page.len() < LFS_LISTING_PAGE;
-        if page.len() > LFS_LISTING_PAGE
-            || page
-                .first()
-                .zip(after.as_ref())
-                .is_some_and(|(first, after)| first.oid <= *after)
-        {
-            return Err(format!(
-                "the head's listing of the base's LFS objects is out of order after {after:?}"
-            ));
-        }
-        listed.extend(page);
-        if last {
-            return Ok(listed);
-        }
+/// The page of the head's listing of the loop's base's LFS objects after `after`.
+async fn next_page(
+    link: &HeadLink,
+    name: &str,
+    after: Option<&str>,
+) -> Result<Vec<LfsObjectName>, String> {
+    let page: Vec<LfsObjectName> = ask_again(link, || FromHost::BaseLfs {
+        loop_name: name.to_string(),
+        after: after.map(str::to_string),
+    })
+    .await?;
+    // In order, each id after the one before (and after `after`): a page cannot loop back.
+    let ordered = page.len() <= LFS_LISTING_PAGE
+        && after
+            .into_iter()
+            .chain(page.iter().map(|o| o.oid.as_str()))
+            .collect::<Vec<_>>()
+            .windows(2)
+            .all(|w| w.first() < w.get(1));
+    if !ordered {
+        return Err(format!(
+            "the head's listing of the base's LFS objects is out of order after {after:?}"
+        ));
     }
+    Ok(page)
 }
 
 /// Fetches object `pointer` a chunk at a time, the intake saying where to go on from.
