@@ -169,6 +169,8 @@ struct Target {
     git_dir: PathBuf,
     /// Its object format, once read: shared with the [`Repo`] or [`Mirror`].
     format: KnownFormat,
+    /// Where its git-lfs objects are, once read: shared with the [`Repo`] or [`Mirror`].
+    lfs: lfs::KnownLfsObjects,
 }
 
 /// A repository's object format, read from git once and kept: every transfer checks ids
@@ -470,6 +472,7 @@ impl Quarantine {
                 git: target.git.clone(),
                 git_dir,
                 format: KnownFormat::of(format),
+                lfs: Default::default(),
             },
             dir,
         })
@@ -803,6 +806,7 @@ fn repo_target(repo: &Repo) -> Target {
         git: repo.git.clone(),
         git_dir: repo.common_dir.clone(),
         format: repo.format.clone(),
+        lfs: repo.lfs.clone(),
     }
 }
 
@@ -992,6 +996,8 @@ pub struct Mirror {
     git: crate::worktree::Git,
     /// Its object format, once read.
     format: KnownFormat,
+    /// Where its git-lfs objects are, once read.
+    lfs: lfs::KnownLfsObjects,
 }
 
 impl Mirror {
@@ -1027,6 +1033,7 @@ impl Mirror {
             dir,
             git,
             format: KnownFormat::default(),
+            lfs: Default::default(),
         };
         if empty {
             // No templates: nothing of the machine's template directory (sample hooks, an
@@ -1076,6 +1083,7 @@ impl Mirror {
             git: self.git.clone(),
             git_dir: self.dir.clone(),
             format: self.format.clone(),
+            lfs: self.lfs.clone(),
         }
     }
 

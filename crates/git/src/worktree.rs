@@ -523,6 +523,8 @@ pub struct Repo {
     pub(crate) git: Git,
     /// Its object format, once a transfer read it.
     pub(crate) format: crate::transfer::KnownFormat,
+    /// Where its git-lfs objects are, once a transfer read it.
+    pub(crate) lfs: crate::transfer::lfs::KnownLfsObjects,
 }
 
 /// One loop's checkout: a git worktree on the loop's branch.
@@ -591,6 +593,7 @@ impl Repo {
             common_dir,
             git,
             format: Default::default(),
+            lfs: Default::default(),
         })
     }
 

@@ -1,18 +1,21 @@
 //! The head's side of the git-lfs objects a host fetches for a loop's base
 //! ([`FromHost::BaseLfs`](td_cluster::protocol::FromHost::BaseLfs)): which objects the tree of
 //! the base commit points at that the head's repository holds, in pages, and their bytes, a
-//! chunk at a time. A placement gets the listing of its own base, fixed when it first asks,
-//! and the head answers chunks of those objects only. (A loop's base is the run's commit, or
+//! chunk at a time. A placement gets the listing of its own base, kept from its first page
+//! until its loop runs, and the head answers chunks of those objects only. (A loop's base is the run's commit, or
 //! after a move its own last commit, whose pointers the loop wrote: it can name any object of
 //! the user's LFS storage there, which a loop on the head reads anyway, `.git` being
 //! readable to its commands.) The host keeps an object only when its bytes hash to its id.
+//! Every chunk a host fetches, its base bundle's too, is read here ([`BaseLfs::read`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use td_base::sync::lock;
-use td_cluster::protocol::{Chunk, LFS_LISTING_PAGE, LfsObjectName, MAX_BASE_LFS_BYTES};
+use td_cluster::protocol::{
+    CHUNK_BYTES, Chunk, LFS_LISTING_PAGE, LfsObjectName, MAX_BASE_LFS_BYTES,
+};
 use td_git::transfer::lfs::{LfsObject, lfs_objects_at};
 use td_git::worktree::Repo;
 
@@ -62,7 +65,7 @@ impl BaseLfs {
             .await
             .map_err(|e| format!("the head's reads stopped: {e}"))?;
         let path = path.to_path_buf();
-        tokio::task::spawn_blocking(move || super::remote::read_chunk(&path, offset))
+        tokio::task::spawn_blocking(move || read_chunk(&path, offset))
             .await
             .unwrap_or_else(|e| Err(format!("the head's read failed: {e}")))
     }
@@ -204,6 +207,40 @@ impl BaseLfs {
     }
 }
 
+/// A chunk of the file at `path` from `offset`, when `path` is a file itself (not a symlink,
+/// not a FIFO: what a host gets is the file the head listed or made, not what a link put in
+/// its place since; directories above it are followed).
+fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        // Non-blocking: a FIFO put in its place opens at once (and is refused below).
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    let total = meta.len();
+    if offset > total {
+        return Err(format!("offset {offset} is past the file's {total} bytes"));
+    }
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut buf = Vec::with_capacity(CHUNK_BYTES);
+    file.take(CHUNK_BYTES as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(Chunk {
+        data: hex::encode(buf),
+        total,
+    })
+}
+
 /// The names of `listing` (sorted by id) after `after`, at most [`LFS_LISTING_PAGE`].
 fn page(listing: &[LfsObject], after: Option<&str>) -> Vec<LfsObjectName> {
     let from = match after {
@@ -251,6 +288,18 @@ mod tests {
         assert!(page(&listing, third.last().map(|o| o.oid.as_str())).is_empty());
         // An id between two listed ones goes on from the next.
         assert_eq!(page(&listing[..3], Some("0"))[0].oid, format!("{:064x}", 0));
+    }
+
+    #[test]
+    fn a_chunk_is_read_from_its_offset_and_past_the_end_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b");
+        std::fs::write(&path, b"abcdef").unwrap();
+        let chunk = read_chunk(&path, 2).unwrap();
+        assert_eq!(hex::decode(chunk.data).unwrap(), b"cdef");
+        assert_eq!(chunk.total, 6);
+        assert!(read_chunk(&path, 7).is_err());
+        assert_eq!(read_chunk(&path, 6).unwrap().data, "");
     }
 
     #[tokio::test]

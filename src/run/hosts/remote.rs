@@ -35,7 +35,7 @@
 //! the run moves them elsewhere (`run/hosts/moves.rs`) or ends them interrupted.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -48,8 +48,7 @@ use super::base_lfs::BaseLfs;
 use super::model_wire::Incoming;
 use td_base::sync::lock;
 use td_cluster::protocol::{
-    BranchBundle, CHUNK_BYTES, Chunk, CompleteAnswer, CoordRequest, FromHost, RawJson, StartLoop,
-    ToHost,
+    BranchBundle, CompleteAnswer, CoordRequest, FromHost, RawJson, StartLoop, ToHost,
 };
 use td_cluster::{HostAsker, HostRequest};
 use td_engine::LoopEnd;
@@ -2043,39 +2042,6 @@ async fn fast_forward(dir: &Path, tip: &str) -> Result<(), String> {
     }
 }
 
-/// A chunk of the file at `path` from `offset`, when `path` is a file itself (not a symlink,
-/// not a FIFO: what a host gets is the file the head listed or made, not what a link put in
-/// its place since; directories above it are followed).
-pub(super) fn read_chunk(path: &Path, offset: u64) -> Result<Chunk, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        // Non-blocking: a FIFO put in its place opens at once (and is refused below).
-        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
-        .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a file", path.display()));
-    }
-    let total = meta.len();
-    if offset > total {
-        return Err(format!("offset {offset} is past the file's {total} bytes"));
-    }
-    file.seek(SeekFrom::Start(offset))
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut buf = Vec::with_capacity(CHUNK_BYTES);
-    file.take(CHUNK_BYTES as u64)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    Ok(Chunk {
-        data: hex::encode(buf),
-        total,
-    })
-}
-
 /// The run's command confinement as a host applies it: `mode`, `read`, `unix-sockets` and
 /// `env` of the config's `sandbox:` (its form in taskdaemon.yml, the shorthand string
 /// too). Its paths (`writable`, `readable`, `hide`) name the head's machine and stay here;
@@ -2198,17 +2164,5 @@ mod tests {
         let about: EventAbout = serde_json::from_str(r#"{"event":"progress_noted"}"#).unwrap();
         assert_eq!(about.loop_name, None);
         assert!(serde_json::from_str::<EventAbout>(r#"{"event":5}"#).is_err());
-    }
-
-    #[test]
-    fn a_chunk_is_read_from_its_offset_and_past_the_end_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("b");
-        std::fs::write(&path, b"abcdef").unwrap();
-        let chunk = read_chunk(&path, 2).unwrap();
-        assert_eq!(hex::decode(chunk.data).unwrap(), b"cdef");
-        assert_eq!(chunk.total, 6);
-        assert!(read_chunk(&path, 7).is_err());
-        assert_eq!(read_chunk(&path, 6).unwrap().data, "");
     }
 }

@@ -84,21 +84,27 @@ pub fn is_oid(text: &str) -> bool {
     is_object_id(text, ObjectFormat::Sha256)
 }
 
-/// The objects directory of git-lfs's storage of each repository asked about, by git
-/// directory: read from git once per process (the config of a run's repository, or of a
-/// host's mirror, is not expected to move its LFS storage while the process runs).
-static OBJECTS_DIRS: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+/// Where a repository's git-lfs objects are, once read from its config: like its object
+/// format ([`super::KnownFormat`]), read from git once per handle (the config of a run's
+/// repository, or of a host's mirror, is not expected to move its LFS storage meanwhile).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownLfsObjects(std::sync::Arc<std::sync::OnceLock<PathBuf>>);
+
+/// A cache: not part of what a repository is.
+impl PartialEq for KnownLfsObjects {
+    fn eq(&self, _: &KnownLfsObjects) -> bool {
+        true
+    }
+}
+
+impl Eq for KnownLfsObjects {}
 
 /// Where git-lfs keeps the objects of `target` (its common git directory): `objects` in
 /// `lfs.storage` of the config git-lfs reads, relative to the git directory as git-lfs takes
 /// it (and `~/` expanded), else in `<git dir>/lfs`.
 async fn objects_dir(target: &Target) -> Result<PathBuf> {
-    let known = lock(&OBJECTS_DIRS)
-        .iter()
-        .find(|(dir, _)| *dir == target.git_dir)
-        .map(|(_, objects)| objects.clone());
-    if let Some(objects) = known {
-        return Ok(objects);
+    if let Some(objects) = target.lfs.0.get() {
+        return Ok(objects.clone());
     }
     let out = target
         .output(
@@ -119,9 +125,7 @@ async fn objects_dir(target: &Target) -> Result<PathBuf> {
             )));
         }
     };
-    let objects = storage.join("objects");
-    lock(&OBJECTS_DIRS).push((target.git_dir.clone(), objects.clone()));
-    Ok(objects)
+    Ok(target.lfs.0.get_or_init(|| storage.join("objects")).clone())
 }
 
 /// Where git-lfs keeps object `oid` in the objects directory `objects` (`<2>/<2>/<oid>`).
@@ -380,7 +384,6 @@ impl LfsIntake {
         let Some(dest) = self.object_path(oid) else {
             return Err(format!("{oid:?} is not an LFS object id"));
         };
-        let part = self.part(sender, oid);
         if is_held(&dest, pointer.size) {
             // Landed by another sender meanwhile: this one's part, if any, is of no use.
             self.drop_part(sender, pointer);
@@ -388,6 +391,7 @@ impl LfsIntake {
         }
         std::fs::create_dir_all(&self.parts)
             .map_err(|e| format!("cannot make {}: {e}", self.parts.display()))?;
+        let part = self.part(sender, oid);
         let _claim = Claim::take(&part)?;
         let taken = self.append(&part, pointer, offset, bytes, charge);
         let taken = match taken {

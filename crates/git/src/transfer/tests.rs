@@ -905,6 +905,7 @@ async fn a_repositorys_object_format_is_read_once_and_shared_by_its_handles() {
             git: repo.git.clone(),
             git_dir: git_dir.clone(),
             format: KnownFormat::default(),
+            lfs: Default::default(),
         };
         assert!(unread.object_format().await.is_err());
     }
